@@ -1,0 +1,60 @@
+"""Standard parameter containers for attention-like kernels (the seeds' FwdParams and
+BwdParams): frozen, hashable, validated, and round-trip through JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+def check_positive_power_of_two(owner: str, name: str, value: int | None) -> None:
+    """Raises ValueError unless `value` is None or a positive power of two."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or value & (value - 1):
+        raise ValueError(f"{owner}.{name} must be a positive power of two, got {value!r}.")
+
+
+def check_positive(owner: str, name: str, value: int | None) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{owner}.{name} must be a positive integer, got {value!r}.")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FwdParams:
+    """Forward-pass launch parameters; `None` lets the kernel choose.
+
+    Example:
+      >>> import kerneltune
+      >>> p = kerneltune.FwdParams(q_blocksize=128, kv_blocksize=64, num_warps=4)
+      >>> kerneltune.from_json(kerneltune.to_json(p), kerneltune.FwdParams) == p
+      True
+    """
+
+    q_blocksize: int | None = None
+    kv_blocksize: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+
+    def __post_init__(self) -> None:
+        check_positive_power_of_two("FwdParams", "q_blocksize", self.q_blocksize)
+        check_positive_power_of_two("FwdParams", "kv_blocksize", self.kv_blocksize)
+        check_positive_power_of_two("FwdParams", "num_warps", self.num_warps)
+        check_positive("FwdParams", "num_stages", self.num_stages)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BwdParams:
+    """Backward-pass launch parameters; `None` lets the kernel choose."""
+
+    q_blocksize: int | None = None
+    kv_blocksize: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+
+    def __post_init__(self) -> None:
+        check_positive_power_of_two("BwdParams", "q_blocksize", self.q_blocksize)
+        check_positive_power_of_two("BwdParams", "kv_blocksize", self.kv_blocksize)
+        check_positive_power_of_two("BwdParams", "num_warps", self.num_warps)
+        check_positive("BwdParams", "num_stages", self.num_stages)
