@@ -1,0 +1,1 @@
+"""Autotuning: timing candidates on the device and picking the best."""

@@ -1,0 +1,23 @@
+"""Test setup: several fake CPU devices, strict dtype promotion, an isolated cache."""
+
+import os
+import tempfile
+
+# Must be set before JAX initialises its backends.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Never touch the user's real cache from tests.
+os.environ["KERNELTUNE_CACHE_DIR"] = tempfile.mkdtemp(prefix="kerneltune-test-cache-")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update("jax_numpy_dtype_promotion", "strict")
+
+
+def pytest_collection_modifyitems(config, items):
+    has_gpu = any(d.platform == "gpu" for d in jax.devices()) if jax.devices() else False
+    skip = pytest.mark.skip(reason="needs a GPU")
+    for item in items:
+        if "gpu" in item.keywords and not has_gpu:
+            item.add_marker(skip)
