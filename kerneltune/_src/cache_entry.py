@@ -1,0 +1,241 @@
+"""One persistent-cache entry: its JSON document, how it is validated, where it lives.
+
+An entry document is plain JSON: the key, the config's fields, where the config came
+from, every candidate's timings and errors, and the versions that wrote it. Reading one
+never runs code and never trusts a type name from the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from kerneltune._src import storage
+from kerneltune._src.keys import config_to_dict
+from kerneltune._src.tuning.report import TuningReport
+from kerneltune._src.version import __version__
+
+Provenance = Literal["autotuned", "imported", "shipped"]
+
+SCHEMA = 1
+ENTRY_KIND = "kerneltune.cache_entry"
+PROVENANCES: tuple[str, ...] = ("autotuned", "imported", "shipped")
+
+
+@functools.cache
+def runtime_versions() -> dict[str, str]:
+    """The versions stored with every entry: kerneltune, jax and jaxlib."""
+    import importlib.metadata
+
+    import jax
+
+    try:
+        jaxlib_version = importlib.metadata.version("jaxlib")
+    except importlib.metadata.PackageNotFoundError:
+        jaxlib_version = "unknown"
+    return {"kerneltune": __version__, "jax": jax.__version__, "jaxlib": jaxlib_version}
+
+
+def _op_dirname(op_id: str) -> str:
+    safe = "".join(c if c.isalnum() or c in "._@+-" else "_" for c in op_id)[:80]
+    if safe == op_id and safe and safe[0] not in ".-":
+        return safe
+    return f"{safe.lstrip('.-') or 'op'}-{_digest(op_id)[:8]}"
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def entry_relpath(dev: str, op_id: str, call_key: str) -> str:
+    """Where the entry for a key lives, relative to a cache's entry directory."""
+    digest = _digest(json.dumps([dev, op_id, call_key]))[:40]
+    return f"{_op_dirname(op_id)}/{digest[:2]}/{digest}{storage.ENTRY_SUFFIX}"
+
+
+def op_matches(op_id: str, pattern: str) -> bool:
+    """True when `op_id` ("matmul@v1") is `pattern`, or `pattern` names the op without
+    a version ("matmul")."""
+    return op_id == pattern or op_id.rpartition("@")[0] == pattern
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CacheEntry:
+    """One stored entry, as plain data.
+
+    Attributes:
+      dev: the device fingerprint it was tuned on.
+      op_id: the "<op_id>@v<version>" string.
+      call_key: the call key.
+      cfg: the config's fields as plain JSON data.
+      provenance: "autotuned", "imported" or "shipped".
+      signature: a readable description of the call ("f32[128,256], causal=True").
+      timer: which timer measured the candidates (None when not tuned here).
+      candidates: every candidate as a dict: cfg, status, time_s, samples_s, error,
+        compile_s, rel_error, calls_per_sample.
+      heuristic_cfg: the config the winner was compared with (its fields, or its repr
+        when it is not a dataclass).
+      heuristic_time_s: the heuristic config's time, when it was measured.
+      best_time_s: the winner's time.
+      strategy: the search strategy used.
+      wall_s: how long tuning took.
+      created: when the entry was written (Unix time).
+      versions: kerneltune, jax and jaxlib versions that wrote it.
+      cfg_type: the config class's name (informational: never used to load it).
+      path: where the entry is stored.
+    """
+
+    dev: str
+    op_id: str
+    call_key: str
+    cfg: dict[str, Any]
+    provenance: str = "autotuned"
+    signature: str | None = None
+    timer: str | None = None
+    candidates: tuple[dict[str, Any], ...] = ()
+    heuristic_cfg: dict[str, Any] | str | None = None
+    heuristic_time_s: float | None = None
+    best_time_s: float | None = None
+    strategy: str | None = None
+    wall_s: float | None = None
+    created: float = 0.0
+    versions: dict[str, str] = dataclasses.field(default_factory=dict)
+    cfg_type: str | None = None
+    path: str = ""
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.dev, self.op_id, self.call_key)
+
+    @property
+    def speedup(self) -> float | None:
+        """Heuristic time over the winner's time (>1 means tuning paid off)."""
+        if not self.best_time_s or not self.heuristic_time_s:
+            return None
+        return self.heuristic_time_s / self.best_time_s
+
+    def to_document(self) -> dict[str, Any]:
+        """The JSON document stored for this entry (without its path)."""
+        doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        del doc["path"]
+        doc["candidates"] = list(self.candidates)
+        return {"kind": ENTRY_KIND, "schema": SCHEMA, **doc}
+
+
+class BadEntry(ValueError):
+    """A stored document that this version of kerneltune cannot use."""
+
+
+def _optional(doc: Mapping[str, Any], name: str, types: type | tuple[type, ...]) -> Any:
+    value = doc.get(name)
+    if value is not None and not isinstance(value, types):
+        raise BadEntry(f"field {name!r} is a {type(value).__name__}")
+    return value
+
+
+def entry_from_document(doc: Any, path: str) -> CacheEntry:
+    """Validates a stored document and turns it into a `CacheEntry`.
+
+    Raises:
+      BadEntry: the document is not an entry this version of kerneltune can read.
+    """
+    if not isinstance(doc, dict):
+        raise BadEntry(f"expected a JSON object, found a {type(doc).__name__}")
+    if doc.get("kind") != ENTRY_KIND:
+        raise BadEntry(f"not a kerneltune cache entry (kind={doc.get('kind')!r})")
+    schema = doc.get("schema")
+    if schema != SCHEMA:
+        age = "an older" if isinstance(schema, int) and schema < SCHEMA else "another"
+        raise BadEntry(f"written with {age} schema ({schema!r}); this version reads {SCHEMA}")
+    for name in ("dev", "op_id", "call_key"):
+        if not isinstance(doc.get(name), str):
+            raise BadEntry(f"field {name!r} is missing or not a string")
+    if not isinstance(doc.get("cfg"), dict):
+        raise BadEntry("field 'cfg' is missing or not an object")
+    if doc.get("provenance") not in PROVENANCES:
+        raise BadEntry(f"unknown provenance {doc.get('provenance')!r}")
+    candidates = doc.get("candidates") or []
+    if not isinstance(candidates, list) or not all(isinstance(c, dict) for c in candidates):
+        raise BadEntry("field 'candidates' is not a list of objects")
+    versions = doc.get("versions") or {}
+    if not isinstance(versions, dict):
+        raise BadEntry("field 'versions' is not an object")
+    number = (int, float)
+    return CacheEntry(
+        dev=doc["dev"],
+        op_id=doc["op_id"],
+        call_key=doc["call_key"],
+        cfg=doc["cfg"],
+        provenance=doc["provenance"],
+        signature=_optional(doc, "signature", str),
+        timer=_optional(doc, "timer", str),
+        candidates=tuple(candidates),
+        heuristic_cfg=_optional(doc, "heuristic_cfg", (dict, str)),
+        heuristic_time_s=_optional(doc, "heuristic_time_s", number),
+        best_time_s=_optional(doc, "best_time_s", number),
+        strategy=_optional(doc, "strategy", str),
+        wall_s=_optional(doc, "wall_s", number),
+        created=float(_optional(doc, "created", number) or 0.0),
+        versions={str(k): str(v) for k, v in versions.items()},
+        cfg_type=_optional(doc, "cfg_type", str),
+        path=path,
+    )
+
+
+def _finite(x: float | None) -> float | None:
+    return float(x) if x is not None and math.isfinite(x) else None
+
+
+def _plain_cfg(cfg: Any) -> Any:
+    try:
+        return config_to_dict(cfg)
+    except TypeError:
+        return repr(cfg)
+
+
+def report_fields(report: TuningReport | None) -> dict[str, Any]:
+    """The `CacheEntry` fields that come from a tuning report, as JSON data."""
+    if report is None:
+        return {}
+    candidates = [
+        {
+            "cfg": _plain_cfg(c.cfg),
+            "status": c.status,
+            "time_s": _finite(c.time_s),
+            "samples_s": [s for s in map(_finite, c.samples_s) if s is not None],
+            "error": None if c.error is None else str(c.error),
+            "compile_s": _finite(c.compile_s),
+            "rel_error": _finite(getattr(c, "rel_error", None)),
+            "calls_per_sample": getattr(c, "calls_per_sample", None),
+        }
+        for c in report.candidates
+    ]
+    return {
+        "timer": report.timer,
+        "candidates": tuple(candidates),
+        "heuristic_cfg": None if report.heuristic_cfg is None else _plain_cfg(report.heuristic_cfg),
+        "heuristic_time_s": _finite(report.heuristic_time_s),
+        "best_time_s": _finite(report.best_time_s),
+        "strategy": report.strategy,
+        "wall_s": _finite(report.wall_s),
+    }
+
+
+def type_name(cfg: Any) -> str:
+    t = type(cfg)
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+def relpath_of_document(doc: Any) -> str | None:
+    """Where a (not yet validated) entry document belongs, or None without a key."""
+    if not isinstance(doc, dict):
+        return None
+    key = [doc.get(name) for name in ("dev", "op_id", "call_key")]
+    if not all(isinstance(k, str) for k in key):
+        return None
+    return entry_relpath(*key)

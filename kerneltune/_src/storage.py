@@ -1,0 +1,361 @@
+"""Where persistent-cache entries live: a local directory, a URL, or an export bundle.
+
+A store maps relative paths (`"<op>/<ab>/<digest>.json"`) to small byte strings. The
+cache never reads, modifies and rewrites a shared file: every entry is its own file,
+written whole, so concurrent writers (threads, processes, hosts on shared storage) can
+at worst replace each other's version of the same entry, never tear it.
+
+- `LocalStore`: a directory. Writes go to a temporary file in the entry's directory and
+  are renamed over the entry (`os.replace` is atomic on POSIX and Windows, and on NFS
+  within one directory), so a reader sees the old entry or the new one.
+- `FsspecStore`: any URL fsspec understands (`gs://`, `s3://`, `memory://`, ...). Object
+  stores make an uploaded object visible whole, so entries are uploaded in one call;
+  other filesystems get the same temporary-file-then-move treatment as a directory.
+- `BundleStore`: one JSON export file, read-only (a cache shipped inside a package).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+logger = logging.getLogger("kerneltune")
+
+ENTRY_SUFFIX = ".json"
+TEMP_SUFFIX = ".tmp"
+
+# Protocols whose writes are whole-object uploads: a reader never sees a partial object.
+_OBJECT_STORE_PROTOCOLS = frozenset(
+    {"gs", "gcs", "s3", "s3a", "az", "abfs", "abfss", "adl", "oci", "memory"}
+)
+
+
+class Store(Protocol):
+    """Storage for cache entries, addressed by relative paths using "/"."""
+
+    location: str
+    writable: bool
+
+    def read(self, rel: str) -> bytes | None:
+        """The entry's bytes, or None when there is none. Raises OSError on other errors."""
+        ...
+
+    def write(self, rel: str, data: bytes) -> None:
+        """Writes the entry atomically (readers see all of it or none of it)."""
+        ...
+
+    def delete(self, rel: str) -> bool:
+        """Removes the entry; False when there was none."""
+        ...
+
+    def walk(self) -> Iterator[str]:
+        """The relative path of every entry (never of temporary files)."""
+        ...
+
+    def full_path(self, rel: str) -> str:
+        """The path or URL shown to users for an entry."""
+        ...
+
+    def remove_temporaries(self, older_than_s: float) -> int:
+        """Removes temporary files left by killed writers; returns how many."""
+        ...
+
+
+def _temp_name(rel: str) -> str:
+    head, _, name = rel.rpartition("/")
+    temp = f".{name}.{os.getpid()}.{secrets.token_hex(6)}{TEMP_SUFFIX}"
+    return f"{head}/{temp}" if head else temp
+
+
+def _is_temp(name: str) -> bool:
+    return name.startswith(".") and name.endswith(TEMP_SUFFIX)
+
+
+class LocalStore:
+    """A directory on a local or network filesystem."""
+
+    writable = True
+
+    def __init__(self, root: str, *, fsync: bool = True):
+        self.root = os.path.abspath(os.path.expanduser(root))
+        self.location = self.root
+        self.fsync = fsync
+
+    def full_path(self, rel: str) -> str:
+        return os.path.join(self.root, *rel.split("/"))
+
+    def read(self, rel: str) -> bytes | None:
+        try:
+            with open(self.full_path(rel), "rb") as f:
+                return f.read()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def write(self, rel: str, data: bytes) -> None:
+        path = self.full_path(rel)
+        temp = self.full_path(_temp_name(rel))
+        try:
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                if self.fsync:
+                    # Without it a machine crash could leave an empty file behind the
+                    # rename; the entry would be skipped and retuned, but it is lost.
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(temp, path)
+        except BaseException:
+            try:
+                os.unlink(temp)
+            except OSError:
+                pass
+            raise
+
+    def delete(self, rel: str) -> bool:
+        try:
+            os.unlink(self.full_path(rel))
+        except FileNotFoundError:
+            return False
+        self._remove_empty_parents(rel)
+        return True
+
+    def _remove_empty_parents(self, rel: str) -> None:
+        parts = rel.split("/")[:-1]
+        while parts:
+            try:
+                os.rmdir(self.full_path("/".join(parts)))
+            except OSError:
+                return  # not empty (or already gone): stop climbing
+            parts.pop()
+
+    def _scan(self, want: Callable[[str], bool]) -> Iterator[tuple[str, str]]:
+        if not os.path.isdir(self.root):
+            return
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            dirnames.sort()
+            rel_dir = os.path.relpath(dirpath, self.root).replace(os.sep, "/")
+            for name in sorted(filenames):
+                if want(name):
+                    rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+                    yield rel, os.path.join(dirpath, name)
+
+    def walk(self) -> Iterator[str]:
+        for rel, _ in self._scan(lambda n: n.endswith(ENTRY_SUFFIX) and not n.startswith(".")):
+            yield rel
+
+    def remove_temporaries(self, older_than_s: float) -> int:
+        removed = 0
+        cutoff = time.time() - older_than_s
+        for _, path in list(self._scan(_is_temp)):
+            try:
+                if os.stat(path).st_mtime <= cutoff:
+                    os.unlink(path)
+                    removed += 1
+            except FileNotFoundError:
+                pass
+        return removed
+
+
+class FsspecStore:
+    """A directory behind an fsspec URL (`gs://bucket/dir`, `s3://...`, `memory://...`)."""
+
+    writable = True
+
+    def __init__(self, fs: Any, root: str, url: str):
+        self.fs = fs
+        self.root = root.rstrip("/")
+        self.location = url
+        protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+        self._object_store = any(p in _OBJECT_STORE_PROTOCOLS for p in protocols)
+
+    def full_path(self, rel: str) -> str:
+        return f"{self.root}/{rel}"
+
+    def read(self, rel: str) -> bytes | None:
+        try:
+            return self.fs.cat_file(self.full_path(rel))
+        except FileNotFoundError:
+            return None
+
+    def write(self, rel: str, data: bytes) -> None:
+        path = self.full_path(rel)
+        if self._object_store:
+            self.fs.pipe_file(path, data)
+            return
+        self.fs.makedirs(path.rpartition("/")[0], exist_ok=True)
+        temp = self.full_path(_temp_name(rel))
+        self.fs.pipe_file(temp, data)
+        self.fs.mv(temp, path)
+
+    def delete(self, rel: str) -> bool:
+        try:
+            self.fs.rm_file(self.full_path(rel))
+        except FileNotFoundError:
+            return False
+        return True
+
+    def _find(self) -> list[str]:
+        try:
+            self.fs.invalidate_cache(self.root)
+            return sorted(self.fs.find(self.root))
+        except FileNotFoundError:
+            return []
+
+    def walk(self) -> Iterator[str]:
+        prefix = self.root + "/"
+        for path in self._find():
+            name = path.rpartition("/")[2]
+            if path.startswith(prefix) and name.endswith(ENTRY_SUFFIX) and not name.startswith("."):
+                yield path[len(prefix) :]
+
+    def remove_temporaries(self, older_than_s: float) -> int:
+        # Object stores never see temporaries; elsewhere the age is not always known,
+        # so only remove those whose modification time says they are old.
+        removed = 0
+        cutoff = time.time() - older_than_s
+        for path in self._find():
+            if not _is_temp(path.rpartition("/")[2]):
+                continue
+            try:
+                modified = self.fs.modified(path).timestamp()
+            except Exception:  # not every filesystem reports it.
+                continue
+            if modified <= cutoff:
+                self.fs.rm_file(path)
+                removed += 1
+        return removed
+
+
+class BundleStore:
+    """A read-only store over one export file (see `PersistentCache.export`).
+
+    The file is read once, on first use; lookups are then dictionary lookups.
+    """
+
+    writable = False
+
+    def __init__(self, location: str, relpath_of: Callable[[dict[str, Any]], str | None]):
+        self.location = location
+        self._relpath_of = relpath_of
+        self._entries: dict[str, bytes] | None = None
+        self._lock = threading.Lock()
+
+    def _load(self) -> dict[str, bytes]:
+        with self._lock:
+            if self._entries is None:
+                self._entries = self._read_bundle()
+            return self._entries
+
+    def _read_bundle(self) -> dict[str, bytes]:
+        try:
+            docs = read_export_file(self.location)
+        except (OSError, ValueError) as e:
+            logger.warning("Skipping read-only kerneltune cache %s: %s", self.location, e)
+            return {}
+        entries: dict[str, bytes] = {}
+        for doc in docs:
+            rel = self._relpath_of(doc) if isinstance(doc, dict) else None
+            if rel is not None:
+                entries[rel] = json.dumps(doc).encode()
+        return entries
+
+    def full_path(self, rel: str) -> str:
+        return f"{self.location}#{rel}"
+
+    def read(self, rel: str) -> bytes | None:
+        return self._load().get(rel)
+
+    def write(self, rel: str, data: bytes) -> None:
+        raise PermissionError(f"{self.location} is a read-only cache bundle.")
+
+    def delete(self, rel: str) -> bool:
+        raise PermissionError(f"{self.location} is a read-only cache bundle.")
+
+    def walk(self) -> Iterator[str]:
+        yield from sorted(self._load())
+
+    def remove_temporaries(self, older_than_s: float) -> int:
+        return 0
+
+
+EXPORT_KIND = "kerneltune.cache_export"
+
+
+def read_export_file(location: str) -> list[Any]:
+    """The entry documents of an export file (a path or a URL), not yet validated.
+
+    Raises:
+      OSError: the file cannot be read.
+      ValueError: it is not a kerneltune export file.
+    """
+    import fsspec
+
+    with fsspec.open(location, "rb") as f:
+        raw = f.read()
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"not a JSON document ({e})") from None
+    if not isinstance(doc, dict) or doc.get("kind") != EXPORT_KIND:
+        raise ValueError(f"not a kerneltune cache export (expected kind {EXPORT_KIND!r})")
+    entries = doc.get("entries")
+    if not isinstance(entries, list):
+        raise ValueError("its 'entries' is not a list")
+    return entries
+
+
+def write_export_file(location: str, docs: list[dict[str, Any]], *, exported: float) -> None:
+    """Writes entry documents as one export file (a path or a URL), atomically where
+    the location is a local file."""
+    import fsspec
+
+    data = json.dumps(
+        {"kind": EXPORT_KIND, "schema": 1, "exported": exported, "entries": docs},
+        indent=1,
+        sort_keys=True,
+        allow_nan=False,
+    ).encode()
+    fs, path = fsspec.core.url_to_fs(location)
+    if _is_local(fs):
+        local = LocalStore(os.path.dirname(os.path.abspath(path)) or ".")
+        local.write(os.path.basename(path), data)
+    else:
+        fs.pipe_file(path, data)
+
+
+def _is_local(fs: Any) -> bool:
+    from fsspec.implementations.local import LocalFileSystem
+
+    return isinstance(fs, LocalFileSystem)
+
+
+def open_store(location: str, *, fsync: bool = True) -> Store:
+    """A writable store for a directory path or a URL.
+
+    Raises:
+      ValueError: the URL's protocol is unknown or its fsspec driver is not installed.
+    """
+    if "://" not in location:
+        return LocalStore(location, fsync=fsync)
+    import fsspec
+
+    try:
+        fs, root = fsspec.core.url_to_fs(location)
+    except (ImportError, ValueError) as e:
+        raise ValueError(
+            f"cannot open the cache location {location!r}: {e}. Remote caches use fsspec; "
+            "install its driver for this protocol (gcsfs for gs://, s3fs for s3://)."
+        ) from None
+    if _is_local(fs):
+        return LocalStore(root, fsync=fsync)
+    return FsspecStore(fs, root, location)
