@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -38,3 +39,64 @@ def _random_array(key: jax.Array, shape: tuple[int, ...], dtype: np.dtype) -> ja
     if jnp.issubdtype(dtype, jnp.floating):
         return jax.random.normal(key, shape, dtype=jnp.float32).astype(dtype)
     return jnp.zeros(shape, dtype)
+
+
+def concrete_inputs(arrays: Sequence[Any], *, seed: int = 0) -> list[jax.Array]:
+    """The array leaves of a call, made ready to time: device arrays stay as they are,
+    NumPy arrays are put on the device once (not on every call), and
+    `ShapeDtypeStruct` stand-ins become random data (see `random_like`).
+
+    Raises:
+      ValueError: a leaf is a tracer (tuning needs concrete values; pass
+        `Kernel.tuning_inputs` instead).
+    """
+    out: list[jax.Array] = []
+    for i, a in enumerate(arrays):
+        if isinstance(a, jax.core.Tracer):
+            raise ValueError(
+                f"array argument {i} is a tracer ({a.aval}); tuning needs concrete inputs, "
+                "e.g. random data of the same shape and dtype."
+            )
+        if isinstance(a, jax.ShapeDtypeStruct):
+            out.append(random_like(a, seed=seed + i))
+        elif isinstance(a, np.ndarray):
+            out.append(jax.device_put(a))
+        else:
+            out.append(a)
+    return out
+
+
+def all_zero_floats(arrays: Sequence[Any]) -> list[int]:
+    """Positions of floating-point arrays whose elements are all zero (timing on zeros
+    flatters some kernels and hides unwritten outputs)."""
+    zero = []
+    for i, a in enumerate(arrays):
+        if jnp.issubdtype(a.dtype, jnp.inexact) and a.size and not bool(jnp.any(a != 0)):
+            zero.append(i)
+    return zero
+
+
+def rotation_sets(
+    arrays: Sequence[jax.Array],
+    *,
+    min_bytes: int = 128 << 20,
+    max_sets: int = 8,
+    max_bytes: int = 2 << 30,
+) -> list[list[jax.Array]]:
+    """`arrays` followed by copies of it in distinct buffers, enough that cycling
+    through them touches at least `min_bytes` (about twice the last-level cache), so a
+    small kernel is timed reading memory, not a warm cache. The copies hold the same
+    values, so every set gives the same output.
+
+    At most `max_sets` sets and `max_bytes` of copies in all.
+    """
+    per_set = sum(int(a.size) * np.dtype(a.dtype).itemsize for a in arrays)
+    if per_set == 0:
+        return [list(arrays)]
+    wanted = -(-min_bytes // per_set)  # ceil
+    allowed = max(1, 1 + max_bytes // per_set)
+    count = max(1, min(wanted, max_sets, allowed))
+    sets = [list(arrays)]
+    for _ in range(count - 1):
+        sets.append([jnp.copy(a) for a in arrays])
+    return sets

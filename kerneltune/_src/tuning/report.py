@@ -24,6 +24,10 @@ class CandidateResult:
       samples_s: every timed sample in seconds, warm-up excluded.
       error: the error message for failed candidates.
       compile_s: how long compiling it took.
+      rel_error: its output's relative error ‖out − ref‖/‖ref‖ against the reference
+        config's output (None when it was not validated).
+      calls_per_sample: how many calls each sample averaged over (the last value; it
+        adapts to the kernel's duration).
     """
 
     cfg: Any
@@ -32,6 +36,8 @@ class CandidateResult:
     samples_s: tuple[float, ...] = ()
     error: str | None = None
     compile_s: float | None = None
+    rel_error: float | None = None
+    calls_per_sample: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -50,6 +56,9 @@ class TuningReport:
       heuristic_time_s: the heuristic config's median time, when it was timed.
       wall_s: how long the whole tuning took.
       strategy: the search strategy used (e.g. "exhaustive").
+      name: what was tuned (for logs), e.g. "matmul@v1 f32[128,256], f32[256,64]".
+      timer_note: why the preferred device timer was not used, when it was not.
+      validated: whether outputs were compared with the reference config's output.
     """
 
     best: Any
@@ -59,6 +68,9 @@ class TuningReport:
     heuristic_time_s: float | None = None
     wall_s: float = 0.0
     strategy: str = "exhaustive"
+    name: str = ""
+    timer_note: str | None = None
+    validated: bool = False
 
     @property
     def best_time_s(self) -> float | None:
@@ -76,3 +88,48 @@ class TuningReport:
         if best is None or not self.heuristic_time_s:
             return None
         return self.heuristic_time_s / best
+
+    @property
+    def num_evaluated(self) -> int:
+        """Candidates that were compiled and run (not pruned by the search)."""
+        return sum(1 for c in self.candidates if c.status != "pruned")
+
+    def describe_failures(self, limit: int = 5) -> str:
+        """One line naming why candidates failed, for the warning given when every
+        candidate failed (e.g. "3 of 3 candidates failed: compile_error ×2, run_error ×1;
+        Cfg(bm=64): ValueError: ...")."""
+        failed = [c for c in self.candidates if not c.ok and c.status != "pruned"]
+        if not failed:
+            return "no candidate failed"
+        counts: dict[str, int] = {}
+        for c in failed:
+            counts[c.status] = counts.get(c.status, 0) + 1
+        kinds = ", ".join(f"{status} ×{n}" for status, n in sorted(counts.items()))
+        examples = "; ".join(f"{c.cfg}: {c.error or c.status}" for c in failed[:limit])
+        more = f"; … and {len(failed) - limit} more" if len(failed) > limit else ""
+        return (
+            f"{len(failed)} of {self.num_evaluated} candidates failed ({kinds}): {examples}{more}"
+        )
+
+    def summary(self) -> str:
+        """The one-line summary logged for each tuned key."""
+        what = self.name or "kernel"
+        tried, failed = self.num_evaluated, len([c for c in self.failures if c.status != "pruned"])
+        if self.best is None:
+            return f"tuned {what}: no winner; {self.describe_failures()} [timer={self.timer}]"
+        best = self.best_time_s
+        speedup = self.speedup
+        vs = f", {speedup:.2f}x over the heuristic" if speedup is not None else ""
+        return (
+            f"tuned {what}: {self.best} at {_fmt_time(best)}{vs}; {tried} tried, {failed} "
+            f"failed, {len(self.candidates) - tried} pruned; timer={self.timer}, "
+            f"strategy={self.strategy}, {self.wall_s:.2f} s"
+        )
+
+
+def _fmt_time(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3f} ms"
+    return f"{seconds * 1e6:.1f} us"

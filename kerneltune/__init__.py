@@ -1,0 +1,85 @@
+"""kerneltune: picks the best config for every JAX kernel call.
+
+Selection order: explicit override → scoped overlay → memory cache → persistent cache →
+autotuning on the device → the kernel's heuristic → a clear error.
+"""
+
+from kerneltune._src.cache import ConfigCache as ConfigCache
+from kerneltune._src.cache import overlay_cache as overlay_cache
+from kerneltune._src.devices import device_fingerprint as device_fingerprint
+from kerneltune._src.devices import device_kind as device_kind
+from kerneltune._src.devices import get_device_platform as get_device_platform
+from kerneltune._src.executor import ConfigChooser as ConfigChooser
+from kerneltune._src.executor import Executor as Executor
+from kerneltune._src.executor import default_executor as default_executor
+from kerneltune._src.executor import set_default_executor as set_default_executor
+from kerneltune._src.explain import Explanation as Explanation
+from kerneltune._src.explain import explain as explain
+from kerneltune._src.kernel import Invocation as Invocation
+from kerneltune._src.kernel import Kernel as Kernel
+from kerneltune._src.kernel import default_key_builder_with_sharding as default_key_builder_with_sharding
+from kerneltune._src.kernel_types import Cfg as Cfg
+from kerneltune._src.kernel_types import Out as Out
+from kerneltune._src.keys import abstractify as abstractify
+from kerneltune._src.keys import from_json as from_json
+from kerneltune._src.keys import sharding_fingerprint as sharding_fingerprint
+from kerneltune._src.keys import stable_json as stable_json
+from kerneltune._src.keys import to_json as to_json
+from kerneltune._src.labels import extract_labels_from_hlo_text as extract_labels_from_hlo_text
+from kerneltune._src.labels import find_labels_in_lowered as find_labels_in_lowered
+from kerneltune._src.labels import label as label
+from kerneltune._src.labels import labels_to_configs as labels_to_configs
+from kerneltune._src.params import BwdParams as BwdParams
+from kerneltune._src.params import FwdParams as FwdParams
+from kerneltune._src.result import AutotuningResult as AutotuningResult
+from kerneltune._src.result import Entry as Entry
+from kerneltune._src.selection import AutotunePolicy as AutotunePolicy
+from kerneltune._src.selection import CacheMissError as CacheMissError
+from kerneltune._src.selection import ConfigSelectorChain as ConfigSelectorChain
+from kerneltune._src.selection import forward_autotune_only as forward_autotune_only
+from kerneltune._src.selection import policy_override as policy_override
+from kerneltune._src.tuning.report import CandidateResult as CandidateResult
+from kerneltune._src.tuning.report import TuningReport as TuningReport
+from kerneltune._src.tuning.tuner import Tuner as Tuner
+from kerneltune._src.version import __version__ as __version__
+
+__all__ = [
+    "AutotunePolicy",
+    "AutotuningResult",
+    "BwdParams",
+    "CacheMissError",
+    "CandidateResult",
+    "Cfg",
+    "ConfigCache",
+    "ConfigChooser",
+    "ConfigSelectorChain",
+    "Entry",
+    "Executor",
+    "Explanation",
+    "FwdParams",
+    "Invocation",
+    "Kernel",
+    "Out",
+    "Tuner",
+    "TuningReport",
+    "__version__",
+    "abstractify",
+    "default_executor",
+    "default_key_builder_with_sharding",
+    "device_fingerprint",
+    "device_kind",
+    "explain",
+    "extract_labels_from_hlo_text",
+    "find_labels_in_lowered",
+    "forward_autotune_only",
+    "from_json",
+    "get_device_platform",
+    "label",
+    "labels_to_configs",
+    "overlay_cache",
+    "policy_override",
+    "set_default_executor",
+    "sharding_fingerprint",
+    "stable_json",
+    "to_json",
+]

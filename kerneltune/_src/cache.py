@@ -1,0 +1,92 @@
+"""The in-memory config cache and context-local overlays."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any, Generic
+
+from kerneltune._src import scope
+from kerneltune._src.kernel_types import Cfg
+
+CacheKey = tuple[str, str, str]  # (device fingerprint, "op@vN", call key)
+
+
+class ConfigCache(Generic[Cfg]):
+    """A thread-safe in-memory map `(device, op_id_v, call_key) -> cfg`.
+
+    Example:
+      >>> import kerneltune
+      >>> cache = kerneltune.ConfigCache()
+      >>> cache.put("cpu|cpu", "matmul@v0", "k1", {"block": 64})
+      >>> cache.get("cpu|cpu", "matmul@v0", "k1")
+      {'block': 64}
+      >>> ("cpu|cpu", "matmul@v0", "k1") in cache, len(cache)
+      (True, 1)
+    """
+
+    def __init__(self) -> None:
+        self._data: dict[CacheKey, Cfg] = {}
+        self._lock = threading.Lock()
+        # Told of every change, so holders of derived state (the executor's eager
+        # dispatch table) know when to drop it.
+        self._listeners: list[Any] = []
+
+    def add_invalidation_listener(self, listener: Any) -> None:
+        """`listener()` is called after every put and clear."""
+        self._listeners.append(listener)
+
+    def _changed(self) -> None:
+        for listener in list(self._listeners):
+            listener()
+
+    def get(self, dev: str, op_id: str, call_key: str) -> Cfg | None:
+        return self._data.get((dev, op_id, call_key))
+
+    def put(self, dev: str, op_id: str, call_key: str, cfg: Cfg) -> None:
+        if cfg is None:
+            raise ValueError("ConfigCache.put got cfg=None; a cached config must be a value.")
+        with self._lock:
+            self._data[(dev, op_id, call_key)] = cfg
+        self._changed()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+        self._changed()
+
+    def size(self) -> int:
+        return len(self._data)
+
+    def keys(self) -> list[CacheKey]:
+        with self._lock:
+            return list(self._data)
+
+    def items(self) -> list[tuple[CacheKey, Cfg]]:
+        with self._lock:
+            return list(self._data.items())
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._data
+
+    def __repr__(self) -> str:
+        return f"ConfigCache({len(self)} entries)"
+
+
+@contextlib.contextmanager
+def overlay_cache(mapping: Mapping[CacheKey, Any] | ConfigCache[Any]) -> Iterator[None]:
+    """Uses the configs in `mapping` inside the block, ahead of every cache.
+
+    `mapping` is `{(device_fingerprint, "<op_id>@v<version>", call_key): cfg}` or a
+    `ConfigCache` (its entries are snapshotted on entry). Overlays are context-local
+    (other threads do not see them) and nest (the innermost wins). A function jitted
+    outside the block and called inside it is re-traced with the overlay's configs, and
+    gets its old configs back after the block.
+    """
+    entries = dict(mapping.items()) if isinstance(mapping, ConfigCache) else dict(mapping)
+    with scope.with_overlay(scope.Overlay(entries)):
+        yield

@@ -1,0 +1,350 @@
+"""The Executor: prepares a call, chooses its config, and runs the kernel.
+
+Eager calls never run op by op: each (kernel, config, static arguments) gets one jitted
+program, and a dispatch table maps the call's signature (shapes, dtypes, static values)
+straight to that program, so a repeated eager call costs a tuple build and a dict lookup
+on top of the jitted call. The table is dropped whenever the chooser says its choices may
+have changed (a cache changed, the policy was replaced), and is keyed by the
+context-local scope (overlays, policy overrides).
+Under a trace (jit, grad, vmap, shard_map), the kernel is traced inline.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, Generic, Protocol, runtime_checkable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kerneltune._src import dispatch, keys, labels, options, scope
+from kerneltune._src.kernel import Invocation, Kernel, make_invocation
+from kerneltune._src.kernel_types import Cfg, Out
+
+_ARRAY_IMPL = type(jnp.zeros(()))
+_ARRAY_TYPES = (_ARRAY_IMPL, np.ndarray)
+_current_scope = scope._current.get
+
+
+@runtime_checkable
+class ConfigChooser(Protocol):
+    """Anything that chooses a config for an invocation (e.g. `ConfigSelectorChain`).
+    An optional `add_invalidation_listener(callback)` method, calling `callback()`
+    whenever its choices may change, lets the executor remember choices for eager
+    calls."""
+
+    def choose(self, inv: Invocation[Any, Any], kernel: Kernel[Any, Any]) -> Any: ...
+
+
+def _eager_key(kernel: Any, stamp: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The eager dispatch table's key for a call of concrete JAX arrays as positional
+    arguments and hashable keyword values (avals carry a cached hash), else None.
+    `Executor.__call__` builds the same key inline."""
+    if not all(type(a) is _ARRAY_IMPL for a in args):
+        return None
+    key = (kernel, stamp, _current_scope(), *[a.aval for a in args], *kwargs.items())
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _general_signature(args: tuple[Any, ...], kwargs: dict[str, Any], with_sharding: bool) -> Any:
+    """A hashable signature for any call of concrete values, or None when the call is
+    being traced or has unhashable static values."""
+    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+    parts: list[Any] = []
+    for leaf in leaves:
+        if isinstance(leaf, jax.core.Tracer):
+            return None
+        if keys.is_array(leaf):
+            sharding = getattr(leaf, "sharding", None) if with_sharding else None
+            parts.append((tuple(leaf.shape), np.dtype(leaf.dtype), sharding))
+        else:
+            try:
+                hash(leaf)
+            except TypeError:
+                return None
+            parts.append((type(leaf), leaf))
+    return (treedef, tuple(parts))
+
+
+def _is_tracing(tree: Any) -> bool:
+    return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
+
+
+def _hashable(value: Any) -> Any:
+    try:
+        hash(value)
+        return value
+    except TypeError:
+        return ("json", keys.stable_json(value))
+
+
+class Executor(Generic[Cfg, Out]):
+    """Runs kernels with configs chosen by `chooser`.
+
+    Args:
+      chooser: a `ConfigChooser`, usually a `ConfigSelectorChain`.
+      stamp_prefix: the prefix of the labels stamped into the HLO.
+    """
+
+    def __init__(self, chooser: ConfigChooser, stamp_prefix: str = "kerneltune") -> None:
+        if not callable(getattr(chooser, "choose", None)):
+            raise TypeError(
+                f"chooser must have a choose(inv, kernel) method, got {type(chooser).__qualname__}."
+            )
+        if not isinstance(stamp_prefix, str) or not stamp_prefix or ":" in stamp_prefix:
+            raise ValueError(f"stamp_prefix must be a non-empty string without ':', got {stamp_prefix!r}.")
+        self.chooser = chooser
+        self.stamp_prefix = stamp_prefix
+        # Eager dispatch table: (kernel, stamp, scope, signature) -> jitted program.
+        # Only kept when the chooser tells us when its choices may change.
+        self._eager: dict[Any, Callable[..., Any]] = {}
+        self._generation = 0
+        subscribe = getattr(chooser, "add_invalidation_listener", None)
+        self._eager_enabled = callable(subscribe)
+        if self._eager_enabled:
+            subscribe(self._invalidate)
+        self._programs: dict[Any, Callable[..., Any]] = {}
+        self._lock = threading.Lock()
+
+    def _invalidate(self) -> None:
+        self._generation += 1
+        self._eager.clear()
+
+    # -- the hot path ---------------------------------------------------------------------
+
+    def __call__(
+        self,
+        kernel: Kernel[Cfg, Out],
+        *args: Any,
+        cfg: Cfg | None = None,
+        stamp: bool = True,
+        method: str | None = None,
+        mesh: Any = None,
+        in_specs: Any = None,
+        out_specs: Any = None,
+        **kwargs: Any,
+    ) -> Out:
+        """Runs `kernel(*args, **kwargs)` with the chosen config (or `cfg`)."""
+        if cfg is None and method is None:
+            # The hot path, inlined; `_eager_key` builds the same key. Arguments without
+            # an aval (Python scalars, NumPy arrays) or unhashable keyword values take
+            # the general path. Tracers have avals too: a hit under jit/vmap/grad calls
+            # the same jitted program, which is then simply traced inline.
+            try:
+                return self._eager[(kernel, stamp, _current_scope(), *[a.aval for a in args], *kwargs.items())](*args)
+            except (KeyError, AttributeError, TypeError):
+                pass
+        return self._call(kernel, args, kwargs, cfg, stamp, method, mesh, in_specs, out_specs)
+
+    # -- everything else ------------------------------------------------------------------
+
+    def _call(
+        self,
+        kernel: Kernel[Cfg, Out],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        cfg: Cfg | None,
+        stamp: bool,
+        method: str | None,
+        mesh: Any,
+        in_specs: Any,
+        out_specs: Any,
+    ) -> Out:
+        _check_kernel(kernel)
+        if method not in (None, "shard_map"):
+            raise ValueError(f"method must be None or 'shard_map', got {method!r}.")
+        if method == "shard_map" and (mesh is None or in_specs is None or out_specs is None):
+            raise ValueError("method='shard_map' needs mesh=, in_specs= and out_specs=.")
+        generation = self._generation
+        inv, p_args, p_kwargs = self._invocation(
+            kernel, args, kwargs, override_cfg=cfg, stamp=stamp, method=method, mesh=mesh,
+            in_specs=in_specs, out_specs=out_specs,
+        )
+        chosen = self.chooser.choose(inv, kernel)
+        if options.get("record"):
+            from kerneltune._src import recording
+
+            recording.record_invocation(kernel, inv)
+        if _is_tracing((args, kwargs)) or _is_tracing((p_args, p_kwargs)):
+            return self._apply(kernel, inv, chosen, p_args, p_kwargs)
+
+        program, simple = self._program(kernel, chosen, args, kwargs, inv)
+        out = program(*args, **kwargs)
+        # Remember the program for this signature, unless the chooser's state changed
+        # while choosing (then the next call chooses again).
+        if cfg is None and method is None and self._eager_enabled and simple and generation == self._generation:
+            key = _eager_key(kernel, stamp, args, kwargs)
+            if key is not None and _default_keys(kernel):
+                self._eager[key] = program.dynamic
+        return out
+
+    def _invocation(
+        self, kernel: Kernel[Cfg, Out], args: tuple[Any, ...], kwargs: dict[str, Any], **fields: Any
+    ) -> tuple[Invocation[Cfg, Out], tuple[Any, ...], dict[str, Any]]:
+        prepared = kernel.prepare(*args, **kwargs)
+        if not (isinstance(prepared, tuple) and len(prepared) == 2 and isinstance(prepared[1], dict)):
+            raise TypeError(
+                f"{type(kernel).__name__}.prepare must return (args, kwargs) with kwargs a "
+                f"dict, got {type(prepared).__qualname__}."
+            )
+        p_args, p_kwargs = tuple(prepared[0]), dict(prepared[1])
+        return make_invocation(kernel, p_args, p_kwargs, **fields), p_args, p_kwargs
+
+    def _apply(
+        self, kernel: Kernel[Cfg, Out], inv: Invocation[Cfg, Out], cfg: Cfg, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Out:
+        """Traces the kernel with `cfg` (platform dispatch, custom VJP, label)."""
+        if inv.method == "shard_map":
+            from kerneltune._src.sharding import shard_map_function
+
+            fn = shard_map_function(kernel, cfg, inv)
+        else:
+            fn = dispatch.kernel_function(kernel, cfg)
+        mode = options.get("stamp")
+        if not inv.stamp or mode == "none":
+            return fn(*args, **kwargs)
+        text = labels.label_text(self.stamp_prefix, inv.op_id_v, inv.call_key, cfg, mode)
+        with labels.stamped(text, f"{self.stamp_prefix}.{inv.op_id}"):
+            return fn(*args, **kwargs)
+
+    def _program(
+        self, kernel: Kernel[Cfg, Out], cfg: Cfg, args: tuple[Any, ...], kwargs: dict[str, Any], inv: Invocation[Cfg, Out]
+    ) -> tuple[Any, bool]:
+        """The jitted program running `kernel` with `cfg` for calls shaped like
+        (args, kwargs): one per (kernel, config, static arguments)."""
+        leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+        positions = tuple(i for i, leaf in enumerate(leaves) if keys.is_array(leaf))
+        statics = tuple((i, type(leaves[i]), _hashable(leaves[i])) for i in range(len(leaves)) if i not in positions)
+        simple = all(type(a) in _ARRAY_TYPES for a in args) and len(positions) == len(args)
+        program_key = (
+            kernel, _hashable(cfg), treedef, statics, inv.stamp, options.get("stamp"),
+            inv.method, _hashable(inv.mesh) if inv.mesh is not None else None,
+            _hashable(inv.in_specs), _hashable(inv.out_specs),
+        )
+        program = self._programs.get(program_key)
+        if program is None:
+            program = _Program(self, kernel, cfg, leaves, treedef, positions, inv)
+            self._programs[program_key] = program
+        return program, simple
+
+    # -- the rest of the public API ----------------------------------------------------------
+
+    def choose_config(self, kernel: Kernel[Cfg, Out], *args: Any, cfg: Cfg | None = None, **kwargs: Any) -> Cfg:
+        """The config a call with these arguments would use, without running it."""
+        _check_kernel(kernel)
+        inv, _, _ = self._invocation(kernel, args, kwargs, override_cfg=cfg)
+        return self.chooser.choose(inv, kernel)
+
+    def compile(self, kernel: Kernel[Cfg, Out], *example_args: Any, cfg: Cfg | None = None, **example_kwargs: Any) -> Callable[..., Out]:
+        """Chooses the config once from the example arguments and returns a callable
+        that always runs with it (keeping prepare, platform dispatch and the custom
+        VJP); it works eagerly and under jit/grad/vmap."""
+        chosen = self.choose_config(kernel, *example_args, cfg=cfg, **example_kwargs)
+
+        def compiled(*args: Any, **kwargs: Any) -> Out:
+            inv, p_args, p_kwargs = self._invocation(kernel, args, kwargs, override_cfg=chosen)
+            if _is_tracing((args, kwargs)) or _is_tracing((p_args, p_kwargs)):
+                return self._apply(kernel, inv, chosen, p_args, p_kwargs)
+            program, _ = self._program(kernel, chosen, args, kwargs, inv)
+            return program(*args, **kwargs)
+
+        compiled.cfg = chosen  # type: ignore[attr-defined]
+        return compiled
+
+
+class _Program:
+    """One jitted program: `kernel` with a fixed config, for one static signature."""
+
+    def __init__(
+        self,
+        executor: Executor[Any, Any],
+        kernel: Kernel[Any, Any],
+        cfg: Any,
+        leaves: list[Any],
+        treedef: Any,
+        positions: tuple[int, ...],
+        inv: Invocation[Any, Any],
+    ) -> None:
+        self._positions = positions
+        static_leaves = list(leaves)
+        fields = {
+            "stamp": inv.stamp, "method": inv.method, "mesh": inv.mesh,
+            "in_specs": inv.in_specs, "out_specs": inv.out_specs, "override_cfg": inv.override_cfg,
+        }
+
+        def body(*dyn: Any) -> Any:
+            full = list(static_leaves)
+            for i, x in zip(positions, dyn, strict=True):
+                full[i] = x
+            args, kwargs = jax.tree_util.tree_unflatten(treedef, full)
+            inner, p_args, p_kwargs = executor._invocation(kernel, tuple(args), dict(kwargs), **fields)
+            return executor._apply(kernel, inner, cfg, p_args, p_kwargs)
+
+        # Called with the array leaves only, in order: for the common all-array call
+        # those are exactly the positional arguments.
+        self.dynamic = jax.jit(body)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        leaves = jax.tree_util.tree_leaves((args, kwargs))
+        return self.dynamic(*(leaves[i] for i in self._positions))
+
+
+def _default_keys(kernel: Kernel[Any, Any]) -> bool:
+    """True when the kernel's call key depends on shapes, dtypes and static values only
+    (a custom key_builder may look at shardings or anything else)."""
+    return type(kernel).key_builder is None and "key_builder" not in vars(kernel)
+
+
+def _check_kernel(kernel: Any) -> None:
+    if not isinstance(kernel, Kernel):
+        raise TypeError(f"expected a kerneltune.Kernel instance, got {type(kernel).__qualname__}.")
+
+
+# -- the default executor -------------------------------------------------------------------
+
+_default: Executor[Any, Any] | None = None
+_default_lock = threading.Lock()
+
+
+def default_executor() -> Executor[Any, Any]:
+    """The executor `kernel(...)` uses: a memory cache, the persistent cache at
+    `KERNELTUNE_CACHE_DIR` (the user cache dir by default; `off` disables it) and the
+    policy `KERNELTUNE_AUTOTUNE` asks for (read when it is first built)."""
+    global _default
+    if _default is None:
+        with _default_lock:
+            if _default is None:
+                _default = _build_default()
+    return _default
+
+
+def set_default_executor(executor: Executor[Any, Any] | None) -> None:
+    """Replaces the default executor; None rebuilds it from the environment on next use."""
+    global _default
+    if executor is not None and not isinstance(executor, Executor):
+        raise TypeError(f"set_default_executor needs an Executor or None, got {type(executor).__qualname__}.")
+    with _default_lock:
+        _default = executor
+
+
+def _build_default() -> Executor[Any, Any]:
+    from kerneltune._src.cache import ConfigCache
+    from kerneltune._src.selection import AutotunePolicy, ConfigSelectorChain
+
+    persistent = None
+    try:
+        from kerneltune._src.persistent import default_persistent_cache
+    except ImportError:
+        default_persistent_cache = None  # type: ignore[assignment]
+    if default_persistent_cache is not None:
+        persistent = default_persistent_cache()
+    chain: ConfigSelectorChain[Any, Any] = ConfigSelectorChain(
+        ConfigCache(), policy=AutotunePolicy.from_env(), persistent=persistent
+    )
+    return Executor(chain)

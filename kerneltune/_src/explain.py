@@ -1,0 +1,89 @@
+"""`explain`: which tier supplied a call's config, and why the others missed."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from kerneltune._src.kernel import Kernel
+from kerneltune._src.selection import ConfigSelectorChain, Decision
+from kerneltune._src.tuning.report import TuningReport
+
+_TIER_TEXT = {
+    "override": "an explicit cfg= argument",
+    "overlay": "an active overlay (overlay_cache or `with AutotuningResult`)",
+    "memory": "the in-memory cache",
+    "persistent": "the persistent cache",
+    "autotune": "autotuning just now",
+    "reuse": "an earlier autotuning of the same key in this process",
+    "heuristics": "the kernel's heuristic",
+    "chooser": "a custom chooser",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    """The story of one config choice; `str()` gives a readable report."""
+
+    op_id_v: str
+    call_key: str
+    device: str
+    signature: str
+    tier: str
+    cfg: Any
+    misses: tuple[tuple[str, str], ...] = ()
+    report: TuningReport | None = None
+
+    def __str__(self) -> str:
+        lines = [
+            f"{self.op_id_v}({self.signature}) on {self.device}",
+            f"  call key: {self.call_key}",
+            f"  config:   {self.cfg!r}",
+            f"  from:     {_TIER_TEXT.get(self.tier, self.tier)}",
+        ]
+        if self.misses:
+            lines.append("  tiers before it:")
+            lines += [f"    {tier}: {why}" for tier, why in self.misses]
+        if self.report is not None:
+            lines.append(f"  tuned with the {self.report.timer} timer in {self.report.wall_s:.2f} s:")
+            ranked = sorted(
+                self.report.candidates, key=lambda c: (c.time_s is None, c.time_s or 0.0)
+            )
+            for c in ranked:
+                mark = "*" if c.cfg == self.report.best else " "
+                when = f"{c.time_s * 1e3:9.4f} ms" if c.time_s is not None else f"{c.status}: {c.error}"
+                lines.append(f"   {mark} {when}  {c.cfg!r}")
+        return "\n".join(lines)
+
+
+def explain(kernel: Kernel[Any, Any], *args: Any, executor: Any = None, cfg: Any = None, **kwargs: Any) -> Explanation:
+    """Chooses the config for `kernel(*args, **kwargs)` (as a call would: this may
+    tune) and explains the choice: the tier that supplied it, the key, the candidates
+    and their timings when it was tuned in this process, and why earlier tiers missed.
+
+    Args:
+      kernel: the kernel.
+      *args, **kwargs: the call's arguments (arrays or `jax.ShapeDtypeStruct`s).
+      executor: the executor to ask (default: the default executor).
+      cfg: an explicit config, to explain an override.
+    """
+    from kerneltune._src.executor import default_executor
+
+    ex = executor if executor is not None else default_executor()
+    inv, _, _ = ex._invocation(kernel, args, kwargs, override_cfg=cfg)
+    chooser = ex.chooser
+    if not isinstance(chooser, ConfigSelectorChain):
+        chosen = chooser.choose(inv, kernel)
+        return Explanation(inv.op_id_v, inv.call_key, inv.device_fingerprint, inv.signature, "chooser", chosen)
+    decision: Decision = chooser.decide(inv, kernel)
+    report = decision.report or chooser.report_for(decision.device, decision.op_id_v, decision.call_key)
+    return Explanation(
+        op_id_v=decision.op_id_v,
+        call_key=decision.call_key,
+        device=decision.device,
+        signature=decision.signature,
+        tier=decision.tier,
+        cfg=decision.cfg,
+        misses=tuple(decision.misses),
+        report=report if decision.tier in ("autotune", "reuse", "memory") else None,
+    )

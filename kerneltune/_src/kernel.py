@@ -1,0 +1,197 @@
+"""`Kernel` (what a kernel author subclasses) and `Invocation` (one call's context)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, ClassVar, Generic
+
+from kerneltune._src import devices, keys
+from kerneltune._src.kernel_types import Cfg, Out
+
+
+class Kernel(Generic[Cfg, Out]):
+    """Base class for a tunable kernel.
+
+    A subclass defines `run(*args, cfg, **kwargs)` (or platform variants such as
+    `run_triton`, `run_xla`, `run_cpu`), `heuristic_cfg(inv)`, and optionally
+    `candidate_cfgs(inv)` (or `config_space(inv)`), `prepare`, `tuning_inputs`, and a
+    custom gradient: `fwd_with_residuals` + `vjp`, or the short `custom_vjp`.
+
+    Attributes:
+      op_id: the operation's name; part of every cache key.
+      version: bump it when the kernel's code changes so old tuned configs are not
+        reused; part of every cache key as `"<op_id>@v<version>"`.
+      key_builder: optional `Callable[[Invocation], str]` replacing the default call key.
+      config_type: the config dataclass; by default the type `heuristic_cfg` returns.
+
+    Example:
+      >>> import dataclasses, jax.numpy as jnp, kerneltune
+      >>> @dataclasses.dataclass(frozen=True)
+      ... class Cfg:
+      ...     block: int = 8
+      >>> class Scale(kerneltune.Kernel):
+      ...     op_id = "scale"
+      ...     def run(self, x, *, cfg, factor=2.0):
+      ...         return x * factor
+      ...     def heuristic_cfg(self, inv):
+      ...         return Cfg()
+      >>> ex = kerneltune.Executor(kerneltune.ConfigSelectorChain(kerneltune.ConfigCache()))
+      >>> ex(Scale(), jnp.ones(3), factor=3.0).tolist()
+      [3.0, 3.0, 3.0]
+    """
+
+    op_id: ClassVar[str] = ""
+    version: ClassVar[str] = "0"
+    key_builder: ClassVar[Callable[[Invocation], str] | None] = None
+    config_type: ClassVar[type | None] = None
+
+    def __init__(self, op_id: str | None = None, *, name: str | None = None) -> None:
+        if op_id is not None and name is not None and op_id != name:
+            raise ValueError(
+                f"Kernel got op_id={op_id!r} and name={name!r}; they are the same thing, "
+                "pass one of them."
+            )
+        chosen = op_id or name or type(self).op_id or type(self).__name__
+        if not isinstance(chosen, str) or not chosen or "@" in chosen or "|" in chosen:
+            raise ValueError(
+                f"Kernel op_id must be a non-empty string without '@' or '|', got {chosen!r}."
+            )
+        # Instance attribute shadows the class default.
+        self.op_id = chosen  # type: ignore[misc]
+
+    @property
+    def op_id_v(self) -> str:
+        """The op id with the version, as used in cache keys: `"<op_id>@v<version>"`."""
+        return f"{self.op_id}@v{self.version}"
+
+    def prepare(self, *args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Normalises arguments before config selection; the default changes nothing."""
+        return args, kwargs
+
+    def tuning_inputs(self, inv: Invocation[Cfg, Out]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Concrete inputs to benchmark with when the call is being traced.
+
+        Default: seeded random normal data for floating arrays, zeros for integer and
+        boolean arrays, static values unchanged. Override it when the kernel needs
+        structured inputs (e.g. valid indices or a positive-definite matrix).
+        """
+        from kerneltune._src.tuning.inputs import random_like
+
+        seed = int(inv.call_key[:8], 16)
+        args, kwargs = random_like((tuple(inv.args), dict(inv.kwargs)), seed=seed)
+        return tuple(args), dict(kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Out:
+        """Runs the kernel through the default executor."""
+        from kerneltune._src.executor import default_executor
+
+        return default_executor()(self, *args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(op_id={self.op_id!r}, version={self.version!r})"
+
+
+def _resolved_version(kernel: Kernel[Any, Any]) -> str:
+    return str(kernel.version)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Invocation(Generic[Cfg, Out]):
+    """Everything about one kernel call that config selection needs.
+
+    `args`/`kwargs` are the prepared arguments (arrays, tracers or static values);
+    the call key is built from their abstract values (shapes, dtypes) and static values,
+    never from array contents.
+    """
+
+    op_id: str
+    args: tuple[Any, ...]
+    kwargs: Mapping[str, Any]
+    batch_axes: Any = None
+    override_cfg: Cfg | None = None
+    stamp: bool = True
+    method: str | None = None
+    mesh: Any = None
+    in_specs: Any = None
+    out_specs: Any = None
+    version: str = "0"
+    key_builder: Callable[[Invocation[Any, Any]], str] | None = None
+
+    @property
+    def op_id_v(self) -> str:
+        return f"{self.op_id}@v{self.version}"
+
+    @functools.cached_property
+    def abstract_args(self) -> tuple[Any, ...]:
+        return tuple(keys.abstractify(tuple(self.args)))
+
+    @functools.cached_property
+    def abstract_kwargs(self) -> dict[str, Any]:
+        return dict(keys.abstractify(dict(self.kwargs)))
+
+    @property
+    def device_fingerprint(self) -> str:
+        return devices.device_fingerprint()
+
+    @functools.cached_property
+    def call_key(self) -> str:
+        return self.make_key(self.key_builder)
+
+    @functools.cached_property
+    def signature(self) -> str:
+        """Human-readable shapes and static values, e.g. `f32[128,256], causal=True`."""
+        return keys.describe_abstract((self.abstract_args, self.abstract_kwargs))
+
+    def key_payload(self) -> dict[str, Any]:
+        """What the default call key is a hash of."""
+        payload: dict[str, Any] = {"args": self.abstract_args, "kwargs": self.abstract_kwargs}
+        for name in ("batch_axes", "method", "mesh", "in_specs", "out_specs"):
+            value = getattr(self, name)
+            if value is not None:
+                payload[name] = value
+        return payload
+
+    def make_key(self, key_builder: Callable[[Invocation[Any, Any]], str] | None = None) -> str:
+        """The call key: `key_builder(self)` when given, else a hash of the abstract
+        arguments, static values, batch axes, method, mesh and specs."""
+        if key_builder is not None:
+            key = key_builder(self)
+            if not isinstance(key, str) or not key:
+                raise TypeError(
+                    f"key_builder must return a non-empty str, got {key!r} from {key_builder!r}."
+                )
+            return key
+        return keys.hash_text(keys.stable_json(self.key_payload()))
+
+
+def default_key_builder_with_sharding(inv: Invocation[Any, Any]) -> str:
+    """A key builder that adds every array argument's sharding to the default key, so
+    the same shapes sharded differently get their own configs."""
+    leaves = [x for x in _array_leaves((inv.args, dict(inv.kwargs)))]
+    shardings = [keys.sharding_fingerprint(x) for x in leaves]
+    return keys.hash_text(keys.stable_json({**inv.key_payload(), "shardings": shardings}))
+
+
+def _array_leaves(tree: Any) -> Iterable[Any]:
+    import jax
+
+    return (x for x in jax.tree_util.tree_leaves(tree) if keys.is_array(x))
+
+
+def make_invocation(
+    kernel: Kernel[Any, Any],
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    **fields: Any,
+) -> Invocation[Any, Any]:
+    """The Invocation of `kernel` for already prepared `args`/`kwargs`."""
+    return Invocation(
+        op_id=kernel.op_id,
+        args=tuple(args),
+        kwargs=dict(kwargs),
+        version=_resolved_version(kernel),
+        key_builder=type(kernel).key_builder if "key_builder" not in vars(kernel) else kernel.key_builder,
+        **fields,
+    )

@@ -1,0 +1,273 @@
+"""Timers: how long one call of a compiled function takes on the device.
+
+Two timers sit behind one small `Timer` protocol:
+
+- `CuptiTimer` reads the kernels' device time through CUPTI
+  (`jax.experimental.mosaic.gpu.profiler.measure`): no dispatch overhead, no host
+  jitter. GPU only.
+- `WallClockTimer` runs many calls per sample and divides the host time by their
+  number, so the dispatch cost is amortised. Works everywhere; the fallback.
+
+CUPTI allows one subscriber per process. When the JAX profiler has run in this process
+(or is running, or an external CUPTI tool such as Nsight is attached), CUPTI measurement
+has been seen to abort the whole process ("activity records were dropped"), so
+`choose_timer` falls back to the wall clock in that case and says why.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import jax
+
+logger = logging.getLogger("kerneltune")
+
+#: Environment variables that mean another CUPTI client is injected into the process.
+_CUPTI_INJECTION_VARIABLES = ("CUDA_INJECTION64_PATH", "NSYS_PROFILING_SESSION_ID")
+
+
+class TimerFailed(RuntimeError):
+    """The timer itself failed (not the function it timed); the tuner switches to the
+    fallback timer and measures again."""
+
+
+@runtime_checkable
+class Timer(Protocol):
+    """Times calls of a compiled function.
+
+    `sample(fn, arg_sets, calls, start)` makes `calls` calls of `fn`, cycling through
+    `arg_sets` from index `start` (distinct buffers, so small kernels are not timed out
+    of a warm cache), and returns the mean seconds per call. It raises `TimerFailed`
+    when the timer (not `fn`) fails; errors raised by `fn` propagate unchanged.
+    """
+
+    name: str
+
+    def sample(
+        self, fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], calls: int, start: int
+    ) -> float: ...
+
+
+class WallClockTimer:
+    """Host wall time over `calls` back-to-back calls, synchronised once at the end."""
+
+    name = "wallclock"
+
+    def sample(
+        self, fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], calls: int, start: int
+    ) -> float:
+        n = len(arg_sets)
+        out = None
+        t0 = time.perf_counter()
+        for i in range(calls):
+            out = fn(*arg_sets[(start + i) % n])
+        jax.block_until_ready(out)
+        return (time.perf_counter() - t0) / calls
+
+
+class CuptiTimer:
+    """Device time of every kernel a call launches, summed, through CUPTI.
+
+    Each sample is one `profiler.measure` session over `calls` calls on one argument
+    set (the session API takes one set of arguments), starting at a different set for
+    each sample. `fn` should be a `jax.stages.Compiled` (anything else is jitted by
+    `measure`).
+    """
+
+    name = "cupti"
+
+    def __init__(self) -> None:
+        self._measure = _measure_api()
+        if self._measure is None:
+            raise TimerFailed("jax.experimental.mosaic.gpu.profiler.measure is unavailable")
+
+    def sample(
+        self, fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], calls: int, start: int
+    ) -> float:
+        measure, takes_iterations, extra = self._measure  # type: ignore[misc]
+        args = arg_sets[start % len(arg_sets)]
+        try:
+            if takes_iterations:
+                _, timings = measure(fn, iterations=calls, **extra)(*args)
+                per_call_ms = _timings_ms(timings)
+            else:
+                per_call_ms = []
+                for _ in range(calls):
+                    _, timings = measure(fn, **extra)(*args)
+                    per_call_ms += _timings_ms(timings)
+        except Exception as e:
+            # The function's own failures (e.g. out of memory) propagate; only failures
+            # of the measurement machinery mean "use another timer".
+            if not _looks_like_timer_error(e):
+                raise
+            raise TimerFailed(f"CUPTI measurement failed: {type(e).__name__}: {e}") from e
+        if not per_call_ms:
+            raise TimerFailed("CUPTI recorded no kernel for this function")
+        return sum(per_call_ms) / len(per_call_ms) / 1e3
+
+
+def _looks_like_timer_error(e: BaseException) -> bool:
+    text = f"{type(e).__name__} {e}".lower()
+    return any(
+        word in text
+        for word in ("cupti", "kernel launches", "kernel names", "not supported on this platform")
+    )
+
+
+@functools.cache
+def _measure_api() -> tuple[Callable[..., Any], bool, dict[str, Any]] | None:
+    """`profiler.measure`, whether it takes `iterations=`, and the keyword arguments
+    that select CUPTI (older releases had a `mode=` argument)."""
+    try:
+        from jax.experimental.mosaic.gpu import profiler
+    except Exception as e:  # noqa: BLE001 - no Mosaic GPU in this jaxlib.
+        logger.debug("CUPTI timer unavailable: %s", e)
+        return None
+    measure = getattr(profiler, "measure", None)
+    if measure is None:
+        return None
+    try:
+        params = inspect.signature(measure).parameters
+    except (TypeError, ValueError):
+        params = {}  # type: ignore[assignment]
+    extra: dict[str, Any] = {}
+    if "mode" in params:
+        extra["mode"] = "cupti"
+    if "aggregate" in params:
+        extra["aggregate"] = True
+    return measure, "iterations" in params, extra
+
+
+def _timings_ms(timings: Any) -> list[float]:
+    """Per-call milliseconds from whatever `measure` returned: None, a float, a list of
+    floats (one per iteration), a list of (kernel, ms) pairs, or a list of such lists."""
+    if timings is None:
+        return []
+    if isinstance(timings, (int, float)):
+        return [float(timings)]
+    out = []
+    items = list(timings)
+    if items and isinstance(items[0], tuple) and len(items[0]) == 2:
+        return [float(sum(ms for _, ms in items))]
+    for item in items:
+        if isinstance(item, (int, float)):
+            out.append(float(item))
+        else:
+            out.append(float(sum(ms for _, ms in item)))
+    return out
+
+
+# --- when CUPTI must not be used -------------------------------------------------------
+
+_profiler_seen = threading.Event()
+_cupti_broken: list[str] = []
+
+
+def note_profiler_used() -> None:
+    """Records that the JAX profiler (or another CUPTI client) ran in this process, so
+    later tunings use the wall-clock timer. Called by the observer installed on
+    `jax.profiler.start_trace`; call it yourself if you profile by other means."""
+    _profiler_seen.set()
+
+
+def profiler_conflict() -> str | None:
+    """Why CUPTI must not be used in this process now, or None when it may be."""
+    try:
+        from jax._src import profiler as jax_profiler
+
+        state = getattr(jax_profiler, "_profile_state", None)
+        if getattr(state, "profile_session", None) is not None:
+            _profiler_seen.set()
+            return "a JAX profiler trace is active"
+        if getattr(jax_profiler, "_profiler_server", None) is not None:
+            _profiler_seen.set()
+            return "a JAX profiler server is running"
+    except Exception:  # noqa: BLE001 - private layout changed: rely on the observer.
+        pass
+    if _profiler_seen.is_set():
+        return "the JAX profiler was used earlier in this process"
+    for var in _CUPTI_INJECTION_VARIABLES:
+        if os.environ.get(var):
+            return f"another CUPTI client is attached ({var} is set)"
+    if _cupti_broken:
+        return _cupti_broken[0]
+    return None
+
+
+def mark_cupti_broken(reason: str) -> None:
+    """Stops using CUPTI in this process after it failed once."""
+    if not _cupti_broken:
+        _cupti_broken.append(reason)
+
+
+def _install_profiler_observer() -> None:
+    """Wraps `jax.profiler.start_trace` and `start_server` so that their use is
+    remembered: a trace that was started and stopped leaves no other trace in JAX's
+    state, yet CUPTI measurements after it can abort the process."""
+    try:
+        import jax.profiler as public
+        from jax._src import profiler as private
+    except Exception:  # noqa: BLE001
+        return
+    for name in ("start_trace", "start_server"):
+        original = getattr(private, name, None)
+        if original is None or getattr(original, "_kerneltune_observed", False):
+            continue
+
+        def observed(*args: Any, __original: Any = original, **kwargs: Any) -> Any:
+            note_profiler_used()
+            return __original(*args, **kwargs)
+
+        functools.update_wrapper(observed, original)
+        observed._kerneltune_observed = True  # type: ignore[attr-defined]
+        setattr(private, name, observed)
+        if getattr(public, name, None) is original:
+            setattr(public, name, observed)
+
+
+_install_profiler_observer()
+
+
+# --- choosing ------------------------------------------------------------------------
+
+
+def default_platform() -> str:
+    return jax.devices()[0].platform.lower()
+
+
+def choose_timer(preference: str | Timer = "auto") -> tuple[Timer, str | None]:
+    """The timer to use and, when it is not the preferred one, why.
+
+    Args:
+      preference: "auto" (CUPTI on a CUDA GPU when it is safe, else the wall clock),
+        "cupti", "wallclock", or a `Timer` instance (used as is).
+
+    Raises:
+      ValueError: `preference` is not one of those.
+    """
+    if isinstance(preference, Timer) and not isinstance(preference, str):
+        return preference, None
+    if preference not in ("auto", "cupti", "wallclock"):
+        raise ValueError(
+            f"timer must be 'auto', 'cupti', 'wallclock' or a Timer instance, got {preference!r}."
+        )
+    if preference == "wallclock":
+        return WallClockTimer(), None
+    platform = default_platform()
+    if platform not in ("gpu", "cuda"):
+        note = None if preference == "auto" else f"CUPTI needs a CUDA GPU, not {platform}"
+        return WallClockTimer(), note
+    conflict = profiler_conflict()
+    if conflict is not None:
+        return WallClockTimer(), f"CUPTI not used: {conflict}"
+    try:
+        return CuptiTimer(), None
+    except TimerFailed as e:
+        return WallClockTimer(), f"CUPTI not used: {e}"
