@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic
 
 from kerneltune._src import cache_entry, options, storage
 from kerneltune._src.cache_entry import (
@@ -30,12 +30,12 @@ from kerneltune._src.cache_entry import (
     op_matches,
     runtime_versions,
 )
+from kerneltune._src.kernel_types import Cfg
 from kerneltune._src.keys import config_from_dict, config_to_dict
 from kerneltune._src.tuning.report import TuningReport
 
 logger = logging.getLogger("kerneltune")
 
-Cfg = TypeVar("Cfg")
 
 _ENTRIES_DIR = "configs"
 _TEMP_MAX_AGE_S = 3600.0

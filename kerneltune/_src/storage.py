@@ -260,7 +260,7 @@ class BundleStore:
         try:
             docs = read_export_file(self.location)
         except (OSError, ValueError) as e:
-            logger.warning("Skipping read-only kerneltune cache %s: %s", self.location, e)
+            logger.warning("Skipping the read-only kerneltune cache %s: %s", self.location, e)
             return {}
         entries: dict[str, bytes] = {}
         for doc in docs:
