@@ -141,7 +141,9 @@ class Bench:
             return True
         return s.deadline is not None and time.perf_counter() >= s.deadline
 
-    def evaluate(self, indices: Sequence[int], rounds: int | None = None) -> dict[int, float | None]:
+    def evaluate(
+        self, indices: Sequence[int], rounds: int | None = None
+    ) -> dict[int, float | None]:
         """Compiles, validates and times `indices` (those not seen before, within the
         budget) and returns the median time of each evaluated one (None when it failed).
         Candidates already timed get `rounds` more samples."""
@@ -186,7 +188,7 @@ class Bench:
                     self._compiled(c, outcome)
         waiting, self._waiting = self._waiting, []
         for c in waiting:
-            self._first_run(c)
+            self.first_run(c)
 
     def _compiled(self, c: Candidate, outcome: Outcome) -> None:
         c.compile_s = outcome.seconds
@@ -198,20 +200,20 @@ class Bench:
         else:
             c.compiled, c.status = outcome.value, "ok"
             if c is self.reference or self._reference_settled():
-                self._first_run(c)
+                self.first_run(c)
             else:
                 self._waiting.append(c)
                 return
         if c is self.reference:
             waiting, self._waiting = self._waiting, []
             for w in waiting:
-                self._first_run(w)
+                self.first_run(w)
 
     def _reference_settled(self) -> bool:
         ref = self.reference
         return ref is None or (ref.status is not None and (not ref.ok or ref.output is not None))
 
-    def _first_run(self, c: Candidate) -> None:
+    def first_run(self, c: Candidate) -> None:
         """Warm-up runs (excluded from the samples); the first one's output is
         validated and gives the estimate that sizes the samples."""
         warmup = max(1, self._settings.warmup)
@@ -226,7 +228,7 @@ class Bench:
                     times.append(time.perf_counter() - t0)
                     if i == 0:
                         out = result
-        except Exception as e:  # noqa: BLE001 - a failing candidate is data.
+        except Exception as e:  # a failing candidate is data.
             c.fail(_failure_status(e, "run_error"), describe(e))
             return
         c.per_call_s = min(times)
@@ -276,7 +278,7 @@ class Bench:
         except timing.TimerFailed as e:
             self._switch_to_wallclock(str(e))
             return self._sample_one(c)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             c.fail(_failure_status(e, "run_error"), describe(e))
             return
         c.samples.append(seconds)
@@ -330,7 +332,7 @@ class _Job:
 def _same(a: Any, b: Any) -> bool:
     try:
         return bool(a == b)
-    except Exception:  # noqa: BLE001 - configs with odd __eq__ (e.g. arrays) differ.
+    except Exception:  # configs with odd __eq__ (e.g. arrays) differ.
         return False
 
 

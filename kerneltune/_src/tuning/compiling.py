@@ -98,7 +98,7 @@ class CompilePool:
                 self._running[key] = (start, me)
             try:
                 outcome = Outcome(key, value=ctx.run(job))
-            except BaseException as e:  # noqa: BLE001 - reported to the caller as data.
+            except BaseException as e:  # reported to the caller as data.
                 outcome = Outcome(key, error=e)
             seconds = time.perf_counter() - start
             with self._lock:

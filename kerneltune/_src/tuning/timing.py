@@ -127,7 +127,7 @@ def _measure_api() -> tuple[Callable[..., Any], bool, dict[str, Any]] | None:
     that select CUPTI (older releases had a `mode=` argument)."""
     try:
         from jax.experimental.mosaic.gpu import profiler
-    except Exception as e:  # noqa: BLE001 - no Mosaic GPU in this jaxlib.
+    except Exception as e:  # no Mosaic GPU in this jaxlib.
         logger.debug("CUPTI timer unavailable: %s", e)
         return None
     measure = getattr(profiler, "measure", None)
@@ -189,7 +189,7 @@ def profiler_conflict() -> str | None:
         if getattr(jax_profiler, "_profiler_server", None) is not None:
             _profiler_seen.set()
             return "a JAX profiler server is running"
-    except Exception:  # noqa: BLE001 - private layout changed: rely on the observer.
+    except Exception:  # private layout changed: rely on the observer.
         pass
     if _profiler_seen.is_set():
         return "the JAX profiler was used earlier in this process"
@@ -214,7 +214,7 @@ def _install_profiler_observer() -> None:
     try:
         import jax.profiler as public
         from jax._src import profiler as private
-    except Exception:  # noqa: BLE001
+    except Exception:
         return
     for name in ("start_trace", "start_server"):
         original = getattr(private, name, None)

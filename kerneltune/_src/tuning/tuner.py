@@ -1,22 +1,42 @@
-"""The Tuner: compiles candidate configs, times them, and picks the fastest."""
+"""The Tuner: compiles candidate configs, times them, and picks the fastest.
+
+One tuning goes:
+
+1. the search strategy asks the bench to evaluate candidates (`bench.py`): they compile
+   in parallel threads with a timeout, run once as soon as they are compiled (a warm-up
+   whose output is validated against the reference config's), and are timed in
+   interleaved rounds on rotating input buffers;
+2. the best few are re-measured side by side;
+3. `decide` picks the winner from every candidate's samples. This is the seam for
+   multi-process agreement: every process must pick the same winner, so a distributed
+   `decide` (e.g. one that combines the processes' medians) can replace the default,
+   `fastest`, through `Tuner(decide=...)`.
+"""
 
 from __future__ import annotations
 
 import logging
 import statistics
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic
 
 import jax
+import jax.numpy as jnp
 
 from kerneltune._src import keys
 from kerneltune._src.kernel_types import Cfg
+from kerneltune._src.tuning import inputs, search, timing
+from kerneltune._src.tuning.bench import Bench, BenchSettings, Candidate, describe
+from kerneltune._src.tuning.compiling import default_workers
+from kerneltune._src.tuning.progress import Progress
 from kerneltune._src.tuning.report import CandidateResult, TuningReport
 
 logger = logging.getLogger("kerneltune")
 
 MakeFn = Callable[[Any], Callable[..., Any]]
+#: Picks the winner's index from every candidate's result (None: no winner).
+Decide = Callable[[Sequence[CandidateResult]], "int | None"]
 
 
 def split_static(args: Sequence[Any], kwargs: dict[str, Any]):
@@ -36,41 +56,159 @@ def split_static(args: Sequence[Any], kwargs: dict[str, Any]):
     return arrays, rebuild
 
 
+def fastest(results: Sequence[CandidateResult]) -> int | None:
+    """The default `decide`: the candidate with the lowest median time.
+
+    Ties (equal medians) go to the earlier candidate, so the choice is deterministic.
+    """
+    best: int | None = None
+    for i, r in enumerate(results):
+        if r.ok and (best is None or r.time_s < results[best].time_s):  # type: ignore[operator]
+            best = i
+    return best
+
+
 class Tuner(Generic[Cfg]):
     """Benchmarks candidate configs on the device and returns the fastest.
 
-    Each candidate is compiled once (ahead of timing), run `warmup` times untimed, then
-    timed `iters` times; its time is the median sample. A candidate that fails to
-    compile or run is recorded with its error and skipped.
-
     Args:
-      warmup: untimed runs per candidate before its samples.
-      iters: timed samples per candidate.
+      warmup: untimed runs per candidate before its samples (at least one always runs:
+        its output is validated).
+      iters: timed samples (interleaved rounds) per candidate; each sample averages as
+        many calls as fit in `target_sample_s`.
+      timer: "auto" (CUPTI device time on a CUDA GPU when it is safe, else the wall
+        clock), "cupti", "wallclock", or a `timing.Timer`.
+      strategy: "auto", "exhaustive", "coordinate", "halving" or a
+        `search.SearchStrategy`; "auto" is exhaustive for spaces of at most 128
+        candidates that fit `max_evals`, coordinate descent otherwise.
+      max_evals: at most this many candidates are compiled and timed.
+      time_budget_s: no new candidate is started after this many seconds.
+      compile_timeout_s: a candidate still compiling after this long is abandoned
+        (status "timeout"); None waits forever.
+      max_workers: compile threads (default: the usable cores, at most 32).
+      target_sample_s: how long one sample should take (default: 0.5 ms of device time
+        with CUPTI, 2 ms with the wall clock).
+      top_k: how many of the best candidates are re-measured side by side.
+      remeasure_iters: samples per candidate in that re-measurement (default:
+        `max(iters, 5)`).
+      rtol: tolerance for validation: one number for every float dtype or a mapping
+        from dtype to number (see `validate.DEFAULT_RTOL`).
+      validate: compare every candidate's output with the reference config's.
+      progress: show a progress bar (None: only on a terminal).
+      decide: picks the winner from every candidate's result (default: `fastest`);
+        the hook for multi-process agreement.
+      seed: for the round order and randomised searches.
+      rotate_bytes: input copies are made until cycling through them touches this many
+        bytes (default: 128 MiB on GPU, 0 on CPU); 0 turns rotation off.
     """
 
-    def __init__(self, warmup: int = 1, iters: int = 3) -> None:
-        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-            raise ValueError(f"Tuner(warmup=...) must be an integer >= 0, got {warmup!r}.")
-        if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
-            raise ValueError(f"Tuner(iters=...) must be an integer >= 1, got {iters!r}.")
+    def __init__(
+        self,
+        warmup: int = 1,
+        iters: int = 3,
+        *,
+        timer: str | timing.Timer = "auto",
+        strategy: str | search.SearchStrategy = "auto",
+        max_evals: int | None = None,
+        time_budget_s: float | None = None,
+        compile_timeout_s: float | None = 300.0,
+        max_workers: int | None = None,
+        target_sample_s: float | None = None,
+        top_k: int = 3,
+        remeasure_iters: int | None = None,
+        rtol: float | Mapping[Any, float] | None = None,
+        validate: bool = True,
+        progress: bool | None = None,
+        decide: Decide | None = None,
+        seed: int = 0,
+        rotate_bytes: int | None = None,
+    ) -> None:
+        _check_int("warmup", warmup, 0)
+        _check_int("iters", iters, 1)
+        _check_int("top_k", top_k, 0)
+        if max_evals is not None:
+            _check_int("max_evals", max_evals, 1)
+        if remeasure_iters is not None:
+            _check_int("remeasure_iters", remeasure_iters, 0)
+        if max_workers is not None:
+            _check_int("max_workers", max_workers, 1)
+        for name, value in (
+            ("time_budget_s", time_budget_s),
+            ("compile_timeout_s", compile_timeout_s),
+            ("target_sample_s", target_sample_s),
+        ):
+            if value is not None and not (isinstance(value, (int, float)) and value > 0):
+                raise ValueError(
+                    f"Tuner({name}=...) must be a positive number or None, got {value!r}."
+                )
+        if isinstance(strategy, str) and strategy not in search.STRATEGIES:
+            raise ValueError(
+                f"Tuner(strategy=...) must be one of {search.STRATEGIES} or a SearchStrategy, "
+                f"got {strategy!r}."
+            )
+        timing.choose_timer(timer) if isinstance(timer, str) and timer == "wallclock" else None
+        if isinstance(timer, str) and timer not in ("auto", "cupti", "wallclock"):
+            raise ValueError(
+                f"Tuner(timer=...) must be 'auto', 'cupti', 'wallclock' or a Timer, got {timer!r}."
+            )
         self.warmup = warmup
         self.iters = iters
+        self.timer = timer
+        self.strategy = strategy
+        self.max_evals = max_evals
+        self.time_budget_s = time_budget_s
+        self.compile_timeout_s = compile_timeout_s
+        self.max_workers = max_workers
+        self.target_sample_s = target_sample_s
+        self.top_k = top_k
+        self.remeasure_iters = max(iters, 5) if remeasure_iters is None else remeasure_iters
+        self.rtol = rtol
+        self.validate = validate
+        self.progress = progress
+        self.decide: Decide = decide or fastest
+        self.seed = seed
+        self.rotate_bytes = rotate_bytes
 
     # The seed's API -------------------------------------------------------------------
 
     def measure(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> float:
-        """Median seconds per call of `fn(*args, **kwargs)`, jitted, warm-up excluded."""
-        arrays, rebuild = split_static(args, kwargs)
+        """Median seconds per call of `fn(*args, **kwargs)`, jitted, warm-up excluded.
 
-        def call(*a: Any) -> Any:
-            aa, kk = rebuild(a)
-            return fn(*aa, **kk)
+        Raises:
+          Exception: whatever compiling or running `fn` raised.
+        """
+        with jax.ensure_compile_time_eval():
+            arrays, rebuild = split_static(args, kwargs)
+            arrays = inputs.concrete_inputs(arrays, seed=self.seed)
 
-        compiled = jax.jit(call).lower(*arrays).compile()
-        return statistics.median(self._samples(compiled, arrays))
+            def call(*a: Any) -> Any:
+                aa, kk = rebuild(a)
+                return fn(*aa, **kk)
+
+            compiled = jax.jit(call).lower(*arrays).compile()
+            timer, _ = timing.choose_timer(self.timer)
+            bench = self._bench(
+                lambda _: compiled, arrays, [None], None, timer, Progress("", False), validate=False
+            )
+            try:
+                cand = bench.cands[0]
+                cand.compiled, cand.status, cand.submitted = compiled, "ok", True
+                bench.first_run(cand)
+                if not cand.ok:
+                    raise RuntimeError(f"running the function failed: {cand.error}")
+                bench.sample([cand], self.iters)
+                if not cand.ok:
+                    raise RuntimeError(f"running the function failed: {cand.error}")
+                return statistics.median(cand.samples)
+            finally:
+                bench.close()
 
     def autotune(
-        self, make_fn: MakeFn, args: Sequence[Any], kwargs: dict[str, Any], candidates: Iterable[Cfg]
+        self,
+        make_fn: MakeFn,
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        candidates: Iterable[Cfg],
     ) -> Cfg:
         """Returns the fastest of `candidates`; `make_fn(cfg)` builds the function to
         time, called as `fn(*args, **kwargs)`.
@@ -82,8 +220,8 @@ class Tuner(Generic[Cfg]):
         report = self.tune(make_fn, args, kwargs, candidates)
         if report.best is None:
             raise ExceptionGroup(
-                "every candidate config failed",
-                [RuntimeError(f"{c.cfg}: {c.error}") for c in report.candidates],
+                f"every candidate config failed: {report.describe_failures()}",
+                [RuntimeError(f"{c.cfg}: {c.status}: {c.error}") for c in report.failures],
             )
         return report.best
 
@@ -100,98 +238,173 @@ class Tuner(Generic[Cfg]):
         backward: bool = False,
         name: str = "",
     ) -> TuningReport:
-        """Times every candidate and reports all of them.
+        """Evaluates candidates (all of them, or those the search strategy picks) and
+        reports every one.
 
         Args:
           make_fn: builds the function to time for one config.
           args, kwargs: concrete inputs; array leaves are passed to the compiled
-            function, other leaves are constants.
+            function, other leaves are constants. `ShapeDtypeStruct` leaves are
+            replaced by random data.
           candidates: the configs to try.
-          reference_cfg: the heuristic config, reported alongside the winner.
-          backward: time forward + backward (a scalar loss of the output
-            differentiated with respect to the floating-point inputs).
+          reference_cfg: the heuristic config: every candidate's output is validated
+            against its output, and the winner's speedup is reported against its time
+            (it is evaluated even when it is not a candidate, but only a candidate can
+            win).
+          backward: time forward + backward (the gradient of the sum of the
+            floating-point outputs with respect to the floating-point inputs).
           name: what is being tuned, for logs.
+
+        Returns:
+          A `TuningReport`; its `best` is None when every candidate failed (the caller
+          falls back, e.g. to the heuristic, and can warn with
+          `report.describe_failures()`).
+
+        Raises:
+          ValueError: `candidates` is empty, or an array argument is a tracer.
         """
         candidates = list(candidates)
         if not candidates:
             raise ValueError(f"Tuner.tune got an empty candidate list for {name or 'a kernel'}.")
         start = time.perf_counter()
-        arrays, rebuild = split_static(args, kwargs)
-        results = [self._time_one(make_fn, cfg, arrays, rebuild, backward) for cfg in candidates]
-        ok = [r for r in results if r.ok]
-        best = min(ok, key=lambda r: r.time_s).cfg if ok else None  # type: ignore[arg-type, return-value]
-        heuristic_time = next(
-            (r.time_s for r in results if r.ok and reference_cfg is not None and r.cfg == reference_cfg),
-            None,
+        with jax.ensure_compile_time_eval():
+            arrays, rebuild = split_static(args, kwargs)
+            arrays = inputs.concrete_inputs(arrays, seed=self.seed)
+            zeros = inputs.all_zero_floats(arrays)
+            if zeros:
+                logger.warning(
+                    "Tuning %s on all-zero float inputs (positions %s): timings on zeros can "
+                    "flatter some configs; pass random data.",
+                    name or "a kernel",
+                    zeros,
+                )
+            what = name or "kernel"
+            shapes = keys.describe_abstract(keys.abstractify((tuple(args), dict(kwargs))))
+            timer, timer_note = timing.choose_timer(self.timer)
+            strategy = search.resolve_strategy(self.strategy, len(candidates), self.max_evals)
+            progress = Progress(what, self.progress)
+
+            def build(cfg: Any) -> Any:
+                fn = make_fn(cfg)
+
+                def call(*a: Any) -> Any:
+                    aa, kk = rebuild(a)
+                    return fn(*aa, **kk)
+
+                target = _with_backward(call) if backward else call
+                return jax.jit(target).lower(*arrays).compile()
+
+            deadline = start + self.time_budget_s if self.time_budget_s is not None else None
+            bench = self._bench(build, arrays, candidates, reference_cfg, timer, progress, deadline)
+            try:
+                strategy.search(bench)
+                self._remeasure_top(bench)
+                results = bench.results()
+                winner = self.decide(results)
+                best = candidates[winner] if winner is not None else None
+                report = TuningReport(
+                    best=best,
+                    candidates=results,
+                    timer=bench.timer.name,
+                    heuristic_cfg=reference_cfg,
+                    heuristic_time_s=bench.reference_time(),
+                    wall_s=time.perf_counter() - start,
+                    strategy=strategy.name,
+                    name=f"{what} {shapes}".strip() if shapes else what,
+                    timer_note=bench.timer_note or timer_note,
+                    validated=bench.validated,
+                )
+            finally:
+                bench.close()
+                progress.close()
+        logger.info("%s", report.summary())
+        return report
+
+    # ---------------------------------------------------------------------------------
+
+    def _bench(
+        self,
+        build: Callable[[Any], Any],
+        arrays: list[Any],
+        candidates: Sequence[Any],
+        reference_cfg: Any,
+        timer: timing.Timer,
+        progress: Progress,
+        deadline: float | None = None,
+        *,
+        validate: bool = True,
+    ) -> Bench:
+        rotate = self.rotate_bytes
+        if rotate is None:
+            rotate = 128 << 20 if timing.default_platform() in ("gpu", "cuda", "rocm") else 0
+        arg_sets = inputs.rotation_sets(arrays, min_bytes=rotate) if rotate else [list(arrays)]
+        workers = self.max_workers or min(32, default_workers())
+        settings = BenchSettings(
+            warmup=self.warmup,
+            rounds=self.iters,
+            target_sample_s=self.target_sample_s,
+            compile_timeout_s=self.compile_timeout_s,
+            max_workers=max(1, min(workers, len(candidates) + 1)),
+            max_evals=self.max_evals,
+            deadline=deadline,
+            rtol=self.rtol,
+            validate=self.validate and validate,
+            seed=self.seed,
         )
-        return TuningReport(
-            best=best,
-            candidates=tuple(results),
-            timer="wallclock",
-            heuristic_cfg=reference_cfg,
-            heuristic_time_s=heuristic_time,
-            wall_s=time.perf_counter() - start,
-        )
+        return Bench(build, arg_sets, candidates, reference_cfg, timer, settings, progress)
 
-    def _time_one(self, make_fn: MakeFn, cfg: Any, arrays: list[Any], rebuild: Any, backward: bool) -> CandidateResult:
-        t0 = time.perf_counter()
-        try:
-            fn = make_fn(cfg)
+    def _remeasure_top(self, bench: Bench) -> None:
+        """The best few, side by side, with more samples: a winner decided by a few
+        samples taken at different times can be a lucky one."""
+        if self.top_k < 2 or self.remeasure_iters < 1:
+            return
+        ranked = sorted((c for c in bench.cands if c.median is not None), key=_median)
+        top: list[Candidate] = ranked[: self.top_k]
+        if len(top) < 2:
+            return
+        ref = bench.reference
+        if ref is not None and ref.ok and ref not in top:
+            top.append(ref)  # its time is the baseline of the reported speedup
+        bench.sample(top, self.remeasure_iters)
 
-            def call(*a: Any) -> Any:
-                aa, kk = rebuild(a)
-                return fn(*aa, **kk)
 
-            target = _with_backward(call) if backward else call
-            compiled = jax.jit(target).lower(*arrays).compile()
-        except Exception as e:  # noqa: BLE001 - a failing candidate is data, not a crash.
-            return CandidateResult(cfg=cfg, status="compile_error", error=_describe(e))
-        compile_s = time.perf_counter() - t0
-        try:
-            samples = self._samples(compiled, arrays)
-        except Exception as e:  # noqa: BLE001
-            return CandidateResult(cfg=cfg, status="run_error", error=_describe(e), compile_s=compile_s)
-        return CandidateResult(
-            cfg=cfg,
-            time_s=statistics.median(samples),
-            samples_s=tuple(samples),
-            compile_s=compile_s,
-        )
+def _median(c: Candidate) -> float:
+    return c.median  # type: ignore[return-value]
 
-    def _samples(self, compiled: Any, arrays: list[Any]) -> list[float]:
-        for _ in range(self.warmup):
-            jax.block_until_ready(compiled(*arrays))
-        samples = []
-        for _ in range(self.iters):
-            t = time.perf_counter()
-            jax.block_until_ready(compiled(*arrays))
-            samples.append(time.perf_counter() - t)
-        return samples
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"Tuner({name}=...) must be an integer >= {minimum}, got {value!r}.")
 
 
 def _with_backward(call: Callable[..., Any]) -> Callable[..., Any]:
-    """Forward + backward: the gradient of a scalar loss of the output with respect
-    to every floating-point input."""
-    import jax.numpy as jnp
+    """Forward + backward: the output and the gradient of the sum of its floating-point
+    leaves with respect to every floating-point input (so validation covers both)."""
 
-    def loss_and_grads(*arrays: Any) -> Any:
+    def forward_and_grads(*arrays: Any) -> Any:
         float_positions = [i for i, a in enumerate(arrays) if jnp.issubdtype(a.dtype, jnp.inexact)]
+        if not float_positions:
+            return call(*arrays), ()
 
         def loss(*float_arrays: Any) -> Any:
             full = list(arrays)
             for i, a in zip(float_positions, float_arrays, strict=True):
                 full[i] = a
             out = call(*full)
-            return sum(jnp.sum(leaf.astype(jnp.float32)) for leaf in jax.tree_util.tree_leaves(out))
+            leaves = [
+                leaf
+                for leaf in jax.tree_util.tree_leaves(out)
+                if jnp.issubdtype(leaf.dtype, jnp.inexact)
+            ]
+            total = sum((jnp.sum(leaf.real.astype(jnp.float32)) for leaf in leaves), jnp.float32(0))
+            return total, out
 
-        return jax.grad(loss, argnums=tuple(range(len(float_positions))))(
+        grads, out = jax.grad(loss, argnums=tuple(range(len(float_positions))), has_aux=True)(
             *[arrays[i] for i in float_positions]
         )
+        return out, grads
 
-    return loss_and_grads
+    return forward_and_grads
 
 
-def _describe(e: BaseException) -> str:
-    text = f"{type(e).__name__}: {e}"
-    first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
-    return first[:300]
+__all__ = ["Decide", "MakeFn", "Tuner", "describe", "fastest", "split_static"]
