@@ -101,7 +101,12 @@ def extract_labels_from_hlo_text(text: str) -> list[str]:
 
 
 def _unescape(value: str) -> str:
-    return re.sub(r"\\(.)", r"\1", value)
+    # MLIR writes a quote as \22 (two hex digits); HLO text as \".
+    def one(match: re.Match[str]) -> str:
+        code = match.group(1)
+        return chr(int(code, 16)) if len(code) == 2 else code
+
+    return re.sub(r"\\([0-9a-fA-F]{2}|.)", one, value)
 
 
 def parse_label(text: str) -> Label | None:

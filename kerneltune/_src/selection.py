@@ -344,7 +344,6 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
         policy: AutotunePolicy,
     ) -> TuningReport:
         heuristic = find_heuristic(kernel, inv)
-        args, kwargs = concrete_inputs(kernel, inv)
         context = inv.method if inv.method == "shard_map" else None
 
         def make_fn(cfg: Any) -> Callable[..., Any]:
@@ -352,10 +351,14 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
 
         backward = policy.validate_backward and not scope.current().forward_only
         self._emit("autotune_start", key, candidates=list(candidates), backward=backward)
-        report: TuningReport = self.tuner.tune(
-            make_fn, args, kwargs, candidates,
-            reference_cfg=heuristic, backward=backward, name=f"{inv.op_id_v}({inv.signature})",
-        )
+        # The call may be inside a jit trace: build inputs and time candidates outside
+        # it, or every array made here would be a tracer of the user's program.
+        with _eval_context():
+            args, kwargs = concrete_inputs(kernel, inv)
+            report: TuningReport = self.tuner.tune(
+                make_fn, args, kwargs, candidates,
+                reference_cfg=heuristic, backward=backward, name=f"{inv.op_id_v}({inv.signature})",
+            )
         self._emit(
             "autotune_finish", key, cfg=report.best, report=report,
             timings=[(c.cfg, c.time_s, c.status) for c in report.candidates],
@@ -415,6 +418,17 @@ def concrete_inputs(kernel: Kernel[Any, Any], inv: Invocation[Any, Any]) -> tupl
         made = hook(inv) if hook is not None else kernel.tuning_inputs(inv)
         return tuple(made[0]), dict(made[1])
     return tuple(inv.args), dict(inv.kwargs)
+
+
+def _eval_context() -> contextlib.AbstractContextManager[Any]:
+    import jax
+
+    make = getattr(jax.core, "eval_context", None)
+    if make is None:  # pragma: no cover - moved in some JAX version
+        from jax._src import core
+
+        make = core.eval_context
+    return make()
 
 
 def _context(inv: Invocation[Any, Any]) -> str | None:

@@ -1,0 +1,93 @@
+"""Small kernels and tools shared by the tests."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import kerneltune as kt
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RepCfg:
+    """How many times the kernel repeats its work: cost grows with `reps`."""
+
+    reps: int = 1
+
+
+class RepeatKernel(kt.Kernel):
+    """`sin` applied `reps` times then scaled: a kernel whose candidates differ
+    several-fold in cost while their results stay deterministic per config."""
+
+    op_id = "repeat"
+
+    def __init__(self, candidates=(RepCfg(reps=40), RepCfg(reps=1), RepCfg(reps=8)), heuristic=RepCfg(reps=8)):
+        super().__init__()
+        self._candidates = tuple(candidates)
+        self._heuristic = heuristic
+
+    def run(self, x, *, cfg, alpha=1.0):
+        # Every config computes the same function: sin∘...∘sin then undone by the
+        # parity-free trick of adding and subtracting, so only cost differs.
+        y = x
+        for _ in range(cfg.reps):
+            y = y + jnp.sin(y) * 0.0
+        return y * alpha
+
+    def heuristic_cfg(self, inv):
+        return self._heuristic
+
+    def candidate_cfgs(self, inv):
+        return self._candidates
+
+
+def matmul_chain(x, reps):
+    y = x
+    for _ in range(reps):
+        y = jnp.tanh(y @ x) * 0.5
+    return y
+
+
+class CostKernel(kt.Kernel):
+    """Candidates cost `reps` matrix products; the result is the same for all."""
+
+    op_id = "cost"
+
+    def run(self, x, *, cfg):
+        y = x
+        for _ in range(cfg.reps):
+            y = y + 0.0 * (y @ x)
+        return y
+
+    def heuristic_cfg(self, inv):
+        return RepCfg(reps=4)
+
+    def candidate_cfgs(self, inv):
+        return [RepCfg(reps=16), RepCfg(reps=1), RepCfg(reps=4)]
+
+
+def events_recorder():
+    events = []
+
+    def on_event(event, **data):
+        events.append((event, data))
+
+    return events, on_event
+
+
+def names(events):
+    return [e for e, _ in events]
+
+
+def rand(shape, dtype=jnp.float32, seed=None):
+    seed = np.random.randint(0, 2**31 - 1) if seed is None else seed
+    return jax.random.normal(jax.random.PRNGKey(seed), shape, dtype=jnp.float32).astype(dtype)
+
+
+def rel_err(a, b):
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))

@@ -1,0 +1,227 @@
+"""The executor: eager programs, jit/vmap, compile, overlays on jitted functions."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import CostKernel, RepCfg, events_recorder, names, rand
+
+import kerneltune as kt
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaleCfg:
+    scale: float = 1.0
+
+
+class ScaleKernel(kt.Kernel):
+    """Multiplies by the config's scale: the config is visible in the output, so tests
+    can see which config ran."""
+
+    op_id = "scale"
+
+    def run(self, x, *, cfg, offset=0.0):
+        return x * cfg.scale + offset
+
+    def heuristic_cfg(self, inv):
+        return ScaleCfg(1.0)
+
+
+class CountingChooser:
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.calls = 0
+
+    def choose(self, inv, kernel):
+        self.calls += 1
+        return self.cfg
+
+
+def heuristics_executor():
+    events, on_event = events_recorder()
+    chain = kt.ConfigSelectorChain(
+        kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback="heuristics"), on_event=on_event
+    )
+    return kt.Executor(chain), chain, events
+
+
+def test_eager_calls_reuse_one_jitted_program_and_skip_selection():
+    ex, chain, events = heuristics_executor()
+    k = ScaleKernel()
+    x = rand((4, 4))
+    for _ in range(5):
+        np.testing.assert_allclose(ex(k, x, offset=1.0), x + 1.0)
+    # The first call chooses; later calls hit the eager dispatch table.
+    assert names(events) == ["heuristics"]
+    assert len(ex._programs) == 1
+
+
+def test_eager_program_is_jitted_not_op_by_op():
+    traced = []
+
+    class Spy(ScaleKernel):
+        def run(self, x, *, cfg, offset=0.0):
+            traced.append(isinstance(x, jax.core.Tracer))
+            return super().run(x, cfg=cfg, offset=offset)
+
+    ex, _, _ = heuristics_executor()
+    ex(Spy(), rand((3,)))
+    ex(Spy(), rand((3,)))
+    assert traced and all(traced)
+
+
+def test_new_shapes_and_static_values_choose_again():
+    ex, chain, events = heuristics_executor()
+    k = ScaleKernel()
+    ex(k, rand((4,)))
+    ex(k, rand((5,)))
+    ex(k, rand((5,)), offset=2.0)
+    ex(k, rand((5,), jnp.bfloat16))
+    assert names(events).count("heuristics") == 4
+
+
+def test_cache_change_invalidates_eager_table():
+    ex, chain, events = heuristics_executor()
+    k = ScaleKernel()
+    x = rand((4,))
+    np.testing.assert_allclose(ex(k, x), x)
+    inv, _, _ = ex._invocation(k, (x,), {})
+    chain.cache.put(inv.device_fingerprint, inv.op_id_v, inv.call_key, ScaleCfg(3.0))
+    np.testing.assert_allclose(ex(k, x), 3.0 * x, rtol=1e-6)
+
+
+def test_custom_chooser_is_asked_every_eager_call():
+    chooser = CountingChooser(ScaleCfg(2.0))
+    ex = kt.Executor(chooser)
+    x = rand((3,))
+    for _ in range(3):
+        np.testing.assert_allclose(ex(ScaleKernel(), x), 2.0 * x, rtol=1e-6)
+    assert chooser.calls == 3
+
+
+def test_under_jit_and_vmap_the_kernel_is_traced_inline():
+    ex, _, _ = heuristics_executor()
+    k = ScaleKernel()
+    x = rand((3, 4))
+    np.testing.assert_allclose(jax.jit(lambda a: ex(k, a, offset=1.0))(x), x + 1.0, rtol=1e-6)
+    np.testing.assert_allclose(jax.vmap(lambda a: ex(k, a))(x), x, rtol=1e-6)
+
+
+def test_overlay_changes_an_already_jitted_function_and_reverts():
+    ex, chain, _ = heuristics_executor()
+    k = ScaleKernel()
+    x = rand((4,))
+    f = jax.jit(lambda a: ex(k, a))
+    np.testing.assert_allclose(f(x), x, rtol=1e-6)
+    inv, _, _ = ex._invocation(k, (x,), {})
+    key = (inv.device_fingerprint, inv.op_id_v, inv.call_key)
+    with kt.overlay_cache({key: ScaleCfg(5.0)}):
+        np.testing.assert_allclose(f(x), 5.0 * x, rtol=1e-6)
+        np.testing.assert_allclose(ex(k, x), 5.0 * x, rtol=1e-6)  # eager too
+    np.testing.assert_allclose(f(x), x, rtol=1e-6)
+    np.testing.assert_allclose(ex(k, x), x, rtol=1e-6)
+
+
+def test_autotuning_result_context_changes_jitted_function_and_reverts():
+    ex, chain, _ = heuristics_executor()
+    k = ScaleKernel()
+    x = rand((4,))
+    f = jax.jit(lambda a: ex(k, a))
+    f(x)
+    inv, _, _ = ex._invocation(k, (x,), {})
+    result = kt.AutotuningResult(inv.device_fingerprint, (kt.Entry(inv.op_id_v, inv.call_key, ScaleCfg(7.0)),))
+    with result:
+        np.testing.assert_allclose(f(x), 7.0 * x, rtol=1e-6)
+        with result:  # re-entrant
+            np.testing.assert_allclose(f(x), 7.0 * x, rtol=1e-6)
+    np.testing.assert_allclose(f(x), x, rtol=1e-6)
+
+
+def test_compile_fixes_the_config_and_keeps_prepare():
+    class Prepared(ScaleKernel):
+        def prepare(self, x, **kw):
+            return (x.reshape(-1),), kw
+
+    chooser = CountingChooser(ScaleCfg(2.0))
+    ex = kt.Executor(chooser)
+    fn = ex.compile(Prepared(), rand((2, 3)))
+    assert fn.cfg == ScaleCfg(2.0)
+    y = rand((2, 3))
+    np.testing.assert_allclose(fn(y), 2.0 * y.reshape(-1), rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(fn)(y), 2.0 * y.reshape(-1), rtol=1e-6)
+    assert chooser.calls == 1
+
+
+def test_kernel_call_uses_default_executor():
+    kt.set_default_executor(kt.Executor(CountingChooser(ScaleCfg(4.0))))
+    try:
+        x = rand((3,))
+        np.testing.assert_allclose(ScaleKernel()(x), 4.0 * x, rtol=1e-6)
+    finally:
+        kt.set_default_executor(None)
+
+
+def test_default_executor_reads_policy_from_environment(monkeypatch):
+    monkeypatch.setenv("KERNELTUNE_AUTOTUNE", "error")
+    kt.set_default_executor(None)
+    try:
+        with pytest.raises(kt.CacheMissError):
+            CostKernel()(rand((4, 4)))
+    finally:
+        kt.set_default_executor(None)
+
+
+def test_numpy_and_pytree_arguments_take_the_general_path():
+    class SumKernel(kt.Kernel):
+        op_id = "sum2"
+
+        def run(self, pair, *, cfg):
+            a, b = pair
+            return a * cfg.scale + b
+
+        def heuristic_cfg(self, inv):
+            return ScaleCfg(2.0)
+
+    ex, _, _ = heuristics_executor()
+    a, b = np.ones(3, np.float32), rand((3,))
+    np.testing.assert_allclose(ex(SumKernel(), (a, b)), 2.0 + np.asarray(b), rtol=1e-6)
+
+
+def test_labels_are_stamped_in_lowered_hlo_and_compiled_text():
+    ex, _, _ = heuristics_executor()
+    k = ScaleKernel()
+    lowered = jax.jit(lambda a, b: ex(k, a, offset=1.0) + ex(k, b, offset=2.0).sum()).lower(rand((4,)), rand((6,)))
+    labels = kt.find_labels_in_lowered(lowered)
+    assert len(labels) == 2 and all(lab.startswith("kerneltune:scale@v0:") for lab in labels)
+    for text in (lowered.as_text(), lowered.compiler_ir("hlo").as_hlo_text(), lowered.compile().as_text()):
+        assert set(kt.extract_labels_from_hlo_text(text)) == set(labels)
+
+
+def test_stamp_none_and_json(monkeypatch):
+    ex, _, _ = heuristics_executor()
+    k = ScaleKernel()
+    monkeypatch.setenv("KERNELTUNE_STAMP", "none")
+    assert kt.find_labels_in_lowered(jax.jit(lambda a: ex(k, a)).lower(rand((4,)))) == []
+    monkeypatch.setenv("KERNELTUNE_STAMP", "json")
+    (lab,) = kt.find_labels_in_lowered(jax.jit(lambda a: ex(k, a)).lower(rand((4,))))
+    assert lab.endswith(':{"scale":1.0}')
+
+
+def test_executor_rejects_bad_arguments():
+    ex, _, _ = heuristics_executor()
+    with pytest.raises(TypeError, match="Kernel instance"):
+        ex(lambda x: x, rand((2,)))
+    with pytest.raises(ValueError, match="method must be None or 'shard_map'"):
+        ex(ScaleKernel(), rand((2,)), method="pmap")
+    with pytest.raises(TypeError, match="choose"):
+        kt.Executor(object())
+
+
+def test_costkernel_result_independent_of_config():
+    ex, _, _ = heuristics_executor()
+    x = rand((8, 8))
+    a = ex(CostKernel(), x, cfg=RepCfg(reps=1))
+    b = ex(CostKernel(), x, cfg=RepCfg(reps=4))
+    np.testing.assert_allclose(a, b, rtol=1e-5)

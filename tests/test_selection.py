@@ -1,0 +1,288 @@
+"""The selection chain: every tier, its events, and the rules that keep caches honest."""
+
+import logging
+import threading
+
+import jax
+import jax.numpy as jnp
+import pytest
+from helpers import CostKernel, RepCfg, RepeatKernel, events_recorder, names, rand
+
+import kerneltune as kt
+from kerneltune._src.persistent import PersistentCache
+
+
+def make(policy=None, persistent=None, **kw):
+    events, on_event = events_recorder()
+    chain = kt.ConfigSelectorChain(kt.ConfigCache(), policy=policy, persistent=persistent, on_event=on_event, **kw)
+    return kt.Executor(chain), chain, events
+
+
+def key_of(ex, kernel, *args, **kwargs):
+    inv, _, _ = ex._invocation(kernel, args, kwargs)
+    return (inv.device_fingerprint, inv.op_id_v, inv.call_key)
+
+
+def test_override_is_used_and_written_nowhere(tmp_path):
+    pc = PersistentCache(tmp_path)
+    ex, chain, events = make(persistent=pc)
+    x = rand((8, 8))
+    out = ex(CostKernel(), x, cfg=RepCfg(reps=2))
+    assert out.shape == (8, 8)
+    assert names(events) == ["override"]
+    assert events[0][1]["cfg"] == RepCfg(reps=2)
+    assert len(chain.cache) == 0 and len(pc) == 0
+
+
+def test_override_applies_even_under_heuristics_policy():
+    ex, chain, events = make(policy=kt.AutotunePolicy(cache_miss_fallback="heuristics"))
+    assert ex.choose_config(CostKernel(), rand((4, 4)), cfg=RepCfg(reps=7)) == RepCfg(reps=7)
+
+
+def test_autotune_picks_cheapest_of_several_fold_costs_and_caches_it(tmp_path):
+    pc = PersistentCache(tmp_path)
+    ex, chain, events = make(persistent=pc)
+    x = rand((96, 96))
+    cfg = ex.choose_config(CostKernel(), x)
+    assert cfg == RepCfg(reps=1)
+    assert names(events) == ["autotune_start", "autotune_finish"]
+    finish = events[1][1]
+    assert {"device", "op_id", "call_key", "cfg"} <= set(finish)
+    assert finish["op_id"] == "cost@v0"
+    assert len(finish["timings"]) == 3
+    key = key_of(ex, CostKernel(), x)
+    assert chain.cache.get(*key) == RepCfg(reps=1)
+    assert pc.get(*key, cfg_type=RepCfg) == RepCfg(reps=1)
+    # Second call: a memory hit.
+    assert ex.choose_config(CostKernel(), x) == RepCfg(reps=1)
+    assert events[-1][0] == "cache_hit" and events[-1][1]["level"] == "memory"
+
+
+def test_persistent_hit_fills_memory_and_returns_the_kernel_type(tmp_path):
+    pc = PersistentCache(tmp_path)
+    x = rand((16, 16))
+    ex1, _, _ = make(persistent=pc)
+    ex1.choose_config(CostKernel(), x)
+    ex2, chain2, events2 = make(persistent=PersistentCache(tmp_path))
+    cfg = ex2.choose_config(CostKernel(), x)
+    assert type(cfg) is RepCfg
+    assert names(events2) == ["cache_hit"] and events2[0][1]["level"] == "persistent"
+    assert len(chain2.cache) == 1
+
+
+def test_overlay_tier_wins_over_memory():
+    ex, chain, events = make()
+    x = rand((8, 8))
+    key = key_of(ex, CostKernel(), x)
+    chain.cache.put(*key, RepCfg(reps=4))
+    with kt.overlay_cache({key: RepCfg(reps=16)}):
+        assert ex.choose_config(CostKernel(), x) == RepCfg(reps=16)
+        assert names(events)[-1] == "overlay_hit"
+    assert ex.choose_config(CostKernel(), x) == RepCfg(reps=4)
+
+
+def test_overlays_nest_innermost_wins():
+    ex, chain, _ = make(policy=kt.AutotunePolicy(cache_miss_fallback="heuristics"))
+    x = rand((8, 8))
+    key = key_of(ex, CostKernel(), x)
+    with kt.overlay_cache({key: RepCfg(reps=2)}):
+        with kt.overlay_cache({key: RepCfg(reps=3)}):
+            assert ex.choose_config(CostKernel(), x) == RepCfg(reps=3)
+        assert ex.choose_config(CostKernel(), x) == RepCfg(reps=2)
+    assert ex.choose_config(CostKernel(), x) == RepCfg(reps=4)  # the heuristic
+
+
+def test_heuristics_tier_and_it_does_not_block_a_later_autotune(tmp_path):
+    pc = PersistentCache(tmp_path)
+    ex, chain, events = make(policy=kt.AutotunePolicy(cache_miss_fallback="heuristics"), persistent=pc)
+    x = rand((64, 64))
+    assert ex.choose_config(CostKernel(), x) == RepCfg(reps=4)
+    assert names(events) == ["heuristics"]
+    assert len(chain.cache) == 0 and len(pc) == 0
+    chain.policy = kt.AutotunePolicy()
+    assert ex.choose_config(CostKernel(), x) == RepCfg(reps=1)
+    assert "autotune_start" in names(events)
+
+
+def test_eager_call_after_policy_change_tunes(tmp_path):
+    ex, chain, events = make(policy=kt.AutotunePolicy(cache_miss_fallback="heuristics"))
+    x = rand((64, 64))
+    ex(CostKernel(), x)
+    ex(CostKernel(), x)
+    chain.policy = kt.AutotunePolicy()
+    ex(CostKernel(), x)
+    assert names(events).count("autotune_start") == 1
+
+
+def test_error_fallback_raises_naming_op_and_shapes():
+    ex, _, events = make(policy=kt.AutotunePolicy(cache_miss_fallback="error"))
+    with pytest.raises(kt.CacheMissError) as info:
+        ex(CostKernel(), rand((12, 12)))
+    message = str(info.value)
+    assert "cost@v0" in message and "f32[12,12]" in message
+    assert names(events) == ["error"]
+
+
+def test_no_tier_left_raises_runtime_error_listing_what_was_tried():
+    ex, _, _ = make(policy=kt.AutotunePolicy(allow_autotune=False, allow_heuristics=False))
+    with pytest.raises(RuntimeError, match=r"cost@v0.*heuristics: not allowed"):
+        ex(CostKernel(), rand((4, 4)))
+
+
+def test_forbid_reautotune_reuses_after_clear_without_raising():
+    ex, chain, events = make()
+    x = rand((32, 32))
+    first = ex.choose_config(CostKernel(), x)
+    chain.cache.clear()
+    second = ex.choose_config(CostKernel(), x)
+    assert first == second
+    assert names(events).count("autotune_start") == 1
+    assert events[-1][1].get("reused") is True
+
+
+def test_reautotune_allowed_tunes_again_after_clear():
+    ex, chain, events = make(forbid_reautotune=False)
+    x = rand((32, 32))
+    ex.choose_config(CostKernel(), x)
+    chain.cache.clear()
+    ex.choose_config(CostKernel(), x)
+    assert names(events).count("autotune_start") == 2
+
+
+def test_six_threads_missing_one_key_tune_it_once():
+    ex, chain, events = make()
+    x = rand((48, 48))
+    barrier = threading.Barrier(6)
+    results = []
+
+    def worker():
+        barrier.wait()
+        results.append(ex.choose_config(CostKernel(), x))
+
+    threads = [threading.Thread(target=worker) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [RepCfg(reps=1)] * 6
+    assert names(events).count("autotune_start") == 1
+
+
+def test_listener_exception_is_logged_not_raised(caplog):
+    def bad(event, **data):
+        raise ValueError("listener broke")
+
+    ex = kt.Executor(kt.ConfigSelectorChain(kt.ConfigCache(), on_event=bad))
+    with caplog.at_level(logging.ERROR, logger="kerneltune"):
+        out = ex(CostKernel(), rand((8, 8)), cfg=RepCfg(reps=1))
+    assert out.shape == (8, 8)
+    assert "listener" in caplog.text
+
+
+def test_policy_override_is_context_local_and_does_not_leak_to_other_threads():
+    ex, chain, _ = make()
+    seen = {}
+    inside = threading.Event()
+    release = threading.Event()
+
+    def other():
+        inside.wait()
+        seen["other"] = chain.effective_policy().allow_autotune
+        release.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    with kt.policy_override(chain, autotune=False):
+        seen["mine"] = chain.effective_policy().allow_autotune
+        inside.set()
+        release.wait()
+    t.join()
+    assert seen == {"mine": False, "other": True}
+    assert chain.effective_policy().allow_autotune is True
+
+
+def test_policy_override_without_selector_applies_to_every_selector():
+    ex, chain, events = make()
+    with kt.policy_override(cache_miss_fallback="heuristics"):
+        assert ex.choose_config(CostKernel(), rand((8, 8))) == RepCfg(reps=4)
+        assert kt.default_executor().chooser.effective_policy().cache_miss_fallback == "heuristics"
+    assert names(events) == ["heuristics"]
+
+
+def test_policy_override_rejects_unknown_fields_and_bad_values():
+    with pytest.raises(TypeError, match="unknown policy field"):
+        with kt.policy_override(allow_everything=True):
+            pass
+    with pytest.raises(ValueError, match="cache_miss_fallback"):
+        with kt.policy_override(cache_miss_fallback="sometimes"):
+            pass
+
+
+def test_policy_override_retraces_a_function_jitted_outside():
+    ex, chain, events = make(policy=kt.AutotunePolicy(cache_miss_fallback="heuristics"))
+    kernel = CostKernel()
+    f = jax.jit(lambda x: ex(kernel, x))
+    x = rand((8, 8))
+    f(x)
+    with kt.policy_override(chain, cache_miss_fallback="error"):
+        with pytest.raises(kt.CacheMissError):
+            f(x)
+    f(x)  # back to the old trace: no error
+
+
+def test_validate_backward_times_backward_and_forward_only_turns_it_off():
+    seen = []
+
+    class SpyTuner(kt.Tuner):
+        def tune(self, make_fn, args, kwargs, candidates, **kw):
+            seen.append(kw["backward"])
+            return super().tune(make_fn, args, kwargs, candidates, **kw)
+
+    chain = kt.ConfigSelectorChain(
+        kt.ConfigCache(), policy=kt.AutotunePolicy(validate_backward=True), tuner=SpyTuner(), forbid_reautotune=False
+    )
+    ex = kt.Executor(chain)
+    ex.choose_config(RepeatKernel(), rand((4,)))
+    chain.cache.clear()
+    with kt.forward_autotune_only():
+        ex.choose_config(RepeatKernel(), rand((4,)))
+    assert seen == [True, False]
+
+
+def test_all_candidates_failing_falls_back_to_heuristic_with_warning():
+    class Broken(kt.Kernel):
+        op_id = "broken"
+
+        def run(self, x, *, cfg):
+            if cfg.reps > 0:
+                raise RuntimeError(f"no such block size {cfg.reps}")
+            return x
+
+        def heuristic_cfg(self, inv):
+            return RepCfg(reps=0)
+
+        def candidate_cfgs(self, inv):
+            return [RepCfg(reps=1), RepCfg(reps=2)]
+
+    ex, chain, events = make()
+    with pytest.warns(RuntimeWarning, match="no such block size"):
+        cfg = ex.choose_config(Broken(), rand((4,)))
+    assert cfg == RepCfg(reps=0)
+    assert names(events)[-1] == "heuristics"
+    assert len(chain.cache) == 0
+
+
+def test_autotune_under_jit_uses_tuning_inputs_never_tracers():
+    seen = []
+
+    class Spy(CostKernel):
+        def tuning_inputs(self, inv):
+            args, kwargs = super().tuning_inputs(inv)
+            seen.append(args[0])
+            return args, kwargs
+
+    ex, chain, events = make()
+    out = jax.jit(lambda x: ex(Spy(), x))(rand((16, 16)))
+    assert out.shape == (16, 16)
+    assert len(seen) == 1 and not isinstance(seen[0], jax.core.Tracer)
+    assert float(jnp.abs(seen[0]).sum()) > 0  # random data, not zeros
