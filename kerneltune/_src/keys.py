@@ -73,7 +73,7 @@ def _to_plain(obj: Any) -> Any:
             return value
         return {"__float__": repr(value)}
     if isinstance(obj, (np.dtype, type)) and _is_dtype_like(obj):
-        return {"__dtype__": str(np.dtype(getattr(obj, "dtype", obj)))}
+        return {"__dtype__": _dtype_name(obj)}
     if is_array(obj):
         return {"__array__": [int(d) for d in obj.shape], "dtype": str(np.dtype(obj.dtype))}
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
@@ -122,6 +122,13 @@ def _is_dtype_like(obj: Any) -> bool:
         return True
     # NumPy scalar types and JAX's (jnp.float32 is a class with a .dtype).
     return isinstance(obj, type) and (issubclass(obj, np.generic) or hasattr(obj, "dtype"))
+
+
+def _dtype_name(obj: Any) -> str:
+    try:
+        return str(np.dtype(obj))
+    except TypeError:
+        return str(np.dtype(obj.dtype))  # JAX scalar types such as jnp.bfloat16
 
 
 def _short_repr(obj: Any) -> str:
@@ -265,7 +272,7 @@ def _coerce(value: Any, hint: Any) -> Any:
         if len(args) == 2 and args[1] is Ellipsis:
             return tuple(_coerce(v, args[0]) for v in value)
         if args and len(args) == len(value):
-            return tuple(_coerce(v, a) for v, a in zip(args, value, strict=True))
+            return tuple(_coerce(v, a) for v, a in zip(value, args, strict=True))
         return tuple(value)
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         return hint(value)

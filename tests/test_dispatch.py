@@ -1,0 +1,94 @@
+"""Platform dispatch: the most specific method the subclass defines, never a stub."""
+
+import dataclasses
+
+import pytest
+from helpers import rand
+
+import kerneltune as kt
+from kerneltune._src import dispatch
+
+
+@dataclasses.dataclass(frozen=True)
+class C:
+    v: int = 0
+
+
+def ex():
+    return kt.Executor(
+        kt.ConfigSelectorChain(kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback="heuristics"))
+    )
+
+
+class Base(kt.Kernel):
+    op_id = "which"
+
+    def heuristic_cfg(self, inv):
+        return C()
+
+
+class Generic(Base):
+    def run(self, x, *, cfg):
+        return x * 0 + 1
+
+
+class WithCpu(Generic):
+    def run_cpu(self, x, *, cfg):
+        return x * 0 + 2
+
+
+class WithXla(WithCpu):
+    def run_xla(self, x, *, cfg):
+        return x * 0 + 3
+
+
+class WithTriton(Generic):
+    def run_triton(self, x, *, cfg):
+        return x * 0 + 4
+
+
+def test_on_cpu_order_is_xla_then_cpu_then_run():
+    x = rand((2,))
+    assert float(ex()(Generic(), x)[0]) == 1
+    assert float(ex()(WithCpu(), x)[0]) == 2
+    assert float(ex()(WithXla(), x)[0]) == 3
+    assert float(ex()(WithTriton(), x)[0]) == 1  # triton is not this platform
+
+
+def test_platform_override_from_environment(monkeypatch):
+    monkeypatch.setenv("KERNELTUNE_PLATFORM", "triton")
+    assert kt.get_device_platform() == "triton"
+    assert dispatch.find_method(WithTriton(), "run").__name__ == "run_triton"
+    monkeypatch.setenv("KERNELTUNE_PLATFORM", "xla")
+    assert dispatch.find_method(WithTriton(), "run").__name__ == "run"
+
+
+def test_base_class_hooks_are_never_returned():
+    # Kernel itself defines prepare/tuning_inputs but no run/heuristic/candidates.
+    assert dispatch.find_method(Base(), "run") is None
+    assert dispatch.find_method(Base(), ("candidate_cfgs", "config_space")) is None
+    with pytest.raises(TypeError, match="defines no run method.*run_xla, run_cpu, run"):
+        ex()(Base(), rand((2,)))
+
+
+def test_config_space_is_an_alias_of_candidate_cfgs():
+    class Spaced(Generic):
+        def config_space(self, inv):
+            return [C(1)]
+
+    assert dispatch.find_method(Spaced(), ("candidate_cfgs", "config_space")).__name__ == "config_space"
+
+
+def test_shard_map_context_methods_take_precedence():
+    class Sharded(Generic):
+        def run_shard_map(self, x, *, cfg):
+            return x
+
+    assert dispatch.find_method(Sharded(), "run", context="shard_map").__name__ == "run_shard_map"
+    assert dispatch.find_method(Sharded(), "run").__name__ == "run"
+
+
+def test_device_helpers():
+    assert kt.device_kind() == "cpu"
+    assert kt.get_device_platform() == "xla"
+    assert kt.device_fingerprint() == "cpu|cpu"
