@@ -1,0 +1,32 @@
+"""explain(): which tier supplied the config, the key, candidates and why tiers missed."""
+
+import jax
+from helpers import CostKernel, RepCfg, rand
+
+import kerneltune as kt
+
+
+def executor(**policy):
+    return kt.Executor(kt.ConfigSelectorChain(kt.ConfigCache(), policy=kt.AutotunePolicy(**policy)))
+
+
+def test_explain_a_tuned_call_lists_candidates_with_timings():
+    ex = executor()
+    x = rand((64, 64))
+    first = kt.explain(CostKernel(), x, executor=ex)
+    assert first.tier == "autotune" and first.cfg == RepCfg(reps=1)
+    assert first.report is not None and len(first.report.candidates) == 3
+    again = kt.explain(CostKernel(), x, executor=ex)
+    assert again.tier == "memory"
+    text = str(again)
+    assert "cost@v0(f32[64,64])" in text and "the in-memory cache" in text
+    assert text.count(" ms  RepCfg(") == 3  # every candidate with its time
+    assert "overlay: no active overlay has this key" in text
+
+
+def test_explain_override_and_heuristics():
+    ex = executor(cache_miss_fallback="heuristics")
+    assert kt.explain(CostKernel(), rand((4, 4)), executor=ex, cfg=RepCfg(reps=2)).tier == "override"
+    why = kt.explain(CostKernel(), jax.ShapeDtypeStruct((4, 4), "float32"), executor=ex)
+    assert why.tier == "heuristics" and why.cfg == RepCfg(reps=4)
+    assert ("memory", "not in the memory cache") in why.misses
