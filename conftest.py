@@ -9,8 +9,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Never touch the user's real cache from tests.
 os.environ["KERNELTUNE_CACHE_DIR"] = tempfile.mkdtemp(prefix="kerneltune-test-cache-")
 
-import jax  # noqa: E402
-import pytest  # noqa: E402
+import jax
+import pytest
 
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 

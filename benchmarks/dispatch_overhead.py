@@ -57,7 +57,9 @@ def main() -> None:
     x = jax.random.normal(jax.random.PRNGKey(0), (128,), jnp.float32)
     kernel = Affine()
     executor = kt.Executor(
-        kt.ConfigSelectorChain(kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback="heuristics"))
+        kt.ConfigSelectorChain(
+            kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback="heuristics")
+        )
     )
     plain = jax.jit(lambda v: jnp.sin(v) * 2.0 + 1.0)
     jax.block_until_ready(plain(x))

@@ -17,7 +17,9 @@ from kerneltune._src.explain import Explanation as Explanation
 from kerneltune._src.explain import explain as explain
 from kerneltune._src.kernel import Invocation as Invocation
 from kerneltune._src.kernel import Kernel as Kernel
-from kerneltune._src.kernel import default_key_builder_with_sharding as default_key_builder_with_sharding
+from kerneltune._src.kernel import (
+    default_key_builder_with_sharding as default_key_builder_with_sharding,
+)
 from kerneltune._src.kernel_types import Cfg as Cfg
 from kerneltune._src.kernel_types import Out as Out
 from kerneltune._src.keys import abstractify as abstractify

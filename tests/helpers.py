@@ -24,7 +24,9 @@ class RepeatKernel(kt.Kernel):
 
     op_id = "repeat"
 
-    def __init__(self, candidates=(RepCfg(reps=40), RepCfg(reps=1), RepCfg(reps=8)), heuristic=RepCfg(reps=8)):
+    def __init__(
+        self, candidates=(RepCfg(reps=40), RepCfg(reps=1), RepCfg(reps=8)), heuristic=RepCfg(reps=8)
+    ):
         super().__init__()
         self._candidates = tuple(candidates)
         self._heuristic = heuristic

@@ -16,7 +16,9 @@ class C:
 
 def ex():
     return kt.Executor(
-        kt.ConfigSelectorChain(kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback="heuristics"))
+        kt.ConfigSelectorChain(
+            kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback="heuristics")
+        )
     )
 
 
@@ -67,7 +69,7 @@ def test_base_class_hooks_are_never_returned():
     # Kernel itself defines prepare/tuning_inputs but no run/heuristic/candidates.
     assert dispatch.find_method(Base(), "run") is None
     assert dispatch.find_method(Base(), ("candidate_cfgs", "config_space")) is None
-    with pytest.raises(TypeError, match="defines no run method.*run_xla, run_cpu, run"):
+    with pytest.raises(TypeError, match=r"defines no run method.*run_xla, run_cpu, run"):
         ex()(Base(), rand((2,)))
 
 
@@ -76,7 +78,10 @@ def test_config_space_is_an_alias_of_candidate_cfgs():
         def config_space(self, inv):
             return [C(1)]
 
-    assert dispatch.find_method(Spaced(), ("candidate_cfgs", "config_space")).__name__ == "config_space"
+    assert (
+        dispatch.find_method(Spaced(), ("candidate_cfgs", "config_space")).__name__
+        == "config_space"
+    )
 
 
 def test_shard_map_context_methods_take_precedence():

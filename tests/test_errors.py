@@ -50,7 +50,9 @@ def test_empty_candidate_list():
         def candidate_cfgs(self, inv):
             return []
 
-    with pytest.raises(ValueError, match=r"Empty.candidate_cfgs returned no candidates for typed@v0"):
+    with pytest.raises(
+        ValueError, match=r"Empty.candidate_cfgs returned no candidates for typed@v0"
+    ):
         executor()(Empty(), rand((2,)))
 
 
@@ -76,7 +78,9 @@ def test_unknown_environment_values(monkeypatch):
         name = var.removeprefix("KERNELTUNE_").lower()
         with pytest.raises(ValueError) as info:
             options.get(name)
-        assert var in str(info.value) and repr(value) in str(info.value) and allowed in str(info.value)
+        assert (
+            var in str(info.value) and repr(value) in str(info.value) and allowed in str(info.value)
+        )
         monkeypatch.delenv(var)
 
 

@@ -42,7 +42,9 @@ class CountingChooser:
 def heuristics_executor():
     events, on_event = events_recorder()
     chain = kt.ConfigSelectorChain(
-        kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback="heuristics"), on_event=on_event
+        kt.ConfigCache(),
+        policy=kt.AutotunePolicy(cache_miss_fallback="heuristics"),
+        on_event=on_event,
     )
     return kt.Executor(chain), chain, events
 
@@ -131,7 +133,9 @@ def test_autotuning_result_context_changes_jitted_function_and_reverts():
     f = jax.jit(lambda a: ex(k, a))
     f(x)
     inv, _, _ = ex._invocation(k, (x,), {})
-    result = kt.AutotuningResult(inv.device_fingerprint, (kt.Entry(inv.op_id_v, inv.call_key, ScaleCfg(7.0)),))
+    result = kt.AutotuningResult(
+        inv.device_fingerprint, (kt.Entry(inv.op_id_v, inv.call_key, ScaleCfg(7.0)),)
+    )
     with result:
         np.testing.assert_allclose(f(x), 7.0 * x, rtol=1e-6)
         with result:  # re-entrant
@@ -192,10 +196,16 @@ def test_numpy_and_pytree_arguments_take_the_general_path():
 def test_labels_are_stamped_in_lowered_hlo_and_compiled_text():
     ex, _, _ = heuristics_executor()
     k = ScaleKernel()
-    lowered = jax.jit(lambda a, b: ex(k, a, offset=1.0) + ex(k, b, offset=2.0).sum()).lower(rand((4,)), rand((6,)))
+    lowered = jax.jit(lambda a, b: ex(k, a, offset=1.0) + ex(k, b, offset=2.0).sum()).lower(
+        rand((4,)), rand((6,))
+    )
     labels = kt.find_labels_in_lowered(lowered)
     assert len(labels) == 2 and all(lab.startswith("kerneltune:scale@v0:") for lab in labels)
-    for text in (lowered.as_text(), lowered.compiler_ir("hlo").as_hlo_text(), lowered.compile().as_text()):
+    for text in (
+        lowered.as_text(),
+        lowered.compiler_ir("hlo").as_hlo_text(),
+        lowered.compile().as_text(),
+    ):
         assert set(kt.extract_labels_from_hlo_text(text)) == set(labels)
 
 

@@ -26,7 +26,9 @@ def test_explain_a_tuned_call_lists_candidates_with_timings():
 
 def test_explain_override_and_heuristics():
     ex = executor(cache_miss_fallback="heuristics")
-    assert kt.explain(CostKernel(), rand((4, 4)), executor=ex, cfg=RepCfg(reps=2)).tier == "override"
+    assert (
+        kt.explain(CostKernel(), rand((4, 4)), executor=ex, cfg=RepCfg(reps=2)).tier == "override"
+    )
     why = kt.explain(CostKernel(), jax.ShapeDtypeStruct((4, 4), "float32"), executor=ex)
     assert why.tier == "heuristics" and why.cfg == RepCfg(reps=4)
     assert ("memory", "not in the memory cache") in why.misses

@@ -75,7 +75,9 @@ class ShortForm(kt.Kernel):
 
 def executor():
     return kt.Executor(
-        kt.ConfigSelectorChain(kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback="heuristics"))
+        kt.ConfigSelectorChain(
+            kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback="heuristics")
+        )
     )
 
 
@@ -87,8 +89,12 @@ def test_grad_matches_reference_with_static_kwargs(causal):
     def loss(fn):
         return lambda q, k: jnp.sum(jnp.sin(fn(q, k)))
 
-    ours = jax.grad(loss(lambda q, k: ex(SoftAttn(), q, k, alpha=2.5, causal=causal)), argnums=(0, 1))(q, k)
-    ref = jax.grad(loss(lambda q, k: reference(q, k, alpha=2.5, causal=causal)), argnums=(0, 1))(q, k)
+    ours = jax.grad(
+        loss(lambda q, k: ex(SoftAttn(), q, k, alpha=2.5, causal=causal)), argnums=(0, 1)
+    )(q, k)
+    ref = jax.grad(loss(lambda q, k: reference(q, k, alpha=2.5, causal=causal)), argnums=(0, 1))(
+        q, k
+    )
     for a, b in zip(ours, ref):
         np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5)
 

@@ -44,7 +44,9 @@ def test_call_key_is_the_same_in_two_processes(tmp_path):
     script = tmp_path / "key_script.py"
     script.write_text(KEY_SCRIPT)
     outs = [
-        subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True, cwd=tmp_path).stdout.strip()
+        subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, check=True, cwd=tmp_path
+        ).stdout.strip()
         for _ in range(2)
     ]
     assert outs[0] == outs[1] and len(outs[0]) == 32
@@ -54,7 +56,9 @@ def test_call_key_differs_by_shape_dtype_and_static_values():
     x = jnp.ones((4, 8))
     base = key(x, causal=True)
     assert key(jnp.ones((4, 8)), causal=True) == base  # values do not matter
-    assert key(jax.ShapeDtypeStruct((4, 8), jnp.float32), causal=True) == base  # abstract == concrete
+    assert (
+        key(jax.ShapeDtypeStruct((4, 8), jnp.float32), causal=True) == base
+    )  # abstract == concrete
     assert key(jnp.ones((4, 9)), causal=True) != base
     assert key(jnp.ones((4, 8), jnp.bfloat16), causal=True) != base
     assert key(x, causal=False) != base
@@ -69,7 +73,15 @@ def test_stable_json_has_no_addresses_or_paths():
     class Mode(enum.Enum):
         A = 1
 
-    text = kt.stable_json({"f": named, "p": functools.partial(named, 1), "m": Mode.A, "dt": np.float32, "d": jnp.bfloat16})
+    text = kt.stable_json(
+        {
+            "f": named,
+            "p": functools.partial(named, 1),
+            "m": Mode.A,
+            "dt": np.float32,
+            "d": jnp.bfloat16,
+        }
+    )
     assert "0x" not in text and "/" not in text
     assert "test_keys" in text  # the function is named by module and qualname
 
@@ -78,7 +90,9 @@ def test_stable_json_rejects_unknown_objects_with_a_clear_message():
     class Opaque:
         pass
 
-    with pytest.raises(TypeError, match="cannot encode a value of type 'test_stable_json.*Opaque'.*key_builder"):
+    with pytest.raises(
+        TypeError, match=r"cannot encode a value of type 'test_stable_json.*Opaque'.*key_builder"
+    ):
         kt.stable_json({"x": Opaque()})
 
 
@@ -93,7 +107,10 @@ def test_config_json_round_trip_keeps_types():
         bwd: kt.BwdParams
         shape: tuple[int, int] = (1, 2)
 
-    cfg = Nested(kt.FwdParams(q_blocksize=64, kv_blocksize=128, num_warps=4, num_stages=2), kt.BwdParams(q_blocksize=32))
+    cfg = Nested(
+        kt.FwdParams(q_blocksize=64, kv_blocksize=128, num_warps=4, num_stages=2),
+        kt.BwdParams(q_blocksize=32),
+    )
     back = kt.from_json(kt.to_json(cfg), Nested)
     assert back == cfg and type(back.fwd) is kt.FwdParams and back.shape == (1, 2)
 
@@ -104,14 +121,18 @@ def test_from_json_names_unknown_fields():
 
 
 def test_params_validate_powers_of_two():
-    with pytest.raises(ValueError, match=r"FwdParams.q_blocksize must be a positive power of two, got 48"):
+    with pytest.raises(
+        ValueError, match=r"FwdParams.q_blocksize must be a positive power of two, got 48"
+    ):
         kt.FwdParams(q_blocksize=48)
     assert hash(kt.BwdParams(q_blocksize=64)) == hash(kt.BwdParams(q_blocksize=64))
 
 
 def test_sharding_fingerprint_and_key_builder_with_sharding():
     mesh = jax.make_mesh((4,), ("x",))
-    sharded = jax.device_put(jnp.ones((8, 4)), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x")))
+    sharded = jax.device_put(
+        jnp.ones((8, 4)), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x"))
+    )
     single = jnp.ones((8, 4))
     assert "x=4" in kt.sharding_fingerprint(sharded)
     assert kt.sharding_fingerprint(single) == "single"

@@ -14,7 +14,9 @@ from kerneltune._src.persistent import PersistentCache
 
 def make(policy=None, persistent=None, **kw):
     events, on_event = events_recorder()
-    chain = kt.ConfigSelectorChain(kt.ConfigCache(), policy=policy, persistent=persistent, on_event=on_event, **kw)
+    chain = kt.ConfigSelectorChain(
+        kt.ConfigCache(), policy=policy, persistent=persistent, on_event=on_event, **kw
+    )
     return kt.Executor(chain), chain, events
 
 
@@ -94,7 +96,9 @@ def test_overlays_nest_innermost_wins():
 
 def test_heuristics_tier_and_it_does_not_block_a_later_autotune(tmp_path):
     pc = PersistentCache(tmp_path)
-    ex, chain, events = make(policy=kt.AutotunePolicy(cache_miss_fallback="heuristics"), persistent=pc)
+    ex, chain, events = make(
+        policy=kt.AutotunePolicy(cache_miss_fallback="heuristics"), persistent=pc
+    )
     x = rand((64, 64))
     assert ex.choose_config(CostKernel(), x) == RepCfg(reps=4)
     assert names(events) == ["heuristics"]
@@ -239,7 +243,10 @@ def test_validate_backward_times_backward_and_forward_only_turns_it_off():
             return super().tune(make_fn, args, kwargs, candidates, **kw)
 
     chain = kt.ConfigSelectorChain(
-        kt.ConfigCache(), policy=kt.AutotunePolicy(validate_backward=True), tuner=SpyTuner(), forbid_reautotune=False
+        kt.ConfigCache(),
+        policy=kt.AutotunePolicy(validate_backward=True),
+        tuner=SpyTuner(),
+        forbid_reautotune=False,
     )
     ex = kt.Executor(chain)
     ex.choose_config(RepeatKernel(), rand((4,)))

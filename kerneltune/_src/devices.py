@@ -54,7 +54,7 @@ def device_fingerprint() -> str:
     kind = str(getattr(device, "device_kind", device.platform)).strip()
     try:
         version = str(device.client.platform_version).strip()
-    except Exception:  # noqa: BLE001 - some plugins do not expose a version.
+    except Exception:
         version = device.platform
     version = _short_platform_version(device.platform, version)
     return f"{kind}|{version}"

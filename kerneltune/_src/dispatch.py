@@ -91,7 +91,9 @@ def kernel_function(
     bwd = find_method(kernel, "vjp", context)
     short = find_method(kernel, "custom_vjp", context)
     if (fwd is None) != (bwd is None):
-        have, missing = ("fwd_with_residuals", "vjp") if bwd is None else ("vjp", "fwd_with_residuals")
+        have, missing = (
+            ("fwd_with_residuals", "vjp") if bwd is None else ("vjp", "fwd_with_residuals")
+        )
         raise TypeError(
             f"kernel {kernel.op_id!r} defines {have} but not {missing}; define both (or "
             "neither, or the short form custom_vjp(primals, cfg, kwargs, cotangents))."

@@ -98,7 +98,9 @@ class Executor(Generic[Cfg, Out]):
                 f"chooser must have a choose(inv, kernel) method, got {type(chooser).__qualname__}."
             )
         if not isinstance(stamp_prefix, str) or not stamp_prefix or ":" in stamp_prefix:
-            raise ValueError(f"stamp_prefix must be a non-empty string without ':', got {stamp_prefix!r}.")
+            raise ValueError(
+                f"stamp_prefix must be a non-empty string without ':', got {stamp_prefix!r}."
+            )
         self.chooser = chooser
         self.stamp_prefix = stamp_prefix
         # Eager dispatch table: (kernel, stamp, scope, signature) -> jitted program.
@@ -137,7 +139,9 @@ class Executor(Generic[Cfg, Out]):
             # the general path. Tracers have avals too: a hit under jit/vmap/grad calls
             # the same jitted program, which is then simply traced inline.
             try:
-                return self._eager[(kernel, stamp, _current_scope(), *[a.aval for a in args], *kwargs.items())](*args)
+                return self._eager[
+                    (kernel, stamp, _current_scope(), *[a.aval for a in args], *kwargs.items())
+                ](*args)
             except (KeyError, AttributeError, TypeError):
                 pass
         return self._call(kernel, args, kwargs, cfg, stamp, method, mesh, in_specs, out_specs)
@@ -163,8 +167,15 @@ class Executor(Generic[Cfg, Out]):
             raise ValueError("method='shard_map' needs mesh=, in_specs= and out_specs=.")
         generation = self._generation
         inv, p_args, p_kwargs = self._invocation(
-            kernel, args, kwargs, override_cfg=cfg, stamp=stamp, method=method, mesh=mesh,
-            in_specs=in_specs, out_specs=out_specs,
+            kernel,
+            args,
+            kwargs,
+            override_cfg=cfg,
+            stamp=stamp,
+            method=method,
+            mesh=mesh,
+            in_specs=in_specs,
+            out_specs=out_specs,
         )
         chosen = self.chooser.choose(inv, kernel)
         if options.get("record"):
@@ -178,7 +189,13 @@ class Executor(Generic[Cfg, Out]):
         out = program(*args, **kwargs)
         # Remember the program for this signature, unless the chooser's state changed
         # while choosing (then the next call chooses again).
-        if cfg is None and method is None and self._eager_enabled and simple and generation == self._generation:
+        if (
+            cfg is None
+            and method is None
+            and self._eager_enabled
+            and simple
+            and generation == self._generation
+        ):
             key = _eager_key(kernel, stamp, args, kwargs)
             if key is not None and _default_keys(kernel):
                 self._eager[key] = program.dynamic
@@ -188,7 +205,9 @@ class Executor(Generic[Cfg, Out]):
         self, kernel: Kernel[Cfg, Out], args: tuple[Any, ...], kwargs: dict[str, Any], **fields: Any
     ) -> tuple[Invocation[Cfg, Out], tuple[Any, ...], dict[str, Any]]:
         prepared = kernel.prepare(*args, **kwargs)
-        if not (isinstance(prepared, tuple) and len(prepared) == 2 and isinstance(prepared[1], dict)):
+        if not (
+            isinstance(prepared, tuple) and len(prepared) == 2 and isinstance(prepared[1], dict)
+        ):
             raise TypeError(
                 f"{type(kernel).__name__}.prepare must return (args, kwargs) with kwargs a "
                 f"dict, got {type(prepared).__qualname__}."
@@ -197,7 +216,12 @@ class Executor(Generic[Cfg, Out]):
         return make_invocation(kernel, p_args, p_kwargs, **fields), p_args, p_kwargs
 
     def _apply(
-        self, kernel: Kernel[Cfg, Out], inv: Invocation[Cfg, Out], cfg: Cfg, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        kernel: Kernel[Cfg, Out],
+        inv: Invocation[Cfg, Out],
+        cfg: Cfg,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
     ) -> Out:
         """Traces the kernel with `cfg` (platform dispatch, custom VJP, label)."""
         if inv.method == "shard_map":
@@ -214,18 +238,34 @@ class Executor(Generic[Cfg, Out]):
             return fn(*args, **kwargs)
 
     def _program(
-        self, kernel: Kernel[Cfg, Out], cfg: Cfg, args: tuple[Any, ...], kwargs: dict[str, Any], inv: Invocation[Cfg, Out]
+        self,
+        kernel: Kernel[Cfg, Out],
+        cfg: Cfg,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        inv: Invocation[Cfg, Out],
     ) -> tuple[Any, bool]:
         """The jitted program running `kernel` with `cfg` for calls shaped like
         (args, kwargs): one per (kernel, config, static arguments)."""
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
         positions = tuple(i for i, leaf in enumerate(leaves) if keys.is_array(leaf))
-        statics = tuple((i, type(leaves[i]), _hashable(leaves[i])) for i in range(len(leaves)) if i not in positions)
+        statics = tuple(
+            (i, type(leaves[i]), _hashable(leaves[i]))
+            for i in range(len(leaves))
+            if i not in positions
+        )
         simple = all(type(a) in _ARRAY_TYPES for a in args) and len(positions) == len(args)
         program_key = (
-            kernel, _hashable(cfg), treedef, statics, inv.stamp, options.get("stamp"),
-            inv.method, _hashable(inv.mesh) if inv.mesh is not None else None,
-            _hashable(inv.in_specs), _hashable(inv.out_specs),
+            kernel,
+            _hashable(cfg),
+            treedef,
+            statics,
+            inv.stamp,
+            options.get("stamp"),
+            inv.method,
+            _hashable(inv.mesh) if inv.mesh is not None else None,
+            _hashable(inv.in_specs),
+            _hashable(inv.out_specs),
         )
         program = self._programs.get(program_key)
         if program is None:
@@ -235,13 +275,21 @@ class Executor(Generic[Cfg, Out]):
 
     # -- the rest of the public API ----------------------------------------------------------
 
-    def choose_config(self, kernel: Kernel[Cfg, Out], *args: Any, cfg: Cfg | None = None, **kwargs: Any) -> Cfg:
+    def choose_config(
+        self, kernel: Kernel[Cfg, Out], *args: Any, cfg: Cfg | None = None, **kwargs: Any
+    ) -> Cfg:
         """The config a call with these arguments would use, without running it."""
         _check_kernel(kernel)
         inv, _, _ = self._invocation(kernel, args, kwargs, override_cfg=cfg)
         return self.chooser.choose(inv, kernel)
 
-    def compile(self, kernel: Kernel[Cfg, Out], *example_args: Any, cfg: Cfg | None = None, **example_kwargs: Any) -> Callable[..., Out]:
+    def compile(
+        self,
+        kernel: Kernel[Cfg, Out],
+        *example_args: Any,
+        cfg: Cfg | None = None,
+        **example_kwargs: Any,
+    ) -> Callable[..., Out]:
         """Chooses the config once from the example arguments and returns a callable
         that always runs with it (keeping prepare, platform dispatch and the custom
         VJP); it works eagerly and under jit/grad/vmap."""
@@ -274,8 +322,12 @@ class _Program:
         self._positions = positions
         static_leaves = list(leaves)
         fields = {
-            "stamp": inv.stamp, "method": inv.method, "mesh": inv.mesh,
-            "in_specs": inv.in_specs, "out_specs": inv.out_specs, "override_cfg": inv.override_cfg,
+            "stamp": inv.stamp,
+            "method": inv.method,
+            "mesh": inv.mesh,
+            "in_specs": inv.in_specs,
+            "out_specs": inv.out_specs,
+            "override_cfg": inv.override_cfg,
         }
 
         def body(*dyn: Any) -> Any:
@@ -283,7 +335,9 @@ class _Program:
             for i, x in zip(positions, dyn, strict=True):
                 full[i] = x
             args, kwargs = jax.tree_util.tree_unflatten(treedef, full)
-            inner, p_args, p_kwargs = executor._invocation(kernel, tuple(args), dict(kwargs), **fields)
+            inner, p_args, p_kwargs = executor._invocation(
+                kernel, tuple(args), dict(kwargs), **fields
+            )
             return executor._apply(kernel, inner, cfg, p_args, p_kwargs)
 
         # Called with the array leaves only, in order: for the common all-array call
@@ -328,7 +382,9 @@ def set_default_executor(executor: Executor[Any, Any] | None) -> None:
     """Replaces the default executor; None rebuilds it from the environment on next use."""
     global _default
     if executor is not None and not isinstance(executor, Executor):
-        raise TypeError(f"set_default_executor needs an Executor or None, got {type(executor).__qualname__}.")
+        raise TypeError(
+            f"set_default_executor needs an Executor or None, got {type(executor).__qualname__}."
+        )
     with _default_lock:
         _default = executor
 

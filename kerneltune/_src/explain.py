@@ -45,18 +45,26 @@ class Explanation:
             lines.append("  tiers before it:")
             lines += [f"    {tier}: {why}" for tier, why in self.misses]
         if self.report is not None:
-            lines.append(f"  tuned with the {self.report.timer} timer in {self.report.wall_s:.2f} s:")
+            lines.append(
+                f"  tuned with the {self.report.timer} timer in {self.report.wall_s:.2f} s:"
+            )
             ranked = sorted(
                 self.report.candidates, key=lambda c: (c.time_s is None, c.time_s or 0.0)
             )
             for c in ranked:
                 mark = "*" if c.cfg == self.report.best else " "
-                when = f"{c.time_s * 1e3:9.4f} ms" if c.time_s is not None else f"{c.status}: {c.error}"
+                when = (
+                    f"{c.time_s * 1e3:9.4f} ms"
+                    if c.time_s is not None
+                    else f"{c.status}: {c.error}"
+                )
                 lines.append(f"   {mark} {when}  {c.cfg!r}")
         return "\n".join(lines)
 
 
-def explain(kernel: Kernel[Any, Any], *args: Any, executor: Any = None, cfg: Any = None, **kwargs: Any) -> Explanation:
+def explain(
+    kernel: Kernel[Any, Any], *args: Any, executor: Any = None, cfg: Any = None, **kwargs: Any
+) -> Explanation:
     """Chooses the config for `kernel(*args, **kwargs)` (as a call would: this may
     tune) and explains the choice: the tier that supplied it, the key, the candidates
     and their timings when it was tuned in this process, and why earlier tiers missed.
@@ -74,9 +82,13 @@ def explain(kernel: Kernel[Any, Any], *args: Any, executor: Any = None, cfg: Any
     chooser = ex.chooser
     if not isinstance(chooser, ConfigSelectorChain):
         chosen = chooser.choose(inv, kernel)
-        return Explanation(inv.op_id_v, inv.call_key, inv.device_fingerprint, inv.signature, "chooser", chosen)
+        return Explanation(
+            inv.op_id_v, inv.call_key, inv.device_fingerprint, inv.signature, "chooser", chosen
+        )
     decision: Decision = chooser.decide(inv, kernel)
-    report = decision.report or chooser.report_for(decision.device, decision.op_id_v, decision.call_key)
+    report = decision.report or chooser.report_for(
+        decision.device, decision.op_id_v, decision.call_key
+    )
     return Explanation(
         op_id_v=decision.op_id_v,
         call_key=decision.call_key,

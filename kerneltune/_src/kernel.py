@@ -192,6 +192,8 @@ def make_invocation(
         args=tuple(args),
         kwargs=dict(kwargs),
         version=_resolved_version(kernel),
-        key_builder=type(kernel).key_builder if "key_builder" not in vars(kernel) else kernel.key_builder,
+        key_builder=type(kernel).key_builder
+        if "key_builder" not in vars(kernel)
+        else kernel.key_builder,
         **fields,
     )

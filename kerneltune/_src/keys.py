@@ -107,7 +107,10 @@ def _to_plain(obj: Any) -> Any:
     if isinstance(obj, type):
         return {"__type__": _qualified_name(obj)}
     if hasattr(obj, "__kerneltune_key__"):
-        return {"__custom__": _qualified_name(type(obj)), "key": _to_plain(obj.__kerneltune_key__())}
+        return {
+            "__custom__": _qualified_name(type(obj)),
+            "key": _to_plain(obj.__kerneltune_key__()),
+        }
     raise TypeError(
         f"stable_json cannot encode a value of type {type(obj).__qualname__!r} "
         f"({_short_repr(obj)}): allowed are None, bool, int, float, str, enums, "
@@ -234,7 +237,9 @@ def config_from_dict(data: Mapping[str, Any], cls: type[T]) -> T:
             return dict(data)  # type: ignore[return-value]
         raise TypeError(f"cls must be a dataclass type, got {cls!r}.")
     if not isinstance(data, Mapping):
-        raise TypeError(f"expected a JSON object for {cls.__qualname__}, got {type(data).__name__}.")
+        raise TypeError(
+            f"expected a JSON object for {cls.__qualname__}, got {type(data).__name__}."
+        )
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))
     if unknown:
@@ -243,7 +248,7 @@ def config_from_dict(data: Mapping[str, Any], cls: type[T]) -> T:
         )
     try:
         hints = typing.get_type_hints(cls)
-    except Exception:  # noqa: BLE001 - unresolvable annotations: take values as they are.
+    except Exception:
         hints = {}
     kwargs = {name: _coerce(value, hints.get(name)) for name, value in data.items()}
     try:

@@ -12,6 +12,7 @@ import contextvars
 import dataclasses
 import logging
 import os
+import types
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -133,7 +134,7 @@ _OPTIONS: dict[str, _Option] = {
 }
 
 _overrides: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
-    "kerneltune_option_overrides", default={}
+    "kerneltune_option_overrides", default=types.MappingProxyType({})
 )
 _checked_environment = False
 
@@ -178,16 +179,13 @@ def scoped(**values: Any) -> Iterator[None]:
     """
     for name, value in values.items():
         if name not in _OPTIONS:
-            raise TypeError(
-                f"scoped() got an unknown option {name!r}; known: {sorted(_OPTIONS)}."
-            )
+            raise TypeError(f"scoped() got an unknown option {name!r}; known: {sorted(_OPTIONS)}.")
         if isinstance(value, str):
             try:
                 values[name] = _OPTIONS[name].parse(value)
             except ValueError:
                 raise ValueError(
-                    f"option {name}={value!r} is not valid; allowed: "
-                    f"{_OPTIONS[name].allowed}."
+                    f"option {name}={value!r} is not valid; allowed: {_OPTIONS[name].allowed}."
                 ) from None
     token = _overrides.set({**_overrides.get(), **values})
     try:

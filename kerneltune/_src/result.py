@@ -1,18 +1,24 @@
-"""`AutotuningResult`: a set of tuned configs that can be applied, saved and merged."""
+"""`AutotuningResult`: a set of tuned configs that can be applied, saved and merged.
+
+Its file format is the persistent cache's export format (one entry document per tuned
+call, with every candidate's timings), so a result written by `kerneltune tune --out`
+or `AutotuningResult.save` can be imported with `kerneltune cache import FILE`, merged
+with `kerneltune cache merge FILE`, or shipped as a read-only cache layer.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from kerneltune._src import keys
 from kerneltune._src.cache import overlay_cache
-
-SCHEMA = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,8 +26,14 @@ class Entry:
     """One tuned call: its op (`"<op_id>@v<version>"`), call key and config.
 
     Attributes:
-      timings: each candidate's `{"cfg": ..., "status": ..., "time_s": ...}` when known.
+      timings: every candidate as a dict: `cfg` (its fields), `status` ("ok" or why it
+        was dropped), `time_s` (median seconds), `samples_s`, `error`, `compile_s`.
       signature: the call's shapes, readable.
+      cfg_type: the config class's name (informational; never imported).
+      timer: the timer that measured the candidates.
+      best_time_s: the winner's time.
+      heuristic_time_s: the heuristic config's time, when it was measured.
+      created: when it was tuned (Unix time); on import the newer entry wins.
     """
 
     op_id_v: str
@@ -30,6 +42,17 @@ class Entry:
     timings: tuple[Mapping[str, Any], ...] = ()
     signature: str = ""
     cfg_type: str = ""
+    timer: str | None = None
+    best_time_s: float | None = None
+    heuristic_time_s: float | None = None
+    created: float = 0.0
+
+    @property
+    def speedup(self) -> float | None:
+        """Heuristic time over the winner's time, when both are known."""
+        if not self.best_time_s or not self.heuristic_time_s:
+            return None
+        return self.heuristic_time_s / self.best_time_s
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,13 +66,22 @@ class AutotuningResult:
       (1, {('cpu|cpu', 'op@v0', 'k'): {'b': 1}})
       >>> with r:
       ...     pass
+      >>> kerneltune.AutotuningResult.loads(r.dumps()) == r
+      True
     """
 
     device: str
     entries: tuple[Entry, ...] = ()
 
     def as_overlay(self) -> dict[tuple[str, str, str], Any]:
+        """`{(device, op_id_v, call_key): cfg}`, as `overlay_cache` takes it."""
         return {(self.device, e.op_id_v, e.call_key): e.cfg for e in self.entries}
+
+    def get(self, op_id_v: str, call_key: str) -> Entry | None:
+        """The entry of one call, or None."""
+        return next(
+            (e for e in self.entries if (e.op_id_v, e.call_key) == (op_id_v, call_key)), None
+        )
 
     # Applying: the exit callbacks live outside the (frozen) instance, per thread, so
     # entering never mutates the result and the same result can be entered in nested
@@ -90,69 +122,161 @@ class AutotuningResult:
         merged.update({(e.op_id_v, e.call_key): e for e in other.entries})
         return AutotuningResult(self.device, tuple(merged.values()))
 
-    # Serialization: configs are stored as plain fields; `loads` rebuilds them as the
-    # types in `cfg_types` (looked up by the stored type name), never by importing
-    # anything named in the file.
+    # Serialization: the persistent cache's export format. Configs are stored as plain
+    # fields; `loads` rebuilds them as the types in `cfg_types`, never by importing a
+    # name found in the file. Plain-field configs still work in `with result:` (the
+    # selection chain turns them into the kernel's config type).
 
     def dumps(self) -> str:
+        """The result as JSON (a `kerneltune cache` export document)."""
+        from kerneltune._src.storage import EXPORT_KIND
+
         return json.dumps(
             {
-                "schema": SCHEMA,
+                "kind": EXPORT_KIND,
+                "schema": 1,
+                "exported": time.time(),
                 "device": self.device,
-                "entries": [
-                    {
-                        "op_id_v": e.op_id_v,
-                        "call_key": e.call_key,
-                        "cfg": keys.config_to_dict(e.cfg),
-                        "cfg_type": e.cfg_type or type(e.cfg).__qualname__,
-                        "timings": [dict(t) for t in e.timings],
-                        "signature": e.signature,
-                    }
-                    for e in self.entries
-                ],
+                "entries": [self._document(e) for e in self.entries],
             },
             indent=1,
             sort_keys=True,
-            default=_json_default,
+            allow_nan=False,
         )
 
+    def _document(self, e: Entry) -> dict[str, Any]:
+        from kerneltune._src.cache_entry import CacheEntry, runtime_versions
+
+        return CacheEntry(
+            dev=self.device,
+            op_id=e.op_id_v,
+            call_key=e.call_key,
+            cfg=keys.config_to_dict(e.cfg),
+            provenance="autotuned",
+            signature=e.signature or None,
+            timer=e.timer,
+            candidates=tuple(_plain(dict(t)) for t in e.timings),
+            heuristic_time_s=e.heuristic_time_s,
+            best_time_s=e.best_time_s,
+            created=e.created,
+            versions=runtime_versions(),
+            cfg_type=e.cfg_type or _type_name(e.cfg),
+        ).to_document()
+
     @classmethod
-    def loads(cls, text: str, cfg_types: Mapping[str, type] | None = None) -> AutotuningResult:
-        """Parses `dumps` output. Configs become instances of `cfg_types[name]` (keyed
-        by op id with version, op id, or config class name); others stay dicts."""
-        data = json.loads(text)
-        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-            raise ValueError(f"not an AutotuningResult document of schema {SCHEMA}.")
+    def loads(
+        cls, text: str, cfg_types: Mapping[str, type] | None = None, *, device: str | None = None
+    ) -> AutotuningResult:
+        """Parses `dumps` output, or any `kerneltune cache export` file.
+
+        Args:
+          text: the JSON text.
+          cfg_types: config classes, keyed by op id with version ("matmul@v1"), op id
+            ("matmul") or config class name; matching configs are rebuilt as instances,
+            the others stay dicts of fields.
+          device: the device whose entries to take, when the document holds several.
+
+        Raises:
+          ValueError: not a result/export document, a malformed entry, or entries of
+            several devices without `device`.
+        """
+        from kerneltune._src.cache_entry import BadEntry, entry_from_document
+        from kerneltune._src.storage import EXPORT_KIND
+
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"not an AutotuningResult document: {e}") from None
+        if (
+            not isinstance(data, dict)
+            or data.get("kind") != EXPORT_KIND
+            or not isinstance(data.get("entries"), list)
+        ):
+            raise ValueError(
+                f"not an AutotuningResult document (expected kind {EXPORT_KIND!r} with entries)."
+            )
+        try:
+            raw = [entry_from_document(doc, f"entry #{i}") for i, doc in enumerate(data["entries"])]
+        except BadEntry as e:
+            raise ValueError(f"malformed AutotuningResult entry: {e}") from None
+        devices = sorted(
+            {r.dev for r in raw}
+            | ({data["device"]} if isinstance(data.get("device"), str) else set())
+        )
+        if device is None:
+            if len(devices) > 1:
+                raise ValueError(
+                    f"the document holds entries of several devices {devices}; pass device=."
+                )
+            device = devices[0] if devices else ""
         types = dict(cfg_types or {})
         entries = []
-        for raw in data["entries"]:
-            cfg: Any = raw["cfg"]
-            op_id = raw["op_id_v"].rsplit("@v", 1)[0]
-            cls_ = types.get(raw["op_id_v"]) or types.get(op_id) or types.get(raw.get("cfg_type", ""))
+        for r in raw:
+            if r.dev != device:
+                continue
+            cfg: Any = r.cfg
+            short_type = (r.cfg_type or "").rsplit(".", 1)[-1]
+            op_id = r.op_id.rsplit("@v", 1)[0]
+            cls_ = (
+                types.get(r.op_id)
+                or types.get(op_id)
+                or types.get(r.cfg_type or "")
+                or types.get(short_type)
+            )
             if cls_ is not None:
                 cfg = keys.config_from_dict(cfg, cls_)
             entries.append(
                 Entry(
-                    raw["op_id_v"], raw["call_key"], cfg,
-                    timings=tuple(raw.get("timings", ())), signature=raw.get("signature", ""),
-                    cfg_type=raw.get("cfg_type", ""),
+                    r.op_id,
+                    r.call_key,
+                    cfg,
+                    timings=tuple(r.candidates),
+                    signature=r.signature or "",
+                    cfg_type=r.cfg_type or "",
+                    timer=r.timer,
+                    best_time_s=r.best_time_s,
+                    heuristic_time_s=r.heuristic_time_s,
+                    created=r.created,
                 )
             )
-        return cls(data["device"], tuple(entries))
+        return cls(device, tuple(entries))
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
+        """Writes `dumps()` to `path`, atomically."""
+        target = os.fspath(path)
+        tmp = f"{target}.tmp{os.getpid()}.{threading.get_ident()}"
         with open(tmp, "w") as f:
             f.write(self.dumps())
-        os.replace(tmp, path)
+        os.replace(tmp, target)
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], cfg_types: Mapping[str, type] | None = None) -> AutotuningResult:
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        cfg_types: Mapping[str, type] | None = None,
+        *,
+        device: str | None = None,
+    ) -> AutotuningResult:
+        """Reads a file written by `save` (or `kerneltune cache export`); see `loads`."""
         with open(path) as f:
-            return cls.loads(f.read(), cfg_types)
+            return cls.loads(f.read(), cfg_types, device=device)
 
 
-def _json_default(value: Any) -> Any:
+def _type_name(cfg: Any) -> str:
+    if isinstance(cfg, Mapping):
+        return ""
+    t = type(cfg)
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+def _plain(value: Any) -> Any:
+    """JSON data for candidate timings (configs as their fields, tuples as lists)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return keys.config_to_dict(value)
-    return str(value)
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):  # JSON cannot hold it
+        return None
+    return value

@@ -36,13 +36,17 @@ class Overlay:
     def __init__(self, entries: Mapping[OverlayKey, Any]) -> None:
         self.entries = dict(entries)
         for key in self.entries:
-            if not (isinstance(key, tuple) and len(key) == 3 and all(isinstance(p, str) for p in key)):
+            if not (
+                isinstance(key, tuple) and len(key) == 3 and all(isinstance(p, str) for p in key)
+            ):
                 raise TypeError(
                     "overlay keys must be (device_fingerprint, op_id_v, call_key) string "
                     f"triples, got {key!r}."
                 )
         try:
-            self._identity: Any = keys.stable_json(sorted(self.entries.items(), key=lambda kv: kv[0]))
+            self._identity: Any = keys.stable_json(
+                sorted(self.entries.items(), key=lambda kv: kv[0])
+            )
         except TypeError:
             # Configs stable_json cannot encode: identity-based (a new trace per overlay).
             self._identity = ("overlay", next(self._fallback_ids))
@@ -73,7 +77,9 @@ class Scope:
 
     def __post_init__(self) -> None:
         # Hashed on every eager call and every jit dispatch: compute it once.
-        object.__setattr__(self, "_hash", hash((self.overlays, self.policy_updates, self.forward_only)))
+        object.__setattr__(
+            self, "_hash", hash((self.overlays, self.policy_updates, self.forward_only))
+        )
 
     def __hash__(self) -> int:
         return self._hash
@@ -122,10 +128,14 @@ def with_overlay(overlay: Overlay) -> contextlib.AbstractContextManager[Scope]:
     return entered(dataclasses.replace(now, overlays=(*now.overlays, overlay)))
 
 
-def with_policy_updates(selector_uid: int | None, updates: Mapping[str, Any]) -> contextlib.AbstractContextManager[Scope]:
+def with_policy_updates(
+    selector_uid: int | None, updates: Mapping[str, Any]
+) -> contextlib.AbstractContextManager[Scope]:
     now = current()
     items = tuple(sorted(updates.items()))
-    return entered(dataclasses.replace(now, policy_updates=(*now.policy_updates, (selector_uid, items))))
+    return entered(
+        dataclasses.replace(now, policy_updates=(*now.policy_updates, (selector_uid, items)))
+    )
 
 
 def with_forward_only() -> contextlib.AbstractContextManager[Scope]:

@@ -16,10 +16,10 @@ import itertools
 import logging
 import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, Literal
 
-from kerneltune._src import dispatch, options, scope
+from kerneltune._src import dispatch, keys, options, scope
 from kerneltune._src.cache import CacheKey, ConfigCache
 from kerneltune._src.kernel import Invocation, Kernel
 from kerneltune._src.kernel_types import Cfg, Out
@@ -202,8 +202,17 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
         before it missed."""
         dev = inv.device_fingerprint
         key: CacheKey = (dev, inv.op_id_v, inv.call_key)
+        if inv.method == "shard_map":
+            # The kernel sees one shard: its hooks and its tuning get per-shard shapes.
+            from kerneltune._src.sharding import per_shard_invocation
+
+            inv = per_shard_invocation(inv)
         decision = Decision(
-            tier="override", cfg=None, device=dev, op_id_v=key[1], call_key=key[2],
+            tier="override",
+            cfg=None,
+            device=dev,
+            op_id_v=key[1],
+            call_key=key[2],
             signature=inv.signature,
         )
         misses = decision.misses
@@ -222,6 +231,10 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
 
         cfg = scope.current().overlay_lookup(key)
         if cfg is not None:
+            if isinstance(cfg, Mapping):  # e.g. from AutotuningResult.load: plain fields
+                cfg_type = config_type_of(kernel, inv)
+                if cfg_type is not None and not isinstance(cfg, cfg_type):
+                    cfg = keys.config_from_dict(cfg, cfg_type)
             return done("overlay", cfg, "overlay_hit")
         misses.append(("overlay", "no active overlay has this key"))
 
@@ -250,7 +263,11 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
             self._emit("error", key, error=message)
             raise CacheMissError(message)
 
-        order = ["autotune", "heuristics"] if policy.cache_miss_fallback == "autotune" else ["heuristics", "autotune"]
+        order = (
+            ["autotune", "heuristics"]
+            if policy.cache_miss_fallback == "autotune"
+            else ["heuristics", "autotune"]
+        )
         for tier in order:
             if tier == "autotune":
                 found = self._try_autotune(inv, kernel, key, policy, decision)
@@ -262,8 +279,12 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
                     check_config_type(kernel, inv, heuristic, "heuristic_cfg result")
                     return done("heuristics", heuristic, "heuristics")
                 misses.append(
-                    ("heuristics", "not allowed by the policy" if not policy.allow_heuristics
-                     else "the kernel defines no heuristic_cfg")
+                    (
+                        "heuristics",
+                        "not allowed by the policy"
+                        if not policy.allow_heuristics
+                        else "the kernel defines no heuristic_cfg",
+                    )
                 )
 
         tried = "; ".join(f"{tier}: {why}" for tier, why in misses)
@@ -314,7 +335,9 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
                 check_config_type(kernel, inv, cand, f"candidate #{i}")
             report = self._run_tuner(inv, kernel, key, candidates, policy)
             if report.best is None:
-                summary = "; ".join(f"{c.cfg}: {c.status}: {c.error}" for c in report.candidates[:8])
+                summary = "; ".join(
+                    f"{c.cfg}: {c.status}: {c.error}" for c in report.candidates[:8]
+                )
                 warnings.warn(
                     f"autotuning {inv.op_id_v} ({inv.signature}) failed for every one of "
                     f"{len(candidates)} candidates; using the heuristic config. Errors: {summary}",
@@ -330,7 +353,7 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
             if self.persistent is not None and self.persist_autotune:
                 try:
                     self.persistent.put(*key, cfg, report=report, signature=inv.signature)
-                except Exception as e:  # noqa: BLE001 - a cache write must not fail the call.
+                except Exception as e:
                     logger.warning("could not write %s to the persistent cache: %s", key, e)
             decision.tier, decision.cfg, decision.report = "autotune", cfg, report
             return decision
@@ -356,11 +379,19 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
         with _eval_context():
             args, kwargs = concrete_inputs(kernel, inv)
             report: TuningReport = self.tuner.tune(
-                make_fn, args, kwargs, candidates,
-                reference_cfg=heuristic, backward=backward, name=f"{inv.op_id_v}({inv.signature})",
+                make_fn,
+                args,
+                kwargs,
+                candidates,
+                reference_cfg=heuristic,
+                backward=backward,
+                name=f"{inv.op_id_v}({inv.signature})",
             )
         self._emit(
-            "autotune_finish", key, cfg=report.best, report=report,
+            "autotune_finish",
+            key,
+            cfg=report.best,
+            report=report,
             timings=[(c.cfg, c.time_s, c.status) for c in report.candidates],
         )
         return report
@@ -377,7 +408,7 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
             return
         try:
             self.on_event(event, device=key[0], op_id=key[1], call_key=key[2], **data)
-        except Exception:  # noqa: BLE001 - a listener must never break a call.
+        except Exception:
             logger.exception("kerneltune on_event listener raised for event %r", event)
 
 
@@ -398,7 +429,9 @@ def config_type_of(kernel: Kernel[Any, Any], inv: Invocation[Any, Any]) -> type 
     return None if heuristic is None else type(heuristic)
 
 
-def check_config_type(kernel: Kernel[Any, Any], inv: Invocation[Any, Any], cfg: Any, what: str) -> None:
+def check_config_type(
+    kernel: Kernel[Any, Any], inv: Invocation[Any, Any], cfg: Any, what: str
+) -> None:
     expected = config_type_of(kernel, inv)
     if expected is not None and not isinstance(cfg, expected):
         raise TypeError(
@@ -407,13 +440,15 @@ def check_config_type(kernel: Kernel[Any, Any], inv: Invocation[Any, Any], cfg: 
         )
 
 
-def concrete_inputs(kernel: Kernel[Any, Any], inv: Invocation[Any, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def concrete_inputs(
+    kernel: Kernel[Any, Any], inv: Invocation[Any, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The inputs to benchmark with: the call's own arrays when they are concrete, else
-    `kernel.tuning_inputs(inv)` (the call is being traced)."""
+    `kernel.tuning_inputs(inv)` (the call is being traced, or replayed from a record)."""
     import jax
 
     leaves = jax.tree_util.tree_leaves((inv.args, dict(inv.kwargs)))
-    if any(isinstance(x, jax.core.Tracer) for x in leaves):
+    if any(isinstance(x, (jax.core.Tracer, jax.ShapeDtypeStruct)) for x in leaves):
         hook = dispatch.find_method(kernel, "tuning_inputs", _context(inv))
         made = hook(inv) if hook is not None else kernel.tuning_inputs(inv)
         return tuple(made[0]), dict(made[1])
@@ -439,7 +474,9 @@ def _context(inv: Invocation[Any, Any]) -> str | None:
 
 
 @contextlib.contextmanager
-def policy_override(selector: ConfigSelectorChain[Any, Any] | None = None, **updates: Any) -> Iterator[None]:
+def policy_override(
+    selector: ConfigSelectorChain[Any, Any] | None = None, **updates: Any
+) -> Iterator[None]:
     """Changes the policy inside the block; context-local (other threads and tasks do
     not see it) and part of JAX's trace cache key.
 
