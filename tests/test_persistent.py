@@ -143,10 +143,6 @@ def test_config_that_does_not_survive_json_is_not_stored(cache, caplog):
     assert "does not survive a JSON round trip" in warnings_of(caplog)[0].getMessage()
 
 
-@pytest.mark.xfail(
-    reason="keys._coerce zips (args, value) in the wrong order for tuple[int, int] fields",
-    strict=False,
-)
 def test_fixed_length_tuple_field_round_trips(cache):
     @dataclasses.dataclass(frozen=True)
     class Pair:

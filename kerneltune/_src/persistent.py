@@ -163,8 +163,9 @@ class PersistentCache(Generic[Cfg]):
 
     def _lookup(self, rel: str) -> Iterator[tuple[storage.Store, bytes]]:
         memory = self._memory
-        if memory is not None and rel in memory:
-            yield self._store, memory[rel]
+        data = None if memory is None else memory.get(rel)
+        if data is not None:
+            yield self._store, data
         for layer in self._layers:
             data = self._read(layer, rel)
             if data is not None:
@@ -173,7 +174,7 @@ class PersistentCache(Generic[Cfg]):
     def _read(self, layer: storage.Store, rel: str) -> bytes | None:
         memory = self._memory
         if layer is self._store and memory is not None and rel in memory:
-            return memory[rel]
+            return memory.get(rel)
         try:
             return layer.read(rel)
         except Exception as e:  # a broken layer is a miss, never a crash.
@@ -415,7 +416,7 @@ class PersistentCache(Generic[Cfg]):
         entries were written.
 
         Raises:
-          OSError: an export file cannot be read.
+          OSError: an export file cannot be read, or a local directory does not exist.
           ValueError: a `*.json` source is not a kerneltune export.
         """
         written = 0
@@ -424,6 +425,8 @@ class PersistentCache(Generic[Cfg]):
                 entries: Iterable[CacheEntry] = source.entries()
             elif os.fspath(source).endswith(storage.ENTRY_SUFFIX):
                 entries = self._entries_of_file(os.fspath(source))
+            elif "://" not in os.fspath(source) and not os.path.isdir(source):
+                raise FileNotFoundError(f"no cache directory at {os.fspath(source)!r}")
             else:
                 entries = PersistentCache(source).entries()
             written += sum(self._add_if_newer(e) for e in entries)

@@ -100,11 +100,15 @@ class LocalStore:
     def write(self, rel: str, data: bytes) -> None:
         path = self.full_path(rel)
         temp = self.full_path(_temp_name(rel))
-        try:
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        except FileNotFoundError:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        for attempt in range(3):
+            try:
+                fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+                break
+            except FileNotFoundError:
+                # A missing folder, or one that `delete` just removed as it emptied.
+                if attempt == 2:
+                    raise
+                os.makedirs(os.path.dirname(path), exist_ok=True)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
