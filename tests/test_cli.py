@@ -72,6 +72,15 @@ def test_info_when_the_cache_is_off(capsys, monkeypatch):
     assert status == 0 and "off" in out
 
 
+def test_a_bad_environment_variable_is_an_error_not_a_traceback(capsys, monkeypatch):
+    monkeypatch.setenv("KERNELTUNE_AUTOTUNE", "sometimes")
+    status, _, err = run(capsys, "info")
+    assert status == 1 and "KERNELTUNE_AUTOTUNE='sometimes'" in err
+    monkeypatch.setenv("KERNELTUNE_CACHE_DIR", "")
+    status, _, err = run(capsys, "cache", "ls")
+    assert status == 1 and "KERNELTUNE_CACHE_DIR" in err
+
+
 def test_ls(capsys, cache_dir):
     status, out, _ = run(capsys, "--cache-dir", cache_dir, "cache", "ls")
     assert status == 0

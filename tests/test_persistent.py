@@ -483,6 +483,11 @@ def test_merge_keeps_the_newer_entry(tmp_path, monkeypatch):
     assert c.get_entry(DEV, OP, "shared").provenance == "autotuned"
 
 
+def test_merge_refuses_a_missing_directory(tmp_path, cache):
+    with pytest.raises(FileNotFoundError, match="no cache directory"):
+        cache.merge(tmp_path / "typo")
+
+
 def test_clear_by_op(cache):
     cache.put(DEV, "matmul@v1", "a", Cfg(block=(1,)))
     cache.put(DEV, "matmul@v2", "a", Cfg(block=(1,)))

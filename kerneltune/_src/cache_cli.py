@@ -90,6 +90,13 @@ def print_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
 
 
 def info(args: argparse.Namespace) -> int:
+    try:
+        return _info(args)
+    except ValueError as e:  # a KERNELTUNE_* variable with a value it does not allow
+        raise CommandError(str(e)) from None
+
+
+def _info(args: argparse.Namespace) -> int:
     import jax
 
     from kerneltune._src import devices

@@ -228,10 +228,10 @@ class PersistentCache(Generic[Cfg]):
         for layer, rel in self._walk(self._layers if readonly_layers else [self._store]):
             if rel in seen:
                 continue
-            seen.add(rel)
             data = self._read(layer, rel)
             entry = None if data is None else self._decode(layer, rel, data)
             if entry is not None:
+                seen.add(rel)
                 yield entry
 
     def _walk(self, layers: Iterable[storage.Store]) -> Iterator[tuple[storage.Store, str]]:
