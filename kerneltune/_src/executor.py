@@ -11,6 +11,7 @@ Under a trace (jit, grad, vmap, shard_map), the kernel is traced inline.
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, runtime_checkable
@@ -26,6 +27,7 @@ from kerneltune._src.kernel_types import Cfg, Out
 _ARRAY_IMPL = type(jnp.zeros(()))
 _ARRAY_TYPES = (_ARRAY_IMPL, np.ndarray)
 _current_scope = scope._current.get
+_aval = operator.attrgetter("aval")
 
 
 @runtime_checkable
@@ -44,7 +46,7 @@ def _eager_key(kernel: Any, stamp: bool, args: tuple[Any, ...], kwargs: dict[str
     `Executor.__call__` builds the same key inline."""
     if not all(type(a) is _ARRAY_IMPL for a in args):
         return None
-    key = (kernel, stamp, _current_scope(), *[a.aval for a in args], *kwargs.items())
+    key = (kernel, stamp, _current_scope(), *map(_aval, args), *kwargs.items())
     try:
         hash(key)
     except TypeError:
@@ -140,7 +142,7 @@ class Executor(Generic[Cfg, Out]):
             # the same jitted program, which is then simply traced inline.
             try:
                 return self._eager[
-                    (kernel, stamp, _current_scope(), *[a.aval for a in args], *kwargs.items())
+                    (kernel, stamp, _current_scope(), *map(_aval, args), *kwargs.items())
                 ](*args)
             except (KeyError, AttributeError, TypeError):
                 pass

@@ -85,12 +85,17 @@ class Kernel(Generic[Cfg, Out]):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Out:
         """Runs the kernel through the default executor."""
-        from kerneltune._src.executor import default_executor
-
-        return default_executor()(self, *args, **kwargs)
+        global _default_executor
+        if _default_executor is None:
+            # Imported on first use: executor.py imports this module.
+            from kerneltune._src.executor import default_executor as _default_executor
+        return _default_executor()(self, *args, **kwargs)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(op_id={self.op_id!r}, version={self.version!r})"
+
+
+_default_executor: Callable[[], Any] | None = None
 
 
 def _resolved_version(kernel: Kernel[Any, Any]) -> str:
