@@ -387,6 +387,10 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
                 backward=backward,
                 name=f"{inv.op_id_v}({inv.signature})",
             )
+        from kerneltune._src import distributed
+
+        # With several processes, every one must end with the same winner (SPMD).
+        report = distributed.agree(key, report)
         self._emit(
             "autotune_finish",
             key,

@@ -1,0 +1,604 @@
+"""Multi-process agreement: every process ends with the same config for the same key.
+
+In an SPMD job every process compiles the same program, so every process must pick the
+same config for each kernel call. Tuning on each host independently does not give that:
+timing noise alone makes hosts disagree, and different configs mean different programs
+(a hang, or silent divergence). `docs/cluster.md` has the long form of the design:
+
+- every process tunes the key on its own device, exactly as it would alone;
+- each publishes its per-candidate outcome (status, median time) to the key-value store
+  of JAX's distributed runtime (set up by `jax.distributed.initialize`), under a key
+  made from the op, the call key and a per-key round number;
+- each reads every process's outcome and applies the same pure function (`combine`) to
+  the same data, so each computes the same winner: among the candidates that failed on
+  no process, the one measured by the most processes, then with the lowest median over
+  processes of the per-process medians, then the smallest `stable_json` of its config.
+
+This is host-side messaging, not an XLA collective: it works while the call is being
+traced inside `jax.jit`, and processes may arrive at different times. A process that
+does not arrive within `KERNELTUNE_AGREE_TIMEOUT` seconds makes the others raise
+`AgreementTimeoutError`, naming the op and the missing processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import statistics
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+
+from kerneltune._src import devices, keys, options
+from kerneltune._src.tuning.report import TuningReport
+
+logger = logging.getLogger("kerneltune")
+
+_FORMAT = 1
+_ROOT = "kerneltune"
+# A candidate that was not measured but did not fail either (the search skipped it).
+_NOT_MEASURED = ("pruned",)
+
+
+class AgreementTimeoutError(TimeoutError):
+    """Some processes did not reach an agreement point in time.
+
+    Attributes:
+      what: what was being agreed on (the op and its shapes, or "verify_agreement").
+      missing: the ids of the processes that did not arrive.
+      timeout_s: how long this process waited.
+    """
+
+    def __init__(
+        self, message: str, *, what: str, missing: Sequence[int], timeout_s: float
+    ) -> None:
+        super().__init__(message)
+        self.what = what
+        self.missing = tuple(missing)
+        self.timeout_s = timeout_s
+
+
+class AgreementError(RuntimeError):
+    """The processes cannot agree, or do not: they tuned different candidate lists, lost
+    the coordination service, or hold different configs (`verify_agreement`)."""
+
+
+# -- who the peers are ----------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Peers:
+    """The processes of this job and the key-value client they share.
+
+    `client` needs `key_value_set(key, value)`, `blocking_key_value_get(key,
+    timeout_in_ms)` and `key_value_dir_get(prefix)`, as JAX's `DistributedRuntimeClient`
+    has (tests pass an in-process stand-in).
+    """
+
+    client: Any
+    process_id: int
+    num_processes: int
+
+
+def current_peers() -> Peers | None:
+    """The peers of this process, or None when it is the only one.
+
+    Raises:
+      AgreementError: JAX reports several processes but its distributed client is not
+        available (so the processes could not agree).
+    """
+    count = jax.process_count()
+    if count <= 1:
+        return None
+    client = _jax_client()
+    if client is None:
+        raise AgreementError(
+            f"jax.process_count() is {count} but JAX's distributed runtime client is not "
+            "available, so kerneltune cannot make the processes agree on configs. Call "
+            "jax.distributed.initialize() before the first kernel call, or never tune at "
+            "run time (KERNELTUNE_AUTOTUNE=error or heuristics, with a shipped cache)."
+        )
+    return Peers(client=client, process_id=jax.process_index(), num_processes=count)
+
+
+def _jax_client() -> Any:
+    # Not public API: jax._src.distributed.global_state.client holds the client that
+    # jax.distributed.initialize made (the same place orbax and multihost_utils read).
+    try:
+        from jax._src import distributed as jax_distributed
+    except ImportError:  # pragma: no cover - moved in some JAX version
+        return None
+    state = getattr(jax_distributed, "global_state", None)
+    return getattr(state, "client", None)
+
+
+# -- rounds: the same key may be agreed on more than once ------------------------------
+
+_rounds: dict[str, int] = {}
+_rounds_lock = threading.Lock()
+
+
+def _next_round(topic: str) -> int:
+    with _rounds_lock:
+        return _rounds.get(topic, 0)
+
+
+def _finish_round(topic: str, done: int) -> None:
+    # Advanced only after a round completes: a call that timed out and is retried
+    # rejoins the same round, where late processes will look for it.
+    with _rounds_lock:
+        _rounds[topic] = max(_rounds.get(topic, 0), done + 1)
+
+
+def _topic_hash(*parts: str) -> str:
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:24]
+
+
+# -- publishing and gathering ---------------------------------------------------------
+
+
+def exchange(peers: Peers, path: str, value: str, *, timeout_s: float, what: str) -> dict[int, str]:
+    """Publishes `value` under `path/<this process>` and returns every process's value.
+
+    If this process already published under `path` (an earlier attempt timed out), the
+    stored value is kept and returned for this process: other processes may have read
+    it already, and every process must decide from the same data.
+
+    Raises:
+      AgreementTimeoutError: some process did not publish within `timeout_s`.
+      AgreementError: the coordination service failed (e.g. it went away).
+    """
+    client, me = peers.client, peers.process_id
+    own = f"{path}/{me}"
+    try:
+        client.key_value_set(own, value)
+    except Exception as e:  # the client raises its runtime's errors.
+        if "ALREADY_EXISTS" not in str(e).upper():
+            raise AgreementError(
+                f"process {me} could not publish its results for {what} to JAX's "
+                f"coordination service: {e}"
+            ) from e
+        value = client.blocking_key_value_get(own, 10_000)
+    values = {me: value}
+    deadline = time.monotonic() + timeout_s
+    for pid in range(peers.num_processes):
+        if pid == me:
+            continue
+        remaining_ms = max(1, int((deadline - time.monotonic()) * 1000))
+        try:
+            values[pid] = client.blocking_key_value_get(f"{path}/{pid}", remaining_ms)
+        except Exception as e:  # the client raises its runtime's errors.
+            if not _is_deadline(e):
+                raise AgreementError(
+                    f"process {me} lost contact with JAX's coordination service while "
+                    f"waiting for process {pid} to agree on {what}: {e}"
+                ) from e
+            missing = _missing(client, path, peers)
+            raise AgreementTimeoutError(
+                _timeout_message(what, missing, peers, timeout_s),
+                what=what,
+                missing=missing,
+                timeout_s=timeout_s,
+            ) from None
+    return values
+
+
+def _is_deadline(e: BaseException) -> bool:
+    return isinstance(e, TimeoutError) or "DEADLINE_EXCEEDED" in str(e).upper()
+
+
+def _missing(client: Any, path: str, peers: Peers) -> list[int]:
+    arrived: set[int] = {peers.process_id}
+    try:
+        for name, _ in client.key_value_dir_get(f"{path}/"):
+            tail = name.rstrip("/").rsplit("/", 1)[-1]
+            if tail.isdigit():
+                arrived.add(int(tail))
+    except Exception:  # only used to word the error; assume none came.
+        logger.debug("could not list %s in the coordination service", path, exc_info=True)
+    return [p for p in range(peers.num_processes) if p not in arrived]
+
+
+def _timeout_message(what: str, missing: Sequence[int], peers: Peers, timeout_s: float) -> str:
+    who = ", ".join(str(p) for p in missing) or "(they arrived while this one gave up)"
+    return (
+        f"kerneltune: process(es) {who} of {peers.num_processes} did not reach the agreement "
+        f"on {what} within {timeout_s:g} s (this is process {peers.process_id}). Every "
+        "process must make the same kernel calls in the same order; a process that never "
+        "gets here crashed, runs different code, or found the config in its own memory or "
+        "persistent cache while this one did not (caches that differ between processes: "
+        "share one cache or ship the same one, and check with kerneltune.verify_agreement()). "
+        "If tuning just takes longer on some processes, raise KERNELTUNE_AGREE_TIMEOUT."
+    )
+
+
+def _timeout(timeout_s: float | None) -> float:
+    if timeout_s is None:
+        return float(options.get("agree_timeout"))
+    if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+        raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}.")
+    return float(timeout_s)
+
+
+# -- agreeing on a tuning result ------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Agreement:
+    """What the processes agreed on for one key.
+
+    Attributes:
+      winner: the index of the agreed candidate, or None when every candidate failed on
+        some process (each process then falls back the same way, e.g. to the
+        heuristic).
+      combined_s: per candidate, the median over processes of its per-process median
+        time (None when no process measured it).
+      coverage: per candidate, how many processes measured it.
+      excluded: candidate index → why it could not win (e.g. "run_error on process 2").
+      local_winners: process id → the candidate that process alone found fastest.
+    """
+
+    winner: int | None
+    combined_s: tuple[float | None, ...]
+    coverage: tuple[int, ...]
+    excluded: Mapping[int, str]
+    local_winners: Mapping[int, int | None]
+
+
+def payload(report: TuningReport, *, op_id_v: str, device: str, process_id: int) -> dict[str, Any]:
+    """What one process publishes about its tuning of a key."""
+    return {
+        "format": _FORMAT,
+        "process": process_id,
+        "op": op_id_v,
+        "device": device,
+        "timer": report.timer,
+        "candidates": candidates_digest([c.cfg for c in report.candidates]),
+        "status": [_status(c) for c in report.candidates],
+        "time_s": [c.time_s if c.ok else None for c in report.candidates],
+    }
+
+
+def _status(c: Any) -> str:
+    if c.ok:
+        return "ok"
+    # "ok" without a time was never measured; it did not fail either.
+    return "pruned" if c.status == "ok" else str(c.status)
+
+
+def candidates_digest(cfgs: Sequence[Any]) -> str:
+    """A digest of the candidate list, identical in every process that has the same
+    candidates in the same order."""
+    return keys.hash_text(keys.stable_json([_cfg_text(c) for c in cfgs]))
+
+
+def _cfg_text(cfg: Any) -> str:
+    return keys.stable_json(cfg)
+
+
+def combine(payloads: Mapping[int, Mapping[str, Any]], cfgs: Sequence[Any]) -> Agreement:
+    """Picks the winner from every process's payload; a pure function of its inputs,
+    so every process that calls it with the same payloads gets the same answer.
+
+    Rules: a candidate that failed on any process cannot win (it would not run
+    there); of the rest, the one measured by the most processes wins, then the one
+    with the lowest median over processes of the per-process medians, then the one
+    whose `stable_json` is smallest.
+
+    Raises:
+      AgreementError: the processes tuned different candidate lists.
+    """
+    digests: dict[str, list[int]] = {}
+    for pid, p in sorted(payloads.items()):
+        digests.setdefault(f"{p['candidates']} ({len(p['status'])} candidates)", []).append(pid)
+    if len(digests) > 1:
+        groups = "; ".join(f"processes {pids}: {d}" for d, pids in digests.items())
+        op = next(iter(payloads.values())).get("op", "?")
+        raise AgreementError(
+            f"the processes tuned different candidate lists for {op}, so they cannot agree "
+            f"on one: {groups}. Candidate lists must not depend on the process (or on "
+            "anything that differs between hosts)."
+        )
+    n = len(cfgs)
+    combined: list[float | None] = []
+    coverage: list[int] = []
+    excluded: dict[int, str] = {}
+    for i in range(n):
+        times: list[float] = []
+        failed: list[str] = []
+        for pid, p in sorted(payloads.items()):
+            status, t = p["status"][i], p["time_s"][i]
+            if status == "ok" and t is not None:
+                times.append(float(t))
+            elif status not in _NOT_MEASURED:
+                failed.append(f"{status} on process {pid}")
+        combined.append(statistics.median(times) if times else None)
+        coverage.append(len(times))
+        if failed:
+            excluded[i] = ", ".join(failed)
+        elif not times:
+            excluded[i] = "measured on no process"
+    texts = [_cfg_text(c) for c in cfgs]
+    eligible = [i for i in range(n) if i not in excluded]
+    winner = (
+        min(eligible, key=lambda i: (-coverage[i], combined[i], texts[i])) if eligible else None
+    )
+    local = {pid: _local_winner(p) for pid, p in sorted(payloads.items())}
+    return Agreement(
+        winner=winner,
+        combined_s=tuple(combined),
+        coverage=tuple(coverage),
+        excluded=excluded,
+        local_winners=local,
+    )
+
+
+def _local_winner(p: Mapping[str, Any]) -> int | None:
+    best = None
+    for i, (status, t) in enumerate(zip(p["status"], p["time_s"])):
+        if status == "ok" and t is not None and (best is None or t < p["time_s"][best]):
+            best = i
+    return best
+
+
+def agree(
+    key: tuple[str, str, str],
+    report: TuningReport,
+    *,
+    peers: Peers | None = None,
+    timeout_s: float | None = None,
+) -> TuningReport:
+    """Makes every process end with the same winner for `key`.
+
+    With one process, returns `report` unchanged. Otherwise publishes this process's
+    per-candidate results, waits for every other process's, and returns `report` with
+    `best` replaced by the winner `combine` picks from all of them (the timings in the
+    report stay this process's own).
+
+    Args:
+      key: `(device_fingerprint, "<op_id>@v<version>", call_key)`.
+      report: this process's tuning report for `key`.
+      peers: the processes (default: `current_peers()`).
+      timeout_s: how long to wait for the others (default: `KERNELTUNE_AGREE_TIMEOUT`).
+
+    Raises:
+      AgreementTimeoutError: a process did not arrive in time.
+      AgreementError: the processes tuned different candidate lists, or the
+        coordination service failed.
+    """
+    if peers is None:
+        peers = current_peers()
+        if peers is None:
+            return report
+    wait_s = _timeout(timeout_s)
+    dev, op_id_v, call_key = key
+    what = f"a config for {report.name or op_id_v} (call key {call_key})"
+    # The device is not part of the topic: processes on different device kinds must
+    # still run one program, so they agree too (with a warning, below).
+    topic = _topic_hash("tune", op_id_v, call_key)
+    round_ = _next_round(topic)
+    mine = payload(report, op_id_v=op_id_v, device=dev, process_id=peers.process_id)
+    raw = exchange(
+        peers,
+        f"{_ROOT}/agree/v{_FORMAT}/{topic}/{round_}",
+        json.dumps(mine, sort_keys=True, allow_nan=False),
+        timeout_s=wait_s,
+        what=what,
+    )
+    _finish_round(topic, round_)
+    payloads = {pid: json.loads(text) for pid, text in raw.items()}
+    cfgs = [c.cfg for c in report.candidates]
+    agreement = combine(payloads, cfgs)
+    _log(agreement, payloads, cfgs, report, peers)
+    best = cfgs[agreement.winner] if agreement.winner is not None else None
+    return dataclasses.replace(report, best=best)
+
+
+def _log(
+    agreement: Agreement,
+    payloads: Mapping[int, Mapping[str, Any]],
+    cfgs: Sequence[Any],
+    report: TuningReport,
+    peers: Peers,
+) -> None:
+    fingerprints = sorted({str(p.get("device")) for p in payloads.values()})
+    if len(fingerprints) > 1:
+        logger.warning(
+            "processes agreeing on %s run on different devices (%s): their timings are "
+            "combined as if they were comparable.",
+            report.name,
+            ", ".join(fingerprints),
+        )
+    what = report.name or "kernel"
+    if agreement.winner is None:
+        logger.info(
+            "no candidate for %s succeeded on every one of %d processes (%s); every "
+            "process falls back the same way.",
+            what,
+            peers.num_processes,
+            "; ".join(f"{cfgs[i]}: {why}" for i, why in sorted(agreement.excluded.items())[:5]),
+        )
+        return
+    differing = {pid: w for pid, w in agreement.local_winners.items() if w != agreement.winner}
+    note = (
+        "; alone, "
+        + ", ".join(
+            f"process {pid} would have picked {cfgs[w] if w is not None else 'nothing'}"
+            for pid, w in sorted(differing.items())
+        )
+        if differing
+        else ""
+    )
+    logger.info(
+        "agreed on %s for %s across %d processes (median of the processes' medians %s)%s",
+        cfgs[agreement.winner],
+        what,
+        peers.num_processes,
+        _fmt_s(agreement.combined_s[agreement.winner]),
+        note,
+    )
+
+
+def _fmt_s(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    return f"{seconds * 1e3:.3f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.1f} us"
+
+
+# -- verifying that processes hold the same configs -----------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class AgreementCheck:
+    """The result of `verify_agreement`.
+
+    Attributes:
+      processes: how many processes took part.
+      keys: how many distinct `(op_id_v, call_key)` keys some process held.
+      digest: a digest of this process's configs (equal everywhere when all agree).
+      conflicts: `(op_id_v, call_key)` → {config as stable JSON: process ids holding
+        it}, for keys whose processes hold different configs.
+      partial: `(op_id_v, call_key)` → the process ids holding it, for keys that only
+        some processes hold (not an error in itself: a process may have made an extra
+        call, e.g. an evaluation step).
+    """
+
+    processes: int
+    keys: int
+    digest: str
+    conflicts: Mapping[tuple[str, str], Mapping[str, tuple[int, ...]]]
+    partial: Mapping[tuple[str, str], tuple[int, ...]]
+
+    @property
+    def ok(self) -> bool:
+        """True when no key has different configs on different processes."""
+        return not self.conflicts
+
+    def summary(self) -> str:
+        if self.ok:
+            extra = f"; {len(self.partial)} held by only some processes" if self.partial else ""
+            return (
+                f"all {self.processes} processes agree on {self.keys} configs (digest "
+                f"{self.digest}){extra}"
+            )
+        lines = [f"{len(self.conflicts)} of {self.keys} configs differ between processes:"]
+        for (op, call_key), holders in sorted(self.conflicts.items())[:10]:
+            held = "; ".join(f"processes {list(p)}: {cfg}" for cfg, p in sorted(holders.items()))
+            lines.append(f"  {op} (call key {call_key}): {held}")
+        if len(self.conflicts) > 10:
+            lines.append(f"  … and {len(self.conflicts) - 10} more")
+        return "\n".join(lines)
+
+
+def verify_agreement(
+    source: Any = None,
+    *,
+    timeout_s: float | None = None,
+    raise_on_mismatch: bool = True,
+    peers: Peers | None = None,
+) -> AgreementCheck:
+    """Confirms that every process holds the same configs for the keys it used.
+
+    Every process must call it (it waits for all of them). Each publishes the configs
+    it holds for this device — `(op_id_v, call_key) → config` — and compares them with
+    everyone else's. Call it after a warm-up step, or at start-up after loading a
+    shipped cache into an overlay or memory cache.
+
+    Args:
+      source: where the configs are: None (the default executor's memory cache), an
+        `Executor`, a `ConfigSelectorChain`, a `ConfigCache`, an `AutotuningResult`, or
+        a mapping `{(device, op_id_v, call_key): cfg}`.
+      timeout_s: how long to wait for the others (default: `KERNELTUNE_AGREE_TIMEOUT`).
+      raise_on_mismatch: raise when some key has different configs on different
+        processes (else just return the check).
+      peers: the processes (default: those of `jax.distributed`).
+
+    Returns:
+      An `AgreementCheck`; with one process it trivially agrees.
+
+    Raises:
+      AgreementError: configs differ and `raise_on_mismatch` is true.
+      AgreementTimeoutError: a process did not call `verify_agreement` in time.
+
+    Example:
+      >>> import kerneltune
+      >>> from kerneltune._src.distributed import verify_agreement
+      >>> verify_agreement(kerneltune.ConfigCache()).ok  # one process: nothing to compare
+      True
+    """
+    entries = _entries_of(source)
+    digest = keys.hash_text(keys.stable_json(sorted(entries.items())), 16)
+    if peers is None:
+        peers = current_peers()
+    if peers is None:
+        return AgreementCheck(
+            processes=1, keys=len(entries), digest=digest, conflicts={}, partial={}
+        )
+    wait_s = _timeout(timeout_s)
+    topic = _topic_hash("verify")
+    round_ = _next_round(topic)
+    mine = json.dumps({"format": _FORMAT, "entries": sorted([*k, v] for k, v in entries.items())})
+    raw = exchange(
+        peers,
+        f"{_ROOT}/verify/v{_FORMAT}/{round_}",
+        mine,
+        timeout_s=wait_s,
+        what="verify_agreement()",
+    )
+    _finish_round(topic, round_)
+    held: dict[tuple[str, str], dict[str, list[int]]] = {}
+    for pid, text in sorted(raw.items()):
+        for op, call_key, cfg_text in json.loads(text)["entries"]:
+            held.setdefault((op, call_key), {}).setdefault(cfg_text, []).append(pid)
+    conflicts = {k: {c: tuple(p) for c, p in v.items()} for k, v in held.items() if len(v) > 1}
+    partial = {
+        k: tuple(sorted(p for pids in v.values() for p in pids))
+        for k, v in held.items()
+        if len(v) == 1 and sum(len(p) for p in v.values()) < peers.num_processes
+    }
+    check = AgreementCheck(
+        processes=peers.num_processes,
+        keys=len(held),
+        digest=digest,
+        conflicts=conflicts,
+        partial=partial,
+    )
+    if not check.ok and raise_on_mismatch:
+        raise AgreementError(f"process {peers.process_id}: {check.summary()}")
+    if check.ok:
+        logger.info("verify_agreement: %s", check.summary())
+    return check
+
+
+def _entries_of(source: Any) -> dict[tuple[str, str], str]:
+    """`(op_id_v, call_key) → stable JSON of the config` for this device's entries."""
+    from kerneltune._src.cache import ConfigCache
+    from kerneltune._src.executor import Executor, default_executor
+    from kerneltune._src.result import AutotuningResult
+
+    if source is None:
+        source = default_executor()
+    if isinstance(source, Executor):
+        source = source.chooser
+    if not isinstance(source, (ConfigCache, AutotuningResult, Mapping)):
+        cache = getattr(source, "cache", None)  # a ConfigSelectorChain
+        if not isinstance(cache, ConfigCache):
+            raise TypeError(
+                "verify_agreement's source must be None, an Executor, a ConfigSelectorChain, "
+                "a ConfigCache, an AutotuningResult or a mapping {(device, op_id_v, "
+                f"call_key): cfg}}, got {type(source).__qualname__}."
+            )
+        source = cache
+    if isinstance(source, AutotuningResult):
+        items = list(source.as_overlay().items())
+    elif isinstance(source, ConfigCache):
+        items = source.items()
+    else:
+        items = list(source.items())
+    here = devices.device_fingerprint()
+    return {(op, call_key): _cfg_text(cfg) for (dev, op, call_key), cfg in items if dev == here}
