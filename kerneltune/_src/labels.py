@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import logging
 import re
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -20,6 +21,8 @@ from typing import Any, TypeVar
 import jax
 
 from kerneltune._src import keys
+
+logger = logging.getLogger("kerneltune")
 
 ATTRIBUTE = "kerneltune_label"
 _ATTR_RE = re.compile(ATTRIBUTE + r'\s*=\s*"((?:[^"\\]|\\.)*)"')
@@ -93,62 +96,115 @@ def label(name: str) -> Callable[[F], F]:
 
 
 def extract_labels_from_hlo_text(text: str) -> list[str]:
-    """Every distinct label in an HLO or StableHLO text, in order of appearance."""
+    """Every distinct label in an HLO, StableHLO or compiled-HLO text, in order of
+    appearance.
+
+    Example:
+      >>> extract_labels_from_hlo_text('x = f32[] add(a, b), frontend_attributes={kerneltune_label="kt:op@v1:abc"}')
+      ['kt:op@v1:abc']
+    """
+    # HLO prints C-style escapes (a quote as \"); MLIR prints hex ones (\22).
+    unescape = _unescape_hlo if "HloModule" in text[:2000] else _unescape_mlir
     seen: dict[str, None] = {}
     for match in _ATTR_RE.finditer(text):
-        seen.setdefault(_unescape(match.group(1)), None)
+        seen.setdefault(unescape(match.group(1)), None)
     return list(seen)
 
 
-def _unescape(value: str) -> str:
-    # MLIR writes a quote as \22 (two hex digits); HLO text as \".
-    def one(match: re.Match[str]) -> str:
-        code = match.group(1)
-        return chr(int(code, 16)) if len(code) == 2 else code
+_C_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "'": "'", "\\": "\\"}
 
-    return re.sub(r"\\([0-9a-fA-F]{2}|.)", one, value)
+
+def _unescape_hlo(value: str) -> str:
+    def one(m: re.Match[str]) -> str:
+        body = m.group(1)
+        if body[0] in "01234567":
+            return chr(int(body, 8))
+        return _C_ESCAPES.get(body, body)
+
+    return _utf8(re.sub(r"\\([0-7]{3}|.)", one, value))
+
+
+def _unescape_mlir(value: str) -> str:
+    def one(m: re.Match[str]) -> str:
+        body = m.group(1)
+        if len(body) == 2:
+            return chr(int(body, 16))
+        return _C_ESCAPES.get(body, body)
+
+    return _utf8(re.sub(r"\\([0-9a-fA-F]{2}|.)", one, value))
+
+
+def _utf8(raw: str) -> str:
+    # Non-ASCII characters are printed as their UTF-8 bytes, one escape per byte.
+    try:
+        return raw.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        return raw
+
+
+_LABEL_RE = re.compile(
+    r"^(?P<prefix>[^:]+):(?P<op>[^@]+@v[^:]*):(?P<key>[^:]+)(?::(?P<cfg>.*))?$", re.S
+)
 
 
 def parse_label(text: str) -> Label | None:
     """Splits a kernel-call label into its parts; None for other labels (e.g. ones made
-    by the `label` decorator)."""
-    parts = text.split(":", 3)
-    if len(parts) < 3 or "@v" not in parts[1]:
+    by the `label` decorator).
+
+    Example:
+      >>> parse_label("kerneltune:matmul@v1:0123abcd").call_key
+      '0123abcd'
+      >>> parse_label("my_block") is None
+      True
+    """
+    m = _LABEL_RE.match(text)
+    if m is None:
         return None
-    return Label(parts[0], parts[1], parts[2], parts[3] if len(parts) == 4 else None)
+    return Label(m.group("prefix"), m.group("op"), m.group("key"), m.group("cfg"))
 
 
-def lowered_texts(lowered: Any) -> list[str]:
-    """The texts of a `jax.jit(f).lower(...)` result where labels can be found."""
+def lowered_texts(lowered: Any, *, compiled: bool = False) -> list[str]:
+    """The texts of a `jax.jit(f).lower(...)` result where labels can be found: the
+    StableHLO module and its HLO, plus the compiled HLO when `compiled` (which
+    compiles). A `Compiled` object or a text is taken as it is."""
+    if isinstance(lowered, str):
+        return [lowered]
+    if not hasattr(lowered, "compiler_ir"):
+        return [lowered.as_text()]  # a Compiled object
+    getters = [lambda: lowered.as_text(), lambda: lowered.compiler_ir("hlo").as_hlo_text()]
+    if compiled:
+        getters.append(lambda: lowered.compile().as_text())
     texts = []
-    for get in (
-        lambda: lowered.as_text(),
-        lambda: lowered.compiler_ir("hlo").as_hlo_text(),
-    ):
+    for get in getters:
         try:
-            texts.append(get())
-        except Exception:  # noqa: BLE001, PERF203 - dialects differ between versions.
+            text = get()
+        except Exception as e:  # dialects and APIs differ between versions.
+            logger.debug("kerneltune: could not read a lowered text: %s", e)
             continue
+        if text:
+            texts.append(text)
     return texts
 
 
-def find_labels_in_lowered(lowered: Any) -> list[str]:
-    """Every distinct label in a lowered (or compiled) computation."""
-    if hasattr(lowered, "as_text") and not hasattr(lowered, "compiler_ir"):
-        texts = [lowered.as_text()]  # a Compiled object
-    else:
-        texts = lowered_texts(lowered)
+def find_labels_in_lowered(lowered: Any, *, compiled: bool = False) -> list[str]:
+    """Every distinct label in a lowered computation (`jax.jit(f).lower(...)`), a
+    compiled one (`.compile()`), or an HLO/StableHLO text.
+
+    Args:
+      lowered: the computation.
+      compiled: also compile a lowered computation and read the compiled HLO.
+    """
     found: dict[str, None] = {}
-    for text in texts:
+    for text in lowered_texts(lowered, compiled=compiled):
         for item in extract_labels_from_hlo_text(text):
             found.setdefault(item, None)
     return list(found)
 
 
-def kernel_labels_in_lowered(lowered: Any) -> list[Label]:
+def kernel_labels_in_lowered(lowered: Any, *, compiled: bool = False) -> list[Label]:
     """The kernel-call labels (op, key) in a lowered computation, without duplicates."""
     out: dict[tuple[str, str], Label] = {}
-    for text in find_labels_in_lowered(lowered):
+    for text in find_labels_in_lowered(lowered, compiled=compiled):
         parsed = parse_label(text)
         if parsed is not None:
             out.setdefault((parsed.op_id_v, parsed.call_key), parsed)

@@ -1,0 +1,325 @@
+"""Offline tuning: tune recorded calls ahead of time and ship the result.
+
+The workflow:
+  1. run the model once with recording on (`KERNELTUNE_RECORD=1` or `record_calls()`);
+     every executor call leaves an abstract record (`get_invocations`), which can be
+     saved to a manifest for another process (`save_manifest`, `kerneltune tune`);
+  2. `autotune_recorded()` tunes every record, or `autotune_lowered(selector, lowered)`
+     tunes those whose labels appear in a lowered computation (forward and backward
+     kernels alike: each call has its own label and its own config);
+  3. the winners land in the selector's memory and persistent caches, and come back as
+     an `AutotuningResult`: `with result:` applies them, `result.save(path)` ships them.
+
+Tuning goes through the selector's own autotune path, so it takes the same locks, emits
+the same events and writes the same cache entries as tuning at run time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from kerneltune._src import devices, labels, scope
+from kerneltune._src.cache import ConfigCache
+from kerneltune._src.recording import Record, get_invocations, iter_records
+from kerneltune._src.result import AutotuningResult, Entry
+from kerneltune._src.selection import (
+    AutotunePolicy,
+    ConfigSelectorChain,
+    Decision,
+    policy_override,
+)
+
+logger = logging.getLogger("kerneltune")
+
+Status = Literal["tuned", "cached", "untuned", "failed"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What happened to one record.
+
+    Attributes:
+      record: the record.
+      status: "tuned" (benchmarked now), "cached" (a tuned config was already in the
+        caches), "untuned" (no candidates, or every candidate failed: the heuristic
+        will be used), or "failed" (the kernel could not be rebuilt, or tuning raised).
+      entry: the result entry, for "tuned" and "cached".
+      error: why it was not tuned.
+      wall_s: how long it took.
+    """
+
+    record: Record
+    status: Status
+    entry: Entry | None = None
+    error: str | None = None
+    wall_s: float = 0.0
+
+
+def _as_chain(selector: Any) -> ConfigSelectorChain[Any, Any]:
+    if selector is None:
+        from kerneltune._src.executor import default_executor
+
+        selector = default_executor().chooser
+    chooser = getattr(selector, "chooser", None)  # an Executor
+    if not isinstance(selector, ConfigSelectorChain) and isinstance(chooser, ConfigSelectorChain):
+        selector = chooser
+    if not isinstance(selector, ConfigSelectorChain):
+        raise TypeError(
+            f"selector must be a ConfigSelectorChain (or an Executor using one), got "
+            f"{type(selector).__qualname__}."
+        )
+    return selector
+
+
+def tune_records(
+    records: Sequence[Record],
+    selector: Any = None,
+    *,
+    force: bool = False,
+    progress: bool | None = None,
+    on_outcome: Callable[[Outcome], None] | None = None,
+) -> list[Outcome]:
+    """Tunes each record in turn; a failure is reported in its `Outcome`, never raised.
+
+    Args:
+      records: what to tune.
+      selector: the `ConfigSelectorChain` (or `Executor`) whose tuner, caches and
+        events to use; default: the default executor's.
+      force: benchmark again even when the caches hold a tuned config.
+      progress: show a progress bar (default: only on a terminal).
+      on_outcome: called after each record.
+    """
+    from kerneltune._src.tuning.progress import Progress
+
+    chain = _as_chain(selector)
+    bar = Progress("kerneltune tune", enabled=progress)
+    bar.add_total(len(records))
+    outcomes = []
+    try:
+        for record in records:
+            outcome = _tune_one(record, chain, force)
+            outcomes.append(outcome)
+            bar.advance(1, stage=record.op_id_v)
+            if outcome.status == "failed":
+                logger.warning(
+                    "Could not tune %s (%s): %s", record.op_id_v, record.signature, outcome.error
+                )
+            if on_outcome is not None:
+                on_outcome(outcome)
+    finally:
+        bar.close()
+    return outcomes
+
+
+def _tune_one(record: Record, chain: ConfigSelectorChain[Any, Any], force: bool) -> Outcome:
+    start = time.perf_counter()
+
+    def finish(status: Status, entry: Entry | None = None, error: str | None = None) -> Outcome:
+        return Outcome(record, status, entry, error, time.perf_counter() - start)
+
+    try:
+        kernel = record.get_kernel()
+        inv = record.invocation(kernel)
+        tuner_chain = _fresh_chain(chain) if force else chain
+        # Active overlays (e.g. an applied AutotuningResult) must not stand in for
+        # tuning, and the policy must allow it.
+        no_overlays = scope.entered(dataclasses.replace(scope.current(), overlays=()))
+        with (
+            no_overlays,
+            policy_override(tuner_chain, allow_autotune=True, cache_miss_fallback="autotune"),
+        ):
+            decision = tuner_chain.decide(inv, kernel)
+    except Exception as e:  # one bad record must not stop the others.
+        return finish("failed", error=f"{type(e).__name__}: {e}")
+    if decision.tier in ("autotune", "reuse"):
+        if force:
+            _store(chain, decision)
+        return finish("tuned", _entry_from_report(record, decision))
+    if decision.tier in ("memory", "persistent"):
+        return finish("cached", _entry_from_caches(record, chain, decision))
+    why = "; ".join(f"{tier}: {reason}" for tier, reason in decision.misses if tier == "autotune")
+    return finish("untuned", error=why or f"the config came from {decision.tier}")
+
+
+def _fresh_chain(chain: ConfigSelectorChain[Any, Any]) -> ConfigSelectorChain[Any, Any]:
+    """A chain that shares `chain`'s tuner and events but none of its caches, so that
+    everything is benchmarked again."""
+    return ConfigSelectorChain(
+        ConfigCache(),
+        policy=AutotunePolicy(),
+        tuner=chain.tuner,
+        persistent=None,
+        on_event=chain.on_event,
+        forbid_reautotune=False,
+    )
+
+
+def _store(chain: ConfigSelectorChain[Any, Any], decision: Decision) -> None:
+    key = (decision.device, decision.op_id_v, decision.call_key)
+    chain.cache.put(*key, decision.cfg)
+    if chain.persistent is not None and chain.persist_autotune:
+        try:
+            chain.persistent.put(
+                *key, decision.cfg, report=decision.report, signature=decision.signature
+            )
+        except Exception as e:  # a cache write must not fail the run.
+            logger.warning("could not write %s to the persistent cache: %s", key, e)
+
+
+def _type_name(cfg: Any) -> str:
+    t = type(cfg)
+    return "" if isinstance(cfg, dict) else f"{t.__module__}.{t.__qualname__}"
+
+
+def _entry_from_report(record: Record, decision: Decision) -> Entry:
+    from kerneltune._src.cache_entry import report_fields
+
+    report = decision.report
+    fields = report_fields(report)
+    return Entry(
+        record.op_id_v,
+        record.call_key,
+        decision.cfg,
+        timings=tuple(fields.get("candidates", ())),
+        signature=record.signature,
+        cfg_type=_type_name(decision.cfg),
+        timer=fields.get("timer"),
+        best_time_s=fields.get("best_time_s"),
+        heuristic_time_s=fields.get("heuristic_time_s"),
+        created=time.time(),
+    )
+
+
+def _entry_from_caches(
+    record: Record, chain: ConfigSelectorChain[Any, Any], decision: Decision
+) -> Entry:
+    key = (decision.device, decision.op_id_v, decision.call_key)
+    report = chain.report_for(*key)
+    if report is not None:
+        return _entry_from_report(record, dataclasses.replace(decision, report=report))
+    stored = None
+    if chain.persistent is not None:
+        try:
+            stored = chain.persistent.get_entry(*key)
+        except Exception:  # timings are a bonus.
+            stored = None
+    if stored is None:
+        return Entry(
+            record.op_id_v,
+            record.call_key,
+            decision.cfg,
+            signature=record.signature,
+            cfg_type=_type_name(decision.cfg),
+            created=time.time(),
+        )
+    return Entry(
+        record.op_id_v,
+        record.call_key,
+        decision.cfg,
+        timings=tuple(stored.candidates),
+        signature=record.signature,
+        cfg_type=_type_name(decision.cfg),
+        timer=stored.timer,
+        best_time_s=stored.best_time_s,
+        heuristic_time_s=stored.heuristic_time_s,
+        created=stored.created,
+    )
+
+
+def result_of(outcomes: Sequence[Outcome]) -> AutotuningResult:
+    """The `AutotuningResult` of the tuned and cached outcomes, on this device."""
+    entries = tuple(o.entry for o in outcomes if o.entry is not None)
+    return AutotuningResult(devices.device_fingerprint(), entries)
+
+
+def autotune_recorded(
+    invocations: Any = None,
+    *,
+    selector: Any = None,
+    force: bool = False,
+    progress: bool | None = None,
+) -> AutotuningResult:
+    """Tunes recorded calls and returns their configs.
+
+    Args:
+      invocations: `{op_id_v: {call_key: record}}` (as `get_invocations` or
+        `load_manifest` return), `{device: {...}}`, or records; default: the calls
+        recorded on this device.
+      selector: the `ConfigSelectorChain` (or `Executor`) whose tuner and caches to use;
+        default: the default executor's. Winners are written to its memory cache and,
+        when it has one, its persistent cache.
+      force: benchmark again even when a tuned config is already cached.
+      progress: show a progress bar (default: only on a terminal).
+
+    Returns:
+      An `AutotuningResult` with one entry per call that has a tuned config (with every
+      candidate's timings when it was tuned in this process or stored with them). Calls
+      that could not be tuned are left out, with a warning.
+
+    Example:
+      >>> len(autotune_recorded({}))
+      0
+    """
+    records = iter_records(get_invocations() if invocations is None else invocations)
+    return result_of(tune_records(records, selector, force=force, progress=progress))
+
+
+def autotune_lowered(
+    selector: Any,
+    lowered: Any,
+    *,
+    invocations: Any = None,
+    force: bool = False,
+    compiled: bool = False,
+    progress: bool | None = None,
+) -> AutotuningResult:
+    """Tunes every kerneltune call found in a lowered computation.
+
+    The calls are found by their labels (forward and backward kernels alike) and
+    matched with the recorded calls; record them first by running the model once with
+    `KERNELTUNE_RECORD=1` or inside `record_calls()`.
+
+    Args:
+      selector: the `ConfigSelectorChain` (or `Executor`) to tune with; None: the
+        default executor's.
+      lowered: `jax.jit(f).lower(...)`, its `.compile()`, or an HLO/StableHLO text.
+      invocations: the records to match against (default: this device's).
+      force: benchmark again even when a tuned config is already cached.
+      compiled: also look in the compiled HLO (compiles the computation).
+      progress: show a progress bar (default: only on a terminal).
+
+    Returns:
+      An `AutotuningResult` with one entry per call found and tuned.
+    """
+    found = labels.kernel_labels_in_lowered(lowered, compiled=compiled)
+    records = {
+        r.key: r for r in iter_records(get_invocations() if invocations is None else invocations)
+    }
+    matched = [
+        records[(lab.op_id_v, lab.call_key)]
+        for lab in found
+        if (lab.op_id_v, lab.call_key) in records
+    ]
+    if not found:
+        logger.warning(
+            "autotune_lowered found no kerneltune call in the lowered computation (were the "
+            "calls stamped? KERNELTUNE_STAMP=none turns labels off)."
+        )
+    missing = [
+        f"{lab.op_id_v}:{lab.call_key}"
+        for lab in found
+        if (lab.op_id_v, lab.call_key) not in records
+    ]
+    if missing:
+        logger.warning(
+            "autotune_lowered: %d kerneltune call(s) in the lowered computation were never "
+            "recorded, so they cannot be tuned: %s. Run the model once with "
+            "KERNELTUNE_RECORD=1 (or inside kerneltune.record_calls()) first.",
+            len(missing),
+            ", ".join(missing),
+        )
+    return result_of(tune_records(matched, selector, force=force, progress=progress))

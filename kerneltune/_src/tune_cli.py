@@ -1,0 +1,157 @@
+"""`kerneltune tune MANIFEST [--shard i/n] [--out FILE]`: tune a recorded manifest.
+
+The records are sorted by (op, call key) and dealt round-robin to `n` shards, so that
+`--shard 0/n` ... `--shard n-1/n` on n machines cover the manifest exactly once. Each
+run writes its winners to the persistent cache (`--cache-dir`, else the default one)
+and, with `--out`, to a result file that `kerneltune cache import FILE` or
+`kerneltune cache merge FILE` adds to any cache, and that `AutotuningResult.load` reads.
+
+Importing this module is cheap (the `kerneltune` command's parser imports it); the
+heavy imports happen when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """`"i/n"` as `(i, n)` with `0 <= i < n`.
+
+    Example:
+      >>> parse_shard("1/4")
+      (1, 4)
+    """
+    index, sep, count = text.partition("/")
+    try:
+        i, n = int(index), int(count)
+    except ValueError:
+        i, n = -1, 0
+    if not sep or n < 1 or not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"expected i/n with 0 <= i < n (e.g. 0/4), got {text!r}")
+    return i, n
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declares `kerneltune tune`'s arguments."""
+    parser.add_argument("manifest", help="a manifest written by kerneltune.save_manifest")
+    parser.add_argument(
+        "--shard",
+        type=parse_shard,
+        default=(0, 1),
+        metavar="i/n",
+        help="tune only shard i of n (0-based); the n shards cover the manifest exactly once",
+    )
+    parser.add_argument("--out", metavar="FILE", help="also write the tuned configs to FILE (JSON)")
+    parser.add_argument("--op", help='only this op: "matmul" (any version) or "matmul@v1"')
+    parser.add_argument(
+        "--force", action="store_true", help="benchmark again even when a tuned config is cached"
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="list this shard's calls without tuning"
+    )
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="never show a progress bar (default: only on a terminal)",
+    )
+
+
+def shard_records(records: list[Any], index: int, count: int) -> list[Any]:
+    """Shard `index` of `count` of `records` (sorted by (op, call key) first)."""
+    ordered = sorted(records, key=lambda r: (r.op_id_v, r.call_key))
+    return ordered[index::count]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs `kerneltune tune`; returns the exit status (1 when a call failed)."""
+    from kerneltune._src import offline, recording
+    from kerneltune._src.cache_cli import format_time, print_table
+    from kerneltune._src.cache_entry import op_matches
+    from kerneltune.cli import CommandError
+
+    try:
+        loaded = recording.load_manifest(args.manifest)
+    except (OSError, ValueError) as e:
+        raise CommandError(f"cannot read the manifest {args.manifest}: {e}") from None
+    records = recording.iter_records(loaded)
+    if args.op:
+        records = [r for r in records if op_matches(r.op_id_v, args.op)]
+    index, count = args.shard
+    mine = shard_records(records, index, count)
+    where = f"shard {index}/{count}: " if count > 1 else ""
+    print(f"{where}{len(mine)} of {len(records)} recorded calls in {args.manifest}")
+    if args.dry_run:
+        print_table(["op", "shapes", "key"], [[r.op_id_v, r.signature, r.call_key] for r in mine])
+        return 0
+
+    selector = _selector(args)
+    location = getattr(selector.persistent, "location", None)
+    outcomes = offline.tune_records(
+        mine, selector, force=args.force, progress=False if args.no_progress else None
+    )
+    rows = []
+    for o in outcomes:
+        e = o.entry
+        ok_candidates = sum(1 for t in (e.timings if e else ()) if t.get("status") == "ok")
+        tried = len(e.timings) if e else 0
+        rows.append(
+            [
+                o.record.op_id_v,
+                _shorten(o.record.signature, 40),
+                f"{ok_candidates}/{tried}" if tried else "-",
+                format_time(e.heuristic_time_s if e else None),
+                format_time(e.best_time_s if e else None),
+                f"{e.speedup:.2f}x" if e is not None and e.speedup else "-",
+                _shorten(_cfg_text(e.cfg), 40) if e else "-",
+                o.status if o.error is None else f"{o.status}: {_shorten(o.error, 60)}",
+            ]
+        )
+    print_table(
+        ["op", "shapes", "ok/tried", "heuristic", "best", "speedup", "winner", "status"], rows
+    )
+    counts = {
+        s: sum(1 for o in outcomes if o.status == s)
+        for s in ("tuned", "cached", "untuned", "failed")
+    }
+    print(", ".join(f"{n} {s}" for s, n in counts.items() if n) or "nothing to tune")
+    if location is not None:
+        print(f"persistent cache: {location}")
+    if args.out:
+        result = offline.result_of(outcomes)
+        result.save(args.out)
+        print(f"wrote {len(result)} tuned configs to {args.out}")
+    return 1 if counts["failed"] else 0
+
+
+def _selector(args: argparse.Namespace) -> Any:
+    from kerneltune._src import options
+    from kerneltune._src.cache import ConfigCache
+    from kerneltune._src.persistent import PersistentCache, default_persistent_cache
+    from kerneltune._src.selection import AutotunePolicy, ConfigSelectorChain
+    from kerneltune.cli import CommandError
+
+    cache_dir = getattr(args, "cache_dir", None)
+    try:
+        if cache_dir:
+            persistent = PersistentCache(cache_dir, readonly=options.get("cache_readonly"))
+        else:
+            persistent = default_persistent_cache()
+    except ValueError as e:
+        raise CommandError(str(e)) from None
+    return ConfigSelectorChain(ConfigCache(), policy=AutotunePolicy(), persistent=persistent)
+
+
+def _cfg_text(cfg: Any) -> str:
+    from kerneltune._src.cache_cli import format_cfg
+    from kerneltune._src.keys import config_to_dict
+
+    try:
+        return format_cfg(config_to_dict(cfg))
+    except TypeError:
+        return str(cfg)
+
+
+def _shorten(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
