@@ -133,6 +133,11 @@ CACHE_COMMANDS: dict[str, Command] = {
 COMMANDS: dict[str, Command | Group] = {
     "info": Command("show the device, its fingerprint, the cache and versions", f"{_CACHE}:info"),
     "cache": Group("inspect, share and clean the persistent cache", CACHE_COMMANDS),
+    "tune": Command(
+        "tune the calls recorded in a manifest (or one shard of it)",
+        "kerneltune._src.tune_cli:run",
+        lambda parser: _resolve("kerneltune._src.tune_cli:add_arguments")(parser),
+    ),
 }
 
 
