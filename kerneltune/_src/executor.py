@@ -110,8 +110,8 @@ class Executor(Generic[Cfg, Out]):
         self._eager: dict[Any, Callable[..., Any]] = {}
         self._generation = 0
         subscribe = getattr(chooser, "add_invalidation_listener", None)
-        self._eager_enabled = callable(subscribe)
-        if self._eager_enabled:
+        self._eager_enabled = subscribe is not None and callable(subscribe)
+        if subscribe is not None and callable(subscribe):
             subscribe(self._invalidate)
         self._programs: dict[Any, Callable[..., Any]] = {}
         self._lock = threading.Lock()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar, Generic
 
@@ -86,10 +87,13 @@ class Kernel(Generic[Cfg, Out]):
     def __call__(self, *args: Any, **kwargs: Any) -> Out:
         """Runs the kernel through the default executor."""
         global _default_executor
-        if _default_executor is None:
+        get = _default_executor
+        if get is None:
             # Imported on first use: executor.py imports this module.
-            from kerneltune._src.executor import default_executor as _default_executor
-        return _default_executor()(self, *args, **kwargs)
+            from kerneltune._src.executor import default_executor as get
+
+            _default_executor = get
+        return get()(self, *args, **kwargs)  # type: ignore[misc]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(op_id={self.op_id!r}, version={self.version!r})"
@@ -185,6 +189,17 @@ def _array_leaves(tree: Any) -> Iterable[Any]:
     return (x for x in jax.tree_util.tree_leaves(tree) if keys.is_array(x))
 
 
+def _key_builder_of(kernel: Kernel[Any, Any]) -> Callable[[Invocation[Any, Any]], str] | None:
+    # A key builder set on the class is a plain function of the invocation (or a
+    # staticmethod), not a method: read it without binding it to the kernel.
+    if "key_builder" in vars(kernel):
+        return vars(kernel)["key_builder"]  # type: ignore[no-any-return]
+    builder = inspect.getattr_static(type(kernel), "key_builder", None)
+    if isinstance(builder, staticmethod):
+        builder = builder.__func__
+    return builder  # type: ignore[no-any-return]
+
+
 def make_invocation(
     kernel: Kernel[Any, Any],
     args: tuple[Any, ...],
@@ -197,8 +212,6 @@ def make_invocation(
         args=tuple(args),
         kwargs=dict(kwargs),
         version=_resolved_version(kernel),
-        key_builder=type(kernel).key_builder
-        if "key_builder" not in vars(kernel)
-        else kernel.key_builder,
+        key_builder=_key_builder_of(kernel),
         **fields,
     )

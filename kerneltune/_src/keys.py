@@ -271,7 +271,7 @@ def _coerce(value: Any, hint: Any) -> Any:
                 continue
         return value
     if dataclasses.is_dataclass(hint) and isinstance(value, Mapping):
-        return config_from_dict(value, hint)
+        return config_from_dict(value, hint)  # type: ignore[arg-type]
     if (origin is tuple or hint is tuple) and isinstance(value, list):
         args = typing.get_args(hint)
         if len(args) == 2 and args[1] is Ellipsis:
@@ -305,9 +305,9 @@ def describe_abstract(tree: Any) -> str:
 
 
 def _describe_leaves(tree: Any, one: Any) -> str:
-    leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=lambda x: x is None)
-    if treedef.num_leaves == 1 and len(leaves) == 1 and treedef == jax.tree_util.tree_structure(0):
-        return one(leaves[0])
+    if not isinstance(tree, (list, tuple, dict)):
+        return str(one(tree))
+    leaves = jax.tree_util.tree_leaves(tree, is_leaf=lambda x: x is None)
     return "(" + ", ".join(one(x) for x in leaves) + ")"
 
 
