@@ -1,0 +1,56 @@
+"""Bundled kernels built on kerneltune, one folder per family.
+
+Each family has a public function (`matmul`, `attention`, `layer_norm`, `rms_norm`,
+`softmax`) that runs through an executor (the default one unless given), the kernel
+class behind it, its config type, an XLA path used on CPUs, and the Pallas path used
+on GPUs. The `...Interpret` kernels run the Pallas code in the Pallas interpreter on
+any device, under their own op ids: for tests and the CPU demo.
+"""
+
+from kerneltune._src.params import BwdParams as BwdParams
+from kerneltune._src.params import FwdParams as FwdParams
+from kerneltune.kernels.attention import Attention as Attention
+from kerneltune.kernels.attention import AttentionBackward as AttentionBackward
+from kerneltune.kernels.attention import AttentionBackwardInterpret as AttentionBackwardInterpret
+from kerneltune.kernels.attention import AttentionInterpret as AttentionInterpret
+from kerneltune.kernels.attention import attention as attention
+from kerneltune.kernels.matmul import Matmul as Matmul
+from kerneltune.kernels.matmul import MatmulConfig as MatmulConfig
+from kerneltune.kernels.matmul import MatmulInterpret as MatmulInterpret
+from kerneltune.kernels.matmul import matmul as matmul
+from kerneltune.kernels.normalization import LayerNorm as LayerNorm
+from kerneltune.kernels.normalization import LayerNormInterpret as LayerNormInterpret
+from kerneltune.kernels.normalization import NormConfig as NormConfig
+from kerneltune.kernels.normalization import RMSNorm as RMSNorm
+from kerneltune.kernels.normalization import RMSNormInterpret as RMSNormInterpret
+from kerneltune.kernels.normalization import layer_norm as layer_norm
+from kerneltune.kernels.normalization import rms_norm as rms_norm
+from kerneltune.kernels.softmax import Softmax as Softmax
+from kerneltune.kernels.softmax import SoftmaxConfig as SoftmaxConfig
+from kerneltune.kernels.softmax import SoftmaxInterpret as SoftmaxInterpret
+from kerneltune.kernels.softmax import softmax as softmax
+
+__all__ = [
+    "Attention",
+    "AttentionBackward",
+    "AttentionBackwardInterpret",
+    "AttentionInterpret",
+    "BwdParams",
+    "FwdParams",
+    "LayerNorm",
+    "LayerNormInterpret",
+    "Matmul",
+    "MatmulConfig",
+    "MatmulInterpret",
+    "NormConfig",
+    "RMSNorm",
+    "RMSNormInterpret",
+    "Softmax",
+    "SoftmaxConfig",
+    "SoftmaxInterpret",
+    "attention",
+    "layer_norm",
+    "matmul",
+    "rms_norm",
+    "softmax",
+]

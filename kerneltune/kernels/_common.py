@@ -1,0 +1,242 @@
+"""Helpers shared by the bundled kernels: Pallas version differences, candidate
+pruning with reasons, device limits, and dtype-aware tolerances.
+
+Pallas moves fast. Everything here that touches its API looks the names up at call
+time and says what it needs when a name is missing, so one module works with the JAX
+releases the project supports (0.10 on CI, 0.11 on the GPU machines, newer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Generic, TypeVar
+
+import jax
+import numpy as np
+
+logger = logging.getLogger("kerneltune")
+
+T = TypeVar("T")
+
+#: Shared memory one thread block may use on Hopper (H100, H200): 227 KiB.
+HOPPER_SMEM_BYTES = 227 * 1024
+#: Ampere A100: 163 KiB; other GPUs: a conservative 99 KiB.
+_SMEM_BY_KIND = (("h100", HOPPER_SMEM_BYTES), ("h200", HOPPER_SMEM_BYTES), ("h800", HOPPER_SMEM_BYTES),
+                 ("gh200", HOPPER_SMEM_BYTES), ("a100", 163 * 1024), ("a800", 163 * 1024))
+_DEFAULT_SMEM_BYTES = 99 * 1024
+#: 32-bit registers one thread may hold.
+MAX_REGISTERS_PER_THREAD = 255
+
+
+def on_gpu() -> bool:
+    """True when JAX's default device is a GPU."""
+    return jax.devices()[0].platform.lower() in ("gpu", "cuda", "rocm")
+
+
+@functools.cache
+def shared_memory_limit() -> int:
+    """Bytes of shared memory one Triton program (thread block) may use on the default
+    device; the Hopper figure off GPUs, so interpreted runs prune like an H100 would."""
+    if not on_gpu():
+        return HOPPER_SMEM_BYTES
+    kind = str(getattr(jax.devices()[0], "device_kind", "")).lower()
+    return next((limit for name, limit in _SMEM_BY_KIND if name in kind), _DEFAULT_SMEM_BYTES)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1)."""
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def powers_of_2(lo: int, hi: int) -> list[int]:
+    """Powers of two from `lo` to `hi` inclusive (both powers of two)."""
+    out, v = [], lo
+    while v <= hi:
+        out.append(v)
+        v *= 2
+    return out
+
+
+# --- Pallas across JAX versions ----------------------------------------------------------
+
+
+def triton_compiler_params(**fields: Any) -> Any:
+    """Triton compiler parameters for `pallas_call(compiler_params=...)`.
+
+    The class is `jax.experimental.pallas.triton.CompilerParams` in current JAX and
+    was `TritonCompilerParams` (in `pallas.gpu` or `pallas`) before; fields it does
+    not know (e.g. `num_stages` where it was dropped) are left out with a debug log.
+    """
+    cls = _triton_params_class()
+    try:
+        accepted = set(inspect.signature(cls).parameters)
+    except (TypeError, ValueError):
+        accepted = set(fields)
+    dropped = sorted(set(fields) - accepted)
+    if dropped:
+        logger.debug("%s does not take %s; left out", cls.__qualname__, dropped)
+    return cls(**{k: v for k, v in fields.items() if k in accepted and v is not None})
+
+
+@functools.cache
+def _triton_params_class() -> type:
+    tried = []
+    for module_name, attr in (
+        ("jax.experimental.pallas.triton", "CompilerParams"),
+        ("jax.experimental.pallas.triton", "TritonCompilerParams"),
+        ("jax.experimental.pallas.gpu", "TritonCompilerParams"),
+        ("jax.experimental.pallas", "TritonCompilerParams"),
+    ):
+        tried.append(f"{module_name}.{attr}")
+        try:
+            module = __import__(module_name, fromlist=[attr])
+        except ImportError:
+            continue
+        cls = getattr(module, attr, None)
+        if isinstance(cls, type):
+            return cls
+    raise ImportError(
+        "this JAX has no Triton compiler-parameter class for Pallas; looked for "
+        + ", ".join(tried)
+    )
+
+
+def accepts(fn: Callable[..., Any], *names: str) -> bool:
+    """True when `fn` (unwrapping decorators such as `custom_vjp` and `jit`) takes
+    every one of `names` as a parameter."""
+    params = parameters(fn)
+    return params is not None and all(n in params for n in names)
+
+
+def parameters(fn: Callable[..., Any]) -> tuple[str, ...] | None:
+    """Parameter names of `fn`, looking through `custom_vjp`/`jit` wrappers; None when
+    they cannot be read."""
+    for candidate in (fn, getattr(fn, "fun", None), getattr(fn, "__wrapped__", None)):
+        if candidate is None:
+            continue
+        try:
+            return tuple(inspect.signature(candidate).parameters)
+        except (TypeError, ValueError):
+            continue
+    return None
+
+
+# --- candidate spaces with reasons ---------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Pruned(Generic[T]):
+    """A candidate left out of the search, and why."""
+
+    cfg: T
+    reason: str
+
+
+Rule = Callable[[T], "str | None"]
+
+
+def prune(candidates: Iterable[T], rules: Sequence[Rule[T]], *, what: str) -> tuple[list[T], list[Pruned[T]]]:
+    """Splits `candidates` into those every rule accepts and those some rule rejects.
+
+    A rule returns None to accept a candidate, or the reason to reject it; the first
+    rejecting rule's reason is kept. Duplicates are dropped. The pruned candidates are
+    logged at DEBUG level, one line each.
+
+    Returns:
+      (kept, pruned), both in the order given.
+    """
+    kept: list[T] = []
+    pruned: list[Pruned[T]] = []
+    seen: set[Any] = set()
+    for cfg in candidates:
+        if cfg in seen:
+            continue
+        seen.add(cfg)
+        reason = next((r for r in (rule(cfg) for rule in rules) if r is not None), None)
+        if reason is None:
+            kept.append(cfg)
+        else:
+            pruned.append(Pruned(cfg, reason))
+    if pruned:
+        logger.debug("%s: %d candidates kept, %d pruned", what, len(kept), len(pruned))
+        for p in pruned:
+            logger.debug("  pruned %s: %s", p.cfg, p.reason)
+    return kept, pruned
+
+
+# --- tolerances ---------------------------------------------------------------------
+
+
+def tolerance(dtype: Any) -> float:
+    """A relative-error bound ‖out − ref‖ / ‖ref‖ for a kernel computed in `dtype`
+    against a float32/float64 reference: the dtype's rounding, with room for
+    accumulation order and (for float32 on GPUs) TF32 matrix units."""
+    dtype = np.dtype(dtype)
+    if dtype == np.float64:
+        return 1e-10
+    if dtype == np.float32:
+        return 2e-3 if on_gpu() else 1e-5
+    if dtype.itemsize == 2:  # bfloat16 and float16
+        return 2e-2 if dtype.name == "bfloat16" else 5e-3
+    return 5e-2
+
+
+def relative_error(out: Any, ref: Any) -> float:
+    """‖out − ref‖ / ‖ref‖ in float64 (NaN anywhere gives inf)."""
+    a = np.asarray(jax.device_get(out), dtype=np.float64)
+    b = np.asarray(jax.device_get(ref), dtype=np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"shapes differ: {a.shape} vs {b.shape}")
+    if not np.all(np.isfinite(a)):
+        return float("inf")
+    denom = float(np.linalg.norm(b)) or 1.0
+    return float(np.linalg.norm(a - b)) / denom
+
+
+# --- kernels bound to an executor ------------------------------------------------------
+
+
+class BundledKernelMixin:
+    """What every bundled kernel shares: the executor its backward pass (or other
+    inner calls) runs through, and whether its Pallas code runs in the interpreter.
+
+    `interpret` is a class attribute: the `...Interpret` variants set it (and get
+    their own op ids, so their configs never mix with the GPU kernels' in a cache).
+    Off GPUs the Pallas code is always interpreted (e.g. `KERNELTUNE_PLATFORM=triton`
+    on a CPU).
+    """
+
+    interpret: bool = False
+
+    def _init_executor(self, executor: Any) -> None:
+        self.executor = executor
+
+    def inner_executor(self) -> Any:
+        """The executor for calls the kernel makes itself (e.g. its backward kernel):
+        the one it was bound to, else the default executor."""
+        if self.executor is not None:
+            return self.executor
+        from kerneltune._src.executor import default_executor
+
+        return default_executor()
+
+    def use_interpreter(self) -> bool:
+        return bool(self.interpret) or not on_gpu()
+
+
+_bound: dict[tuple[type, int], Any] = {}
+
+
+def kernel_for(cls: type[T], executor: Any) -> T:
+    """The instance of kernel class `cls` bound to `executor` (one per pair, so the
+    executor's per-kernel program caches keep working across calls)."""
+    key = (cls, id(executor))
+    found = _bound.get(key)
+    if found is None or found.executor is not executor:
+        found = cls(executor=executor)  # type: ignore[call-arg]
+        _bound[key] = found
+    return found

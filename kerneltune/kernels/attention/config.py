@@ -1,0 +1,211 @@
+"""Attention configs: `FwdParams` for the forward kernel and `BwdParams` for the
+backward kernel, each with a heuristic (JAX's defaults) and a pruned candidate space.
+
+The two passes are separate ops (`attention` and `attention_bwd`), tuned separately:
+the best forward blocks say little about the best backward blocks.
+
+`BwdParams` names the backward kernel's two block sizes as JAX's fused backward
+kernel uses them: `kv_blocksize` is the block of keys/values each program owns while
+accumulating dK/dV (and, because the kernel requires the same number of blocks, the
+block of queries it owns while accumulating dQ); `q_blocksize` is the block of queries
+its inner loop steps through for dK/dV (and the block of keys/values it steps through
+for dQ).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import numpy as np
+
+from kerneltune._src.params import BwdParams, FwdParams
+from kerneltune.kernels._common import (
+    MAX_REGISTERS_PER_THREAD,
+    Pruned,
+    next_power_of_2,
+    prune,
+    shared_memory_limit,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionProblem:
+    """q is `[batch, q_len, heads, head_dim]`, k and v `[batch, kv_len, heads, head_dim]`."""
+
+    batch: int
+    q_len: int
+    kv_len: int
+    heads: int
+    head_dim: int
+    dtype: np.dtype
+    causal: bool
+
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(self.dtype).itemsize
+
+    @property
+    def padded_head_dim(self) -> int:
+        return next_power_of_2(self.head_dim)
+
+
+# --- forward -----------------------------------------------------------------------
+
+
+def fwd_heuristic(p: AttentionProblem) -> FwdParams:
+    """JAX's defaults for `mha`: 128×128 blocks, 4 warps up to head dim 64 and 8
+    above, 2 stages (blocks shrink to the sequence for short ones)."""
+    return FwdParams(
+        q_blocksize=min(128, next_power_of_2(p.q_len)),
+        kv_blocksize=min(128, next_power_of_2(p.kv_len)),
+        num_warps=4 if p.head_dim <= 64 else 8,
+        num_stages=2,
+    )
+
+
+def fwd_shared_memory_bytes(p: AttentionProblem, c: FwdParams) -> int:
+    """The q tile stays resident; each pipeline stage holds a k and a v tile."""
+    d = p.padded_head_dim
+    assert c.q_blocksize and c.kv_blocksize and c.num_stages
+    return (c.q_blocksize * d + c.num_stages * 2 * c.kv_blocksize * d) * p.itemsize
+
+
+def fwd_rules(p: AttentionProblem, smem_limit: int | None = None):
+    limit = shared_memory_limit() if smem_limit is None else smem_limit
+    d = p.padded_head_dim
+
+    def divides(c: FwdParams) -> str | None:
+        if p.q_len % c.q_blocksize:  # type: ignore[operator]
+            return f"q_len={p.q_len} is not a multiple of q_blocksize={c.q_blocksize}"
+        if p.kv_len % c.kv_blocksize:  # type: ignore[operator]
+            return f"kv_len={p.kv_len} is not a multiple of kv_blocksize={c.kv_blocksize}"
+        return None
+
+    def fits_smem(c: FwdParams) -> str | None:
+        need = fwd_shared_memory_bytes(p, c)
+        if need > limit:
+            return f"needs {need // 1024} KiB of shared memory, more than the {limit // 1024} KiB available"
+        return None
+
+    def fits_registers(c: FwdParams) -> str | None:
+        # The float32 output accumulator and the q×k score tile live in registers.
+        regs = (c.q_blocksize * d + c.q_blocksize * c.kv_blocksize) // (32 * c.num_warps)  # type: ignore[operator]
+        if regs > MAX_REGISTERS_PER_THREAD:
+            return (
+                f"accumulator and score tile need {regs} registers per thread with "
+                f"{c.num_warps} warps (at most {MAX_REGISTERS_PER_THREAD}): they would spill"
+            )
+        if c.q_blocksize * c.kv_blocksize < 32 * c.num_warps * 4:  # type: ignore[operator]
+            return f"{c.num_warps} warps are too many for a {c.q_blocksize}×{c.kv_blocksize} score tile"
+        return None
+
+    return [divides, fits_smem, fits_registers]
+
+
+def fwd_candidates(p: AttentionProblem, smem_limit: int | None = None) -> tuple[list[FwdParams], list[Pruned[FwdParams]]]:
+    """Forward candidates that can fit, and the pruned ones with their reasons.
+
+    Example:
+      >>> import numpy as np
+      >>> p = AttentionProblem(4, 2048, 2048, 16, 128, np.dtype("bfloat16"), True)
+      >>> kept, pruned = fwd_candidates(p)
+      >>> fwd_heuristic(p) in kept, len(kept) > 10
+      (True, True)
+    """
+    blocks = (32, 64, 128)
+    space = [
+        FwdParams(q_blocksize=bq, kv_blocksize=bk, num_warps=w, num_stages=s)
+        for bq, bk, w, s in itertools.product(blocks, blocks, (4, 8), (1, 2, 3))
+        if bq <= max(16, p.q_len) and bk <= max(16, p.kv_len)
+    ]
+    kept, pruned = prune(space, fwd_rules(p, smem_limit), what=f"attention fwd {p}")
+    heuristic = fwd_heuristic(p)
+    if heuristic not in kept:
+        kept.insert(0, heuristic)
+    return kept, pruned
+
+
+def fwd_interpret_candidates(p: AttentionProblem) -> list[FwdParams]:
+    """A few block shapes for the Pallas interpreter (tests, the CPU demo)."""
+    out = [fwd_heuristic(p)]
+    for bq, bk in ((32, 32), (64, 32), (32, 64), (64, 64)):
+        c = FwdParams(q_blocksize=bq, kv_blocksize=bk, num_warps=4, num_stages=2)
+        if p.q_len % bq == 0 and p.kv_len % bk == 0 and c not in out:
+            out.append(c)
+    return out
+
+
+# --- backward ----------------------------------------------------------------------
+
+
+def bwd_heuristic(p: AttentionProblem) -> BwdParams:
+    """JAX's defaults for `mha`'s backward: 32×32 blocks and 4 warps."""
+    return BwdParams(
+        q_blocksize=min(32, next_power_of_2(p.q_len)),
+        kv_blocksize=min(32, next_power_of_2(p.kv_len)),
+        num_warps=4,
+        num_stages=None,
+    )
+
+
+def bwd_shared_memory_bytes(p: AttentionProblem, c: BwdParams) -> int:
+    """Resident k and v tiles (outer block) plus q and dout tiles (inner block), two
+    pipeline buffers each."""
+    d = p.padded_head_dim
+    assert c.q_blocksize and c.kv_blocksize
+    return (2 * c.kv_blocksize * d + 2 * 2 * c.q_blocksize * d) * p.itemsize
+
+
+def bwd_rules(p: AttentionProblem, smem_limit: int | None = None):
+    limit = shared_memory_limit() if smem_limit is None else smem_limit
+    d = p.padded_head_dim
+
+    def divides(c: BwdParams) -> str | None:
+        if p.kv_len % c.kv_blocksize or p.q_len % c.kv_blocksize:  # type: ignore[operator]
+            return f"the sequences ({p.q_len}, {p.kv_len}) are not multiples of kv_blocksize={c.kv_blocksize}"
+        if p.q_len % c.q_blocksize or p.kv_len % c.q_blocksize:  # type: ignore[operator]
+            return f"the sequences ({p.q_len}, {p.kv_len}) are not multiples of q_blocksize={c.q_blocksize}"
+        return None
+
+    def fits_smem(c: BwdParams) -> str | None:
+        need = bwd_shared_memory_bytes(p, c)
+        if need > limit:
+            return f"needs {need // 1024} KiB of shared memory, more than the {limit // 1024} KiB available"
+        return None
+
+    def fits_registers(c: BwdParams) -> str | None:
+        # dK and dV accumulators (outer block × head dim, float32) stay in registers.
+        regs = 2 * c.kv_blocksize * d // (32 * c.num_warps)  # type: ignore[operator]
+        if regs > MAX_REGISTERS_PER_THREAD:
+            return (
+                f"the dK/dV accumulators need {regs} registers per thread with "
+                f"{c.num_warps} warps (at most {MAX_REGISTERS_PER_THREAD}): they would spill"
+            )
+        return None
+
+    return [divides, fits_smem, fits_registers]
+
+
+def bwd_candidates(p: AttentionProblem, smem_limit: int | None = None) -> tuple[list[BwdParams], list[Pruned[BwdParams]]]:
+    """Backward candidates that can fit, and the pruned ones with their reasons.
+    (`num_stages` is left to the kernel: JAX's backward kernel fixes it.)"""
+    space = [
+        BwdParams(q_blocksize=bq, kv_blocksize=bk, num_warps=w)
+        for bq, bk, w in itertools.product((16, 32, 64), (32, 64, 128), (4, 8))
+        if bq <= bk
+    ]
+    kept, pruned = prune(space, bwd_rules(p, smem_limit), what=f"attention bwd {p}")
+    heuristic = bwd_heuristic(p)
+    if heuristic not in kept:
+        kept.insert(0, heuristic)
+    return kept, pruned
+
+
+def bwd_interpret_candidates(p: AttentionProblem) -> list[BwdParams]:
+    out = [bwd_heuristic(p)]
+    for bq, bk in ((16, 32), (32, 64), (16, 64)):
+        c = BwdParams(q_blocksize=bq, kv_blocksize=bk, num_warps=4)
+        if p.q_len % bk == 0 and p.kv_len % bk == 0 and c not in out:
+            out.append(c)
+    return out

@@ -1,0 +1,110 @@
+"""JAX's Pallas GPU attention (`jax.experimental.pallas.ops.gpu.attention.mha`) with
+the launch parameters chosen by kerneltune.
+
+The forward runs `mha(..., return_residuals=True)` for the output and log-sum-exp.
+The backward runs JAX's backward pass on those residuals with its own block sizes
+and warps, so forward and backward configs are independent. JAX keeps that backward
+entry point private (`_mha_backward`); when its signature is not the one expected,
+the backward falls back to differentiating `mha` itself with the backward config,
+which recomputes the forward (correct, slower), and logs that once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from typing import Any
+
+import jax
+
+from kerneltune._src.params import BwdParams, FwdParams
+from kerneltune.kernels._common import accepts, parameters
+
+logger = logging.getLogger("kerneltune")
+
+_BACKWARD_PARAMS = (
+    "sm_scale", "causal", "block_sizes", "backward_pass_impl", "num_warps", "num_stages",
+    "grid", "interpret", "debug", "return_residuals", "res", "do",
+)
+
+
+def _module() -> Any:
+    from jax.experimental.pallas.ops.gpu import attention
+
+    return attention
+
+
+def block_sizes(fwd: FwdParams | None = None, bwd: BwdParams | None = None) -> Any:
+    """JAX's `BlockSizes` from our params (JAX's defaults where ours are None)."""
+    cls = _module().BlockSizes
+    default = cls.get_default()
+    names = {f.name for f in dataclasses.fields(cls)}
+    values = {name: getattr(default, name) for name in names}
+    kv_name = "block_k" if "block_k" in names else "block_kv"
+    if fwd is not None:
+        values["block_q"] = fwd.q_blocksize or values["block_q"]
+        values[kv_name] = fwd.kv_blocksize or values[kv_name]
+    if bwd is not None:
+        outer, inner = bwd.kv_blocksize, bwd.q_blocksize
+        for name, value in (("block_q_dkv", inner), ("block_kv_dkv", outer),
+                            ("block_q_dq", outer), ("block_kv_dq", inner)):
+            if name in names and value is not None:
+                values[name] = value
+    return cls(**values)
+
+
+def _mha_kwargs(**kwargs: Any) -> dict[str, Any]:
+    mha = _module().mha
+    params = parameters(mha) or ()
+    return {k: v for k, v in kwargs.items() if k in params and v is not None}
+
+
+def mha_forward(
+    q: jax.Array, k: jax.Array, v: jax.Array, *, cfg: FwdParams, causal: bool, sm_scale: float,
+    interpret: bool, return_residuals: bool,
+) -> Any:
+    """`mha` with `cfg`'s blocks, warps and stages; with `return_residuals`, also the
+    base-2 log-sum-exp `[batch, heads, q_len]`."""
+    mha = _module().mha
+    if return_residuals and not accepts(mha, "return_residuals"):
+        raise NotImplementedError("this JAX's mha cannot return its residuals (return_residuals=)")
+    kwargs = _mha_kwargs(
+        sm_scale=sm_scale, causal=causal, block_sizes=block_sizes(cfg), num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, interpret=interpret,
+    )
+    if return_residuals:
+        kwargs["return_residuals"] = True
+    return mha(q, k, v, None, **kwargs)
+
+
+def mha_backward(
+    q: jax.Array, k: jax.Array, v: jax.Array, out: jax.Array, lse: jax.Array, dout: jax.Array,
+    *, cfg: BwdParams, causal: bool, sm_scale: float, interpret: bool,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """dq, dk, dv by JAX's Pallas backward kernel with `cfg`'s blocks and warps."""
+    module = _module()
+    sizes = block_sizes(FwdParams(q_blocksize=cfg.kv_blocksize, kv_blocksize=cfg.kv_blocksize), cfg)
+    backward = getattr(module, "_mha_backward", None)
+    if backward is not None and parameters(backward) == _BACKWARD_PARAMS:
+        dq, dk, dv, _ = backward(
+            sm_scale, causal, sizes, "triton", cfg.num_warps, cfg.num_stages or 2, None,
+            interpret, False, False, (q, k, v, None, out, lse), dout,
+        )
+        return dq, dk, dv
+    _warn_fallback_once(parameters(backward) if backward is not None else None)
+    kwargs = _mha_kwargs(
+        sm_scale=sm_scale, causal=causal, block_sizes=sizes, num_warps=cfg.num_warps,
+        interpret=interpret,
+    )
+    _, pullback = jax.vjp(lambda a, b, c: module.mha(a, b, c, None, **kwargs), q, k, v)
+    return pullback(dout)
+
+
+@functools.cache
+def _warn_fallback_once(found: Any) -> None:
+    logger.warning(
+        "kerneltune attention: JAX's mha backward entry point has changed (found %s); "
+        "the backward pass differentiates mha instead, recomputing the forward.",
+        found,
+    )

@@ -1,0 +1,91 @@
+"""The tiled matmul written in Pallas, lowered through Triton on GPUs.
+
+Each program computes one `bm × bn` tile of the output: it walks the shared dimension
+in steps of `bk`, multiplying a `bm × bk` slice of `x` by a `bk × bn` slice of `y` into
+a float32 accumulator (Triton pipelines those loads over `num_stages` buffers), and
+writes the tile once. Programs are numbered along one grid axis and mapped to tiles in
+groups of `group_m` tile rows, so that programs in flight together reuse the same rows
+of `x` and columns of `y` from L2.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from kerneltune.kernels._common import triton_compiler_params
+from kerneltune.kernels.matmul.config import MatmulConfig
+
+
+def _tile_kernel(x_ref, y_ref, o_ref, *, bk: int, steps: int):
+    def step(i, acc):
+        start = pl.multiple_of(i * bk, bk)
+        x = x_ref[:, pl.ds(start, bk)]
+        y = y_ref[pl.ds(start, bk), :]
+        # jnp.dot, not pl.dot: the latter is deprecated in JAX 0.11 and gone in 0.12.
+        return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
+
+    acc = jnp.zeros(o_ref.shape, jnp.float32)
+    acc = lax.fori_loop(0, steps, step, acc)
+    o_ref[...] = acc.astype(o_ref.dtype)
+
+
+def _grouped_tile(pid, tiles_m: int, tiles_n: int, group_m: int):
+    """(tile row, tile column) of program `pid` when tiles are visited in groups of
+    `group_m` rows, column by column inside a group."""
+    per_group = group_m * tiles_n
+    group = pid // per_group
+    first_row = group * group_m
+    rows_here = jnp.minimum(tiles_m - first_row, group_m)
+    within = pid % per_group
+    return first_row + within % rows_here, within // rows_here
+
+
+def _pad_to(a: jax.Array, multiples: tuple[int, int]) -> jax.Array:
+    pads = [(0, (-d) % m) for d, m in zip(a.shape, multiples)]
+    return jnp.pad(a, pads) if any(p for _, p in pads) else a
+
+
+def matmul_pallas(x: jax.Array, y: jax.Array, cfg: MatmulConfig, *, interpret: bool = False) -> jax.Array:
+    """`x @ y` for 2-D `x[m, k]` and `y[k, n]` of the same dtype, with `cfg`'s tiles.
+
+    Dimensions that the tiles do not divide are zero-padded (correct for a product,
+    but wasted work: the candidate space avoids such tiles).
+    """
+    m, k = x.shape
+    n = y.shape[1]
+    xp = _pad_to(x, (cfg.bm, cfg.bk))
+    yp = _pad_to(y, (cfg.bk, cfg.bn))
+    mp, kp = xp.shape
+    np_ = yp.shape[1]
+    tiles_m, tiles_n = mp // cfg.bm, np_ // cfg.bn
+    group_m = min(cfg.group_m, tiles_m)
+
+    def x_map(pid):
+        i, _ = _grouped_tile(pid, tiles_m, tiles_n, group_m)
+        return i, 0
+
+    def y_map(pid):
+        _, j = _grouped_tile(pid, tiles_m, tiles_n, group_m)
+        return 0, j
+
+    def o_map(pid):
+        return _grouped_tile(pid, tiles_m, tiles_n, group_m)
+
+    out = pl.pallas_call(
+        functools.partial(_tile_kernel, bk=cfg.bk, steps=kp // cfg.bk),
+        out_shape=jax.ShapeDtypeStruct((mp, np_), x.dtype),
+        grid=(tiles_m * tiles_n,),
+        in_specs=[pl.BlockSpec((cfg.bm, kp), x_map), pl.BlockSpec((kp, cfg.bn), y_map)],
+        out_specs=pl.BlockSpec((cfg.bm, cfg.bn), o_map),
+        compiler_params=None if interpret else triton_compiler_params(
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages
+        ),
+        interpret=interpret,
+        name="kerneltune_matmul",
+    )(xp, yp)
+    return out if (mp, np_) == (m, n) else out[:m, :n]

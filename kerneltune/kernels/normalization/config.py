@@ -1,0 +1,94 @@
+"""The normalizations' config, heuristic (JAX's) and candidate space."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import numpy as np
+
+from kerneltune._src.params import check_positive_power_of_two
+from kerneltune.kernels._common import Pruned, next_power_of_2, powers_of_2, prune
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NormConfig:
+    """Launch parameters of a row-wise normalization kernel (one program per row).
+
+    Attributes:
+      block_size: how many elements of the row each loop step loads.
+      num_warps: warps per program.
+
+    Example:
+      >>> NormConfig(block_size=1024, num_warps=4)
+      NormConfig(block_size=1024, num_warps=4)
+    """
+
+    block_size: int = 1024
+    num_warps: int = 4
+
+    def __post_init__(self) -> None:
+        check_positive_power_of_two("NormConfig", "block_size", self.block_size)
+        check_positive_power_of_two("NormConfig", "num_warps", self.num_warps)
+
+
+@dataclasses.dataclass(frozen=True)
+class NormProblem:
+    rows: int
+    n: int
+    dtype: np.dtype
+
+
+def heuristic(p: NormProblem) -> NormConfig:
+    """JAX's own choice: the row (at most 64 KiB of it, between 128 and 4096
+    elements) in one block, a warp per 256 elements (1 to 8)."""
+    block = min(65536 // np.dtype(p.dtype).itemsize, next_power_of_2(p.n))
+    block = min(max(block, 128), 4096)
+    return NormConfig(block_size=block, num_warps=min(max(block // 256, 1), 8))
+
+
+def rules(p: NormProblem):
+    def covers_row(c: NormConfig) -> str | None:
+        if c.block_size > max(128, next_power_of_2(p.n)):
+            return f"block_size={c.block_size} is larger than the row ({p.n}): masked lanes only"
+        return None
+
+    def threads(c: NormConfig) -> str | None:
+        per_thread = c.block_size // (32 * c.num_warps)
+        if per_thread < 1:
+            return f"{c.num_warps} warps have more threads than block_size={c.block_size} has elements"
+        if per_thread > 64:
+            return f"{per_thread} elements per thread per step with {c.num_warps} warps: register spills"
+        return None
+
+    return [covers_row, threads]
+
+
+def candidates(p: NormProblem) -> tuple[list[NormConfig], list[Pruned[NormConfig]]]:
+    """Candidates that make sense for rows of `p.n` elements, and the pruned ones.
+
+    Example:
+      >>> import numpy as np
+      >>> kept, _ = candidates(NormProblem(4096, 4096, np.dtype("bfloat16")))
+      >>> heuristic(NormProblem(4096, 4096, np.dtype("bfloat16"))) in kept
+      True
+    """
+    space = [
+        NormConfig(block_size=b, num_warps=w)
+        for b, w in itertools.product(powers_of_2(128, 8192), (1, 2, 4, 8, 16))
+    ]
+    kept, pruned = prune(space, rules(p), what=f"norm rows={p.rows} n={p.n}")
+    h = heuristic(p)
+    if h not in kept:
+        kept.insert(0, h)
+    return kept, pruned
+
+
+def interpret_candidates(p: NormProblem) -> list[NormConfig]:
+    """A few block sizes for the Pallas interpreter (tests, the CPU demo)."""
+    out = [heuristic(p)]
+    for b in (128, 256, 512):
+        c = NormConfig(block_size=b, num_warps=4)
+        if c not in out and b <= max(128, next_power_of_2(p.n)):
+            out.append(c)
+    return out

@@ -1,0 +1,34 @@
+"""Layer norm and RMS norm through XLA (statistics in float32)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def layer_norm_xla(x: jax.Array, weight: jax.Array, bias: jax.Array, *, eps: float) -> jax.Array:
+    """`(x − mean) / sqrt(var + eps) · weight + bias` over the last axis."""
+    xf = x.astype(jnp.float32)
+    mean = jnp.mean(xf, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
+    y = (xf - mean) * jax.lax.rsqrt(var + jnp.float32(eps))
+    return (y * weight.astype(jnp.float32) + bias.astype(jnp.float32)).astype(x.dtype)
+
+
+def rms_norm_xla(x: jax.Array, weight: jax.Array, *, eps: float) -> jax.Array:
+    """`x / sqrt(mean(x²) + eps) · weight` over the last axis."""
+    xf = x.astype(jnp.float32)
+    ms = jnp.mean(jnp.square(xf), axis=-1, keepdims=True)
+    return (xf * jax.lax.rsqrt(ms + jnp.float32(eps)) * weight.astype(jnp.float32)).astype(x.dtype)
+
+
+def layer_norm_reference(x, weight, bias, *, eps: float = 1e-5):
+    """Layer norm in float32 (differentiable by JAX): what tests compare with."""
+    f32 = jnp.float32
+    return layer_norm_xla(x.astype(f32), weight.astype(f32), bias.astype(f32), eps=eps)
+
+
+def rms_norm_reference(x, weight, *, eps: float = 1e-5):
+    """RMS norm in float32 (differentiable by JAX): what tests compare with."""
+    f32 = jnp.float32
+    return rms_norm_xla(x.astype(f32), weight.astype(f32), eps=eps)

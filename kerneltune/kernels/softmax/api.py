@@ -1,0 +1,98 @@
+"""`softmax`: the public function and its kernel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kerneltune._src.kernel import Invocation, Kernel
+from kerneltune.kernels._common import BundledKernelMixin, Pruned, kernel_for
+from kerneltune.kernels.softmax import config as config_lib
+from kerneltune.kernels.softmax.config import SoftmaxConfig, SoftmaxProblem
+from kerneltune.kernels.softmax.pallas_triton import softmax_pallas
+from kerneltune.kernels.softmax.reference import softmax_backward, softmax_xla
+
+
+def problem_of(inv: Invocation[Any, Any]) -> SoftmaxProblem:
+    x = inv.args[0]
+    return SoftmaxProblem(
+        rows=int(np.prod(x.shape[:-1], dtype=np.int64)), n=int(x.shape[-1]), dtype=np.dtype(x.dtype)
+    )
+
+
+class Softmax(BundledKernelMixin, Kernel[SoftmaxConfig, jax.Array]):
+    """Softmax over the last axis: JAX's Pallas GPU kernel with a tuned warp count on
+    GPUs, XLA elsewhere. Its gradient is computed from the output (`p · (g − Σ g·p)`)."""
+
+    op_id = "softmax"
+    version = "1"
+    config_type = SoftmaxConfig
+
+    def __init__(self, op_id: str | None = None, *, name: str | None = None, executor: Any = None) -> None:
+        super().__init__(op_id, name=name)
+        self._init_executor(executor)
+
+    def prepare(self, x: Any):
+        if getattr(x, "ndim", 0) < 1 or not jnp.issubdtype(x.dtype, jnp.floating):
+            raise ValueError(f"{self.op_id}: x must be a floating-point array with at least one dimension.")
+        return (x,), {}
+
+    def heuristic_cfg(self, inv: Invocation[Any, Any]) -> SoftmaxConfig:
+        return config_lib.heuristic(problem_of(inv))
+
+    def candidate_cfgs_triton(self, inv: Invocation[Any, Any]) -> list[SoftmaxConfig]:
+        if self.use_interpreter():
+            return config_lib.interpret_candidates(problem_of(inv))
+        return config_lib.candidates(problem_of(inv))[0]
+
+    def pruned_cfgs(self, inv: Invocation[Any, Any]) -> list[Pruned[SoftmaxConfig]]:
+        return config_lib.candidates(problem_of(inv))[1]
+
+    def run_triton(self, x, *, cfg: SoftmaxConfig):
+        return softmax_pallas(x, cfg=cfg, interpret=self.use_interpreter())
+
+    def run_xla(self, x, *, cfg: SoftmaxConfig):
+        return softmax_xla(x)
+
+    def fwd_with_residuals_triton(self, x, *, cfg: SoftmaxConfig):
+        return self.run_triton(x, cfg=cfg), None
+
+    def fwd_with_residuals_xla(self, x, *, cfg: SoftmaxConfig):
+        return self.run_xla(x, cfg=cfg), None
+
+    def vjp(self, residuals, out, dout, x, *, cfg: SoftmaxConfig):
+        return (softmax_backward(out, dout),)
+
+
+class SoftmaxInterpret(Softmax):
+    """`Softmax`'s Pallas path run by the Pallas interpreter on any device (tests, the
+    CPU demo; timings measure the interpreter)."""
+
+    op_id = "softmax-interpret"
+    interpret = True
+    run_xla = Softmax.run_triton
+    fwd_with_residuals_xla = Softmax.fwd_with_residuals_triton
+    candidate_cfgs_xla = Softmax.candidate_cfgs_triton
+
+
+def softmax(x: jax.Array, *, axis: int = -1, cfg: SoftmaxConfig | None = None, executor: Any = None) -> jax.Array:
+    """Softmax along `axis` with a tuned config (other axes than the last are moved
+    to the end and back).
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from kerneltune.kernels import softmax
+      >>> softmax(jnp.zeros((2, 4))).tolist()
+      [[0.25, 0.25, 0.25, 0.25], [0.25, 0.25, 0.25, 0.25]]
+    """
+    from kerneltune._src.executor import default_executor
+
+    ex = executor if executor is not None else default_executor()
+    axis = axis % x.ndim if x.ndim else 0
+    moved = axis != x.ndim - 1
+    xt = jnp.moveaxis(x, axis, -1) if moved else x
+    out = ex(kernel_for(Softmax, ex), xt, cfg=cfg)
+    return jnp.moveaxis(out, -1, axis) if moved else out

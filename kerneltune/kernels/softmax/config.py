@@ -1,0 +1,73 @@
+"""The softmax's config: JAX's Pallas softmax exposes one knob, its warp count."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from kerneltune._src.params import check_positive_power_of_two
+from kerneltune.kernels._common import Pruned, next_power_of_2, prune
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SoftmaxConfig:
+    """Launch parameters of JAX's Pallas softmax (one program per row; the whole row,
+    padded to a power of two, is loaded at once).
+
+    Example:
+      >>> SoftmaxConfig(num_warps=8)
+      SoftmaxConfig(num_warps=8)
+    """
+
+    num_warps: int = 4
+
+    def __post_init__(self) -> None:
+        check_positive_power_of_two("SoftmaxConfig", "num_warps", self.num_warps)
+
+
+@dataclasses.dataclass(frozen=True)
+class SoftmaxProblem:
+    rows: int
+    n: int
+    dtype: np.dtype
+
+
+def heuristic(p: SoftmaxProblem) -> SoftmaxConfig:
+    """JAX's default: 4 warps."""
+    return SoftmaxConfig(num_warps=4)
+
+
+def rules(p: SoftmaxProblem):
+    row = next_power_of_2(p.n)
+
+    def threads(c: SoftmaxConfig) -> str | None:
+        per_thread = row // (32 * c.num_warps)
+        if per_thread < 1:
+            return f"{c.num_warps} warps have more threads than the row ({row} padded) has elements"
+        if per_thread > 256:
+            return f"{per_thread} row elements per thread with {c.num_warps} warps: register spills"
+        return None
+
+    return [threads]
+
+
+def candidates(p: SoftmaxProblem) -> tuple[list[SoftmaxConfig], list[Pruned[SoftmaxConfig]]]:
+    """Warp counts that make sense for rows of `p.n` elements, and the pruned ones.
+
+    Example:
+      >>> import numpy as np
+      >>> kept, pruned = candidates(SoftmaxProblem(16, 64, np.dtype("float32")))
+      >>> [c.num_warps for c in kept], len(pruned)
+      ([1, 2], 4)
+    """
+    space = [SoftmaxConfig(num_warps=w) for w in (1, 2, 4, 8, 16, 32)]
+    kept, pruned = prune(space, rules(p), what=f"softmax rows={p.rows} n={p.n}")
+    if not kept:
+        kept = [heuristic(p)]
+    return kept, pruned
+
+
+def interpret_candidates(p: SoftmaxProblem) -> list[SoftmaxConfig]:
+    """The interpreter ignores warps: one candidate is enough to exercise the path."""
+    return [heuristic(p)]

@@ -1,0 +1,19 @@
+"""JAX's Pallas GPU softmax (`jax.experimental.pallas.ops.gpu.softmax.softmax`) with
+the warp count chosen by kerneltune."""
+
+from __future__ import annotations
+
+import jax
+
+from kerneltune.kernels._common import accepts
+from kerneltune.kernels.softmax.config import SoftmaxConfig
+
+
+def softmax_pallas(x: jax.Array, *, cfg: SoftmaxConfig, interpret: bool) -> jax.Array:
+    """Softmax over the last axis by JAX's Pallas kernel with `cfg.num_warps`."""
+    from jax.experimental.pallas.ops.gpu import softmax as module
+
+    kwargs = {"axis": -1, "interpret": interpret}
+    if accepts(module.softmax, "num_warps"):
+        kwargs["num_warps"] = cfg.num_warps
+    return module.softmax(x, **kwargs)
