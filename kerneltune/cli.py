@@ -16,6 +16,7 @@ import dataclasses
 import importlib
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 
 class CommandError(Exception):
@@ -30,12 +31,14 @@ class Command:
       help: the one-line help shown in `kerneltune --help`.
       run: "module:function"; the function takes the parsed `argparse.Namespace` and
         returns the exit status.
-      add_arguments: declares the command's arguments on its parser.
+      add_arguments: declares the command's arguments on its parser: a function, or
+        "module:function" when that module is cheap to import (the parser imports it
+        even when another command runs).
     """
 
     help: str
     run: str
-    add_arguments: Callable[[argparse.ArgumentParser], None] = lambda parser: None
+    add_arguments: Callable[[argparse.ArgumentParser], None] | str = lambda parser: None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,16 +130,16 @@ CACHE_COMMANDS: dict[str, Command] = {
     "prune": Command("remove old or out-of-date entries", f"{_CACHE}:prune", _prune_arguments),
 }
 
-# Top-level commands. To add one (demo, tune, report): write `run(args) -> int` in your
-# own module, declare its arguments in a small function above (or in your module, if
-# importing it is cheap), and add one line here.
+# Top-level commands. To add one (demo, report): write `run(args) -> int` in your own
+# module, declare its arguments in a small function above (or in your module, if
+# importing it is cheap: name it as "module:function"), and add one entry here.
 COMMANDS: dict[str, Command | Group] = {
     "info": Command("show the device, its fingerprint, the cache and versions", f"{_CACHE}:info"),
     "cache": Group("inspect, share and clean the persistent cache", CACHE_COMMANDS),
     "tune": Command(
         "tune the calls recorded in a manifest (or one shard of it)",
         "kerneltune._src.tune_cli:run",
-        lambda parser: _resolve("kerneltune._src.tune_cli:add_arguments")(parser),
+        "kerneltune._src.tune_cli:add_arguments",
     ),
 }
 
@@ -166,7 +169,10 @@ def _add_commands(
             _add_commands(sub, command.commands, f"{name} commands")
             sub.set_defaults(_usage=sub)
         else:
-            command.add_arguments(sub)
+            add_arguments = command.add_arguments
+            if isinstance(add_arguments, str):
+                add_arguments = _resolve(add_arguments)
+            add_arguments(sub)
             sub.set_defaults(_run=command.run, _usage=sub)
 
 
@@ -184,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _resolve(target: str) -> Callable[[argparse.Namespace], int]:
+def _resolve(target: str) -> Callable[..., Any]:
     module, _, name = target.partition(":")
     return getattr(importlib.import_module(module), name)
 

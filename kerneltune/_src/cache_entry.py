@@ -235,7 +235,7 @@ def relpath_of_document(doc: Any) -> str | None:
     """Where a (not yet validated) entry document belongs, or None without a key."""
     if not isinstance(doc, dict):
         return None
-    key = [doc.get(name) for name in ("dev", "op_id", "call_key")]
-    if not all(isinstance(k, str) for k in key):
+    dev, op_id, call_key = (doc.get(name) for name in ("dev", "op_id", "call_key"))
+    if not (isinstance(dev, str) and isinstance(op_id, str) and isinstance(call_key, str)):
         return None
-    return entry_relpath(*key)
+    return entry_relpath(dev, op_id, call_key)
