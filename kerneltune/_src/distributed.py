@@ -119,20 +119,23 @@ def _jax_client() -> Any:
 
 # -- rounds: the same key may be agreed on more than once ------------------------------
 
-_rounds: dict[str, int] = {}
+# Keyed by client and process id too, which changes nothing in a real job (one of each)
+# and lets tests run several simulated processes as threads of one.
+_rounds: dict[tuple[int, int, str], int] = {}
 _rounds_lock = threading.Lock()
 
 
-def _next_round(topic: str) -> int:
+def _next_round(peers: Peers, topic: str) -> int:
     with _rounds_lock:
-        return _rounds.get(topic, 0)
+        return _rounds.get((id(peers.client), peers.process_id, topic), 0)
 
 
-def _finish_round(topic: str, done: int) -> None:
+def _finish_round(peers: Peers, topic: str, done: int) -> None:
     # Advanced only after a round completes: a call that timed out and is retried
     # rejoins the same round, where late processes will look for it.
     with _rounds_lock:
-        _rounds[topic] = max(_rounds.get(topic, 0), done + 1)
+        key = (id(peers.client), peers.process_id, topic)
+        _rounds[key] = max(_rounds.get(key, 0), done + 1)
 
 
 def _topic_hash(*parts: str) -> str:
@@ -381,7 +384,7 @@ def agree(
     # The device is not part of the topic: processes on different device kinds must
     # still run one program, so they agree too (with a warning, below).
     topic = _topic_hash("tune", op_id_v, call_key)
-    round_ = _next_round(topic)
+    round_ = _next_round(peers, topic)
     mine = payload(report, op_id_v=op_id_v, device=dev, process_id=peers.process_id)
     raw = exchange(
         peers,
@@ -390,7 +393,7 @@ def agree(
         timeout_s=wait_s,
         what=what,
     )
-    _finish_round(topic, round_)
+    _finish_round(peers, topic, round_)
     payloads = {pid: json.loads(text) for pid, text in raw.items()}
     cfgs = [c.cfg for c in report.candidates]
     agreement = combine(payloads, cfgs)
@@ -541,7 +544,7 @@ def verify_agreement(
         )
     wait_s = _timeout(timeout_s)
     topic = _topic_hash("verify")
-    round_ = _next_round(topic)
+    round_ = _next_round(peers, topic)
     mine = json.dumps({"format": _FORMAT, "entries": sorted([*k, v] for k, v in entries.items())})
     raw = exchange(
         peers,
@@ -550,7 +553,7 @@ def verify_agreement(
         timeout_s=wait_s,
         what="verify_agreement()",
     )
-    _finish_round(topic, round_)
+    _finish_round(peers, topic, round_)
     held: dict[tuple[str, str], dict[str, list[int]]] = {}
     for pid, text in sorted(raw.items()):
         for op, call_key, cfg_text in json.loads(text)["entries"]:
