@@ -283,8 +283,9 @@ class Bench:
             return
         c.samples.append(seconds)
         c.calls = calls
-        if seconds > 0:
-            c.per_call_s = seconds
+        typical = statistics.median(c.samples)
+        if typical > 0:
+            c.per_call_s = typical
 
     def _calls_for(self, c: Candidate) -> int:
         target = self._settings.target_sample_s

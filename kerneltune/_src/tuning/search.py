@@ -19,8 +19,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
 
 
 @runtime_checkable
@@ -104,30 +106,37 @@ class SuccessiveHalving:
 
 @dataclasses.dataclass(frozen=True)
 class CoordinateDescent:
-    """Local search over the config's fields.
+    """Local search over the config's fields, guided by a simple model.
 
     Configs are dataclasses or mappings; a candidate's neighbours are the candidates
-    that differ from it in one field (radius 1) or two (radius 2). Starting from the
-    heuristic config plus `initial` candidates spread across the space, it moves to the
-    best config found and evaluates its unseen neighbours in one batch (they compile in
-    parallel), widening to radius 2 when radius 1 holds nothing faster.
+    that differ from it in one field (radius 1) or two (radius 2). It starts from the
+    heuristic config plus `initial` candidates spread across the space, then evaluates
+    batches (they compile in parallel) of unseen neighbours of the best few configs
+    found so far, most promising first, widening to radius 2 around the best when a
+    batch brings no improvement. "Promising" is the prediction of an additive model of
+    log-time over field values fitted to every result so far. It stops after
+    `patience` batches without improvement, or when the budget is spent.
 
     Args:
-      initial: how many spread-out candidates to start from (default: enough to keep
-        every compile thread busy once, at most a tenth of the space, at least 4).
+      initial: how many spread-out candidates to start from (default: at most a tenth of
+        the space, at least 4, at most the compile threads).
       max_evals: stop after this many candidates (default: `fraction` of the space).
       fraction: the default budget as a fraction of the space.
-      max_radius: how many fields may change at once when looking for a better config.
-      min_gain: a neighbour must be this much faster (relative) to move to it, so noise
-        does not make the search wander.
-      seed: for the spread-out sample and the order of radius-2 neighbours.
+      batch: candidates per step (all unseen neighbours of the best config are always
+        in a step, even beyond this).
+      top: neighbours of this many of the best configs are explored.
+      patience: batches without improvement before stopping.
+      min_gain: relative improvement that counts as one.
+      seed: for the spread-out sample.
     """
 
     initial: int | None = None
     max_evals: int | None = None
     fraction: float = 0.3
-    max_radius: int = 2
-    min_gain: float = 0.01
+    batch: int = 8
+    top: int = 3
+    patience: int = 2
+    min_gain: float = 0.005
     seed: int = 0
     name: str = "coordinate"
 
@@ -138,14 +147,13 @@ class CoordinateDescent:
         budget = self.max_evals if self.max_evals is not None else max(1, round(self.fraction * n))
         budget = min(n, max(budget, 1))
         rng = random.Random(self.seed)
-        initial = self.initial
-        if initial is None:
-            initial = min(ev.workers, max(4, n // 10))
-        start = ev.reference_index
-        first = spread_sample(points, max(1, min(initial, budget)), start=start, rng=rng)
+        initial = self.initial if self.initial is not None else min(ev.workers, max(4, n // 10))
+        batch = self.batch
+        first = spread_sample(
+            points, max(1, min(initial, budget)), start=ev.reference_index, rng=rng
+        )
         times: dict[int, float | None] = dict(ev.evaluate(first))
-        best = _best(times)
-        while best is None and len(times) < min(budget, n) and not ev.exhausted():
+        while not _ranked(times) and len(times) < budget and not ev.exhausted():
             # Everything so far failed (e.g. blocks too large for this shape): look
             # elsewhere before giving up.
             rest = [i for i in range(n) if i not in times]
@@ -153,27 +161,83 @@ class CoordinateDescent:
                 [points[i] for i in rest], min(initial, budget - len(times)), rng=rng
             )
             times.update(ev.evaluate([rest[j] for j in more]))
-            best = _best(times)
-        radius = 1
-        while best is not None and len(times) < budget and not ev.exhausted():
-            unseen = [i for i in neighbours(points, best, radius) if i not in times]
-            if radius > 1:
-                rng.shuffle(unseen)
-            unseen = unseen[: budget - len(times)]
-            if unseen:
-                times.update(ev.evaluate(unseen))
-            new_best = _best(times)
-            moved = (
-                new_best is not None
-                and new_best != best
-                and times[new_best] < times[best] * (1 - self.min_gain)  # type: ignore[operator]
-            )
-            if moved:
-                best, radius = new_best, 1
-            elif radius < self.max_radius:
-                radius += 1
-            else:
+        stall = 0
+        while len(times) < budget and not ev.exhausted() and stall < self.patience:
+            ranked = _ranked(times)
+            if not ranked:
                 break
+            best_time = times[ranked[0]]
+            # Every unseen neighbour of the best config (a local optimum must be one),
+            # then, most promising first, neighbours of the runners-up and configs two
+            # fields away from the best.
+            near = neighbours(points, ranked[0], 1)
+            must = _unseen(near, times)
+            # A neighbour that failed (say, too much shared memory) may be one more
+            # change away from a good config: its own neighbours come next.
+            failed = [i for i in near if i in times and times[i] is None]
+            repairs = _unseen((j for i in failed for j in neighbours(points, i, 1)), times, must)
+            extra = _unseen(
+                (j for i in ranked[1 : self.top] for j in neighbours(points, i, 1)),
+                times,
+                must + repairs,
+            )
+            if stall or not (must or repairs):
+                extra += _unseen(neighbours(points, ranked[0], 2), times, must + repairs + extra)
+            if not must and not repairs and not extra:
+                break
+            model = _AdditiveModel(points, times)
+            repairs.sort(key=lambda i: model.predict_point(points[i]))
+            extra.sort(key=lambda i: model.predict_point(points[i]))
+            room = budget - len(times)
+            step = (must + repairs + extra)[: max(len(must), min(batch, room))][:room]
+            times.update(ev.evaluate(step))
+            new_best = _best(times)
+            improved = new_best is not None and times[new_best] < best_time * (1 - self.min_gain)  # type: ignore[operator]
+            stall = 0 if improved else stall + 1
+
+
+def _unseen(
+    indices: Iterable[int], times: Mapping[int, Any], also: Sequence[int] = ()
+) -> list[int]:
+    skip = set(also)
+    return [i for i in dict.fromkeys(indices) if i not in times and i not in skip]
+
+
+class _AdditiveModel:
+    """log(time) ≈ sum over fields of an effect per field value, fitted by ridge least
+    squares to the configs evaluated so far."""
+
+    def __init__(
+        self, points: Sequence[tuple[tuple[str, Any], ...]], times: Mapping[int, float | None]
+    ) -> None:
+        self._index: dict[tuple[int, Any], int] = {}
+        for p in points:
+            for f, (_, v) in enumerate(p):
+                self._index.setdefault((f, v), len(self._index))
+        # Failures are left out: they come from combinations of values (a large tile
+        # with deep pipelining), which an additive model would blame on each value.
+        ok = {i: t for i, t in times.items() if t is not None and t > 0}
+        self._weights: np.ndarray | None = None
+        if not ok:
+            return
+        rows = [self._features(points[i]) for i in ok]
+        ys = [math.log(t) for t in ok.values()]
+        x, y = np.array(rows), np.array(ys)
+        mean = y.mean()
+        gram = x.T @ x + 0.5 * np.eye(x.shape[1])
+        self._weights = np.linalg.solve(gram, x.T @ (y - mean))
+        self._mean = mean
+
+    def _features(self, p: tuple[tuple[str, Any], ...]) -> np.ndarray:
+        row = np.zeros(len(self._index))
+        for f, (_, v) in enumerate(p):
+            row[self._index[(f, v)]] = 1.0
+        return row
+
+    def predict_point(self, p: tuple[tuple[str, Any], ...]) -> float:
+        if self._weights is None:
+            return 0.0
+        return float(self._features(p) @ self._weights + self._mean)
 
 
 def config_point(cfg: Any) -> tuple[tuple[str, Any], ...]:

@@ -278,8 +278,11 @@ class Tuner(Generic[Cfg]):
                     name or "a kernel",
                     zeros,
                 )
-            what = name or "kernel"
-            shapes = keys.describe_abstract(keys.abstractify((tuple(args), dict(kwargs))))
+            # The chain's name already carries the op and its shapes.
+            what = (
+                name
+                or f"kernel({keys.describe_abstract(keys.abstractify((tuple(args), dict(kwargs))))})"
+            )
             timer, timer_note = timing.choose_timer(self.timer)
             strategy = search.resolve_strategy(self.strategy, len(candidates), self.max_evals)
             progress = Progress(what, self.progress)
@@ -310,7 +313,7 @@ class Tuner(Generic[Cfg]):
                     heuristic_time_s=bench.reference_time(),
                     wall_s=time.perf_counter() - start,
                     strategy=strategy.name,
-                    name=f"{what} {shapes}".strip() if shapes else what,
+                    name=what,
                     timer_note=bench.timer_note or timer_note,
                     validated=bench.validated,
                 )

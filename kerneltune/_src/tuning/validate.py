@@ -147,10 +147,11 @@ def _count_unequal(a: jax.Array, b: jax.Array) -> jax.Array:
 
 @jax.jit
 def _float_stats(a: jax.Array, b: jax.Array) -> tuple[jax.Array, ...]:
+    # Explicit working types: strict dtype promotion has no bf16/f32 path.
     if jnp.issubdtype(a.dtype, jnp.complexfloating):
-        work = jnp.promote_types(a.dtype, jnp.complex64)
+        work = jnp.complex128 if a.dtype == jnp.complex128 else jnp.complex64
     else:
-        work = jnp.promote_types(a.dtype, jnp.float32)
+        work = jnp.float64 if a.dtype == jnp.float64 else jnp.float32
     a, b = a.astype(work), b.astype(work)
     nan_a, nan_b = jnp.any(jnp.isnan(a)), jnp.any(jnp.isnan(b))
     inf_a, inf_b = jnp.isinf(a), jnp.isinf(b)

@@ -1,0 +1,133 @@
+"""The public `benchmark` and `autotune` functions.
+
+`benchmark` times any JAX function the way the tuner does (jitted, warm-up excluded,
+device timer where there is one, median of samples); `autotune` tunes one kernel call
+and returns the winning config without touching any cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from kerneltune._src import dispatch
+from kerneltune._src.kernel import Kernel, make_invocation
+from kerneltune._src.kernel_types import Cfg
+from kerneltune._src.tuning.tuner import Tuner
+
+
+def benchmark(
+    fn: Callable[..., Any],
+    *args: Any,
+    num_warmup: int = 1,
+    num_iters: int = 10,
+    **kwargs: Any,
+) -> float:
+    """Median time of one call of `fn(*args, **kwargs)`, in **milliseconds**.
+
+    `fn` is jitted with the array leaves of the arguments as inputs (other leaves are
+    constants); compiling and `num_warmup` runs are excluded. Each of the `num_iters`
+    samples averages as many calls as take about a millisecond, and is device time
+    (CUPTI) on a CUDA GPU when available, wall time otherwise.
+
+    Args:
+      fn: a JAX-traceable function (a `Kernel` instance works too).
+      *args: its positional arguments, concrete.
+      num_warmup: untimed runs before sampling (at least one always runs).
+      num_iters: timed samples; the result is their median.
+      **kwargs: its keyword arguments.
+
+    Returns:
+      Milliseconds per call.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from kerneltune._src.benchmarking import benchmark
+      >>> ms = benchmark(jnp.sin, jnp.arange(1024.0), num_iters=3)
+      >>> 0 < ms < 1000
+      True
+    """
+    tuner: Tuner[Any] = Tuner(warmup=num_warmup, iters=num_iters)
+    return tuner.measure(fn, *args, **kwargs) * 1e3
+
+
+def autotune(
+    kernel: Kernel[Cfg, Any],
+    *args: Any,
+    configs: Iterable[Cfg] | None = None,
+    num_warmup: int = 1,
+    num_iters: int = 3,
+    tuner: Tuner[Any] | None = None,
+    **kwargs: Any,
+) -> Cfg:
+    """Tunes `kernel` for these arguments and returns the fastest config.
+
+    Candidates are `configs`, or the kernel's `candidate_cfgs`/`config_space` for this
+    platform. Each is compiled (in parallel), checked against the kernel's heuristic
+    config's output, and timed; nothing is written to any cache (wrap the result in
+    `cfg=` or an overlay to use it).
+
+    Args:
+      kernel: the kernel to tune.
+      *args: its positional arguments (concrete arrays; `ShapeDtypeStruct`s are
+        replaced by random data).
+      configs: the candidate configs (default: the kernel's candidate space).
+      num_warmup: untimed runs per candidate.
+      num_iters: timed samples per candidate.
+      tuner: a configured `Tuner` (strategy, budget, timer, ...); when given,
+        `num_warmup` and `num_iters` are ignored.
+      **kwargs: the kernel's keyword arguments.
+
+    Returns:
+      The winning config.
+
+    Raises:
+      TypeError: `kernel` is not a Kernel, or it defines no candidate space and no
+        `configs` were given.
+      ValueError: there are no candidates.
+      ExceptionGroup: every candidate failed (its exceptions name each one's error).
+    """
+    if not isinstance(kernel, Kernel):
+        raise TypeError(
+            f"autotune needs a kerneltune.Kernel instance, got {type(kernel).__qualname__}."
+        )
+    from kerneltune._src import selection
+
+    prepared = kernel.prepare(*args, **kwargs)
+    p_args, p_kwargs = tuple(prepared[0]), dict(prepared[1])
+    inv = make_invocation(kernel, p_args, p_kwargs)
+    if configs is None:
+        hook = dispatch.find_method(kernel, ("candidate_cfgs", "config_space"))
+        if hook is None:
+            raise TypeError(
+                f"kernel {kernel.op_id!r} ({type(kernel).__name__}) defines no "
+                "candidate_cfgs/config_space for this platform; pass configs=[...]."
+            )
+        configs = hook(inv)
+    candidates = list(configs)
+    if not candidates:
+        raise ValueError(f"autotune got no candidate configs for {inv.op_id_v}({inv.signature}).")
+    for i, cand in enumerate(candidates):
+        selection.check_config_type(kernel, inv, cand, f"candidate #{i}")
+    heuristic = selection.find_heuristic(kernel, inv)
+    t_args, t_kwargs = selection.concrete_inputs(kernel, inv)
+    if tuner is None:
+        tuner = Tuner(warmup=num_warmup, iters=num_iters)
+
+    def make_fn(cfg: Any) -> Callable[..., Any]:
+        return dispatch.kernel_function(kernel, cfg)
+
+    report = tuner.tune(
+        make_fn,
+        t_args,
+        t_kwargs,
+        candidates,
+        reference_cfg=heuristic,
+        name=f"{inv.op_id_v}({inv.signature})",
+    )
+    if report.best is None:
+        raise ExceptionGroup(
+            f"autotuning {inv.op_id_v}({inv.signature}): {report.describe_failures()}",
+            [RuntimeError(f"{c.cfg}: {c.status}: {c.error}") for c in report.failures],
+        )
+    return report.best

@@ -1,0 +1,218 @@
+"""Search strategies on a synthetic matmul-like space, and through the real Tuner."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import random
+
+import jax.numpy as jnp
+import pytest
+
+from kerneltune._src.tuning import search, timing
+from kerneltune._src.tuning.tuner import Tuner
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MM:
+    bm: int
+    bn: int
+    bk: int
+    warps: int
+    stages: int
+
+
+SPACE = [
+    MM(bm=bm, bn=bn, bk=bk, warps=w, stages=s)
+    for bm, bn, bk, w, s in itertools.product(
+        (64, 128, 256), (64, 128, 256), (32, 64), (4, 8), (2, 3, 4)
+    )
+]
+HEURISTIC = MM(bm=128, bn=128, bk=32, warps=4, stages=2)
+
+
+def synthetic_cost(cfg: MM, m=4096, n=4096, k=2048, roughness_seed=0) -> float | None:
+    """A matmul-like cost: waves of tiles over 132 units, tile efficiency growing with
+    tile area, warps that must match the tile, pipelining that helps until shared
+    memory runs out (then the config fails), and a few percent of per-config
+    roughness so the landscape is not perfectly smooth."""
+    smem = cfg.stages * (cfg.bm + cfg.bn) * cfg.bk * 2
+    if smem > 160 * 1024:
+        return None
+    tiles = math.ceil(m / cfg.bm) * math.ceil(n / cfg.bn)
+    waves = math.ceil(tiles / 132)
+    area = cfg.bm * cfg.bn
+    eff = min(1.0, area / (128 * 256)) ** 0.6
+    eff *= 1.0 if (cfg.warps == 8) == (area >= 128 * 256) else 0.75
+    eff *= {2: 0.8, 3: 0.95, 4: 1.0}[cfg.stages] * (1.0 if cfg.bk == 64 else 0.93)
+    jitter = random.Random(hash((roughness_seed, dataclasses.astuple(cfg)))).uniform(0.97, 1.03)
+    return waves * area * k / eff * jitter * 1e-12
+
+
+class FakeEvaluator:
+    """The Evaluator protocol over a cost function, counting evaluations."""
+
+    def __init__(self, cands, cost, reference=None, workers=8, max_evals=None):
+        self._cands = list(cands)
+        self._cost = cost
+        self.reference_index = self._cands.index(reference) if reference in self._cands else None
+        self.workers = workers
+        self.max_evals = max_evals
+        self.seen: dict[int, float | None] = {}
+        self.batches: list[list[int]] = []
+
+    @property
+    def candidates(self):
+        return self._cands
+
+    def evaluate(self, indices, rounds=None):
+        new = [i for i in dict.fromkeys(indices) if i not in self.seen]
+        if self.max_evals is not None:
+            new = new[: max(0, self.max_evals - len(self.seen))]
+        if new:
+            self.batches.append(new)
+        for i in new:
+            self.seen[i] = self._cost(self._cands[i])
+        return {i: self.seen[i] for i in indices if i in self.seen}
+
+    def exhausted(self):
+        return self.max_evals is not None and len(self.seen) >= self.max_evals
+
+
+def exhaustive_best(cost):
+    return min(c for c in (cost(c) for c in SPACE) if c is not None)
+
+
+@pytest.mark.parametrize("shape", [(4096, 4096, 2048), (8192, 1024, 4096), (1024, 1024, 8192)])
+def test_coordinate_descent_reaches_near_best_with_a_fraction(shape):
+    m, n, k = shape
+    regrets = []
+    for seed in range(10):
+
+        def cost(c, seed=seed):
+            return synthetic_cost(c, m, n, k, roughness_seed=seed)
+
+        ev = FakeEvaluator(SPACE, cost, reference=HEURISTIC, workers=16)
+        search.CoordinateDescent(seed=seed).search(ev)
+        found = min(t for t in ev.seen.values() if t is not None)
+        regrets.append(found / exhaustive_best(cost) - 1)
+        assert len(ev.seen) <= 0.3 * len(SPACE) + 1
+    # The roughness is ±3% per config, so "near" means within that band.
+    assert max(regrets) <= 0.06
+    assert sum(regrets) / len(regrets) <= 0.015
+
+
+def test_successive_halving_finds_the_best_and_times_few_for_long():
+    rounds_asked: dict[int, int] = {}
+
+    class Counting(FakeEvaluator):
+        def evaluate(self, indices, rounds=None):
+            for i in indices:
+                rounds_asked[i] = rounds_asked.get(i, 0) + (rounds or 3)
+            return super().evaluate(indices, rounds)
+
+    ev = Counting(SPACE, synthetic_cost)
+    search.SuccessiveHalving().search(ev)
+    best = min((i for i, t in ev.seen.items() if t is not None), key=lambda i: ev.seen[i])
+    assert ev.seen[best] == exhaustive_best(synthetic_cost)
+    heavy = [i for i, r in rounds_asked.items() if r > 1]
+    assert len(heavy) <= len(SPACE) // 3 + 1
+
+
+def test_exhaustive_evaluates_everything():
+    ev = FakeEvaluator(SPACE, synthetic_cost)
+    search.Exhaustive().search(ev)
+    assert len(ev.seen) == len(SPACE)
+
+
+def test_coordinate_descent_respects_the_evaluation_budget():
+    ev = FakeEvaluator(SPACE, synthetic_cost, reference=HEURISTIC, max_evals=10)
+    search.CoordinateDescent(max_evals=50).search(ev)
+    assert len(ev.seen) == 10
+    ev = FakeEvaluator(SPACE, synthetic_cost, reference=HEURISTIC)
+    search.CoordinateDescent(max_evals=12).search(ev)
+    assert len(ev.seen) <= 12
+
+
+def test_coordinate_descent_keeps_looking_when_the_start_fails():
+    def cost(c):
+        return None if c.bm != 64 else synthetic_cost(c)
+
+    ev = FakeEvaluator(
+        SPACE, cost, reference=MM(bm=256, bn=256, bk=64, warps=8, stages=4), workers=4
+    )
+    search.CoordinateDescent(initial=4).search(ev)
+    assert any(t is not None for t in ev.seen.values())
+
+
+def test_spread_sample_and_neighbours():
+    points = [search.config_point(c) for c in SPACE]
+    start = SPACE.index(HEURISTIC)
+    picked = search.spread_sample(points, 6, start=start, rng=random.Random(0))
+    assert picked[0] == start and len(set(picked)) == 6
+    near = search.neighbours(points, start, 1)
+    assert len(near) == 2 + 2 + 1 + 1 + 2
+    assert all(sum(a != b for a, b in zip(points[i], points[start])) == 1 for i in near)
+    assert search.config_point({"b": 1, "a": 2}) == (("a", 2), ("b", 1))
+    assert search.config_point(7) == (("cfg", 7),)
+
+
+def test_resolve_strategy():
+    assert search.resolve_strategy("auto", 10, None).name == "exhaustive"
+    assert search.resolve_strategy("auto", 500, None).name == "coordinate"
+    assert search.resolve_strategy("auto", 10, 5).name == "coordinate"
+    assert search.resolve_strategy("halving", 10, None).name == "halving"
+    custom = search.Exhaustive()
+    assert search.resolve_strategy(custom, 10, None) is custom
+    with pytest.raises(ValueError, match="strategy"):
+        search.resolve_strategy("bayes", 10, None)
+
+
+class CostFromOutput:
+    """A timer reporting the synthetic cost each candidate computes into its output, so
+    the real Tuner can be driven over a synthetic landscape quickly."""
+
+    name = "synthetic"
+
+    def sample(self, fn, arg_sets, calls, start):
+        return float(fn(*arg_sets[0])[0])
+
+
+def synthetic_make_fn(cfg):
+    cost = synthetic_cost(cfg)
+    if cost is None:
+        raise ValueError("shared memory exceeded")
+    return lambda x: x * 0.0 + cost
+
+
+@pytest.mark.parametrize("strategy", ["coordinate", "halving"])
+def test_budgeted_search_through_the_tuner(strategy):
+    x = jnp.ones((4,), jnp.float32)
+    assert isinstance(CostFromOutput(), timing.Timer)
+    exhaustive = Tuner(
+        timer=CostFromOutput(), strategy="exhaustive", validate=False, progress=False
+    )
+    full = exhaustive.tune(synthetic_make_fn, (x,), {}, SPACE, reference_cfg=HEURISTIC)
+    budgeted = Tuner(timer=CostFromOutput(), strategy=strategy, validate=False, progress=False)
+    part = budgeted.tune(synthetic_make_fn, (x,), {}, SPACE, reference_cfg=HEURISTIC)
+    assert part.strategy == strategy
+    assert part.best_time_s <= full.best_time_s * 1.03
+    if strategy == "coordinate":
+        assert part.num_evaluated <= 0.4 * len(SPACE)
+        assert sum(c.status == "pruned" for c in part.candidates) >= 0.6 * len(SPACE)
+    assert full.num_evaluated == len(SPACE)
+    failed = [c for c in full.candidates if c.status == "compile_error"]
+    assert failed and all("shared memory" in c.error for c in failed)
+
+
+def test_time_budget_stops_starting_candidates():
+    x = jnp.ones((4,), jnp.float32)
+    tuner = Tuner(
+        timer=CostFromOutput(), strategy="exhaustive", validate=False, progress=False, max_evals=7
+    )
+    report = tuner.tune(synthetic_make_fn, (x,), {}, SPACE)
+    assert report.num_evaluated == 7
+    tiny = Tuner(timer=CostFromOutput(), validate=False, progress=False, time_budget_s=1e-9)
+    report = tiny.tune(synthetic_make_fn, (x,), {}, SPACE[:5])
+    assert report.best is None and report.num_evaluated == 0

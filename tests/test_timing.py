@@ -1,0 +1,184 @@
+"""Timers: the wall clock, CUPTI's result shapes, and falling back when CUPTI is unsafe."""
+
+from __future__ import annotations
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from kerneltune._src.tuning import timing
+from kerneltune._src.tuning.tuner import Tuner
+
+
+@pytest.fixture
+def fresh_profiler_state(monkeypatch):
+    """Isolates the process-wide 'the profiler was used' and 'CUPTI broke' records."""
+    monkeypatch.setattr(timing, "_profiler_seen", threading.Event())
+    monkeypatch.setattr(timing, "_cupti_broken", [])
+    for var in timing._CUPTI_INJECTION_VARIABLES:
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture
+def on_gpu(monkeypatch):
+    """Pretends the default device is a CUDA GPU, so the timer choice can be tested."""
+    monkeypatch.setattr(timing, "default_platform", lambda: "gpu")
+
+
+def compiled_square():
+    x = jnp.arange(4096.0)
+    return jax.jit(lambda v: v * v).lower(x).compile(), x
+
+
+def test_wallclock_timer_amortises_calls():
+    fn, x = compiled_square()
+    timer = timing.WallClockTimer()
+    assert isinstance(timer, timing.Timer)
+    one = timer.sample(fn, [[x]], 1, 0)
+    many = timer.sample(fn, [[x], [x + 1]], 200, 0)
+    assert one > 0 and many > 0
+    assert many < one * 5  # per-call time, not total
+
+
+def test_auto_uses_the_wall_clock_on_cpu():
+    timer, note = timing.choose_timer("auto")
+    assert timer.name == "wallclock" and note is None
+    timer, note = timing.choose_timer("cupti")
+    assert timer.name == "wallclock" and "CUDA GPU" in note
+    custom = timing.WallClockTimer()
+    assert timing.choose_timer(custom) == (custom, None)
+    with pytest.raises(ValueError, match="timer"):
+        timing.choose_timer("events")
+
+
+def test_cupti_is_not_used_while_a_profiler_trace_is_active(tmp_path, fresh_profiler_state, on_gpu):
+    assert timing.profiler_conflict() is None
+    jax.profiler.start_trace(str(tmp_path))
+    try:
+        assert timing.profiler_conflict() == "a JAX profiler trace is active"
+        timer, note = timing.choose_timer("auto")
+        assert timer.name == "wallclock" and "trace is active" in note
+        # The tuner still tunes, with the wall clock, and reports why.
+        x = jnp.ones((64,), jnp.float32)
+        report = Tuner(progress=False).tune(lambda k: lambda v: v * k, (x,), {}, [1.0, 2.0])
+        assert report.best is not None and report.timer == "wallclock"
+        assert "trace is active" in report.timer_note
+    finally:
+        jax.profiler.stop_trace()
+    # Once stopped, JAX's own state forgets the trace; CUPTI is still unsafe.
+    assert timing.profiler_conflict() == "the JAX profiler was used earlier in this process"
+
+
+def test_profiler_used_through_the_context_manager_is_remembered(tmp_path, fresh_profiler_state):
+    with jax.profiler.trace(str(tmp_path)):
+        jnp.ones(3).block_until_ready()
+    assert "used earlier" in timing.profiler_conflict()
+
+
+def test_an_attached_cupti_tool_disables_cupti(monkeypatch, fresh_profiler_state, on_gpu):
+    monkeypatch.setenv("CUDA_INJECTION64_PATH", "/opt/nsight/libinjection.so")
+    timer, note = timing.choose_timer("auto")
+    assert timer.name == "wallclock" and "CUDA_INJECTION64_PATH" in note
+
+
+@pytest.mark.parametrize(
+    "timings, expected",
+    [
+        (None, []),
+        (1.5, [1.5]),
+        ([1.0, 2.0], [1.0, 2.0]),
+        ([("k1", 1.0), ("k2", 0.5)], [1.5]),
+        ([[("k1", 1.0), ("k2", 0.5)], [("k1", 2.0), ("k2", 0.5)]], [1.5, 2.5]),
+    ],
+)
+def test_cupti_results_of_every_shape_are_read(timings, expected):
+    assert timing._timings_ms(timings) == expected
+
+
+def fake_measure_api(monkeypatch, measure, takes_iterations=True):
+    monkeypatch.setattr(timing, "_measure_api", lambda: (measure, takes_iterations, {}))
+
+
+def test_cupti_timer_reads_device_time(monkeypatch):
+    def measure(f, *, iterations=1):
+        def run(*args):
+            return f(*args), [2.0] * iterations  # 2 ms per call
+
+        return run
+
+    fake_measure_api(monkeypatch, measure)
+    fn, x = compiled_square()
+    assert timing.CuptiTimer().sample(fn, [[x]], 4, 0) == pytest.approx(2e-3)
+
+    def measure_once(f):
+        return lambda *args: (f(*args), 3.0)
+
+    fake_measure_api(monkeypatch, measure_once, takes_iterations=False)
+    assert timing.CuptiTimer().sample(fn, [[x]], 2, 0) == pytest.approx(3e-3)
+
+
+def test_cupti_failures_become_timer_failures_but_function_errors_propagate(monkeypatch):
+    fn, x = compiled_square()
+
+    def broken(f, *, iterations=1):
+        def run(*args):
+            raise RuntimeError("CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED")
+
+        return run
+
+    fake_measure_api(monkeypatch, broken)
+    with pytest.raises(timing.TimerFailed, match="CUPTI"):
+        timing.CuptiTimer().sample(fn, [[x]], 1, 0)
+
+    def oom(f, *, iterations=1):
+        def run(*args):
+            raise RuntimeError("RESOURCE_EXHAUSTED: out of memory allocating 4GiB")
+
+        return run
+
+    fake_measure_api(monkeypatch, oom)
+    with pytest.raises(RuntimeError, match="RESOURCE_EXHAUSTED"):
+        timing.CuptiTimer().sample(fn, [[x]], 1, 0)
+
+    fake_measure_api(monkeypatch, lambda f, iterations=1: lambda *a: (f(*a), None))
+    with pytest.raises(timing.TimerFailed, match="no kernel"):
+        timing.CuptiTimer().sample(fn, [[x]], 1, 0)
+
+
+class FailingTimer:
+    """A device timer that breaks after a few samples, as CUPTI can."""
+
+    name = "cupti"
+
+    def __init__(self, after: int) -> None:
+        self.left = after
+
+    def sample(self, fn, arg_sets, calls, start):
+        if self.left <= 0:
+            raise timing.TimerFailed("CUPTI measurement failed: activity buffer error")
+        self.left -= 1
+        return timing.WallClockTimer().sample(fn, arg_sets, calls, start)
+
+
+def test_a_timer_that_breaks_midway_falls_back_and_remeasures(fresh_profiler_state):
+    x = jax.random.normal(jax.random.PRNGKey(0), (64, 64), jnp.float32)
+
+    def make_fn(k):
+        def f(v):
+            y = v
+            for _ in range(k):
+                y = jnp.tanh(y @ v)
+            return v + y * 0.0
+
+        return f
+
+    report = Tuner(timer=FailingTimer(after=3), progress=False, target_sample_s=5e-4).tune(
+        make_fn, (x,), {}, [8, 1, 4], reference_cfg=4
+    )
+    assert report.timer == "wallclock"
+    assert "fell back to the wall clock" in report.timer_note
+    assert report.best == 1
+    assert all(c.ok and len(c.samples_s) >= 1 for c in report.candidates)
+    assert "activity buffer" in timing.profiler_conflict()

@@ -1,0 +1,100 @@
+"""The public `benchmark` and `autotune(kernel, ...)` functions."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from kerneltune._src.benchmarking import autotune, benchmark
+from kerneltune._src.kernel import Kernel
+from kerneltune._src.tuning.tuner import Tuner
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ChainCfg:
+    reps: int
+
+
+class Chain(Kernel):
+    """`reps` chained products whose result does not depend on `reps`; `reps=0` is a
+    config this kernel refuses, `reps=-1` a wrong one."""
+
+    op_id = "chain"
+
+    def run(self, x, *, cfg, scale=1.0):
+        if cfg.reps == 0:
+            raise ValueError("reps must be positive")
+        if cfg.reps < 0:
+            return x @ x * (scale + 0.5)
+        out = x @ x
+        y = out
+        for _ in range(cfg.reps - 1):
+            y = jnp.tanh(y @ x)
+        return (out + y * 0.0) * scale
+
+    def heuristic_cfg(self, inv):
+        return ChainCfg(reps=4)
+
+    def candidate_cfgs(self, inv):
+        return [ChainCfg(reps=r) for r in (8, 0, -1, 1, 4)]
+
+
+class NoSpace(Kernel):
+    op_id = "nospace"
+
+    def run(self, x, *, cfg):
+        return x
+
+    def heuristic_cfg(self, inv):
+        return ChainCfg(reps=1)
+
+
+def data(n=96):
+    return jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+
+
+def test_benchmark_returns_milliseconds():
+    x = data()
+    ms = benchmark(lambda a: a @ a, x, num_warmup=1, num_iters=3)
+    s = Tuner(iters=3).measure(lambda a: a @ a, x)
+    assert 0 < ms < 100
+    assert 0.05 < ms / (s * 1e3) < 20  # same quantity, in milliseconds
+
+
+def test_benchmark_passes_keyword_arguments_and_statics():
+    x = data()
+    assert benchmark(lambda a, *, n: a * n, x, n=3, num_iters=2) > 0
+
+
+def test_autotune_uses_the_kernels_space_and_rejects_bad_candidates():
+    assert autotune(Chain(), data(), num_iters=3) == ChainCfg(reps=1)
+
+
+def test_autotune_with_explicit_configs_and_kwargs():
+    cfg = autotune(Chain(), data(), configs=[ChainCfg(reps=6), ChainCfg(reps=2)], scale=2.0)
+    assert cfg == ChainCfg(reps=2)
+
+
+def test_autotune_with_a_configured_tuner():
+    tuner = Tuner(strategy="exhaustive", iters=2, progress=False)
+    assert autotune(Chain(), data(), tuner=tuner) == ChainCfg(reps=1)
+
+
+def test_autotune_raises_when_every_candidate_fails():
+    with pytest.raises(ExceptionGroup, match="candidates failed") as info:
+        autotune(Chain(), data(), configs=[ChainCfg(reps=0), ChainCfg(reps=-1)])
+    assert any("reps must be positive" in str(e) for e in info.value.exceptions)
+
+
+def test_autotune_argument_errors():
+    with pytest.raises(TypeError, match="Kernel instance"):
+        autotune(lambda x: x, data())
+    with pytest.raises(TypeError, match="candidate_cfgs/config_space"):
+        autotune(NoSpace(), data())
+    with pytest.raises(ValueError, match="no candidate"):
+        autotune(Chain(), data(), configs=[])
+    with pytest.raises(TypeError, match="ChainCfg"):
+        autotune(Chain(), data(), configs=[{"reps": 1}])
