@@ -25,8 +25,14 @@ T = TypeVar("T")
 #: Shared memory one thread block may use on Hopper (H100, H200): 227 KiB.
 HOPPER_SMEM_BYTES = 227 * 1024
 #: Ampere A100: 163 KiB; other GPUs: a conservative 99 KiB.
-_SMEM_BY_KIND = (("h100", HOPPER_SMEM_BYTES), ("h200", HOPPER_SMEM_BYTES), ("h800", HOPPER_SMEM_BYTES),
-                 ("gh200", HOPPER_SMEM_BYTES), ("a100", 163 * 1024), ("a800", 163 * 1024))
+_SMEM_BY_KIND = (
+    ("h100", HOPPER_SMEM_BYTES),
+    ("h200", HOPPER_SMEM_BYTES),
+    ("h800", HOPPER_SMEM_BYTES),
+    ("gh200", HOPPER_SMEM_BYTES),
+    ("a100", 163 * 1024),
+    ("a800", 163 * 1024),
+)
 _DEFAULT_SMEM_BYTES = 99 * 1024
 #: 32-bit registers one thread may hold.
 MAX_REGISTERS_PER_THREAD = 255
@@ -100,8 +106,7 @@ def _triton_params_class() -> type:
         if isinstance(cls, type):
             return cls
     raise ImportError(
-        "this JAX has no Triton compiler-parameter class for Pallas; looked for "
-        + ", ".join(tried)
+        "this JAX has no Triton compiler-parameter class for Pallas; looked for " + ", ".join(tried)
     )
 
 
@@ -139,7 +144,9 @@ class Pruned(Generic[T]):
 Rule = Callable[[T], "str | None"]
 
 
-def prune(candidates: Iterable[T], rules: Sequence[Rule[T]], *, what: str) -> tuple[list[T], list[Pruned[T]]]:
+def prune(
+    candidates: Iterable[T], rules: Sequence[Rule[T]], *, what: str
+) -> tuple[list[T], list[Pruned[T]]]:
     """Splits `candidates` into those every rule accepts and those some rule rejects.
 
     A rule returns None to accept a candidate, or the reason to reject it; the first

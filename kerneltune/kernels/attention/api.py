@@ -24,15 +24,22 @@ def problem_of(inv: Invocation[Any, Any]) -> AttentionProblem:
     q, k = inv.args[0], inv.args[1]
     b, tq, h, d = (int(s) for s in q.shape)
     return AttentionProblem(
-        batch=b, q_len=tq, kv_len=int(k.shape[1]), heads=h, head_dim=d,
-        dtype=np.dtype(q.dtype), causal=bool(inv.kwargs.get("causal", False)),
+        batch=b,
+        q_len=tq,
+        kv_len=int(k.shape[1]),
+        heads=h,
+        head_dim=d,
+        dtype=np.dtype(q.dtype),
+        causal=bool(inv.kwargs.get("causal", False)),
     )
 
 
 def _check_qkv(op: str, q: Any, k: Any, v: Any) -> None:
     shapes = [getattr(a, "shape", None) for a in (q, k, v)]
     if any(s is None or len(s) != 4 for s in shapes):
-        raise ValueError(f"{op}: q, k and v must be [batch, seq, heads, head_dim], got shapes {shapes}.")
+        raise ValueError(
+            f"{op}: q, k and v must be [batch, seq, heads, head_dim], got shapes {shapes}."
+        )
     (b, _, h, d), (bk, tk, hk, dk), vs = shapes
     if (bk, hk, dk) != (b, h, d) or tuple(vs) != (bk, tk, hk, dk):
         raise ValueError(
@@ -41,7 +48,9 @@ def _check_qkv(op: str, q: Any, k: Any, v: Any) -> None:
         )
     dtypes = {np.dtype(a.dtype) for a in (q, k, v)}
     if len(dtypes) != 1 or not jnp.issubdtype(next(iter(dtypes)), jnp.floating):
-        raise TypeError(f"{op}: q, k and v must share one floating dtype, got {[str(a.dtype) for a in (q, k, v)]}.")
+        raise TypeError(
+            f"{op}: q, k and v must share one floating dtype, got {[str(a.dtype) for a in (q, k, v)]}."
+        )
 
 
 class Attention(BundledKernelMixin, Kernel[FwdParams, jax.Array]):
@@ -63,12 +72,16 @@ class Attention(BundledKernelMixin, Kernel[FwdParams, jax.Array]):
     config_type = FwdParams
     backward_type: ClassVar[type[AttentionBackward]]
 
-    def __init__(self, op_id: str | None = None, *, name: str | None = None, executor: Any = None) -> None:
+    def __init__(
+        self, op_id: str | None = None, *, name: str | None = None, executor: Any = None
+    ) -> None:
         super().__init__(op_id, name=name)
         self._init_executor(executor)
         self.backward = self.backward_type(executor=executor)
 
-    def prepare(self, q: Any, k: Any, v: Any, *, causal: bool = False, sm_scale: float | None = None):
+    def prepare(
+        self, q: Any, k: Any, v: Any, *, causal: bool = False, sm_scale: float | None = None
+    ):
         _check_qkv(self.op_id, q, k, v)
         scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
         return (q, k, v), {"causal": bool(causal), "sm_scale": scale}
@@ -86,12 +99,28 @@ class Attention(BundledKernelMixin, Kernel[FwdParams, jax.Array]):
         return config_lib.fwd_candidates(problem_of(inv))[1]
 
     def run_triton(self, q, k, v, *, cfg: FwdParams, causal: bool, sm_scale: float) -> jax.Array:
-        return mha_forward(q, k, v, cfg=cfg, causal=causal, sm_scale=sm_scale,
-                           interpret=self.use_interpreter(), return_residuals=False)
+        return mha_forward(
+            q,
+            k,
+            v,
+            cfg=cfg,
+            causal=causal,
+            sm_scale=sm_scale,
+            interpret=self.use_interpreter(),
+            return_residuals=False,
+        )
 
     def fwd_with_residuals_triton(self, q, k, v, *, cfg: FwdParams, causal: bool, sm_scale: float):
-        out, lse = mha_forward(q, k, v, cfg=cfg, causal=causal, sm_scale=sm_scale,
-                               interpret=self.use_interpreter(), return_residuals=True)
+        out, lse = mha_forward(
+            q,
+            k,
+            v,
+            cfg=cfg,
+            causal=causal,
+            sm_scale=sm_scale,
+            interpret=self.use_interpreter(),
+            return_residuals=True,
+        )
         return out, lse
 
     def run_xla(self, q, k, v, *, cfg: FwdParams, causal: bool, sm_scale: float) -> jax.Array:
@@ -102,7 +131,15 @@ class Attention(BundledKernelMixin, Kernel[FwdParams, jax.Array]):
 
     def vjp(self, lse, out, dout, q, k, v, *, cfg: FwdParams, causal: bool, sm_scale: float):
         return self.inner_executor()(
-            self.backward, q, k, v, out, lse, dout.astype(out.dtype), causal=causal, sm_scale=sm_scale
+            self.backward,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            dout.astype(out.dtype),
+            causal=causal,
+            sm_scale=sm_scale,
         )
 
 
@@ -120,17 +157,25 @@ class AttentionBackward(BundledKernelMixin, Kernel[BwdParams, tuple]):
     config_type = BwdParams
     forward_type: ClassVar[type[Attention]]
 
-    def __init__(self, op_id: str | None = None, *, name: str | None = None, executor: Any = None) -> None:
+    def __init__(
+        self, op_id: str | None = None, *, name: str | None = None, executor: Any = None
+    ) -> None:
         super().__init__(op_id, name=name)
         self._init_executor(executor)
 
-    def prepare(self, q, k, v, out, lse, dout, *, causal: bool = False, sm_scale: float | None = None):
+    def prepare(
+        self, q, k, v, out, lse, dout, *, causal: bool = False, sm_scale: float | None = None
+    ):
         _check_qkv(self.op_id, q, k, v)
         b, tq, h, _ = q.shape
         if tuple(out.shape) != tuple(q.shape) or tuple(dout.shape) != tuple(q.shape):
-            raise ValueError(f"{self.op_id}: out and dout must be shaped like q {q.shape}, got {out.shape} and {dout.shape}.")
+            raise ValueError(
+                f"{self.op_id}: out and dout must be shaped like q {q.shape}, got {out.shape} and {dout.shape}."
+            )
         if tuple(lse.shape) != (b, h, tq):
-            raise ValueError(f"{self.op_id}: lse must be [batch, heads, q_len] = {(b, h, tq)}, got {lse.shape}.")
+            raise ValueError(
+                f"{self.op_id}: lse must be [batch, heads, q_len] = {(b, h, tq)}, got {lse.shape}."
+            )
         scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
         return (q, k, v, out, lse, dout), {"causal": bool(causal), "sm_scale": scale}
 
@@ -158,8 +203,18 @@ class AttentionBackward(BundledKernelMixin, Kernel[BwdParams, tuple]):
         return (q, k, v, out, lse, dout), dict(inv.kwargs)
 
     def run_triton(self, q, k, v, out, lse, dout, *, cfg: BwdParams, causal: bool, sm_scale: float):
-        return mha_backward(q, k, v, out, lse, dout, cfg=cfg, causal=causal, sm_scale=sm_scale,
-                            interpret=self.use_interpreter())
+        return mha_backward(
+            q,
+            k,
+            v,
+            out,
+            lse,
+            dout,
+            cfg=cfg,
+            causal=causal,
+            sm_scale=sm_scale,
+            interpret=self.use_interpreter(),
+        )
 
     def run_xla(self, q, k, v, out, lse, dout, *, cfg: BwdParams, causal: bool, sm_scale: float):
         return attention_backward_xla(q, k, v, out, lse, dout, causal=causal, sm_scale=sm_scale)

@@ -103,7 +103,9 @@ def fwd_rules(p: AttentionProblem, smem_limit: int | None = None):
     return [divides, fits_smem, fits_registers]
 
 
-def fwd_candidates(p: AttentionProblem, smem_limit: int | None = None) -> tuple[list[FwdParams], list[Pruned[FwdParams]]]:
+def fwd_candidates(
+    p: AttentionProblem, smem_limit: int | None = None
+) -> tuple[list[FwdParams], list[Pruned[FwdParams]]]:
     """Forward candidates that can fit, and the pruned ones with their reasons.
 
     Example:
@@ -129,7 +131,7 @@ def fwd_candidates(p: AttentionProblem, smem_limit: int | None = None) -> tuple[
 def fwd_interpret_candidates(p: AttentionProblem) -> list[FwdParams]:
     """A few block shapes for the Pallas interpreter (tests, the CPU demo)."""
     out = [fwd_heuristic(p)]
-    for bq, bk in ((32, 32), (64, 32), (32, 64), (64, 64)):
+    for bq, bk in ((32, 32), (64, 64)):
         c = FwdParams(q_blocksize=bq, kv_blocksize=bk, num_warps=4, num_stages=2)
         if p.q_len % bq == 0 and p.kv_len % bk == 0 and c not in out:
             out.append(c)
@@ -187,7 +189,9 @@ def bwd_rules(p: AttentionProblem, smem_limit: int | None = None):
     return [divides, fits_smem, fits_registers]
 
 
-def bwd_candidates(p: AttentionProblem, smem_limit: int | None = None) -> tuple[list[BwdParams], list[Pruned[BwdParams]]]:
+def bwd_candidates(
+    p: AttentionProblem, smem_limit: int | None = None
+) -> tuple[list[BwdParams], list[Pruned[BwdParams]]]:
     """Backward candidates that can fit, and the pruned ones with their reasons.
     (`num_stages` is left to the kernel: JAX's backward kernel fixes it.)"""
     space = [
@@ -204,7 +208,7 @@ def bwd_candidates(p: AttentionProblem, smem_limit: int | None = None) -> tuple[
 
 def bwd_interpret_candidates(p: AttentionProblem) -> list[BwdParams]:
     out = [bwd_heuristic(p)]
-    for bq, bk in ((16, 32), (32, 64), (16, 64)):
+    for bq, bk in ((16, 32), (32, 64)):
         c = BwdParams(q_blocksize=bq, kv_blocksize=bk, num_warps=4)
         if p.q_len % bk == 0 and p.kv_len % bk == 0 and c not in out:
             out.append(c)

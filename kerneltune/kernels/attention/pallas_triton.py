@@ -24,8 +24,18 @@ from kerneltune.kernels._common import accepts, parameters
 logger = logging.getLogger("kerneltune")
 
 _BACKWARD_PARAMS = (
-    "sm_scale", "causal", "block_sizes", "backward_pass_impl", "num_warps", "num_stages",
-    "grid", "interpret", "debug", "return_residuals", "res", "do",
+    "sm_scale",
+    "causal",
+    "block_sizes",
+    "backward_pass_impl",
+    "num_warps",
+    "num_stages",
+    "grid",
+    "interpret",
+    "debug",
+    "return_residuals",
+    "res",
+    "do",
 )
 
 
@@ -47,8 +57,12 @@ def block_sizes(fwd: FwdParams | None = None, bwd: BwdParams | None = None) -> A
         values[kv_name] = fwd.kv_blocksize or values[kv_name]
     if bwd is not None:
         outer, inner = bwd.kv_blocksize, bwd.q_blocksize
-        for name, value in (("block_q_dkv", inner), ("block_kv_dkv", outer),
-                            ("block_q_dq", outer), ("block_kv_dq", inner)):
+        for name, value in (
+            ("block_q_dkv", inner),
+            ("block_kv_dkv", outer),
+            ("block_q_dq", outer),
+            ("block_kv_dq", inner),
+        ):
             if name in names and value is not None:
                 values[name] = value
     return cls(**values)
@@ -61,8 +75,15 @@ def _mha_kwargs(**kwargs: Any) -> dict[str, Any]:
 
 
 def mha_forward(
-    q: jax.Array, k: jax.Array, v: jax.Array, *, cfg: FwdParams, causal: bool, sm_scale: float,
-    interpret: bool, return_residuals: bool,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    cfg: FwdParams,
+    causal: bool,
+    sm_scale: float,
+    interpret: bool,
+    return_residuals: bool,
 ) -> Any:
     """`mha` with `cfg`'s blocks, warps and stages; with `return_residuals`, also the
     base-2 log-sum-exp `[batch, heads, q_len]`."""
@@ -70,8 +91,12 @@ def mha_forward(
     if return_residuals and not accepts(mha, "return_residuals"):
         raise NotImplementedError("this JAX's mha cannot return its residuals (return_residuals=)")
     kwargs = _mha_kwargs(
-        sm_scale=sm_scale, causal=causal, block_sizes=block_sizes(cfg), num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, interpret=interpret,
+        sm_scale=sm_scale,
+        causal=causal,
+        block_sizes=block_sizes(cfg),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        interpret=interpret,
     )
     if return_residuals:
         kwargs["return_residuals"] = True
@@ -79,8 +104,17 @@ def mha_forward(
 
 
 def mha_backward(
-    q: jax.Array, k: jax.Array, v: jax.Array, out: jax.Array, lse: jax.Array, dout: jax.Array,
-    *, cfg: BwdParams, causal: bool, sm_scale: float, interpret: bool,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    out: jax.Array,
+    lse: jax.Array,
+    dout: jax.Array,
+    *,
+    cfg: BwdParams,
+    causal: bool,
+    sm_scale: float,
+    interpret: bool,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """dq, dk, dv by JAX's Pallas backward kernel with `cfg`'s blocks and warps."""
     module = _module()
@@ -88,13 +122,26 @@ def mha_backward(
     backward = getattr(module, "_mha_backward", None)
     if backward is not None and parameters(backward) == _BACKWARD_PARAMS:
         dq, dk, dv, _ = backward(
-            sm_scale, causal, sizes, "triton", cfg.num_warps, cfg.num_stages or 2, None,
-            interpret, False, False, (q, k, v, None, out, lse), dout,
+            sm_scale,
+            causal,
+            sizes,
+            "triton",
+            cfg.num_warps,
+            cfg.num_stages or 2,
+            None,
+            interpret,
+            False,
+            False,
+            (q, k, v, None, out, lse),
+            dout,
         )
         return dq, dk, dv
     _warn_fallback_once(parameters(backward) if backward is not None else None)
     kwargs = _mha_kwargs(
-        sm_scale=sm_scale, causal=causal, block_sizes=sizes, num_warps=cfg.num_warps,
+        sm_scale=sm_scale,
+        causal=causal,
+        block_sizes=sizes,
+        num_warps=cfg.num_warps,
         interpret=interpret,
     )
     _, pullback = jax.vjp(lambda a, b, c: module.mha(a, b, c, None, **kwargs), q, k, v)

@@ -17,7 +17,9 @@ LOG2E = math.log2(math.e)
 _MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
-def _scores(q: jax.Array, k: jax.Array, *, causal: bool, sm_scale: float, precision=None) -> jax.Array:
+def _scores(
+    q: jax.Array, k: jax.Array, *, causal: bool, sm_scale: float, precision=None
+) -> jax.Array:
     """Scaled scores `[batch, heads, q_len, kv_len]` in float32, masked when causal
     (query i sees keys 0..i, as JAX's Pallas kernel does)."""
     s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32, precision=precision)

@@ -18,7 +18,9 @@ from kerneltune.kernels.matmul.reference import matmul_xla
 
 def problem_of(inv: Invocation[Any, Any]) -> MatmulProblem:
     x, y = inv.args[0], inv.args[1]
-    return MatmulProblem(m=int(x.shape[0]), n=int(y.shape[1]), k=int(x.shape[1]), dtype=np.dtype(x.dtype))
+    return MatmulProblem(
+        m=int(x.shape[0]), n=int(y.shape[1]), k=int(x.shape[1]), dtype=np.dtype(x.dtype)
+    )
 
 
 class Matmul(BundledKernelMixin, Kernel[MatmulConfig, jax.Array]):
@@ -36,7 +38,9 @@ class Matmul(BundledKernelMixin, Kernel[MatmulConfig, jax.Array]):
     version = "1"
     config_type = MatmulConfig
 
-    def __init__(self, op_id: str | None = None, *, name: str | None = None, executor: Any = None) -> None:
+    def __init__(
+        self, op_id: str | None = None, *, name: str | None = None, executor: Any = None
+    ) -> None:
         super().__init__(op_id, name=name)
         self._init_executor(executor)
 
@@ -47,9 +51,13 @@ class Matmul(BundledKernelMixin, Kernel[MatmulConfig, jax.Array]):
                 f"{getattr(y, 'shape', y)} (the `matmul` function flattens leading dims)."
             )
         if x.shape[1] != y.shape[0]:
-            raise ValueError(f"{self.op_id}: x is {x.shape} and y is {y.shape}; x.shape[1] must equal y.shape[0].")
+            raise ValueError(
+                f"{self.op_id}: x is {x.shape} and y is {y.shape}; x.shape[1] must equal y.shape[0]."
+            )
         if np.dtype(x.dtype) != np.dtype(y.dtype):
-            raise TypeError(f"{self.op_id}: x and y must have the same dtype, got {x.dtype} and {y.dtype}.")
+            raise TypeError(
+                f"{self.op_id}: x and y must have the same dtype, got {x.dtype} and {y.dtype}."
+            )
         if not jnp.issubdtype(x.dtype, jnp.floating):
             raise TypeError(f"{self.op_id} takes floating-point inputs, got {x.dtype}.")
         return (x, y), {}
@@ -69,10 +77,21 @@ class Matmul(BundledKernelMixin, Kernel[MatmulConfig, jax.Array]):
     def run_triton(self, x: jax.Array, y: jax.Array, *, cfg: MatmulConfig) -> jax.Array:
         return matmul_pallas(x, y, cfg, interpret=self.use_interpreter())
 
-    def fwd_with_residuals_triton(self, x: jax.Array, y: jax.Array, *, cfg: MatmulConfig) -> tuple[jax.Array, None]:
+    def fwd_with_residuals_triton(
+        self, x: jax.Array, y: jax.Array, *, cfg: MatmulConfig
+    ) -> tuple[jax.Array, None]:
         return self.run_triton(x, y, cfg=cfg), None
 
-    def vjp_triton(self, residuals: None, out: jax.Array, dout: jax.Array, x: jax.Array, y: jax.Array, *, cfg: MatmulConfig) -> tuple[jax.Array, jax.Array]:
+    def vjp_triton(
+        self,
+        residuals: None,
+        out: jax.Array,
+        dout: jax.Array,
+        x: jax.Array,
+        y: jax.Array,
+        *,
+        cfg: MatmulConfig,
+    ) -> tuple[jax.Array, jax.Array]:
         ex = self.inner_executor()
         dout = dout.astype(x.dtype)
         return ex(self, dout, y.T), ex(self, x.T, dout)
@@ -94,7 +113,9 @@ class MatmulInterpret(Matmul):
     candidate_cfgs_xla = Matmul.candidate_cfgs_triton
 
 
-def matmul(x: jax.Array, y: jax.Array, *, cfg: MatmulConfig | None = None, executor: Any = None) -> jax.Array:
+def matmul(
+    x: jax.Array, y: jax.Array, *, cfg: MatmulConfig | None = None, executor: Any = None
+) -> jax.Array:
     """`x @ y` with a tuned config: our Pallas kernel on GPUs, `jnp.dot` on CPUs.
 
     Args:
@@ -113,7 +134,9 @@ def matmul(x: jax.Array, y: jax.Array, *, cfg: MatmulConfig | None = None, execu
       (2, 3, 5)
     """
     if getattr(x, "ndim", 0) < 1:
-        raise ValueError(f"matmul: x must have at least one dimension, got {getattr(x, 'shape', x)}.")
+        raise ValueError(
+            f"matmul: x must have at least one dimension, got {getattr(x, 'shape', x)}."
+        )
     from kerneltune._src.executor import default_executor
 
     ex = executor if executor is not None else default_executor()

@@ -131,7 +131,11 @@ def rules(p: MatmulProblem, smem_limit: int | None = None):
         return None
 
     def divides(c: MatmulConfig) -> str | None:
-        for name, block, dim, axis in (("bm", c.bm, p.m, "M"), ("bn", c.bn, p.n, "N"), ("bk", c.bk, p.k, "K")):
+        for name, block, dim, axis in (
+            ("bm", c.bm, p.m, "M"),
+            ("bn", c.bn, p.n, "N"),
+            ("bk", c.bk, p.k, "K"),
+        ):
             if dim % block:
                 return f"{axis}={dim} is not a multiple of {name}={block} (would need padding)"
         return None
@@ -160,11 +164,13 @@ def rules(p: MatmulProblem, smem_limit: int | None = None):
     return [fits_dims, divides, fits_smem, fits_registers]
 
 
-def candidates(p: MatmulProblem, smem_limit: int | None = None) -> tuple[list[MatmulConfig], list[Pruned[MatmulConfig]]]:
+def candidates(
+    p: MatmulProblem, smem_limit: int | None = None
+) -> tuple[list[MatmulConfig], list[Pruned[MatmulConfig]]]:
     """The candidate configs for `p` that can fit, and every pruned one with its reason.
 
-    When nothing fits (odd shapes no power-of-two tile divides), the heuristic is the
-    only candidate; it runs on padded inputs.
+    The heuristic config is always a candidate (for odd shapes that no power-of-two
+    tile divides, it is the only one, and runs on padded inputs).
 
     Example:
       >>> import numpy as np
@@ -176,18 +182,19 @@ def candidates(p: MatmulProblem, smem_limit: int | None = None) -> tuple[list[Ma
       True
     """
     kept, pruned = prune(candidate_space(p), rules(p, smem_limit), what=f"matmul {p.m}x{p.k}x{p.n}")
-    if not kept:
-        kept = [heuristic(p)]
+    # The heuristic always competes, so tuning can never do worse than it.
+    h = heuristic(p)
+    if h not in kept:
+        kept.insert(0, h)
     return kept, pruned
 
 
 def interpret_candidates(p: MatmulProblem) -> list[MatmulConfig]:
     """A handful of configs for the Pallas interpreter (tests and the CPU demo): tile
     shapes only, since warps and stages mean nothing there."""
-    tiles = [(32, 32, 32), (64, 64, 32), (64, 64, 64), (128, 128, 64), (128, 64, 128)]
-    out = []
-    for bm, bn, bk in tiles:
+    out = [heuristic(p)]
+    for bm, bn, bk in ((32, 32, 32), (64, 64, 64), (128, 64, 128)):
         cfg = MatmulConfig(bm=bm, bn=bn, bk=bk, num_warps=4, num_stages=2)
-        if p.m % bm == 0 and p.n % bn == 0 and p.k % bk == 0:
+        if p.m % bm == 0 and p.n % bn == 0 and p.k % bk == 0 and cfg not in out:
             out.append(cfg)
-    return out or [heuristic(p)]
+    return out

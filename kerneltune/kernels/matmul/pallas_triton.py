@@ -50,7 +50,9 @@ def _pad_to(a: jax.Array, multiples: tuple[int, int]) -> jax.Array:
     return jnp.pad(a, pads) if any(p for _, p in pads) else a
 
 
-def matmul_pallas(x: jax.Array, y: jax.Array, cfg: MatmulConfig, *, interpret: bool = False) -> jax.Array:
+def matmul_pallas(
+    x: jax.Array, y: jax.Array, cfg: MatmulConfig, *, interpret: bool = False
+) -> jax.Array:
     """`x @ y` for 2-D `x[m, k]` and `y[k, n]` of the same dtype, with `cfg`'s tiles.
 
     Dimensions that the tiles do not divide are zero-padded (correct for a product,
@@ -82,9 +84,9 @@ def matmul_pallas(x: jax.Array, y: jax.Array, cfg: MatmulConfig, *, interpret: b
         grid=(tiles_m * tiles_n,),
         in_specs=[pl.BlockSpec((cfg.bm, kp), x_map), pl.BlockSpec((kp, cfg.bn), y_map)],
         out_specs=pl.BlockSpec((cfg.bm, cfg.bn), o_map),
-        compiler_params=None if interpret else triton_compiler_params(
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages
-        ),
+        compiler_params=None
+        if interpret
+        else triton_compiler_params(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
         interpret=interpret,
         name="kerneltune_matmul",
     )(xp, yp)

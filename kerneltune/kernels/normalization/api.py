@@ -24,7 +24,9 @@ from kerneltune.kernels.normalization.reference import layer_norm_xla, rms_norm_
 def problem_of(inv: Invocation[Any, Any]) -> NormProblem:
     x = inv.args[0]
     n = int(x.shape[-1])
-    return NormProblem(rows=int(np.prod(x.shape[:-1], dtype=np.int64)), n=n, dtype=np.dtype(x.dtype))
+    return NormProblem(
+        rows=int(np.prod(x.shape[:-1], dtype=np.int64)), n=n, dtype=np.dtype(x.dtype)
+    )
 
 
 class _Norm(BundledKernelMixin, Kernel[NormConfig, jax.Array]):
@@ -34,18 +36,26 @@ class _Norm(BundledKernelMixin, Kernel[NormConfig, jax.Array]):
     config_type = NormConfig
     _params: tuple[str, ...] = ()
 
-    def __init__(self, op_id: str | None = None, *, name: str | None = None, executor: Any = None) -> None:
+    def __init__(
+        self, op_id: str | None = None, *, name: str | None = None, executor: Any = None
+    ) -> None:
         super().__init__(op_id, name=name)
         self._init_executor(executor)
 
     def prepare(self, x: Any, *params: Any, eps: float = 1e-5):
         if getattr(x, "ndim", 0) < 1 or not jnp.issubdtype(x.dtype, jnp.floating):
-            raise ValueError(f"{self.op_id}: x must be a floating-point array with at least one dimension, got {x!r:.80}.")
+            raise ValueError(
+                f"{self.op_id}: x must be a floating-point array with at least one dimension, got {x!r:.80}."
+            )
         if len(params) != len(self._params):
-            raise TypeError(f"{self.op_id} takes x, {', '.join(self._params)}; got {1 + len(params)} arrays.")
+            raise TypeError(
+                f"{self.op_id} takes x, {', '.join(self._params)}; got {1 + len(params)} arrays."
+            )
         for pname, p in zip(self._params, params):
             if tuple(getattr(p, "shape", ())) != (x.shape[-1],):
-                raise ValueError(f"{self.op_id}: {pname} must have shape ({x.shape[-1]},), got {getattr(p, 'shape', p)}.")
+                raise ValueError(
+                    f"{self.op_id}: {pname} must have shape ({x.shape[-1]},), got {getattr(p, 'shape', p)}."
+                )
         return (x, *params), {"eps": float(eps)}
 
     def heuristic_cfg(self, inv: Invocation[Any, Any]) -> NormConfig:
@@ -68,14 +78,19 @@ class LayerNorm(_Norm):
     _params = ("weight", "bias")
 
     def run_triton(self, x, weight, bias, *, cfg: NormConfig, eps: float):
-        return layer_norm_pallas(x, weight, bias, cfg=cfg, eps=eps, interpret=self.use_interpreter())
+        return layer_norm_pallas(
+            x, weight, bias, cfg=cfg, eps=eps, interpret=self.use_interpreter()
+        )
 
     def fwd_with_residuals_triton(self, x, weight, bias, *, cfg: NormConfig, eps: float):
-        return layer_norm_pallas(x, weight, bias, cfg=cfg, eps=eps, interpret=self.use_interpreter(), with_stats=True)
+        return layer_norm_pallas(
+            x, weight, bias, cfg=cfg, eps=eps, interpret=self.use_interpreter(), with_stats=True
+        )
 
     def vjp_triton(self, stats, out, dout, x, weight, bias, *, cfg: NormConfig, eps: float):
-        return layer_norm_backward_pallas(x, weight, bias, stats, dout.astype(x.dtype), eps=eps,
-                                          interpret=self.use_interpreter())
+        return layer_norm_backward_pallas(
+            x, weight, bias, stats, dout.astype(x.dtype), eps=eps, interpret=self.use_interpreter()
+        )
 
     def run_xla(self, x, weight, bias, *, cfg: NormConfig, eps: float):
         return layer_norm_xla(x, weight, bias, eps=eps)
@@ -92,11 +107,14 @@ class RMSNorm(_Norm):
         return rms_norm_pallas(x, weight, cfg=cfg, eps=eps, interpret=self.use_interpreter())
 
     def fwd_with_residuals_triton(self, x, weight, *, cfg: NormConfig, eps: float):
-        return rms_norm_pallas(x, weight, cfg=cfg, eps=eps, interpret=self.use_interpreter(), with_stats=True)
+        return rms_norm_pallas(
+            x, weight, cfg=cfg, eps=eps, interpret=self.use_interpreter(), with_stats=True
+        )
 
     def vjp_triton(self, stats, out, dout, x, weight, *, cfg: NormConfig, eps: float):
-        return rms_norm_backward_pallas(x, weight, stats, dout.astype(x.dtype), eps=eps,
-                                        interpret=self.use_interpreter())
+        return rms_norm_backward_pallas(
+            x, weight, stats, dout.astype(x.dtype), eps=eps, interpret=self.use_interpreter()
+        )
 
     def run_xla(self, x, weight, *, cfg: NormConfig, eps: float):
         return rms_norm_xla(x, weight, eps=eps)
@@ -132,8 +150,13 @@ def _executor(executor: Any) -> Any:
 
 
 def layer_norm(
-    x: jax.Array, weight: jax.Array, bias: jax.Array, *, eps: float = 1e-5,
-    cfg: NormConfig | None = None, executor: Any = None,
+    x: jax.Array,
+    weight: jax.Array,
+    bias: jax.Array,
+    *,
+    eps: float = 1e-5,
+    cfg: NormConfig | None = None,
+    executor: Any = None,
 ) -> jax.Array:
     """Layer norm over the last axis with a tuned config.
 
@@ -156,8 +179,12 @@ def layer_norm(
 
 
 def rms_norm(
-    x: jax.Array, weight: jax.Array, *, eps: float = 1e-5,
-    cfg: NormConfig | None = None, executor: Any = None,
+    x: jax.Array,
+    weight: jax.Array,
+    *,
+    eps: float = 1e-5,
+    cfg: NormConfig | None = None,
+    executor: Any = None,
 ) -> jax.Array:
     """RMS norm over the last axis with a tuned config: `x / sqrt(mean(x²) + eps) · weight`.
 

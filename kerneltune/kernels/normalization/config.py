@@ -56,7 +56,9 @@ def rules(p: NormProblem):
     def threads(c: NormConfig) -> str | None:
         per_thread = c.block_size // (32 * c.num_warps)
         if per_thread < 1:
-            return f"{c.num_warps} warps have more threads than block_size={c.block_size} has elements"
+            return (
+                f"{c.num_warps} warps have more threads than block_size={c.block_size} has elements"
+            )
         if per_thread > 64:
             return f"{per_thread} elements per thread per step with {c.num_warps} warps: register spills"
         return None
@@ -87,7 +89,7 @@ def candidates(p: NormProblem) -> tuple[list[NormConfig], list[Pruned[NormConfig
 def interpret_candidates(p: NormProblem) -> list[NormConfig]:
     """A few block sizes for the Pallas interpreter (tests, the CPU demo)."""
     out = [heuristic(p)]
-    for b in (128, 256, 512):
+    for b in (128, 512):
         c = NormConfig(block_size=b, num_warps=4)
         if c not in out and b <= max(128, next_power_of_2(p.n)):
             out.append(c)

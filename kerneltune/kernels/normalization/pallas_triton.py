@@ -27,7 +27,15 @@ from kerneltune.kernels.normalization.reference import layer_norm_xla, rms_norm_
 
 logger = logging.getLogger("kerneltune")
 
-_BACKWARD_PARAMS = ("num_warps", "num_stages", "eps", "backward_pass_impl", "interpret", "res", "do")
+_BACKWARD_PARAMS = (
+    "num_warps",
+    "num_stages",
+    "eps",
+    "backward_pass_impl",
+    "interpret",
+    "res",
+    "do",
+)
 
 
 def _ops(which: str) -> Any:
@@ -38,8 +46,17 @@ def _ops(which: str) -> Any:
     return module
 
 
-def _forward(which: str, x: jax.Array, weight: jax.Array, bias: jax.Array, *, cfg: NormConfig,
-             eps: float, interpret: bool, with_stats: bool) -> Any:
+def _forward(
+    which: str,
+    x: jax.Array,
+    weight: jax.Array,
+    bias: jax.Array,
+    *,
+    cfg: NormConfig,
+    eps: float,
+    interpret: bool,
+    with_stats: bool,
+) -> Any:
     module = _ops(which)
     body = getattr(module, f"{which}_forward_kernel", None)
     params = parameters(body) if body is not None else None
@@ -70,15 +87,23 @@ def _forward(which: str, x: jax.Array, weight: jax.Array, bias: jax.Array, *, cf
     return out.reshape(x.shape), tuple(s.reshape(x.shape[:-1]) for s in stats)
 
 
-def layer_norm_pallas(x, weight, bias, *, cfg: NormConfig, eps: float, interpret: bool, with_stats: bool = False):
+def layer_norm_pallas(
+    x, weight, bias, *, cfg: NormConfig, eps: float, interpret: bool, with_stats: bool = False
+):
     """Layer norm over the last axis; with `with_stats`, also `(mean, rstd)` in float32."""
-    return _forward("layer_norm", x, weight, bias, cfg=cfg, eps=eps, interpret=interpret, with_stats=with_stats)
+    return _forward(
+        "layer_norm", x, weight, bias, cfg=cfg, eps=eps, interpret=interpret, with_stats=with_stats
+    )
 
 
-def rms_norm_pallas(x, weight, *, cfg: NormConfig, eps: float, interpret: bool, with_stats: bool = False):
+def rms_norm_pallas(
+    x, weight, *, cfg: NormConfig, eps: float, interpret: bool, with_stats: bool = False
+):
     """RMS norm over the last axis; with `with_stats`, also `(rstd,)` in float32."""
     bias = jnp.zeros_like(weight)
-    return _forward("rms_norm", x, weight, bias, cfg=cfg, eps=eps, interpret=interpret, with_stats=with_stats)
+    return _forward(
+        "rms_norm", x, weight, bias, cfg=cfg, eps=eps, interpret=interpret, with_stats=with_stats
+    )
 
 
 def _jax_backward(which: str) -> Any:
@@ -106,7 +131,9 @@ def rms_norm_backward_pallas(x, weight, stats, dout, *, eps: float, interpret: b
         _, pullback = jax.vjp(functools.partial(rms_norm_xla, eps=eps), x, weight)
         return pullback(dout)
     (rstd,) = stats
-    dx, dw, _ = backward(None, None, eps, "triton", interpret, (x, weight, jnp.zeros_like(weight), rstd), dout)
+    dx, dw, _ = backward(
+        None, None, eps, "triton", interpret, (x, weight, jnp.zeros_like(weight), rstd), dout
+    )
     return dx, dw
 
 
@@ -114,5 +141,8 @@ def rms_norm_backward_pallas(x, weight, stats, dout, *, eps: float, interpret: b
 def _warn_fallback_once(which: str, found: Any) -> None:
     logger.warning(
         "kerneltune %s: JAX's %s_backward takes other arguments than expected (%s); the "
-        "backward pass differentiates the XLA version instead.", which, which, found,
+        "backward pass differentiates the XLA version instead.",
+        which,
+        which,
+        found,
     )

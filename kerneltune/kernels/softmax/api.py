@@ -31,13 +31,17 @@ class Softmax(BundledKernelMixin, Kernel[SoftmaxConfig, jax.Array]):
     version = "1"
     config_type = SoftmaxConfig
 
-    def __init__(self, op_id: str | None = None, *, name: str | None = None, executor: Any = None) -> None:
+    def __init__(
+        self, op_id: str | None = None, *, name: str | None = None, executor: Any = None
+    ) -> None:
         super().__init__(op_id, name=name)
         self._init_executor(executor)
 
     def prepare(self, x: Any):
         if getattr(x, "ndim", 0) < 1 or not jnp.issubdtype(x.dtype, jnp.floating):
-            raise ValueError(f"{self.op_id}: x must be a floating-point array with at least one dimension.")
+            raise ValueError(
+                f"{self.op_id}: x must be a floating-point array with at least one dimension."
+            )
         return (x,), {}
 
     def heuristic_cfg(self, inv: Invocation[Any, Any]) -> SoftmaxConfig:
@@ -78,7 +82,9 @@ class SoftmaxInterpret(Softmax):
     candidate_cfgs_xla = Softmax.candidate_cfgs_triton
 
 
-def softmax(x: jax.Array, *, axis: int = -1, cfg: SoftmaxConfig | None = None, executor: Any = None) -> jax.Array:
+def softmax(
+    x: jax.Array, *, axis: int = -1, cfg: SoftmaxConfig | None = None, executor: Any = None
+) -> jax.Array:
     """Softmax along `axis` with a tuned config (other axes than the last are moved
     to the end and back).
 

@@ -1,0 +1,363 @@
+"""`kerneltune demo`: tune the bundled kernels on this device, show what tuning bought,
+fill the persistent cache, then make the same calls again and show they came from it.
+
+On a GPU it tunes the Pallas kernels on realistic shapes. On a CPU there is no GPU
+code to tune, so it runs the same Pallas kernels in the Pallas interpreter on tiny
+shapes (the `...-interpret` ops): the search, validation, caching and reporting are
+real, the timings measure the interpreter, and the table says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from kerneltune._src import devices
+
+Args = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoJob:
+    """One demo call: a kernel on one shape (with its backward when `grad`)."""
+
+    op: str
+    kernel_type: type
+    shape: str
+    dtype: str
+    make_args: Callable[[jax.Array], Args]
+    grad: bool = False
+
+
+@dataclasses.dataclass
+class Row:
+    """What one tuned (or looked-up) key showed."""
+
+    op_id: str
+    signature: str
+    dtype: str
+    source: str
+    tried: int = 0
+    failed: int = 0
+    heuristic_s: float | None = None
+    tuned_s: float | None = None
+    winner: Any = None
+    timer: str = "-"
+    wall_s: float = 0.0
+
+
+def _normal(key: jax.Array, shape: tuple[int, ...], dtype: Any, scale: float = 1.0) -> jax.Array:
+    return (scale * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+
+
+def jobs_for(on_gpu: bool) -> list[DemoJob]:
+    """Two shapes per bundled kernel: realistic ones for the Pallas kernels on a GPU,
+    tiny ones for the interpreted Pallas kernels on a CPU."""
+    from kerneltune import kernels
+    from kerneltune.kernels.attention import shapes as attention_shapes
+    from kerneltune.kernels.matmul import shapes as matmul_shapes
+    from kerneltune.kernels.normalization import shapes as norm_shapes
+    from kerneltune.kernels.softmax import shapes as softmax_shapes
+
+    dtype = jnp.bfloat16 if on_gpu else jnp.float32
+    dname = jnp.dtype(dtype).name
+    pick = (lambda m: m.DEMO_SHAPES_GPU) if on_gpu else (lambda m: m.DEMO_SHAPES_CPU)
+    kinds = (
+        (kernels.Matmul, kernels.Attention, kernels.LayerNorm, kernels.RMSNorm, kernels.Softmax)
+        if on_gpu
+        else (
+            kernels.MatmulInterpret,
+            kernels.AttentionInterpret,
+            kernels.LayerNormInterpret,
+            kernels.RMSNormInterpret,
+            kernels.SoftmaxInterpret,
+        )
+    )
+    mm, att, ln, rms, sm = kinds
+    out: list[DemoJob] = []
+    for m, k, n in pick(matmul_shapes):
+
+        def mk(key, m=m, k=k, n=n):
+            a, b = jax.random.split(key)
+            return (_normal(a, (m, k), dtype), _normal(b, (k, n), dtype)), {}
+
+        out.append(DemoJob("matmul", mm, f"{m}x{k}x{n}", dname, mk))
+    for b, t, h, d, causal in pick(attention_shapes):
+
+        def ma(key, b=b, t=t, h=h, d=d, causal=causal):
+            q, k, v = jax.random.split(key, 3)
+            return tuple(_normal(x, (b, t, h, d), dtype) for x in (q, k, v)), {"causal": causal}
+
+        out.append(
+            DemoJob(
+                "attention",
+                att,
+                f"{b}x{t}x{h}x{d}{' causal' if causal else ''}",
+                dname,
+                ma,
+                grad=True,
+            )
+        )
+    for rows, n in pick(norm_shapes):
+
+        def mln(key, rows=rows, n=n):
+            a, b, c = jax.random.split(key, 3)
+            return (
+                _normal(a, (rows, n), dtype),
+                _normal(b, (n,), dtype, 0.1) + 1,
+                _normal(c, (n,), dtype, 0.1),
+            ), {}
+
+        def mrms(key, rows=rows, n=n):
+            a, b = jax.random.split(key)
+            return (_normal(a, (rows, n), dtype), _normal(b, (n,), dtype, 0.1) + 1), {}
+
+        out.append(DemoJob("layer_norm", ln, f"{rows}x{n}", dname, mln))
+        out.append(DemoJob("rms_norm", rms, f"{rows}x{n}", dname, mrms))
+    for rows, n in pick(softmax_shapes):
+
+        def ms(key, rows=rows, n=n):
+            return (_normal(key, (rows, n), dtype),), {}
+
+        out.append(DemoJob("softmax", sm, f"{rows}x{n}", dname, ms))
+    return out
+
+
+class _Recorder:
+    """Collects the selection chain's events for the job being run."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    def __call__(self, event: str, **data: Any) -> None:
+        self.events.append((event, data))
+
+    def take(self) -> list[tuple[str, dict[str, Any]]]:
+        out, self.events = self.events, []
+        return out
+
+
+def _run_job(ex: Any, job: DemoJob, key: jax.Array) -> None:
+    from kerneltune.kernels._common import kernel_for
+
+    kernel = kernel_for(job.kernel_type, ex)
+    args, kwargs = job.make_args(key)
+    if not job.grad:
+        jax.block_until_ready(ex(kernel, *args, **kwargs))
+        return
+
+    def loss(*arrays: Any) -> jax.Array:
+        return jnp.sum(ex(kernel, *arrays, **kwargs).astype(jnp.float32))
+
+    jax.block_until_ready(jax.jit(jax.grad(loss, argnums=tuple(range(len(args)))))(*args))
+
+
+def _rows(events: list[tuple[str, dict[str, Any]]], job: DemoJob) -> list[Row]:
+    """One row per key the job selected a config for (forward, backward)."""
+    rows: list[Row] = []
+    for event, data in events:
+        op_id = data.get("op_id", "?")
+        sig = f"{job.shape} ({'bwd' if '_bwd' in op_id else 'fwd'})" if job.grad else job.shape
+        if event == "autotune_finish":
+            report = data["report"]
+            failed = len([c for c in report.failures if c.status != "pruned"])
+            rows.append(
+                Row(
+                    op_id=op_id,
+                    signature=sig,
+                    dtype=job.dtype,
+                    source="tuned",
+                    tried=report.num_evaluated,
+                    failed=failed,
+                    heuristic_s=report.heuristic_time_s,
+                    tuned_s=report.best_time_s,
+                    winner=report.best,
+                    timer=report.timer,
+                    wall_s=report.wall_s,
+                )
+            )
+        elif event == "cache_hit" or event == "heuristics" or event == "overlay_hit":
+            level = data.get("level", event)
+            rows.append(
+                Row(
+                    op_id=op_id,
+                    signature=sig,
+                    dtype=job.dtype,
+                    source=str(level),
+                    winner=data.get("cfg"),
+                )
+            )
+    return rows
+
+
+def _compact_cfg(cfg: Any) -> str:
+    if cfg is None:
+        return "-"
+    if dataclasses.is_dataclass(cfg):
+        return " ".join(
+            f"{f.name}={getattr(cfg, f.name)}"
+            for f in dataclasses.fields(cfg)
+            if getattr(cfg, f.name) is not None
+        )
+    return str(cfg)
+
+
+def _chain(persistent: Any, recorder: _Recorder) -> Any:
+    from kerneltune._src.cache import ConfigCache
+    from kerneltune._src.selection import AutotunePolicy, ConfigSelectorChain
+    from kerneltune._src.tuning.tuner import Tuner
+
+    return ConfigSelectorChain(
+        ConfigCache(),
+        policy=AutotunePolicy(),
+        tuner=Tuner(progress=False),
+        persistent=persistent,
+        on_event=recorder,
+    )
+
+
+def _keys(job: DemoJob, key: jax.Array) -> list[tuple[str, str]]:
+    """The (op@vN, call key) pairs a job selects configs for, computed from shapes
+    alone (nothing runs): the kernel's key, and its backward kernel's for `grad` jobs."""
+    from kerneltune._src.kernel import make_invocation
+
+    kernel = job.kernel_type()
+    args, kwargs = job.make_args(key)
+    p_args, p_kwargs = kernel.prepare(*args, **kwargs)
+    out = [(kernel.op_id_v, make_invocation(kernel, p_args, p_kwargs).call_key)]
+    backward = getattr(kernel, "backward", None)
+    if job.grad and backward is not None:
+        q = p_args[0]
+        b, t, h, _ = q.shape
+        lse = jax.ShapeDtypeStruct((b, h, t), jnp.float32)
+        b_args, b_kwargs = backward.prepare(*p_args, q, lse, q, **p_kwargs)
+        out.append((backward.op_id_v, make_invocation(backward, b_args, b_kwargs).call_key))
+    return out
+
+
+def _forget(persistent: Any, jobs: list[DemoJob], key: jax.Array) -> int:
+    """Removes the demo's own keys from the persistent cache, so that the first pass
+    tunes even when an earlier demo stored them. Returns how many were there."""
+    dev = devices.device_fingerprint()
+    return sum(
+        persistent.delete(dev, op_v, call_key) for job in jobs for op_v, call_key in _keys(job, key)
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """The `kerneltune demo` command."""
+    from tqdm.auto import tqdm
+
+    from kerneltune._src.cache_cli import _open, format_time, print_table
+    from kerneltune._src.executor import Executor
+    from kerneltune.kernels._common import on_gpu
+
+    start = time.perf_counter()
+    gpu = on_gpu()
+    device = jax.devices()[0]
+    persistent = _open(args)
+    jobs = jobs_for(gpu)
+    path = "pallas (triton)" if gpu else "pallas interpreter"
+    print(
+        f"kerneltune demo on {device.device_kind} ({device.platform}); fingerprint {devices.device_fingerprint()}"
+    )
+    print(f"persistent cache: {persistent.location}")
+    if not gpu:
+        print(
+            "No GPU: the bundled Pallas kernels run in the Pallas interpreter on tiny shapes;\n"
+            "tuning, validation and caching are real, the timings measure the interpreter."
+        )
+    key = jax.random.PRNGKey(0)
+    removed = _forget(persistent, jobs, key)
+    if removed:
+        print(f"(re-tuning {removed} demo keys stored by an earlier run)")
+
+    # Pass 1: tune.
+    recorder = _Recorder()
+    ex = Executor(_chain(persistent, recorder))
+    rows: list[Row] = []
+    bar = tqdm(jobs, desc="tuning", unit="call", file=sys.stderr, leave=False, disable=None)
+    for job in bar:
+        bar.set_postfix_str(f"{job.op} {job.shape}")
+        _run_job(ex, job, key)
+        rows += _rows(recorder.take(), job)
+    bar.close()
+
+    print()
+    print(f"Tuned on {device.device_kind} ({path}):")
+    print_table(
+        [
+            "op",
+            "shape",
+            "dtype",
+            "tried/failed",
+            "heuristic",
+            "tuned",
+            "speedup",
+            "winner",
+            "timer",
+            "tuning",
+        ],
+        [
+            [
+                r.op_id,
+                r.signature,
+                r.dtype,
+                f"{r.tried}/{r.failed}",
+                format_time(r.heuristic_s),
+                format_time(r.tuned_s),
+                _speedup(r),
+                _compact_cfg(r.winner),
+                r.timer,
+                f"{r.wall_s:.2f} s" if r.source == "tuned" else r.source,
+            ]
+            for r in rows
+        ],
+    )
+
+    # Pass 2: a fresh selector (as a new process would have) over the same cache.
+    from kerneltune._src.persistent import PersistentCache
+
+    recorder2 = _Recorder()
+    again = PersistentCache(persistent.location, readonly=persistent.readonly_locations)
+    ex2 = Executor(_chain(again, recorder2))
+    print()
+    print("Same calls again, from a fresh in-memory cache (as a new process would):")
+    winners = {(r.op_id, r.signature): r.winner for r in rows}
+    table = []
+    for job in jobs:
+        t0 = time.perf_counter()
+        _run_job(ex2, job, key)
+        elapsed = time.perf_counter() - t0
+        for r in _rows(recorder2.take(), job):
+            same = winners.get((r.op_id, r.signature))
+            table.append(
+                [
+                    r.op_id,
+                    r.signature,
+                    r.source,
+                    "yes" if same == r.winner else "no",
+                    f"{elapsed:.2f} s",
+                ]
+            )
+    print_table(["op", "shape", "config from", "same winner", "call (no tuning)"], table)
+    tuned_total = sum(r.wall_s for r in rows if r.source == "tuned")
+    print()
+    print(
+        f"Tuning took {tuned_total:.1f} s; the second pass tuned nothing. Total {time.perf_counter() - start:.1f} s."
+    )
+    print("See every candidate: kerneltune report --out report.png (or report.html)")
+    return 0
+
+
+def _speedup(r: Row) -> str:
+    if r.heuristic_s and r.tuned_s:
+        return f"{r.heuristic_s / r.tuned_s:.2f}x"
+    return "-"
