@@ -25,7 +25,6 @@ import math
 import os
 import threading
 import time
-import types
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -510,8 +509,16 @@ def encode(value: Any) -> Any:
         if not all(isinstance(k, str) for k in value):
             raise TypeError(f"only string keys can be written, got {sorted(map(repr, value))}")
         return {"__dict__": {k: encode(v) for k, v in value.items()}}
-    if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type)):
-        return {"__ref__": _name_of(value)}
+    if callable(value) and hasattr(value, "__qualname__"):
+        # Functions, classes and jitted functions, by name, if the name leads back here.
+        name = _name_of(value)
+        try:
+            same = resolve(name) is value
+        except ImportError:
+            same = False
+        if not same:
+            raise TypeError(f"{value!r:.60} cannot be imported by name by another process")
+        return {"__ref__": name}
     raise TypeError(
         f"cannot write a {type(value).__qualname__} ({value!r:.60}) to a manifest; static "
         "arguments must be JSON-like values, dtypes, enums, dataclasses or named functions."

@@ -1,0 +1,102 @@
+"""vmap_with_config / pmap_with_config: one config for the whole batch, tuned once."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_offline_kernels import CHEAPEST, HEURISTIC, LoopKernel, fast_tuner
+
+import kerneltune as kt
+from kerneltune._src.batch import pmap_with_config, vmap_with_config
+
+
+def tuning_executor(fallback="autotune"):
+    events = []
+
+    def on_event(event, **data):
+        events.append((event, data))
+
+    chain = kt.ConfigSelectorChain(
+        kt.ConfigCache(),
+        policy=kt.AutotunePolicy(cache_miss_fallback=fallback),
+        tuner=fast_tuner(),
+        on_event=on_event,
+    )
+    return kt.Executor(chain), events
+
+
+def started(events):
+    return [d for e, d in events if e == "autotune_start"]
+
+
+def test_vmap_with_config_tunes_once_for_the_whole_batch():
+    ex, events = tuning_executor()
+    f = vmap_with_config(LoopKernel(), executor=ex)
+    x = jax.random.normal(jax.random.PRNGKey(0), (6, 64, 64))
+    out = f(x, alpha=0.5)
+    np.testing.assert_allclose(out, x * 0.5, rtol=1e-6)
+    (tuned,) = started(events)
+    # The key is the one of a single element (the mapped axis removed).
+    inv, _, _ = ex._invocation(LoopKernel(), (x[0],), {"alpha": 0.5})
+    assert tuned["call_key"] == inv.call_key
+    assert f.choose_config(x, alpha=0.5) == CHEAPEST
+    again = f(x + 1.0, alpha=0.5)
+    np.testing.assert_allclose(again, (x + 1.0) * 0.5, rtol=1e-6)
+    jitted = jax.jit(lambda x: f(x, alpha=0.5))(x)
+    np.testing.assert_allclose(jitted, x * 0.5, rtol=1e-6)
+    assert len(started(events)) == 1
+    # Every element ran with the tuned config (it is in the stamped label).
+    lowered = jax.jit(lambda x: f(x, alpha=0.5)).lower(x)
+    assert {lab.call_key for lab in kt_labels(lowered)} == {inv.call_key}
+
+
+def kt_labels(lowered):
+    from kerneltune._src import labels
+
+    return labels.kernel_labels_in_lowered(lowered)
+
+
+def test_vmap_with_config_in_axes_and_unmapped_arguments():
+    class AddKernel(LoopKernel):
+        op_id = "add_loop"
+
+        def run(self, x, y, *, cfg):
+            return super().run(x, cfg=cfg) + y
+
+    ex, events = tuning_executor(fallback="heuristics")
+    x = jax.random.normal(jax.random.PRNGKey(1), (8, 8, 5))
+    y = jax.random.normal(jax.random.PRNGKey(2), (8, 8))
+    f = vmap_with_config(AddKernel(), in_axes=(2, None), executor=ex)
+    out = f(x, y)
+    expected = jax.vmap(lambda a: a + y, in_axes=2)(x)
+    np.testing.assert_allclose(out, expected, rtol=1e-6)
+    assert [e for e, _ in events] == ["heuristics"]
+    assert f.choose_config(x, y) == HEURISTIC
+    with pytest.raises(ValueError, match="in_axes has 1 entries for 2"):
+        vmap_with_config(AddKernel(), in_axes=(0,), executor=ex)(x, y)
+    with pytest.raises(TypeError, match="in_axes entries must be ints"):
+        vmap_with_config(AddKernel(), in_axes="0")
+
+
+def test_pmap_with_config_tunes_once_for_every_device():
+    n = jax.local_device_count()
+    assert n >= 2
+    ex, events = tuning_executor()
+    f = pmap_with_config(LoopKernel(), executor=ex)
+    x = jax.random.normal(jax.random.PRNGKey(3), (n, 64, 64))
+    out = f(x, alpha=2.0)
+    np.testing.assert_allclose(out, x * 2.0, rtol=1e-6)
+    assert len(out.sharding.device_set) == n
+    np.testing.assert_allclose(f(x * 3.0, alpha=2.0), x * 6.0, rtol=1e-6)
+    (tuned,) = started(events)
+    inv, _, _ = ex._invocation(LoopKernel(), (x[0],), {"alpha": 2.0})
+    assert tuned["call_key"] == inv.call_key
+    assert f.choose_config(x, alpha=2.0) == CHEAPEST
+
+
+def test_batched_wrappers_use_the_default_executor(monkeypatch):
+    ex, events = tuning_executor(fallback="heuristics")
+    monkeypatch.setattr(kt._src.executor, "_default", ex)
+    out = vmap_with_config(LoopKernel())(jnp.ones((2, 4, 4)))
+    np.testing.assert_allclose(out, jnp.ones((2, 4, 4)))
+    assert [e for e, _ in events] == ["heuristics"]

@@ -1,0 +1,147 @@
+"""Labels survive into the lowered module, its HLO and the compiled HLO, under jit,
+grad and vmap, and parse back into (op, call key)."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+from test_offline_kernels import HEURISTIC, LoopKernel, SinKernel
+
+import kerneltune as kt
+from kerneltune._src import labels, options
+
+
+def heuristics_executor():
+    chain = kt.ConfigSelectorChain(
+        kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback="heuristics")
+    )
+    return kt.Executor(chain)
+
+
+def three_texts(lowered):
+    return {
+        "stablehlo": lowered.as_text(),
+        "hlo": lowered.compiler_ir("hlo").as_hlo_text(),
+        "compiled": lowered.compile().as_text(),
+    }
+
+
+def two_call_model(ex, kernel):
+    def model(x):
+        y = ex(kernel, x, alpha=2.0)
+        z = ex(kernel, y[:8, :8])
+        return jnp.sum(jnp.sin(z)) + jnp.sum(jnp.cos(y))
+
+    return model
+
+
+def expected_keys(ex, kernel, x):
+    """The (op_id_v, call_key) of the model's two calls, as the executor computes them."""
+    inv1, _, _ = ex._invocation(kernel, (x,), {"alpha": 2.0})
+    inv2, _, _ = ex._invocation(kernel, (x[:8, :8],), {})
+    return {(inv1.op_id_v, inv1.call_key), (inv2.op_id_v, inv2.call_key)}
+
+
+def found_keys(text):
+    out = set()
+    for lab in labels.extract_labels_from_hlo_text(text):
+        parsed = labels.parse_label(lab)
+        if parsed is not None:
+            out.add((parsed.op_id_v, parsed.call_key))
+    return out
+
+
+@pytest.mark.parametrize("transform", ["jit", "grad", "vmap"])
+def test_two_calls_found_in_all_three_texts(transform):
+    ex, kernel = heuristics_executor(), LoopKernel()
+    model = two_call_model(ex, kernel)
+    x = jax.random.normal(jax.random.PRNGKey(0), (16, 16))
+    want = expected_keys(ex, kernel, x)
+    assert len(want) == 2
+    if transform == "jit":
+        lowered = jax.jit(model).lower(x)
+    elif transform == "grad":
+        lowered = jax.jit(jax.grad(model)).lower(x)
+    else:
+        lowered = jax.jit(jax.vmap(model)).lower(jnp.stack([x, x, x]))
+    for name, text in three_texts(lowered).items():
+        assert found_keys(text) == want, name
+    assert {(lab.op_id_v, lab.call_key) for lab in labels.kernel_labels_in_lowered(lowered)} == want
+
+
+def test_backward_kernel_has_its_own_label_under_grad():
+    ex = heuristics_executor()
+    fwd = SinKernel(executor=ex)
+
+    def loss(x):
+        return jnp.sum(ex(fwd, x) ** 2)
+
+    x = jax.random.normal(jax.random.PRNGKey(1), (8, 8))
+    lowered = jax.jit(jax.value_and_grad(loss)).lower(x)
+    for name, text in three_texts(lowered).items():
+        ops = {op for op, _ in found_keys(text)}
+        assert ops == {"sin_fwd@v0", "sin_bwd@v0"}, name
+
+
+def test_json_stamp_keeps_quotes_in_every_text():
+    ex, kernel = heuristics_executor(), LoopKernel()
+    x = jax.random.normal(jax.random.PRNGKey(2), (8, 8))
+    with options.scoped(stamp="json"):
+        lowered = jax.jit(lambda x: ex(kernel, x)).lower(x)
+        texts = three_texts(lowered)
+    for name, text in texts.items():
+        (found,) = labels.extract_labels_from_hlo_text(text)
+        parsed = labels.parse_label(found)
+        assert parsed is not None, name
+        assert json.loads(parsed.cfg_json) == {"reps": HEURISTIC.reps}, name
+
+
+def test_no_labels_when_stamping_is_off():
+    ex, kernel = heuristics_executor(), LoopKernel()
+    x = jax.random.normal(jax.random.PRNGKey(3), (8, 8))
+    with options.scoped(stamp="none"):
+        lowered = jax.jit(lambda x: ex(kernel, x)).lower(x)
+    assert kt.find_labels_in_lowered(lowered) == []
+    no_stamp = jax.jit(lambda x: ex(kernel, x, stamp=False)).lower(x)
+    assert kt.find_labels_in_lowered(no_stamp) == []
+
+
+def test_label_decorator_in_every_text():
+    @kt.label("my_block:v2@x")
+    def block(x):
+        return jnp.sin(x) * 3.0
+
+    lowered = jax.jit(block).lower(jnp.ones(4))
+    for name, text in three_texts(lowered).items():
+        assert kt.extract_labels_from_hlo_text(text) == ["my_block:v2@x"], name
+    assert kt.find_labels_in_lowered(lowered.compile()) == ["my_block:v2@x"]
+    assert labels.parse_label("my_block:v2@x") is None
+
+
+def test_extract_decodes_both_escape_styles():
+    hlo = 'HloModule m\n  %a = f32[] add(), frontend_attributes={kerneltune_label="p:op@v1:k:{\\"b\\":2}"}'
+    mlir = 'module @m {\n  %0 = stablehlo.add {mhlo.frontend_attributes = {kerneltune_label = "p:op@v1:k:{\\22b\\22:2}"}}'
+    assert kt.extract_labels_from_hlo_text(hlo) == ['p:op@v1:k:{"b":2}']
+    assert kt.extract_labels_from_hlo_text(mlir) == ['p:op@v1:k:{"b":2}']
+
+
+def test_parse_label_keeps_colons_in_the_op_id():
+    parsed = labels.parse_label('kerneltune:ns:op@v3:abc123:{"a":1}')
+    assert (parsed.prefix, parsed.op_id_v, parsed.call_key, parsed.cfg_json) == (
+        "kerneltune",
+        "ns:op@v3",
+        "abc123",
+        '{"a":1}',
+    )
+    assert parsed.text == 'kerneltune:ns:op@v3:abc123:{"a":1}'
+
+
+def test_labels_to_configs_reads_the_caches():
+    ex, kernel = heuristics_executor(), LoopKernel()
+    x = jax.random.normal(jax.random.PRNGKey(4), (8, 8))
+    lowered = jax.jit(lambda x: ex(kernel, x)).lower(x)
+    assert kt.labels_to_configs(lowered, ex.chooser) == {}
+    ((op, key),) = found_keys(lowered.as_text())
+    ex.chooser.cache.put(kt.device_fingerprint(), op, key, HEURISTIC)
+    assert kt.labels_to_configs(lowered, ex.chooser) == {(op, key): HEURISTIC}

@@ -1,0 +1,156 @@
+"""method="shard_map": per-shard execution and tuning; sharding-aware keys."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+from test_offline_kernels import (
+    CHEAPEST,
+    HEURISTIC,
+    LoopKernel,
+    ShapeSpy,
+    ShardAwareKernel,
+    fast_tuner,
+)
+
+import kerneltune as kt
+from kerneltune._src import offline, recording
+from kerneltune._src.sharding import per_shard_args, shard_shape
+
+
+@pytest.fixture(autouse=True)
+def empty_registry():
+    recording.clear_invocations()
+    yield
+    recording.clear_invocations()
+
+
+def mesh_2x2():
+    return Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("x", "y"))
+
+
+def tuning_executor(fallback="autotune"):
+    events = []
+
+    def on_event(event, **data):
+        events.append((event, data))
+
+    chain = kt.ConfigSelectorChain(
+        kt.ConfigCache(),
+        policy=kt.AutotunePolicy(cache_miss_fallback=fallback),
+        tuner=fast_tuner(),
+        on_event=on_event,
+    )
+    return kt.Executor(chain), events
+
+
+def started(events):
+    return [d for e, d in events if e == "autotune_start"]
+
+
+def test_shard_shapes():
+    sizes = {"x": 2, "y": 2}
+    assert shard_shape((8, 6, 4), P("x", None, "y"), sizes) == (4, 6, 2)
+    assert shard_shape((8, 6), P(("x", "y")), sizes) == (2, 6)
+    assert shard_shape((8, 6), None, sizes) == (8, 6)
+    assert shard_shape((8, 6), P(), sizes) == (8, 6)
+    with pytest.raises(ValueError, match="do not divide"):
+        shard_shape((6, 6), P(("x", "y")), sizes)
+    with pytest.raises(ValueError, match="names mesh axes \\['z'\\]"):
+        shard_shape((8,), P("z"), sizes)
+    mesh = mesh_2x2()
+    a, b = jax.ShapeDtypeStruct((8, 4), jnp.float32), jax.ShapeDtypeStruct((4,), jnp.int32)
+    shards = per_shard_args((a, (b, 3)), (P("x"), (P("y"), None)), mesh)
+    assert [s.shape for s in jax.tree_util.tree_leaves(shards)[:2]] == [(4, 4), (2,)]
+    assert per_shard_args((a,), P(None, "y"), mesh)[0].shape == (8, 2)
+
+
+def test_shard_map_runs_per_shard_and_tunes_per_shard_once():
+    ex, events = tuning_executor()
+    kernel, mesh = ShapeSpy(), mesh_2x2()
+    x = jax.random.normal(jax.random.PRNGKey(0), (16, 32, 32))
+    call = dict(method="shard_map", mesh=mesh, in_specs=(P(("x", "y")),), out_specs=P(("x", "y")))
+    out = ex(kernel, x, **call)
+    np.testing.assert_allclose(out, 2.0 * x, rtol=1e-6)
+    np.testing.assert_allclose(ex(kernel, x + 1.0, **call), 2.0 * (x + 1.0), rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(lambda x: ex(kernel, x, **call))(x), 2.0 * x, rtol=1e-6)
+    assert len(started(events)) == 1
+    # Its hooks only ever saw one shard: 16 rows over 4 devices.
+    assert {shape for _, shape in kernel.seen} == {(4, 32, 32)}
+    dev, key = kt.device_fingerprint(), started(events)[0]["call_key"]
+    assert ex.chooser.cache.get(dev, "spy@v0", key) == CHEAPEST
+    # The mesh and specs are part of the key: split another way, tuned again.
+    other = dict(call, in_specs=(P("x"),), out_specs=P("x"))
+    np.testing.assert_allclose(ex(kernel, x, **other), 2.0 * x, rtol=1e-6)
+    assert len(started(events)) == 2
+    assert started(events)[0]["call_key"] != started(events)[1]["call_key"]
+    assert {shape for _, shape in kernel.seen} == {(4, 32, 32), (8, 32, 32)}
+
+
+def test_run_shard_map_is_preferred_when_defined():
+    ex, _ = tuning_executor(fallback="heuristics")
+    x = jax.random.normal(jax.random.PRNGKey(1), (8, 4, 4))
+    out = ex(
+        ShardAwareKernel(),
+        x,
+        method="shard_map",
+        mesh=mesh_2x2(),
+        in_specs=P("x"),
+        out_specs=P("x"),
+    )
+    np.testing.assert_allclose(out, 3.0 * x, rtol=1e-6)
+
+
+def test_shard_map_records_replay_from_a_manifest(tmp_path):
+    ex, _ = tuning_executor(fallback="heuristics")
+    kernel, mesh = LoopKernel(), mesh_2x2()
+    x = jax.random.normal(jax.random.PRNGKey(2), (4, 32, 32))
+    call = dict(method="shard_map", mesh=mesh, in_specs=(P("y"),), out_specs=P("y"))
+    with recording.record_calls():
+        ex(kernel, x, alpha=2.0, **call)
+    path = tmp_path / "m.json"
+    recording.save_manifest(path)
+    (record,) = recording.load_manifest(path)["loop@v0"].values()
+    assert record.method == "shard_map" and record.in_specs == (P("y"),)
+    assert dict(record.mesh.shape) == {"x": 2, "y": 2}
+    chain, events = tuning_executor()[0].chooser, []
+    chain.on_event = lambda event, **data: events.append((event, data))
+    result = offline.autotune_recorded([record], selector=chain)
+    (entry,) = result
+    assert entry.cfg == CHEAPEST and started(events)[0]["call_key"] == record.call_key
+    live, _, _ = ex._invocation(kernel, (x,), {"alpha": 2.0}, **call)
+    assert live.call_key == record.call_key
+    with result:  # the tuned config applies to the live call
+        assert ex.chooser.choose(live, kernel) == CHEAPEST
+        np.testing.assert_allclose(ex(kernel, x, alpha=2.0, **call), 2.0 * x, rtol=1e-6)
+    assert ex.chooser.choose(live, kernel) == HEURISTIC
+
+
+def test_sharding_fingerprints_and_the_sharding_aware_key():
+    class Sharded(LoopKernel):
+        op_id = "sharded_loop"
+        key_builder = staticmethod(kt.default_key_builder_with_sharding)
+
+    mesh = mesh_2x2()
+    x = jnp.ones((8, 8))
+    rows = jax.device_put(x, NamedSharding(mesh, P("x", None)))
+    cols = jax.device_put(x, NamedSharding(mesh, P(None, "y")))
+    assert kt.sharding_fingerprint(x) == "single"
+    assert kt.sharding_fingerprint(rows) != kt.sharding_fingerprint(cols)
+    assert "x=2" in kt.sharding_fingerprint(rows)
+
+    ex, events = tuning_executor(fallback="heuristics")
+    keys = set()
+    for arr in (x, rows, cols):
+        inv, _, _ = ex._invocation(Sharded(), (arr,), {})
+        keys.add(inv.call_key)
+        plain, _, _ = ex._invocation(LoopKernel(), (arr,), {})
+        assert plain.call_key == ex._invocation(LoopKernel(), (x,), {})[0].call_key
+    assert len(keys) == 3
+    with recording.record_calls():
+        np.testing.assert_allclose(ex(Sharded(), rows), x, rtol=1e-6)
+    (record,) = recording.get_invocations()["sharded_loop@v0"].values()
+    assert record.shardings == (kt.sharding_fingerprint(rows),)
+    assert record.invocation().call_key == record.call_key
