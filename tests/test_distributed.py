@@ -354,3 +354,20 @@ def test_verify_agreement_reads_executors_and_results():
     assert verify_agreement(kt.Executor(chain)).keys == 1
     with pytest.raises(TypeError, match="source must be"):
         verify_agreement(42)
+
+
+def test_mixed_devices_and_timers_still_agree_with_a_warning(caplog):
+    key = new_key()
+
+    def body(peers):
+        r = report([1e-3, 2e-3, 3e-3] if peers.process_id else [3e-3, 2e-3, 1e-3])
+        if peers.process_id:
+            r = dataclasses.replace(r, timer="cupti")
+        dev_key = ("NVIDIA H200|cuda 13000" if peers.process_id else DEV, *key[1:])
+        return agree(dev_key, r, peers=peers, timeout_s=5)
+
+    with caplog.at_level("WARNING", logger="kerneltune"):
+        got = run_as_processes(2, body)
+    assert got[0].best == got[1].best
+    text = caplog.text
+    assert "different devices" in text and "different timers" in text

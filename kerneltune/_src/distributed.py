@@ -308,6 +308,12 @@ def combine(payloads: Mapping[int, Mapping[str, Any]], cfgs: Sequence[Any]) -> A
             "anything that differs between hosts)."
         )
     n = len(cfgs)
+    if any(len(p["status"]) != n for p in payloads.values()):
+        raise AgreementError(
+            f"the processes' results have {len(next(iter(payloads.values()))['status'])} "
+            f"candidates but this process has {n}; candidate lists must not change between "
+            "attempts to agree on one key."
+        )
     combined: list[float | None] = []
     coverage: list[int] = []
     excluded: dict[int, str] = {}
@@ -416,6 +422,14 @@ def _log(
             "combined as if they were comparable.",
             report.name,
             ", ".join(fingerprints),
+        )
+    timers = sorted({str(p.get("timer")) for p in payloads.values()})
+    if len(timers) > 1:
+        logger.warning(
+            "processes agreeing on %s measured with different timers (%s): their timings "
+            "are combined as if they were comparable.",
+            report.name,
+            ", ".join(timers),
         )
     what = report.name or "kernel"
     if agreement.winner is None:
