@@ -253,8 +253,6 @@ def _forget(persistent: Any, jobs: list[DemoJob], key: jax.Array) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """The `kerneltune demo` command."""
-    from tqdm.auto import tqdm
-
     from kerneltune._src.cache_cli import _open, format_time, print_table
     from kerneltune._src.executor import Executor
     from kerneltune.kernels._common import on_gpu
@@ -283,7 +281,7 @@ def run(args: argparse.Namespace) -> int:
     recorder = _Recorder()
     ex = Executor(_chain(persistent, recorder))
     rows: list[Row] = []
-    bar = tqdm(jobs, desc="tuning", unit="call", file=sys.stderr, leave=False, disable=None)
+    bar = _progress(jobs)
     for job in bar:
         bar.set_postfix_str(f"{job.op} {job.shape}")
         _run_job(ex, job, key)
@@ -355,6 +353,23 @@ def run(args: argparse.Namespace) -> int:
     )
     print("See every candidate: kerneltune report --out report.png (or report.html)")
     return 0
+
+
+class _NoBar(list):  # type: ignore[type-arg]
+    def set_postfix_str(self, text: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(jobs: list[DemoJob]) -> Any:
+    """A progress bar over the jobs on a terminal (tqdm), else a plain list."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return _NoBar(jobs)
+    return tqdm(jobs, desc="tuning", unit="call", file=sys.stderr, leave=False, disable=None)
 
 
 def _speedup(r: Row) -> str:

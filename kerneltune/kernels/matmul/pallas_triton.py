@@ -21,11 +21,13 @@ from kerneltune.kernels._common import triton_compiler_params
 from kerneltune.kernels.matmul.config import MatmulConfig
 
 
-def _tile_kernel(x_ref, y_ref, o_ref, *, bk: int, steps: int):
+def _tile_kernel(x_ref, y_ref, o_ref, *, bk: int, steps: int, upcast: bool):
     def step(i, acc):
         start = pl.multiple_of(i * bk, bk)
         x = x_ref[:, pl.ds(start, bk)]
         y = y_ref[pl.ds(start, bk), :]
+        if upcast:  # the interpreter on CPUs: XLA:CPU has no bf16 x bf16 -> f32 dot.
+            x, y = x.astype(jnp.float32), y.astype(jnp.float32)
         # jnp.dot, not pl.dot: the latter is deprecated in JAX 0.11 and gone in 0.12.
         return acc + jnp.dot(x, y, preferred_element_type=jnp.float32)
 
@@ -79,7 +81,7 @@ def matmul_pallas(
         return _grouped_tile(pid, tiles_m, tiles_n, group_m)
 
     out = pl.pallas_call(
-        functools.partial(_tile_kernel, bk=cfg.bk, steps=kp // cfg.bk),
+        functools.partial(_tile_kernel, bk=cfg.bk, steps=kp // cfg.bk, upcast=interpret),
         out_shape=jax.ShapeDtypeStruct((mp, np_), x.dtype),
         grid=(tiles_m * tiles_n,),
         in_specs=[pl.BlockSpec((cfg.bm, kp), x_map), pl.BlockSpec((kp, cfg.bn), y_map)],
