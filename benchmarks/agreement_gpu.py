@@ -129,7 +129,7 @@ def worker(args: argparse.Namespace) -> None:
 
     import kerneltune as kt
     from kerneltune._src import distributed
-    from kerneltune._src.distributed import verify_agreement
+    from kerneltune import verify_agreement
     from kerneltune.kernels.matmul.api import Matmul, MatmulInterpret
 
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")

@@ -9,6 +9,10 @@ from kerneltune._src.cache import overlay_cache as overlay_cache
 from kerneltune._src.devices import device_fingerprint as device_fingerprint
 from kerneltune._src.devices import device_kind as device_kind
 from kerneltune._src.devices import get_device_platform as get_device_platform
+from kerneltune._src.distributed import AgreementCheck as AgreementCheck
+from kerneltune._src.distributed import AgreementError as AgreementError
+from kerneltune._src.distributed import AgreementTimeoutError as AgreementTimeoutError
+from kerneltune._src.distributed import verify_agreement as verify_agreement
 from kerneltune._src.executor import ConfigChooser as ConfigChooser
 from kerneltune._src.executor import Executor as Executor
 from kerneltune._src.executor import default_executor as default_executor
@@ -46,6 +50,9 @@ from kerneltune._src.tuning.tuner import Tuner as Tuner
 from kerneltune._src.version import __version__ as __version__
 
 __all__ = [
+    "AgreementCheck",
+    "AgreementError",
+    "AgreementTimeoutError",
     "AutotunePolicy",
     "AutotuningResult",
     "BwdParams",
@@ -84,4 +91,5 @@ __all__ = [
     "sharding_fingerprint",
     "stable_json",
     "to_json",
+    "verify_agreement",
 ]

@@ -544,7 +544,7 @@ def verify_agreement(
 
     Example:
       >>> import kerneltune
-      >>> from kerneltune._src.distributed import verify_agreement
+      >>> from kerneltune import verify_agreement
       >>> verify_agreement(kerneltune.ConfigCache()).ok  # one process: nothing to compare
       True
     """
