@@ -35,8 +35,11 @@ from kerneltune._src.labels import extract_labels_from_hlo_text as extract_label
 from kerneltune._src.labels import find_labels_in_lowered as find_labels_in_lowered
 from kerneltune._src.labels import label as label
 from kerneltune._src.labels import labels_to_configs as labels_to_configs
+from kerneltune._src.cache_entry import CacheEntry as CacheEntry
 from kerneltune._src.params import BwdParams as BwdParams
 from kerneltune._src.params import FwdParams as FwdParams
+from kerneltune._src.persistent import PersistentCache as PersistentCache
+from kerneltune._src.persistent import default_persistent_cache as default_persistent_cache
 from kerneltune._src.result import AutotuningResult as AutotuningResult
 from kerneltune._src.result import Entry as Entry
 from kerneltune._src.selection import AutotunePolicy as AutotunePolicy
@@ -56,6 +59,7 @@ __all__ = [
     "AutotunePolicy",
     "AutotuningResult",
     "BwdParams",
+    "CacheEntry",
     "CacheMissError",
     "CandidateResult",
     "Cfg",
@@ -69,12 +73,14 @@ __all__ = [
     "Invocation",
     "Kernel",
     "Out",
+    "PersistentCache",
     "Tuner",
     "TuningReport",
     "__version__",
     "abstractify",
     "default_executor",
     "default_key_builder_with_sharding",
+    "default_persistent_cache",
     "device_fingerprint",
     "device_kind",
     "explain",
