@@ -100,3 +100,18 @@ def test_batched_wrappers_use_the_default_executor(monkeypatch):
     out = vmap_with_config(LoopKernel())(jnp.ones((2, 4, 4)))
     np.testing.assert_allclose(out, jnp.ones((2, 4, 4)))
     assert [e for e, _ in events] == ["heuristics"]
+
+
+def test_batched_calls_are_recorded_per_element():
+    from kerneltune._src import recording
+
+    recording.clear_invocations()
+    ex, _ = tuning_executor(fallback="heuristics")
+    f = vmap_with_config(LoopKernel(), executor=ex)
+    x = jnp.ones((3, 4, 4))
+    f(x)
+    with recording.record_calls():
+        f(x)
+    (record,) = recording.get_invocations()["loop@v0"].values()
+    assert record.signature == "f32[4,4]"
+    recording.clear_invocations()

@@ -223,3 +223,19 @@ def test_record_without_recording_option_is_explicit():
     record = kt_record = recording.record_invocation(kernel, inv)
     assert recording.record_invocation(kernel, inv) is kt_record
     assert recording.get_invocations() == {"loop@v0": {inv.call_key: record}}
+
+
+def test_calls_made_before_recording_are_recorded_inside_the_block():
+    ex, kernel = heuristics_executor(), LoopKernel()
+    x = jnp.ones((4, 4))
+    jitted = jax.jit(lambda x: ex(kernel, x[:2, :2]))
+    ex(kernel, x)  # now in the executor's eager dispatch table
+    jitted(x)  # now in JAX's trace cache
+    assert recording.get_invocations() == {}
+    with recording.record_calls():
+        ex(kernel, x)
+        jitted(x)
+    assert sorted(r.signature for r in recording.get_invocations()["loop@v0"].values()) == [
+        "f32[2,2]",
+        "f32[4,4]",
+    ]

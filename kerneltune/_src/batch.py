@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from kerneltune._src import keys, scope
+from kerneltune._src import keys, options, scope
 from kerneltune._src.executor import Executor, default_executor
 from kerneltune._src.kernel import Kernel
 
@@ -114,7 +114,12 @@ class _Batched:
             program = self._programs.get(fast)
             if program is not None:
                 return program(*args)
-        cfg = ex.choose_config(self.kernel, *_example(args, axes), **kwargs)
+        inv, _, _ = ex._invocation(self.kernel, _example(args, axes), kwargs)
+        cfg = ex.chooser.choose(inv, self.kernel)
+        if options.get("record"):
+            from kerneltune._src import recording
+
+            recording.record_invocation(self.kernel, inv)
         mapped = self._mapped(ex, cfg, axes, kwargs)
         if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs))):
             return mapped(*args)

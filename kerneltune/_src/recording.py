@@ -31,7 +31,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from kerneltune._src import devices, keys, options
+from kerneltune._src import devices, keys, options, scope
 from kerneltune._src.kernel import Invocation, Kernel
 
 logger = logging.getLogger("kerneltune")
@@ -280,12 +280,25 @@ def clear_invocations() -> None:
         _registry.clear()
 
 
+# A policy-update entry for no selector: it changes nothing but the scope, and the scope
+# is part of the executor's eager dispatch key and of JAX's trace cache key, so calls
+# made inside `record_calls()` reach the executor's slow path (where calls are recorded)
+# even when the same call ran before the block.
+_RECORDING_MARK = -1
+
+
 @contextlib.contextmanager
 def record_calls() -> Iterator[None]:
     """Records every executor call made inside the block (context-local), like
-    `KERNELTUNE_RECORD=1`. A function jitted before the block is not traced again, so
-    its calls are only recorded if it is first traced inside."""
-    with options.scoped(record=True):
+    `KERNELTUNE_RECORD=1`. Functions jitted before the block are traced again inside it,
+    so their calls are recorded too.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> with record_calls():
+      ...     pass  # run the model once here
+    """
+    with options.scoped(record=True), scope.with_policy_updates(_RECORDING_MARK, {}):
         yield
 
 
