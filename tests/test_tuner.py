@@ -69,7 +69,7 @@ def test_picks_the_cheapest_of_several_fold_costs(ab):
     assert results[Reps(k=1)].time_s == pytest.approx(np.median(results[Reps(k=1)].samples_s))
     assert report.timer == "wallclock" and report.validated
     assert report.heuristic_time_s == results[Reps(k=6)].time_s
-    assert report.speedup > 2
+    assert report.speedup > 1
     assert report.strategy == "exhaustive"
 
 

@@ -87,6 +87,7 @@ class BenchSettings:
     rtol: Any
     validate: bool
     seed: int
+    drop_factor: float | None = 2.0
 
 
 class Bench:
@@ -252,11 +253,17 @@ class Bench:
 
     # --- timing ---------------------------------------------------------------------
 
-    def sample(self, cands: Sequence[Candidate], rounds: int) -> None:
-        """`rounds` interleaved rounds, one sample of each candidate per round."""
+    def sample(self, cands: Sequence[Candidate], rounds: int, *, drop_slow: bool = True) -> None:
+        """`rounds` interleaved rounds, one sample of each candidate per round.
+
+        After each round, a candidate whose fastest sample is already `drop_factor`
+        times the best median so far gets no more samples (a 2x slower config does not
+        need three samples to lose), unless `drop_slow` is False.
+        """
         cands = [c for c in cands if c.ok]
         if not cands or rounds <= 0:
             return
+        s = self._settings
         self._progress.add_total(rounds * len(cands))
         for r in range(rounds):
             order = list(cands)
@@ -265,9 +272,20 @@ class Bench:
                 if c.ok:
                     self._sample_one(c)
                 self._progress.advance(1, f"timing round {r + 1}/{rounds}")
-            s = self._settings
             if s.deadline is not None and time.perf_counter() >= s.deadline:
                 break  # out of time: every candidate has at least one sample
+            if drop_slow and s.drop_factor is not None and r + 1 < rounds:
+                cands = self._without_clearly_slow(cands, rounds - r - 1)
+
+    def _without_clearly_slow(self, cands: list[Candidate], rounds_left: int) -> list[Candidate]:
+        medians = [c.median for c in [*self.cands, self.reference] if c is not None and c.median]
+        if not medians:
+            return cands
+        limit = min(medians) * self._settings.drop_factor  # type: ignore[operator]
+        # A candidate's fastest sample decides: noise only ever makes samples slower.
+        keep = [c for c in cands if c.ok and (c is self.reference or min(c.samples) <= limit)]
+        self._progress.advance(rounds_left * (len(cands) - len(keep)))
+        return keep
 
     def _sample_one(self, c: Candidate) -> None:
         calls = self._calls_for(c)
@@ -309,6 +327,9 @@ class Bench:
 
     def close(self) -> None:
         self._pool.close()
+        close_timer = getattr(self.timer, "close", None)
+        if callable(close_timer):
+            close_timer()
         for c in [*self.cands, self.reference]:
             if c is not None:
                 c.compiled = None

@@ -16,6 +16,7 @@ has been seen to abort the whole process ("activity records were dropped"), so
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import logging
@@ -28,6 +29,10 @@ from typing import Any, Protocol, runtime_checkable
 import jax
 
 logger = logging.getLogger("kerneltune")
+
+#: Whether the default CUPTI timer keeps CUPTI attached between samples (see
+#: `CuptiTimer`).
+CUPTI_KEEP_ATTACHED = False
 
 #: Environment variables that mean another CUPTI client is injected into the process.
 _CUPTI_INJECTION_VARIABLES = ("CUDA_INJECTION64_PATH", "NSYS_PROFILING_SESSION_ID")
@@ -83,16 +88,23 @@ class CuptiTimer:
 
     name = "cupti"
 
-    def __init__(self) -> None:
+    def __init__(self, *, keep_attached: bool = False) -> None:
         self._measure = _measure_api()
         if self._measure is None:
             raise TimerFailed("jax.experimental.mosaic.gpu.profiler.measure is unavailable")
+        # Detaching CUPTI after every session (what `measure` does) has a cost; the
+        # profiler's `Cupti(finalize=False)` keeps it attached until `close()`.
+        self._session = _attached_session() if keep_attached else None
+        self._last: tuple[Callable[..., Any], Sequence[Any]] | None = None
 
     def sample(
         self, fn: Callable[..., Any], arg_sets: Sequence[Sequence[Any]], calls: int, start: int
     ) -> float:
         measure, takes_iterations, extra = self._measure  # type: ignore[misc]
+        if self._session is not None:
+            measure, takes_iterations, extra = self._session, True, {}
         args = arg_sets[start % len(arg_sets)]
+        self._last = (fn, args)
         try:
             if takes_iterations:
                 _, timings = measure(fn, iterations=calls, **extra)(*args)
@@ -111,6 +123,31 @@ class CuptiTimer:
         if not per_call_ms:
             raise TimerFailed("CUPTI recorded no kernel for this function")
         return sum(per_call_ms) / len(per_call_ms) / 1e3
+
+    def close(self) -> None:
+        """Detaches CUPTI when sessions kept it attached."""
+        if self._session is None or self._last is None:
+            return
+        fn, args = self._last
+        self._last = None
+        try:
+            measure, _, extra = self._measure  # type: ignore[misc]
+            measure(fn, **extra)(*args)  # a plain session detaches at its end
+        except Exception as e:
+            logger.debug("detaching CUPTI failed: %s", e)
+
+
+def _attached_session() -> Callable[..., Any] | None:
+    try:
+        from jax.experimental.mosaic.gpu import profiler
+
+        cls = profiler.Cupti
+        if "finalize" not in {f.name for f in dataclasses.fields(cls)}:
+            return None
+        session = cls(finalize=False)
+        return session.measure
+    except Exception:
+        return None
 
 
 def _looks_like_timer_error(e: BaseException) -> bool:
@@ -268,6 +305,6 @@ def choose_timer(preference: str | Timer = "auto") -> tuple[Timer, str | None]:
     if conflict is not None:
         return WallClockTimer(), f"CUPTI not used: {conflict}"
     try:
-        return CuptiTimer(), None
+        return CuptiTimer(keep_attached=CUPTI_KEEP_ATTACHED), None
     except TimerFailed as e:
         return WallClockTimer(), f"CUPTI not used: {e}"

@@ -100,6 +100,9 @@ class Tuner(Generic[Cfg]):
       seed: for the round order and randomised searches.
       rotate_bytes: input copies are made until cycling through them touches this many
         bytes (default: 128 MiB on GPU, 0 on CPU); 0 turns rotation off.
+      drop_factor: after each timing round, a candidate whose fastest sample is this
+        many times the best median gets no more samples (None: every candidate gets
+        every round).
     """
 
     def __init__(
@@ -122,6 +125,7 @@ class Tuner(Generic[Cfg]):
         decide: Decide | None = None,
         seed: int = 0,
         rotate_bytes: int | None = None,
+        drop_factor: float | None = 2.0,
     ) -> None:
         _check_int("warmup", warmup, 0)
         _check_int("iters", iters, 1)
@@ -136,6 +140,7 @@ class Tuner(Generic[Cfg]):
             ("time_budget_s", time_budget_s),
             ("compile_timeout_s", compile_timeout_s),
             ("target_sample_s", target_sample_s),
+            ("drop_factor", drop_factor),
         ):
             if value is not None and not (isinstance(value, (int, float)) and value > 0):
                 raise ValueError(
@@ -168,6 +173,7 @@ class Tuner(Generic[Cfg]):
         self.decide: Decide = decide or fastest
         self.seed = seed
         self.rotate_bytes = rotate_bytes
+        self.drop_factor = drop_factor
 
     # The seed's API -------------------------------------------------------------------
 
@@ -353,6 +359,7 @@ class Tuner(Generic[Cfg]):
             rtol=self.rtol,
             validate=self.validate and validate,
             seed=self.seed,
+            drop_factor=self.drop_factor,
         )
         return Bench(build, arg_sets, candidates, reference_cfg, timer, settings, progress)
 
