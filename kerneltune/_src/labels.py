@@ -28,6 +28,7 @@ ATTRIBUTE = "kerneltune_label"
 _ATTR_RE = re.compile(ATTRIBUTE + r'\s*=\s*"((?:[^"\\]|\\.)*)"')
 F = TypeVar("F", bound=Callable[..., Any])
 
+_set_xla_metadata: Any
 try:
     from jax.experimental.xla_metadata import set_xla_metadata as _set_xla_metadata
 except ImportError:  # pragma: no cover - very old or very new JAX

@@ -584,8 +584,9 @@ def _as_dtype(value: Any) -> np.dtype[Any] | None:
         return value
     if isinstance(value, type) and issubclass(value, np.generic):
         return np.dtype(value)
-    if isinstance(value, type) and isinstance(getattr(value, "dtype", None), np.dtype):
-        return value.dtype  # JAX's scalar types, e.g. jnp.bfloat16
+    dtype = getattr(value, "dtype", None) if isinstance(value, type) else None
+    if isinstance(dtype, np.dtype):
+        return dtype  # JAX's scalar types, e.g. jnp.bfloat16
     return None
 
 

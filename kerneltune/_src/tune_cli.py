@@ -93,18 +93,18 @@ def run(args: argparse.Namespace) -> int:
     )
     rows = []
     for o in outcomes:
-        e = o.entry
-        ok_candidates = sum(1 for t in (e.timings if e else ()) if t.get("status") == "ok")
-        tried = len(e.timings) if e else 0
+        entry = o.entry
+        timings = entry.timings if entry is not None else ()
+        ok_candidates = sum(1 for t in timings if t.get("status") == "ok")
         rows.append(
             [
                 o.record.op_id_v,
                 _shorten(o.record.signature, 40),
-                f"{ok_candidates}/{tried}" if tried else "-",
-                format_time(e.heuristic_time_s if e else None),
-                format_time(e.best_time_s if e else None),
-                f"{e.speedup:.2f}x" if e is not None and e.speedup else "-",
-                _shorten(_cfg_text(e.cfg), 40) if e else "-",
+                f"{ok_candidates}/{len(timings)}" if timings else "-",
+                format_time(entry.heuristic_time_s if entry is not None else None),
+                format_time(entry.best_time_s if entry is not None else None),
+                f"{entry.speedup:.2f}x" if entry is not None and entry.speedup else "-",
+                _shorten(_cfg_text(entry.cfg), 40) if entry is not None else "-",
                 o.status if o.error is None else f"{o.status}: {_shorten(o.error, 60)}",
             ]
         )
@@ -133,6 +133,7 @@ def _selector(args: argparse.Namespace) -> Any:
     from kerneltune.cli import CommandError
 
     cache_dir = getattr(args, "cache_dir", None)
+    persistent: PersistentCache[Any] | None
     try:
         if cache_dir:
             persistent = PersistentCache(cache_dir, readonly=options.get("cache_readonly"))
