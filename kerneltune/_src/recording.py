@@ -476,6 +476,11 @@ def _record_from_document(doc: Mapping[str, Any]) -> Record:
 # Dicts are tagged too, so that a user's dict can never be mistaken for a tagged value.
 
 
+_MESH_TYPES = tuple(
+    t for t in (getattr(jax.sharding, n, None) for n in ("Mesh", "AbstractMesh")) if t is not None
+)
+
+
 def encode(value: Any) -> Any:
     """Abstract arguments and static values as JSON data (see `decode`).
 
@@ -504,7 +509,7 @@ def encode(value: Any) -> Any:
         }
     if isinstance(value, jax.sharding.PartitionSpec):
         return {"__pspec__": [encode(p) for p in value]}
-    if isinstance(value, (jax.sharding.Mesh, jax.sharding.AbstractMesh)):
+    if isinstance(value, _MESH_TYPES):
         return {
             "__mesh__": [str(n) for n in value.axis_names],
             "sizes": [int(s) for s in value.shape.values()],
