@@ -308,26 +308,47 @@ def work_diag(tiny):
     from jax.experimental.mosaic.gpu import profiler
 
     out["measure_signature"] = str(inspect.signature(profiler.measure))
-    out["has_Cupti_class"] = hasattr(profiler, "Cupti")
+    cupti_cls = getattr(profiler, "Cupti", None)
+    out["Cupti_fields"] = [f.name for f in dataclasses.fields(cupti_cls)] if cupti_cls else None
+    try:
+        smi = subprocess.run(
+            [
+                "nvidia-smi",
+                "--query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu",
+                "--format=csv,noheader",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+        out["nvidia_smi"] = smi.stdout.strip()
+    except Exception as e:
+        out["nvidia_smi"] = repr(e)
     x = jnp.ones((4096, 4096), jnp.bfloat16)
     fn = jax.jit(lambda v: v @ v).lower(x).compile()
     costs = {}
-    for iterations in (1, 10):
-        walls, device = [], []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            _, t = profiler.measure(fn, iterations=iterations)(x)
-            walls.append(time.perf_counter() - t0)
-            device.append(t)
-        costs[f"iterations={iterations}"] = {"wall_s": walls, "device_ms": repr(device[-1])[:200]}
-    if hasattr(profiler, "Cupti"):
-        walls = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            profiler.Cupti(finalize=False).measure(fn, iterations=1)(x)
-            walls.append(time.perf_counter() - t0)
-        profiler.Cupti(finalize=True).measure(fn, iterations=1)(x)
-        costs["Cupti(finalize=False)"] = {"wall_s": walls}
+
+    def session_costs(label, make):
+        walls, device = [], None
+        try:
+            for _ in range(5):
+                t0 = time.perf_counter()
+                _, device = make()(x)
+                walls.append(time.perf_counter() - t0)
+            costs[label] = {"wall_s": [round(w, 5) for w in walls], "device_ms": repr(device)[:200]}
+        except Exception as e:
+            costs[label] = {"error": f"{type(e).__name__}: {e}"[:300]}
+
+    session_costs("measure(iterations=1)", lambda: profiler.measure(fn, iterations=1))
+    session_costs("measure(iterations=10)", lambda: profiler.measure(fn, iterations=10))
+    if cupti_cls is not None:
+        session_costs(
+            "Cupti(finalize=False)(iterations=1)",
+            lambda: cupti_cls(finalize=False).measure(fn, iterations=1),
+        )
+        session_costs(
+            "Cupti(finalize=True) after", lambda: cupti_cls(finalize=True).measure(fn, iterations=1)
+        )
     t0 = time.perf_counter()
     for _ in range(10):
         jax.block_until_ready(fn(x))
@@ -444,12 +465,11 @@ def run_worker(method, shape, args, env, timeout_s):
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout_s:.0f} s"}, time.perf_counter() - start
     elapsed = time.perf_counter() - start
-    log_name = f"{method}-{'x'.join(map(str, shape)) if shape else 'all'}.log"
     if args.out:
-        (Path(args.out) / "logs").mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "logs" / log_name).write_text(
-            proc.stdout + "\n--- stderr ---\n" + proc.stderr
-        )
+        # One log file for all workers: only a few files come back from the GPU machine.
+        with open(Path(args.out) / "worker_logs.txt", "a") as log:
+            log.write(f"\n===== {method} {shape} (exit {proc.returncode}, {elapsed:.1f} s) =====\n")
+            log.write(proc.stdout[-20000:] + "\n--- stderr ---\n" + proc.stderr[-20000:])
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT ") :]), elapsed
