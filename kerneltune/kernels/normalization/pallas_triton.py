@@ -80,7 +80,10 @@ def _forward(
         interpret=interpret,
         name=f"kerneltune_{which}",
     )
-    result = jax.vmap(call, in_axes=(0, None, None))(rows, weight, bias)
+    # JAX's kernel bodies mix the float32 statistics with the parameters, which only
+    # type-checks under standard dtype promotion when they are 16-bit: pass float32.
+    f32 = jnp.float32
+    result = jax.vmap(call, in_axes=(0, None, None))(rows, weight.astype(f32), bias.astype(f32))
     if not with_stats:
         return result.reshape(x.shape)
     out, *stats = result

@@ -1,0 +1,234 @@
+"""Attention: JAX's Pallas mha made tunable, forward and backward tuned separately,
+with an XLA path; values and gradients against a float32 reference."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import kerneltune as kt
+from kerneltune import BwdParams, FwdParams
+from kerneltune.kernels import Attention, AttentionBackward, AttentionInterpret, attention
+from kerneltune.kernels._common import relative_error, tolerance
+from kerneltune.kernels.attention import config as ac
+from kerneltune.kernels.attention.pallas_triton import block_sizes
+from kerneltune.kernels.attention.reference import attention_reference
+from kerneltune.kernels.attention.shapes import TEST_SHAPES
+
+BF16 = jnp.bfloat16
+
+
+@pytest.fixture
+def key():
+    seed = int(np.random.SeedSequence().entropy % (2**31))
+    print(f"seed {seed}")
+    return jax.random.PRNGKey(seed)
+
+
+def qkv(key, b, t, h, d, dtype=jnp.float32):
+    keys = jax.random.split(key, 4)
+    q, k, v, do = (jax.random.normal(kk, (b, t, h, d), jnp.float32).astype(dtype) for kk in keys)
+    return q, k, v, do
+
+
+def executor(events=None, policy=None):
+    chain = kt.ConfigSelectorChain(
+        kt.ConfigCache(),
+        policy=policy or kt.AutotunePolicy(cache_miss_fallback="heuristics"),
+        tuner=kt.Tuner(progress=False),
+        on_event=None if events is None else (lambda e, **d: events.append((e, d))),
+    )
+    return kt.Executor(chain)
+
+
+def value_and_grads(fn, args, dout):
+    def both(args, dout):
+        out, pullback = jax.vjp(fn, *args)
+        return out, pullback(dout)
+
+    return jax.jit(both)(args, dout)
+
+
+def reference_value_and_grads(q, k, v, do, causal):
+    f32 = [a.astype(jnp.float32) for a in (q, k, v)]
+    return value_and_grads(
+        lambda *a: attention_reference(*a, causal=causal), f32, do.astype(jnp.float32)
+    )
+
+
+def assert_matches(out, grads, ref, ref_grads, dtype):
+    assert relative_error(out, ref) <= tolerance(dtype)
+    for g, r in zip(grads, ref_grads):
+        assert relative_error(g, r) <= 2 * tolerance(dtype)
+
+
+# --- configs ------------------------------------------------------------------------
+
+
+def test_heuristics_are_jax_defaults():
+    p = ac.AttentionProblem(2, 2048, 2048, 8, 64, np.dtype(BF16), True)
+    assert ac.fwd_heuristic(p) == FwdParams(
+        q_blocksize=128, kv_blocksize=128, num_warps=4, num_stages=2
+    )
+    assert ac.fwd_heuristic(dataclasses.replace(p, head_dim=128)).num_warps == 8
+    assert ac.bwd_heuristic(p) == BwdParams(q_blocksize=32, kv_blocksize=32, num_warps=4)
+    short = dataclasses.replace(p, q_len=64, kv_len=64)
+    assert ac.fwd_heuristic(short).q_blocksize == 64
+
+
+def test_candidate_spaces_are_pruned_with_reasons():
+    p = ac.AttentionProblem(4, 4096, 4096, 16, 128, np.dtype(BF16), True)
+    fwd, fwd_pruned = ac.fwd_candidates(p)
+    bwd, bwd_pruned = ac.bwd_candidates(p)
+    assert ac.fwd_heuristic(p) in fwd and ac.bwd_heuristic(p) in bwd
+    for c in fwd:
+        assert ac.fwd_shared_memory_bytes(p, c) <= 227 * 1024
+    assert all(x.reason for x in fwd_pruned + bwd_pruned)
+    odd = dataclasses.replace(p, q_len=96, kv_len=96)
+    _, pruned = ac.fwd_candidates(odd)
+    assert any("not a multiple of" in x.reason for x in pruned)
+
+
+def test_params_map_onto_jax_block_sizes():
+    sizes = block_sizes(
+        FwdParams(q_blocksize=64, kv_blocksize=32), BwdParams(q_blocksize=16, kv_blocksize=64)
+    )
+    assert (sizes.block_q, sizes.block_k) == (64, 32)
+    # kv_blocksize is the block each program owns (dK/dV for keys, dQ for queries).
+    assert (sizes.block_kv_dkv, sizes.block_q_dq) == (64, 64)
+    assert (sizes.block_q_dkv, sizes.block_kv_dq) == (16, 16)
+
+
+# --- the XLA path -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, BF16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape", TEST_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_xla_path_values_and_gradients(key, shape, dtype):
+    *dims, causal = shape
+    q, k, v, do = qkv(key, *dims, dtype=dtype)
+    ex = executor()
+    out, grads = value_and_grads(
+        lambda *a: attention(*a, causal=causal, executor=ex), (q, k, v), do
+    )
+    assert out.dtype == dtype and all(g.dtype == dtype for g in grads)
+    assert_matches(out, grads, *reference_value_and_grads(q, k, v, do, causal), dtype)
+
+
+def test_gradients_go_through_the_backward_kernel(key):
+    events: list = []
+    ex = executor(events)
+    q, k, v, do = qkv(key, 1, 32, 2, 16)
+    value_and_grads(lambda *a: attention(*a, causal=True, executor=ex), (q, k, v), do)
+    ops = {d["op_id"] for _, d in events}
+    assert ops == {"attention@v1", "attention_bwd@v1"}
+
+
+def test_sm_scale_and_causal_are_part_of_the_key(key):
+    q, k, v, _ = qkv(key, 1, 16, 1, 8)
+    kernel = Attention()
+    inv = {}
+    for causal in (False, True):
+        for scale in (None, 0.5):
+            args, kwargs = kernel.prepare(q, k, v, causal=causal, sm_scale=scale)
+            inv[(causal, scale)] = kt.Invocation(
+                op_id="attention", args=args, kwargs=kwargs
+            ).call_key
+    assert len(set(inv.values())) == 4
+    out = attention(q, k, v, sm_scale=0.5, executor=executor())
+    ref = attention_reference(q, k, v, sm_scale=0.5)
+    assert relative_error(out, ref) <= tolerance(jnp.float32)
+
+
+# --- the Pallas kernel in the interpreter -------------------------------------------
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_pallas_values_and_gradients(key, causal):
+    q, k, v, do = qkv(key, 1, 64, 2, 16)
+    ex = executor()
+    kernel = AttentionInterpret(executor=ex)
+    cfg = FwdParams(q_blocksize=32, kv_blocksize=32, num_warps=4, num_stages=2)
+    out, grads = value_and_grads(lambda *a: ex(kernel, *a, causal=causal, cfg=cfg), (q, k, v), do)
+    assert_matches(out, grads, *reference_value_and_grads(q, k, v, do, causal), jnp.float32)
+
+
+def test_pallas_bf16_forward(key):
+    q, k, v, _ = qkv(key, 1, 64, 1, 32, dtype=BF16)
+    out = executor()(AttentionInterpret(), q, k, v, causal=True)
+    assert out.dtype == BF16
+    assert relative_error(out, attention_reference(q, k, v, causal=True)) <= tolerance(BF16)
+
+
+# --- separate tuning of the two passes ---------------------------------------------
+
+
+class _TwoFwd(Attention):
+    op_id = "attention-test"
+
+    def candidate_cfgs_xla(self, inv):
+        return [
+            FwdParams(q_blocksize=16, kv_blocksize=16, num_warps=4, num_stages=1),
+            self.heuristic_cfg(inv),
+        ]
+
+
+class _TwoBwd(AttentionBackward):
+    op_id = "attention_bwd-test"
+
+    def candidate_cfgs_xla(self, inv):
+        return [BwdParams(q_blocksize=16, kv_blocksize=16, num_warps=4), self.heuristic_cfg(inv)]
+
+
+_TwoFwd.backward_type = _TwoBwd
+_TwoBwd.forward_type = _TwoFwd
+
+
+def test_forward_and_backward_are_tuned_separately_under_jit(key):
+    events: list = []
+    ex = executor(events, policy=kt.AutotunePolicy())
+    q, k, v, do = qkv(key, 1, 32, 2, 16)
+    out, grads = value_and_grads(
+        lambda *a: ex(_TwoFwd(executor=ex), *a, causal=True), (q, k, v), do
+    )
+    assert_matches(out, grads, *reference_value_and_grads(q, k, v, do, True), jnp.float32)
+    tuned = {d["op_id"]: d["report"] for e, d in events if e == "autotune_finish"}
+    assert set(tuned) == {"attention-test@v1", "attention_bwd-test@v1"}
+    assert isinstance(tuned["attention-test@v1"].best, FwdParams)
+    assert isinstance(tuned["attention_bwd-test@v1"].best, BwdParams)
+    # The backward was tuned while traced: on inputs from tuning_inputs, validated.
+    assert tuned["attention_bwd-test@v1"].validated
+
+
+def test_backward_tuning_inputs_are_consistent_residuals(key):
+    kernel = AttentionBackward()
+    q, k, v, _ = qkv(key, 1, 32, 2, 16)
+    lse = jax.ShapeDtypeStruct((1, 2, 32), jnp.float32)
+    args, kwargs = kernel.prepare(q, k, v, q, lse, q, causal=True)
+    inv = kt.Invocation(op_id=kernel.op_id, args=args, kwargs=kwargs)
+    (tq, tk, tv, out, tlse, dout), kw = kernel.tuning_inputs(inv)
+    assert not bool(jnp.all(dout == 0))
+    ref = attention_reference(tq, tk, tv, causal=True, sm_scale=kw["sm_scale"])
+    assert relative_error(out, ref) <= 1e-5
+    assert tlse.shape == (1, 2, 32) and tlse.dtype == jnp.float32
+
+
+@pytest.mark.parametrize(
+    "shapes",
+    [((1, 16, 2, 8), (1, 16, 2, 4), (1, 16, 2, 4)), ((1, 16, 8), (1, 16, 8), (1, 16, 8))],
+)
+def test_bad_shapes_are_rejected(shapes):
+    arrays = [jnp.ones(s) for s in shapes]
+    with pytest.raises(ValueError, match="attention"):
+        attention(*arrays, executor=executor())
+
+
+def test_default_scale_is_inverse_sqrt_head_dim(key):
+    q, k, v, _ = qkv(key, 1, 16, 1, 64)
+    _, kwargs = Attention().prepare(q, k, v)
+    assert kwargs["sm_scale"] == pytest.approx(1 / math.sqrt(64))

@@ -1,0 +1,230 @@
+"""The bundled Pallas matmul: config, pruning, interpreter and XLA paths, gradients."""
+
+from __future__ import annotations
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import kerneltune as kt
+from kerneltune._src import options
+from kerneltune.kernels import Matmul, MatmulConfig, MatmulInterpret, matmul
+from kerneltune.kernels._common import relative_error, tolerance
+from kerneltune.kernels.matmul import config as mc
+from kerneltune.kernels.matmul.pallas_triton import _grouped_tile, matmul_pallas
+from kerneltune.kernels.matmul.shapes import TEST_SHAPES
+
+BF16 = jnp.bfloat16
+
+
+@pytest.fixture
+def key():
+    seed = int(np.random.SeedSequence().entropy % (2**31))
+    print(f"seed {seed}")
+    return jax.random.PRNGKey(seed)
+
+
+def heuristics_executor(events=None):
+    chain = kt.ConfigSelectorChain(
+        kt.ConfigCache(),
+        policy=kt.AutotunePolicy(cache_miss_fallback="heuristics"),
+        on_event=None if events is None else (lambda e, **d: events.append((e, d))),
+    )
+    return kt.Executor(chain)
+
+
+def operands(key, m, k, n, dtype):
+    a, b = jax.random.split(key)
+    return (
+        jax.random.normal(a, (m, k), jnp.float32).astype(dtype),
+        jax.random.normal(b, (k, n), jnp.float32).astype(dtype),
+    )
+
+
+def reference(x, y):
+    return np.asarray(x, np.float64) @ np.asarray(y, np.float64)
+
+
+# --- config and candidate space ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"bm": 96}, "MatmulConfig.bm must be a positive power of two, got 96"),
+        ({"bk": 8}, "MatmulConfig.bk must be at least 16"),
+        ({"num_warps": 3}, "MatmulConfig.num_warps must be a positive power of two"),
+        ({"num_stages": 0}, "MatmulConfig.num_stages must be a positive integer"),
+    ],
+)
+def test_config_is_validated_where_it_is_built(fields, message):
+    with pytest.raises(ValueError, match=message):
+        MatmulConfig(**fields)
+
+
+def test_config_is_frozen_keyword_only_and_round_trips_json():
+    cfg = MatmulConfig(bm=64, bn=128, bk=32, num_warps=8, num_stages=4)
+    assert kt.from_json(kt.to_json(cfg), MatmulConfig) == cfg
+    with pytest.raises(TypeError):
+        MatmulConfig(64)  # type: ignore[misc]
+    assert hash(cfg) == hash(MatmulConfig(bm=64, bn=128, bk=32, num_warps=8, num_stages=4))
+
+
+def test_large_problem_keeps_only_configs_that_fit():
+    p = mc.MatmulProblem(4096, 4096, 4096, np.dtype(BF16))
+    kept, pruned = mc.candidates(p, smem_limit=227 * 1024)
+    assert mc.heuristic(p) in kept
+    assert len(kept) >= 30
+    for c in kept:
+        assert mc.shared_memory_bytes(p, c) <= 227 * 1024
+        assert mc.accumulator_registers(c) <= 255
+        assert p.m % c.bm == 0 and p.n % c.bn == 0 and p.k % c.bk == 0
+    reasons = " ".join(x.reason for x in pruned)
+    assert "shared memory" in reasons and "registers per thread" in reasons
+    assert not set(kept) & {x.cfg for x in pruned}
+
+
+def test_a_smaller_shared_memory_prunes_more():
+    p = mc.MatmulProblem(4096, 4096, 4096, np.dtype(BF16))
+    big, _ = mc.candidates(p, smem_limit=227 * 1024)
+    small, pruned = mc.candidates(p, smem_limit=99 * 1024)
+    assert len(small) < len(big)
+    assert any("more than the 99 KiB available" in x.reason for x in pruned)
+
+
+def test_shapes_no_tile_divides_fall_back_to_the_heuristic_with_reasons():
+    p = mc.MatmulProblem(100, 50, 70, np.dtype(np.float32))
+    kept, pruned = mc.candidates(p)
+    assert kept == [mc.heuristic(p)]
+    assert any("is not a multiple of" in x.reason for x in pruned)
+
+
+def test_pruned_candidates_are_logged_at_debug(caplog):
+    with caplog.at_level(logging.DEBUG, logger="kerneltune"):
+        mc.candidates(mc.MatmulProblem(64, 64, 64, np.dtype(np.float32)))
+    assert any("pruned MatmulConfig" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(("m", "k", "n"), [(4096, 4096, 4096), (16, 4096, 4096), (8192, 1024, 64)])
+def test_heuristic_fits_shared_memory(m, k, n):
+    p = mc.MatmulProblem(m, n, k, np.dtype(BF16))
+    assert mc.shared_memory_bytes(p, mc.heuristic(p)) <= mc.shared_memory_limit()
+
+
+def test_grouped_tile_order_visits_every_tile_once():
+    for tiles_m, tiles_n, group in [(5, 3, 2), (8, 4, 8), (3, 7, 1), (6, 6, 4)]:
+        seen = {
+            tuple(int(v) for v in _grouped_tile(pid, tiles_m, tiles_n, min(group, tiles_m)))
+            for pid in range(tiles_m * tiles_n)
+        }
+        assert seen == {(i, j) for i in range(tiles_m) for j in range(tiles_n)}
+
+
+# --- the Pallas kernel in the interpreter ---------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, BF16], ids=["f32", "bf16"])
+@pytest.mark.parametrize(("m", "k", "n"), TEST_SHAPES)
+def test_pallas_matches_reference(key, m, k, n, dtype):
+    x, y = operands(key, m, k, n, dtype)
+    cfg = MatmulConfig(bm=32, bn=32, bk=32, group_m=2)
+    out = matmul_pallas(x, y, cfg, interpret=True)
+    assert out.shape == (m, n) and out.dtype == dtype
+    assert relative_error(out, reference(x, y)) <= tolerance(dtype)
+
+
+def test_gradients_run_the_kernel_on_transposed_problems(key):
+    events: list = []
+    ex = heuristics_executor(events)
+    kernel = MatmulInterpret(executor=ex)
+    x, y = operands(key, 64, 32, 48, jnp.float32)
+    dout = jax.random.normal(jax.random.fold_in(key, 1), (64, 48), jnp.float32)
+
+    def value_and_grads(x, y, dout):
+        out, pullback = jax.vjp(lambda a, b: ex(kernel, a, b), x, y)
+        return out, pullback(dout)
+
+    out, (dx, dy) = jax.jit(value_and_grads)(x, y, dout)
+    assert relative_error(out, reference(x, y)) <= tolerance(jnp.float32)
+    assert relative_error(dx, np.asarray(dout, np.float64) @ np.asarray(y, np.float64).T) <= 1e-5
+    assert relative_error(dy, np.asarray(x, np.float64).T @ np.asarray(dout, np.float64)) <= 1e-5
+    keys = {d["call_key"] for e, d in events if d["op_id"] == "matmul-interpret@v1"}
+    assert len(keys) == 3  # the forward and the two transposed products
+
+
+def test_autotuning_picks_one_of_the_candidates_and_validates_them(key):
+    events: list = []
+    ex = kt.Executor(
+        kt.ConfigSelectorChain(
+            kt.ConfigCache(),
+            tuner=kt.Tuner(progress=False),
+            on_event=lambda e, **d: events.append((e, d)),
+        )
+    )
+    x, y = operands(key, 64, 64, 64, jnp.float32)
+    out = ex(MatmulInterpret(executor=ex), x, y)
+    assert relative_error(out, reference(x, y)) <= tolerance(jnp.float32)
+    (report,) = [d["report"] for e, d in events if e == "autotune_finish"]
+    allowed = mc.interpret_candidates(mc.MatmulProblem(64, 64, 64, np.dtype(np.float32)))
+    assert report.best in allowed
+    assert report.validated and not report.failures
+
+
+def test_forcing_the_triton_backend_on_a_cpu_runs_the_interpreter(key):
+    x, y = operands(key, 64, 32, 32, jnp.float32)
+    ex = heuristics_executor()
+    with options.scoped(platform="triton"):
+        out = ex(Matmul(executor=ex), x, y, cfg=MatmulConfig(bm=32, bn=32, bk=32))
+    assert relative_error(out, reference(x, y)) <= tolerance(jnp.float32)
+
+
+# --- the XLA path and the public function ---------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, BF16], ids=["f32", "bf16"])
+def test_public_matmul_flattens_leading_dims(key, dtype):
+    a, b = jax.random.split(key)
+    x = jax.random.normal(a, (2, 3, 64), jnp.float32).astype(dtype)
+    y = jax.random.normal(b, (64, 16), jnp.float32).astype(dtype)
+    out = matmul(x, y, executor=heuristics_executor())
+    assert out.shape == (2, 3, 16) and out.dtype == dtype
+    ref = np.einsum("abk,kn->abn", np.asarray(x, np.float64), np.asarray(y, np.float64))
+    assert relative_error(out, ref) <= tolerance(dtype)
+
+
+def test_xla_path_gradients(key):
+    x, y = operands(key, 16, 32, 8, jnp.float32)
+    ex = heuristics_executor()
+    g = jax.jit(jax.grad(lambda a, b: jnp.sum(matmul(a, b, executor=ex) ** 2), argnums=(0, 1)))(
+        x, y
+    )
+    gr = jax.grad(lambda a, b: jnp.sum((a @ b) ** 2), argnums=(0, 1))(x, y)
+    for a, b in zip(g, gr):
+        assert relative_error(a, b) <= 1e-5
+
+
+def test_cpu_xla_path_has_no_candidates_so_it_uses_the_heuristic(key):
+    events: list = []
+    ex = kt.Executor(
+        kt.ConfigSelectorChain(kt.ConfigCache(), on_event=lambda e, **d: events.append(e))
+    )
+    x, y = operands(key, 32, 32, 32, jnp.float32)
+    ex(Matmul(executor=ex), x, y)
+    assert "heuristics" in events and "autotune_start" not in events
+
+
+@pytest.mark.parametrize(
+    ("x", "y", "error"),
+    [
+        (jnp.ones((4, 3)), jnp.ones((4, 3)), ValueError),
+        (jnp.ones((4,)), jnp.ones((4, 3)), ValueError),
+        (jnp.ones((4, 3)), jnp.ones((3, 2), BF16), TypeError),
+        (jnp.ones((4, 3), jnp.int32), jnp.ones((3, 2), jnp.int32), TypeError),
+    ],
+)
+def test_bad_operands_are_rejected_with_a_clear_error(x, y, error):
+    with pytest.raises(error, match="matmul"):
+        heuristics_executor()(Matmul(), x, y)

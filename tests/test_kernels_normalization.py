@@ -1,0 +1,166 @@
+"""Layer norm and RMS norm: JAX's Pallas GPU kernels with our launch parameters, and
+the XLA path; values and gradients against a float32 reference."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import kerneltune as kt
+from kerneltune.kernels import (
+    LayerNormInterpret,
+    NormConfig,
+    RMSNormInterpret,
+    layer_norm,
+    rms_norm,
+)
+from kerneltune.kernels._common import relative_error, tolerance
+from kerneltune.kernels.normalization import config as nc
+from kerneltune.kernels.normalization.reference import layer_norm_reference, rms_norm_reference
+from kerneltune.kernels.normalization.shapes import TEST_SHAPES
+
+BF16 = jnp.bfloat16
+
+
+@pytest.fixture
+def key():
+    seed = int(np.random.SeedSequence().entropy % (2**31))
+    print(f"seed {seed}")
+    return jax.random.PRNGKey(seed)
+
+
+def executor():
+    return kt.Executor(
+        kt.ConfigSelectorChain(
+            kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback="heuristics")
+        )
+    )
+
+
+def inputs(key, shape, dtype):
+    a, b, c, d = jax.random.split(key, 4)
+    n = shape[-1]
+    x = (2.0 + 3.0 * jax.random.normal(a, shape, jnp.float32)).astype(
+        dtype
+    )  # mean and scale away from 0, 1
+    w = (1.0 + 0.2 * jax.random.normal(b, (n,), jnp.float32)).astype(dtype)
+    bias = (0.2 * jax.random.normal(c, (n,), jnp.float32)).astype(dtype)
+    dout = jax.random.normal(d, shape, jnp.float32).astype(dtype)
+    return x, w, bias, dout
+
+
+def value_and_grads(fn, args, dout):
+    def both(args, dout):
+        out, pullback = jax.vjp(fn, *args)
+        return out, pullback(dout)
+
+    return jax.jit(both)(args, dout)
+
+
+def check(fn, ref, args, dout, dtype):
+    out, grads = value_and_grads(fn, args, dout)
+    f32 = tuple(a.astype(jnp.float32) for a in args)
+    r, rgrads = value_and_grads(ref, f32, dout.astype(jnp.float32))
+    assert out.dtype == dtype and out.shape == args[0].shape
+    assert relative_error(out, r) <= tolerance(dtype)
+    for g, rg in zip(grads, rgrads):
+        assert g.dtype == dtype
+        assert relative_error(g, rg) <= 2 * tolerance(dtype)
+
+
+# --- configs ------------------------------------------------------------------------
+
+
+def test_config_is_validated():
+    with pytest.raises(
+        ValueError, match=r"NormConfig\.block_size must be a positive power of two, got 100"
+    ):
+        NormConfig(block_size=100)
+    with pytest.raises(ValueError, match=r"NormConfig\.num_warps"):
+        NormConfig(num_warps=0)
+
+
+@pytest.mark.parametrize(
+    ("n", "dtype", "block", "warps"),
+    [
+        (1000, np.float32, 1024, 4),
+        (64, np.float32, 128, 1),
+        (8192, np.dtype(BF16), 4096, 8),
+        (256, np.float32, 256, 1),
+    ],
+)
+def test_heuristic_is_jax_s_own_choice(n, dtype, block, warps):
+    assert nc.heuristic(nc.NormProblem(8, n, np.dtype(dtype))) == NormConfig(
+        block_size=block, num_warps=warps
+    )
+
+
+def test_candidates_are_pruned_with_reasons():
+    kept, pruned = nc.candidates(nc.NormProblem(1024, 512, np.dtype(BF16)))
+    assert all(c.block_size <= 512 for c in kept)
+    assert any("larger than the row" in p.reason for p in pruned)
+    assert any("more threads" in p.reason for p in pruned)
+
+
+# --- XLA path -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, BF16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape", TEST_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_layer_norm_xla(key, shape, dtype):
+    x, w, b, do = inputs(key, shape, dtype)
+    ex = executor()
+    check(lambda *a: layer_norm(*a, executor=ex), layer_norm_reference, (x, w, b), do, dtype)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, BF16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape", TEST_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_rms_norm_xla(key, shape, dtype):
+    x, w, _, do = inputs(key, shape, dtype)
+    ex = executor()
+    check(lambda *a: rms_norm(*a, executor=ex), rms_norm_reference, (x, w), do, dtype)
+
+
+# --- Pallas in the interpreter --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "block"),
+    [
+        ((4, 8, 256), jnp.float32, 128),  # several steps over the row
+        ((15, 200), BF16, 256),  # a row shorter than the block: masked lanes
+    ],
+)
+def test_layer_norm_pallas(key, shape, dtype, block):
+    x, w, b, do = inputs(key, shape, dtype)
+    ex = executor()
+    kernel = LayerNormInterpret(executor=ex)
+    cfg = NormConfig(block_size=block, num_warps=4)
+    check(lambda *a: ex(kernel, *a, cfg=cfg), layer_norm_reference, (x, w, b), do, dtype)
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "block"), [((4, 8, 256), jnp.float32, 128), ((3, 1000), BF16, 512)]
+)
+def test_rms_norm_pallas(key, shape, dtype, block):
+    x, w, _, do = inputs(key, shape, dtype)
+    ex = executor()
+    kernel = RMSNormInterpret(executor=ex)
+    cfg = NormConfig(block_size=block, num_warps=2)
+    check(lambda *a: ex(kernel, *a, cfg=cfg), rms_norm_reference, (x, w), do, dtype)
+
+
+def test_eps_is_a_static_argument(key):
+    x, w, b, _ = inputs(key, (4, 64), jnp.float32)
+    out = layer_norm(x, w, b, eps=0.5, executor=executor())
+    assert relative_error(out, layer_norm_reference(x, w, b, eps=0.5)) <= 1e-5
+    assert relative_error(out, layer_norm_reference(x, w, b)) > 1e-3
+
+
+def test_bad_parameters_are_rejected():
+    with pytest.raises(ValueError, match="weight must have shape"):
+        layer_norm(jnp.ones((2, 8)), jnp.ones(4), jnp.ones(8), executor=executor())
+    with pytest.raises(TypeError, match="rms_norm-interpret takes x, weight"):
+        executor()(RMSNormInterpret(), jnp.ones((2, 8)), jnp.ones(8), jnp.ones(8))

@@ -1,0 +1,93 @@
+"""Softmax: JAX's Pallas GPU kernel with a tuned warp count, the XLA path, gradients."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import kerneltune as kt
+from kerneltune.kernels import SoftmaxConfig, SoftmaxInterpret, softmax
+from kerneltune.kernels._common import relative_error, tolerance
+from kerneltune.kernels.softmax import config as sc
+from kerneltune.kernels.softmax.reference import softmax_reference
+from kerneltune.kernels.softmax.shapes import TEST_SHAPES
+
+BF16 = jnp.bfloat16
+
+
+@pytest.fixture
+def key():
+    seed = int(np.random.SeedSequence().entropy % (2**31))
+    print(f"seed {seed}")
+    return jax.random.PRNGKey(seed)
+
+
+def executor():
+    return kt.Executor(
+        kt.ConfigSelectorChain(
+            kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback="heuristics")
+        )
+    )
+
+
+def check(fn, x, dout, dtype, axis=-1):
+    def both(x, dout):
+        out, pullback = jax.vjp(fn, x)
+        return out, pullback(dout)[0]
+
+    out, g = jax.jit(both)(x, dout)
+    r, rg = jax.jit(
+        lambda x, d: (lambda o, pb: (o, pb(d)[0]))(
+            *jax.vjp(lambda z: jax.nn.softmax(z, axis=axis), x)
+        )
+    )(x.astype(jnp.float32), dout.astype(jnp.float32))
+    assert out.dtype == dtype and g.dtype == dtype
+    assert relative_error(out, r) <= tolerance(dtype)
+    assert relative_error(g, rg) <= 2 * tolerance(dtype)
+
+
+def data(key, shape, dtype):
+    a, b = jax.random.split(key)
+    return (3 * jax.random.normal(a, shape, jnp.float32)).astype(dtype), jax.random.normal(
+        b, shape, jnp.float32
+    ).astype(dtype)
+
+
+def test_candidates_prune_warps_a_row_cannot_use():
+    kept, pruned = sc.candidates(sc.SoftmaxProblem(16, 64, np.dtype(np.float32)))
+    assert [c.num_warps for c in kept] == [1, 2]
+    assert all("more threads" in p.reason for p in pruned)
+    kept, pruned = sc.candidates(sc.SoftmaxProblem(16, 65536, np.dtype(np.float32)))
+    assert any("register spills" in p.reason for p in pruned)
+    assert sc.heuristic(sc.SoftmaxProblem(1, 8, np.dtype(np.float32))) == SoftmaxConfig(num_warps=4)
+    with pytest.raises(ValueError, match=r"SoftmaxConfig\.num_warps"):
+        SoftmaxConfig(num_warps=6)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, BF16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape", TEST_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_xla_path(key, shape, dtype):
+    x, do = data(key, shape, dtype)
+    ex = executor()
+    check(lambda z: softmax(z, executor=ex), x, do, dtype)
+
+
+def test_other_axes_are_moved_to_the_end(key):
+    x, do = data(key, (6, 5, 7), jnp.float32)
+    ex = executor()
+    check(lambda z: softmax(z, axis=1, executor=ex), x, do, jnp.float32, axis=1)
+
+
+@pytest.mark.parametrize(("shape", "dtype"), [((4, 8, 128), jnp.float32), ((7, 100), BF16)])
+def test_pallas(key, shape, dtype):
+    x, do = data(key, shape, dtype)
+    ex = executor()
+    kernel = SoftmaxInterpret(executor=ex)
+    check(lambda z: ex(kernel, z, cfg=SoftmaxConfig(num_warps=2)), x, do, dtype)
+
+
+def test_reference_is_a_softmax(key):
+    x, _ = data(key, (3, 9), jnp.float32)
+    assert np.allclose(np.asarray(softmax_reference(x)).sum(-1), 1.0, atol=1e-6)
