@@ -4,8 +4,11 @@ Selection order: explicit override → scoped overlay → memory cache → persi
 autotuning on the device → the kernel's heuristic → a clear error.
 """
 
+from kerneltune._src.batch import pmap_with_config as pmap_with_config
+from kerneltune._src.batch import vmap_with_config as vmap_with_config
 from kerneltune._src.cache import ConfigCache as ConfigCache
 from kerneltune._src.cache import overlay_cache as overlay_cache
+from kerneltune._src.cache_entry import CacheEntry as CacheEntry
 from kerneltune._src.devices import device_fingerprint as device_fingerprint
 from kerneltune._src.devices import device_kind as device_kind
 from kerneltune._src.devices import get_device_platform as get_device_platform
@@ -35,11 +38,19 @@ from kerneltune._src.labels import extract_labels_from_hlo_text as extract_label
 from kerneltune._src.labels import find_labels_in_lowered as find_labels_in_lowered
 from kerneltune._src.labels import label as label
 from kerneltune._src.labels import labels_to_configs as labels_to_configs
-from kerneltune._src.cache_entry import CacheEntry as CacheEntry
+from kerneltune._src.offline import autotune_lowered as autotune_lowered
+from kerneltune._src.offline import autotune_recorded as autotune_recorded
 from kerneltune._src.params import BwdParams as BwdParams
 from kerneltune._src.params import FwdParams as FwdParams
 from kerneltune._src.persistent import PersistentCache as PersistentCache
 from kerneltune._src.persistent import default_persistent_cache as default_persistent_cache
+from kerneltune._src.recording import Record as Record
+from kerneltune._src.recording import clear_invocations as clear_invocations
+from kerneltune._src.recording import get_invocations as get_invocations
+from kerneltune._src.recording import load_manifest as load_manifest
+from kerneltune._src.recording import record_calls as record_calls
+from kerneltune._src.recording import record_invocation as record_invocation
+from kerneltune._src.recording import save_manifest as save_manifest
 from kerneltune._src.result import AutotuningResult as AutotuningResult
 from kerneltune._src.result import Entry as Entry
 from kerneltune._src.selection import AutotunePolicy as AutotunePolicy
@@ -74,10 +85,14 @@ __all__ = [
     "Kernel",
     "Out",
     "PersistentCache",
+    "Record",
     "Tuner",
     "TuningReport",
     "__version__",
     "abstractify",
+    "autotune_lowered",
+    "autotune_recorded",
+    "clear_invocations",
     "default_executor",
     "default_key_builder_with_sharding",
     "default_persistent_cache",
@@ -89,13 +104,20 @@ __all__ = [
     "forward_autotune_only",
     "from_json",
     "get_device_platform",
+    "get_invocations",
     "label",
     "labels_to_configs",
+    "load_manifest",
     "overlay_cache",
+    "pmap_with_config",
     "policy_override",
+    "record_calls",
+    "record_invocation",
+    "save_manifest",
     "set_default_executor",
     "sharding_fingerprint",
     "stable_json",
     "to_json",
     "verify_agreement",
+    "vmap_with_config",
 ]

@@ -280,13 +280,6 @@ def clear_invocations() -> None:
         _registry.clear()
 
 
-# A policy-update entry for no selector: it changes nothing but the scope, and the scope
-# is part of the executor's eager dispatch key and of JAX's trace cache key, so calls
-# made inside `record_calls()` reach the executor's slow path (where calls are recorded)
-# even when the same call ran before the block.
-_RECORDING_MARK = -1
-
-
 @contextlib.contextmanager
 def record_calls() -> Iterator[None]:
     """Records every executor call made inside the block (context-local), like
@@ -298,7 +291,10 @@ def record_calls() -> Iterator[None]:
       >>> with record_calls():
       ...     pass  # run the model once here
     """
-    with options.scoped(record=True), scope.with_policy_updates(_RECORDING_MARK, {}):
+    # The recording flag is part of the scope, which keys both the executor's eager
+    # dispatch table and JAX's trace cache: calls that ran before the block reach the
+    # executor's slow path again (where calls are recorded) inside it.
+    with options.scoped(record=True), scope.with_recording():
         yield
 
 

@@ -1,6 +1,7 @@
-"""Context-local selection state: overlays, policy overrides, forward-only tuning.
+"""Context-local selection state: overlays, policy overrides, forward-only tuning, and
+whether calls are being recorded.
 
-All three are scoped with `with` blocks, are private to the thread or asyncio task that
+All of them are scoped with `with` blocks, are private to the thread or asyncio task that
 entered them, and take part in JAX's trace cache: a function jitted outside a block and
 called inside it is traced again (and picks the block's configs), and after the block it
 gets its old trace back. That is done with a JAX user context (`jax.make_user_context`)
@@ -73,12 +74,15 @@ class Scope:
     # (selector uid or None for "every selector", sorted policy field updates)
     policy_updates: tuple[tuple[int | None, tuple[tuple[str, Any], ...]], ...] = ()
     forward_only: bool = False
+    recording: bool = False
     _hash: int = dataclasses.field(default=0, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         # Hashed on every eager call and every jit dispatch: compute it once.
         object.__setattr__(
-            self, "_hash", hash((self.overlays, self.policy_updates, self.forward_only))
+            self,
+            "_hash",
+            hash((self.overlays, self.policy_updates, self.forward_only, self.recording)),
         )
 
     def __hash__(self) -> int:
@@ -140,3 +144,7 @@ def with_policy_updates(
 
 def with_forward_only() -> contextlib.AbstractContextManager[Scope]:
     return entered(dataclasses.replace(current(), forward_only=True))
+
+
+def with_recording() -> contextlib.AbstractContextManager[Scope]:
+    return entered(dataclasses.replace(current(), recording=True))
