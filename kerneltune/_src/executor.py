@@ -163,10 +163,7 @@ class Executor(Generic[Cfg, Out]):
         out_specs: Any,
     ) -> Out:
         _check_kernel(kernel)
-        if method not in (None, "shard_map"):
-            raise ValueError(f"method must be None or 'shard_map', got {method!r}.")
-        if method == "shard_map" and (mesh is None or in_specs is None or out_specs is None):
-            raise ValueError("method='shard_map' needs mesh=, in_specs= and out_specs=.")
+        _check_method(method, mesh, in_specs, out_specs)
         generation = self._generation
         inv, p_args, p_kwargs = self._invocation(
             kernel,
@@ -278,11 +275,29 @@ class Executor(Generic[Cfg, Out]):
     # -- the rest of the public API ----------------------------------------------------------
 
     def choose_config(
-        self, kernel: Kernel[Cfg, Out], *args: Any, cfg: Cfg | None = None, **kwargs: Any
+        self,
+        kernel: Kernel[Cfg, Out],
+        *args: Any,
+        cfg: Cfg | None = None,
+        method: str | None = None,
+        mesh: Any = None,
+        in_specs: Any = None,
+        out_specs: Any = None,
+        **kwargs: Any,
     ) -> Cfg:
         """The config a call with these arguments would use, without running it."""
         _check_kernel(kernel)
-        inv, _, _ = self._invocation(kernel, args, kwargs, override_cfg=cfg)
+        _check_method(method, mesh, in_specs, out_specs)
+        inv, _, _ = self._invocation(
+            kernel,
+            args,
+            kwargs,
+            override_cfg=cfg,
+            method=method,
+            mesh=mesh,
+            in_specs=in_specs,
+            out_specs=out_specs,
+        )
         return self.chooser.choose(inv, kernel)
 
     def compile(
@@ -355,6 +370,13 @@ def _default_keys(kernel: Kernel[Any, Any]) -> bool:
     """True when the kernel's call key depends on shapes, dtypes and static values only
     (a custom key_builder may look at shardings or anything else)."""
     return type(kernel).key_builder is None and "key_builder" not in vars(kernel)
+
+
+def _check_method(method: Any, mesh: Any, in_specs: Any, out_specs: Any) -> None:
+    if method not in (None, "shard_map"):
+        raise ValueError(f"method must be None or 'shard_map', got {method!r}.")
+    if method == "shard_map" and (mesh is None or in_specs is None or out_specs is None):
+        raise ValueError("method='shard_map' needs mesh=, in_specs= and out_specs=.")
 
 
 def _check_kernel(kernel: Any) -> None:
