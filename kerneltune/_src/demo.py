@@ -147,7 +147,7 @@ class _Recorder:
 def _run_job(ex: Any, job: DemoJob, key: jax.Array) -> None:
     from kerneltune.kernels._common import kernel_for
 
-    kernel = kernel_for(job.kernel_type, ex)
+    kernel: Any = kernel_for(job.kernel_type, ex)
     args, kwargs = job.make_args(key)
     if not job.grad:
         jax.block_until_ready(ex(kernel, *args, **kwargs))
@@ -279,7 +279,7 @@ def run(args: argparse.Namespace) -> int:
 
     # Pass 1: tune.
     recorder = _Recorder()
-    ex = Executor(_chain(persistent, recorder))
+    ex: Executor[Any, Any] = Executor(_chain(persistent, recorder))
     rows: list[Row] = []
     bar = _progress(jobs)
     for job in bar:
@@ -324,8 +324,10 @@ def run(args: argparse.Namespace) -> int:
     from kerneltune._src.persistent import PersistentCache
 
     recorder2 = _Recorder()
-    again = PersistentCache(persistent.location, readonly=persistent.readonly_locations)
-    ex2 = Executor(_chain(again, recorder2))
+    again: PersistentCache[Any] = PersistentCache(
+        persistent.location, readonly=persistent.readonly_locations
+    )
+    ex2: Executor[Any, Any] = Executor(_chain(again, recorder2))
     print()
     print("Same calls again, from a fresh in-memory cache (as a new process would):")
     winners = {(r.op_id, r.signature): r.winner for r in rows}

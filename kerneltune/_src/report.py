@@ -53,7 +53,7 @@ def candidates_of(entry: CacheEntry) -> list[Candidate]:
         out.append(
             Candidate(
                 label=format_cfg(cfg),
-                time_s=float(time_s) if ok else None,
+                time_s=float(time_s) if ok and time_s is not None else None,
                 status=status,
                 error=c.get("error"),
                 winner=cfg == entry.cfg,
@@ -184,18 +184,19 @@ def write_png(entries: Sequence[CacheEntry], path: str) -> int:
 def _panel(ax: Any, entry: CacheEntry) -> None:
     cands = candidates_of(entry)
     ok = [c for c in cands if c.time_s is not None][:MAX_BARS]
+    times = [c.time_s for c in ok if c.time_s is not None]
     failed = [c for c in cands if c.time_s is None and c.status != "pruned"]
-    scale, unit = _unit(max(c.time_s for c in ok))  # type: ignore[type-var]
+    scale, unit = _unit(max(times))
     ys = list(range(len(ok)))
     colors = ["tab:orange" if c.winner else "tab:blue" for c in ok]
-    bars = ax.barh(ys, [c.time_s * scale for c in ok], color=colors)  # type: ignore[operator]
-    for bar, c in zip(bars, ok):
+    bars = ax.barh(ys, [t * scale for t in times], color=colors)
+    for bar, c, t in zip(bars, ok, times):
         if c.heuristic:
             bar.set_hatch("//")
             bar.set_edgecolor("black")
         ax.annotate(
-            f" {c.time_s * scale:.3g}",
-            (bar.get_width(), bar.get_y() + bar.get_height() / 2),  # type: ignore[operator]
+            f" {t * scale:.3g}",
+            (bar.get_width(), bar.get_y() + bar.get_height() / 2),
             va="center",
             fontsize=6,
         )

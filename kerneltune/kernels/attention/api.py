@@ -35,8 +35,8 @@ def problem_of(inv: Invocation[Any, Any]) -> AttentionProblem:
 
 
 def _check_qkv(op: str, q: Any, k: Any, v: Any) -> None:
-    shapes = [getattr(a, "shape", None) for a in (q, k, v)]
-    if any(s is None or len(s) != 4 for s in shapes):
+    shapes = [tuple(getattr(a, "shape", ())) for a in (q, k, v)]
+    if any(len(s) != 4 for s in shapes):
         raise ValueError(
             f"{op}: q, k and v must be [batch, seq, heads, head_dim], got shapes {shapes}."
         )

@@ -39,11 +39,9 @@ _BACKWARD_PARAMS = (
 
 
 def _ops(which: str) -> Any:
-    if which == "layer_norm":
-        from jax.experimental.pallas.ops.gpu import layer_norm as module
-    else:
-        from jax.experimental.pallas.ops.gpu import rms_norm as module
-    return module
+    from jax.experimental.pallas.ops.gpu import layer_norm, rms_norm
+
+    return layer_norm if which == "layer_norm" else rms_norm
 
 
 def _forward(
@@ -60,7 +58,7 @@ def _forward(
     module = _ops(which)
     body = getattr(module, f"{which}_forward_kernel", None)
     params = parameters(body) if body is not None else None
-    if params is None or not {"eps", "block_size"} <= set(params):
+    if body is None or params is None or not {"eps", "block_size"} <= set(params):
         raise NotImplementedError(
             f"this JAX's pallas.ops.gpu.{which}.{which}_forward_kernel is missing or takes "
             f"other arguments ({params}); use the XLA path (KERNELTUNE_PLATFORM=xla)."
