@@ -1,0 +1,49 @@
+"""`kerneltune.kernels`' public names, and what every bundled kernel shares."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import kerneltune as kt
+from kerneltune import kernels
+
+KERNELS = [
+    kernels.Matmul,
+    kernels.Attention,
+    kernels.AttentionBackward,
+    kernels.LayerNorm,
+    kernels.RMSNorm,
+    kernels.Softmax,
+]
+INTERPRETED = [
+    kernels.MatmulInterpret,
+    kernels.AttentionInterpret,
+    kernels.AttentionBackwardInterpret,
+    kernels.LayerNormInterpret,
+    kernels.RMSNormInterpret,
+    kernels.SoftmaxInterpret,
+]
+
+
+def test_every_name_in_all_imports():
+    for name in kernels.__all__:
+        assert getattr(kernels, name) is not None, name
+    assert sorted(kernels.__all__) == kernels.__all__
+
+
+@pytest.mark.parametrize("cls", KERNELS + INTERPRETED, ids=lambda c: c.__name__)
+def test_kernels_are_versioned_typed_and_have_distinct_op_ids(cls):
+    kernel = cls()
+    assert isinstance(kernel, kt.Kernel)
+    assert kernel.version == "1"
+    assert dataclasses.is_dataclass(cls.config_type)
+    params = cls.config_type.__dataclass_params__
+    assert params.frozen
+
+
+def test_interpreted_variants_never_share_cache_keys_with_gpu_kernels():
+    ids = [c.op_id for c in KERNELS + INTERPRETED]
+    assert len(set(ids)) == len(ids)
+    assert all(c.interpret for c in INTERPRETED) and not any(c.interpret for c in KERNELS)
