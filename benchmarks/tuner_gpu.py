@@ -45,9 +45,9 @@ if str(ROOT) not in sys.path:
 
 SHAPES = [(4096, 4096, 2048), (8192, 1024, 4096), (1024, 1024, 8192)]
 TINY_SHAPES = [(128, 128, 256), (256, 64, 128)]
-METHODS = ["reference", "kt-exhaustive", "kt-coordinate", "original", "tune-jax", "kt-exh-attached"]
-#: Methods run on the first shape only (variants being evaluated).
-FIRST_SHAPE_ONLY = ("kt-exh-attached",)
+METHODS = ["reference", "kt-exhaustive", "kt-coordinate", "original", "tune-jax", "kt-wallclock"]
+#: Methods run on the first shape only (variants shown for comparison).
+FIRST_SHAPE_ONLY = ("kt-wallclock",)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -143,15 +143,12 @@ def inputs(shape, tiny: bool):
 # --- workers: one method on one shape, in this process -----------------------------------
 
 
-def work_kerneltune(shape, tiny, strategy, keep_attached=False):
-    from kerneltune._src.tuning import timing
+def work_kerneltune(shape, tiny, strategy, timer="auto"):
     from kerneltune._src.tuning.tuner import Tuner
-
-    timing.CUPTI_KEEP_ATTACHED = keep_attached
 
     a, b = inputs(shape, tiny)
     make_fn = functools.partial(matmul, interpret=tiny)
-    tuner = Tuner(strategy=strategy, progress=False)
+    tuner = Tuner(strategy=strategy, timer=timer, progress=False)
     start = time.perf_counter()
     report = tuner.tune(
         make_fn, (a, b), {}, space(tiny), reference_cfg=heuristic(tiny), name=f"matmul{shape}"
@@ -172,6 +169,7 @@ def work_kerneltune(shape, tiny, strategy, keep_attached=False):
         "heuristic_time_s": report.heuristic_time_s,
         "compile_s_sum": sum(compile_s),
         "compile_s_max": max(compile_s, default=0.0),
+        "phases_s": report.phases_s,
         "times": {
             json.dumps(dataclasses.asdict(c.cfg)): c.time_s for c in report.candidates if c.ok
         },
@@ -238,13 +236,17 @@ def work_tune_jax(shape, tiny):
 
 
 def work_reference(shape, tiny):
-    """Every candidate, compiled in parallel, then 2 interleaved passes of 20 calls each
-    measured with CUPTI (the wall clock in --tiny runs on a CPU)."""
+    """Every candidate, compiled in parallel, then measured with CUPTI (the wall clock
+    in --tiny runs on a CPU) in 2 interleaved passes of 20 calls each, twice: on the
+    same input buffers every time ("fixed"), and cycling through 4 copies of them, one
+    copy per session, as the tuner does ("rotated")."""
     import jax
+    import jax.numpy as jnp
 
     from kerneltune._src.tuning import timing
 
     a, b = inputs(shape, tiny)
+    copies = [(a, b)] + [(jnp.copy(a), jnp.copy(b)) for _ in range(3)]
     cands = space(tiny)
 
     def build(cfg):
@@ -256,36 +258,41 @@ def work_reference(shape, tiny):
     with ThreadPoolExecutor(max_workers=min(32, os.cpu_count() or 1)) as pool:
         compiled = list(pool.map(build, cands))
     api = timing._measure_api() if not tiny else None
-    samples: dict[int, list[float]] = {i: [] for i, c in enumerate(compiled) if c is not None}
-    rng = random.Random(0)
-    for _ in range(2):
-        order = list(samples)
-        rng.shuffle(order)
-        for i in order:
-            fn = compiled[i]
-            try:
-                if api is not None:
-                    measure, takes_iterations, extra = api
-                    _, t = measure(fn, iterations=20, **extra)(a, b)
-                    samples[i] += [ms / 1e3 for ms in timing._timings_ms(t)]
-                else:
-                    jax.block_until_ready(fn(a, b))
-                    for _ in range(20):
-                        t0 = time.perf_counter()
-                        jax.block_until_ready(fn(a, b))
-                        samples[i].append(time.perf_counter() - t0)
-            except Exception as e:
-                print(
-                    f"reference: {cands[i]} failed to run: {type(e).__name__}: {e}"[:300],
-                    file=sys.stderr,
-                )
-                samples[i] = []
-    times = {
-        json.dumps(dataclasses.asdict(cands[i])): statistics.median(s)
-        for i, s in samples.items()
-        if s
-    }
-    return {"times": times, "timer": "cupti-median-of-40" if api else "wallclock-median-of-40"}
+
+    def session(fn, args):
+        if api is not None:
+            measure, _, extra = api
+            _, t = measure(fn, iterations=20, **extra)(*args)
+            return [ms / 1e3 for ms in timing._timings_ms(t)]
+        jax.block_until_ready(fn(*args))
+        out = []
+        for _ in range(20):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            out.append(time.perf_counter() - t0)
+        return out
+
+    result = {"timer": "cupti-median-of-40" if api else "wallclock-median-of-40"}
+    for mode in ("fixed", "rotated"):
+        samples: dict[int, list[float]] = {i: [] for i, c in enumerate(compiled) if c is not None}
+        rng = random.Random(0)
+        for p in range(2):
+            order = list(samples)
+            rng.shuffle(order)
+            for n, i in enumerate(order):
+                args = copies[(n + p) % len(copies)] if mode == "rotated" else copies[0]
+                try:
+                    samples[i] += session(compiled[i], args)
+                except Exception as e:
+                    print(f"reference: {cands[i]}: {type(e).__name__}: {e}"[:300], file=sys.stderr)
+                    samples[i] = []
+        key = "times" if mode == "fixed" else "times_rotated"
+        result[key] = {
+            json.dumps(dataclasses.asdict(cands[i])): statistics.median(s)
+            for i, s in samples.items()
+            if s
+        }
+    return result
 
 
 def work_diag(tiny):
@@ -354,6 +361,30 @@ def work_diag(tiny):
         jax.block_until_ready(fn(x))
     costs["plain_call_wall_s"] = (time.perf_counter() - t0) / 10
     out["measure_costs"] = costs
+    out["compile_scaling"] = compile_scaling()
+    return out
+
+
+def compile_scaling():
+    """Wall time to compile half the space (even, then odd positions: different configs,
+    so no compile cache can help) on 16 and on 32 threads."""
+    import jax
+
+    a, b = inputs(SHAPES[0], False)
+    cands = space(False)
+    out = {}
+    for threads, part in ((16, cands[0::2]), (32, cands[1::2])):
+
+        def build(cfg):
+            try:
+                jax.jit(matmul(cfg)).lower(a, b).compile()
+            except Exception:
+                pass
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            list(pool.map(build, part))
+        out[f"{len(part)} candidates on {threads} threads"] = round(time.perf_counter() - t0, 2)
     return out
 
 
@@ -390,8 +421,8 @@ def worker(args) -> None:
     method = args.worker
     if method == "kt-exhaustive":
         result = work_kerneltune(shape, args.tiny, "exhaustive")
-    elif method == "kt-exh-attached":
-        result = work_kerneltune(shape, args.tiny, "exhaustive", keep_attached=True)
+    elif method == "kt-wallclock":
+        result = work_kerneltune(shape, args.tiny, "exhaustive", timer="wallclock")
     elif method == "kt-coordinate":
         result = work_kerneltune(shape, args.tiny, "coordinate")
     elif method == "original":
@@ -517,12 +548,13 @@ def orchestrate(args) -> None:
             results[method] = result
             brief = {k: v for k, v in result.items() if k != "times"}
             print(f"{shape} {method} ({elapsed:.1f} s): {json.dumps(brief)[:600]}", flush=True)
-        ref_times = results.get("reference", {}).get("times") or {}
+        ref = results.get("reference", {})
         for method in methods:
             if method == "reference" or method not in results:
                 continue
             r = results[method]
-            rows.append((shape, method, r, regret(r, ref_times)))
+            regrets = (regret(r, ref.get("times") or {}), regret(r, ref.get("times_rotated") or {}))
+            rows.append((shape, method, r, regrets))
         everything[str(shape)] = results
         if out_dir:
             (out_dir / "tuner_gpu.json").write_text(json.dumps(everything, indent=1))
@@ -531,19 +563,30 @@ def orchestrate(args) -> None:
     print(
         f"# tuner_gpu: {diag.get('device_kind', '?')}, jax {diag.get('jax', '?')}, {everything['date']}"
     )
-    header = f"{'shape':<18} {'method':<14} {'wall s':>8} {'regret':>8} {'evals':>6} {'timer':<18} winner"
+    header = (
+        f"{'shape':<16} {'method':<14} {'wall s':>7} {'regret':>7} {'rot.':>6} {'evals':>5} "
+        f"{'compile s':>9} {'timing s':>8} {'timer':<16} winner"
+    )
     print(header)
     print("-" * len(header))
-    for shape, method, r, reg in rows:
+    for shape, method, r, (reg, reg_rot) in rows:
         shape_s = "x".join(map(str, shape))
         if "error" in r or "skipped" in r:
-            print(f"{shape_s:<18} {method:<14} {r.get('error') or r.get('skipped')}")
+            print(f"{shape_s:<16} {method:<14} {r.get('error') or r.get('skipped')}")
             continue
-        reg_s = "?" if reg is None else f"{reg * 100:.1f}%"
+        pct = ["?" if x is None else f"{x * 100:.1f}%" for x in (reg, reg_rot)]
         evals = r.get("evaluated", len(space(args.tiny)))
+        phases = r.get("phases_s") or {}
+        comp = f"{phases['compile']:.2f}" if "compile" in phases else "-"
+        timing_s = f"{phases['timing']:.2f}" if "timing" in phases else "-"
         print(
-            f"{shape_s:<18} {method:<14} {r['wall_s']:>8.2f} {reg_s:>8} {evals:>6} {r['timer']:<18} {fmt_cfg(r['winner'])}"
+            f"{shape_s:<16} {method:<14} {r['wall_s']:>7.2f} {pct[0]:>7} {pct[1]:>6} {evals:>5} "
+            f"{comp:>9} {timing_s:>8} {r['timer']:<16} {fmt_cfg(r['winner'])}"
         )
+    print(
+        "regret: the winner's reference time over the best reference time, minus one; 'regret' "
+        "against the reference on fixed buffers, 'rot.' against the one on rotated copies."
+    )
     if out_dir:
         (out_dir / "tuner_gpu.json").write_text(json.dumps(everything, indent=1))
 

@@ -182,3 +182,28 @@ def test_a_timer_that_breaks_midway_falls_back_and_remeasures(fresh_profiler_sta
     assert report.best == 1
     assert all(c.ok and len(c.samples_s) >= 1 for c in report.candidates)
     assert "activity buffer" in timing.profiler_conflict()
+
+
+class CountingDeviceTimer:
+    """A stand-in for CUPTI: counts samples and whether compiles were still running."""
+
+    name = "cupti"
+
+    def __init__(self) -> None:
+        self.samples = 0
+
+    def sample(self, fn, arg_sets, calls, start):
+        self.samples += 1
+        return timing.WallClockTimer().sample(fn, arg_sets, calls, start)
+
+
+def test_device_timers_take_the_first_round_while_compiling():
+    x = jax.random.normal(jax.random.PRNGKey(0), (32, 32), jnp.float32)
+    timer = CountingDeviceTimer()
+    tuner = Tuner(timer=timer, progress=False, iters=3, top_k=0, drop_factor=100.0)
+    report = tuner.tune(lambda k: lambda v: v * 1.0 + k * 0.0, (x,), {}, [1, 2, 3])
+    # Exactly `iters` samples each, although the first was taken while compiling.
+    assert [len(c.samples_s) for c in report.candidates] == [3, 3, 3]
+    assert timer.samples == 9
+    assert set(report.phases_s) == {"compile", "timing", "total"}
+    assert report.phases_s["total"] >= report.phases_s["compile"]

@@ -30,7 +30,14 @@ from kerneltune._src.tuning.report import CandidateResult, Status
 DEVICE_LOCK = threading.Lock()
 
 #: Default target duration of one sample, by timer: device timers need few calls.
-DEFAULT_TARGET_SAMPLE_S = {"cupti": 5e-4, "wallclock": 2e-3}
+DEFAULT_TARGET_SAMPLE_S = {"cupti": 2e-3, "wallclock": 2e-3}
+
+#: Timers that read device time, unaffected by host load.
+DEVICE_TIMERS = ("cupti",)
+
+#: A candidate this many times slower than the best gets no more samples, by timer:
+#: device time is precise, host time can be inflated by a hiccup.
+DEFAULT_DROP_FACTOR = {"cupti": 1.5, "wallclock": 2.0}
 
 #: Most calls averaged into one sample.
 MAX_CALLS_PER_SAMPLE = {"cupti": 100, "wallclock": 10_000}
@@ -87,7 +94,7 @@ class BenchSettings:
     rtol: Any
     validate: bool
     seed: int
-    drop_factor: float | None = 2.0
+    drop_factor: float | None = None  # None: DEFAULT_DROP_FACTOR for the timer
 
 
 class Bench:
@@ -120,6 +127,13 @@ class Bench:
         self._waiting: list[Candidate] = []  # compiled, waiting for the reference's output
         self._pool = CompilePool(settings.max_workers, settings.compile_timeout_s)
         self.evaluations = 0
+        self._targets: dict[int, int] = {}
+        #: Seconds spent waiting for compiles and taking samples.
+        self.phases = {"compile": 0.0, "timing": 0.0}
+
+    @property
+    def _streaming(self) -> bool:
+        return self.timer.name in DEVICE_TIMERS
 
     # --- the Evaluator protocol -----------------------------------------------------
 
@@ -153,11 +167,16 @@ class Bench:
         allowed = self._budget_left()
         if allowed is not None:
             new = new[:allowed]
+        rounds = self._settings.rounds if rounds is None else rounds
+        ref = self.reference
+        extra = [ref] if ref is not None and not self.reference_is_candidate else []
+        targets = {id(c): len(c.samples) + rounds for c in [*chosen, *extra]}
+        self._targets = targets  # samples taken while compiling count towards these
         self._prepare(new)
+        self._targets = {}
         active = [c for c in chosen if c.submitted and c.ok]
-        if self.reference is not None and self.reference.ok and not self.reference_is_candidate:
-            active.append(self.reference)
-        self.sample(active, self._settings.rounds if rounds is None else rounds)
+        active += [c for c in extra if c.ok]
+        self.sample(active, rounds, targets=targets)
         return {c.index: c.median for c in chosen if c.submitted}
 
     # --- compiling and the first run ------------------------------------------------
@@ -182,11 +201,13 @@ class Bench:
                 self.evaluations += 1
             self._pool.submit(c.index, _Job(self._build, c.cfg))
         by_index = {c.index: c for c in jobs}
+        start = time.perf_counter()
         while self._pool.pending:
             for outcome in self._pool.poll(0.05):
                 c = by_index.get(outcome.key)  # type: ignore[arg-type]
                 if c is not None:
                     self._compiled(c, outcome)
+        self.phases["compile"] += time.perf_counter() - start
         waiting, self._waiting = self._waiting, []
         for c in waiting:
             self.first_run(c)
@@ -245,6 +266,10 @@ class Bench:
                 c.fail("invalid", f"output differs from the reference config's: {verdict.reason}")
         elif validate.has_nan(out):
             c.fail("invalid", "output contains NaN")
+        if c.ok and self._streaming and len(c.samples) < self._targets.get(id(c), 0):
+            # A device timer is not disturbed by the compiles still running on the
+            # host, so the first round is taken now instead of after all compiles.
+            self._sample_one(c)
 
     @property
     def validated(self) -> bool:
@@ -253,8 +278,16 @@ class Bench:
 
     # --- timing ---------------------------------------------------------------------
 
-    def sample(self, cands: Sequence[Candidate], rounds: int, *, drop_slow: bool = True) -> None:
-        """`rounds` interleaved rounds, one sample of each candidate per round.
+    def sample(
+        self,
+        cands: Sequence[Candidate],
+        rounds: int,
+        *,
+        targets: dict[int, int] | None = None,
+        drop_slow: bool = True,
+    ) -> None:
+        """`rounds` interleaved rounds, one sample of each candidate per round (a
+        candidate that already has `targets[id(c)]` samples sits a round out).
 
         After each round, a candidate whose fastest sample is already `drop_factor`
         times the best median so far gets no more samples (a 2x slower config does not
@@ -264,24 +297,31 @@ class Bench:
         if not cands or rounds <= 0:
             return
         s = self._settings
+        drop = (
+            s.drop_factor if s.drop_factor is not None else DEFAULT_DROP_FACTOR.get(self.timer.name)
+        )
+        start = time.perf_counter()
         self._progress.add_total(rounds * len(cands))
         for r in range(rounds):
             order = list(cands)
             self._rng.shuffle(order)
             for c in order:
-                if c.ok:
+                if c.ok and (targets is None or len(c.samples) < targets.get(id(c), 0)):
                     self._sample_one(c)
                 self._progress.advance(1, f"timing round {r + 1}/{rounds}")
             if s.deadline is not None and time.perf_counter() >= s.deadline:
                 break  # out of time: every candidate has at least one sample
-            if drop_slow and s.drop_factor is not None and r + 1 < rounds:
-                cands = self._without_clearly_slow(cands, rounds - r - 1)
+            if drop_slow and drop is not None and r + 1 < rounds:
+                cands = self._without_clearly_slow(cands, rounds - r - 1, drop)
+        self.phases["timing"] += time.perf_counter() - start
 
-    def _without_clearly_slow(self, cands: list[Candidate], rounds_left: int) -> list[Candidate]:
+    def _without_clearly_slow(
+        self, cands: list[Candidate], rounds_left: int, drop: float
+    ) -> list[Candidate]:
         medians = [c.median for c in [*self.cands, self.reference] if c is not None and c.median]
         if not medians:
             return cands
-        limit = min(medians) * self._settings.drop_factor  # type: ignore[operator]
+        limit = min(medians) * drop
         # A candidate's fastest sample decides: noise only ever makes samples slower.
         keep = [c for c in cands if c.ok and (c is self.reference or min(c.samples) <= limit)]
         self._progress.advance(rounds_left * (len(cands) - len(keep)))

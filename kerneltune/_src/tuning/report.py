@@ -59,6 +59,8 @@ class TuningReport:
       name: what was tuned (for logs), e.g. "matmul@v1 f32[128,256], f32[256,64]".
       timer_note: why the preferred device timer was not used, when it was not.
       validated: whether outputs were compared with the reference config's output.
+      phases_s: where the time went: "compile" (waiting for compiles, first runs
+        included), "timing" (samples taken after compiling), "total".
     """
 
     best: Any
@@ -71,6 +73,7 @@ class TuningReport:
     name: str = ""
     timer_note: str | None = None
     validated: bool = False
+    phases_s: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def best_time_s(self) -> float | None:

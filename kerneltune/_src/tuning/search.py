@@ -17,6 +17,7 @@ the search the tuner re-measures the best few side by side and decides.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
@@ -113,8 +114,10 @@ class CoordinateDescent:
     heuristic config plus `initial` candidates spread across the space, then evaluates
     batches (they compile in parallel) of unseen neighbours of the best few configs
     found so far, most promising first, widening to radius 2 around the best when a
-    batch brings no improvement. "Promising" is the prediction of an additive model of
-    log-time over field values fitted to every result so far. It stops after
+    batch brings no improvement; neighbours of the best configs of other regions and
+    the configs a small model (log-time ≈ effects of field values and of pairs of
+    values, fitted to every result so far) predicts fastest fill the rest of a batch,
+    most promising first. It stops after
     `patience` batches without improvement, or when the budget is spent.
 
     Args:
@@ -122,10 +125,11 @@ class CoordinateDescent:
         the space, at least 4, at most the compile threads).
       max_evals: stop after this many candidates (default: `fraction` of the space).
       fraction: the default budget as a fraction of the space.
-      batch: candidates per step (all unseen neighbours of the best config are always
-        in a step, even beyond this).
-      top: neighbours of this many of the best configs are explored.
+      batch: candidates per step (default: the compile threads, at least 8); all unseen
+        neighbours of the best config are always in a step, even beyond this.
+      top: neighbours of the best configs of this many regions are explored.
       patience: batches without improvement before stopping.
+      explore: also try the configs the model predicts fastest anywhere in the space.
       min_gain: relative improvement that counts as one.
       seed: for the spread-out sample.
     """
@@ -133,9 +137,10 @@ class CoordinateDescent:
     initial: int | None = None
     max_evals: int | None = None
     fraction: float = 0.3
-    batch: int = 8
+    batch: int | None = None
     top: int = 3
     patience: int = 2
+    explore: bool = True
     min_gain: float = 0.005
     seed: int = 0
     name: str = "coordinate"
@@ -148,7 +153,7 @@ class CoordinateDescent:
         budget = min(n, max(budget, 1))
         rng = random.Random(self.seed)
         initial = self.initial if self.initial is not None else min(ev.workers, max(4, n // 10))
-        batch = self.batch
+        batch = self.batch if self.batch is not None else max(8, ev.workers)
         first = spread_sample(
             points, max(1, min(initial, budget)), start=ev.reference_index, rng=rng
         )
@@ -167,33 +172,61 @@ class CoordinateDescent:
             if not ranked:
                 break
             best_time = times[ranked[0]]
-            # Every unseen neighbour of the best config (a local optimum must be one),
-            # then, most promising first, neighbours of the runners-up and configs two
-            # fields away from the best.
+            by_model = _Model(points, times).rank
+            # 1. Every unseen neighbour of the best config (a local optimum must be one).
             near = neighbours(points, ranked[0], 1)
             must = _unseen(near, times)
-            # A neighbour that failed (say, too much shared memory) may be one more
-            # change away from a good config: its own neighbours come next.
+            # 2. A neighbour that failed (say, too much shared memory) may be one more
+            #    change away from a good config.
             failed = [i for i in near if i in times and times[i] is None]
-            repairs = _unseen((j for i in failed for j in neighbours(points, i, 1)), times, must)
-            extra = _unseen(
-                (j for i in ranked[1 : self.top] for j in neighbours(points, i, 1)),
-                times,
-                must + repairs,
-            )
-            if stall or not (must or repairs):
-                extra += _unseen(neighbours(points, ranked[0], 2), times, must + repairs + extra)
-            if not must and not repairs and not extra:
-                break
-            model = _AdditiveModel(points, times)
-            repairs.sort(key=lambda i: model.predict_point(points[i]))
-            extra.sort(key=lambda i: model.predict_point(points[i]))
+            groups = [
+                by_model(
+                    _unseen((j for i in failed for j in neighbours(points, i, 1)), times, must)
+                )
+            ]
+            # 3. Neighbours of the best configs of other regions (two or more fields
+            #    away from every better one): the best may sit in another basin.
+            for seed in _diverse(points, ranked, self.top)[1:]:
+                groups.append(by_model(_unseen(neighbours(points, seed, 1), times, must)))
+            # 4. Two fields away from the best, once one field was not enough.
+            if stall or not must:
+                groups.append(by_model(_unseen(neighbours(points, ranked[0], 2), times, must)))
+            # 5. Anything the model thinks fast, wherever it is.
+            if self.explore:
+                groups.append(by_model(_unseen(range(n), times, must)))
             room = budget - len(times)
-            step = (must + repairs + extra)[: max(len(must), min(batch, room))][:room]
+            step = must[:room]
+            for i in _round_robin(groups):
+                if len(step) >= min(batch, room):
+                    break
+                if i not in step:
+                    step.append(i)
+            if not step:
+                break
             times.update(ev.evaluate(step))
             new_best = _best(times)
             improved = new_best is not None and times[new_best] < best_time * (1 - self.min_gain)  # type: ignore[operator]
             stall = 0 if improved else stall + 1
+
+
+def _diverse(
+    points: Sequence[tuple[tuple[str, Any], ...]], ranked: Sequence[int], k: int
+) -> list[int]:
+    """The best of `ranked`, then each next one at least two fields away from every one
+    already picked, up to `k`."""
+    picked: list[int] = []
+    for i in ranked:
+        if all(_distance(points[i], points[j]) >= 2 for j in picked):
+            picked.append(i)
+            if len(picked) == k:
+                break
+    return picked
+
+
+def _round_robin(groups: Sequence[Sequence[int]]) -> Iterable[int]:
+    """The first of each group, then the second of each, and so on."""
+    for row in itertools.zip_longest(*groups):
+        yield from (i for i in row if i is not None)
 
 
 def _unseen(
@@ -203,41 +236,64 @@ def _unseen(
     return [i for i in dict.fromkeys(indices) if i not in times and i not in skip]
 
 
-class _AdditiveModel:
-    """log(time) ≈ sum over fields of an effect per field value, fitted by ridge least
-    squares to the configs evaluated so far."""
+class _Model:
+    """log(time) ≈ mean + an effect per field value + an effect per pair of field
+    values, fitted by ridge least squares to the configs evaluated so far.
+
+    The pair terms carry interactions such as "a wide tile is slow with 4 warps and
+    fast with 8"; they are penalised more than the single-value terms, so with little
+    data the model stays close to additive.
+    """
 
     def __init__(
-        self, points: Sequence[tuple[tuple[str, Any], ...]], times: Mapping[int, float | None]
+        self,
+        points: Sequence[tuple[tuple[str, Any], ...]],
+        times: Mapping[int, float | None],
+        *,
+        ridge: float = 0.5,
+        pair_ridge: float = 2.0,
     ) -> None:
-        self._index: dict[tuple[int, Any], int] = {}
+        self._points = points
+        self._index: dict[tuple[Any, ...], int] = {}
+        penalties: list[float] = []
         for p in points:
-            for f, (_, v) in enumerate(p):
-                self._index.setdefault((f, v), len(self._index))
+            for key in self._keys(p):
+                if key not in self._index:
+                    self._index[key] = len(self._index)
+                    penalties.append(ridge if len(key) == 2 else pair_ridge)
         # Failures are left out: they come from combinations of values (a large tile
-        # with deep pipelining), which an additive model would blame on each value.
+        # with deep pipelining) more than from any one value.
         ok = {i: t for i, t in times.items() if t is not None and t > 0}
         self._weights: np.ndarray | None = None
         if not ok:
             return
-        rows = [self._features(points[i]) for i in ok]
-        ys = [math.log(t) for t in ok.values()]
-        x, y = np.array(rows), np.array(ys)
-        mean = y.mean()
-        gram = x.T @ x + 0.5 * np.eye(x.shape[1])
-        self._weights = np.linalg.solve(gram, x.T @ (y - mean))
-        self._mean = mean
+        x = np.array([self._features(points[i]) for i in ok])
+        y = np.log(np.array(list(ok.values())))
+        self._mean = float(y.mean())
+        gram = x.T @ x + np.diag(penalties)
+        self._weights = np.linalg.solve(gram, x.T @ (y - self._mean))
+
+    @staticmethod
+    def _keys(p: tuple[tuple[str, Any], ...]) -> list[tuple[Any, ...]]:
+        singles = [(f, v) for f, (_, v) in enumerate(p)]
+        pairs = [a + b for a, b in itertools.combinations(singles, 2)]
+        return singles + pairs
 
     def _features(self, p: tuple[tuple[str, Any], ...]) -> np.ndarray:
         row = np.zeros(len(self._index))
-        for f, (_, v) in enumerate(p):
-            row[self._index[(f, v)]] = 1.0
+        for key in self._keys(p):
+            row[self._index[key]] = 1.0
         return row
 
     def predict_point(self, p: tuple[tuple[str, Any], ...]) -> float:
         if self._weights is None:
             return 0.0
         return float(self._features(p) @ self._weights + self._mean)
+
+    def rank(self, indices: Iterable[int]) -> list[int]:
+        """`indices` (into the points the model was built with), fastest predicted
+        first."""
+        return sorted(indices, key=lambda i: self.predict_point(self._points[i]))
 
 
 def config_point(cfg: Any) -> tuple[tuple[str, Any], ...]:

@@ -31,8 +31,9 @@ import jax
 logger = logging.getLogger("kerneltune")
 
 #: Whether the default CUPTI timer keeps CUPTI attached between samples (see
-#: `CuptiTimer`).
-CUPTI_KEEP_ATTACHED = False
+#: `CuptiTimer`): on an H200 with jax 0.11.2 a session cost 14 ms of host time when
+#: detaching after each and 1.7 ms when not.
+CUPTI_KEEP_ATTACHED = True
 
 #: Environment variables that mean another CUPTI client is injected into the process.
 _CUPTI_INJECTION_VARIABLES = ("CUDA_INJECTION64_PATH", "NSYS_PROFILING_SESSION_ID")
