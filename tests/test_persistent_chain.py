@@ -40,3 +40,12 @@ def test_second_process_gets_a_persistent_hit_of_the_tuned_type(tmp_path):
         [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, env=env, check=True
     ).stdout.strip()
     assert out == "RepCfg 1 [('cache_hit', 'persistent')]"
+
+
+def test_default_location_without_platformdirs(monkeypatch, tmp_path):
+    # The GPU image has no platformdirs: the default location must not need it.
+    from kerneltune._src import persistent
+
+    monkeypatch.setitem(sys.modules, "platformdirs", None)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert persistent.default_cache_dir() == str(tmp_path / "kerneltune")

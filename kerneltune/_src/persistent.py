@@ -487,8 +487,13 @@ def _open_readonly(location: str) -> storage.Store:
 
 def default_cache_dir() -> str:
     """The user cache directory used when `KERNELTUNE_CACHE_DIR` is unset."""
-    import platformdirs
-
+    try:
+        import platformdirs
+    except ImportError:
+        # Minimal environments (e.g. a GPU image with its own site-packages): the XDG
+        # location that platformdirs would give on Linux.
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return os.path.join(base, "kerneltune")
     return platformdirs.user_cache_dir("kerneltune", appauthor=False)
 
 
