@@ -163,7 +163,7 @@ class FailingTimer:
 
 
 def test_a_timer_that_breaks_midway_falls_back_and_remeasures(fresh_profiler_state):
-    x = jax.random.normal(jax.random.PRNGKey(0), (64, 64), jnp.float32)
+    x = jax.random.normal(jax.random.PRNGKey(0), (96, 96), jnp.float32)
 
     def make_fn(k):
         def f(v):
@@ -175,7 +175,7 @@ def test_a_timer_that_breaks_midway_falls_back_and_remeasures(fresh_profiler_sta
         return f
 
     report = Tuner(timer=FailingTimer(after=3), progress=False, target_sample_s=5e-4).tune(
-        make_fn, (x,), {}, [8, 1, 4], reference_cfg=4
+        make_fn, (x,), {}, [12, 1, 6], reference_cfg=6
     )
     assert report.timer == "wallclock"
     assert "fell back to the wall clock" in report.timer_note

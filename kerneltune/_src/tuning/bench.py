@@ -204,7 +204,7 @@ class Bench:
         start = time.perf_counter()
         while self._pool.pending:
             for outcome in self._pool.poll(0.05):
-                c = by_index.get(outcome.key)  # type: ignore[arg-type]
+                c = by_index.get(outcome.key)  # type: ignore[call-overload]
                 if c is not None:
                     self._compiled(c, outcome)
         self.phases["compile"] += time.perf_counter() - start

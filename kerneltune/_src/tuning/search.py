@@ -63,7 +63,10 @@ class Evaluator(Protocol):
 class SearchStrategy(Protocol):
     """Decides which candidates the tuner evaluates."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """Recorded in the report (e.g. "exhaustive")."""
+        ...
 
     def search(self, ev: Evaluator) -> None: ...
 

@@ -5,7 +5,8 @@ One tuning goes:
 1. the search strategy asks the bench to evaluate candidates (`bench.py`): they compile
    in parallel threads with a timeout, run once as soon as they are compiled (a warm-up
    whose output is validated against the reference config's), and are timed in
-   interleaved rounds on rotating input buffers;
+   interleaved rounds on rotating input buffers (with a device timer, the first round
+   is taken while the others still compile); clearly slow candidates drop out early;
 2. the best few are re-measured side by side;
 3. `decide` picks the winner from every candidate's samples. This is the seam for
    multi-process agreement: every process must pick the same winner, so a distributed

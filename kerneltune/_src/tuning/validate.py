@@ -105,7 +105,7 @@ def compare(
     """
     out_leaves, out_tree = jax.tree_util.tree_flatten(out)
     ref_leaves, ref_tree = jax.tree_util.tree_flatten(ref)
-    if out_tree != ref_tree:
+    if out_tree != ref_tree:  # type: ignore[operator]
         return Verdict(False, math.inf, f"output structure {out_tree} differs from {ref_tree}")
     worst = 0.0
     for i, (a, b) in enumerate(zip(out_leaves, ref_leaves)):
