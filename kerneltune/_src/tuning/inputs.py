@@ -43,20 +43,14 @@ def _random_array(key: jax.Array, shape: tuple[int, ...], dtype: np.dtype) -> ja
 
 def concrete_inputs(arrays: Sequence[Any], *, seed: int = 0) -> list[jax.Array]:
     """The array leaves of a call, made ready to time: device arrays stay as they are,
-    NumPy arrays are put on the device once (not on every call), and
-    `ShapeDtypeStruct` stand-ins become random data (see `random_like`).
-
-    Raises:
-      ValueError: a leaf is a tracer (tuning needs concrete values; pass
-        `Kernel.tuning_inputs` instead).
+    NumPy arrays are put on the device once (not on every call), and tracers (the
+    caller is inside jit/grad/vmap) and `ShapeDtypeStruct` stand-ins become random data
+    of the same shape and dtype (see `random_like`).
     """
     out: list[jax.Array] = []
     for i, a in enumerate(arrays):
         if isinstance(a, jax.core.Tracer):
-            raise ValueError(
-                f"array argument {i} is a tracer ({a.aval}); tuning needs concrete inputs, "
-                "e.g. random data of the same shape and dtype."
-            )
+            a = jax.ShapeDtypeStruct(tuple(a.shape), a.dtype)
         if isinstance(a, jax.ShapeDtypeStruct):
             out.append(random_like(a, seed=seed + i))
         elif isinstance(a, np.ndarray):

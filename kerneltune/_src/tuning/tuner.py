@@ -184,9 +184,13 @@ class Tuner(Generic[Cfg]):
         Raises:
           Exception: whatever compiling or running `fn` raised.
         """
+        # Inputs are made outside any trace the caller is in; compiling must not run
+        # under ensure_compile_time_eval, which breaks Pallas kernel bodies that build
+        # constants ("captures constants").
         with jax.ensure_compile_time_eval():
             arrays, rebuild = split_static(args, kwargs)
             arrays = inputs.concrete_inputs(arrays, seed=self.seed)
+        with _outside_traces():
 
             def call(*a: Any) -> Any:
                 aa, kk = rebuild(a)
@@ -268,7 +272,7 @@ class Tuner(Generic[Cfg]):
           `report.describe_failures()`).
 
         Raises:
-          ValueError: `candidates` is empty, or an array argument is a tracer.
+          ValueError: `candidates` is empty.
         """
         candidates = list(candidates)
         if not candidates:
@@ -387,6 +391,17 @@ def _median(c: Candidate) -> float:
 def _check_int(name: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"Tuner({name}=...) must be an integer >= {minimum}, got {value!r}.")
+
+
+def _outside_traces() -> Any:
+    """A context in which JAX operations run eagerly even when the caller is being
+    traced (the user's jit), without forcing constants inside kernels to be concrete."""
+    make = getattr(jax.core, "eval_context", None)
+    if make is None:  # pragma: no cover - moved in some JAX version
+        from jax._src import core
+
+        make = core.eval_context
+    return make()
 
 
 def _with_backward(call: Callable[..., Any]) -> Callable[..., Any]:
