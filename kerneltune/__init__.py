@@ -6,6 +6,8 @@ autotuning on the device → the kernel's heuristic → a clear error.
 
 from kerneltune._src.batch import pmap_with_config as pmap_with_config
 from kerneltune._src.batch import vmap_with_config as vmap_with_config
+from kerneltune._src.benchmarking import autotune as autotune
+from kerneltune._src.benchmarking import benchmark as benchmark
 from kerneltune._src.cache import ConfigCache as ConfigCache
 from kerneltune._src.cache import overlay_cache as overlay_cache
 from kerneltune._src.cache_entry import CacheEntry as CacheEntry
@@ -60,6 +62,13 @@ from kerneltune._src.selection import forward_autotune_only as forward_autotune_
 from kerneltune._src.selection import policy_override as policy_override
 from kerneltune._src.tuning.report import CandidateResult as CandidateResult
 from kerneltune._src.tuning.report import TuningReport as TuningReport
+from kerneltune._src.tuning.search import CoordinateDescent as CoordinateDescent
+from kerneltune._src.tuning.search import Exhaustive as Exhaustive
+from kerneltune._src.tuning.search import SearchStrategy as SearchStrategy
+from kerneltune._src.tuning.search import SuccessiveHalving as SuccessiveHalving
+from kerneltune._src.tuning.timing import CuptiTimer as CuptiTimer
+from kerneltune._src.tuning.timing import Timer as Timer
+from kerneltune._src.tuning.timing import WallClockTimer as WallClockTimer
 from kerneltune._src.tuning.tuner import Tuner as Tuner
 from kerneltune._src.version import __version__ as __version__
 
@@ -77,8 +86,11 @@ __all__ = [
     "ConfigCache",
     "ConfigChooser",
     "ConfigSelectorChain",
+    "CoordinateDescent",
+    "CuptiTimer",
     "Entry",
     "Executor",
+    "Exhaustive",
     "Explanation",
     "FwdParams",
     "Invocation",
@@ -86,12 +98,18 @@ __all__ = [
     "Out",
     "PersistentCache",
     "Record",
+    "SearchStrategy",
+    "SuccessiveHalving",
+    "Timer",
     "Tuner",
     "TuningReport",
+    "WallClockTimer",
     "__version__",
     "abstractify",
+    "autotune",
     "autotune_lowered",
     "autotune_recorded",
+    "benchmark",
     "clear_invocations",
     "default_executor",
     "default_key_builder_with_sharding",
