@@ -17,6 +17,8 @@ demo: $(STAMP)
 	$(PY) -m kerneltune demo
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check kerneltune tests benchmarks
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
 
 lint: $(STAMP)

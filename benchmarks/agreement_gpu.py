@@ -128,8 +128,8 @@ def worker(args: argparse.Namespace) -> None:
     import jax.numpy as jnp
 
     import kerneltune as kt
-    from kerneltune._src import distributed
     from kerneltune import verify_agreement
+    from kerneltune._src import distributed
     from kerneltune.kernels.matmul.api import Matmul, MatmulInterpret
 
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")

@@ -141,7 +141,9 @@ COMMANDS: dict[str, Command | Group] = {
         "kerneltune._src.tune_cli:run",
         "kerneltune._src.tune_cli:add_arguments",
     ),
-    "demo": Command("tune the bundled kernels on this device and show the gains", "kerneltune._src.demo:run"),
+    "demo": Command(
+        "tune the bundled kernels on this device and show the gains", "kerneltune._src.demo:run"
+    ),
     "report": Command(
         "table and plot of every tuned key's candidate timings",
         "kerneltune._src.report:run",

@@ -29,15 +29,24 @@ SECOND_PROCESS = textwrap.dedent(
 
 def test_second_process_gets_a_persistent_hit_of_the_tuned_type(tmp_path):
     events, on_event = events_recorder()
-    chain = kt.ConfigSelectorChain(kt.ConfigCache(), persistent=kt.PersistentCache(tmp_path), on_event=on_event)
+    chain = kt.ConfigSelectorChain(
+        kt.ConfigCache(), persistent=kt.PersistentCache(tmp_path), on_event=on_event
+    )
     tuned = kt.Executor(chain).choose_config(CostKernel(), rand((24, 24)))
     assert tuned == RepCfg(reps=1)
     script = tmp_path / "second.py"
     script.write_text(SECOND_PROCESS)
     tests_dir = Path(__file__).parent
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests_dir), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tests_dir), os.environ.get("PYTHONPATH", "")]),
+    }
     out = subprocess.run(
-        [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, env=env, check=True
+        [sys.executable, str(script), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
     ).stdout.strip()
     assert out == "RepCfg 1 [('cache_hit', 'persistent')]"
 

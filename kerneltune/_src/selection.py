@@ -223,6 +223,7 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
                 self._emit(event, key, cfg=cfg, **extra)
             return decision
 
+        cfg: Any
         if inv.override_cfg is not None:
             cfg = inv.override_cfg
             check_config_type(kernel, inv, cfg, "cfg")
