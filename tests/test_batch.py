@@ -4,29 +4,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_offline_kernels import CHEAPEST, HEURISTIC, LoopKernel, fast_tuner
+from test_offline_kernels import CHEAPEST, HEURISTIC, LoopKernel, started, tuning_executor
 
 import kerneltune as kt
 from kerneltune._src.batch import pmap_with_config, vmap_with_config
-
-
-def tuning_executor(fallback="autotune"):
-    events = []
-
-    def on_event(event, **data):
-        events.append((event, data))
-
-    chain = kt.ConfigSelectorChain(
-        kt.ConfigCache(),
-        policy=kt.AutotunePolicy(cache_miss_fallback=fallback),
-        tuner=fast_tuner(),
-        on_event=on_event,
-    )
-    return kt.Executor(chain), events
-
-
-def started(events):
-    return [d for e, d in events if e == "autotune_start"]
 
 
 def test_vmap_with_config_tunes_once_for_the_whole_batch():

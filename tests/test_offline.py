@@ -11,7 +11,7 @@ from test_offline_kernels import (
     LoopCfg,
     LoopKernel,
     SinKernel,
-    fast_tuner,
+    tuning_executor,
 )
 
 import kerneltune as kt
@@ -27,19 +27,8 @@ def empty_registry():
 
 
 def chain_with_events(persistent=None, fallback="heuristics"):
-    events = []
-
-    def on_event(event, **data):
-        events.append((event, data))
-
-    chain = kt.ConfigSelectorChain(
-        kt.ConfigCache(),
-        policy=kt.AutotunePolicy(cache_miss_fallback=fallback),
-        tuner=fast_tuner(),
-        persistent=persistent,
-        on_event=on_event,
-    )
-    return chain, events
+    executor, events = tuning_executor(fallback, persistent)
+    return executor.chooser, events
 
 
 def count(events, name):

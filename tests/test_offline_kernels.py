@@ -42,6 +42,27 @@ def fast_tuner():
     return kt.Tuner(target_sample_s=5e-4)
 
 
+def tuning_executor(fallback="autotune", persistent=None):
+    """An executor with the fast tuner, and the list its selector's events land in."""
+    events = []
+
+    def on_event(event, **data):
+        events.append((event, data))
+
+    chain = kt.ConfigSelectorChain(
+        kt.ConfigCache(),
+        policy=kt.AutotunePolicy(cache_miss_fallback=fallback),
+        tuner=fast_tuner(),
+        persistent=persistent,
+        on_event=on_event,
+    )
+    return kt.Executor(chain), events
+
+
+def started(events):
+    return [d for e, d in events if e == "autotune_start"]
+
+
 class LoopKernel(kt.Kernel):
     """`alpha * x`; its candidates differ several-fold in cost."""
 

@@ -12,7 +12,8 @@ from test_offline_kernels import (
     LoopKernel,
     ShapeSpy,
     ShardAwareKernel,
-    fast_tuner,
+    started,
+    tuning_executor,
 )
 
 import kerneltune as kt
@@ -29,25 +30,6 @@ def empty_registry():
 
 def mesh_2x2():
     return Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("x", "y"))
-
-
-def tuning_executor(fallback="autotune"):
-    events = []
-
-    def on_event(event, **data):
-        events.append((event, data))
-
-    chain = kt.ConfigSelectorChain(
-        kt.ConfigCache(),
-        policy=kt.AutotunePolicy(cache_miss_fallback=fallback),
-        tuner=fast_tuner(),
-        on_event=on_event,
-    )
-    return kt.Executor(chain), events
-
-
-def started(events):
-    return [d for e, d in events if e == "autotune_start"]
 
 
 def test_shard_shapes():
