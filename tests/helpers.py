@@ -71,6 +71,15 @@ class CostKernel(kt.Kernel):
         return [RepCfg(reps=16), RepCfg(reps=1), RepCfg(reps=4)]
 
 
+def heuristics_executor():
+    """An executor that never tunes: misses use the kernel's heuristic."""
+    return kt.Executor(
+        kt.ConfigSelectorChain(
+            kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback="heuristics")
+        )
+    )
+
+
 def events_recorder():
     events = []
 

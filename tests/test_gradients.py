@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import rand
+from helpers import heuristics_executor, rand
 
 import kerneltune as kt
 
@@ -73,12 +73,7 @@ class ShortForm(kt.Kernel):
         return (kwargs["power"] * x ** (kwargs["power"] - 1) * ct,)
 
 
-def executor():
-    return kt.Executor(
-        kt.ConfigSelectorChain(
-            kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback="heuristics")
-        )
-    )
+executor = heuristics_executor
 
 
 @pytest.mark.parametrize("causal", [False, True])

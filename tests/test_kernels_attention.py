@@ -23,13 +23,6 @@ from kerneltune.kernels.attention.shapes import TEST_SHAPES
 BF16 = jnp.bfloat16
 
 
-@pytest.fixture
-def key():
-    seed = int(np.random.SeedSequence().entropy % (2**31))
-    print(f"seed {seed}")
-    return jax.random.PRNGKey(seed)
-
-
 def qkv(key, b, t, h, d, dtype=jnp.float32):
     keys = jax.random.split(key, 4)
     q, k, v, do = (jax.random.normal(kk, (b, t, h, d), jnp.float32).astype(dtype) for kk in keys)

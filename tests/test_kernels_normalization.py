@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import heuristics_executor
 
-import kerneltune as kt
 from kerneltune.kernels import (
     LayerNormInterpret,
     NormConfig,
@@ -24,19 +24,7 @@ from kerneltune.kernels.normalization.shapes import TEST_SHAPES
 BF16 = jnp.bfloat16
 
 
-@pytest.fixture
-def key():
-    seed = int(np.random.SeedSequence().entropy % (2**31))
-    print(f"seed {seed}")
-    return jax.random.PRNGKey(seed)
-
-
-def executor():
-    return kt.Executor(
-        kt.ConfigSelectorChain(
-            kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback="heuristics")
-        )
-    )
+executor = heuristics_executor
 
 
 def inputs(key, shape, dtype):

@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import heuristics_executor
 
-import kerneltune as kt
 from kerneltune.kernels import SoftmaxConfig, SoftmaxInterpret, softmax
 from kerneltune.kernels._common import relative_error, tolerance
 from kerneltune.kernels.softmax import config as sc
@@ -17,19 +17,7 @@ from kerneltune.kernels.softmax.shapes import TEST_SHAPES
 BF16 = jnp.bfloat16
 
 
-@pytest.fixture
-def key():
-    seed = int(np.random.SeedSequence().entropy % (2**31))
-    print(f"seed {seed}")
-    return jax.random.PRNGKey(seed)
-
-
-def executor():
-    return kt.Executor(
-        kt.ConfigSelectorChain(
-            kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback="heuristics")
-        )
-    )
+executor = heuristics_executor
 
 
 def check(fn, x, dout, dtype, axis=-1):
