@@ -11,3 +11,13 @@ def key():
     seed = int(np.random.SeedSequence().entropy % (2**31))
     print(f"seed {seed}")
     return jax.random.PRNGKey(seed)
+
+
+@pytest.fixture
+def empty_registry():
+    """An empty invocation registry before and after the test."""
+    from kerneltune._src import recording
+
+    recording.clear_invocations()
+    yield
+    recording.clear_invocations()

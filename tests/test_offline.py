@@ -18,12 +18,7 @@ import kerneltune as kt
 from kerneltune._src import offline, recording
 from kerneltune._src.persistent import PersistentCache
 
-
-@pytest.fixture(autouse=True)
-def empty_registry():
-    recording.clear_invocations()
-    yield
-    recording.clear_invocations()
+pytestmark = pytest.mark.usefixtures("empty_registry")
 
 
 def chain_with_events(persistent=None, fallback="heuristics"):

@@ -18,12 +18,7 @@ import kerneltune as kt
 from kerneltune._src import options, recording
 from kerneltune._src.kernel import make_invocation
 
-
-@pytest.fixture(autouse=True)
-def empty_registry():
-    recording.clear_invocations()
-    yield
-    recording.clear_invocations()
+pytestmark = pytest.mark.usefixtures("empty_registry")
 
 
 def heuristics_executor():

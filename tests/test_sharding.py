@@ -20,12 +20,7 @@ import kerneltune as kt
 from kerneltune._src import offline, recording
 from kerneltune._src.sharding import per_shard_args, shard_shape
 
-
-@pytest.fixture(autouse=True)
-def empty_registry():
-    recording.clear_invocations()
-    yield
-    recording.clear_invocations()
+pytestmark = pytest.mark.usefixtures("empty_registry")
 
 
 def mesh_2x2():
