@@ -40,6 +40,8 @@ from kerneltune._src.labels import extract_labels_from_hlo_text as extract_label
 from kerneltune._src.labels import find_labels_in_lowered as find_labels_in_lowered
 from kerneltune._src.labels import label as label
 from kerneltune._src.labels import labels_to_configs as labels_to_configs
+from kerneltune._src.manifest import load_manifest as load_manifest
+from kerneltune._src.manifest import save_manifest as save_manifest
 from kerneltune._src.offline import autotune_lowered as autotune_lowered
 from kerneltune._src.offline import autotune_recorded as autotune_recorded
 from kerneltune._src.params import BwdParams as BwdParams
@@ -49,10 +51,8 @@ from kerneltune._src.persistent import default_persistent_cache as default_persi
 from kerneltune._src.recording import Record as Record
 from kerneltune._src.recording import clear_invocations as clear_invocations
 from kerneltune._src.recording import get_invocations as get_invocations
-from kerneltune._src.recording import load_manifest as load_manifest
 from kerneltune._src.recording import record_calls as record_calls
 from kerneltune._src.recording import record_invocation as record_invocation
-from kerneltune._src.recording import save_manifest as save_manifest
 from kerneltune._src.result import AutotuningResult as AutotuningResult
 from kerneltune._src.result import Entry as Entry
 from kerneltune._src.selection import AutotunePolicy as AutotunePolicy

@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 from test_offline_kernels import LoopKernel, ScaledKernel
 
 import kerneltune as kt
-from kerneltune._src import options, recording
+from kerneltune._src import manifest, options, recording
 from kerneltune._src.kernel import make_invocation
 
 pytestmark = pytest.mark.usefixtures("empty_registry")
@@ -114,10 +114,10 @@ def test_manifest_round_trip(tmp_path):
         ex(loop, jnp.ones((8, 8), jnp.bfloat16), alpha=float("inf"))
         ex(scaled, jnp.ones((4, 4)))
     path = tmp_path / "manifest.json"
-    assert recording.save_manifest(path) == 2
+    assert manifest.save_manifest(path) == 2
     doc = json.loads(path.read_text())
     assert doc["kind"] == "kerneltune.manifest"
-    loaded = recording.load_manifest(path)
+    loaded = manifest.load_manifest(path)
     original = recording.get_invocations()
     assert {op: set(calls) for op, calls in loaded.items()} == {
         op: set(calls) for op, calls in original.items()
@@ -144,10 +144,10 @@ def test_unimportable_kernels_are_refused_or_skipped(tmp_path, caplog):
         ex(Local(), jnp.ones((2, 2)))
         ex(LoopKernel(), jnp.ones((2, 2)))
     with pytest.raises(ValueError, match=r"local@v0.*top level of an importable module"):
-        recording.save_manifest(tmp_path / "m.json")
-    assert recording.save_manifest(tmp_path / "m.json", on_unimportable="skip") == 1
+        manifest.save_manifest(tmp_path / "m.json")
+    assert manifest.save_manifest(tmp_path / "m.json", on_unimportable="skip") == 1
     assert "local@v0" in caplog.text
-    assert list(recording.load_manifest(tmp_path / "m.json")) == ["loop@v0"]
+    assert list(manifest.load_manifest(tmp_path / "m.json")) == ["loop@v0"]
 
 
 def test_a_changed_kernel_version_is_not_tuned_with_old_records(tmp_path):
@@ -155,10 +155,10 @@ def test_a_changed_kernel_version_is_not_tuned_with_old_records(tmp_path):
     with recording.record_calls():
         ex(LoopKernel(), jnp.ones((2, 2)))
     path = tmp_path / "m.json"
-    recording.save_manifest(path)
+    manifest.save_manifest(path)
     text = path.read_text().replace("loop@v0", "loop@v9")
     path.write_text(text)
-    (record,) = recording.load_manifest(path)["loop@v9"].values()
+    (record,) = manifest.load_manifest(path)["loop@v9"].values()
     with pytest.raises(ValueError, match="new version"):
         record.get_kernel()
 
@@ -167,10 +167,10 @@ def test_bad_manifests_are_clear_errors(tmp_path):
     path = tmp_path / "m.json"
     path.write_text("{}")
     with pytest.raises(ValueError, match="not a kerneltune manifest"):
-        recording.load_manifest(path)
+        manifest.load_manifest(path)
     path.write_text("not json")
     with pytest.raises(ValueError, match="not JSON"):
-        recording.load_manifest(path)
+        manifest.load_manifest(path)
 
 
 class Color(enum.Enum):
@@ -196,19 +196,19 @@ def test_codec_round_trips_static_values():
         "fn": jnp.sin,
         "array": jax.ShapeDtypeStruct((2, 3), jnp.float16),
     }
-    back = recording.decode(json.loads(json.dumps(recording.encode(value))))
+    back = manifest.decode(json.loads(json.dumps(manifest.encode(value))))
     assert back["t"] == (1, 2.5, None, "s", [True])
     assert back["dtype"] == np.dtype("bfloat16") and back["np_dtype"] == np.dtype("int8")
     assert back["spec"] == P(("x", "y"), None)
     assert back["inf"] == float("-inf") and back["enum"] is Color.RED
     assert back["dc"] == Static(3, "a") and back["fn"] is jnp.sin
     assert (back["array"].shape, back["array"].dtype) == ((2, 3), jnp.float16)
-    abstract = recording.decode(recording.encode(mesh))
+    abstract = manifest.decode(manifest.encode(mesh))
     assert dict(abstract.shape) == {"x": 2, "y": 2}
     with pytest.raises(TypeError, match="cannot write"):
-        recording.encode(object())
+        manifest.encode(object())
     with pytest.raises(TypeError, match="cannot be imported"):
-        recording.encode(lambda: None)
+        manifest.encode(lambda: None)
 
 
 def test_record_without_recording_option_is_explicit():

@@ -17,7 +17,7 @@ from test_offline_kernels import (
 )
 
 import kerneltune as kt
-from kerneltune._src import offline, recording
+from kerneltune._src import manifest, offline, recording
 from kerneltune._src.sharding import per_shard_args, shard_shape
 
 pytestmark = pytest.mark.usefixtures("empty_registry")
@@ -88,8 +88,8 @@ def test_shard_map_records_replay_from_a_manifest(tmp_path):
     with recording.record_calls():
         ex(kernel, x, alpha=2.0, **call)
     path = tmp_path / "m.json"
-    recording.save_manifest(path)
-    (record,) = recording.load_manifest(path)["loop@v0"].values()
+    manifest.save_manifest(path)
+    (record,) = manifest.load_manifest(path)["loop@v0"].values()
     assert record.method == "shard_map" and record.in_specs == (P("y"),)
     assert dict(record.mesh.shape) == {"x": 2, "y": 2}
     chain, events = tuning_executor()[0].chooser, []

@@ -13,6 +13,7 @@ from test_offline_kernels import CANDIDATES, LoopCfg, LoopKernel, ScaledKernel
 
 import kerneltune as kt
 from kerneltune import cli
+from kerneltune._src import manifest as manifests
 from kerneltune._src import recording
 from kerneltune._src.persistent import PersistentCache
 from kerneltune._src.tune_cli import parse_shard, shard_records
@@ -34,7 +35,7 @@ def manifest(tmp_path_factory):
         ex(LoopKernel(), jnp.ones((96, 96)))
         ex(ScaledKernel(scale=1.5, op_id="scaled_b"), jnp.ones((112, 112)))
     path = tmp_path_factory.mktemp("manifest") / "manifest.json"
-    assert recording.save_manifest(path) == 3
+    assert manifests.save_manifest(path) == 3
     keys = {(r.op_id_v, r.call_key) for r in recording.iter_records(recording.all_invocations())}
     recording.clear_invocations()
     return path, keys

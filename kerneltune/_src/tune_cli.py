@@ -66,13 +66,13 @@ def shard_records(records: list[Any], index: int, count: int) -> list[Any]:
 
 def run(args: argparse.Namespace) -> int:
     """Runs `kerneltune tune`; returns the exit status (1 when a call failed)."""
-    from kerneltune._src import offline, recording
+    from kerneltune._src import manifest, offline, recording
     from kerneltune._src.cache_cli import format_time, print_table
     from kerneltune._src.cache_entry import op_matches
     from kerneltune.cli import CommandError
 
     try:
-        loaded = recording.load_manifest(args.manifest)
+        loaded = manifest.load_manifest(args.manifest)
     except (OSError, ValueError) as e:
         raise CommandError(f"cannot read the manifest {args.manifest}: {e}") from None
     records = recording.iter_records(loaded)
