@@ -11,12 +11,12 @@ from kerneltune._src.benchmarking import benchmark as benchmark
 from kerneltune._src.cache import ConfigCache as ConfigCache
 from kerneltune._src.cache import overlay_cache as overlay_cache
 from kerneltune._src.cache_entry import CacheEntry as CacheEntry
+from kerneltune._src.coordination import AgreementError as AgreementError
+from kerneltune._src.coordination import AgreementTimeoutError as AgreementTimeoutError
 from kerneltune._src.devices import device_fingerprint as device_fingerprint
 from kerneltune._src.devices import device_kind as device_kind
 from kerneltune._src.devices import get_device_platform as get_device_platform
 from kerneltune._src.distributed import AgreementCheck as AgreementCheck
-from kerneltune._src.distributed import AgreementError as AgreementError
-from kerneltune._src.distributed import AgreementTimeoutError as AgreementTimeoutError
 from kerneltune._src.distributed import verify_agreement as verify_agreement
 from kerneltune._src.executor import ConfigChooser as ConfigChooser
 from kerneltune._src.executor import Executor as Executor
