@@ -293,3 +293,27 @@ def test_autotune_under_jit_uses_tuning_inputs_never_tracers():
     assert out.shape == (16, 16)
     assert len(seen) == 1 and not isinstance(seen[0], jax.core.Tracer)
     assert float(jnp.abs(seen[0]).sum()) > 0  # random data, not zeros
+
+
+def test_hand_built_invocation_uses_the_kernels_version_and_key_builder():
+    class Versioned(CostKernel):
+        version = "3"
+
+        @staticmethod
+        def key_builder(inv):
+            return "rows=" + str(inv.args[0].shape[0])
+
+    ex, chain, _ = make(policy=kt.AutotunePolicy(cache_miss_fallback="heuristics"))
+    x = rand((8, 8))
+    key = (kt.device_fingerprint(), "cost@v3", "rows=8")
+    chain.cache.put(*key, RepCfg(reps=2))
+    by_hand = kt.Invocation(op_id="cost", args=(x,), kwargs={})
+    assert chain.choose(by_hand, Versioned()) == RepCfg(reps=2)
+    assert ex.choose_config(Versioned(), x) == RepCfg(reps=2)
+
+
+def test_fwd_params_accept_positional_fields():
+    assert kt.FwdParams(128, 64, 4, 2) == kt.FwdParams(
+        q_blocksize=128, kv_blocksize=64, num_warps=4, num_stages=2
+    )
+    assert kt.BwdParams(64, 32).kv_blocksize == 32

@@ -189,7 +189,7 @@ def _array_leaves(tree: Any) -> Iterable[Any]:
     return (x for x in jax.tree_util.tree_leaves(tree) if keys.is_array(x))
 
 
-def _key_builder_of(kernel: Kernel[Any, Any]) -> Callable[[Invocation[Any, Any]], str] | None:
+def key_builder_of(kernel: Kernel[Any, Any]) -> Callable[[Invocation[Any, Any]], str] | None:
     # A key builder set on the class is a plain function of the invocation (or a
     # staticmethod), not a method: read it without binding it to the kernel.
     if "key_builder" in vars(kernel):
@@ -212,6 +212,6 @@ def make_invocation(
         args=tuple(args),
         kwargs=dict(kwargs),
         version=_resolved_version(kernel),
-        key_builder=_key_builder_of(kernel),
+        key_builder=key_builder_of(kernel),
         **fields,
     )

@@ -21,7 +21,7 @@ def check_positive(owner: str, name: str, value: int | None) -> None:
         raise ValueError(f"{owner}.{name} must be a positive integer, got {value!r}.")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True)
 class FwdParams:
     """Forward-pass launch parameters; `None` lets the kernel choose.
 
@@ -44,7 +44,7 @@ class FwdParams:
         check_positive("FwdParams", "num_stages", self.num_stages)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True)
 class BwdParams:
     """Backward-pass launch parameters; `None` lets the kernel choose."""
 

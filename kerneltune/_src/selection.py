@@ -21,7 +21,7 @@ from typing import Any, Generic, Literal
 
 from kerneltune._src import dispatch, keys, options, scope
 from kerneltune._src.cache import CacheKey, ConfigCache
-from kerneltune._src.kernel import Invocation, Kernel
+from kerneltune._src.kernel import Invocation, Kernel, key_builder_of
 from kerneltune._src.kernel_types import Cfg, Out
 from kerneltune._src.tuning.report import TuningReport
 
@@ -200,6 +200,7 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
     def decide(self, inv: Invocation[Cfg, Out], kernel: Kernel[Cfg, Out]) -> Decision:
         """Like `choose`, and says which tier supplied the config and why the tiers
         before it missed."""
+        inv = _as_keyed_by(inv, kernel)
         dev = inv.device_fingerprint
         key: CacheKey = (dev, inv.op_id_v, inv.call_key)
         if inv.method == "shard_map":
@@ -415,6 +416,16 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
             self.on_event(event, device=key[0], op_id=key[1], call_key=key[2], **data)
         except Exception:
             logger.exception("kerneltune on_event listener raised for event %r", event)
+
+
+def _as_keyed_by(inv: Invocation[Any, Any], kernel: Kernel[Any, Any]) -> Invocation[Any, Any]:
+    """`inv` keyed as the executor keys it: with the kernel's version and key builder
+    (an Invocation built by hand may carry neither)."""
+    version = str(kernel.version)
+    builder = inv.key_builder or key_builder_of(kernel)
+    if inv.version == version and inv.key_builder is builder:
+        return inv
+    return dataclasses.replace(inv, version=version, key_builder=builder)
 
 
 # -- helpers shared with the executor and explain ------------------------------------
