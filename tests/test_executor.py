@@ -235,3 +235,25 @@ def test_costkernel_result_independent_of_config():
     a = ex(CostKernel(), x, cfg=RepCfg(reps=1))
     b = ex(CostKernel(), x, cfg=RepCfg(reps=4))
     np.testing.assert_allclose(a, b, rtol=1e-5)
+
+
+def test_an_error_raised_by_a_cached_program_is_not_retried():
+    runs = []
+
+    class Flaky(ScaleKernel):
+        op_id = "flaky"
+
+    ex, _, _ = heuristics_executor()
+    x = rand((3,))
+    kernel = Flaky()
+    ex(kernel, x)  # the program for this signature is now in the eager table
+    (entry_key,) = list(ex._eager)
+
+    def failing(*args):
+        runs.append(1)
+        raise TypeError("raised while running")
+
+    ex._eager[entry_key] = failing
+    with pytest.raises(TypeError, match="raised while running"):
+        ex(kernel, x)
+    assert runs == [1]

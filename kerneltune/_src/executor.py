@@ -141,11 +141,13 @@ class Executor(Generic[Cfg, Out]):
             # the general path. Tracers have avals too: a hit under jit/vmap/grad calls
             # the same jitted program, which is then simply traced inline.
             try:
-                return self._eager[
+                program = self._eager[
                     (kernel, stamp, _current_scope(), *map(_aval, args), *kwargs.items())
-                ](*args)
+                ]
             except (KeyError, AttributeError, TypeError):
-                pass
+                program = None
+            if program is not None:
+                return program(*args)  # outside the try: its errors are the caller's
         return self._call(kernel, args, kwargs, cfg, stamp, method, mesh, in_specs, out_specs)
 
     # -- everything else ------------------------------------------------------------------
