@@ -6,7 +6,9 @@ For each kernel and shape it prints: the heuristic config's time (JAX's defaults
 JAX's own kernels), the tuned config's time, the speedup, the tuned time as a
 percentage of the relevant ceiling, and the tuning wall time:
 
-- matmul: `jnp.dot` (cuBLAS) on the same inputs: % = t(jnp.dot) / t(tuned);
+- matmul: `jnp.dot` (cuBLAS) on the same inputs: % = t(jnp.dot) / t(tuned). On a
+  Hopper GPU its candidates span two backends, our Pallas/Triton kernel and JAX's
+  Mosaic GPU Hopper matmul; the note gives each backend's best time;
 - attention: `jax.nn.dot_product_attention(implementation="cudnn")` forward, and its
   backward (its forward+backward minus its forward): % = t(cuDNN) / t(tuned);
 - layer norm, RMS norm, softmax: memory bandwidth: bytes read and written once over
@@ -16,7 +18,9 @@ Every time is the median of device-timer samples (CUPTI where available) taken b
 kerneltune's Tuner; heuristic and tuned times come from the same tuning session
 (interleaved rounds) and are re-measured once more side by side afterwards. Before
 timing, every kernel's output (and gradient, where it has one) is checked against
-its XLA reference on fresh random inputs.
+its XLA reference on fresh random inputs; `--only mosaic` checks the Mosaic matmul
+(several configs, both 16-bit dtypes, a padded shape, a gradient) and `--only sweep`
+times a wider set of Mosaic configs at 4096³ than the tuner's curated one.
 """
 
 from __future__ import annotations
@@ -49,7 +53,9 @@ from kerneltune.kernels import (
 from kerneltune.kernels._common import kernel_for, relative_error, tolerance
 from kerneltune.kernels.attention import shapes as attention_shapes
 from kerneltune.kernels.attention.reference import attention_reference
+from kerneltune.kernels.matmul import mosaic_space, pallas_mosaic
 from kerneltune.kernels.matmul import shapes as matmul_shapes
+from kerneltune.kernels.matmul.config import MatmulConfig, MatmulProblem
 from kerneltune.kernels.normalization import shapes as norm_shapes
 from kerneltune.kernels.normalization.reference import (
     layer_norm_reference,
@@ -80,6 +86,7 @@ class Result:
     error: str = ""
     heuristic_cfg: Any = None
     best_cfg: Any = None
+    backend_best_s: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def normal(
@@ -160,6 +167,7 @@ class Bench:
                 timer=rep.timer,
                 heuristic_cfg=rep.heuristic_cfg,
                 best_cfg=rep.best,
+                backend_best_s=_best_per_backend(rep),
             )
             out.append(r)
         if not out:
@@ -185,6 +193,17 @@ class Bench:
         return out
 
 
+def _best_per_backend(rep: Any) -> dict[str, float]:
+    """The fastest validated time of each config backend among the candidates (only
+    for configs with a `backend` field, i.e. the matmul)."""
+    best: dict[str, float] = {}
+    for c in rep.candidates:
+        backend = getattr(c.cfg, "backend", None)
+        if backend is not None and c.ok:
+            best[backend] = min(best.get(backend, math.inf), c.time_s)
+    return best
+
+
 def _cfg_text(cfg: Any) -> str:
     if cfg is None:
         return "-"
@@ -196,12 +215,21 @@ def _cfg_text(cfg: Any) -> str:
             "num_stages": "s",
             "block_size": "block",
             "group_m": "g",
+            "max_concurrent_steps": "steps",
+            "wg_dimension": "wg",
+            "cluster_dimension": "cluster",
+            "grid_minor_dim": "minor",
+            "grid_tile_width": "gw",
+            "epi_tile_m": "epi_m",
+            "epi_tile_n": "epi_n",
         }
-        return " ".join(
+        text = " ".join(
             f"{short.get(f.name, f.name)}={getattr(cfg, f.name)}"
             for f in dataclasses.fields(cfg)
-            if getattr(cfg, f.name) is not None
+            if getattr(cfg, f.name) is not None and f.name != "backend"
         )
+        backend = getattr(cfg, "backend", None)
+        return text if backend in (None, "triton") else f"[{backend}] {text}"
     return str(cfg)
 
 
@@ -289,6 +317,145 @@ def check_all(b: Bench) -> None:
             )
 
 
+def check_mosaic(b: Bench) -> None:
+    """JAX's Mosaic GPU Hopper matmul through kerneltune, against a float32 reference
+    on fresh random inputs: several curated configs in bf16, one in f16, one on a
+    shape that needs padding, and one gradient (Mosaic forward; the backward's
+    transposed products run the heuristic). Each failure is reported, not raised."""
+    support = pallas_mosaic.support()
+    module = pallas_mosaic._load()
+    print(f"mosaic: {pallas_mosaic.MODULE}: {support.reason or 'usable'}", flush=True)
+    if module.fn is not None:
+        import inspect
+
+        print(
+            f"mosaic: matmul{inspect.signature(module.fn)}; TuningConfig fields "
+            f"{sorted(support.fields)}",
+            flush=True,
+        )
+    if support.reason is not None:
+        b.checks.append(f"SKIP mosaic: {support.reason}")
+        return
+    from kerneltune import AutotunePolicy
+
+    ex = Executor(
+        ConfigSelectorChain(ConfigCache(), policy=AutotunePolicy(cache_miss_fallback="heuristics"))
+    )
+    kernel = kernel_for(Matmul, ex)
+    key = iter(jax.random.split(jax.random.PRNGKey(int(time.time())), 64))
+    m, k, n = (768, 384, 1280) if not b.smoke else (256, 128, 256)
+    p = MatmulProblem(m, n, k, jnp.dtype(BF16))
+    curated, _ = mosaic_space.candidates(p)
+    jobs: list[tuple[MatmulConfig, Any, tuple[int, int, int]]] = [
+        (c, BF16, (m, k, n)) for c in curated[::2]
+    ]
+    jobs.append((curated[0], jnp.float16, (m, k, n)))
+    jobs.append((curated[0], BF16, (1000, 200, 700)))  # padded to the cluster tile and bk
+
+    def mm_ref(x: jax.Array, y: jax.Array) -> jax.Array:
+        return jnp.dot(
+            x.astype(jnp.float32), y.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST
+        )
+
+    for cfg, dtype, (mm, kk, nn) in jobs:
+        name = f"mosaic {jnp.dtype(dtype).name} {mm}x{kk}x{nn} {_cfg_text(cfg)}"
+        t0 = time.perf_counter()
+        try:
+            x, y = normal(next(key), (mm, kk), dtype), normal(next(key), (kk, nn), dtype)
+            out = jax.jit(functools.partial(kernel.run_triton, cfg=cfg))(x, y)
+            err = relative_error(out, mm_ref(x, y))
+            ok = err <= tolerance(dtype) and out.dtype == dtype and out.shape == (mm, nn)
+            b.checks.append(
+                f"{'ok  ' if ok else 'FAIL'} {name}: rel err {err:.2e} (tol "
+                f"{tolerance(dtype):.0e}; {time.perf_counter() - t0:.1f} s)"
+            )
+        except Exception as e:
+            b.checks.append(f"FAIL {name}: raised {type(e).__name__}: {str(e)[:400]}")
+        print(b.checks[-1], flush=True)
+    cfg = curated[0]
+    try:
+        x, y = normal(next(key), (m, k)), normal(next(key), (k, n))
+        dout = normal(next(key), (m, n))
+        out, (dx, dy) = _value_and_grads(lambda a, c: ex(kernel, a, c, cfg=cfg), (x, y), dout)
+        f32 = (x.astype(jnp.float32), y.astype(jnp.float32))
+        ref, (rx, ry) = _value_and_grads(mm_ref, f32, dout.astype(jnp.float32))
+        err = max(relative_error(out, ref), relative_error(dx, rx), relative_error(dy, ry))
+        ok = err <= 2 * tolerance(BF16)
+        b.checks.append(
+            f"{'ok  ' if ok else 'FAIL'} mosaic grad bf16 {m}x{k}x{n}: rel err {err:.2e}"
+        )
+    except Exception as e:
+        b.checks.append(f"FAIL mosaic grad: raised {type(e).__name__}: {str(e)[:400]}")
+    print(b.checks[-1], flush=True)
+
+
+def wide_mosaic_space(p: MatmulProblem) -> list[MatmulConfig]:
+    """More Mosaic configs than the tuner's curated 16: more tiles, every cluster
+    choice, several grid orders, and two pipeline depths each (pruned by the same
+    rules), to see whether the curated set misses a faster one."""
+    out = []
+    tiles = (*mosaic_space.TILES, (128, 128, "n"), (256, 64, "m"))
+    grids = (("n", 1), ("n", 8), ("m", 8), ("n", 16))
+    for bm, bn, wg in tiles:
+        for cluster in (None, "m", "n"):
+            for minor, width in grids:
+                base = MatmulConfig(
+                    backend="mosaic", bm=bm, bn=bn, bk=mosaic_space.BK, wg_dimension=wg,
+                    cluster_dimension=cluster, grid_minor_dim=minor, grid_tile_width=width,
+                    max_concurrent_steps=1,
+                )  # fmt: skip
+                deepest = mosaic_space.deepest_steps(p, base, 227 * 1024)
+                for steps in (deepest, deepest - 1):
+                    out.append(dataclasses.replace(base, max_concurrent_steps=max(steps, 1)))
+    kept, _ = mosaic_space.candidates(p, configs=out)
+    return kept
+
+
+def sweep_mosaic(b: Bench, seconds: float) -> None:
+    """Times the wide Mosaic space at 4096³ bf16 (in a shuffled order, for `seconds`)
+    and prints the fastest configs against `jnp.dot`."""
+    import random
+
+    m = k = n = 4096 if not b.smoke else 256
+    p = MatmulProblem(m, n, k, jnp.dtype(BF16))
+    cands = wide_mosaic_space(p)
+    curated = set(mosaic_space.candidates(p)[0])
+    random.Random(0).shuffle(cands)
+    kx, ky = jax.random.split(jax.random.PRNGKey(11))
+    x, y = normal(kx, (m, k)), normal(ky, (k, n))
+    kernel = Matmul()
+    tuner = Tuner(
+        progress=False, strategy="exhaustive", time_budget_s=seconds, compile_timeout_s=60.0
+    )
+    cands = [CEILING, *cands]
+
+    def make(cfg: Any) -> Callable[..., Any]:
+        if cfg == CEILING:
+            return lambda a, c: jnp.dot(a, c)
+        return functools.partial(kernel.run_triton, cfg=cfg)
+
+    warm_gpu(b)
+    t0 = time.perf_counter()
+    rep = tuner.tune(make, (x, y), {}, cands, reference_cfg=CEILING)
+    wall = time.perf_counter() - t0
+    done = [c for c in rep.candidates if c.ok and c.cfg != CEILING]
+    failed = [c for c in rep.candidates if not c.ok and c.status not in ("skipped", "pruned")]
+    cublas = next((c.time_s for c in rep.candidates if c.cfg == CEILING and c.ok), None)
+    flops = 2 * m * n * k
+    print(
+        f"\n== Mosaic sweep {m}x{k}x{n} bf16: {len(done)} timed, {len(failed)} failed, "
+        f"{len(cands) - 1 - len(done) - len(failed)} not reached of {len(cands) - 1}; "
+        f"{wall:.0f} s; jnp.dot {flops / cublas / 1e12 if cublas else float('nan'):.0f} TFLOP/s =="
+    )
+    for c in sorted(done, key=lambda c: c.time_s)[:10]:
+        pct = f"{100 * cublas / c.time_s:.0f}%" if cublas else "-"
+        mark = "*" if c.cfg in curated else " "
+        print(f" {mark} {flops / c.time_s / 1e12:6.0f} TFLOP/s {pct:>5}  {_cfg_text(c.cfg)}")
+    for c in failed[:5]:
+        print(f"   failed ({c.status}): {_cfg_text(c.cfg)}: {(c.error or '')[:200]}")
+    print("   (* = in the tuner's curated space)")
+
+
 # --- the benchmarks ------------------------------------------------------------------
 
 
@@ -327,6 +494,11 @@ def bench_matmul(b: Bench) -> Iterator[None]:
                 r.ceiling_note += f"; tuned {flops / r.tuned_s / 1e12:.0f} TFLOP/s"
                 if r.ceiling_s:
                     r.ceiling_note += f" vs {flops / r.ceiling_s / 1e12:.0f}"
+                if r.backend_best_s:
+                    r.ceiling_note += "; best per backend: " + ", ".join(
+                        f"{name} {flops / t / 1e12:.0f} TFLOP/s"
+                        for name, t in sorted(r.backend_best_s.items())
+                    )
         kernel = Matmul()
         _recheck(
             b,
@@ -501,7 +673,15 @@ def main() -> int:
         "--budget-s", type=float, default=330.0, help="stop starting new tunings after this long"
     )
     parser.add_argument("--json", help="write every result here")
-    parser.add_argument("--only", default="check,matmul,attention,rowwise")
+    parser.add_argument(
+        "--only",
+        default="check,mosaic,matmul,attention,rowwise",
+        help="comma-separated: check, mosaic (Mosaic matmul checks), matmul, attention, "
+        "rowwise, sweep (wide Mosaic sweep at 4096³)",
+    )
+    parser.add_argument(
+        "--sweep-s", type=float, default=60.0, help="time budget of the Mosaic sweep"
+    )
     parser.add_argument(
         "--smoke",
         action="store_true",
@@ -526,6 +706,14 @@ def main() -> int:
             b.checks.append("FAIL check_all raised (traceback above)")
         print("\n".join(b.checks), flush=True)
         print(f"checks took {time.perf_counter() - t0:.1f} s", flush=True)
+    if "mosaic" in only:
+        t1 = time.perf_counter()
+        try:
+            check_mosaic(b)
+        except Exception:
+            traceback.print_exc()
+            b.checks.append("FAIL check_mosaic raised (traceback above)")
+        print(f"Mosaic checks took {time.perf_counter() - t1:.1f} s", flush=True)
     bandwidth = copy_bandwidth(b)
     print(f"copy bandwidth: {bandwidth / 1e12:.2f} TB/s", flush=True)
     # Round robin over the kernels, so that a time budget that runs out leaves every
@@ -545,10 +733,21 @@ def main() -> int:
                 gens.remove(g)
             _print(b.results[printed:], header=False)
             printed = len(b.results)
+    # The sweep gets what is left of the budget plus its own time, at most its own time.
+    sweep_s = min(args.sweep_s, b.deadline - time.perf_counter() + args.sweep_s)
+    if "sweep" in only and sweep_s >= 15:
+        try:
+            sweep_mosaic(b, sweep_s)
+        except Exception:
+            traceback.print_exc()
+    elif "sweep" in only:
+        print(f"Mosaic sweep skipped: {sweep_s:.0f} s left of its budget")
     print(
         f"\n== results ({device.device_kind}, {time.strftime('%Y-%m-%d')}, total {time.perf_counter() - t0:.0f} s) =="
     )
     _print(b.results)
+    if b.checks:
+        print("\n".join(c for c in b.checks if not c.startswith("ok")) or "all checks passed")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(

@@ -43,6 +43,21 @@ def on_gpu() -> bool:
     return jax.devices()[0].platform.lower() in ("gpu", "cuda", "rocm")
 
 
+#: Substrings of `device_kind` that name a Hopper GPU (compute capability 9.0).
+HOPPER_KINDS = ("h100", "h200", "h800", "gh200")
+
+
+def device_kind_name() -> str:
+    """The default device's `device_kind` (e.g. "NVIDIA H200"), or its platform."""
+    device = jax.devices()[0]
+    return str(getattr(device, "device_kind", device.platform))
+
+
+def is_hopper() -> bool:
+    """True when JAX's default device is a Hopper GPU (H100, H200, H800, GH200)."""
+    return on_gpu() and any(name in device_kind_name().lower() for name in HOPPER_KINDS)
+
+
 @functools.cache
 def shared_memory_limit() -> int:
     """Bytes of shared memory one Triton program (thread block) may use on the default

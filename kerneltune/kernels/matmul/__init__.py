@@ -1,4 +1,5 @@
-"""The tiled matmul written in Pallas (Triton on GPUs), `jnp.dot` on CPUs."""
+"""The tiled matmul: our Pallas kernel (Triton) and, on Hopper GPUs, JAX's Mosaic GPU
+matmul as a second backend; `jnp.dot` on CPUs."""
 
 from kerneltune.kernels.matmul.api import Matmul as Matmul
 from kerneltune.kernels.matmul.api import MatmulInterpret as MatmulInterpret

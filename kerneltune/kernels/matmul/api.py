@@ -9,9 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from kerneltune._src.kernel import Invocation, Kernel
-from kerneltune.kernels._common import BundledKernelMixin, Pruned, kernel_for
+from kerneltune.kernels._common import BundledKernelMixin, Pruned, is_hopper, kernel_for
 from kerneltune.kernels.matmul import config as config_lib
+from kerneltune.kernels.matmul import mosaic_space, pallas_mosaic
 from kerneltune.kernels.matmul.config import MatmulConfig, MatmulProblem
+from kerneltune.kernels.matmul.pallas_mosaic import matmul_mosaic
 from kerneltune.kernels.matmul.pallas_triton import matmul_pallas
 from kerneltune.kernels.matmul.reference import matmul_xla
 
@@ -25,8 +27,10 @@ def problem_of(inv: Invocation[Any, Any]) -> MatmulProblem:
 
 class Matmul(BundledKernelMixin, Kernel[MatmulConfig, jax.Array]):
     """`x[m, k] @ y[k, n]`: our Pallas tiled matmul on GPUs (Triton), `jnp.dot` on
-    CPUs. Its gradient runs the same kernel on the transposed problems, each tuned
-    for its own shapes.
+    CPUs. On Hopper GPUs with 16-bit inputs the candidates also include JAX's Mosaic
+    GPU Hopper matmul (`MatmulConfig(backend="mosaic")`), so tuning picks the faster
+    backend per shape; the heuristic stays the Triton kernel. Its gradient runs the
+    same kernel on the transposed problems, each tuned for its own shapes.
 
     Args:
       op_id: the op id (default "matmul").
@@ -35,7 +39,8 @@ class Matmul(BundledKernelMixin, Kernel[MatmulConfig, jax.Array]):
     """
 
     op_id = "matmul"
-    version = "1"
+    # 2: configs gained a backend and the Mosaic GPU fields.
+    version = "2"
     config_type = MatmulConfig
 
     def __init__(
@@ -68,13 +73,27 @@ class Matmul(BundledKernelMixin, Kernel[MatmulConfig, jax.Array]):
     def candidate_cfgs_triton(self, inv: Invocation[Any, Any]) -> list[MatmulConfig]:
         if self.use_interpreter():
             return config_lib.interpret_candidates(problem_of(inv))
-        return config_lib.candidates(problem_of(inv))[0]
+        return self._candidates(problem_of(inv))[0]
 
     def pruned_cfgs(self, inv: Invocation[Any, Any]) -> list[Pruned[MatmulConfig]]:
         """The configs left out of the search for this call, each with its reason."""
-        return config_lib.candidates(problem_of(inv))[1]
+        return self._candidates(problem_of(inv))[1]
+
+    def _candidates(
+        self, p: MatmulProblem
+    ) -> tuple[list[MatmulConfig], list[Pruned[MatmulConfig]]]:
+        if not self.use_interpreter() and mosaic_space.offered(p, hopper=is_hopper()):
+            return mosaic_space.candidates_with_mosaic(p, support=pallas_mosaic.support())
+        return config_lib.candidates(p)
 
     def run_triton(self, x: jax.Array, y: jax.Array, *, cfg: MatmulConfig) -> jax.Array:
+        if cfg.backend == "mosaic":
+            if self.use_interpreter():
+                raise ValueError(
+                    f"{self.op_id}: MatmulConfig(backend='mosaic') runs on Hopper GPUs, not "
+                    "in the Pallas interpreter; use a backend='triton' config."
+                )
+            return matmul_mosaic(x, y, cfg)
         return matmul_pallas(x, y, cfg, interpret=self.use_interpreter())
 
     def fwd_with_residuals_triton(
@@ -106,6 +125,8 @@ class MatmulInterpret(Matmul):
     interpreter, not a GPU."""
 
     op_id = "matmul-interpret"
+    # Its configs and code did not change with the Mosaic backend (v2 of `Matmul`).
+    version = "1"
     interpret = True
     run_xla = Matmul.run_triton
     fwd_with_residuals_xla = Matmul.fwd_with_residuals_triton
@@ -116,7 +137,8 @@ class MatmulInterpret(Matmul):
 def matmul(
     x: jax.Array, y: jax.Array, *, cfg: MatmulConfig | None = None, executor: Any = None
 ) -> jax.Array:
-    """`x @ y` with a tuned config: our Pallas kernel on GPUs, `jnp.dot` on CPUs.
+    """`x @ y` with a tuned config: our Pallas kernel on GPUs (or JAX's Mosaic GPU
+    matmul, where it wins the tuning on a Hopper GPU), `jnp.dot` on CPUs.
 
     Args:
       x: `[..., k]`; leading dimensions are flattened into rows.

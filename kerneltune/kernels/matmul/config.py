@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from typing import Any, Literal
 
 import numpy as np
 
@@ -18,38 +19,106 @@ from kerneltune.kernels._common import (
 
 #: The smallest tile side Triton's `dot` accepts.
 MIN_BLOCK = 16
+#: The matmul's GPU backends: our Pallas kernel lowered through Triton, and JAX's
+#: Mosaic GPU matmul for Hopper (`jax.experimental.pallas.ops.gpu.hopper_matmul_mgpu`).
+BACKENDS = ("triton", "mosaic")
+#: The two output dimensions a Mosaic config splits or orders along.
+DIMS = ("m", "n")
+#: Rows one warpgroup's `wgmma` works on at a time: a Mosaic warpgroup tile's height
+#: must be a multiple of it.
+WGMMA_ROWS = 64
+
+Backend = Literal["triton", "mosaic"]
+Dim = Literal["m", "n"]
+
+# Fields each backend reads, with what None becomes for it. A config of one backend
+# leaves the other's fields None, so that two configs that run the same kernel are
+# equal (and hash, serialise and search as one).
+_TRITON_DEFAULTS: dict[str, Any] = {"num_warps": 4, "num_stages": 3, "group_m": 8}
+_MOSAIC_DEFAULTS: dict[str, Any] = {
+    "max_concurrent_steps": 4,
+    "wg_dimension": "n",
+    "cluster_dimension": None,
+    "grid_minor_dim": "n",
+    "grid_tile_width": 1,
+    "epi_tile_m": 64,
+    "epi_tile_n": 64,
+}
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True, kw_only=True, repr=False)
 class MatmulConfig:
-    """Launch parameters of the Pallas matmul.
+    """Launch parameters of the matmul on a GPU, for one of two backends.
+
+    `backend="triton"` (the default) is our Pallas kernel lowered through Triton;
+    `backend="mosaic"` is JAX's Mosaic GPU matmul for Hopper GPUs (TMA copies, `wgmma`,
+    two compute warpgroups fed by a producer warpgroup, a persistent grid). Each
+    backend's fields are None for the other one; None in a field of the chosen
+    backend means its default.
 
     Attributes:
-      bm, bn: the output tile each program computes (rows, columns).
+      backend: "triton" or "mosaic".
+      bm, bn: the output tile one program (Triton) or one thread block (Mosaic)
+        computes: rows, columns.
       bk: how many columns of `x` (rows of `y`) one step of the inner loop multiplies.
-      num_warps: warps per program.
-      num_stages: software-pipelining depth of the inner loop (Triton).
-      group_m: output tiles are visited in groups of this many tile rows, so that
-        programs running at the same time share rows of `x` and columns of `y` in L2;
-        1 visits tiles row by row.
+      num_warps: (Triton) warps per program; default 4.
+      num_stages: (Triton) software-pipelining depth of the inner loop; default 3.
+      group_m: (Triton) output tiles are visited in groups of this many tile rows, so
+        that programs running at the same time share rows of `x` and columns of `y`
+        in L2; 1 visits tiles row by row. Default 8.
+      max_concurrent_steps: (Mosaic) pipeline depth: `bk`-steps whose `x` and `y`
+        tiles are in flight in shared memory at once; default 4.
+      wg_dimension: (Mosaic) "m" or "n": the block's tile is split in two along this
+        dimension, one half per compute warpgroup; default "n".
+      cluster_dimension: (Mosaic) None, or "m"/"n": two thread blocks adjacent along
+        this dimension form a cluster and share (multicast) the operand tile they
+        both need ("m": the `y` tile, "n": the `x` tile). Default None.
+      grid_minor_dim, grid_tile_width: (Mosaic) the order the persistent grid visits
+        output tiles in: strips `grid_tile_width` tiles wide along `grid_minor_dim`,
+        snaking, for L2 reuse. Defaults "n" and 1.
+      epi_tile_m, epi_tile_n: (Mosaic) the output is stored through shared memory in
+        pieces of this shape; default 64×64.
 
     Example:
       >>> MatmulConfig(bm=128, bn=128, bk=64, num_warps=4, num_stages=3)
       MatmulConfig(bm=128, bn=128, bk=64, num_warps=4, num_stages=3, group_m=8)
+      >>> MatmulConfig(backend="mosaic", bm=128, bn=256, bk=64, cluster_dimension="m")
+      MatmulConfig(backend='mosaic', bm=128, bn=256, bk=64, max_concurrent_steps=4, \
+wg_dimension='n', cluster_dimension='m', grid_minor_dim='n', grid_tile_width=1, \
+epi_tile_m=64, epi_tile_n=64)
       >>> MatmulConfig(bm=96)
       Traceback (most recent call last):
       ...
       ValueError: MatmulConfig.bm must be a positive power of two, got 96.
+      >>> MatmulConfig(num_warps=8, max_concurrent_steps=4)
+      Traceback (most recent call last):
+      ...
+      ValueError: MatmulConfig.max_concurrent_steps is a field of backend='mosaic'; \
+leave it None with backend='triton' (got 4).
     """
 
+    backend: Backend = "triton"
     bm: int = 128
     bn: int = 128
     bk: int = 64
-    num_warps: int = 4
-    num_stages: int = 3
-    group_m: int = 8
+    # Triton
+    num_warps: int | None = None
+    num_stages: int | None = None
+    group_m: int | None = None
+    # Mosaic GPU
+    max_concurrent_steps: int | None = None
+    wg_dimension: Dim | None = None
+    cluster_dimension: Dim | None = None
+    grid_minor_dim: Dim | None = None
+    grid_tile_width: int | None = None
+    epi_tile_m: int | None = None
+    epi_tile_n: int | None = None
 
     def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(
+                f"MatmulConfig.backend must be one of {BACKENDS}, got {self.backend!r}."
+            )
         for name in ("bm", "bn", "bk"):
             value = getattr(self, name)
             check_positive_power_of_two("MatmulConfig", name, value)
@@ -58,9 +127,90 @@ class MatmulConfig:
                     f"MatmulConfig.{name} must be at least {MIN_BLOCK} (the smallest tile "
                     f"Triton's dot accepts), got {value}."
                 )
-        check_positive_power_of_two("MatmulConfig", "num_warps", self.num_warps)
-        check_positive_power_of_two("MatmulConfig", "group_m", self.group_m)
-        check_positive("MatmulConfig", "num_stages", self.num_stages)
+        mine, other = (
+            (_TRITON_DEFAULTS, _MOSAIC_DEFAULTS)
+            if self.backend == "triton"
+            else (_MOSAIC_DEFAULTS, _TRITON_DEFAULTS)
+        )
+        for name in other:
+            if getattr(self, name) is not None:
+                owner = "mosaic" if self.backend == "triton" else "triton"
+                raise ValueError(
+                    f"MatmulConfig.{name} is a field of backend={owner!r}; leave it None "
+                    f"with backend={self.backend!r} (got {getattr(self, name)!r})."
+                )
+        for name, default in mine.items():
+            if getattr(self, name) is None:
+                # Frozen: fill the backend's defaults in once, where the config is built.
+                object.__setattr__(self, name, default)
+        if self.backend == "triton":
+            check_positive_power_of_two("MatmulConfig", "num_warps", self.num_warps)
+            check_positive_power_of_two("MatmulConfig", "group_m", self.group_m)
+            check_positive("MatmulConfig", "num_stages", self.num_stages)
+        else:
+            self._check_mosaic()
+
+    def _check_mosaic(self) -> None:
+        check_positive("MatmulConfig", "max_concurrent_steps", self.max_concurrent_steps)
+        check_positive("MatmulConfig", "grid_tile_width", self.grid_tile_width)
+        for name in ("wg_dimension", "grid_minor_dim"):
+            if getattr(self, name) not in DIMS:
+                raise ValueError(
+                    f"MatmulConfig.{name} must be one of {DIMS}, got {getattr(self, name)!r}."
+                )
+        if self.cluster_dimension not in (None, *DIMS):
+            raise ValueError(
+                f"MatmulConfig.cluster_dimension must be None or one of {DIMS}, got "
+                f"{self.cluster_dimension!r}."
+            )
+        wg_m, wg_n = self.warpgroup_tile
+        if wg_m % WGMMA_ROWS:
+            raise ValueError(
+                f"MatmulConfig(backend='mosaic'): each compute warpgroup gets a {wg_m}×{wg_n} "
+                f"tile (bm={self.bm}, bn={self.bn} split along {self.wg_dimension!r}); its "
+                f"height must be a multiple of {WGMMA_ROWS} (wgmma's rows)."
+            )
+        for name, value, side, full in (
+            ("epi_tile_m", self.epi_tile_m, "height", wg_m),
+            ("epi_tile_n", self.epi_tile_n, "width", wg_n),
+        ):
+            check_positive_power_of_two("MatmulConfig", name, value)
+            assert value is not None
+            if value > full:
+                raise ValueError(
+                    f"MatmulConfig.{name}={value} is larger than the warpgroup tile's "
+                    f"{side} ({full}: bm={self.bm}, bn={self.bn} split along "
+                    f"{self.wg_dimension!r}); it must divide it."
+                )
+
+    @property
+    def warpgroup_tile(self) -> tuple[int, int]:
+        """(Mosaic) the output tile each of the two compute warpgroups accumulates."""
+        if self.wg_dimension == "m":
+            return self.bm // 2, self.bn
+        return self.bm, self.bn // 2
+
+    @property
+    def cluster_size(self) -> int:
+        """(Mosaic) thread blocks per cluster: 2 with a cluster dimension, else 1."""
+        return 1 if self.cluster_dimension is None else 2
+
+    @property
+    def cluster_tile(self) -> tuple[int, int]:
+        """The output tile one cluster covers (the block's tile for Triton): the
+        multiples of it that the problem's M and N must be to need no padding."""
+        return (
+            self.bm * (2 if self.cluster_dimension == "m" else 1),
+            self.bn * (2 if self.cluster_dimension == "n" else 1),
+        )
+
+    def __repr__(self) -> str:
+        # The chosen backend's fields only: the other backend's are always None.
+        triton = self.backend == "triton"
+        names = ["bm", "bn", "bk", *(_TRITON_DEFAULTS if triton else _MOSAIC_DEFAULTS)]
+        shown = [] if triton else [f"backend={self.backend!r}"]
+        shown += [f"{name}={getattr(self, name)!r}" for name in names]
+        return f"MatmulConfig({', '.join(shown)})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,15 +232,27 @@ def _block_for(dim: int, preferred: int) -> int:
     return max(MIN_BLOCK, min(preferred, next_power_of_2(dim)))
 
 
+def triton_params(cfg: MatmulConfig) -> tuple[int, int, int]:
+    """`(num_warps, num_stages, group_m)` of a Triton config.
+
+    Raises:
+      ValueError: `cfg` is a Mosaic config.
+    """
+    if cfg.num_warps is None or cfg.num_stages is None or cfg.group_m is None:
+        raise ValueError(f"expected a backend='triton' MatmulConfig, got {cfg!r}.")
+    return cfg.num_warps, cfg.num_stages, cfg.group_m
+
+
 def shared_memory_bytes(p: MatmulProblem, cfg: MatmulConfig) -> int:
     """Shared memory the pipelined inner loop holds: one `x` tile and one `y` tile per
     stage. (Triton reuses those buffers for the epilogue.)"""
-    return cfg.num_stages * (cfg.bm * cfg.bk + cfg.bk * cfg.bn) * p.itemsize
+    stages = triton_params(cfg)[1]
+    return stages * (cfg.bm * cfg.bk + cfg.bk * cfg.bn) * p.itemsize
 
 
 def accumulator_registers(cfg: MatmulConfig) -> int:
     """32-bit registers per thread that the float32 accumulator tile alone needs."""
-    return cfg.bm * cfg.bn // (32 * cfg.num_warps)
+    return cfg.bm * cfg.bn // (32 * triton_params(cfg)[0])
 
 
 def heuristic(p: MatmulProblem) -> MatmulConfig:
@@ -102,9 +264,11 @@ def heuristic(p: MatmulProblem) -> MatmulConfig:
     bn = _block_for(p.n, 256 if wide else 128)
     bk = _block_for(p.k, 64 if p.itemsize <= 2 else 32)
     num_warps = 8 if bm * bn >= 128 * 256 else 4
-    cfg = MatmulConfig(bm=bm, bn=bn, bk=bk, num_warps=num_warps, num_stages=3)
-    while cfg.num_stages > 1 and shared_memory_bytes(p, cfg) > shared_memory_limit():
-        cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
+    stages = 3
+    cfg = MatmulConfig(bm=bm, bn=bn, bk=bk, num_warps=num_warps, num_stages=stages)
+    while stages > 1 and shared_memory_bytes(p, cfg) > shared_memory_limit():
+        stages -= 1
+        cfg = dataclasses.replace(cfg, num_stages=stages)
     return cfg
 
 

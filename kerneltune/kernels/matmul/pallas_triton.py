@@ -18,7 +18,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from kerneltune.kernels._common import triton_compiler_params
-from kerneltune.kernels.matmul.config import MatmulConfig
+from kerneltune.kernels.matmul.config import MatmulConfig, triton_params
 
 
 def _tile_kernel(x_ref, y_ref, o_ref, *, bk: int, steps: int, upcast: bool):
@@ -47,7 +47,8 @@ def _grouped_tile(pid, tiles_m: int, tiles_n: int, group_m: int):
     return first_row + within % rows_here, within // rows_here
 
 
-def _pad_to(a: jax.Array, multiples: tuple[int, int]) -> jax.Array:
+def pad_to(a: jax.Array, multiples: tuple[int, int]) -> jax.Array:
+    """`a` zero-padded at the end of each dimension to a multiple of `multiples`."""
     pads = [(0, (-d) % m) for d, m in zip(a.shape, multiples)]
     return jnp.pad(a, pads) if any(p for _, p in pads) else a
 
@@ -60,14 +61,15 @@ def matmul_pallas(
     Dimensions that the tiles do not divide are zero-padded (correct for a product,
     but wasted work: the candidate space avoids such tiles).
     """
+    num_warps, num_stages, group_m = triton_params(cfg)
     m, k = x.shape
     n = y.shape[1]
-    xp = _pad_to(x, (cfg.bm, cfg.bk))
-    yp = _pad_to(y, (cfg.bk, cfg.bn))
+    xp = pad_to(x, (cfg.bm, cfg.bk))
+    yp = pad_to(y, (cfg.bk, cfg.bn))
     mp, kp = xp.shape
     np_ = yp.shape[1]
     tiles_m, tiles_n = mp // cfg.bm, np_ // cfg.bn
-    group_m = min(cfg.group_m, tiles_m)
+    group_m = min(group_m, tiles_m)
 
     def x_map(pid):
         i, _ = _grouped_tile(pid, tiles_m, tiles_n, group_m)
@@ -88,7 +90,7 @@ def matmul_pallas(
         out_specs=pl.BlockSpec((cfg.bm, cfg.bn), o_map),
         compiler_params=None
         if interpret
-        else triton_compiler_params(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+        else triton_compiler_params(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="kerneltune_matmul",
     )(xp, yp)
