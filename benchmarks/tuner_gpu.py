@@ -7,7 +7,10 @@ process (nothing compiled yet, no compilation cache), with the inputs already on
 device; "wall" is the time from the tuning call to its return. Methods:
 
 - kt-exhaustive: `Tuner(strategy="exhaustive")` (CUPTI device time, parallel compile);
-- kt-coordinate: `Tuner(strategy="coordinate")`, the budgeted search;
+- kt-coordinate: `Tuner(strategy="coordinate")`, the budgeted search (pipelined: a new
+  candidate is proposed as each result lands);
+- kt-batched: the same search in batches, each waiting for its slowest compile (for
+  comparison);
 - original: the original system's method: compile one by one, 1 warm-up, mean of 3
   wall-clock calls;
 - tune-jax: tune-jax 0.8.3, when it can be imported (its wheel travels in `.whl/`);
@@ -45,7 +48,15 @@ if str(ROOT) not in sys.path:
 
 SHAPES = [(4096, 4096, 2048), (8192, 1024, 4096), (1024, 1024, 8192)]
 TINY_SHAPES = [(128, 128, 256), (256, 64, 128)]
-METHODS = ["reference", "kt-exhaustive", "kt-coordinate", "original", "tune-jax", "kt-wallclock"]
+METHODS = [
+    "reference",
+    "kt-exhaustive",
+    "kt-coordinate",
+    "kt-batched",
+    "original",
+    "tune-jax",
+    "kt-wallclock",
+]
 #: Methods run on the first shape only (variants shown for comparison).
 FIRST_SHAPE_ONLY = ("kt-wallclock",)
 
@@ -158,6 +169,7 @@ def work_kerneltune(shape, tiny, strategy, timer="auto"):
     for c in report.candidates:
         statuses[c.status] = statuses.get(c.status, 0) + 1
     compile_s = [c.compile_s for c in report.candidates if c.compile_s is not None]
+    lower_s = [c.lower_s for c in report.candidates if c.lower_s is not None]
     return {
         "winner": dataclasses.asdict(report.best) if report.best else None,
         "wall_s": wall,
@@ -169,6 +181,7 @@ def work_kerneltune(shape, tiny, strategy, timer="auto"):
         "heuristic_time_s": report.heuristic_time_s,
         "compile_s_sum": sum(compile_s),
         "compile_s_max": max(compile_s, default=0.0),
+        "lower_s_sum": sum(lower_s),
         "phases_s": report.phases_s,
         "times": {
             json.dumps(dataclasses.asdict(c.cfg)): c.time_s for c in report.candidates if c.ok
@@ -311,6 +324,7 @@ def work_diag(tiny):
     out["device_kind"] = jax.devices()[0].device_kind
     out["cpu_count"] = os.cpu_count()
     if tiny:
+        out["compile_scaling"] = compile_scaling(tiny=True)
         return out
     from jax.experimental.mosaic.gpu import profiler
 
@@ -365,26 +379,64 @@ def work_diag(tiny):
     return out
 
 
-def compile_scaling():
-    """Wall time to compile half the space (even, then odd positions: different configs,
-    so no compile cache can help) on 16 and on 32 threads."""
+def compile_scaling(tiny=False):
+    """How to compile many candidates: half the space (even positions) on 16 threads
+    that each lower and compile, the other half (odd positions: different configs, so
+    no cache can help) through kerneltune's pool (one lowering thread feeding 16
+    compile threads, largest configs first); and, one candidate at a time, how long
+    lowering (Python, holds the GIL) and compiling (C++, releases it) take."""
     import jax
 
-    a, b = inputs(SHAPES[0], False)
-    cands = space(False)
+    from kerneltune._src.tuning import bench as kt_bench
+    from kerneltune._src.tuning import search as kt_search
+    from kerneltune._src.tuning.compiling import CompilePool
+
+    a, b = inputs(TINY_SHAPES[0] if tiny else SHAPES[0], tiny)
+    cands = space(tiny)
+
+    def lower(cfg):
+        return jax.jit(matmul(cfg, interpret=tiny)).lower(a, b)
+
+    def compile_(lowered):
+        return lowered.compile()
+
+    def build(cfg):
+        try:
+            compile_(lower(cfg))
+        except Exception:
+            pass
+
     out = {}
-    for threads, part in ((16, cands[0::2]), (32, cands[1::2])):
-
-        def build(cfg):
-            try:
-                jax.jit(matmul(cfg)).lower(a, b).compile()
-            except Exception:
-                pass
-
-        t0 = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=threads) as pool:
-            list(pool.map(build, part))
-        out[f"{len(part)} candidates on {threads} threads"] = round(time.perf_counter() - t0, 2)
+    part = cands[0::2]
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        list(pool.map(build, part))
+    out[f"{len(part)} candidates, 16 threads lowering and compiling"] = round(
+        time.perf_counter() - t0, 2
+    )
+    part = cands[1::2]
+    t0 = time.perf_counter()
+    pool = CompilePool(16, None)
+    for i, cfg in enumerate(part):
+        prior = kt_bench._size(kt_search.config_point(cfg))
+        pool.submit(i, functools.partial(lower, cfg), compile_, priority=-prior)
+    while pool.pending:
+        pool.poll(0.05)
+    pool.close()
+    out[f"{len(part)} candidates, 1 lowering thread feeding 16 compile threads"] = round(
+        time.perf_counter() - t0, 2
+    )
+    split = []
+    for cfg in space(tiny)[-6:] + space(tiny)[:2]:
+        try:
+            t0 = time.perf_counter()
+            lowered = jax.jit(matmul(cfg, tiny)).lower(a, b)
+            t1 = time.perf_counter()
+            lowered.compile()
+            split.append((round(t1 - t0, 4), round(time.perf_counter() - t1, 4)))
+        except Exception as e:
+            split.append(repr(e)[:80])
+    out["one at a time (lower s, compile s)"] = split
     return out
 
 
@@ -425,6 +477,10 @@ def worker(args) -> None:
         result = work_kerneltune(shape, args.tiny, "exhaustive", timer="wallclock")
     elif method == "kt-coordinate":
         result = work_kerneltune(shape, args.tiny, "coordinate")
+    elif method == "kt-batched":
+        from kerneltune._src.tuning.search import CoordinateDescent
+
+        result = work_kerneltune(shape, args.tiny, CoordinateDescent(pipelined=False))
     elif method == "original":
         result = work_original(shape, args.tiny)
     elif method == "tune-jax":
@@ -565,7 +621,7 @@ def orchestrate(args) -> None:
     )
     header = (
         f"{'shape':<16} {'method':<14} {'wall s':>7} {'regret':>7} {'rot.':>6} {'evals':>5} "
-        f"{'compile s':>9} {'timing s':>8} {'timer':<16} winner"
+        f"{'setup':>6} {'compile':>7} {'timing':>6} {'lower Σ':>7} {'timer':<16} winner"
     )
     print(header)
     print("-" * len(header))
@@ -577,15 +633,28 @@ def orchestrate(args) -> None:
         pct = ["?" if x is None else f"{x * 100:.1f}%" for x in (reg, reg_rot)]
         evals = r.get("evaluated", len(space(args.tiny)))
         phases = r.get("phases_s") or {}
-        comp = f"{phases['compile']:.2f}" if "compile" in phases else "-"
-        timing_s = f"{phases['timing']:.2f}" if "timing" in phases else "-"
+        cols = [f"{phases[k]:.2f}" if k in phases else "-" for k in ("setup", "compile", "timing")]
+        lower = f"{r['lower_s_sum']:.2f}" if "lower_s_sum" in r else "-"
         print(
             f"{shape_s:<16} {method:<14} {r['wall_s']:>7.2f} {pct[0]:>7} {pct[1]:>6} {evals:>5} "
-            f"{comp:>9} {timing_s:>8} {r['timer']:<16} {fmt_cfg(r['winner'])}"
+            f"{cols[0]:>6} {cols[1]:>7} {cols[2]:>6} {lower:>7} {r['timer']:<16} "
+            f"{fmt_cfg(r['winner'])}"
         )
+    for shape in shapes:
+        res = everything.get(str(shape), {})
+        ex, co = res.get("kt-exhaustive", {}), res.get("kt-coordinate", {})
+        ba = res.get("kt-batched", {})
+        if "wall_s" in ex and "wall_s" in co:
+            extra = f", batched {ba['wall_s'] / ex['wall_s']:.0%}" if "wall_s" in ba else ""
+            print(
+                f"{'x'.join(map(str, shape))}: budgeted/exhaustive wall "
+                f"{co['wall_s'] / ex['wall_s']:.0%}{extra}"
+            )
     print(
         "regret: the winner's reference time over the best reference time, minus one; 'regret' "
-        "against the reference on fixed buffers, 'rot.' against the one on rotated copies."
+        "against the reference on fixed buffers, 'rot.' against the one on rotated copies. "
+        "setup/compile/timing: the tuner's phases (s); lower Σ: seconds spent tracing and "
+        "lowering, summed over candidates (holds the GIL)."
     )
     if out_dir:
         (out_dir / "tuner_gpu.json").write_text(json.dumps(everything, indent=1))

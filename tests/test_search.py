@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import heapq
 import itertools
 import math
 import random
+import time
 
 import jax.numpy as jnp
 import pytest
 
 from kerneltune._src.tuning import search, timing
+from kerneltune._src.tuning.bench import Bench, BenchSettings
+from kerneltune._src.tuning.progress import Progress
 from kerneltune._src.tuning.tuner import Tuner
 
 
@@ -84,8 +89,75 @@ def exhaustive_best(cost):
     return min(c for c in (cost(c) for c in SPACE) if c is not None)
 
 
-@pytest.mark.parametrize("shape", [(4096, 4096, 2048), (8192, 1024, 4096), (1024, 1024, 8192)])
-def test_coordinate_descent_reaches_near_best_with_a_fraction(shape):
+def compile_latency(cfg: MM, seed: int = 0) -> float:
+    """A made-up compile time: larger tiles and deeper pipelines take longer (up to
+    about 7x the smallest), with some per-config spread."""
+    spread = random.Random(hash((seed, dataclasses.astuple(cfg)))).uniform(0.8, 1.25)
+    return (0.12 + 0.5 * (cfg.bm * cfg.bn * cfg.bk) / (256 * 256 * 64) * cfg.stages / 3) * spread
+
+
+class SimulatedEvaluator(FakeEvaluator):
+    """The AsyncEvaluator protocol with simulated time: one lowering lane (`lower_s`
+    per candidate) feeding `workers` compile slots, each candidate taking
+    `latency(cfg)`. `evaluate` waits for all it started (a batch barrier); `wait`
+    advances the clock to the next candidate that lands."""
+
+    def __init__(self, cands, cost, latency, lower_s=0.016, **kw):
+        super().__init__(cands, cost, **kw)
+        self._latency = latency
+        self._lower_s = lower_s
+        self.clock = 0.0
+        self._lane_free = 0.0
+        self._slots = [0.0] * self.workers
+        self._events: list[tuple[float, int]] = []
+
+    @property
+    def pending(self):
+        return len(self._events)
+
+    def submit(self, indices, rounds=None):
+        accepted = []
+        for i in dict.fromkeys(indices):
+            if i not in self.seen:
+                if self.max_evals is not None and len(self.seen) >= self.max_evals:
+                    break
+                self.seen[i] = None
+                self._lane_free = max(self.clock, self._lane_free) + self._lower_s
+                slot = min(range(self.workers), key=self._slots.__getitem__)
+                end = max(self._lane_free, self._slots[slot]) + self._latency(self._cands[i])
+                self._slots[slot] = end
+                heapq.heappush(self._events, (end, i))
+            accepted.append(i)
+        return accepted
+
+    def _land(self):
+        end, i = heapq.heappop(self._events)
+        self.clock = max(self.clock, end)
+        self.seen[i] = self._cost(self._cands[i])
+        return i
+
+    def wait(self):
+        if not self._events:
+            return {}
+        landed = [self._land()]
+        while self._events and self._events[0][0] <= self.clock:
+            landed.append(self._land())
+        return {i: self.seen[i] for i in landed}
+
+    def evaluate(self, indices, rounds=None):
+        accepted = set(self.submit(indices))
+        self.batches.append(sorted(accepted))
+        while any(i in accepted for _, i in self._events):
+            self._land()
+        return {i: self.seen[i] for i in accepted}
+
+
+SHAPES = [(4096, 4096, 2048), (8192, 1024, 4096), (1024, 1024, 8192)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("pipelined", [True, False])
+def test_coordinate_descent_reaches_near_best_with_a_fraction(shape, pipelined):
     m, n, k = shape
     regrets = []
     for seed in range(10):
@@ -93,14 +165,47 @@ def test_coordinate_descent_reaches_near_best_with_a_fraction(shape):
         def cost(c, seed=seed):
             return synthetic_cost(c, m, n, k, roughness_seed=seed)
 
-        ev = FakeEvaluator(SPACE, cost, reference=HEURISTIC, workers=16)
-        search.CoordinateDescent(seed=seed).search(ev)
+        evaluator = SimulatedEvaluator if pipelined else FakeEvaluator
+        kw = {"latency": compile_latency} if pipelined else {}
+        ev = evaluator(SPACE, cost, reference=HEURISTIC, workers=16, **kw)
+        strategy = search.CoordinateDescent(seed=seed)
+        assert isinstance(ev, search.AsyncEvaluator) == pipelined
+        strategy.search(ev)
         found = min(t for t in ev.seen.values() if t is not None)
         regrets.append(found / exhaustive_best(cost) - 1)
-        assert len(ev.seen) <= 0.3 * len(SPACE) + 1
+        assert len(ev.seen) <= strategy.fraction * len(SPACE) + 1
     # The roughness is ±3% per config, so "near" means within that band.
     assert max(regrets) <= 0.06
     assert sum(regrets) / len(regrets) <= 0.015
+
+
+def test_pipelined_search_beats_batches_on_simulated_compile_times():
+    """The same budget, as good a winner, and clearly less (simulated) wall time than
+    batches that each wait for their slowest compile."""
+    walls: dict[bool, float] = {True: 0.0, False: 0.0}
+    regrets: dict[bool, list[float]] = {True: [], False: []}
+    for (m, n, k), seed in itertools.product(SHAPES, range(6)):
+
+        def cost(c, seed=seed, m=m, n=n, k=k):
+            return synthetic_cost(c, m, n, k, roughness_seed=seed)
+
+        for pipelined in (True, False):
+            ev = SimulatedEvaluator(
+                SPACE,
+                cost,
+                functools.partial(compile_latency, seed=seed),
+                reference=HEURISTIC,
+                workers=16,
+            )
+            search.CoordinateDescent(seed=seed, pipelined=pipelined).search(ev)
+            assert ev.pending == 0
+            walls[pipelined] += ev.clock
+            found = min(t for t in ev.seen.values() if t is not None)
+            regrets[pipelined].append(found / exhaustive_best(cost) - 1)
+    assert walls[True] <= 0.75 * walls[False]
+    for pipelined in (True, False):
+        assert max(regrets[pipelined]) <= 0.06
+        assert sum(regrets[pipelined]) / len(regrets[pipelined]) <= 0.015
 
 
 def test_successive_halving_finds_the_best_and_times_few_for_long():
@@ -216,3 +321,61 @@ def test_time_budget_stops_starting_candidates():
     tiny = Tuner(timer=CostFromOutput(), validate=False, progress=False, time_budget_s=1e-9)
     report = tiny.tune(synthetic_make_fn, (x,), {}, SPACE[:5])
     assert report.best is None and report.num_evaluated == 0
+
+
+class DeviceCostTimer(CostFromOutput):
+    """`CostFromOutput` as a device timer would be: not disturbed by compiles running
+    on the host, so the bench samples candidates while others still compile."""
+
+    device_time = True
+
+
+def test_pipelined_search_through_the_bench_with_compile_threads():
+    """Real threads: compiles that sleep (releasing the GIL) as long as a made-up
+    compile time; the pipelined search finishes clearly sooner than batches do."""
+    x = jnp.ones((4,), jnp.float32)
+
+    def compile_(cfg):
+        time.sleep(0.25 * compile_latency(cfg))
+        cost = synthetic_cost(cfg)
+        if cost is None:
+            raise ValueError("shared memory exceeded")
+        out = jnp.full((4,), cost, jnp.float32)
+        return lambda *args: out
+
+    walls, best = {}, {}
+    for pipelined in (False, True):
+        settings = BenchSettings(
+            warmup=1,
+            rounds=1,
+            target_sample_s=None,
+            compile_timeout_s=None,
+            max_workers=8,
+            max_evals=None,
+            deadline=None,
+            rtol=None,
+            validate=False,
+            seed=0,
+        )
+        bench = Bench(
+            lambda cfg: cfg,
+            compile_,
+            [[x]],
+            SPACE,
+            HEURISTIC,
+            DeviceCostTimer(),
+            settings,
+            Progress("", False),
+        )
+        start = time.perf_counter()
+        try:
+            search.CoordinateDescent(pipelined=pipelined).search(bench)
+            assert bench.pending == 0
+        finally:
+            bench.close()
+        walls[pipelined] = time.perf_counter() - start
+        results = bench.results()
+        assert sum(r.status != "pruned" for r in results) <= 0.4 * len(SPACE) + 1
+        best[pipelined] = min(r.time_s for r in results if r.ok)
+    assert walls[True] <= 0.8 * walls[False], walls
+    assert best[True] <= exhaustive_best(synthetic_cost) * 1.03

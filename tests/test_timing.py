@@ -205,5 +205,6 @@ def test_device_timers_take_the_first_round_while_compiling():
     # Exactly `iters` samples each, although the first was taken while compiling.
     assert [len(c.samples_s) for c in report.candidates] == [3, 3, 3]
     assert timer.samples == 9
-    assert set(report.phases_s) == {"compile", "timing", "total"}
-    assert report.phases_s["total"] >= report.phases_s["compile"]
+    assert set(report.phases_s) == {"setup", "compile", "timing", "finish", "total"}
+    parts = sum(v for k, v in report.phases_s.items() if k != "total")
+    assert parts <= report.phases_s["total"] * 1.01

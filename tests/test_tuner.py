@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
+import threading
 import time
 
 import jax
@@ -11,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kerneltune._src.tuning import bench, inputs
+from kerneltune._src.tuning import bench, inputs, search
 from kerneltune._src.tuning.compiling import CompilePool
 from kerneltune._src.tuning.report import TuningReport
 from kerneltune._src.tuning.tuner import Tuner, fastest
@@ -359,3 +361,85 @@ def test_compile_pool_replaces_abandoned_workers():
     pool.close()
     assert seen["slow"].timed_out
     assert seen["fast"].value == 42
+
+
+def drain(pool, limit_s=5.0):
+    seen = {}
+    deadline = time.perf_counter() + limit_s
+    while pool.pending and time.perf_counter() < deadline:
+        for o in pool.poll(0.02):
+            seen[o.key] = o
+    return seen
+
+
+def test_compile_pool_lowers_one_at_a_time_in_priority_order_and_compiles_in_parallel():
+    gate = threading.Event()
+    lowered, lock = [], threading.Lock()
+    compiling = {"now": 0, "most": 0}
+
+    def lower(key):
+        if key == "first":
+            gate.wait(2.0)  # the rest are queued meanwhile
+        with lock:
+            lowered.append(key)
+        return key
+
+    def compile_(key):
+        with lock:
+            compiling["now"] += 1
+            compiling["most"] = max(compiling["most"], compiling["now"])
+        time.sleep(0.1)
+        with lock:
+            compiling["now"] -= 1
+        return key.upper()
+
+    pool = CompilePool(max_workers=4, timeout_s=None, stall_s=None)
+    pool.submit("first", functools.partial(lower, "first"), compile_, priority=0.0)
+    for key, priority in [("c", 3.0), ("a", 1.0), ("d", 4.0), ("b", 2.0)]:
+        pool.submit(key, functools.partial(lower, key), compile_, priority=priority)
+    gate.set()
+    seen = drain(pool)
+    pool.close()
+    assert lowered == ["first", "a", "b", "c", "d"]  # one lowering lane, lowest first
+    assert compiling["most"] >= 3  # compiles overlap
+    assert {k: o.value for k, o in seen.items()} == {k: k.upper() for k in lowered}
+    assert all(o.lower_s is not None and o.seconds >= o.lower_s for o in seen.values())
+
+
+def test_compile_pool_gives_a_stalled_lowering_lane_helpers():
+    # First stages that wait without the GIL (I/O, say) must not run one by one.
+    pool = CompilePool(max_workers=8, timeout_s=None, stall_s=0.05)
+    start = time.perf_counter()
+    for i in range(8):
+        pool.submit(i, functools.partial(time.sleep, 0.3))
+    seen = drain(pool)
+    pool.close()
+    assert len(seen) == 8
+    assert time.perf_counter() - start < 1.6  # one at a time would take 2.4 s
+
+
+def test_compile_pool_times_out_either_stage_and_cancels_queued_jobs():
+    pool = CompilePool(max_workers=1, timeout_s=0.3, stall_s=None)
+    pool.submit("slow-compile", lambda: 1, lambda v: time.sleep(3.0))
+    pool.submit("fast", lambda: 2, lambda v: v * 10)
+    pool.submit("dropped", lambda: 3, lambda v: v)
+    assert pool.cancel("dropped")
+    assert not pool.cancel("unknown")
+    seen = drain(pool, 2.5)
+    pool.close()
+    assert seen["slow-compile"].timed_out
+    assert seen["fast"].value == 20
+    assert "dropped" not in seen and pool.pending == 0
+
+
+def test_compile_cost_prior_puts_large_configs_first():
+    small, large = (
+        bench._size(search.config_point(Reps(k=2))),
+        bench._size(search.config_point(Reps(k=64))),
+    )
+    assert large > small
+    model = bench._CompileCostModel([Reps(k=k) for k in range(1, 20)])
+    assert model.predict(18) > model.predict(0)
+    for k in range(1, 17):
+        changed = model.observe(k - 1, 1.0 / k)  # here small k compile slowest
+    assert changed and model.predict(0) > model.predict(18)

@@ -1,16 +1,26 @@
 """The bench: compiles, validates and times candidates for one tuning.
 
-A search strategy asks the bench to `evaluate` some candidates; the bench compiles the
-new ones in parallel threads (each with a timeout), runs each once as soon as it is
-compiled (a warm-up whose output is validated against the reference config's output),
-and then times them in interleaved rounds: every round visits the candidates in a new
-random order and takes one sample of each, so slow drifts (clocks, temperature, other
-load) spread over all candidates instead of biasing the ones timed last.
+A search strategy hands the bench candidates (`evaluate`, or `submit` and `wait` for
+a search that proposes the next candidates as soon as any result lands). The bench
+builds them on the compile pool (`compiling.py`: one lowering thread feeding the compile
+threads, the slowest to compile first), runs each once as soon as it is compiled (a
+warm-up whose output is validated against the reference config's output), and times
+them.
+
+Timing is an event loop on the calling thread: between compile results it takes one
+sample of the compiled candidate with the fewest samples (ties in random order), so the
+candidates are visited in interleaved rounds and slow drifts (clocks, temperature, other
+load) spread over all of them instead of biasing the ones timed last. A device timer is
+not disturbed by compiles running on the host, so with one the device is kept busy
+while the rest still compile; a host timer (the wall clock) waits until no compile is
+running. A candidate whose fastest sample is already `drop_factor` times the best median
+gets no more samples.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import random
 import statistics
@@ -21,7 +31,7 @@ from typing import Any
 
 import jax
 
-from kerneltune._src.tuning import timing, validate
+from kerneltune._src.tuning import search, timing, validate
 from kerneltune._src.tuning.compiling import CompilePool, Outcome
 from kerneltune._src.tuning.progress import Progress
 from kerneltune._src.tuning.report import CandidateResult, Status
@@ -29,10 +39,12 @@ from kerneltune._src.tuning.report import CandidateResult, Status
 #: One process times one thing at a time on the device, even when several threads tune.
 DEVICE_LOCK = threading.Lock()
 
-#: Default target duration of one sample, by timer: device timers need few calls.
-DEFAULT_TARGET_SAMPLE_S = {"cupti": 2e-3, "wallclock": 2e-3}
+#: Default target duration of one sample, by timer. Device time needs no amortising of
+#: dispatch: a few calls per sample are enough.
+DEFAULT_TARGET_SAMPLE_S = {"cupti": 1e-3, "wallclock": 2e-3}
 
-#: Timers that read device time, unaffected by host load.
+#: Timers that read device time, unaffected by host load (a custom timer says so with a
+#: true `device_time` attribute).
 DEVICE_TIMERS = ("cupti",)
 
 #: A candidate this many times slower than the best gets no more samples, by timer:
@@ -41,6 +53,10 @@ DEFAULT_DROP_FACTOR = {"cupti": 1.5, "wallclock": 2.0}
 
 #: Most calls averaged into one sample.
 MAX_CALLS_PER_SAMPLE = {"cupti": 100, "wallclock": 10_000}
+
+#: Compile times observed before the compile-time model reorders the queue, and how
+#: many more between updates.
+COST_MODEL_EVERY = 8
 
 
 @dataclasses.dataclass
@@ -52,11 +68,15 @@ class Candidate:
     compiled: Any = None
     error: str | None = None
     compile_s: float | None = None
+    lower_s: float | None = None
     rel_error: float | None = None
     per_call_s: float | None = None  # estimate from the warm-up, refined by samples
     calls: int = 1
     samples: list[float] = dataclasses.field(default_factory=list)
     output: Any = None  # kept for the reference only
+    ran: bool = False  # the warm-up ran and was validated
+    target: int = 0  # samples wanted by the search
+    dropped: bool = False  # clearly slow: no more samples
 
     @property
     def ok(self) -> bool:
@@ -79,6 +99,7 @@ class Candidate:
             compile_s=self.compile_s,
             rel_error=self.rel_error,
             calls_per_sample=self.calls if self.samples else None,
+            lower_s=self.lower_s,
         )
 
 
@@ -97,25 +118,47 @@ class BenchSettings:
     drop_factor: float | None = None  # None: DEFAULT_DROP_FACTOR for the timer
 
 
+#: A timer, or a function that chooses one (and says why it is not the preferred one):
+#: called when the first sample is due, so that choosing overlaps the first compiles.
+TimerSource = timing.Timer | Callable[[], "tuple[timing.Timer, str | None]"]
+
+
 class Bench:
-    """Implements the `Evaluator` protocol of `search.py` for one tuning."""
+    """Implements the `AsyncEvaluator` protocol of `search.py` for one tuning.
+
+    Args:
+      lower: the first build stage of a config (tracing and lowering; holds the GIL).
+      finish: the second stage, given the first's result (compiling; releases the GIL),
+        or None when `lower` already returns the compiled function.
+      arg_sets: argument sets to cycle through (or a function making them, called
+        before the first run).
+      candidates: the configs.
+      reference_cfg: outputs are validated against this config's output.
+      timer: the timer, or a function choosing it.
+      settings: the rest.
+      progress: the progress bar.
+    """
 
     def __init__(
         self,
-        build: Callable[[Any], Any],
-        arg_sets: list[list[Any]],
+        lower: Callable[[Any], Any],
+        finish: Callable[[Any], Any] | None,
+        arg_sets: list[list[Any]] | Callable[[], list[list[Any]]],
         candidates: Sequence[Any],
         reference_cfg: Any,
-        timer: timing.Timer,
+        timer: TimerSource,
         settings: BenchSettings,
         progress: Progress,
     ) -> None:
-        self._build = build
-        self._arg_sets = arg_sets
+        self._lower = lower
+        self._finish = finish
+        self._arg_source = arg_sets
+        self._arg_sets: list[list[Any]] | None = arg_sets if isinstance(arg_sets, list) else None
         self._settings = settings
         self._progress = progress
         self._rng = random.Random(settings.seed)
-        self.timer = timer
+        self._timer_source = timer
+        self._timer: timing.Timer | None = timer if isinstance(timer, timing.Timer) else None
         self.timer_note: str | None = None
         self.cands = [Candidate(i, cfg) for i, cfg in enumerate(candidates)]
         self.reference: Candidate | None = None
@@ -124,16 +167,42 @@ class Bench:
             match = next((c for c in self.cands if _same(c.cfg, reference_cfg)), None)
             self.reference_is_candidate = match is not None
             self.reference = match or Candidate(len(self.cands), reference_cfg)
+        #: Every config that may be timed: the candidates and a reference that is not one.
+        self._timed: list[Candidate] = list(self.cands)
+        if self.reference is not None and not self.reference_is_candidate:
+            self._timed.append(self.reference)
         self._waiting: list[Candidate] = []  # compiled, waiting for the reference's output
+        self._awaiting: dict[int, Candidate] = {}  # submitted, not yet reported to the search
         self._pool = CompilePool(settings.max_workers, settings.compile_timeout_s)
+        self._cost = _CompileCostModel([c.cfg for c in self._timed])
+        self._medians: dict[int, float] = {}  # index -> median of those with samples
+        self._best_seen = math.inf
         self.evaluations = 0
-        self._targets: dict[int, int] = {}
-        #: Seconds spent waiting for compiles and taking samples.
+        #: Seconds while compiles were running (samples were taken meanwhile with a device
+        #: timer) and seconds of timing after them.
         self.phases = {"compile": 0.0, "timing": 0.0}
 
     @property
+    def _extra_reference(self) -> bool:
+        return self.reference is not None and not self.reference_is_candidate
+
+    @property
+    def timer(self) -> timing.Timer:
+        if self._timer is None:
+            chosen, note = self._timer_source()  # type: ignore[operator]
+            self._timer, self.timer_note = chosen, note
+        return self._timer
+
+    @property
     def _streaming(self) -> bool:
-        return self.timer.name in DEVICE_TIMERS
+        t = self.timer
+        return t.name in DEVICE_TIMERS or bool(getattr(t, "device_time", False))
+
+    @property
+    def arg_sets(self) -> list[list[Any]]:
+        if self._arg_sets is None:
+            self._arg_sets = self._arg_source()  # type: ignore[operator]
+        return self._arg_sets
 
     # --- the Evaluator protocol -----------------------------------------------------
 
@@ -149,6 +218,11 @@ class Bench:
     def workers(self) -> int:
         return self._settings.max_workers
 
+    @property
+    def pending(self) -> int:
+        """Candidates submitted whose result the search has not received yet."""
+        return len(self._awaiting)
+
     def exhausted(self) -> bool:
         """True when the evaluation or time budget is spent."""
         s = self._settings
@@ -156,28 +230,62 @@ class Bench:
             return True
         return s.deadline is not None and time.perf_counter() >= s.deadline
 
+    def submit(self, indices: Sequence[int], rounds: int | None = None) -> list[int]:
+        """Starts evaluating `indices` (those not seen before, within the budget; those
+        already evaluated get `rounds` more samples) and returns the ones accepted;
+        `wait` returns their results."""
+        chosen = [self.cands[i] for i in dict.fromkeys(indices)]
+        new = [c for c in chosen if not c.submitted]
+        allowed = self._budget_left()
+        if allowed is not None:
+            new = new[:allowed]
+        accepted = [c for c in chosen if c.submitted or c in new]
+        rounds = self._settings.rounds if rounds is None else rounds
+        self._start(new)
+        added = 0
+        for c in accepted:
+            want = len(c.samples) + rounds if c.ran else rounds
+            if c.dropped and c.ok:
+                c.dropped = False  # the search asks for more: it gets them
+            added += max(0, want - c.target)
+            c.target = max(c.target, want)
+            self._awaiting[c.index] = c
+        ref = self.reference
+        if self._extra_reference and ref is not None and ref.target < rounds:
+            added += rounds - ref.target
+            ref.target = rounds
+        self._progress.add_total(added)
+        return [c.index for c in accepted]
+
+    def wait(self) -> dict[int, float | None]:
+        """Runs the bench until at least one submitted candidate is done and returns the
+        median time of each one done since the last call (None when it failed); an empty
+        dict when nothing is pending."""
+        while self._awaiting:
+            done = [c for c in self._awaiting.values() if self._finished(c)]
+            if done:
+                for c in done:
+                    del self._awaiting[c.index]
+                return {c.index: c.median for c in done}
+            if not self._step(0.05):
+                break  # nothing left to run: report what there is
+        done = list(self._awaiting.values())
+        self._awaiting.clear()
+        return {c.index: c.median for c in done}
+
     def evaluate(
         self, indices: Sequence[int], rounds: int | None = None
     ) -> dict[int, float | None]:
         """Compiles, validates and times `indices` (those not seen before, within the
         budget) and returns the median time of each evaluated one (None when it failed).
         Candidates already timed get `rounds` more samples."""
-        chosen = [self.cands[i] for i in dict.fromkeys(indices)]
-        new = [c for c in chosen if not c.submitted]
-        allowed = self._budget_left()
-        if allowed is not None:
-            new = new[:allowed]
-        rounds = self._settings.rounds if rounds is None else rounds
-        ref = self.reference
-        extra = [ref] if ref is not None and not self.reference_is_candidate else []
-        targets = {id(c): len(c.samples) + rounds for c in [*chosen, *extra]}
-        self._targets = targets  # samples taken while compiling count towards these
-        self._prepare(new)
-        self._targets = {}
-        active = [c for c in chosen if c.submitted and c.ok]
-        active += [c for c in extra if c.ok]
-        self.sample(active, rounds, targets=targets)
-        return {c.index: c.median for c in chosen if c.submitted}
+        accepted = [self.cands[i] for i in self.submit(indices, rounds)]
+        while not all(self._finished(c) for c in accepted):
+            if not self._step(0.05):
+                break
+        for c in accepted:
+            self._awaiting.pop(c.index, None)
+        return {c.index: c.median for c in accepted}
 
     # --- compiling and the first run ------------------------------------------------
 
@@ -187,33 +295,44 @@ class Bench:
             return 0
         return None if s.max_evals is None else max(0, s.max_evals - self.evaluations)
 
-    def _prepare(self, new: list[Candidate]) -> None:
+    def _start(self, new: list[Candidate]) -> None:
         ref = self.reference
         jobs = [c for c in new if c is not ref]
         if ref is not None and not ref.submitted:
-            jobs.insert(0, ref)  # first in the queue: everyone's validation waits on it
-        if not jobs:
-            return
+            jobs.insert(0, ref)  # first: everyone's validation waits on it
         self._progress.add_total(len(jobs))
         for c in jobs:
             c.submitted = True
             if c is not ref or self.reference_is_candidate:
                 self.evaluations += 1
-            self._pool.submit(c.index, _Job(self._build, c.cfg))
-        by_index = {c.index: c for c in jobs}
-        start = time.perf_counter()
-        while self._pool.pending:
-            for outcome in self._pool.poll(0.05):
-                c = by_index.get(outcome.key)  # type: ignore[call-overload]
-                if c is not None:
-                    self._compiled(c, outcome)
-        self.phases["compile"] += time.perf_counter() - start
-        waiting, self._waiting = self._waiting, []
-        for c in waiting:
-            self.first_run(c)
+            priority = -math.inf if c is ref else -self._cost.predict(c.index)
+            self._pool.submit(
+                c.index, functools.partial(self._lower, c.cfg), self._finish, priority=priority
+            )
+
+    def _step(self, wait_s: float) -> bool:
+        """Handles finished compiles and takes one sample if one is due; waits up to
+        `wait_s` for a compile when no sample is due. False when there was nothing to
+        do or wait for."""
+        t0 = time.perf_counter()
+        compiling = self._pool.pending > 0
+        due = self._due()
+        if compiling:
+            for outcome in self._pool.poll(0 if due is not None else wait_s):
+                self._compiled(self._candidate(outcome.key), outcome)  # type: ignore[arg-type]
+            due = self._due()
+        if due is not None:
+            self._sample_one(due)
+            self._progress.advance(1, "timing")
+            self._drop_clearly_slow(due)
+        self.phases["compile" if compiling else "timing"] += time.perf_counter() - t0
+        return compiling or due is not None
+
+    def _candidate(self, index: int) -> Candidate:
+        return self.cands[index] if index < len(self.cands) else self.reference  # type: ignore[return-value]
 
     def _compiled(self, c: Candidate, outcome: Outcome) -> None:
-        c.compile_s = outcome.seconds
+        c.compile_s, c.lower_s = outcome.seconds, outcome.lower_s
         self._progress.advance(1, "compiling")
         if outcome.timed_out:
             c.fail("timeout", f"compiling took more than {self._settings.compile_timeout_s} s")
@@ -221,6 +340,9 @@ class Bench:
             c.fail(_failure_status(outcome.error, "compile_error"), describe(outcome.error))
         else:
             c.compiled, c.status = outcome.value, "ok"
+        if not outcome.timed_out and self._cost.observe(c.index, outcome.seconds):
+            self._pool.reprioritize(self._queued_priority)
+        if c.ok:
             if c is self.reference or self._reference_settled():
                 self.first_run(c)
             else:
@@ -231,6 +353,12 @@ class Bench:
             for w in waiting:
                 self.first_run(w)
 
+    def _queued_priority(self, key: Any) -> float | None:
+        ref = self.reference
+        if ref is not None and key == ref.index:
+            return None
+        return -self._cost.predict(key)
+
     def _reference_settled(self) -> bool:
         ref = self.reference
         return ref is None or (ref.status is not None and (not ref.ok or ref.output is not None))
@@ -239,13 +367,14 @@ class Bench:
         """Warm-up runs (excluded from the samples); the first one's output is
         validated and gives the estimate that sizes the samples."""
         warmup = max(1, self._settings.warmup)
+        arg_sets = self.arg_sets
         try:
             with DEVICE_LOCK:
                 times = []
                 out = None
                 for i in range(warmup):
                     t0 = time.perf_counter()
-                    result = c.compiled(*self._arg_sets[i % len(self._arg_sets)])
+                    result = c.compiled(*arg_sets[i % len(arg_sets)])
                     jax.block_until_ready(result)
                     times.append(time.perf_counter() - t0)
                     if i == 0:
@@ -254,6 +383,7 @@ class Bench:
             c.fail(_failure_status(e, "run_error"), describe(e))
             return
         c.per_call_s = min(times)
+        c.ran = True
         ref = self.reference
         if c is ref:
             c.output = out
@@ -266,10 +396,6 @@ class Bench:
                 c.fail("invalid", f"output differs from the reference config's: {verdict.reason}")
         elif validate.has_nan(out):
             c.fail("invalid", "output contains NaN")
-        if c.ok and self._streaming and len(c.samples) < self._targets.get(id(c), 0):
-            # A device timer is not disturbed by the compiles still running on the
-            # host, so the first round is taken now instead of after all compiles.
-            self._sample_one(c)
 
     @property
     def validated(self) -> bool:
@@ -278,16 +404,63 @@ class Bench:
 
     # --- timing ---------------------------------------------------------------------
 
-    def sample(
-        self,
-        cands: Sequence[Candidate],
-        rounds: int,
-        *,
-        targets: dict[int, int] | None = None,
-        drop_slow: bool = True,
-    ) -> None:
-        """`rounds` interleaved rounds, one sample of each candidate per round (a
-        candidate that already has `targets[id(c)]` samples sits a round out).
+    def _target(self, c: Candidate) -> int:
+        s = self._settings
+        if s.deadline is not None and time.perf_counter() >= s.deadline:
+            return min(c.target, max(1, len(c.samples)))  # out of time: one sample each
+        return c.target
+
+    def _finished(self, c: Candidate) -> bool:
+        if not c.submitted or (c.status is not None and not c.ok):
+            return True
+        if c.status is None or not c.ran:
+            return False
+        return c.dropped or len(c.samples) >= self._target(c)
+
+    def _due(self) -> Candidate | None:
+        """The candidate to sample next: of those that want more samples, one with the
+        fewest (a host timer waits until no compile runs)."""
+        if self._pool.pending and not self._streaming:
+            return None
+        fewest: list[Candidate] = []
+        for c in self._timed:
+            if c.ok and c.ran and not c.dropped and len(c.samples) < self._target(c):
+                if not fewest or len(c.samples) < len(fewest[0].samples):
+                    fewest = [c]
+                elif len(c.samples) == len(fewest[0].samples):
+                    fewest.append(c)
+        return self._rng.choice(fewest) if fewest else None
+
+    def _drop_clearly_slow(self, sampled: Candidate) -> None:
+        """After a sample: drops `sampled` if it is clearly slow, and every candidate
+        that became clearly slow if the best median improved."""
+        drop = self._drop_factor()
+        if drop is None or not self._medians:
+            return
+        best = min(self._medians.values())
+        improved = best < self._best_seen
+        self._best_seen = min(best, self._best_seen)
+        ref = self.reference
+        for c in self._timed if improved else [sampled]:
+            if (
+                c.ok
+                and c.samples
+                and not c.dropped
+                and c is not ref
+                and min(c.samples) > best * drop
+            ):
+                # A candidate's fastest sample decides: noise only makes samples slower.
+                c.dropped = True
+                self._progress.advance(max(0, c.target - len(c.samples)))
+
+    def _drop_factor(self) -> float | None:
+        s = self._settings
+        return (
+            s.drop_factor if s.drop_factor is not None else DEFAULT_DROP_FACTOR.get(self.timer.name)
+        )
+
+    def sample(self, cands: Sequence[Candidate], rounds: int, *, drop_slow: bool = True) -> None:
+        """`rounds` interleaved rounds, one sample of each candidate per round.
 
         After each round, a candidate whose fastest sample is already `drop_factor`
         times the best median so far gets no more samples (a 2x slower config does not
@@ -297,16 +470,14 @@ class Bench:
         if not cands or rounds <= 0:
             return
         s = self._settings
-        drop = (
-            s.drop_factor if s.drop_factor is not None else DEFAULT_DROP_FACTOR.get(self.timer.name)
-        )
+        drop = self._drop_factor()
         start = time.perf_counter()
         self._progress.add_total(rounds * len(cands))
         for r in range(rounds):
             order = list(cands)
             self._rng.shuffle(order)
             for c in order:
-                if c.ok and (targets is None or len(c.samples) < targets.get(id(c), 0)):
+                if c.ok:
                     self._sample_one(c)
                 self._progress.advance(1, f"timing round {r + 1}/{rounds}")
             if s.deadline is not None and time.perf_counter() >= s.deadline:
@@ -318,11 +489,9 @@ class Bench:
     def _without_clearly_slow(
         self, cands: list[Candidate], rounds_left: int, drop: float
     ) -> list[Candidate]:
-        medians = [c.median for c in [*self.cands, self.reference] if c is not None and c.median]
-        if not medians:
+        if not self._medians:
             return cands
-        limit = min(medians) * drop
-        # A candidate's fastest sample decides: noise only ever makes samples slower.
+        limit = min(self._medians.values()) * drop
         keep = [c for c in cands if c.ok and (c is self.reference or min(c.samples) <= limit)]
         self._progress.advance(rounds_left * (len(cands) - len(keep)))
         return keep
@@ -332,16 +501,18 @@ class Bench:
         start = len(c.samples) * calls
         try:
             with DEVICE_LOCK:
-                seconds = self.timer.sample(c.compiled, self._arg_sets, calls, start)
+                seconds = self.timer.sample(c.compiled, self.arg_sets, calls, start)
         except timing.TimerFailed as e:
             self._switch_to_wallclock(str(e))
             return self._sample_one(c)
         except Exception as e:
             c.fail(_failure_status(e, "run_error"), describe(e))
+            self._medians.pop(c.index, None)
             return
         c.samples.append(seconds)
         c.calls = calls
         typical = statistics.median(c.samples)
+        self._medians[c.index] = typical
         if typical > 0:
             c.per_call_s = typical
 
@@ -357,23 +528,24 @@ class Bench:
         """The device timer broke: measure everything again with the wall clock, so
         that no decision compares samples of two different timers."""
         timing.mark_cupti_broken(reason)
-        self.timer = timing.WallClockTimer()
+        self._timer = timing.WallClockTimer()
         self.timer_note = f"fell back to the wall clock: {reason}"
-        timed = [c for c in [*self.cands, self.reference] if c is not None and c.samples]
+        timed = [c for c in self._timed if c.samples]
         counts = {c.index: len(c.samples) for c in timed}
         for c in timed:
             c.samples = []
+        self._medians.clear()
+        self._best_seen = math.inf
         self.sample(timed, max(1, min(3, min(counts.values(), default=1))))
 
     def close(self) -> None:
         self._pool.close()
-        close_timer = getattr(self.timer, "close", None)
+        close_timer = getattr(self._timer, "close", None)
         if callable(close_timer):
             close_timer()
-        for c in [*self.cands, self.reference]:
-            if c is not None:
-                c.compiled = None
-                c.output = None
+        for c in self._timed:
+            c.compiled = None
+            c.output = None
 
     def results(self) -> tuple[CandidateResult, ...]:
         return tuple(c.result() for c in self.cands)
@@ -382,13 +554,45 @@ class Bench:
         return self.reference.median if self.reference is not None else None
 
 
-@dataclasses.dataclass(frozen=True)
-class _Job:
-    build: Callable[[Any], Any]
-    cfg: Any
+class _CompileCostModel:
+    """Predicts which candidates take longest to compile, so they start first and no
+    long compile is the last one running.
 
-    def __call__(self) -> Any:
-        return self.build(self.cfg)
+    Before any compile has finished, the guess is the sum of log2 of the config's
+    positive numeric fields (larger tiles, more warps and deeper pipelines make more
+    code to compile); then a log-linear model of the observed compile times
+    (`search.LogLinearModel`), refitted every `COST_MODEL_EVERY` observations.
+    """
+
+    def __init__(self, cfgs: Sequence[Any]) -> None:
+        self._points = [search.config_point(c) for c in cfgs]
+        self._prior = [_size(p) for p in self._points]
+        self._seen: dict[int, float] = {}
+        self._model: search.LogLinearModel | None = None
+
+    def predict(self, index: int) -> float:
+        if self._model is None:
+            return self._prior[index]
+        return self._model.predict_point(self._points[index])
+
+    def observe(self, index: int, seconds: float) -> bool:
+        """Records a compile time; True when the model changed."""
+        if seconds <= 0:
+            return False
+        self._seen[index] = seconds
+        n = len(self._seen)
+        if n < COST_MODEL_EVERY or n % COST_MODEL_EVERY:
+            return False
+        self._model = search.LogLinearModel(self._points, self._seen, pairs=False)
+        return True
+
+
+def _size(point: tuple[tuple[str, Any], ...]) -> float:
+    total = 0.0
+    for _, v in point:
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+            total += math.log2(v + 1)
+    return total
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -1,23 +1,43 @@
-"""Parallel compilation of candidates, with a per-candidate timeout.
+"""Building candidates in parallel: a lowering lane feeding a lane of compile threads.
 
-XLA and Triton compile in C++ without holding the GIL, so threads give real
-parallelism. A thread cannot be killed: a candidate whose compile outlasts the timeout
-is abandoned (its result is ignored when it finally arrives) and a replacement worker is
-started so the others keep their pace. Workers are daemon threads, so an abandoned
-compile never keeps the interpreter from exiting (a `ThreadPoolExecutor` would join it
-at exit).
+Building a candidate has two stages that need different things:
+
+1. tracing and lowering (`jax.jit(f).lower(...)`, which calls the user's `make_fn`):
+   Python that holds the GIL (a Pallas kernel is traced and lowered to Triton IR in
+   Python), about 10-20 ms for a Pallas matmul;
+2. compiling (`lowered.compile()`): XLA and Triton in C++, which release the GIL,
+   10-20 times longer.
+
+When every thread does both, the threads share the GIL in 5 ms slices: each lowering
+takes as long as all the lowerings in flight together, compiles start late and bunched,
+and the phase ends with whichever slow compiles happened to start last. Here one thread
+lowers candidates one at a time, in priority order (the caller puts the slowest to
+compile first, so no long compile starts last), and hands each one to the compile lane.
+A lowering that stalls without using the GIL (a `make_fn` waiting on I/O, say) gets a
+helper thread, so the other candidates keep coming; the helper leaves when the stall is
+over.
+
+A thread cannot be killed: a stage that outlasts the timeout is abandoned (its result is
+ignored when it finally arrives) and a replacement thread takes over the lane's queue.
+Threads are daemons, so an abandoned compile never keeps the interpreter from exiting.
 """
 
 from __future__ import annotations
 
 import contextvars
 import dataclasses
+import functools
+import heapq
+import itertools
 import os
 import queue
 import threading
 import time
 from collections.abc import Callable, Hashable
 from typing import Any
+
+#: Stages: tracing and lowering, then compiling.
+LOWER, COMPILE = 0, 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,8 +48,9 @@ class Outcome:
       key: the key the job was submitted with.
       value: what the job returned (None when it failed or timed out).
       error: the exception it raised, if any.
-      timed_out: it ran past the timeout and was abandoned.
-      seconds: how long it ran (up to the timeout for abandoned jobs).
+      timed_out: a stage ran past the timeout and was abandoned.
+      seconds: how long its stages ran (up to the timeout for abandoned jobs).
+      lower_s: how long its first stage ran (None when it never finished).
     """
 
     key: Hashable
@@ -37,6 +58,7 @@ class Outcome:
     error: BaseException | None = None
     timed_out: bool = False
     seconds: float = 0.0
+    lower_s: float | None = None
 
 
 def default_workers() -> int:
@@ -48,73 +70,195 @@ def default_workers() -> int:
     return max(1, cores)
 
 
-class CompilePool:
-    """Runs jobs on daemon threads; `poll` returns finished and timed-out jobs.
+@dataclasses.dataclass(order=True)
+class _Item:
+    priority: float
+    seq: int
+    key: Hashable = dataclasses.field(compare=False)
+    job: Callable[[], Any] = dataclasses.field(compare=False)
+    then: Callable[[Any], Any] | None = dataclasses.field(compare=False)
+    ctx: contextvars.Context = dataclasses.field(compare=False)
+    lower_s: float | None = dataclasses.field(compare=False, default=None)
 
-    Jobs run in a copy of the submitting thread's context (contextvars), so scoped
-    settings such as kerneltune overlays apply inside them.
+
+@dataclasses.dataclass
+class _Running:
+    item: _Item
+    stage: int
+    start: float
+
+
+class CompilePool:
+    """Runs two-stage jobs on daemon threads; `poll` returns finished and timed-out jobs.
+
+    A job is `first` (run on the lowering lane) and optionally `then` (run on the
+    compile lane with `first`'s result). Each lane takes the job of lowest `priority`
+    first (ties: the earlier). Jobs run in a copy of the submitting thread's context
+    (contextvars), so scoped settings such as kerneltune overlays apply inside them.
+
+    Args:
+      max_workers: compile threads.
+      timeout_s: a stage running longer than this is abandoned (None: never).
+      lowering_workers: threads that run first stages (more only while one stalls).
+      stall_s: a first stage running this long without finishing gets a helper thread
+        for the rest of the queue (None: never).
     """
 
-    def __init__(self, max_workers: int, timeout_s: float | None) -> None:
-        self._max_workers = max(1, max_workers)
+    def __init__(
+        self,
+        max_workers: int,
+        timeout_s: float | None,
+        *,
+        lowering_workers: int = 1,
+        stall_s: float | None = 0.25,
+    ) -> None:
         self._timeout_s = timeout_s
-        self._jobs: queue.SimpleQueue[tuple[Hashable, Callable[[], Any], Any] | None] = (
-            queue.SimpleQueue()
-        )
-        self._done: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
+        self._stall_s = stall_s
         self._lock = threading.Lock()
-        self._running: dict[Hashable, tuple[float, threading.Thread]] = {}
-        self._abandoned: set[Hashable] = set()
-        self._workers = 0
+        self._wake = (threading.Condition(self._lock), threading.Condition(self._lock))
+        self._queues: tuple[list[_Item], list[_Item]] = ([], [])
+        self._base = (max(1, lowering_workers), max(1, max_workers))
+        self._most = (max(self._base[0], max_workers), self._base[1])
+        self._live = [0, 0]
+        self._idle = [0, 0]
+        self._running: dict[Hashable, _Running] = {}
+        self._abandoned: dict[Hashable, int] = {}  # key -> the stage that was abandoned
+        self._done: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
+        self._seq = itertools.count()
         self._pending = 0
         self._closed = False
 
     @property
     def pending(self) -> int:
-        """Jobs submitted and not yet returned by `poll`."""
+        """Jobs submitted and not yet returned by `poll` (nor cancelled)."""
         return self._pending
 
-    def submit(self, key: Hashable, job: Callable[[], Any]) -> None:
-        ctx = contextvars.copy_context()
+    def submit(
+        self,
+        key: Hashable,
+        first: Callable[[], Any],
+        then: Callable[[Any], Any] | None = None,
+        *,
+        priority: float = 0.0,
+    ) -> None:
+        item = _Item(priority, next(self._seq), key, first, then, contextvars.copy_context())
         with self._lock:
             self._pending += 1
-            if self._workers < min(self._max_workers, self._pending):
-                self._start_worker()
-        self._jobs.put((key, job, ctx))
+            self._push(LOWER, item)
 
-    def _start_worker(self) -> None:
-        self._workers += 1
-        threading.Thread(target=self._work, name="kerneltune-compile", daemon=True).start()
+    def reprioritize(self, priority: Callable[[Hashable], float | None]) -> None:
+        """Gives queued jobs new priorities (`priority(key)`; None keeps the old one)."""
+        with self._lock:
+            for q in self._queues:
+                for item in q:
+                    new = priority(item.key)
+                    if new is not None:
+                        item.priority = new
+                heapq.heapify(q)
 
-    def _work(self) -> None:
-        me = threading.current_thread()
+    def cancel(self, key: Hashable) -> bool:
+        """Forgets a job: it is taken out of its queue, or abandoned if it is running.
+        Returns False when it already finished (its outcome is or was in `poll`)."""
+        with self._lock:
+            for q in self._queues:
+                for n, item in enumerate(q):
+                    if item.key == key:
+                        q.pop(n)
+                        heapq.heapify(q)
+                        self._pending -= 1
+                        return True
+            run = self._running.pop(key, None)
+            if run is None:
+                return False
+            self._abandon(key, run.stage)
+            self._pending -= 1
+            return True
+
+    # --- the lanes ---------------------------------------------------------------------
+
+    def _push(self, stage: int, item: _Item) -> None:
+        heapq.heappush(self._queues[stage], item)
+        if self._live[stage] < self._base[stage]:
+            self._start(stage)
+        else:
+            self._wake[stage].notify()
+
+    def _start(self, stage: int) -> None:
+        self._live[stage] += 1
+        name = ("kerneltune-lower", "kerneltune-compile")[stage]
+        threading.Thread(target=self._work, args=(stage,), name=name, daemon=True).start()
+
+    def _abandon(self, key: Hashable, stage: int) -> None:
+        # Lock held. The thread running it leaves when it returns; if work is waiting,
+        # a replacement takes its place now.
+        self._abandoned[key] = stage
+        self._live[stage] -= 1
+        if self._queues[stage] and self._live[stage] < self._base[stage]:
+            self._start(stage)
+
+    def _work(self, stage: int) -> None:
         while True:
-            item = self._jobs.get()
-            if item is None:
-                return
-            key, job, ctx = item
-            start = time.perf_counter()
             with self._lock:
-                self._running[key] = (start, me)
+                while not self._queues[stage] and not self._closed:
+                    self._idle[stage] += 1
+                    self._wake[stage].wait()
+                    self._idle[stage] -= 1
+                if self._closed:
+                    self._live[stage] -= 1
+                    return
+                item = heapq.heappop(self._queues[stage])
+                self._running[item.key] = _Running(item, stage, time.perf_counter())
+            start = time.perf_counter()
             try:
-                outcome = Outcome(key, value=ctx.run(job))
+                value, error = item.ctx.run(item.job), None
             except BaseException as e:  # reported to the caller as data.
-                outcome = Outcome(key, error=e)
+                value, error = None, e
             seconds = time.perf_counter() - start
             with self._lock:
-                self._running.pop(key, None)
-                if key in self._abandoned:
-                    # Its replacement already took over; this thread just leaves.
-                    self._abandoned.discard(key)
+                if self._abandoned.get(item.key) == stage:
+                    del self._abandoned[item.key]
+                    return  # already counted out of the lane; a replacement took over
+                self._running.pop(item.key, None)
+                if stage == LOWER and error is None and item.then is not None:
+                    self._push(
+                        COMPILE,
+                        dataclasses.replace(
+                            item,
+                            seq=next(self._seq),
+                            job=functools.partial(item.then, value),
+                            then=None,
+                            ctx=item.ctx.copy(),
+                            lower_s=seconds,
+                        ),
+                    )
+                else:
+                    lower_s = seconds if stage == LOWER else item.lower_s
+                    total = seconds + (item.lower_s or 0.0)
+                    self._done.put(Outcome(item.key, value, error, seconds=total, lower_s=lower_s))
+                if self._live[stage] > self._base[stage] and not self._stalled(time.perf_counter()):
+                    self._live[stage] -= 1  # a helper whose stall is over
                     return
-            self._done.put(dataclasses.replace(outcome, seconds=seconds))
+
+    def _stalled(self, now: float) -> bool:
+        """Lock held: every lowering thread is busy and has been on its job for longer
+        than `stall_s`."""
+        if self._stall_s is None:
+            return False
+        busy = [r for r in self._running.values() if r.stage == LOWER]
+        return (
+            bool(busy)
+            and len(busy) >= self._live[LOWER]
+            and all(now - r.start > self._stall_s for r in busy)
+        )
+
+    # --- the caller's side -------------------------------------------------------------
 
     def poll(self, wait_s: float) -> list[Outcome]:
         """Waits up to `wait_s` for at least one job to finish and returns every job
         that finished or timed out since the last call."""
         out: list[Outcome] = []
         try:
-            out.append(self._done.get(timeout=wait_s if self._pending else 0))
+            out.append(self._done.get(timeout=wait_s if self._pending and wait_s > 0 else 0))
         except queue.Empty:
             pass
         while True:
@@ -122,32 +266,35 @@ class CompilePool:
                 out.append(self._done.get_nowait())
             except queue.Empty:
                 break
-        out += self._expire()
-        self._pending -= len(out)
+        out += self._supervise()
+        with self._lock:
+            self._pending -= len(out)
         return out
 
-    def _expire(self) -> list[Outcome]:
-        if self._timeout_s is None:
-            return []
+    def _supervise(self) -> list[Outcome]:
+        """Abandons stages past the timeout; gives a stalled lowering lane a helper."""
         now = time.perf_counter()
         expired = []
         with self._lock:
-            for key, (start, _) in list(self._running.items()):
-                if now - start > self._timeout_s:
-                    del self._running[key]
-                    self._abandoned.add(key)
-                    self._workers -= 1
-                    expired.append(Outcome(key, timed_out=True, seconds=now - start))
-                    if self._jobs.qsize():
-                        self._start_worker()
+            if self._timeout_s is not None:
+                for key, run in list(self._running.items()):
+                    if now - run.start > self._timeout_s:
+                        del self._running[key]
+                        self._abandon(key, run.stage)
+                        seconds = now - run.start + (run.item.lower_s or 0.0)
+                        expired.append(Outcome(key, timed_out=True, seconds=seconds))
+            if self._queues[LOWER] and self._live[LOWER] < self._most[LOWER] and self._stalled(now):
+                self._start(LOWER)
         return expired
 
     def close(self) -> None:
-        """Lets idle workers exit; abandoned jobs run on until they return."""
-        if self._closed:
-            return
-        self._closed = True
+        """Drops queued jobs and lets idle threads exit; running stages run on until
+        they return (their results are dropped)."""
         with self._lock:
-            workers = self._workers
-        for _ in range(workers):
-            self._jobs.put(None)
+            if self._closed:
+                return
+            self._closed = True
+            for q in self._queues:
+                q.clear()
+            for cv in self._wake:
+                cv.notify_all()

@@ -23,11 +23,13 @@ class CandidateResult:
       time_s: its median time per call in seconds (None unless status is "ok").
       samples_s: every timed sample in seconds, warm-up excluded.
       error: the error message for failed candidates.
-      compile_s: how long compiling it took.
+      compile_s: how long building it took (tracing, lowering and compiling).
       rel_error: its output's relative error ‖out − ref‖/‖ref‖ against the reference
         config's output (None when it was not validated).
       calls_per_sample: how many calls each sample averaged over (the last value; it
         adapts to the kernel's duration).
+      lower_s: of `compile_s`, how long tracing and lowering took (the part that holds
+        Python's GIL; None when it did not finish).
     """
 
     cfg: Any
@@ -38,6 +40,7 @@ class CandidateResult:
     compile_s: float | None = None
     rel_error: float | None = None
     calls_per_sample: int | None = None
+    lower_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -59,8 +62,10 @@ class TuningReport:
       name: what was tuned (for logs), e.g. "matmul@v1 f32[128,256], f32[256,64]".
       timer_note: why the preferred device timer was not used, when it was not.
       validated: whether outputs were compared with the reference config's output.
-      phases_s: where the time went: "compile" (waiting for compiles, first runs
-        included), "timing" (samples taken after compiling), "total".
+      phases_s: where the wall time went: "setup" (before the first compile started),
+        "compile" (while candidates compiled; with a device timer, samples were taken
+        meanwhile), "timing" (samples after the compiles, the re-measurement of the best
+        few included), "finish" (deciding and cleaning up), "total".
     """
 
     best: Any

@@ -2,11 +2,13 @@
 
 One tuning goes:
 
-1. the search strategy asks the bench to evaluate candidates (`bench.py`): they compile
-   in parallel threads with a timeout, run once as soon as they are compiled (a warm-up
-   whose output is validated against the reference config's), and are timed in
-   interleaved rounds on rotating input buffers (with a device timer, the first round
-   is taken while the others still compile); clearly slow candidates drop out early;
+1. the search strategy asks the bench to evaluate candidates (`bench.py`): one thread
+   traces and lowers them (Python, which holds the GIL), slowest to compile first, and
+   hands them to parallel compile threads (with a timeout); each runs once as soon as
+   it is compiled (a warm-up whose output is validated against the reference config's)
+   and is timed in interleaved rounds on rotating input buffers (with a device timer,
+   while the others still compile); clearly slow candidates drop out early. Choosing
+   the timer, copying the inputs and checking them for zeros overlap the first compiles;
 2. the best few are re-measured side by side;
 3. `decide` picks the winner from every candidate's samples. This is the seam for
    multi-process agreement: every process must pick the same winner, so a distributed
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic
@@ -28,7 +31,7 @@ import jax.numpy as jnp
 from kerneltune._src import keys
 from kerneltune._src.kernel_types import Cfg
 from kerneltune._src.tuning import inputs, search, timing
-from kerneltune._src.tuning.bench import Bench, BenchSettings, Candidate, describe
+from kerneltune._src.tuning.bench import Bench, BenchSettings, Candidate, TimerSource, describe
 from kerneltune._src.tuning.compiling import default_workers
 from kerneltune._src.tuning.progress import Progress
 from kerneltune._src.tuning.report import CandidateResult, TuningReport
@@ -86,8 +89,9 @@ class Tuner(Generic[Cfg]):
       time_budget_s: no new candidate is started after this many seconds.
       compile_timeout_s: a candidate still compiling after this long is abandoned
         (status "timeout"); None waits forever.
-      max_workers: compile threads (default: the usable cores, at most 32).
-      target_sample_s: how long one sample should take (default: 0.5 ms of device time
+      max_workers: compile threads (default: the usable cores, at most 32); one more
+        thread traces and lowers candidates for them, slowest to compile first.
+      target_sample_s: how long one sample should take (default: 1 ms of device time
         with CUPTI, 2 ms with the wall clock).
       top_k: how many of the best candidates are re-measured side by side.
       remeasure_iters: samples per candidate in that re-measurement (default:
@@ -199,7 +203,14 @@ class Tuner(Generic[Cfg]):
             compiled = jax.jit(call).lower(*arrays).compile()
             timer, _ = timing.choose_timer(self.timer)
             bench = self._bench(
-                lambda _: compiled, arrays, [None], None, timer, Progress("", False), validate=False
+                lambda _: compiled,
+                None,
+                arrays,
+                [None],
+                None,
+                timer,
+                Progress("", False),
+                validate=False,
             )
             try:
                 cand = bench.cands[0]
@@ -281,24 +292,15 @@ class Tuner(Generic[Cfg]):
         with jax.ensure_compile_time_eval():
             arrays, rebuild = split_static(args, kwargs)
             arrays = inputs.concrete_inputs(arrays, seed=self.seed)
-            zeros = inputs.all_zero_floats(arrays)
-            if zeros:
-                logger.warning(
-                    "Tuning %s on all-zero float inputs (positions %s): timings on zeros can "
-                    "flatter some configs; pass random data.",
-                    name or "a kernel",
-                    zeros,
-                )
             # The chain's name already carries the op and its shapes.
             what = (
                 name
                 or f"kernel({keys.describe_abstract(keys.abstractify((tuple(args), dict(kwargs))))})"
             )
-            timer, timer_note = timing.choose_timer(self.timer)
             strategy = search.resolve_strategy(self.strategy, len(candidates), self.max_evals)
             progress = Progress(what, self.progress)
 
-            def build(cfg: Any) -> Any:
+            def lower(cfg: Any) -> Any:
                 fn = make_fn(cfg)
 
                 def call(*a: Any) -> Any:
@@ -306,32 +308,61 @@ class Tuner(Generic[Cfg]):
                     return fn(*aa, **kk)
 
                 target = _with_backward(call) if backward else call
-                return jax.jit(target).lower(*arrays).compile()
+                return jax.jit(target).lower(*arrays)
 
             deadline = start + self.time_budget_s if self.time_budget_s is not None else None
-            bench = self._bench(build, arrays, candidates, reference_cfg, timer, progress, deadline)
+            # Everything that is not needed to start compiling (choosing the timer, the
+            # input copies, the all-zero check) happens while the first candidates compile.
+            bench = self._bench(
+                lower,
+                _compile,
+                arrays,
+                candidates,
+                reference_cfg,
+                lambda: timing.choose_timer(self.timer),
+                progress,
+                deadline,
+            )
+            zero_check = _Background(inputs.all_zero_floats, arrays)
             try:
+                searched = time.perf_counter()
                 strategy.search(bench)
                 self._remeasure_top(bench)
+                finished = time.perf_counter()
                 results = bench.results()
                 winner = self.decide(results)
                 best = candidates[winner] if winner is not None else None
-                report = TuningReport(
-                    best=best,
-                    candidates=results,
-                    timer=bench.timer.name,
-                    heuristic_cfg=reference_cfg,
-                    heuristic_time_s=bench.reference_time(),
-                    wall_s=time.perf_counter() - start,
-                    strategy=strategy.name,
-                    name=what,
-                    timer_note=bench.timer_note or timer_note,
-                    validated=bench.validated,
-                    phases_s={**bench.phases, "total": time.perf_counter() - start},
-                )
+                timer_name = bench.timer.name
             finally:
                 bench.close()
                 progress.close()
+            zeros = zero_check.result()
+            if zeros:
+                logger.warning(
+                    "Tuning %s on all-zero float inputs (positions %s): timings on zeros can "
+                    "flatter some configs; pass random data.",
+                    what,
+                    zeros,
+                )
+            end = time.perf_counter()
+            report = TuningReport(
+                best=best,
+                candidates=results,
+                timer=timer_name,
+                heuristic_cfg=reference_cfg,
+                heuristic_time_s=bench.reference_time(),
+                wall_s=end - start,
+                strategy=strategy.name,
+                name=what,
+                timer_note=bench.timer_note,
+                validated=bench.validated,
+                phases_s={
+                    "setup": searched - start,
+                    **bench.phases,
+                    "finish": end - finished,
+                    "total": end - start,
+                },
+            )
         logger.info("%s", report.summary())
         return report
 
@@ -339,11 +370,12 @@ class Tuner(Generic[Cfg]):
 
     def _bench(
         self,
-        build: Callable[[Any], Any],
+        lower: Callable[[Any], Any],
+        finish: Callable[[Any], Any] | None,
         arrays: list[Any],
         candidates: Sequence[Any],
         reference_cfg: Any,
-        timer: timing.Timer,
+        timer: TimerSource,
         progress: Progress,
         deadline: float | None = None,
         *,
@@ -352,7 +384,10 @@ class Tuner(Generic[Cfg]):
         rotate = self.rotate_bytes
         if rotate is None:
             rotate = 128 << 20 if timing.default_platform() in ("gpu", "cuda", "rocm") else 0
-        arg_sets = inputs.rotation_sets(arrays, min_bytes=rotate) if rotate else [list(arrays)]
+
+        def arg_sets() -> list[list[Any]]:
+            return inputs.rotation_sets(arrays, min_bytes=rotate) if rotate else [list(arrays)]
+
         workers = self.max_workers or min(32, default_workers())
         settings = BenchSettings(
             warmup=self.warmup,
@@ -367,7 +402,7 @@ class Tuner(Generic[Cfg]):
             seed=self.seed,
             drop_factor=self.drop_factor,
         )
-        return Bench(build, arg_sets, candidates, reference_cfg, timer, settings, progress)
+        return Bench(lower, finish, arg_sets, candidates, reference_cfg, timer, settings, progress)
 
     def _remeasure_top(self, bench: Bench) -> None:
         """The best few, side by side, with more samples: a winner decided by a few
@@ -382,6 +417,30 @@ class Tuner(Generic[Cfg]):
         if ref is not None and ref.ok and ref not in top:
             top.append(ref)  # its time is the baseline of the reported speedup
         bench.sample(top, self.remeasure_iters)
+
+
+def _compile(lowered: Any) -> Any:
+    return lowered.compile()
+
+
+class _Background:
+    """Runs `fn(*args)` on a daemon thread; `result()` waits for it (None if it
+    raised: what it computes is advisory)."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+        self._result: Any = None
+        self._thread = threading.Thread(target=self._run, args=(fn, args), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        try:
+            self._result = fn(*args)
+        except Exception as e:
+            logger.debug("background check failed: %s", e)
+
+    def result(self, timeout_s: float = 60.0) -> Any:
+        self._thread.join(timeout_s)
+        return self._result
 
 
 def _median(c: Candidate) -> float:
