@@ -102,7 +102,14 @@ def test_every_process_ends_with_the_same_config(n, slow):
     # file run as a script) must not do before jax.distributed.initialize.
     from kerneltune._src.distributed import combine
 
+    def moot(results):
+        return any(len({r[call]["local"] for r in results}) == 1 for call in ("direct", "jit"))
+
     results = _launch(n, slow)
+    if moot(results):
+        # A 6x cost gap can invert on a heavily loaded machine, so that every process
+        # alone happens to pick the same config; that run proves nothing, so run again.
+        results = _launch(n, slow)
     assert [r["process"] for r in results] == list(range(n))
     for call in ("direct", "jit"):
         agreed = [r[call]["agreed"] for r in results]

@@ -33,7 +33,7 @@ def test_second_process_gets_a_persistent_hit_of_the_tuned_type(tmp_path):
         kt.ConfigCache(), persistent=kt.PersistentCache(tmp_path), on_event=on_event
     )
     tuned = kt.Executor(chain).choose_config(CostKernel(), rand((24, 24)))
-    assert tuned == RepCfg(reps=1)
+    assert isinstance(tuned, RepCfg) and events[-1][0] == "autotune_finish"
     script = tmp_path / "second.py"
     script.write_text(SECOND_PROCESS)
     tests_dir = Path(__file__).parent
@@ -48,7 +48,8 @@ def test_second_process_gets_a_persistent_hit_of_the_tuned_type(tmp_path):
         env=env,
         check=True,
     ).stdout.strip()
-    assert out == "RepCfg 1 [('cache_hit', 'persistent')]"
+    # Whichever candidate won here, the other process gets it back, as the same type.
+    assert out == f"RepCfg {tuned.reps} [('cache_hit', 'persistent')]"
 
 
 def test_default_location_without_platformdirs(monkeypatch, tmp_path):

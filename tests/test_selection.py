@@ -44,7 +44,7 @@ def test_override_applies_even_under_heuristics_policy():
 def test_autotune_picks_cheapest_of_several_fold_costs_and_caches_it(tmp_path):
     pc = PersistentCache(tmp_path)
     ex, chain, events = make(persistent=pc)
-    x = rand((96, 96))
+    x = rand((160, 160))  # 16 vs 1 products of this size: a gap no scheduler noise hides
     cfg = ex.choose_config(CostKernel(), x)
     assert cfg == RepCfg(reps=1)
     assert names(events) == ["autotune_start", "autotune_finish"]
@@ -104,7 +104,7 @@ def test_heuristics_tier_and_it_does_not_block_a_later_autotune(tmp_path):
     assert names(events) == ["heuristics"]
     assert len(chain.cache) == 0 and len(pc) == 0
     chain.policy = kt.AutotunePolicy()
-    assert ex.choose_config(CostKernel(), x) == RepCfg(reps=1)
+    assert ex.choose_config(CostKernel(), x) in CostKernel().candidate_cfgs(None)
     assert "autotune_start" in names(events)
 
 
@@ -168,7 +168,7 @@ def test_six_threads_missing_one_key_tune_it_once():
         t.start()
     for t in threads:
         t.join()
-    assert results == [RepCfg(reps=1)] * 6
+    assert len(results) == 6 and len(set(results)) == 1  # every thread got the one result
     assert names(events).count("autotune_start") == 1
 
 

@@ -60,7 +60,10 @@ def by_cfg(report: TuningReport):
 
 def test_picks_the_cheapest_of_several_fold_costs(ab):
     cands = [Reps(k=12), Reps(k=1), Reps(k=6)]
-    report = quick().tune(repeated_matmul, ab, {}, cands, reference_cfg=Reps(k=6), name="mm")
+    # Samples of 2 ms, not 0.5: one preemption on a loaded machine must not decide.
+    report = quick(target_sample_s=2e-3).tune(
+        repeated_matmul, ab, {}, cands, reference_cfg=Reps(k=6), name="mm"
+    )
     assert report.best == Reps(k=1)
     assert [c.cfg for c in report.candidates] == cands
     results = by_cfg(report)
