@@ -18,14 +18,12 @@ from typing import Any, Generic, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from kerneltune._src import dispatch, keys, labels, options, scope
+from kerneltune._src import dispatch, keys, labels, options, scope, tracing
 from kerneltune._src.kernel import Invocation, Kernel, make_invocation
 from kerneltune._src.kernel_types import Cfg, Out
 
 _ARRAY_IMPL = type(jnp.zeros(()))
-_ARRAY_TYPES = (_ARRAY_IMPL, np.ndarray)
 _current_scope = scope._current.get
 _aval = operator.attrgetter("aval")
 
@@ -52,30 +50,6 @@ def _eager_key(kernel: Any, stamp: bool, args: tuple[Any, ...], kwargs: dict[str
     except TypeError:
         return None
     return key
-
-
-def _general_signature(args: tuple[Any, ...], kwargs: dict[str, Any], with_sharding: bool) -> Any:
-    """A hashable signature for any call of concrete values, or None when the call is
-    being traced or has unhashable static values."""
-    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
-    parts: list[Any] = []
-    for leaf in leaves:
-        if isinstance(leaf, jax.core.Tracer):
-            return None
-        if keys.is_array(leaf):
-            sharding = getattr(leaf, "sharding", None) if with_sharding else None
-            parts.append((tuple(leaf.shape), np.dtype(leaf.dtype), sharding))
-        else:
-            try:
-                hash(leaf)
-            except TypeError:
-                return None
-            parts.append((type(leaf), leaf))
-    return (treedef, tuple(parts))
-
-
-def _is_tracing(tree: Any) -> bool:
-    return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
 
 
 def _hashable(value: Any) -> Any:
@@ -113,7 +87,7 @@ class Executor(Generic[Cfg, Out]):
         self._eager_enabled = subscribe is not None and callable(subscribe)
         if subscribe is not None and callable(subscribe):
             subscribe(self._invalidate)
-        self._programs: dict[Any, Callable[..., Any]] = {}
+        self._programs: dict[Any, _Program] = {}
         self._lock = threading.Lock()
 
     def _invalidate(self) -> None:
@@ -183,10 +157,10 @@ class Executor(Generic[Cfg, Out]):
             from kerneltune._src import recording
 
             recording.record_invocation(kernel, inv)
-        if _is_tracing((args, kwargs)) or _is_tracing((p_args, p_kwargs)):
+        if tracing.is_tracing((args, kwargs)) or tracing.is_tracing((p_args, p_kwargs)):
             return self._apply(kernel, inv, chosen, p_args, p_kwargs)
 
-        program, simple = self._program(kernel, chosen, args, kwargs, inv)
+        program = self._program(kernel, chosen, args, kwargs, inv)
         out = program(*args, **kwargs)
         # Remember the program for this signature, unless the chooser's state changed
         # while choosing (then the next call chooses again).
@@ -194,11 +168,10 @@ class Executor(Generic[Cfg, Out]):
             cfg is None
             and method is None
             and self._eager_enabled
-            and simple
             and generation == self._generation
         ):
             key = _eager_key(kernel, stamp, args, kwargs)
-            if key is not None and _default_keys(kernel):
+            if key is not None and _default_keys(kernel) and program.takes_exactly(len(args)):
                 self._eager[key] = program.dynamic
         return out
 
@@ -245,7 +218,7 @@ class Executor(Generic[Cfg, Out]):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         inv: Invocation[Cfg, Out],
-    ) -> tuple[Any, bool]:
+    ) -> _Program:
         """The jitted program running `kernel` with `cfg` for calls shaped like
         (args, kwargs): one per (kernel, config, static arguments)."""
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
@@ -255,7 +228,6 @@ class Executor(Generic[Cfg, Out]):
             for i in range(len(leaves))
             if i not in positions
         )
-        simple = all(type(a) in _ARRAY_TYPES for a in args) and len(positions) == len(args)
         program_key = (
             kernel,
             _hashable(cfg),
@@ -272,7 +244,7 @@ class Executor(Generic[Cfg, Out]):
         if program is None:
             program = _Program(self, kernel, cfg, leaves, treedef, positions, inv)
             self._programs[program_key] = program
-        return program, simple
+        return program
 
     # -- the rest of the public API ----------------------------------------------------------
 
@@ -316,9 +288,9 @@ class Executor(Generic[Cfg, Out]):
 
         def compiled(*args: Any, **kwargs: Any) -> Out:
             inv, p_args, p_kwargs = self._invocation(kernel, args, kwargs, override_cfg=chosen)
-            if _is_tracing((args, kwargs)) or _is_tracing((p_args, p_kwargs)):
+            if tracing.is_tracing((args, kwargs)) or tracing.is_tracing((p_args, p_kwargs)):
                 return self._apply(kernel, inv, chosen, p_args, p_kwargs)
-            program, _ = self._program(kernel, chosen, args, kwargs, inv)
+            program = self._program(kernel, chosen, args, kwargs, inv)
             return program(*args, **kwargs)
 
         compiled.cfg = chosen  # type: ignore[attr-defined]
@@ -362,6 +334,11 @@ class _Program:
         # Called with the array leaves only, in order: for the common all-array call
         # those are exactly the positional arguments.
         self.dynamic = jax.jit(body)
+
+    def takes_exactly(self, num_args: int) -> bool:
+        """True when the program's inputs are the call's first `num_args` leaves and
+        nothing else, so the eager table can call `dynamic(*args)` directly."""
+        return self._positions == tuple(range(num_args))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         leaves = jax.tree_util.tree_leaves((args, kwargs))

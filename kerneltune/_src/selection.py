@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, Literal
 
-from kerneltune._src import dispatch, keys, options, scope
+from kerneltune._src import dispatch, keys, options, scope, tracing
 from kerneltune._src.cache import CacheKey, ConfigCache
 from kerneltune._src.kernel import Invocation, Kernel, key_builder_of
 from kerneltune._src.kernel_types import Cfg, Out
@@ -378,7 +378,7 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
         self._emit("autotune_start", key, candidates=list(candidates), backward=backward)
         # The call may be inside a jit trace: build inputs and time candidates outside
         # it, or every array made here would be a tracer of the user's program.
-        with _eval_context():
+        with tracing.outside_traces():
             args, kwargs = concrete_inputs(kernel, inv)
             report: TuningReport = self.tuner.tune(
                 make_fn,
@@ -469,17 +469,6 @@ def concrete_inputs(
         made = hook(inv) if hook is not None else kernel.tuning_inputs(inv)
         return tuple(made[0]), dict(made[1])
     return tuple(inv.args), dict(inv.kwargs)
-
-
-def _eval_context() -> contextlib.AbstractContextManager[Any]:
-    import jax
-
-    make = getattr(jax.core, "eval_context", None)
-    if make is None:  # pragma: no cover - moved in some JAX version
-        from jax._src import core
-
-        make = core.eval_context
-    return make()
 
 
 def _context(inv: Invocation[Any, Any]) -> str | None:

@@ -28,7 +28,7 @@ from typing import Any, Generic
 import jax
 import jax.numpy as jnp
 
-from kerneltune._src import keys
+from kerneltune._src import keys, tracing
 from kerneltune._src.kernel_types import Cfg
 from kerneltune._src.tuning import inputs, search, timing
 from kerneltune._src.tuning.bench import Bench, BenchSettings, Candidate, TimerSource, describe
@@ -194,7 +194,7 @@ class Tuner(Generic[Cfg]):
         with jax.ensure_compile_time_eval():
             arrays, rebuild = split_static(args, kwargs)
             arrays = inputs.concrete_inputs(arrays, seed=self.seed)
-        with _outside_traces():
+        with tracing.outside_traces():
 
             def call(*a: Any) -> Any:
                 aa, kk = rebuild(a)
@@ -450,17 +450,6 @@ def _median(c: Candidate) -> float:
 def _check_int(name: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"Tuner({name}=...) must be an integer >= {minimum}, got {value!r}.")
-
-
-def _outside_traces() -> Any:
-    """A context in which JAX operations run eagerly even when the caller is being
-    traced (the user's jit), without forcing constants inside kernels to be concrete."""
-    make = getattr(jax.core, "eval_context", None)
-    if make is None:  # pragma: no cover - moved in some JAX version
-        from jax._src import core
-
-        make = core.eval_context
-    return make()
 
 
 def _with_backward(call: Callable[..., Any]) -> Callable[..., Any]:
