@@ -80,7 +80,7 @@ class Kernel(Generic[Cfg, Out]):
         """
         from kerneltune._src.tuning.inputs import random_like
 
-        seed = int(inv.call_key[:8], 16)
+        seed = keys.seed_of(inv.call_key)
         args, kwargs = random_like((tuple(inv.args), dict(inv.kwargs)), seed=seed)
         return tuple(args), dict(kwargs)
 

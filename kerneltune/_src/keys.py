@@ -1,4 +1,4 @@
-"""Deterministic keys: abstract values, stable JSON, config (de)serialization.
+"""Deterministic keys: abstract values, stable JSON, call-key seeds.
 
 Every cache tier is keyed by `(device_fingerprint, "<op_id>@v<version>", call_key)`.
 The call key must be the same in every process and on every machine for the same
@@ -15,14 +15,18 @@ import hashlib
 import json
 import math
 import types
-import typing
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 import jax
 import numpy as np
 
-T = TypeVar("T")
+# Configs as JSON live in configs.py; these names stay importable from here.
+from kerneltune._src.configs import config_from_dict as config_from_dict
+from kerneltune._src.configs import config_to_dict as config_to_dict
+from kerneltune._src.configs import from_json as from_json
+from kerneltune._src.configs import to_json as to_json
+
 
 CALL_KEY_HEX_CHARS = 32
 
@@ -177,113 +181,6 @@ def sharding_fingerprint(x: Any) -> str:
     return sharding_fingerprint_of(getattr(x, "sharding", None))
 
 
-# --- configs -------------------------------------------------------------------------
-
-
-def config_to_dict(cfg: Any) -> dict[str, Any]:
-    """A config's fields as plain JSON data (nested dataclasses become dicts)."""
-    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
-        return {f.name: _config_value(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
-    if isinstance(cfg, Mapping):
-        return {str(k): _config_value(v) for k, v in cfg.items()}
-    raise TypeError(
-        f"cfg must be a dataclass instance or a mapping, got {type(cfg).__qualname__} "
-        f"({_short_repr(cfg)})."
-    )
-
-
-def _config_value(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return config_to_dict(value)
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, (tuple, list)):
-        return [_config_value(v) for v in value]
-    if isinstance(value, Mapping):
-        return {str(k): _config_value(v) for k, v in value.items()}
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.dtype):
-        return str(value)
-    return value
-
-
-def to_json(cfg: Any) -> str:
-    """Serializes a config (a dataclass, possibly nested) to JSON.
-
-    Example:
-      >>> import kerneltune
-      >>> kerneltune.to_json(kerneltune.FwdParams(q_blocksize=64, kv_blocksize=64))
-      '{"kv_blocksize":64,"num_stages":null,"num_warps":null,"q_blocksize":64}'
-    """
-    return json.dumps(config_to_dict(cfg), sort_keys=True, separators=(",", ":"))
-
-
-def from_json(s: str | bytes, cls: type[T]) -> T:
-    """Parses JSON written by `to_json` into an instance of `cls` (never executes code:
-    the type comes from the caller, never from the text)."""
-    return config_from_dict(json.loads(s), cls)
-
-
-def config_from_dict(data: Mapping[str, Any], cls: type[T]) -> T:
-    """Builds `cls` from plain data, recursing into nested dataclass fields.
-
-    Raises:
-      TypeError: `data` has fields `cls` does not have, lacks a required field, or is
-        not a mapping.
-    """
-    if not (dataclasses.is_dataclass(cls) and isinstance(cls, type)):
-        if cls is dict or cls is typing.Any:
-            return dict(data)  # type: ignore[return-value]
-        raise TypeError(f"cls must be a dataclass type, got {cls!r}.")
-    if not isinstance(data, Mapping):
-        raise TypeError(
-            f"expected a JSON object for {cls.__qualname__}, got {type(data).__name__}."
-        )
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise TypeError(
-            f"{cls.__qualname__} has no field(s) {unknown}; its fields are {sorted(fields)}."
-        )
-    try:
-        hints = typing.get_type_hints(cls)
-    except Exception:
-        hints = {}
-    kwargs = {name: _coerce(value, hints.get(name)) for name, value in data.items()}
-    try:
-        return cls(**kwargs)
-    except TypeError as e:
-        raise TypeError(f"cannot build {cls.__qualname__} from {dict(data)}: {e}") from None
-
-
-def _coerce(value: Any, hint: Any) -> Any:
-    if hint is None or value is None:
-        return value
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        for option in typing.get_args(hint):
-            if option is type(None):
-                continue
-            try:
-                return _coerce(value, option)
-            except (TypeError, ValueError):
-                continue
-        return value
-    if dataclasses.is_dataclass(hint) and isinstance(value, Mapping):
-        return config_from_dict(value, hint)  # type: ignore[arg-type]
-    if (origin is tuple or hint is tuple) and isinstance(value, list):
-        args = typing.get_args(hint)
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_coerce(v, args[0]) for v in value)
-        if args and len(args) == len(value):
-            return tuple(_coerce(v, a) for v, a in zip(value, args, strict=True))
-        return tuple(value)
-    if isinstance(hint, type) and issubclass(hint, enum.Enum):
-        return hint(value)
-    return value
-
-
 # --- call keys -------------------------------------------------------------------------
 
 
@@ -324,3 +221,12 @@ def _dtype_short(dtype: Any) -> str:
         "uint8": "u8",
         "bool": "bool",
     }.get(name, name)
+
+
+def seed_of(call_key: str) -> int:
+    """A 32-bit seed derived from a call key: its first 8 hex digits for the default
+    keys, a hash of it for keys a custom `key_builder` made (which need not be hex)."""
+    head = call_key[:8]
+    if len(head) == 8 and all(c in "0123456789abcdefABCDEF" for c in head):
+        return int(head, 16)
+    return int(hash_text(call_key, 8), 16)

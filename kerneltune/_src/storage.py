@@ -5,9 +5,10 @@ cache never reads, modifies and rewrites a shared file: every entry is its own f
 written whole, so concurrent writers (threads, processes, hosts on shared storage) can
 at worst replace each other's version of the same entry, never tear it.
 
-- `LocalStore`: a directory. Writes go to a temporary file in the entry's directory and
-  are renamed over the entry (`os.replace` is atomic on POSIX and Windows, and on NFS
-  within one directory), so a reader sees the old entry or the new one.
+- `LocalStore`: a directory. Writes go through `files.write_atomic` (a temporary file in
+  the entry's directory, renamed over the entry: atomic on POSIX and Windows, and on
+  NFS within one directory), so a reader sees the old entry or the new one; reads go
+  through `files.read_bytes` (regular files only, never blocking, bounded in size).
 - `FsspecStore`: any URL fsspec understands (`gs://`, `s3://`, `memory://`, ...). Object
   stores make an uploaded object visible whole, so entries are uploaded in one call;
   other filesystems get the same temporary-file-then-move treatment as a directory.
@@ -19,16 +20,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+from kerneltune._src import files
+
 logger = logging.getLogger("kerneltune")
 
 ENTRY_SUFFIX = ".json"
-TEMP_SUFFIX = ".tmp"
 
 # Protocols whose writes are whole-object uploads: a reader never sees a partial object.
 _OBJECT_STORE_PROTOCOLS = frozenset(
@@ -46,8 +47,9 @@ class Store(Protocol):
         """The entry's bytes, or None when there is none. Raises OSError on other errors."""
         ...
 
-    def write(self, rel: str, data: bytes) -> None:
-        """Writes the entry atomically (readers see all of it or none of it)."""
+    def write(self, rel: str, data: bytes, *, exclusive: bool = False) -> bool:
+        """Writes the entry atomically (readers see all of it or none of it). With
+        `exclusive`, only when there is no entry yet; returns whether it wrote."""
         ...
 
     def delete(self, rel: str) -> bool:
@@ -67,14 +69,10 @@ class Store(Protocol):
         ...
 
 
-def _temp_name(rel: str) -> str:
+def _temp_rel(rel: str) -> str:
     head, _, name = rel.rpartition("/")
-    temp = f".{name}.{os.getpid()}.{secrets.token_hex(6)}{TEMP_SUFFIX}"
+    temp = files.temp_name(name)
     return f"{head}/{temp}" if head else temp
-
-
-def _is_temp(name: str) -> bool:
-    return name.startswith(".") and name.endswith(TEMP_SUFFIX)
 
 
 class LocalStore:
@@ -92,38 +90,12 @@ class LocalStore:
 
     def read(self, rel: str) -> bytes | None:
         try:
-            with open(self.full_path(rel), "rb") as f:
-                return f.read()
+            return files.read_bytes(self.full_path(rel), max_bytes=files.MAX_ENTRY_BYTES)
         except (FileNotFoundError, NotADirectoryError):
             return None
 
-    def write(self, rel: str, data: bytes) -> None:
-        path = self.full_path(rel)
-        temp = self.full_path(_temp_name(rel))
-        for attempt in range(3):
-            try:
-                fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-                break
-            except FileNotFoundError:
-                # A missing folder, or one that `delete` just removed as it emptied.
-                if attempt == 2:
-                    raise
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                if self.fsync:
-                    # Without it a machine crash could leave an empty file behind the
-                    # rename; the entry would be skipped and retuned, but it is lost.
-                    f.flush()
-                    os.fsync(f.fileno())
-            os.replace(temp, path)
-        except BaseException:
-            try:
-                os.unlink(temp)
-            except OSError:
-                pass
-            raise
+    def write(self, rel: str, data: bytes, *, exclusive: bool = False) -> bool:
+        return files.write_atomic(self.full_path(rel), data, fsync=self.fsync, exclusive=exclusive)
 
     def delete(self, rel: str) -> bool:
         try:
@@ -160,9 +132,11 @@ class LocalStore:
     def remove_temporaries(self, older_than_s: float) -> int:
         removed = 0
         cutoff = time.time() - older_than_s
-        for _, path in list(self._scan(_is_temp)):
+        for rel, path in list(self._scan(files.is_temp)):
             try:
-                if os.stat(path).st_mtime <= cutoff:
+                # A temporary of a writer that died on this host is removed at once;
+                # others (other hosts, live writers) once they are old.
+                if files.writer_is_dead(rel.rpartition("/")[2]) or os.lstat(path).st_mtime <= cutoff:
                     os.unlink(path)
                     removed += 1
             except FileNotFoundError:
@@ -186,20 +160,29 @@ class FsspecStore:
         return f"{self.root}/{rel}"
 
     def read(self, rel: str) -> bytes | None:
+        path = self.full_path(rel)
         try:
-            return self.fs.cat_file(self.full_path(rel))
+            size = self.fs.size(path)
+            if size is not None and size > files.MAX_ENTRY_BYTES:
+                raise files.UnreadableFile(f"it is {size} bytes (at most {files.MAX_ENTRY_BYTES})")
+            return bytes(self.fs.cat_file(path))
         except FileNotFoundError:
             return None
 
-    def write(self, rel: str, data: bytes) -> None:
+    def write(self, rel: str, data: bytes, *, exclusive: bool = False) -> bool:
         path = self.full_path(rel)
+        # Object stores have no create-exclusive upload that fsspec exposes everywhere:
+        # check first (a race can still let the later writer win; both are valid).
+        if exclusive and self.fs.exists(path):
+            return False
         if self._object_store:
             self.fs.pipe_file(path, data)
-            return
+            return True
         self.fs.makedirs(path.rpartition("/")[0], exist_ok=True)
-        temp = self.full_path(_temp_name(rel))
+        temp = self.full_path(_temp_rel(rel))
         self.fs.pipe_file(temp, data)
         self.fs.mv(temp, path)
+        return True
 
     def delete(self, rel: str) -> bool:
         try:
@@ -228,7 +211,7 @@ class FsspecStore:
         removed = 0
         cutoff = time.time() - older_than_s
         for path in self._find():
-            if not _is_temp(path.rpartition("/")[2]):
+            if not files.is_temp(path.rpartition("/")[2]):
                 continue
             try:
                 modified = self.fs.modified(path).timestamp()
@@ -279,7 +262,7 @@ class BundleStore:
     def read(self, rel: str) -> bytes | None:
         return self._load().get(rel)
 
-    def write(self, rel: str, data: bytes) -> None:
+    def write(self, rel: str, data: bytes, *, exclusive: bool = False) -> bool:
         raise PermissionError(f"{self.location} is a read-only cache bundle.")
 
     def delete(self, rel: str) -> bool:
@@ -300,16 +283,10 @@ def read_export_file(location: str) -> list[Any]:
 
     Raises:
       OSError: the file cannot be read.
-      ValueError: it is not a kerneltune export file.
+      ValueError: it is not a kerneltune export file, or it breaks the limits of
+        `files.read_json` (size, depth, integer length; regular files only).
     """
-    import fsspec
-
-    with fsspec.open(location, "rb") as f:
-        raw = f.read()
-    try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"not a JSON document ({e})") from None
+    doc = files.read_json_url(location)
     if not isinstance(doc, dict) or doc.get("kind") != EXPORT_KIND:
         raise ValueError(f"not a kerneltune cache export (expected kind {EXPORT_KIND!r})")
     entries = doc.get("entries")
@@ -331,8 +308,7 @@ def write_export_file(location: str, docs: list[dict[str, Any]], *, exported: fl
     ).encode()
     fs, path = fsspec.core.url_to_fs(location)
     if _is_local(fs):
-        local = LocalStore(os.path.dirname(os.path.abspath(path)) or ".")
-        local.write(os.path.basename(path), data)
+        files.write_atomic(path, data)
     else:
         fs.pipe_file(path, data)
 
