@@ -48,6 +48,11 @@ class Kernel(Generic[Cfg, Out]):
     key_builder: ClassVar[Callable[[Invocation], str] | None] = None
     config_type: ClassVar[type | None] = None
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _check_reserved_names(cls)
+        _register(cls)
+
     def __init__(self, op_id: str | None = None, *, name: str | None = None) -> None:
         if op_id is not None and name is not None and op_id != name:
             raise ValueError(
@@ -100,6 +105,78 @@ class Kernel(Generic[Cfg, Out]):
 
 
 _default_executor: Callable[[], Any] | None = None
+
+
+# --- what a kernel class may not do, and where defined kernels are found ------------------
+
+# The executor's own keyword arguments (`executor(kernel, *args, cfg=..., mesh=...)`): a
+# kernel argument of the same name would be taken by the executor, silently.
+EXECUTOR_OPTIONS = ("cfg", "stamp", "method", "mesh", "in_specs", "out_specs")
+
+
+def _check_reserved_names(cls: type) -> None:
+    for attr, fn in vars(cls).items():
+        is_run = attr == "run" or attr.startswith("run_")
+        if not (is_run or attr == "prepare" or attr.startswith("prepare_")):
+            continue
+        fn = fn.__func__ if isinstance(fn, (staticmethod, classmethod)) else fn
+        if not callable(fn):
+            continue
+        try:
+            params = inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            continue
+        # `run(..., *, cfg)` receives the config: that `cfg` is the kernel's own.
+        taken = [p for p in params if p in EXECUTOR_OPTIONS and not (is_run and p == "cfg")]
+        if taken:
+            raise TypeError(
+                f"{cls.__qualname__}.{attr} has a parameter named {taken[0]!r}, which is "
+                f"one of the executor's own options {list(EXECUTOR_OPTIONS)}: a call "
+                f"would hand it to the executor, not to the kernel. Rename the parameter "
+                f"(e.g. {taken[0]!r} -> {taken[0] + '_'!r})."
+            )
+
+
+_registry: dict[str, type[Kernel[Any, Any]]] = {}
+
+
+def _register(cls: type[Kernel[Any, Any]]) -> None:
+    # A class defined inside a function has no name another process could give; it
+    # is still found by its op id.
+    _registry[f"{cls.__module__}:{cls.__qualname__}"] = cls
+
+
+def registered_kernels() -> dict[str, type[Kernel[Any, Any]]]:
+    """Every `Kernel` subclass defined so far in this process, by `"module:qualname"`.
+
+    Kernels register when their class is defined; nothing is imported to find one.
+    """
+    return dict(_registry)
+
+
+def find_kernel_class(target: str, op_id_v: str | None = None) -> type[Kernel[Any, Any]]:
+    """The registered kernel class named `target` ("module:qualname"), else the one
+    whose op id and version make `op_id_v`.
+
+    Raises:
+      LookupError: no class defined in this process matches; the message says to import
+        the module that defines it (`kerneltune tune --import MODULE`).
+    """
+    cls = _registry.get(target)
+    if cls is not None:
+        return cls
+    if op_id_v is not None:
+        matches = [
+            c for c in _registry.values() if f"{c.op_id or c.__name__}@v{c.version}" == op_id_v
+        ]
+        if len(matches) == 1:
+            return matches[0]
+    module = target.partition(":")[0] or "the module that defines it"
+    raise LookupError(
+        f"no kernel class {target!r} is defined in this process. Kernels are never "
+        f"imported by a name found in a file: import it first (on the command line: "
+        f"kerneltune tune --import {module} ...)."
+    )
 
 
 def _resolved_version(kernel: Kernel[Any, Any]) -> str:

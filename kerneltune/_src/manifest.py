@@ -1,9 +1,13 @@
 """Manifests: recorded kernel calls saved as JSON, so another process or machine can
 rebuild the kernels and tune the calls (`kerneltune tune MANIFEST`).
 
-Kernels are referenced by an importable `"module:qualname"` plus their constructor's
-keyword arguments; every array is stored by shape, dtype and sharding. Loading a manifest
-imports the modules it names, like any code reference: load only manifests you trust.
+Kernels are referenced by `"module:qualname"` plus their constructor's keyword
+arguments; every array is stored by shape, dtype and sharding. A manifest is data:
+loading one imports nothing and calls nothing it names. The kernel classes are found
+among those defined in the reading process (kernels register when their class is
+defined; `kerneltune tune --import MODULE` imports what the user names), and static
+values (enums, dataclasses, functions) only in modules already imported and trusted
+(see `recording.lookup`).
 """
 
 from __future__ import annotations
@@ -14,7 +18,6 @@ import json
 import logging
 import math
 import os
-import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -22,7 +25,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from kerneltune._src import keys
+from kerneltune._src import files, keys
 from kerneltune._src.recording import (
     Invocations,
     KernelRef,
@@ -30,7 +33,7 @@ from kerneltune._src.recording import (
     all_invocations,
     iter_records,
     kernel_ref,
-    resolve,
+    lookup,
 )
 
 logger = logging.getLogger("kerneltune")
@@ -91,11 +94,7 @@ def save_manifest(
         sort_keys=True,
         allow_nan=False,
     )
-    target = os.fspath(path)
-    tmp = f"{target}.tmp{os.getpid()}.{threading.get_ident()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, target)
+    files.write_atomic(path, text.encode())
     return len(docs)
 
 
@@ -106,13 +105,14 @@ def load_manifest(path: str | os.PathLike[str], *, dev: str | None = None) -> In
 
     Raises:
       OSError: the file cannot be read.
-      ValueError: it is not a kerneltune manifest, or a record is malformed.
+      ValueError: it is not a kerneltune manifest, a record is malformed, or the file
+        breaks the limits of `files.read_json` (size, depth, integer length, regular
+        files only).
     """
-    with open(os.fspath(path)) as f:
-        try:
-            doc = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{os.fspath(path)} is not JSON: {e}") from None
+    try:
+        doc = files.read_json(path)
+    except files.UnreadableFile as e:
+        raise ValueError(f"{os.fspath(path)}: {e}") from None
     if not isinstance(doc, dict) or doc.get("kind") != MANIFEST_KIND:
         raise ValueError(
             f"{os.fspath(path)} is not a kerneltune manifest (kind {MANIFEST_KIND!r})."
@@ -122,11 +122,14 @@ def load_manifest(path: str | os.PathLike[str], *, dev: str | None = None) -> In
             f"{os.fspath(path)} has manifest schema {doc.get('schema')!r}; this version reads "
             f"{MANIFEST_SCHEMA}."
         )
+    records = doc.get("records", [])
+    if not isinstance(records, list):
+        raise ValueError(f"{os.fspath(path)}: 'records' is not a list.")
     out: Invocations = {}
-    for i, raw in enumerate(doc.get("records", ())):
+    for i, raw in enumerate(records):
         try:
             record = _record_from_document(raw)
-        except (KeyError, TypeError, ValueError, ImportError) as e:
+        except (AttributeError, KeyError, LookupError, TypeError, ValueError) as e:
             raise ValueError(f"{os.fspath(path)}: record #{i} is malformed: {e}") from None
         if dev is None or record.device == dev:
             out.setdefault(record.op_id_v, {}).setdefault(record.call_key, record)
@@ -159,7 +162,11 @@ def _record_document(record: Record) -> dict[str, Any]:
 
 
 def _record_from_document(doc: Mapping[str, Any]) -> Record:
+    if not isinstance(doc, dict) or not isinstance(doc.get("kernel"), dict):
+        raise TypeError("a record must be an object with a 'kernel' object")
     kernel = doc["kernel"]
+    if not isinstance(kernel.get("target"), str):
+        raise TypeError("the kernel's 'target' is not a string")
     init = decode(kernel.get("init", {"__dict__": {}}))
     if not isinstance(init, dict):
         raise TypeError("the kernel's init is not an object")
@@ -175,12 +182,12 @@ def _record_from_document(doc: Mapping[str, Any]) -> Record:
         kwargs=kwargs,
         ref=KernelRef(str(kernel["target"]), init),
         signature=str(doc.get("signature", "")),
-        method=doc.get("method"),
+        method=_optional_str(doc.get("method")),
         mesh=decode(doc.get("mesh")),
         in_specs=decode(doc.get("in_specs")),
         out_specs=decode(doc.get("out_specs")),
         batch_axes=decode(doc.get("batch_axes")),
-        shardings=tuple(doc.get("shardings", ())),
+        shardings=tuple(str(s) for s in doc.get("shardings", ())),
     )
 
 
@@ -242,11 +249,12 @@ def encode(value: Any) -> Any:
             raise TypeError(f"only string keys can be written, got {sorted(map(repr, value))}")
         return {"__dict__": {k: encode(v) for k, v in value.items()}}
     if callable(value) and hasattr(value, "__qualname__"):
-        # Functions, classes and jitted functions, by name, if the name leads back here.
+        # Functions, classes and jitted functions, by name, if the name leads back here
+        # (from a module that a reader trusts: see `recording.lookup`).
         name = _name_of(value)
         try:
-            same = resolve(name) is value
-        except ImportError:
+            same = lookup(name) is value
+        except LookupError:
             same = False
         if not same:
             raise TypeError(f"{value!r:.60} cannot be imported by name by another process")
@@ -287,15 +295,24 @@ def decode(data: Any) -> Any:
             tuple(int(s) for s in data["sizes"]), tuple(data["__mesh__"])
         )
     if "__enum__" in data:
-        return resolve(data["__enum__"])[data["name"]]
+        cls = lookup(str(data["__enum__"]))
+        if not (isinstance(cls, type) and issubclass(cls, enum.Enum)):
+            raise TypeError(f"{data['__enum__']} is not an enum")
+        return cls[str(data["name"])]
     if "__dataclass__" in data:
-        cls = resolve(data["__dataclass__"])
+        cls = lookup(str(data["__dataclass__"]))
         if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
             raise TypeError(f"{data['__dataclass__']} is not a dataclass")
-        return cls(**{k: decode(v) for k, v in data["fields"].items()})
+        return cls(**{str(k): decode(v) for k, v in dict(data["fields"]).items()})
     if "__ref__" in data:
-        return resolve(data["__ref__"])
+        return lookup(str(data["__ref__"]))
     raise TypeError(f"unknown tagged value {sorted(data)} in a manifest")
+
+
+def _optional_str(value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"expected a string or null, got {value!r:.60}")
+    return value
 
 
 def _as_dtype(value: Any) -> np.dtype[Any] | None:

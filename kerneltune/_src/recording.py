@@ -8,17 +8,18 @@ holds a live device array or a tracer, so recording under `jit` keeps nothing al
 The registry is `{device: {op_id_v: {call_key: Record}}}`, guarded by a lock; a key is
 recorded once. A manifest is the registry as JSON: kernels are referenced by an
 importable `"module:qualname"` plus their constructor's keyword arguments, so another
-process (or machine) can rebuild them and tune (`kerneltune tune MANIFEST`). Loading a
-manifest imports the modules it names, like any code reference: load only manifests
-you trust.
+process (or machine) can rebuild them and tune (`kerneltune tune MANIFEST`). A manifest
+is data: the names in it are looked up among the kernel classes defined in the reading
+process (kernels register when their class is defined) and in modules it has already
+imported and trusts; nothing named in a file is imported or called.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import logging
+import sys
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -26,7 +27,7 @@ from typing import Any
 import jax
 
 from kerneltune._src import devices, keys, options, scope
-from kerneltune._src.kernel import Invocation, Kernel
+from kerneltune._src.kernel import Invocation, Kernel, find_kernel_class, registered_kernels
 
 logger = logging.getLogger("kerneltune")
 
@@ -38,49 +39,71 @@ Invocations = dict[str, dict[str, "Record"]]  # {op_id_v: {call_key: record}}
 
 @dataclasses.dataclass(frozen=True)
 class KernelRef:
-    """How another process rebuilds a kernel: `target` names a `Kernel` subclass (called
-    with `init` as keyword arguments), a factory function (likewise), or a module-level
-    kernel instance, as `"module:qualname"`."""
+    """How another process rebuilds a kernel: `target` names a `Kernel` subclass as
+    `"module:qualname"` (found among the classes defined in that process, never
+    imported), called with `init` as keyword arguments."""
 
     target: str
     init: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
-    def build(self) -> Kernel[Any, Any]:
-        """Imports the target and builds the kernel.
+    def build(self, op_id_v: str | None = None) -> Kernel[Any, Any]:
+        """Builds the kernel from the class registered as `target` (or, failing that,
+        the one registered for `op_id_v`), with `init` as keyword arguments. Nothing
+        is imported: the class must already be defined in this process.
 
         Raises:
-          ImportError: the module or the name cannot be found.
-          TypeError: the target is not a kernel, a kernel class or a kernel factory.
+          LookupError: no such kernel class is defined in this process.
+          TypeError: the class does not take these arguments.
         """
-        obj = resolve(self.target)
-        if isinstance(obj, Kernel):
-            if self.init:
-                raise TypeError(
-                    f"{self.target} is a kernel instance; it takes no constructor "
-                    f"arguments, but the manifest gives {dict(self.init)}."
-                )
-            return obj
-        if not callable(obj):
-            raise TypeError(f"{self.target} is a {type(obj).__qualname__}, not a kernel.")
-        kernel = obj(**dict(self.init))
-        if not isinstance(kernel, Kernel):
-            raise TypeError(
-                f"{self.target}(**{dict(self.init)}) returned a {type(kernel).__qualname__}, not a kernel."
-            )
-        return kernel
+        cls = find_kernel_class(self.target, op_id_v)
+        try:
+            return cls(**dict(self.init))
+        except TypeError as e:
+            raise TypeError(f"{self.target}(**{dict(self.init)}) failed: {e}") from None
 
 
-def resolve(target: str) -> Any:
-    """The object named by `"module:qualname"`."""
+# Modules whose functions, enums and dataclasses a manifest may name (as static
+# arguments): JAX's and NumPy's, those of registered kernels, and those the user named
+# (`kerneltune tune --import MODULE`). Only modules already imported are looked in.
+_TRUSTED_ROOTS = ("jax", "jaxlib", "numpy", "ml_dtypes")
+_trusted_modules: set[str] = set()
+
+
+def trust_module(name: str) -> None:
+    """Lets manifests name values of module `name` (which the user imported)."""
+    _trusted_modules.add(name)
+
+
+def _trusted(module: str) -> bool:
+    if module.split(".", 1)[0] in _TRUSTED_ROOTS or module in _trusted_modules:
+        return True
+    return any(c.__module__ == module for c in registered_kernels().values())
+
+
+def lookup(target: str) -> Any:
+    """The object named `"module:qualname"` in an already imported, trusted module
+    (see `trust_module`). Nothing is imported and nothing is called.
+
+    Raises:
+      LookupError: the module is not imported or not trusted, or has no such name.
+    """
     module_name, sep, qualname = target.partition(":")
     if not sep or not module_name or not qualname:
-        raise ImportError(f"expected 'module:qualname', got {target!r}.")
-    obj: Any = importlib.import_module(module_name)
+        raise LookupError(f"expected 'module:qualname', got {target!r}.")
+    module = sys.modules.get(module_name)
+    if module is None or not _trusted(module_name):
+        raise LookupError(
+            f"{target!r} names a module that is not imported or not trusted; values in a "
+            "manifest may come only from JAX, NumPy, the modules of registered kernels, "
+            f"and modules imported on the command line (--import {module_name})."
+        )
+    obj: Any = module
     for part in qualname.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ImportError(f"module {module_name!r} has no attribute {qualname!r}.") from None
+        # The instance dictionary only: no properties, no module __getattr__ run.
+        space = vars(obj) if hasattr(obj, "__dict__") else {}
+        if part.startswith("__") or part not in space:
+            raise LookupError(f"module {module_name!r} has no attribute {qualname!r}.")
+        obj = space[part]
     return obj
 
 
@@ -155,17 +178,18 @@ class Record:
         """The kernel: the recorded instance, else rebuilt from `ref`.
 
         Raises:
-          ImportError, TypeError: it cannot be rebuilt.
+          LookupError, TypeError: it cannot be rebuilt (its class is not defined in
+            this process, or does not take the recorded arguments).
           ValueError: the rebuilt kernel has another op id or version (its code changed
             since the call was recorded: its configs must be tuned anew).
         """
         if self.kernel is not None:
             return self.kernel
         if self.ref is None:
-            raise ImportError(
+            raise LookupError(
                 f"{self.op_id_v}: the record has no kernel reference to rebuild it from."
             )
-        kernel = self.ref.build()
+        kernel = self.ref.build(self.op_id_v)
         if kernel.op_id_v != self.op_id_v:
             raise ValueError(
                 f"{self.ref.target} builds {kernel.op_id_v}, but the record is for "
