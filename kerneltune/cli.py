@@ -18,9 +18,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-
-class CommandError(Exception):
-    """A failure to report as `kerneltune: error: <message>` with exit status 1."""
+# Defined below the command modules, which raise it, so that they never import this one.
+from kerneltune._src.command_error import CommandError as CommandError
 
 
 @dataclasses.dataclass(frozen=True)

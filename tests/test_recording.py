@@ -169,7 +169,7 @@ def test_bad_manifests_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="not a kerneltune manifest"):
         manifest.load_manifest(path)
     path.write_text("not json")
-    with pytest.raises(ValueError, match="not JSON"):
+    with pytest.raises(ValueError, match="not valid JSON"):
         manifest.load_manifest(path)
 
 

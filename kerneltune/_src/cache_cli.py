@@ -14,8 +14,8 @@ from typing import Any
 
 from kerneltune._src import options
 from kerneltune._src.cache_entry import CacheEntry, op_matches, runtime_versions
+from kerneltune._src.command_error import CommandError
 from kerneltune._src.persistent import PersistentCache, default_cache_dir
-from kerneltune.cli import CommandError
 
 
 def _open(args: argparse.Namespace) -> PersistentCache[Any]:

@@ -11,14 +11,17 @@ import dataclasses
 import functools
 import hashlib
 import json
+import logging
 import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
 from kerneltune._src import storage
-from kerneltune._src.keys import config_to_dict
+from kerneltune._src.configs import config_from_dict, config_to_dict
 from kerneltune._src.tuning.report import TuningReport
 from kerneltune._src.version import __version__
+
+logger = logging.getLogger("kerneltune")
 
 Provenance = Literal["autotuned", "imported", "shipped"]
 
@@ -239,3 +242,26 @@ def relpath_of_document(doc: Any) -> str | None:
     if not (isinstance(dev, str) and isinstance(op_id, str) and isinstance(call_key, str)):
         return None
     return entry_relpath(dev, op_id, call_key)
+
+
+def round_trips(cfg: Any, fields: dict[str, Any], op_id: str) -> bool:
+    """True when `cfg` comes back equal from JSON; else False, with a warning."""
+    try:
+        text = json.dumps(fields, allow_nan=False)
+        if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+            ok = config_from_dict(json.loads(text), type(cfg)) == cfg
+        else:
+            ok = json.loads(text) == fields
+        why = "it comes back different"
+    except Exception as e:
+        ok, why = False, f"{type(e).__name__}: {e}"
+    if not ok:
+        logger.warning(
+            "Not persisting the config %r of %s: it does not survive a JSON round trip "
+            "(%s). Config fields should be numbers, strings, bools, None, tuples, enums "
+            "or nested dataclasses.",
+            cfg,
+            op_id,
+            why,
+        )
+    return ok

@@ -154,23 +154,16 @@ def registered_kernels() -> dict[str, type[Kernel[Any, Any]]]:
     return dict(_registry)
 
 
-def find_kernel_class(target: str, op_id_v: str | None = None) -> type[Kernel[Any, Any]]:
-    """The registered kernel class named `target` ("module:qualname"), else the one
-    whose op id and version make `op_id_v`.
+def find_kernel_class(target: str) -> type[Kernel[Any, Any]]:
+    """The kernel class registered as `target` ("module:qualname").
 
     Raises:
-      LookupError: no class defined in this process matches; the message says to import
-        the module that defines it (`kerneltune tune --import MODULE`).
+      LookupError: no class defined in this process has that name; the message says
+        to import the module that defines it (`kerneltune tune --import MODULE`).
     """
     cls = _registry.get(target)
     if cls is not None:
         return cls
-    if op_id_v is not None:
-        matches = [
-            c for c in _registry.values() if f"{c.op_id or c.__name__}@v{c.version}" == op_id_v
-        ]
-        if len(matches) == 1:
-            return matches[0]
     module = target.partition(":")[0] or "the module that defines it"
     raise LookupError(
         f"no kernel class {target!r} is defined in this process. Kernels are never "

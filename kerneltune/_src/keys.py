@@ -27,7 +27,6 @@ from kerneltune._src.configs import config_to_dict as config_to_dict
 from kerneltune._src.configs import from_json as from_json
 from kerneltune._src.configs import to_json as to_json
 
-
 CALL_KEY_HEX_CHARS = 32
 
 

@@ -191,6 +191,9 @@ def _entry_from_report(record: Record, decision: Decision) -> Entry:
         best_time_s=fields.get("best_time_s"),
         heuristic_time_s=fields.get("heuristic_time_s"),
         created=time.time(),
+        heuristic_cfg=fields.get("heuristic_cfg"),
+        strategy=fields.get("strategy"),
+        wall_s=fields.get("wall_s"),
     )
 
 
@@ -227,6 +230,9 @@ def _entry_from_caches(
         best_time_s=stored.best_time_s,
         heuristic_time_s=stored.heuristic_time_s,
         created=stored.created,
+        heuristic_cfg=stored.heuristic_cfg,
+        strategy=stored.strategy,
+        wall_s=stored.wall_s,
     )
 
 

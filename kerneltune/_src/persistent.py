@@ -10,7 +10,6 @@ that type is skipped with one warning and the key is retuned.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -19,7 +18,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic
 
-from kerneltune._src import cache_entry, options, storage
+from kerneltune._src import cache_entry, cache_sharing, files, options, storage
 from kerneltune._src.cache_entry import (
     PROVENANCES,
     BadEntry,
@@ -27,22 +26,20 @@ from kerneltune._src.cache_entry import (
     Provenance,
     entry_from_document,
     entry_relpath,
-    op_matches,
     runtime_versions,
 )
 from kerneltune._src.kernel_types import Cfg
 from kerneltune._src.keys import config_from_dict, config_to_dict
+from kerneltune._src.storage import default_cache_dir as default_cache_dir
 from kerneltune._src.tuning.report import TuningReport
 
 logger = logging.getLogger("kerneltune")
 
 
-_ENTRIES_DIR = "configs"
-_TEMP_MAX_AGE_S = 3600.0
 _now = time.time  # tests patch it to control which entry is newer
 
 
-class PersistentCache(Generic[Cfg]):
+class PersistentCache(cache_sharing.CacheSharing, Generic[Cfg]):
     """Tuned configs on disk or behind a URL, shared by processes, hosts and runs.
 
     Args:
@@ -74,10 +71,12 @@ class PersistentCache(Generic[Cfg]):
         self,
         path: str | os.PathLike[str] | None = None,
         *,
-        readonly: Sequence[str | os.PathLike[str]] = (),
+        readonly: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] = (),
         fsync: bool = True,
     ):
-        layers = [os.fspath(p) for p in readonly]
+        # One location is one layer (a string is not a list of one-letter layers).
+        one = isinstance(readonly, (str, os.PathLike))
+        layers = [os.fspath(readonly)] if one else [os.fspath(p) for p in readonly]
         if path is None:
             configured = options.get("cache_dir")
             if configured is None:
@@ -85,30 +84,37 @@ class PersistentCache(Generic[Cfg]):
                     "the persistent cache is off (KERNELTUNE_CACHE_DIR=off); pass a path, "
                     "or use default_persistent_cache(), which returns None when it is off."
                 )
-            path = configured or default_cache_dir()
+            path = configured or storage.default_cache_dir()
             layers += options.get("cache_readonly")
         self.location = os.fspath(path)
-        self._store = storage.open_store(_join(self.location, _ENTRIES_DIR), fsync=fsync)
+        self._store = storage.open_store(
+            storage.join(self.location, storage.ENTRIES_DIR), fsync=fsync
+        )
         self._layers: list[storage.Store] = [self._store]
         for layer in layers:
             try:
-                self._layers.append(_open_readonly(layer))
+                self._layers.append(storage.open_readonly(layer, cache_entry.relpath_of_document))
             except ValueError as e:
                 logger.warning("Skipping the read-only kerneltune cache %s: %s", layer, e)
         self.readonly_locations = tuple(layers)
         self._lock = threading.Lock()
         self._warned: set[tuple[str, str]] = set()
-        # Set after a write failed: this process's new entries, kept in memory only.
-        self._memory: dict[str, bytes] | None = None
+        # Entries whose write failed, kept for this process (a lookup sees them first).
+        # Each write is tried on its own: one unwritable path does not turn the rest off.
+        self._unwritten: dict[str, bytes] = {}
+        self._write_failed = False
 
     def __repr__(self) -> str:
         extra = f", readonly={list(self.readonly_locations)}" if self.readonly_locations else ""
         return f"PersistentCache({self.location!r}{extra})"
 
+    def _time(self) -> float:
+        return _now()
+
     @property
     def memory_only(self) -> bool:
-        """True after a write failed: new entries are kept in this process only."""
-        return self._memory is not None
+        """True when some entries could not be written and live in this process only."""
+        return bool(self._unwritten)
 
     # --- lookups ------------------------------------------------------------------
 
@@ -148,22 +154,43 @@ class PersistentCache(Generic[Cfg]):
     ) -> tuple[CacheEntry, Any] | None:
         rel = entry_relpath(dev, op_id, call_key)
         for layer, data in self._lookup(rel):
-            entry = self._decode(layer, rel, data)
-            if entry is None:
-                continue
-            if entry.key != (dev, op_id, call_key):
-                self._warn(layer.full_path(rel), f"it holds another key, {entry.key}")
-                continue
-            if cfg_type is None:
-                return entry, dict(entry.cfg)
-            cfg = self._build(entry, cfg_type)
-            if cfg is not None:
-                return entry, cfg
+            found = self._usable(layer, rel, data, (dev, op_id, call_key), cfg_type)
+            if found is not None:
+                return found
         return None
 
+    def _find_in(
+        self, layer: storage.Store, dev: str, op_id: str, call_key: str, cfg_type: type | None
+    ) -> tuple[CacheEntry, Any] | None:
+        rel = entry_relpath(dev, op_id, call_key)
+        data = self._read(layer, rel)
+        return (
+            None
+            if data is None
+            else self._usable(layer, rel, data, (dev, op_id, call_key), cfg_type)
+        )
+
+    def _usable(
+        self,
+        layer: storage.Store,
+        rel: str,
+        data: bytes,
+        key: tuple[str, str, str],
+        cfg_type: type | None,
+    ) -> tuple[CacheEntry, Any] | None:
+        entry = self._decode(layer, rel, data)
+        if entry is None:
+            return None
+        if entry.key != key:
+            self._warn(layer.full_path(rel), f"it holds another key, {entry.key}")
+            return None
+        if cfg_type is None:
+            return entry, dict(entry.cfg)
+        cfg = self._build(entry, cfg_type)
+        return None if cfg is None else (entry, cfg)
+
     def _lookup(self, rel: str) -> Iterator[tuple[storage.Store, bytes]]:
-        memory = self._memory
-        data = None if memory is None else memory.get(rel)
+        data = self._unwritten.get(rel)
         if data is not None:
             yield self._store, data
         for layer in self._layers:
@@ -172,9 +199,8 @@ class PersistentCache(Generic[Cfg]):
                 yield layer, data
 
     def _read(self, layer: storage.Store, rel: str) -> bytes | None:
-        memory = self._memory
-        if layer is self._store and memory is not None and rel in memory:
-            return memory.get(rel)
+        if layer is self._store and rel in self._unwritten:
+            return self._unwritten.get(rel)
         try:
             return layer.read(rel)
         except Exception as e:  # a broken layer is a miss, never a crash.
@@ -184,14 +210,9 @@ class PersistentCache(Generic[Cfg]):
     def _decode(self, layer: storage.Store, rel: str, data: bytes) -> CacheEntry | None:
         path = layer.full_path(rel)
         try:
-            if not data.strip():
-                raise BadEntry("the file is empty")
-            try:
-                doc = json.loads(data)
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise BadEntry(f"it is not valid JSON ({e})") from None
+            doc = files.loads(data, max_bytes=files.MAX_ENTRY_BYTES)
             return entry_from_document(doc, path)
-        except BadEntry as e:
+        except (BadEntry, files.UnreadableFile) as e:
             self._warn(path, str(e))
             return None
 
@@ -235,11 +256,9 @@ class PersistentCache(Generic[Cfg]):
                 yield entry
 
     def _walk(self, layers: Iterable[storage.Store]) -> Iterator[tuple[storage.Store, str]]:
-        memory = self._memory
-        if memory is not None:
-            with self._lock:
-                in_memory = sorted(memory)
-            yield from ((self._store, rel) for rel in in_memory)
+        with self._lock:
+            unwritten = sorted(self._unwritten)
+        yield from ((self._store, rel) for rel in unwritten)
         for layer in layers:
             try:
                 yield from ((layer, rel) for rel in layer.walk())
@@ -258,7 +277,8 @@ class PersistentCache(Generic[Cfg]):
         report: TuningReport | None = None,
         provenance: Provenance = "autotuned",
         signature: str | None = None,
-    ) -> None:
+        exclusive: bool = False,
+    ) -> Any:
         """Stores a tuned config, atomically.
 
         Args:
@@ -269,14 +289,21 @@ class PersistentCache(Generic[Cfg]):
           report: the tuning report; every candidate's timings and errors are kept.
           provenance: "autotuned", "imported" or "shipped".
           signature: a readable description of the call, shown by `kerneltune cache ls`.
+          exclusive: publish only when the writable layer holds no valid entry for the
+            key yet. Processes that missed the same key and tuned it at once then agree
+            on the first one's config: the one returned.
+
+        Returns:
+          The config now stored for the key: `cfg`, or with `exclusive` the valid entry
+          another process published first (as `cfg`'s type, or a dict of fields).
 
         Raises:
           ValueError: `provenance` is not one of the allowed values.
           TypeError: `cfg` is not a dataclass instance or a mapping.
 
         A config that would not come back equal from JSON is not stored (with a
-        warning). When the location cannot be written, the cache keeps this process's
-        entries in memory and says so once.
+        warning). When an entry cannot be written, it is kept in memory for this
+        process (with a warning) and later writes are still tried.
         """
         if provenance not in PROVENANCES:
             raise ValueError(
@@ -284,8 +311,8 @@ class PersistentCache(Generic[Cfg]):
                 "(heuristic configs are never stored as tuned)."
             )
         fields = config_to_dict(cfg)
-        if not _round_trips(cfg, fields, op_id):
-            return
+        if not cache_entry.round_trips(cfg, fields, op_id):
+            return cfg
         entry = CacheEntry(
             dev=dev,
             op_id=op_id,
@@ -298,31 +325,41 @@ class PersistentCache(Generic[Cfg]):
             cfg_type=None if isinstance(cfg, Mapping) else cache_entry.type_name(cfg),
             **cache_entry.report_fields(report),
         )
+        if exclusive:
+            if self._write(entry, exclusive=True):
+                return cfg
+            cfg_type = None if isinstance(cfg, Mapping) else type(cfg)
+            found = self._find_in(self._store, dev, op_id, call_key, cfg_type)
+            if found is not None:
+                return found[1]
+            # The entry there is unusable (corrupt, or does not fit the type): replace it.
         self._write(entry)
+        return cfg
 
-    def _write(self, entry: CacheEntry) -> None:
+    def _write(self, entry: CacheEntry, *, exclusive: bool = False) -> bool:
         rel = entry_relpath(entry.dev, entry.op_id, entry.call_key)
         data = json.dumps(entry.to_document(), sort_keys=True, allow_nan=False).encode()
-        if self._memory is None:
-            try:
-                self._store.write(rel, data)
-                return
-            except Exception as e:  # any backend error: degrade, never crash.
-                with self._lock:
-                    first = self._memory is None
-                    if first:
-                        self._memory = {}
-                if first:
-                    logger.warning(
-                        "Cannot write to the kerneltune cache at %s (%s: %s); tuned configs "
-                        "are kept in memory for this process only.",
-                        self._store.location,
-                        type(e).__name__,
-                        e,
-                    )
-        with self._lock:
-            assert self._memory is not None
-            self._memory[rel] = data
+        try:
+            written = self._store.write(rel, data, exclusive=exclusive)
+        except Exception as e:  # any backend error: degrade for this entry, never crash.
+            with self._lock:
+                self._unwritten[rel] = data
+                first = not self._write_failed
+                self._write_failed = True
+            # Once per cache: a location that is not writable at all would say it for
+            # every entry. Later writes are still tried, one by one.
+            (logger.warning if first else logger.debug)(
+                "Cannot write to the kerneltune cache at %s (%s: %s); such entries are "
+                "kept in memory for this process only.",
+                self._store.full_path(rel),
+                type(e).__name__,
+                e,
+            )
+            return True
+        if written:
+            with self._lock:
+                self._unwritten.pop(rel, None)
+        return written
 
     def delete(self, dev: str, op_id: str, call_key: str) -> bool:
         """Removes one entry from the writable layer; False when it was not there."""
@@ -330,171 +367,13 @@ class PersistentCache(Generic[Cfg]):
 
     def _delete(self, rel: str) -> int:
         with self._lock:
-            in_memory = self._memory is not None and self._memory.pop(rel, None) is not None
+            in_memory = self._unwritten.pop(rel, None) is not None
         try:
             on_disk = self._store.delete(rel)
         except Exception as e:
             logger.warning("Cannot delete %s: %s", self._store.full_path(rel), e)
             on_disk = False
         return int(in_memory or on_disk)
-
-    def clear(self, op_id: str | None = None) -> int:
-        """Removes every entry of the writable layer, or those of one op ("matmul" or
-        "matmul@v1"); returns how many. Read-only layers are never touched."""
-        if op_id is None:
-            rels = {rel for _, rel in self._walk([self._store])}
-            self._store.remove_temporaries(older_than_s=_TEMP_MAX_AGE_S)
-        else:
-            rels = {entry_relpath(*e.key) for e in self.entries() if op_matches(e.op_id, op_id)}
-        return sum(self._delete(rel) for rel in sorted(rels))
-
-    def prune(
-        self,
-        older_than_days: float | None = None,
-        other_versions: bool = False,
-        *,
-        temp_older_than_s: float = _TEMP_MAX_AGE_S,
-    ) -> int:
-        """Removes stale entries from the writable layer; returns how many.
-
-        Args:
-          older_than_days: remove entries written more than this many days ago.
-          other_versions: remove entries written by another kerneltune, jax or jaxlib
-            version, and entries this version cannot read (other schemas, corrupt).
-          temp_older_than_s: temporary files left behind by killed writers are removed
-            once they are this old (they are not counted).
-        """
-        cutoff = None if older_than_days is None else _now() - older_than_days * 86400.0
-        current = runtime_versions()
-        removed = 0
-        for layer, rel in list(self._walk([self._store])):
-            data = self._read(layer, rel)
-            if data is None:
-                continue
-            entry = self._decode(layer, rel, data)
-            if entry is None:
-                stale = other_versions
-            else:
-                too_old = cutoff is not None and entry.created < cutoff
-                stale = too_old or (other_versions and entry.versions != current)
-            if stale:
-                removed += self._delete(rel)
-        self._store.remove_temporaries(older_than_s=temp_older_than_s)
-        return removed
-
-    # --- sharing ------------------------------------------------------------------
-
-    def export(self, file: str | os.PathLike[str], *, readonly_layers: bool = False) -> int:
-        """Writes every entry to one JSON file (a path or a URL); returns how many.
-
-        The file can be imported (`import_`), merged, or used as a read-only layer.
-        """
-        docs = [e.to_document() for e in self.entries(readonly_layers=readonly_layers)]
-        docs.sort(key=lambda d: (d["op_id"], d["dev"], d["call_key"]))
-        storage.write_export_file(os.fspath(file), docs, exported=_now())
-        return len(docs)
-
-    def import_(self, file: str | os.PathLike[str], *, provenance: Provenance = "imported") -> int:
-        """Adds the entries of an export file, marked with `provenance`. Where this
-        cache already holds a newer entry for a key, that one is kept. Returns how many
-        entries were written.
-
-        Raises:
-          OSError: the file cannot be read.
-          ValueError: it is not a kerneltune export, or `provenance` is not allowed.
-        """
-        if provenance not in PROVENANCES:
-            raise ValueError(f"provenance must be one of {list(PROVENANCES)}, got {provenance!r}.")
-        entries = self._entries_of_file(os.fspath(file))
-        return sum(
-            self._add_if_newer(dataclasses.replace(e, provenance=provenance)) for e in entries
-        )
-
-    def merge(self, *sources: str | os.PathLike[str] | PersistentCache[Any]) -> int:
-        """Adds the entries of other caches: directories, URLs, export files (`*.json`)
-        or `PersistentCache`s. On a conflict the newer entry wins. Returns how many
-        entries were written.
-
-        Raises:
-          OSError: an export file cannot be read, or a local directory does not exist.
-          ValueError: a `*.json` source is not a kerneltune export.
-        """
-        written = 0
-        for source in sources:
-            if isinstance(source, PersistentCache):
-                entries: Iterable[CacheEntry] = source.entries()
-            elif os.fspath(source).endswith(storage.ENTRY_SUFFIX):
-                entries = self._entries_of_file(os.fspath(source))
-            elif "://" not in os.fspath(source) and not os.path.isdir(source):
-                raise FileNotFoundError(f"no cache directory at {os.fspath(source)!r}")
-            else:
-                entries = PersistentCache(source).entries()
-            written += sum(self._add_if_newer(e) for e in entries)
-        return written
-
-    def _entries_of_file(self, location: str) -> list[CacheEntry]:
-        entries = []
-        for i, doc in enumerate(storage.read_export_file(location)):
-            try:
-                entries.append(entry_from_document(doc, f"{location}#{i}"))
-            except BadEntry as e:
-                self._warn(f"{location}#{i}", str(e))
-        return entries
-
-    def _add_if_newer(self, entry: CacheEntry) -> int:
-        rel = entry_relpath(*entry.key)
-        data = self._read(self._store, rel)
-        current = None if data is None else self._decode(self._store, rel, data)
-        if current is not None and current.created >= entry.created:
-            return 0
-        self._write(entry)
-        return 1
-
-
-def _round_trips(cfg: Any, fields: dict[str, Any], op_id: str) -> bool:
-    try:
-        text = json.dumps(fields, allow_nan=False)
-        if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
-            ok = config_from_dict(json.loads(text), type(cfg)) == cfg
-        else:
-            ok = json.loads(text) == fields
-        why = "it comes back different"
-    except Exception as e:
-        ok, why = False, f"{type(e).__name__}: {e}"
-    if not ok:
-        logger.warning(
-            "Not persisting the config %r of %s: it does not survive a JSON round trip "
-            "(%s). Config fields should be numbers, strings, bools, None, tuples, enums "
-            "or nested dataclasses.",
-            cfg,
-            op_id,
-            why,
-        )
-    return ok
-
-
-def _join(location: str, name: str) -> str:
-    if "://" in location:
-        return location.rstrip("/") + "/" + name
-    return os.path.join(os.path.expanduser(location), name)
-
-
-def _open_readonly(location: str) -> storage.Store:
-    if location.endswith(storage.ENTRY_SUFFIX):
-        return storage.BundleStore(location, cache_entry.relpath_of_document)
-    return storage.open_store(_join(location, _ENTRIES_DIR))
-
-
-def default_cache_dir() -> str:
-    """The user cache directory used when `KERNELTUNE_CACHE_DIR` is unset."""
-    try:
-        import platformdirs
-    except ImportError:
-        # Minimal environments (e.g. a GPU image with its own site-packages): the XDG
-        # location that platformdirs would give on Linux.
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        return os.path.join(base, "kerneltune")
-    return platformdirs.user_cache_dir("kerneltune", appauthor=False)
 
 
 _defaults: dict[tuple[str, tuple[str, ...]], PersistentCache[Any]] = {}
@@ -509,7 +388,7 @@ def default_persistent_cache() -> PersistentCache[Any] | None:
     configured = options.get("cache_dir")
     if configured is None:
         return None
-    key = (configured or default_cache_dir(), tuple(options.get("cache_readonly")))
+    key = (configured or storage.default_cache_dir(), tuple(options.get("cache_readonly")))
     with _defaults_lock:
         cache = _defaults.get(key)
         if cache is None:

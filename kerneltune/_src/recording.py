@@ -46,16 +46,16 @@ class KernelRef:
     target: str
     init: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
-    def build(self, op_id_v: str | None = None) -> Kernel[Any, Any]:
-        """Builds the kernel from the class registered as `target` (or, failing that,
-        the one registered for `op_id_v`), with `init` as keyword arguments. Nothing
-        is imported: the class must already be defined in this process.
+    def build(self) -> Kernel[Any, Any]:
+        """Builds the kernel from the class registered as `target`, with `init` as
+        keyword arguments. Nothing is imported: the class must already be defined in
+        this process.
 
         Raises:
           LookupError: no such kernel class is defined in this process.
           TypeError: the class does not take these arguments.
         """
-        cls = find_kernel_class(self.target, op_id_v)
+        cls = find_kernel_class(self.target)
         try:
             return cls(**dict(self.init))
         except TypeError as e:
@@ -189,7 +189,7 @@ class Record:
             raise LookupError(
                 f"{self.op_id_v}: the record has no kernel reference to rebuild it from."
             )
-        kernel = self.ref.build(self.op_id_v)
+        kernel = self.ref.build()
         if kernel.op_id_v != self.op_id_v:
             raise ValueError(
                 f"{self.ref.target} builds {kernel.op_id_v}, but the record is for "

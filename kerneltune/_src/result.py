@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from kerneltune._src import keys
+from kerneltune._src import files, keys
 from kerneltune._src.cache import overlay_cache
 
 
@@ -34,6 +34,10 @@ class Entry:
       best_time_s: the winner's time.
       heuristic_time_s: the heuristic config's time, when it was measured.
       created: when it was tuned (Unix time); on import the newer entry wins.
+      heuristic_cfg: the config the winner was compared with (its fields), so that
+        reports of merged caches still show the heuristic bar.
+      strategy: the search strategy used.
+      wall_s: how long tuning took.
     """
 
     op_id_v: str
@@ -46,6 +50,9 @@ class Entry:
     best_time_s: float | None = None
     heuristic_time_s: float | None = None
     created: float = 0.0
+    heuristic_cfg: Any = None
+    strategy: str | None = None
+    wall_s: float | None = None
 
     @property
     def speedup(self) -> float | None:
@@ -158,6 +165,9 @@ class AutotuningResult:
             candidates=tuple(_plain(dict(t)) for t in e.timings),
             heuristic_time_s=e.heuristic_time_s,
             best_time_s=e.best_time_s,
+            heuristic_cfg=_plain(e.heuristic_cfg),
+            strategy=e.strategy,
+            wall_s=e.wall_s,
             created=e.created,
             versions=runtime_versions(),
             cfg_type=e.cfg_type or _type_name(e.cfg),
@@ -184,8 +194,8 @@ class AutotuningResult:
         from kerneltune._src.storage import EXPORT_KIND
 
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
+            data = files.loads(text)
+        except files.UnreadableFile as e:
             raise ValueError(f"not an AutotuningResult document: {e}") from None
         if (
             not isinstance(data, dict)
@@ -237,17 +247,16 @@ class AutotuningResult:
                     best_time_s=r.best_time_s,
                     heuristic_time_s=r.heuristic_time_s,
                     created=r.created,
+                    heuristic_cfg=r.heuristic_cfg,
+                    strategy=r.strategy,
+                    wall_s=r.wall_s,
                 )
             )
         return cls(device, tuple(entries))
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Writes `dumps()` to `path`, atomically."""
-        target = os.fspath(path)
-        tmp = f"{target}.tmp{os.getpid()}.{threading.get_ident()}"
-        with open(tmp, "w") as f:
-            f.write(self.dumps())
-        os.replace(tmp, target)
+        files.write_atomic(path, self.dumps().encode())
 
     @classmethod
     def load(
@@ -257,9 +266,18 @@ class AutotuningResult:
         *,
         device: str | None = None,
     ) -> AutotuningResult:
-        """Reads a file written by `save` (or `kerneltune cache export`); see `loads`."""
-        with open(path) as f:
-            return cls.loads(f.read(), cfg_types, device=device)
+        """Reads a file written by `save` (or `kerneltune cache export`); see `loads`.
+
+        Raises:
+          OSError: the file cannot be read.
+          ValueError: see `loads`; also a file that is not a regular file or breaks the
+            size limit of `files.read_bytes`.
+        """
+        try:
+            data = files.read_bytes(path)
+        except files.UnreadableFile as e:
+            raise ValueError(f"cannot read {os.fspath(path)}: {e}") from None
+        return cls.loads(data.decode("utf-8", "replace"), cfg_types, device=device)
 
 
 def _type_name(cfg: Any) -> str:

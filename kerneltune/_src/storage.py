@@ -30,6 +30,7 @@ from kerneltune._src import files
 logger = logging.getLogger("kerneltune")
 
 ENTRY_SUFFIX = ".json"
+ENTRIES_DIR = "configs"  # entries live under <cache location>/configs/
 
 # Protocols whose writes are whole-object uploads: a reader never sees a partial object.
 _OBJECT_STORE_PROTOCOLS = frozenset(
@@ -136,7 +137,10 @@ class LocalStore:
             try:
                 # A temporary of a writer that died on this host is removed at once;
                 # others (other hosts, live writers) once they are old.
-                if files.writer_is_dead(rel.rpartition("/")[2]) or os.lstat(path).st_mtime <= cutoff:
+                if (
+                    files.writer_is_dead(rel.rpartition("/")[2])
+                    or os.lstat(path).st_mtime <= cutoff
+                ):
                     os.unlink(path)
                     removed += 1
             except FileNotFoundError:
@@ -339,3 +343,29 @@ def open_store(location: str, *, fsync: bool = True) -> Store:
     if _is_local(fs):
         return LocalStore(root, fsync=fsync)
     return FsspecStore(fs, root, location)
+
+
+def join(location: str, name: str) -> str:
+    """`location/name` for a path or a URL."""
+    if "://" in location:
+        return location.rstrip("/") + "/" + name
+    return os.path.join(os.path.expanduser(location), name)
+
+
+def open_readonly(location: str, relpath_of: Callable[[dict[str, Any]], str | None]) -> Store:
+    """A read-only layer: an export file (`*.json`), or a cache's entry directory."""
+    if location.endswith(ENTRY_SUFFIX):
+        return BundleStore(location, relpath_of)
+    return open_store(join(location, ENTRIES_DIR))
+
+
+def default_cache_dir() -> str:
+    """The user cache directory used when `KERNELTUNE_CACHE_DIR` is unset."""
+    try:
+        import platformdirs
+    except ImportError:
+        # Minimal environments (e.g. a GPU image with its own site-packages): the XDG
+        # location that platformdirs would give on Linux.
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return os.path.join(base, "kerneltune")
+    return platformdirs.user_cache_dir("kerneltune", appauthor=False)

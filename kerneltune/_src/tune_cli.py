@@ -1,4 +1,4 @@
-"""`kerneltune tune MANIFEST [--shard i/n] [--out FILE]`: tune a recorded manifest.
+"""`kerneltune tune MANIFEST [--shard i/n] [--out FILE] [--import MODULE]`: tune a manifest.
 
 The records are sorted by (op, call key) and dealt round-robin to `n` shards, so that
 `--shard 0/n` ... `--shard n-1/n` on n machines cover the manifest exactly once. Each
@@ -13,7 +13,10 @@ heavy imports happen when the command runs.
 from __future__ import annotations
 
 import argparse
+import importlib
 from typing import Any
+
+from kerneltune._src.command_error import CommandError
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -35,7 +38,24 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declares `kerneltune tune`'s arguments."""
+    parser.description = (
+        "Tune the calls recorded in a manifest. A manifest is data: it names kernels, "
+        "and kerneltune looks them up among the kernel classes defined in this process "
+        "(a Kernel subclass registers itself when its class is defined). Nothing named "
+        "inside the file is imported or called, also not with --dry-run: name the "
+        "modules that define your kernels with --import (kerneltune's bundled kernels "
+        "are always available)."
+    )
     parser.add_argument("manifest", help="a manifest written by kerneltune.save_manifest")
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first, so that the kernels it defines can be found (repeat "
+        "for several modules); manifests never name code to import",
+    )
     parser.add_argument(
         "--shard",
         type=parse_shard,
@@ -69,8 +89,8 @@ def run(args: argparse.Namespace) -> int:
     from kerneltune._src import manifest, offline, recording
     from kerneltune._src.cache_cli import format_time, print_table
     from kerneltune._src.cache_entry import op_matches
-    from kerneltune.cli import CommandError
 
+    _import_kernels(args.imports)
     try:
         loaded = manifest.load_manifest(args.manifest)
     except (OSError, ValueError) as e:
@@ -125,14 +145,28 @@ def run(args: argparse.Namespace) -> int:
     return 1 if counts["failed"] else 0
 
 
+def _import_kernels(modules: list[str]) -> None:
+    """Imports the bundled kernels and the modules the user named, and lets manifests
+    name values (enums, functions) from those modules."""
+    from kerneltune._src import recording
+
+    for name in ["kerneltune.kernels", *modules]:
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # the user's module: report it as one line
+            raise CommandError(f"--import {name}: {type(e).__name__}: {e}") from None
+        recording.trust_module(name)
+
+
 def _selector(args: argparse.Namespace) -> Any:
     from kerneltune._src import options
     from kerneltune._src.cache import ConfigCache
     from kerneltune._src.persistent import PersistentCache, default_persistent_cache
     from kerneltune._src.selection import AutotunePolicy, ConfigSelectorChain
-    from kerneltune.cli import CommandError
 
     cache_dir = getattr(args, "cache_dir", None)
+    if cache_dir == "":
+        raise CommandError("--cache-dir is empty; give a directory or a URL.")
     persistent: PersistentCache[Any] | None
     try:
         if cache_dir:
