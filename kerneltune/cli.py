@@ -111,7 +111,11 @@ def _prune_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--other-versions",
         action="store_true",
-        help="remove entries written by other kerneltune/jax/jaxlib versions, or unreadable",
+        help="remove entries written by other kerneltune/jax/jaxlib versions",
+    )
+    parser.description = (
+        "Remove stale entries. Entries that cannot be read, or whose config does not fit "
+        "its kernel's config type (for the kernels kerneltune ships), are always removed."
     )
 
 

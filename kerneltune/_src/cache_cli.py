@@ -15,10 +15,15 @@ from typing import Any
 from kerneltune._src import options
 from kerneltune._src.cache_entry import CacheEntry, op_matches, runtime_versions
 from kerneltune._src.command_error import CommandError
+from kerneltune._src.kernel import registered_kernels
 from kerneltune._src.persistent import PersistentCache, default_cache_dir
 
 
 def _open(args: argparse.Namespace) -> PersistentCache[Any]:
+    if args.cache_dir == "":
+        # An empty value must never fall back to the default cache (`clear` would
+        # empty the user's real cache).
+        raise CommandError("--cache-dir is empty; give a directory or a URL.")
     try:
         readonly = options.get("cache_readonly")
         if args.cache_dir:
@@ -38,6 +43,18 @@ def _entries(cache: PersistentCache[Any], op: str | None) -> list[CacheEntry]:
     ]
     found.sort(key=lambda e: (e.op_id, e.signature or "", e.dev, e.call_key))
     return found
+
+
+def _config_types() -> dict[str, type]:
+    """Config types by op id, of the kernels defined in this process (the bundled ones
+    always), so that `prune` can tell invalid entries."""
+    import kerneltune.kernels  # noqa: F401  (the bundled kernels register on import)
+
+    types: dict[str, type] = {}
+    for cls in registered_kernels().values():
+        if cls.config_type is not None:
+            types[f"{cls.op_id or cls.__name__}@v{cls.version}"] = cls.config_type
+    return types
 
 
 # --- formatting -----------------------------------------------------------------------
@@ -265,6 +282,11 @@ def clear(args: argparse.Namespace) -> int:
 
 def prune(args: argparse.Namespace) -> int:
     cache = _open(args)
-    n = cache.prune(older_than_days=args.older_than, other_versions=args.other_versions)
+    n = cache.prune(
+        older_than_days=args.older_than,
+        other_versions=args.other_versions,
+        invalid=True,
+        cfg_types=_config_types(),
+    )
     print(f"removed {n} entries from {cache.location}")
     return 0

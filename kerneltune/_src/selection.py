@@ -349,14 +349,19 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
                 misses.append(("autotune", "every candidate failed"))
                 return None
             cfg = report.best
+            if self.persistent is not None and self.persist_autotune:
+                try:
+                    # Create-exclusive: when another process published this key first,
+                    # its config is adopted, so that every process uses the same one.
+                    stored = self.persistent.put(
+                        *key, cfg, report=report, signature=inv.signature, exclusive=True
+                    )
+                    cfg = cfg if stored is None else stored
+                except Exception as e:
+                    logger.warning("could not write %s to the persistent cache: %s", key, e)
             self._tuned[key] = cfg
             self._reports[key] = report
             self.cache.put(*key, cfg)
-            if self.persistent is not None and self.persist_autotune:
-                try:
-                    self.persistent.put(*key, cfg, report=report, signature=inv.signature)
-                except Exception as e:
-                    logger.warning("could not write %s to the persistent cache: %s", key, e)
             decision.tier, decision.cfg, decision.report = "autotune", cfg, report
             return decision
 
