@@ -175,7 +175,7 @@ def _check_tuple(value: Any, args: tuple[Any, ...], where: str) -> tuple[Any, ..
 
 def _check_class(value: Any, hint: type, where: str) -> Any:
     if isinstance(value, hint) and not (hint is int and isinstance(value, bool)):
-        if hint is float and not math.isfinite(value):
+        if isinstance(value, float) and not math.isfinite(value):
             raise _wrong(value, where, "a finite number")
         return value
     if issubclass(hint, enum.Enum):

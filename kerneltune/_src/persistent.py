@@ -75,8 +75,10 @@ class PersistentCache(cache_sharing.CacheSharing, Generic[Cfg]):
         fsync: bool = True,
     ):
         # One location is one layer (a string is not a list of one-letter layers).
-        one = isinstance(readonly, (str, os.PathLike))
-        layers = [os.fspath(readonly)] if one else [os.fspath(p) for p in readonly]
+        if isinstance(readonly, (str, os.PathLike)):
+            layers = [os.fspath(readonly)]
+        else:
+            layers = [os.fspath(p) for p in readonly]
         if path is None:
             configured = options.get("cache_dir")
             if configured is None:
@@ -158,17 +160,6 @@ class PersistentCache(cache_sharing.CacheSharing, Generic[Cfg]):
             if found is not None:
                 return found
         return None
-
-    def _find_in(
-        self, layer: storage.Store, dev: str, op_id: str, call_key: str, cfg_type: type | None
-    ) -> tuple[CacheEntry, Any] | None:
-        rel = entry_relpath(dev, op_id, call_key)
-        data = self._read(layer, rel)
-        return (
-            None
-            if data is None
-            else self._usable(layer, rel, data, (dev, op_id, call_key), cfg_type)
-        )
 
     def _usable(
         self,
@@ -329,7 +320,9 @@ class PersistentCache(cache_sharing.CacheSharing, Generic[Cfg]):
             if self._write(entry, exclusive=True):
                 return cfg
             cfg_type = None if isinstance(cfg, Mapping) else type(cfg)
-            found = self._find_in(self._store, dev, op_id, call_key, cfg_type)
+            rel, key = entry_relpath(dev, op_id, call_key), (dev, op_id, call_key)
+            data = self._read(self._store, rel)
+            found = None if data is None else self._usable(self._store, rel, data, key, cfg_type)
             if found is not None:
                 return found[1]
             # The entry there is unusable (corrupt, or does not fit the type): replace it.
