@@ -143,3 +143,26 @@ def test_kernels_are_found_in_the_registry_only():
     assert recording.KernelRef(name).build().op_id == "hostile_registered"
     with pytest.raises(LookupError, match="--import json"):
         recording.KernelRef("json:JSONDecoder").build()
+
+
+def test_keys_and_manifests_spell_values_with_one_codec():
+    import jax
+    import numpy as np
+
+    mesh = jax.sharding.AbstractMesh((2, 2), ("x", "y"))
+    values = [
+        mesh,
+        jax.sharding.PartitionSpec("x", None),
+        (1, 2.5, "a", None),
+        {"b": [1, 2]},
+        np.dtype("float32"),
+        jax.ShapeDtypeStruct((3, 4), np.float32),
+        jnp.sin,
+        jax.nn.relu,  # a jitted function, by name
+    ]
+    for value in values:
+        assert keys._to_plain(value) == manifest.encode(value), value
+    assert manifest.encode(mesh)["__mesh__"] == ["x", "y"]
+    assert keys._to_plain(jax.nn.silu)["__ref__"].endswith(":silu")
+    with pytest.raises(TypeError, match="found by name"):
+        manifest.encode(json.JSONDecoder)  # a module no reader trusts

@@ -207,7 +207,7 @@ def test_codec_round_trips_static_values():
     assert dict(abstract.shape) == {"x": 2, "y": 2}
     with pytest.raises(TypeError, match="cannot write"):
         manifest.encode(object())
-    with pytest.raises(TypeError, match="cannot be imported"):
+    with pytest.raises(TypeError, match="cannot be found by name"):
         manifest.encode(lambda: None)
 
 

@@ -8,18 +8,17 @@ file paths) and hashed.
 
 from __future__ import annotations
 
-import dataclasses
-import enum
-import functools
 import hashlib
 import json
-import math
-import types
 from collections.abc import Mapping
 from typing import Any
 
 import jax
 import numpy as np
+
+from kerneltune._src import codec
+from kerneltune._src.codec import is_array as is_array
+from kerneltune._src.codec import sharding_fingerprint_of as sharding_fingerprint_of
 
 # Configs as JSON live in configs.py; these names stay importable from here.
 from kerneltune._src.configs import config_from_dict as config_from_dict
@@ -28,12 +27,6 @@ from kerneltune._src.configs import from_json as from_json
 from kerneltune._src.configs import to_json as to_json
 
 CALL_KEY_HEX_CHARS = 32
-
-
-def is_array(x: Any) -> bool:
-    """True for values that become dynamic (traced) inputs: JAX arrays and tracers,
-    NumPy arrays and `jax.ShapeDtypeStruct` stand-ins."""
-    return isinstance(x, (jax.Array, np.ndarray, jax.ShapeDtypeStruct, jax.core.Tracer))
 
 
 def abstractify(tree: Any) -> Any:
@@ -54,87 +47,9 @@ def abstractify(tree: Any) -> Any:
     return jax.tree_util.tree_map(leaf, tree)
 
 
-def _qualified_name(obj: Any) -> str:
-    module = getattr(obj, "__module__", None) or ""
-    qualname = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
-    if qualname is None:
-        qualname = type(obj).__qualname__
-    return f"{module}.{qualname}" if module else str(qualname)
-
-
 def _to_plain(obj: Any) -> Any:
-    """Turns `obj` into JSON-able data, deterministically."""
-    if obj is None or isinstance(obj, (bool, str)):
-        return obj
-    if isinstance(obj, enum.Enum):
-        return {"__enum__": _qualified_name(type(obj)), "name": obj.name}
-    if isinstance(obj, (int, np.integer)):
-        return int(obj)
-    if isinstance(obj, (float, np.floating)):
-        value = float(obj)
-        if math.isfinite(value):
-            return value
-        return {"__float__": repr(value)}
-    if isinstance(obj, (np.dtype, type)) and _is_dtype_like(obj):
-        return {"__dtype__": _dtype_name(obj)}
-    if is_array(obj):
-        return {"__array__": [int(d) for d in obj.shape], "dtype": str(np.dtype(obj.dtype))}
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        fields = {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-        return {"__dataclass__": type(obj).__qualname__, **fields}
-    if isinstance(obj, Mapping):
-        return {str(k): _to_plain(obj[k]) for k in sorted(obj, key=str)}
-    if isinstance(obj, jax.sharding.PartitionSpec):
-        return {"__pspec__": [_to_plain(p) for p in obj]}
-    if isinstance(obj, jax.sharding.Mesh):
-        return {
-            "__mesh__": {str(k): int(v) for k, v in obj.shape.items()},
-            "axis_names": [str(a) for a in obj.axis_names],
-        }
-    if isinstance(obj, jax.sharding.Sharding):
-        return {"__sharding__": sharding_fingerprint_of(obj)}
-    if isinstance(obj, (tuple, list)):
-        return [_to_plain(x) for x in obj]
-    if isinstance(obj, (set, frozenset)):
-        return sorted((_to_plain(x) for x in obj), key=json.dumps)
-    if isinstance(obj, functools.partial):
-        return {
-            "__partial__": _to_plain(obj.func),
-            "args": _to_plain(obj.args),
-            "kwargs": _to_plain(obj.keywords),
-        }
-    if isinstance(obj, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
-        # By qualified name only: never by file path or line, which differ between
-        # checkouts and machines. Two lambdas in one scope share a key; give them names.
-        return {"__callable__": _qualified_name(obj)}
-    if isinstance(obj, type):
-        return {"__type__": _qualified_name(obj)}
-    if hasattr(obj, "__kerneltune_key__"):
-        return {
-            "__custom__": _qualified_name(type(obj)),
-            "key": _to_plain(obj.__kerneltune_key__()),
-        }
-    raise TypeError(
-        f"stable_json cannot encode a value of type {type(obj).__qualname__!r} "
-        f"({_short_repr(obj)}): allowed are None, bool, int, float, str, enums, "
-        "dtypes, arrays (by shape and dtype), dataclasses, mappings, sequences, "
-        "meshes, partition specs, shardings, named functions, and objects with a "
-        "__kerneltune_key__() method. Give the kernel a key_builder for other values."
-    )
-
-
-def _is_dtype_like(obj: Any) -> bool:
-    if isinstance(obj, np.dtype):
-        return True
-    # NumPy scalar types and JAX's (jnp.float32 is a class with a .dtype).
-    return isinstance(obj, type) and (issubclass(obj, np.generic) or hasattr(obj, "dtype"))
-
-
-def _dtype_name(obj: Any) -> str:
-    try:
-        return str(np.dtype(obj))
-    except TypeError:
-        return str(np.dtype(obj.dtype))  # JAX scalar types such as jnp.bfloat16
+    """`obj` as JSON data for hashing: the codec of manifests, in its key mode."""
+    return codec.encode(obj, for_key=True)
 
 
 def _short_repr(obj: Any) -> str:
@@ -156,19 +71,6 @@ def stable_json(obj: Any) -> str:
 
 def hash_text(text: str, chars: int = CALL_KEY_HEX_CHARS) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:chars]
-
-
-def sharding_fingerprint_of(sharding: Any) -> str:
-    if sharding is None:
-        return "none"
-    if isinstance(sharding, jax.sharding.NamedSharding):
-        mesh = sharding.mesh
-        axes = ",".join(f"{name}={size}" for name, size in mesh.shape.items())
-        return f"named[{axes}]{tuple(sharding.spec)!s}"
-    if isinstance(sharding, jax.sharding.SingleDeviceSharding):
-        return "single"
-    num = len(getattr(sharding, "device_set", ())) or 1
-    return f"{type(sharding).__name__}[{num}]"
 
 
 def sharding_fingerprint(x: Any) -> str:

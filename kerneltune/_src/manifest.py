@@ -12,20 +12,14 @@ values (enums, dataclasses, functions) only in modules already imported and trus
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import json
 import logging
-import math
 import os
 import time
 from collections.abc import Mapping
 from typing import Any
 
-import jax
-import numpy as np
-
-from kerneltune._src import files, keys
+from kerneltune._src import codec, files
 from kerneltune._src.recording import (
     Invocations,
     KernelRef,
@@ -191,122 +185,7 @@ def _record_from_document(doc: Mapping[str, Any]) -> Record:
     )
 
 
-# --- the JSON codec of abstract values ------------------------------------------------------
-#
-# Plain JSON values stand for themselves; everything else is an object with one tag key.
-# Dicts are tagged too, so that a user's dict can never be mistaken for a tagged value.
-
-
-_MESH_TYPES = tuple(
-    t for t in (getattr(jax.sharding, n, None) for n in ("Mesh", "AbstractMesh")) if t is not None
-)
-
-
-def encode(value: Any) -> Any:
-    """Abstract arguments and static values as JSON data (see `decode`).
-
-    Raises:
-      TypeError: a value JSON cannot hold (give the kernel JSON-able static values).
-    """
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, enum.Enum):
-        return {"__enum__": _name_of(type(value)), "name": value.name}
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)):
-        number = float(value)
-        return number if math.isfinite(number) else {"__float__": repr(number)}
-    if isinstance(value, np.bool_):
-        return bool(value)
-    dtype = _as_dtype(value)
-    if dtype is not None:
-        return {"__dtype__": dtype.name}
-    if keys.is_array(value):
-        return {
-            "__array__": [int(d) for d in value.shape],
-            "dtype": np.dtype(value.dtype).name,
-            "weak_type": bool(getattr(value, "weak_type", False)),
-        }
-    if isinstance(value, jax.sharding.PartitionSpec):
-        return {"__pspec__": [encode(p) for p in value]}
-    if isinstance(value, _MESH_TYPES):
-        return {
-            "__mesh__": [str(n) for n in value.axis_names],
-            "sizes": [int(s) for s in value.shape.values()],
-        }
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = {
-            f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init
-        }
-        return {"__dataclass__": _name_of(type(value)), "fields": fields}
-    if isinstance(value, tuple):
-        return {"__tuple__": [encode(v) for v in value]}
-    if isinstance(value, list):
-        return [encode(v) for v in value]
-    if isinstance(value, Mapping):
-        if not all(isinstance(k, str) for k in value):
-            raise TypeError(f"only string keys can be written, got {sorted(map(repr, value))}")
-        return {"__dict__": {k: encode(v) for k, v in value.items()}}
-    if callable(value) and hasattr(value, "__qualname__"):
-        # Functions, classes and jitted functions, by name, if the name leads back here
-        # (from a module that a reader trusts: see `recording.lookup`).
-        name = _name_of(value)
-        try:
-            same = lookup(name) is value
-        except LookupError:
-            same = False
-        if not same:
-            raise TypeError(f"{value!r:.60} cannot be imported by name by another process")
-        return {"__ref__": name}
-    raise TypeError(
-        f"cannot write a {type(value).__qualname__} ({value!r:.60}) to a manifest; static "
-        "arguments must be JSON-like values, dtypes, enums, dataclasses or named functions."
-    )
-
-
-def decode(data: Any) -> Any:
-    """The inverse of `encode`; arrays come back as `jax.ShapeDtypeStruct`s, meshes as
-    `jax.sharding.AbstractMesh`es."""
-    if data is None or isinstance(data, (bool, int, float, str)):
-        return data
-    if isinstance(data, list):
-        return [decode(v) for v in data]
-    if not isinstance(data, dict) or len(data) == 0:
-        raise TypeError(f"unexpected value {data!r:.60} in a manifest")
-    if "__tuple__" in data:
-        return tuple(decode(v) for v in data["__tuple__"])
-    if "__dict__" in data:
-        return {str(k): decode(v) for k, v in data["__dict__"].items()}
-    if "__array__" in data:
-        return jax.ShapeDtypeStruct(
-            tuple(int(d) for d in data["__array__"]),
-            np.dtype(data["dtype"]),
-            weak_type=bool(data.get("weak_type", False)),
-        )
-    if "__dtype__" in data:
-        return np.dtype(data["__dtype__"])
-    if "__float__" in data:
-        return float(data["__float__"])
-    if "__pspec__" in data:
-        return jax.sharding.PartitionSpec(*(_spec_entry(decode(p)) for p in data["__pspec__"]))
-    if "__mesh__" in data:
-        return jax.sharding.AbstractMesh(
-            tuple(int(s) for s in data["sizes"]), tuple(data["__mesh__"])
-        )
-    if "__enum__" in data:
-        cls = lookup(str(data["__enum__"]))
-        if not (isinstance(cls, type) and issubclass(cls, enum.Enum)):
-            raise TypeError(f"{data['__enum__']} is not an enum")
-        return cls[str(data["name"])]
-    if "__dataclass__" in data:
-        cls = lookup(str(data["__dataclass__"]))
-        if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
-            raise TypeError(f"{data['__dataclass__']} is not a dataclass")
-        return cls(**{str(k): decode(v) for k, v in dict(data["fields"]).items()})
-    if "__ref__" in data:
-        return lookup(str(data["__ref__"]))
-    raise TypeError(f"unknown tagged value {sorted(data)} in a manifest")
+# --- the codec: one for keys and manifests (codec.py), with this file's name checks ------
 
 
 def _optional_str(value: Any) -> str | None:
@@ -315,23 +194,24 @@ def _optional_str(value: Any) -> str | None:
     return value
 
 
-def _as_dtype(value: Any) -> np.dtype[Any] | None:
-    if isinstance(value, np.dtype):
-        return value
-    if isinstance(value, type) and issubclass(value, np.generic):
-        return np.dtype(value)
-    dtype = getattr(value, "dtype", None) if isinstance(value, type) else None
-    if isinstance(dtype, np.dtype):
-        return dtype  # JAX's scalar types, e.g. jnp.bfloat16
-    return None
+def _found_by_name(name: str, obj: Any) -> bool:
+    try:
+        return lookup(name) is obj
+    except LookupError:
+        return False
 
 
-def _spec_entry(entry: Any) -> Any:
-    return tuple(entry) if isinstance(entry, list) else entry
+def encode(value: Any) -> Any:
+    """Abstract arguments and static values as JSON data (see `codec.encode`); named
+    values must be found again by `recording.lookup` in a reading process.
+
+    Raises:
+      TypeError: a value a manifest cannot hold (give the kernel JSON-able static
+        values, or values of trusted modules).
+    """
+    return codec.encode(value, check_ref=_found_by_name)
 
 
-def _name_of(obj: Any) -> str:
-    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
-    if not module or module == "__main__" or "<locals>" in qualname or not qualname:
-        raise TypeError(f"{obj!r:.60} cannot be imported by name by another process")
-    return f"{module}:{qualname}"
+def decode(data: Any) -> Any:
+    """The inverse of `encode`; names are looked up, never imported."""
+    return codec.decode(data, lookup)
