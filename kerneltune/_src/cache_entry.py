@@ -67,53 +67,67 @@ def op_matches(op_id: str, pattern: str) -> bool:
     return op_id == pattern or op_id.rpartition("@")[0] == pattern
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class CacheEntry:
-    """One stored entry, as plain data.
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One tuned call: what an `AutotuningResult` holds and what the persistent cache
+    stores (`CacheEntry` is the same type).
 
     Attributes:
-      dev: the device fingerprint it was tuned on.
-      op_id: the "<op_id>@v<version>" string.
+      op_id_v: the op id with its version, `"<op_id>@v<version>"`.
       call_key: the call key.
-      cfg: the config's fields as plain JSON data.
-      provenance: "autotuned", "imported" or "shipped".
-      signature: a readable description of the call ("f32[128,256], causal=True").
-      timer: which timer measured the candidates (None when not tuned here).
-      candidates: every candidate as a dict: cfg, status, time_s, samples_s, error,
-        compile_s, rel_error, calls_per_sample.
+      cfg: the config: an instance of the kernel's config type, or its fields as plain
+        JSON data (as read from a file, before the kernel's type is known).
+      timings: every candidate as a dict: `cfg` (its fields), `status` ("ok" or why it
+        was dropped), `time_s` (median seconds), `samples_s`, `error`, `compile_s`,
+        `rel_error`, `calls_per_sample`.
+      signature: the call's shapes, readable ("f32[128,256], causal=True").
+      cfg_type: the config class's name (informational: never used to load it).
+      timer: the timer that measured the candidates (None when not tuned here).
+      best_time_s: the winner's time.
+      heuristic_time_s: the heuristic config's time, when it was measured.
+      created: when it was tuned (Unix time); on import and merge the newer one wins.
       heuristic_cfg: the config the winner was compared with (its fields, or its repr
         when it is not a dataclass).
-      heuristic_time_s: the heuristic config's time, when it was measured.
-      best_time_s: the winner's time.
       strategy: the search strategy used.
       wall_s: how long tuning took.
-      created: when the entry was written (Unix time).
+      dev: the device fingerprint it was tuned on (where it is stored).
+      provenance: "autotuned", "imported" or "shipped".
       versions: kerneltune, jax and jaxlib versions that wrote it.
-      cfg_type: the config class's name (informational: never used to load it).
       path: where the entry is stored.
     """
 
-    dev: str
-    op_id: str
+    op_id_v: str
     call_key: str
-    cfg: dict[str, Any]
-    provenance: str = "autotuned"
-    signature: str | None = None
+    cfg: Any
+    timings: tuple[Mapping[str, Any], ...] = ()
+    signature: str = ""
+    cfg_type: str = ""
     timer: str | None = None
-    candidates: tuple[dict[str, Any], ...] = ()
-    heuristic_cfg: dict[str, Any] | str | None = None
-    heuristic_time_s: float | None = None
     best_time_s: float | None = None
+    heuristic_time_s: float | None = None
+    created: float = 0.0
+    heuristic_cfg: Any = None
     strategy: str | None = None
     wall_s: float | None = None
-    created: float = 0.0
-    versions: dict[str, str] = dataclasses.field(default_factory=dict)
-    cfg_type: str | None = None
-    path: str = ""
+    # Where and by whom it is stored: not part of what the entry says about the call.
+    dev: str = dataclasses.field(default="", compare=False)
+    provenance: str = dataclasses.field(default="autotuned", compare=False)
+    versions: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
+    path: str = dataclasses.field(default="", compare=False)
+
+    @property
+    def op_id(self) -> str:
+        """The same as `op_id_v` (the persistent cache's name for it)."""
+        return self.op_id_v
+
+    @property
+    def candidates(self) -> tuple[Mapping[str, Any], ...]:
+        """The same as `timings` (the persistent cache's name for them)."""
+        return self.timings
 
     @property
     def key(self) -> tuple[str, str, str]:
-        return (self.dev, self.op_id, self.call_key)
+        return (self.dev, self.op_id_v, self.call_key)
 
     @property
     def speedup(self) -> float | None:
@@ -124,10 +138,44 @@ class CacheEntry:
 
     def to_document(self) -> dict[str, Any]:
         """The JSON document stored for this entry (without its path)."""
-        doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        del doc["path"]
-        doc["candidates"] = list(self.candidates)
-        return {"kind": ENTRY_KIND, "schema": SCHEMA, **doc}
+        return {
+            "kind": ENTRY_KIND,
+            "schema": SCHEMA,
+            "dev": self.dev,
+            "op_id": self.op_id_v,
+            "call_key": self.call_key,
+            "cfg": config_to_dict(self.cfg),
+            "provenance": self.provenance,
+            "signature": self.signature or None,
+            "timer": self.timer,
+            "candidates": [plain(dict(t)) for t in self.timings],
+            "heuristic_cfg": plain(self.heuristic_cfg),
+            "heuristic_time_s": _finite(self.heuristic_time_s),
+            "best_time_s": _finite(self.best_time_s),
+            "strategy": self.strategy,
+            "wall_s": _finite(self.wall_s),
+            "created": self.created,
+            "versions": dict(self.versions) or runtime_versions(),
+            "cfg_type": self.cfg_type
+            or (None if isinstance(self.cfg, Mapping) else type_name(self.cfg)),
+        }
+
+
+CacheEntry = Entry
+
+
+def plain(value: Any) -> Any:
+    """JSON data for timings and configs (configs as their fields, tuples as lists,
+    non-finite numbers as null)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return config_to_dict(value)
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 class BadEntry(ValueError):
@@ -169,15 +217,15 @@ def entry_from_document(doc: Any, path: str) -> CacheEntry:
     if not isinstance(versions, dict):
         raise BadEntry("field 'versions' is not an object")
     number = (int, float)
-    return CacheEntry(
+    return Entry(
+        doc["op_id"],
+        doc["call_key"],
+        doc["cfg"],
         dev=doc["dev"],
-        op_id=doc["op_id"],
-        call_key=doc["call_key"],
-        cfg=doc["cfg"],
         provenance=doc["provenance"],
-        signature=_optional(doc, "signature", str),
+        signature=_optional(doc, "signature", str) or "",
         timer=_optional(doc, "timer", str),
-        candidates=tuple(candidates),
+        timings=tuple(candidates),
         heuristic_cfg=_optional(doc, "heuristic_cfg", (dict, str)),
         heuristic_time_s=_optional(doc, "heuristic_time_s", number),
         best_time_s=_optional(doc, "best_time_s", number),
@@ -185,7 +233,7 @@ def entry_from_document(doc: Any, path: str) -> CacheEntry:
         wall_s=_optional(doc, "wall_s", number),
         created=float(_optional(doc, "created", number) or 0.0),
         versions={str(k): str(v) for k, v in versions.items()},
-        cfg_type=_optional(doc, "cfg_type", str),
+        cfg_type=_optional(doc, "cfg_type", str) or "",
         path=path,
     )
 
@@ -202,7 +250,7 @@ def _plain_cfg(cfg: Any) -> Any:
 
 
 def report_fields(report: TuningReport | None) -> dict[str, Any]:
-    """The `CacheEntry` fields that come from a tuning report, as JSON data."""
+    """The `Entry` fields that come from a tuning report, as JSON data."""
     if report is None:
         return {}
     candidates = [
@@ -220,7 +268,7 @@ def report_fields(report: TuningReport | None) -> dict[str, Any]:
     ]
     return {
         "timer": report.timer,
-        "candidates": tuple(candidates),
+        "timings": tuple(candidates),
         "heuristic_cfg": None if report.heuristic_cfg is None else _plain_cfg(report.heuristic_cfg),
         "heuristic_time_s": _finite(report.heuristic_time_s),
         "best_time_s": _finite(report.best_time_s),

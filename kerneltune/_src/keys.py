@@ -59,12 +59,13 @@ def _short_repr(obj: Any) -> str:
 
 def stable_json(obj: Any) -> str:
     """Deterministic JSON for `obj`: sorted keys, compact separators, arrays by shape
-    and dtype, functions by qualified name; the same text in every process.
+    and dtype, functions by qualified name; the same text in every process. Values are
+    spelled as in manifests (`codec.py`): tuples and dicts are tagged.
 
     Example:
       >>> import kerneltune
       >>> kerneltune.stable_json({"b": 1, "a": (1.5, None)})
-      '{"a":[1.5,null],"b":1}'
+      '{"__dict__":{"a":{"__tuple__":[1.5,null]},"b":1}}'
     """
     return json.dumps(_to_plain(obj), sort_keys=True, separators=(",", ":"), allow_nan=False)
 

@@ -184,7 +184,7 @@ def _entry_from_report(record: Record, decision: Decision) -> Entry:
         record.op_id_v,
         record.call_key,
         decision.cfg,
-        timings=tuple(fields.get("candidates", ())),
+        timings=tuple(fields.get("timings", ())),
         signature=record.signature,
         cfg_type=_type_name(decision.cfg),
         timer=fields.get("timer"),

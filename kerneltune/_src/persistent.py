@@ -60,7 +60,8 @@ class PersistentCache(cache_sharing.CacheSharing, Generic[Cfg]):
 
     Example:
       >>> cache = PersistentCache("memory://kerneltune-doc")
-      >>> cache.put("cpu|cpu", "matmul@v1", "k1", {"block_m": 64})
+      >>> cache.put("cpu|cpu", "matmul@v1", "k1", {"block_m": 64})  # returns what is stored
+      {'block_m': 64}
       >>> cache.get("cpu|cpu", "matmul@v1", "k1")
       {'block_m': 64}
       >>> cache.clear()
@@ -305,15 +306,15 @@ class PersistentCache(cache_sharing.CacheSharing, Generic[Cfg]):
         if not cache_entry.round_trips(cfg, fields, op_id):
             return cfg
         entry = CacheEntry(
+            op_id,
+            call_key,
+            fields,
             dev=dev,
-            op_id=op_id,
-            call_key=call_key,
-            cfg=fields,
             provenance=provenance,
-            signature=signature,
+            signature=signature or "",
             created=_now(),
             versions=runtime_versions(),
-            cfg_type=None if isinstance(cfg, Mapping) else cache_entry.type_name(cfg),
+            cfg_type="" if isinstance(cfg, Mapping) else cache_entry.type_name(cfg),
             **cache_entry.report_fields(report),
         )
         if exclusive:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import threading
 import time
@@ -19,47 +18,10 @@ from typing import Any
 
 from kerneltune._src import files, keys
 from kerneltune._src.cache import overlay_cache
+from kerneltune._src.cache_entry import BadEntry, Entry, entry_from_document
+from kerneltune._src.storage import EXPORT_KIND
 
-
-@dataclasses.dataclass(frozen=True)
-class Entry:
-    """One tuned call: its op (`"<op_id>@v<version>"`), call key and config.
-
-    Attributes:
-      timings: every candidate as a dict: `cfg` (its fields), `status` ("ok" or why it
-        was dropped), `time_s` (median seconds), `samples_s`, `error`, `compile_s`.
-      signature: the call's shapes, readable.
-      cfg_type: the config class's name (informational; never imported).
-      timer: the timer that measured the candidates.
-      best_time_s: the winner's time.
-      heuristic_time_s: the heuristic config's time, when it was measured.
-      created: when it was tuned (Unix time); on import the newer entry wins.
-      heuristic_cfg: the config the winner was compared with (its fields), so that
-        reports of merged caches still show the heuristic bar.
-      strategy: the search strategy used.
-      wall_s: how long tuning took.
-    """
-
-    op_id_v: str
-    call_key: str
-    cfg: Any
-    timings: tuple[Mapping[str, Any], ...] = ()
-    signature: str = ""
-    cfg_type: str = ""
-    timer: str | None = None
-    best_time_s: float | None = None
-    heuristic_time_s: float | None = None
-    created: float = 0.0
-    heuristic_cfg: Any = None
-    strategy: str | None = None
-    wall_s: float | None = None
-
-    @property
-    def speedup(self) -> float | None:
-        """Heuristic time over the winner's time, when both are known."""
-        if not self.best_time_s or not self.heuristic_time_s:
-            return None
-        return self.heuristic_time_s / self.best_time_s
+__all__ = ["AutotuningResult", "Entry"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,42 +98,20 @@ class AutotuningResult:
 
     def dumps(self) -> str:
         """The result as JSON (a `kerneltune cache` export document)."""
-        from kerneltune._src.storage import EXPORT_KIND
-
         return json.dumps(
             {
                 "kind": EXPORT_KIND,
                 "schema": 1,
                 "exported": time.time(),
                 "device": self.device,
-                "entries": [self._document(e) for e in self.entries],
+                "entries": [
+                    dataclasses.replace(e, dev=self.device).to_document() for e in self.entries
+                ],
             },
             indent=1,
             sort_keys=True,
             allow_nan=False,
         )
-
-    def _document(self, e: Entry) -> dict[str, Any]:
-        from kerneltune._src.cache_entry import CacheEntry, runtime_versions
-
-        return CacheEntry(
-            dev=self.device,
-            op_id=e.op_id_v,
-            call_key=e.call_key,
-            cfg=keys.config_to_dict(e.cfg),
-            provenance="autotuned",
-            signature=e.signature or None,
-            timer=e.timer,
-            candidates=tuple(_plain(dict(t)) for t in e.timings),
-            heuristic_time_s=e.heuristic_time_s,
-            best_time_s=e.best_time_s,
-            heuristic_cfg=_plain(e.heuristic_cfg),
-            strategy=e.strategy,
-            wall_s=e.wall_s,
-            created=e.created,
-            versions=runtime_versions(),
-            cfg_type=e.cfg_type or _type_name(e.cfg),
-        ).to_document()
 
     @classmethod
     def loads(
@@ -190,9 +130,6 @@ class AutotuningResult:
           ValueError: not a result/export document, a malformed entry, or entries of
             several devices without `device`.
         """
-        from kerneltune._src.cache_entry import BadEntry, entry_from_document
-        from kerneltune._src.storage import EXPORT_KIND
-
         try:
             data = files.loads(text)
         except files.UnreadableFile as e:
@@ -224,34 +161,17 @@ class AutotuningResult:
         for r in raw:
             if r.dev != device:
                 continue
-            cfg: Any = r.cfg
-            short_type = (r.cfg_type or "").rsplit(".", 1)[-1]
-            op_id = r.op_id.rsplit("@v", 1)[0]
+            short_type = r.cfg_type.rsplit(".", 1)[-1]
+            op_id = r.op_id_v.rsplit("@v", 1)[0]
             cls_ = (
-                types.get(r.op_id)
+                types.get(r.op_id_v)
                 or types.get(op_id)
-                or types.get(r.cfg_type or "")
+                or types.get(r.cfg_type)
                 or types.get(short_type)
             )
             if cls_ is not None:
-                cfg = keys.config_from_dict(cfg, cls_)
-            entries.append(
-                Entry(
-                    r.op_id,
-                    r.call_key,
-                    cfg,
-                    timings=tuple(r.candidates),
-                    signature=r.signature or "",
-                    cfg_type=r.cfg_type or "",
-                    timer=r.timer,
-                    best_time_s=r.best_time_s,
-                    heuristic_time_s=r.heuristic_time_s,
-                    created=r.created,
-                    heuristic_cfg=r.heuristic_cfg,
-                    strategy=r.strategy,
-                    wall_s=r.wall_s,
-                )
-            )
+                r = dataclasses.replace(r, cfg=keys.config_from_dict(r.cfg, cls_))
+            entries.append(r)
         return cls(device, tuple(entries))
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -278,23 +198,3 @@ class AutotuningResult:
         except files.UnreadableFile as e:
             raise ValueError(f"cannot read {os.fspath(path)}: {e}") from None
         return cls.loads(data.decode("utf-8", "replace"), cfg_types, device=device)
-
-
-def _type_name(cfg: Any) -> str:
-    if isinstance(cfg, Mapping):
-        return ""
-    t = type(cfg)
-    return f"{t.__module__}.{t.__qualname__}"
-
-
-def _plain(value: Any) -> Any:
-    """JSON data for candidate timings (configs as their fields, tuples as lists)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return keys.config_to_dict(value)
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):  # JSON cannot hold it
-        return None
-    return value
