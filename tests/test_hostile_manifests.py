@@ -166,3 +166,24 @@ def test_keys_and_manifests_spell_values_with_one_codec():
     assert keys._to_plain(jax.nn.silu)["__ref__"].endswith(":silu")
     with pytest.raises(TypeError, match="found by name"):
         manifest.encode(json.JSONDecoder)  # a module no reader trusts
+
+
+def test_tune_import_of_a_missing_module_is_one_line(tmp_path, capsys):
+    path = tmp_path / "m.json"
+    manifest.save_manifest(path, [])
+    assert cli.main(["tune", str(path), "--import", "no_such_module_kt", "--dry-run"]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("kerneltune: error: --import no_such_module_kt: ModuleNotFoundError")
+
+
+def test_cache_prune_removes_entries_that_do_not_fit_a_bundled_config(tmp_path, capsys):
+    from kerneltune.kernels.matmul.config import MatmulConfig
+
+    cache = kt.PersistentCache(tmp_path)
+    cache.put("cpu|cpu", "matmul@v2", "good", MatmulConfig())
+    cache.put("cpu|cpu", "matmul@v2", "bad", {"bm": "64"})
+    cache.put("cpu|cpu", "matmul@v2", "worse", {"bm": -1})
+    ops = {e.op_id for e in cache.entries()}
+    assert cli.main(["--cache-dir", str(tmp_path), "cache", "prune"]) == 0
+    kept = {e.call_key for e in cache.entries()}
+    assert ops == {"matmul@v2"} and kept == {"good"}, (ops, kept)

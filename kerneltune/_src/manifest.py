@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kerneltune._src import codec, files
+from kerneltune._src.cache_entry import runtime_versions
 from kerneltune._src.recording import (
     Invocations,
     KernelRef,
@@ -74,8 +75,6 @@ def save_manifest(
         )
     for problem in problems:
         logger.warning("Leaving a call out of the manifest: %s", problem)
-    from kerneltune._src.cache_entry import runtime_versions
-
     text = json.dumps(
         {
             "kind": MANIFEST_KIND,
