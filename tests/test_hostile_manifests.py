@@ -187,3 +187,32 @@ def test_cache_prune_removes_entries_that_do_not_fit_a_bundled_config(tmp_path, 
     assert cli.main(["--cache-dir", str(tmp_path), "cache", "prune"]) == 0
     kept = {e.call_key for e in cache.entries()}
     assert ops == {"matmul@v2"} and kept == {"good"}, (ops, kept)
+
+
+def test_cache_commands_survive_a_hostile_cache(tmp_path, capsys):
+    cache = kt.PersistentCache(tmp_path)
+    cache.put("cpu|cpu", "op@v0", "good", {"b": 1})
+    folder = tmp_path / "configs" / "op@v0" / "zz"
+    folder.mkdir(parents=True)
+    (folder / "nested.json").write_text("[" * 5000)
+    (folder / "digits.json").write_text("9" * 5000)
+    os.mkfifo(folder / "fifo.json")
+    with open(folder / "huge.json", "wb") as f:
+        f.truncate(100 * 1024 * 1024)
+    done = []
+    base = ["--cache-dir", str(tmp_path), "cache"]
+    runner = threading.Thread(
+        target=lambda: done.extend(
+            cli.main([*base, *argv])
+            for argv in (["ls"], ["export", str(tmp_path / "out.json")], ["prune"])
+        ),
+        daemon=True,
+    )
+    runner.start()
+    runner.join(60)
+    assert done == [0, 0, 0]
+    captured = capsys.readouterr()
+    assert "1 entries" in captured.out and "exported 1 entries" in captured.out
+    assert "Traceback" not in captured.err
+    assert not folder.exists()  # prune removed every unusable file, then the folder
+    assert [e.call_key for e in cache.entries()] == ["good"]

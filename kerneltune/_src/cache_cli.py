@@ -126,7 +126,7 @@ def _info(args: argparse.Namespace) -> int:
         print("cache         off (KERNELTUNE_CACHE_DIR=off)")
     else:
         cache = _open(args)
-        mode = " (memory only: not writable)" if cache.memory_only else ""
+        mode = " (some entries could not be written: kept in memory)" if cache.memory_only else ""
         print(f"cache         {cache.location}{mode}")
         for layer in cache.readonly_locations:
             print(f"  read-only   {layer}")

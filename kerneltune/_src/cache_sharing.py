@@ -70,8 +70,8 @@ class CacheSharing:
           older_than_days: remove entries written more than this many days ago (>= 0).
           other_versions: remove entries written by another kerneltune, jax or jaxlib
             version, and entries this version cannot read (other schemas, corrupt).
-          invalid: remove entries that cannot be read, and those whose config does not
-            fit its op's config type in `cfg_types`.
+          invalid: remove entries that cannot be read (corrupt, not a regular file, too
+            large), and those whose config does not fit its op's type in `cfg_types`.
           cfg_types: config types by op id ("matmul") or op id with version.
           temp_older_than_s: temporary files left behind by killed writers are removed
             once they are this old (at once when their writer died on this host; they
@@ -90,7 +90,8 @@ class CacheSharing:
         removed = 0
         for layer, rel in list(self._walk([self._store])):
             data = self._read(layer, rel)
-            if data is None:
+            if data is None:  # gone, or not a file one can read (a FIFO, a huge file)
+                removed += self._delete(rel) if invalid else 0
                 continue
             entry = self._decode(layer, rel, data)
             if entry is None:
