@@ -313,3 +313,44 @@ def test_old_entries_stay_readable_after_a_clock_patch(tmp_path, monkeypatch):
     cache.put(DEV, OP, "k", Cfg())
     monkeypatch.undo()
     assert cache.prune(older_than_days=5) == 1
+
+
+def test_an_invalid_entry_is_retuned_and_overwritten_through_the_chain(tmp_path, caplog):
+    import jax.numpy as jnp
+
+    import kerneltune as kt
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Blocks:
+        block: int = 1
+
+        def __post_init__(self) -> None:
+            if self.block not in (1, 2):
+                raise ValueError(f"block must be 1 or 2, got {self.block}")
+
+    class Doubler(kt.Kernel):
+        op_id = "hostile_doubler"
+        config_type = Blocks
+        key_builder = staticmethod(lambda inv: "fixed-key")
+
+        def run(self, x, *, cfg):
+            return x * 2.0
+
+        def heuristic_cfg(self, inv):
+            return Blocks()
+
+        def candidate_cfgs(self, inv):
+            return [Blocks(block=1), Blocks(block=2)]
+
+    cache = PersistentCache(tmp_path)
+    key = (kt.device_fingerprint(), "hostile_doubler@v0", "fixed-key")
+    cache.put(*key, {"block": True})  # True == 1 passes the class check, not the type
+    chain = kt.ConfigSelectorChain(kt.ConfigCache(), policy=kt.AutotunePolicy(), persistent=cache)
+    out = kt.Executor(chain)(Doubler(), jnp.ones(4))
+    assert out.tolist() == [2.0] * 4
+    (warning,) = [w for w in warnings_of(caplog) if "Skipping" in w.getMessage()]
+    assert cache._store.full_path(cache_entry.entry_relpath(*key)) in warning.getMessage()
+    assert PersistentCache(tmp_path).get(*key, cfg_type=Blocks) in (
+        Blocks(block=1),
+        Blocks(block=2),
+    )
