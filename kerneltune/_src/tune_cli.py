@@ -16,6 +16,7 @@ import argparse
 import importlib
 from typing import Any
 
+from kerneltune._src import tune_workers
 from kerneltune._src.command_error import CommandError
 
 
@@ -63,7 +64,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="i/n",
         help="tune only shard i of n (0-based); the n shards cover the manifest exactly once",
     )
-    parser.add_argument("--out", metavar="FILE", help="also write the tuned configs to FILE (JSON)")
+    parser.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="tune in N worker processes, one per GPU, keys dealt by estimated cost, "
+        "results merged (default: one per visible GPU; 1 without GPUs)",
+    )
+    parser.add_argument(
+        "--out",
+        metavar="FILE",
+        help="also write the tuned configs to FILE (JSON), rewritten after every key so "
+        "that an interrupted run keeps what finished",
+    )
+    # A worker of `--workers` tunes exactly the keys its parent dealt it.
+    parser.add_argument("--keys", metavar="FILE", help=argparse.SUPPRESS)
     parser.add_argument("--op", help='only this op: "matmul" (any version) or "matmul@v1"')
     parser.add_argument(
         "--force", action="store_true", help="benchmark again even when a tuned config is cached"
@@ -100,16 +116,38 @@ def run(args: argparse.Namespace) -> int:
         records = [r for r in records if op_matches(r.op_id_v, args.op)]
     index, count = args.shard
     mine = shard_records(records, index, count)
+    if args.keys:
+        try:
+            wanted = tune_workers.read_keys(args.keys)
+        except (OSError, ValueError) as e:
+            raise CommandError(f"cannot read --keys {args.keys}: {e}") from None
+        mine = [r for r in mine if (r.op_id_v, r.call_key) in wanted]
     where = f"shard {index}/{count}: " if count > 1 else ""
     print(f"{where}{len(mine)} of {len(records)} recorded calls in {args.manifest}")
     if args.dry_run:
         print_table(["op", "shapes", "key"], [[r.op_id_v, r.signature, r.call_key] for r in mine])
         return 0
 
+    gpus = tune_workers.visible_gpus()
+    workers = args.workers if args.workers is not None else max(len(gpus), 1)
+    if workers > 1 and not args.keys:
+        return _run_workers(args, mine, min(workers, max(len(mine), 1)), gpus)
+
     selector = _selector(args)
     location = getattr(selector.persistent, "location", None)
+    done: list[Any] = []
+
+    def save_so_far(outcome: Any) -> None:
+        done.append(outcome)
+        if args.out:
+            offline.result_of(done).save(args.out)
+
     outcomes = offline.tune_records(
-        mine, selector, force=args.force, progress=False if args.no_progress else None
+        mine,
+        selector,
+        force=args.force,
+        progress=False if args.no_progress else None,
+        on_outcome=save_so_far,
     )
     rows = []
     for o in outcomes:
@@ -143,6 +181,61 @@ def run(args: argparse.Namespace) -> int:
         result.save(args.out)
         print(f"wrote {len(result)} tuned configs to {args.out}")
     return 1 if counts["failed"] else 0
+
+
+def _run_workers(args: argparse.Namespace, records: list[Any], count: int, gpus: list[str]) -> int:
+    """`--workers N`: tunes `records` in N processes and merges their results."""
+    from kerneltune._src.cache_cli import print_table
+
+    print(
+        f"tuning in {count} worker processes"
+        + (f" on GPUs {', '.join(gpus[:count])}" if gpus else "")
+    )
+    result, runs = tune_workers.run_workers(
+        records,
+        count,
+        manifest=args.manifest,
+        imports=args.imports,
+        cache_dir=getattr(args, "cache_dir", None),
+        op=args.op,
+        force=args.force,
+        gpus=gpus,
+    )
+    print_table(
+        ["worker", "gpu", "keys", "with a config", "exit"],
+        [
+            [
+                str(x)
+                for x in (r.index, r.gpu or "-", len(r.assigned), len(r.finished), r.returncode)
+            ]
+            for r in runs
+        ],
+    )
+    failed = False
+    for r in runs:
+        if r.returncode != 0:
+            failed = True
+            tail = "\n".join(r.log.strip().splitlines()[-5:])
+            print(f"worker {r.index} exited with {r.returncode}; last lines:\n{tail}")
+        for record in r.unfinished:
+            failed = failed or r.returncode != 0
+            print(f"worker {r.index}: no config for {record.op_id_v} {record.signature}")
+    tuned = len(result) if result is not None else 0
+    print(f"{tuned} of {len(records)} calls have a config")
+    if args.out and result is not None:
+        result.save(args.out)
+        print(f"wrote {tuned} tuned configs to {args.out}")
+    return 1 if failed else 0
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
 
 
 def _import_kernels(modules: list[str]) -> None:

@@ -1,0 +1,124 @@
+"""`kerneltune tune --workers N`: keys dealt by cost, one process each, results merged."""
+
+import os
+import pathlib
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import jax.numpy as jnp
+import pytest
+from test_offline_kernels import LoopCfg
+from worker_kernels import DIE, DyingKernel, SteadyKernel
+
+import kerneltune as kt
+from kerneltune._src import manifest as manifests
+from kerneltune._src import recording
+from kerneltune._src.tune_workers import deal_by_cost, read_keys, visible_gpus, write_keys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TESTS = pathlib.Path(__file__).resolve().parent
+TYPES = {"aaa_steady": LoopCfg, "zzz_dying": LoopCfg}
+
+
+def record_manifest(path, calls):
+    recording.clear_invocations()
+    chain = kt.ConfigSelectorChain(
+        kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback="heuristics")
+    )
+    ex = kt.Executor(chain)
+    with recording.record_calls():
+        for kernel, n in calls:
+            ex(kernel, jnp.ones((n, n)))
+    count = manifests.save_manifest(path)
+    keys = {(r.op_id_v, r.call_key) for r in recording.iter_records(recording.all_invocations())}
+    recording.clear_invocations()
+    assert count == len(calls)
+    return keys
+
+
+def tune(*argv, env=None):
+    full_env = dict(os.environ, **(env or {}))
+    full_env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT), str(TESTS), full_env.get("PYTHONPATH", "")]
+    )
+    full_env["CUDA_VISIBLE_DEVICES"] = ""  # the CPU: workers are plain processes
+    return subprocess.run(
+        [sys.executable, "-m", "kerneltune", *argv],
+        env=full_env,
+        cwd=str(ROOT),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_deal_puts_the_most_expensive_first_on_the_least_loaded_worker():
+    def rec(key, n):
+        return SimpleNamespace(op_id_v="op@v0", call_key=key, args=(SimpleNamespace(shape=(n,)),))
+
+    records = [rec("a", 10), rec("b", 7), rec("c", 5), rec("d", 4), rec("e", 1)]
+    parts = deal_by_cost(records, 2)
+    assert [[r.call_key for r in p] for p in parts] == [["a", "d"], ["b", "c", "e"]]
+    assert deal_by_cost(list(reversed(records)), 2) == parts  # order-independent
+    with pytest.raises(ValueError, match="at least 1"):
+        deal_by_cost(records, 0)
+
+
+def test_visible_gpus_follow_cuda_visible_devices():
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "3, 1"}) == ["3", "1"]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "-1"}) == []
+
+
+def test_key_files_round_trip_and_reject_other_documents(tmp_path):
+    path = str(tmp_path / "keys.json")
+    write_keys(path, [SimpleNamespace(op_id_v="op@v0", call_key="k1")])
+    assert read_keys(path) == {("op@v0", "k1")}
+    (tmp_path / "other.json").write_text('{"keys": [[1, 2]]}')
+    with pytest.raises(ValueError, match="not a worker key file"):
+        read_keys(str(tmp_path / "other.json"))
+
+
+def test_two_workers_give_the_same_entries_as_one(tmp_path):
+    path = tmp_path / "manifest.json"
+    keys = record_manifest(
+        path,
+        [(SteadyKernel(), 48), (SteadyKernel(), 40), (SteadyKernel(), 32), (SteadyKernel(), 24)],
+    )
+    results = {}
+    for workers in (1, 2):
+        out = tmp_path / f"out{workers}.json"
+        cache = tmp_path / f"cache{workers}"
+        done = tune("--cache-dir", str(cache), "tune", str(path), "--workers", str(workers),
+                    "--out", str(out), "--no-progress", "--import", "worker_kernels")  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        if workers == 2:
+            assert "tuning in 2 worker processes" in done.stdout
+        results[workers] = kt.AutotuningResult.load(out, TYPES)
+        # Every key landed in the shared persistent cache too.
+        assert len(kt.PersistentCache(str(cache))) == len(keys)
+    for result in results.values():
+        assert {(e.op_id_v, e.call_key) for e in result} == keys
+    # Candidates differ 6-16x in cost: the winner is the cheapest in both runs.
+    for result in results.values():
+        assert {e.cfg for e in result} == {LoopCfg(reps=1)}
+
+
+def test_a_worker_that_dies_loses_only_its_unfinished_keys(tmp_path):
+    path = tmp_path / "manifest.json"
+    # Dealt by cost: worker 0 gets 48², worker 1 gets 40² and then the dying 32²
+    # (its op id sorts last, so worker 1 finishes 40² first).
+    keys = record_manifest(path, [(SteadyKernel(), 48), (SteadyKernel(), 40), (DyingKernel(), 32)])
+    out = tmp_path / "out.json"
+    done = tune("--cache-dir", str(tmp_path / "cache"), "tune", str(path), "--workers", "2",
+                "--out", str(out), "--no-progress", "--import", "worker_kernels",
+                env={DIE: "1"})  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "worker 1 exited with 3" in done.stdout
+    assert "worker 1: no config for zzz_dying" in done.stdout
+    assert "2 of 3 calls have a config" in done.stdout
+    result = kt.AutotuningResult.load(out, TYPES)
+    tuned = {(e.op_id_v, e.call_key) for e in result}
+    assert len(tuned) == 2 and tuned < keys
+    assert all(op.startswith("aaa_steady") for op, _ in tuned)

@@ -1,0 +1,41 @@
+"""Kernels for the `kerneltune tune --workers` tests, imported by the worker processes
+through `--import worker_kernels`. There are no tests here."""
+
+from __future__ import annotations
+
+import os
+
+from test_offline_kernels import CANDIDATES, HEURISTIC, busy
+
+import kerneltune as kt
+
+#: Set in the environment of a worker that must die on `DyingKernel`'s first call.
+DIE = "KERNELTUNE_TEST_WORKER_DIES"
+
+
+class SteadyKernel(kt.Kernel):
+    """`2 * x`, with candidates that differ several-fold in cost."""
+
+    op_id = "aaa_steady"
+
+    def run(self, x, *, cfg):
+        return busy(x, cfg.reps) * 2.0
+
+    def heuristic_cfg(self, inv):
+        return HEURISTIC
+
+    def candidate_cfgs(self, inv):
+        return CANDIDATES
+
+
+class DyingKernel(SteadyKernel):
+    """Like `SteadyKernel`, but takes its whole process down while being tuned when
+    `DIE` is set (a segfault or an illegal memory access would do the same). Its op id
+    sorts last, so a worker tunes its other keys first."""
+
+    op_id = "zzz_dying"
+
+    def run(self, x, *, cfg):
+        if os.environ.get(DIE):
+            os._exit(3)
+        return super().run(x, cfg=cfg)
