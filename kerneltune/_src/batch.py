@@ -14,11 +14,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from kerneltune._src import keys, options, scope
+from kerneltune._src import jax_compat, keys, options, scope
 from kerneltune._src.executor import Executor, default_executor
 from kerneltune._src.kernel import Kernel
 
-_ARRAY_IMPL = type(jax.numpy.zeros(()))
+_ARRAY_IMPL = jax_compat.array_impl_type()
 
 
 def vmap_with_config(

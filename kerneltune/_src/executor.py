@@ -17,13 +17,12 @@ from collections.abc import Callable
 from typing import Any, Generic, Protocol, runtime_checkable
 
 import jax
-import jax.numpy as jnp
 
-from kerneltune._src import dispatch, keys, labels, options, scope, tracing
+from kerneltune._src import dispatch, jax_compat, keys, labels, options, scope, tracing
 from kerneltune._src.kernel import Invocation, Kernel, make_invocation
 from kerneltune._src.kernel_types import Cfg, Out
 
-_ARRAY_IMPL = type(jnp.zeros(()))
+_ARRAY_IMPL = jax_compat.array_impl_type()
 _current_scope = scope._current.get
 _aval = operator.attrgetter("aval")
 

@@ -245,10 +245,14 @@ def mark_cupti_broken(reason: str) -> None:
         _cupti_broken.append(reason)
 
 
-def _install_profiler_observer() -> None:
+def install_profiler_observer() -> None:
     """Wraps `jax.profiler.start_trace` and `start_server` so that their use is
     remembered: a trace that was started and stopped leaves no other trace in JAX's
-    state, yet CUPTI measurements after it can abort the process."""
+    state, yet CUPTI measurements after it can abort the process.
+
+    Called when the first `Tuner` is built, never on import (importing kerneltune
+    leaves JAX untouched). A trace taken before that is still seen while it runs; one
+    that already ended is not: call `note_profiler_used()` after such a trace."""
     try:
         import jax.profiler as public
         from jax._src import profiler as private
@@ -269,8 +273,6 @@ def _install_profiler_observer() -> None:
         if getattr(public, name, None) is original:
             setattr(public, name, observed)
 
-
-_install_profiler_observer()
 
 
 # --- choosing ------------------------------------------------------------------------

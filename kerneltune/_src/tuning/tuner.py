@@ -161,6 +161,7 @@ class Tuner(Generic[Cfg]):
             raise ValueError(
                 f"Tuner(timer=...) must be 'auto', 'cupti', 'wallclock' or a Timer, got {timer!r}."
             )
+        timing.install_profiler_observer()
         self.warmup = warmup
         self.iters = iters
         self.timer = timer

@@ -1,0 +1,85 @@
+"""Importing kerneltune leaves JAX untouched: no backend started, nothing patched, so
+`jax.distributed.initialize()` may follow it (docs/cluster.md relies on that)."""
+
+import socket
+import subprocess
+import sys
+import textwrap
+
+
+def run_python(code):
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_import_starts_no_backend_and_patches_nothing():
+    out = run_python(
+        """
+        import jax.profiler
+        originals = (jax.profiler.start_trace, jax.profiler.start_server)
+        import kerneltune, kerneltune.kernels
+        from kerneltune._src import jax_compat
+        print(jax_compat.backends_initialized())
+        print((jax.profiler.start_trace, jax.profiler.start_server) == originals)
+        """
+    )
+    assert out.split() == ["False", "True"]
+
+
+def test_jax_distributed_initialize_may_follow_the_import():
+    out = run_python(
+        f"""
+        import kerneltune
+        import jax
+        jax.distributed.initialize(
+            coordinator_address="127.0.0.1:{free_port()}", num_processes=1, process_id=0,
+            initialization_timeout=60,
+        )
+        import kerneltune.kernels
+        print(jax.process_count(), float(kerneltune.kernels.softmax(jax.numpy.zeros(4)).sum()))
+        """
+    )
+    assert out.split() == ["1", "1.0"]
+
+
+def test_the_workers_parent_starts_no_backend(tmp_path):
+    # The parent of `kerneltune tune --workers N` reads the manifest and deals the keys;
+    # a backend started there would hold the GPU its workers need.
+    out = run_python(
+        f"""
+        import sys
+        sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parent)!r})
+        import jax.numpy as jnp
+        import kerneltune as kt
+        from kerneltune._src import jax_compat, manifest, recording, tune_workers
+        from worker_kernels import SteadyKernel
+        path = {str(tmp_path / "m.json")!r}
+        import subprocess, textwrap
+        # Record in a child process: recording runs the kernel, which starts a backend.
+        code = textwrap.dedent('''
+            import sys; sys.path.insert(0, %r)
+            import jax.numpy as jnp, kerneltune as kt
+            from kerneltune._src import manifest, recording
+            from worker_kernels import SteadyKernel
+            chain = kt.ConfigSelectorChain(kt.ConfigCache(),
+                policy=kt.AutotunePolicy(cache_miss_fallback="heuristics"))
+            with recording.record_calls():
+                kt.Executor(chain)(SteadyKernel(), jnp.ones((8, 8)))
+            manifest.save_manifest(%r)
+        ''') % (sys.path[0], path)
+        subprocess.run([sys.executable, "-c", code], check=True)
+        records = recording.iter_records(manifest.load_manifest(path))
+        parts = tune_workers.deal_by_cost(records, 2)
+        print(len(records), jax_compat.backends_initialized())
+        """
+    )
+    assert out.split() == ["1", "False"]
