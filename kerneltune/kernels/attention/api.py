@@ -10,12 +10,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from kerneltune._src import dispatch
+from kerneltune._src.executor import default_executor
 from kerneltune._src.kernel import Invocation, Kernel
 from kerneltune._src.params import BwdParams, FwdParams
 from kerneltune._src.tuning.inputs import random_like
+from kerneltune.kernels._args import as_array
 from kerneltune.kernels._common import BundledKernelMixin, Pruned, kernel_for
 from kerneltune.kernels.attention import config as config_lib
 from kerneltune.kernels.attention.config import AttentionProblem
+from kerneltune.kernels.attention.features import attention_features_xla
 from kerneltune.kernels.attention.pallas_triton import mha_backward, mha_forward
 from kerneltune.kernels.attention.reference import attention_backward_xla, attention_forward_xla
 
@@ -249,37 +252,180 @@ AttentionInterpret.backward_type = AttentionBackwardInterpret
 AttentionBackwardInterpret.forward_type = AttentionInterpret
 
 
+def _check_inputs(query: Any, key: Any, value: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
+    op = "attention"
+    q, k, v = (as_array(op, n, a) for n, a in (("query", query), ("key", key), ("value", value)))
+    ranks = (q.ndim, k.ndim, v.ndim)
+    if ranks not in ((4, 4, 4), (3, 3, 3)):
+        raise ValueError(
+            f"{op}: query, key and value must all be [batch, seq, heads, head_dim] or all "
+            f"[seq, heads, head_dim], got shapes {q.shape}, {k.shape} and {v.shape}."
+        )
+    if q.ndim == 3:
+        q, k, v = q[None], k[None], v[None]
+    if k.shape != v.shape:
+        raise ValueError(f"{op}: value must have key's shape {k.shape[-k.ndim :]}, got {v.shape}.")
+    (b, _, n, h), (bk, _, kh, hk) = q.shape, k.shape
+    if (b, h) != (bk, hk):
+        raise ValueError(
+            f"{op}: query {q.shape} and key {k.shape} must agree on batch and head_dim."
+        )
+    if n % kh:
+        raise ValueError(
+            f"{op}: key/value heads ({kh}) must divide query heads ({n}) for grouped-query "
+            "attention."
+        )
+    if not (q.dtype == k.dtype == v.dtype) or not jnp.issubdtype(q.dtype, jnp.floating):
+        raise TypeError(
+            f"{op}: query, key and value must share one floating dtype, got "
+            f"{q.dtype}, {k.dtype} and {v.dtype}."
+        )
+    return q, k, v
+
+
+def _check_logits_operand(name: str, x: Any, full: tuple[int, ...], dtype: Any) -> Any:
+    if x is None:
+        return None
+    a = as_array("attention", name, x)
+    if dtype is not None and a.dtype != dtype:
+        raise TypeError(f"attention: {name} must have dtype {np.dtype(dtype)}, got {a.dtype}.")
+    if a.ndim > 4:
+        raise ValueError(f"attention: {name} must have at most 4 dimensions, got {a.shape}.")
+    a = a.reshape((1,) * (4 - a.ndim) + a.shape)
+    ok = all(d in (1, f) for d, f in zip(a.shape, full)) and a.shape[1] in (1, full[1])
+    if not ok:
+        raise ValueError(
+            f"attention: {name} must broadcast to [batch, heads, q_len, kv_len] = {full}, "
+            f"got {tuple(a.shape)}."
+        )
+    return a
+
+
+def _check_lengths(name: str, x: Any, batch: int) -> Any:
+    if x is None:
+        return None
+    a = as_array("attention", name, x)
+    if a.shape != (batch,) or not jnp.issubdtype(a.dtype, jnp.integer):
+        raise ValueError(
+            f"attention: {name} must be an integer array of shape ({batch},), got "
+            f"{a.dtype}{list(a.shape)}."
+        )
+    return a.astype(jnp.int32)
+
+
+def _check_window(window: Any) -> tuple[int, int] | None:
+    if window is None:
+        return None
+    pair = (window, window) if isinstance(window, (int, np.integer)) else tuple(window)
+    if len(pair) != 2 or not all(
+        isinstance(w, (int, np.integer)) and not isinstance(w, bool) and w >= 0 for w in pair
+    ):
+        raise ValueError(
+            "attention: local_window_size must be a non-negative int or a pair of them "
+            f"(left, right), got {window!r}."
+        )
+    return int(pair[0]), int(pair[1])
+
+
+def _kernel_can_tile(length: int) -> bool:
+    """The flash kernel's blocks (up to 128) must tile the sequence."""
+    return length % 128 == 0 or (length & (length - 1) == 0 and length >= 16)
+
+
 def attention(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    bias: jax.Array | None = None,
+    mask: jax.Array | None = None,
     *,
-    causal: bool = False,
-    sm_scale: float | None = None,
+    scale: float | jax.Array | None = None,
+    is_causal: bool = False,
+    query_seq_lengths: jax.Array | None = None,
+    key_value_seq_lengths: jax.Array | None = None,
+    local_window_size: int | tuple[int, int] | None = None,
+    logits_soft_cap: float | None = None,
     cfg: FwdParams | None = None,
     executor: Any = None,
 ) -> jax.Array:
-    """Multi-head attention with tuned forward and backward configs.
+    """`jax.nn.dot_product_attention` with tuned configs, plus a logits soft cap.
+
+    Plain attention (causal or not, grouped-query included, any scale, sequences the
+    flash kernel's blocks tile) runs through the tuned kernels: JAX's Pallas flash
+    attention on GPUs with its forward and backward tuned, XLA on CPUs. Calls with a
+    bias, a mask, sequence lengths, a local window or a soft cap compute exactly what
+    `jax.nn.dot_product_attention` computes, through XLA.
 
     Args:
-      q: `[batch, q_len, heads, head_dim]`.
-      k, v: `[batch, kv_len, heads, head_dim]`, q's dtype.
-      causal: query i attends to keys 0..i.
-      sm_scale: the scale of the scores (default `1/sqrt(head_dim)`).
+      query: `[batch, q_len, heads, head_dim]`, or `[q_len, heads, head_dim]`.
+      key, value: `[batch, kv_len, kv_heads, head_dim]` (or unbatched), query's dtype;
+        `kv_heads` divides `heads` (grouped- and multi-query attention).
+      bias: added to the logits; broadcasts to `[batch, heads, q_len, kv_len]`.
+      mask: boolean, True where a query may attend; broadcasts like `bias`.
+      scale: multiplies the logits (default `1/sqrt(head_dim)`); may be traced.
+      is_causal: query i attends to keys 0..i.
+      query_seq_lengths, key_value_seq_lengths: `[batch]` valid lengths (padding after).
+      local_window_size: `w` or `(left, right)`: query i attends to keys i−left..i+right.
+      logits_soft_cap: `cap`: logits become `cap · tanh(logits / cap)` before masking.
       cfg: a `FwdParams` to use instead of the chosen forward config.
       executor: the executor to run through (default: `kerneltune.default_executor()`).
 
     Returns:
-      `[batch, q_len, heads, head_dim]` in q's dtype.
+      query's shape and dtype.
 
     Example:
       >>> import jax.numpy as jnp
       >>> from kerneltune.kernels import attention
-      >>> attention(jnp.ones((1, 16, 2, 8)), jnp.ones((1, 16, 2, 8)), jnp.ones((1, 16, 2, 8)),
-      ...           causal=True).shape
-      (1, 16, 2, 8)
+      >>> q = jnp.ones((1, 16, 4, 8))
+      >>> kv = jnp.ones((1, 16, 2, 8))
+      >>> attention(q, kv, kv, is_causal=True).shape
+      (1, 16, 4, 8)
     """
-    from kerneltune._src.executor import default_executor
-
-    ex = executor if executor is not None else default_executor()
-    return ex(kernel_for(Attention, ex), q, k, v, causal=causal, sm_scale=sm_scale, cfg=cfg)
+    unbatched = getattr(query, "ndim", 0) == 3
+    q, k, v = _check_inputs(query, key, value)
+    b, t, n, h = q.shape
+    s, kh = k.shape[1], k.shape[2]
+    full = (b, n, t, s)
+    bias = _check_logits_operand("bias", bias, full, None)
+    mask = _check_logits_operand("mask", mask, full, np.dtype(bool))
+    q_lengths = _check_lengths("query_seq_lengths", query_seq_lengths, b)
+    kv_lengths = _check_lengths("key_value_seq_lengths", key_value_seq_lengths, b)
+    window = _check_window(local_window_size)
+    if logits_soft_cap is not None and not (
+        isinstance(logits_soft_cap, (int, float)) and logits_soft_cap > 0
+    ):
+        raise ValueError(
+            f"attention: logits_soft_cap must be a positive number or None, got {logits_soft_cap!r}."
+        )
+    if not isinstance(is_causal, (bool, np.bool_)):
+        raise TypeError(f"attention: is_causal must be a bool, got {is_causal!r}.")
+    default_scale = 1.0 / math.sqrt(h)
+    plain = (
+        bias is None
+        and mask is None
+        and q_lengths is None
+        and kv_lengths is None
+        and window is None
+        and logits_soft_cap is None
+        and _kernel_can_tile(t)
+        and _kernel_can_tile(s)
+    )
+    if not plain:
+        out = attention_features_xla(
+            q, k, v, bias, mask,
+            scale=default_scale if scale is None else scale,
+            is_causal=bool(is_causal), query_seq_lengths=q_lengths,
+            key_value_seq_lengths=kv_lengths, local_window_size=window,
+            logits_soft_cap=logits_soft_cap,
+        )  # fmt: skip
+    else:
+        if kh != n:  # grouped-query: the flash kernel sees every query head's k and v
+            k, v = jnp.repeat(k, n // kh, axis=2), jnp.repeat(v, n // kh, axis=2)
+        if scale is None or isinstance(scale, (int, float, np.number)):
+            sm_scale = default_scale if scale is None else float(scale)
+        else:  # a traced scale: fold it into the queries, keep the kernel's static
+            q, sm_scale = (q * jnp.asarray(scale, q.dtype)).astype(q.dtype), 1.0
+        ex = executor if executor is not None else default_executor()
+        out = ex(kernel_for(Attention, ex), q, k, v, causal=bool(is_causal),
+                 sm_scale=sm_scale, cfg=cfg)  # fmt: skip
+    return out[0] if unbatched else out

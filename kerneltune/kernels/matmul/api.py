@@ -8,7 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kerneltune._src.executor import default_executor
 from kerneltune._src.kernel import Invocation, Kernel
+from kerneltune.kernels._args import as_array
 from kerneltune.kernels._common import BundledKernelMixin, Pruned, is_hopper, kernel_for
 from kerneltune.kernels.matmul import config as config_lib
 from kerneltune.kernels.matmul import mosaic_space, pallas_mosaic
@@ -135,34 +137,62 @@ class MatmulInterpret(Matmul):
 
 
 def matmul(
-    x: jax.Array, y: jax.Array, *, cfg: MatmulConfig | None = None, executor: Any = None
+    a: jax.Array,
+    b: jax.Array,
+    *,
+    precision: Any = None,
+    preferred_element_type: Any = None,
+    cfg: MatmulConfig | None = None,
+    executor: Any = None,
 ) -> jax.Array:
-    """`x @ y` with a tuned config: our Pallas kernel on GPUs (or JAX's Mosaic GPU
-    matmul, where it wins the tuning on a Hopper GPU), `jnp.dot` on CPUs.
+    """`jnp.matmul` with a tuned config: same shapes, broadcasting and dtype promotion.
+
+    A floating `[..., m, k] @ [k, n]` product (the projections of a model) runs
+    through the tuned kernel: our Pallas kernel on GPUs, or JAX's Mosaic GPU matmul
+    where it wins on a Hopper GPU, `jnp.dot` on CPUs. Every other call (vectors, a
+    batched right operand, integers, an explicit `precision` or
+    `preferred_element_type`) computes exactly what `jnp.matmul` computes, through XLA.
 
     Args:
-      x: `[..., k]`; leading dimensions are flattened into rows.
-      y: `[k, n]`, same dtype as `x`.
+      a: `[..., m, k]` or `[k]`.
+      b: `[..., k, n]` or `[k]`.
+      precision, preferred_element_type: as `jnp.matmul`.
       cfg: a `MatmulConfig` to use instead of the chosen one.
       executor: the executor to run through (default: `kerneltune.default_executor()`).
-
-    Returns:
-      `[..., n]` in `x`'s dtype.
 
     Example:
       >>> import jax.numpy as jnp
       >>> from kerneltune.kernels import matmul
       >>> matmul(jnp.ones((2, 3, 4)), jnp.ones((4, 5))).shape
       (2, 3, 5)
+      >>> matmul(jnp.ones(4), jnp.ones(4)).tolist()
+      4.0
     """
-    if getattr(x, "ndim", 0) < 1:
+    op = "matmul"
+    a, b = as_array(op, "a", a), as_array(op, "b", b)
+    if a.ndim < 1 or b.ndim < 1:
         raise ValueError(
-            f"matmul: x must have at least one dimension, got {getattr(x, 'shape', x)}."
+            f"{op}: a and b must have at least one dimension, got shapes {a.shape} and {b.shape}."
         )
-    from kerneltune._src.executor import default_executor
-
+    k_a = a.shape[-1]
+    k_b = b.shape[0] if b.ndim == 1 else b.shape[-2]
+    if k_a != k_b:
+        raise ValueError(
+            f"{op}: a's last dimension ({k_a}) must equal b's "
+            f"{'only' if b.ndim == 1 else 'second-to-last'} dimension ({k_b}); "
+            f"got shapes {a.shape} and {b.shape}."
+        )
+    dtype = jnp.result_type(a, b)
+    tunable = (
+        a.ndim >= 2
+        and b.ndim == 2
+        and jnp.issubdtype(dtype, jnp.floating)
+        and precision is None
+        and preferred_element_type in (None, dtype)
+    )
+    if not tunable:
+        return jnp.matmul(a, b, precision=precision, preferred_element_type=preferred_element_type)
     ex = executor if executor is not None else default_executor()
-    lead = x.shape[:-1]
-    x2 = x.reshape((-1, x.shape[-1])) if x.ndim != 2 else x
-    out = ex(kernel_for(Matmul, ex), x2, y, cfg=cfg)
-    return out.reshape((*lead, y.shape[-1])) if x.ndim != 2 else out
+    a2 = a.astype(dtype).reshape((-1, k_a))
+    out = ex(kernel_for(Matmul, ex), a2, b.astype(dtype), cfg=cfg)
+    return out.reshape((*a.shape[:-1], b.shape[-1]))

@@ -8,7 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kerneltune._src.executor import default_executor
 from kerneltune._src.kernel import Invocation, Kernel
+from kerneltune.kernels._args import as_array, feature_param, floating, normalize_axes, to_rows
 from kerneltune.kernels._common import BundledKernelMixin, Pruned, kernel_for
 from kerneltune.kernels.normalization import config as config_lib
 from kerneltune.kernels.normalization.config import NormConfig, NormProblem
@@ -143,50 +145,91 @@ class RMSNormInterpret(RMSNorm):
     candidate_cfgs_xla = RMSNorm.candidate_cfgs_triton
 
 
-def _executor(executor: Any) -> Any:
-    from kerneltune._src.executor import default_executor
+def _epsilon(op: str, epsilon: Any) -> float:
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float, np.floating)):
+        raise TypeError(f"{op}: epsilon must be a Python number, got {epsilon!r:.60}.")
+    if not epsilon >= 0:
+        raise ValueError(f"{op}: epsilon must be >= 0, got {epsilon}.")
+    return float(epsilon)
 
-    return executor if executor is not None else default_executor()
+
+def _normalize(
+    kernel_cls: type[_Norm],
+    x: Any,
+    params: tuple[tuple[str, Any, float], ...],
+    axis: int | tuple[int, ...],
+    epsilon: Any,
+    cfg: NormConfig | None,
+    executor: Any,
+) -> jax.Array:
+    """Runs a row-wise norm kernel over `axis` of `x`: the normalised axes are moved
+    last and flattened, missing parameters become their identity (`fill`), and the
+    computation runs in the result dtype of `x` and the given parameters (as flax)."""
+    op = kernel_cls.op_id
+    x = as_array(op, "x", x)
+    if x.ndim < 1:
+        raise ValueError(f"{op}: x must have at least one dimension, got shape {x.shape}.")
+    floating(op, "x", x)
+    eps = _epsilon(op, epsilon)
+    axes = normalize_axes(op, axis, x.ndim)
+    given = [(name, feature_param(op, name, v, x, axes), fill) for name, v, fill in params]
+    dtype = jnp.result_type(x, *(p for _, p, _ in given if p is not None))
+    rows, back = to_rows(x.astype(dtype), axes)
+    n = rows.shape[-1]
+    arrays = [
+        p.astype(dtype) if p is not None else jnp.full((n,), fill, dtype) for _, p, fill in given
+    ]
+    ex = executor if executor is not None else default_executor()
+    return back(ex(kernel_for(kernel_cls, ex), rows, *arrays, eps=eps, cfg=cfg))
 
 
 def layer_norm(
     x: jax.Array,
-    weight: jax.Array,
-    bias: jax.Array,
+    scale: jax.Array | None = None,
+    bias: jax.Array | None = None,
     *,
-    eps: float = 1e-5,
+    axis: int | tuple[int, ...] = -1,
+    epsilon: float = 1e-6,
     cfg: NormConfig | None = None,
     executor: Any = None,
 ) -> jax.Array:
-    """Layer norm over the last axis with a tuned config.
+    """Layer norm with a tuned config, as flax's `LayerNorm` computes it:
+    `(x − mean) / sqrt(var + epsilon) · scale + bias` over `axis`.
 
     Args:
-      x: `[..., n]`.
-      weight, bias: `[n]`.
-      eps: added to the variance.
+      x: a floating array.
+      scale, bias: the shape of the normalised axes (`[n]` for one axis), or None
+        (no scaling / no offset).
+      axis: the axis or axes to normalise over.
+      epsilon: added to the variance.
       cfg: a `NormConfig` to use instead of the chosen one.
       executor: the executor to run through (default: `kerneltune.default_executor()`).
+
+    Returns:
+      `x`'s shape, in the result dtype of `x`, `scale` and `bias`.
 
     Example:
       >>> import jax.numpy as jnp
       >>> from kerneltune.kernels import layer_norm
-      >>> y = layer_norm(jnp.arange(8.0).reshape(2, 4), jnp.ones(4), jnp.zeros(4))
+      >>> y = layer_norm(jnp.arange(8.0).reshape(2, 4))
       >>> [round(float(v), 3) for v in y[0]]
       [-1.342, -0.447, 0.447, 1.342]
     """
-    ex = _executor(executor)
-    return ex(kernel_for(LayerNorm, ex), x, weight, bias, eps=eps, cfg=cfg)
+    params = (("scale", scale, 1.0), ("bias", bias, 0.0))
+    return _normalize(LayerNorm, x, params, axis, epsilon, cfg, executor)
 
 
 def rms_norm(
     x: jax.Array,
-    weight: jax.Array,
+    scale: jax.Array | None = None,
     *,
-    eps: float = 1e-5,
+    axis: int | tuple[int, ...] = -1,
+    epsilon: float = 1e-6,
     cfg: NormConfig | None = None,
     executor: Any = None,
 ) -> jax.Array:
-    """RMS norm over the last axis with a tuned config: `x / sqrt(mean(x²) + eps) · weight`.
+    """RMS norm with a tuned config, as flax's `RMSNorm` computes it:
+    `x / sqrt(mean(x²) + epsilon) · scale` over `axis` (no mean subtraction).
 
     Example:
       >>> import jax.numpy as jnp
@@ -194,5 +237,4 @@ def rms_norm(
       >>> rms_norm(jnp.full((2, 4), 3.0), jnp.ones(4)).round(3).tolist()
       [[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]]
     """
-    ex = _executor(executor)
-    return ex(kernel_for(RMSNorm, ex), x, weight, eps=eps, cfg=cfg)
+    return _normalize(RMSNorm, x, (("scale", scale, 1.0),), axis, epsilon, cfg, executor)

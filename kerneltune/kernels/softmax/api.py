@@ -8,7 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kerneltune._src.executor import default_executor
 from kerneltune._src.kernel import Invocation, Kernel
+from kerneltune.kernels._args import as_array, floating, normalize_axes, to_rows
 from kerneltune.kernels._common import BundledKernelMixin, Pruned, kernel_for
 from kerneltune.kernels.softmax import config as config_lib
 from kerneltune.kernels.softmax.config import SoftmaxConfig, SoftmaxProblem
@@ -83,10 +85,25 @@ class SoftmaxInterpret(Softmax):
 
 
 def softmax(
-    x: jax.Array, *, axis: int = -1, cfg: SoftmaxConfig | None = None, executor: Any = None
+    x: jax.Array,
+    axis: int | tuple[int, ...] = -1,
+    where: jax.Array | None = None,
+    *,
+    cfg: SoftmaxConfig | None = None,
+    executor: Any = None,
 ) -> jax.Array:
-    """Softmax along `axis` with a tuned config (other axes than the last are moved
-    to the end and back).
+    """`jax.nn.softmax` with a tuned config.
+
+    One axis runs through the tuned kernel (moved last and back). Several axes, or a
+    `where` mask, are features the kernel lacks: such calls compute exactly what
+    `jax.nn.softmax` computes, through XLA.
+
+    Args:
+      x: a floating array.
+      axis: the axis or axes to normalise over.
+      where: elements to include; excluded ones come out as 0 (as `jax.nn.softmax`).
+      cfg: a `SoftmaxConfig` to use instead of the chosen one.
+      executor: the executor to run through (default: `kerneltune.default_executor()`).
 
     Example:
       >>> import jax.numpy as jnp
@@ -94,11 +111,20 @@ def softmax(
       >>> softmax(jnp.zeros((2, 4))).tolist()
       [[0.25, 0.25, 0.25, 0.25], [0.25, 0.25, 0.25, 0.25]]
     """
-    from kerneltune._src.executor import default_executor
-
+    op = "softmax"
+    x = as_array(op, "x", x)
+    floating(op, "x", x)
+    axes = normalize_axes(op, axis, max(x.ndim, 1))
+    if x.ndim == 0 or len(axes) > 1 or where is not None:
+        if where is not None:
+            where = as_array(op, "where", where)
+            try:
+                jnp.broadcast_shapes(where.shape, x.shape)
+            except ValueError:
+                raise ValueError(
+                    f"{op}: where must broadcast to x's shape {x.shape}, got {where.shape}."
+                ) from None
+        return jax.nn.softmax(x, axis=axis, where=where)
     ex = executor if executor is not None else default_executor()
-    axis = axis % x.ndim if x.ndim else 0
-    moved = axis != x.ndim - 1
-    xt = jnp.moveaxis(x, axis, -1) if moved else x
-    out = ex(kernel_for(Softmax, ex), xt, cfg=cfg)
-    return jnp.moveaxis(out, -1, axis) if moved else out
+    rows, back = to_rows(x, axes)
+    return back(ex(kernel_for(Softmax, ex), rows, cfg=cfg))

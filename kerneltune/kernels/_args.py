@@ -1,0 +1,85 @@
+"""Argument checks and axis handling shared by the bundled ops' public functions, so
+that every op reports bad input the same way: the op, the argument, its value, and
+what is allowed."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def as_array(op: str, name: str, value: Any) -> jax.Array:
+    """`value` as a JAX array, or a TypeError naming the argument."""
+    if isinstance(value, (jax.Array, np.ndarray, np.generic, int, float, bool, complex)):
+        return jnp.asarray(value)
+    if hasattr(value, "shape") and hasattr(value, "dtype"):  # tracers and other arrays
+        return jnp.asarray(value)
+    raise TypeError(f"{op}: {name} must be an array, got {type(value).__name__} {value!r:.60}.")
+
+
+def floating(op: str, name: str, x: jax.Array) -> None:
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"{op}: {name} must have a floating dtype, got {x.dtype}.")
+
+
+def normalize_axes(op: str, axis: int | Sequence[int], ndim: int) -> tuple[int, ...]:
+    """`axis` (an int or a sequence of ints, negative counting from the end) as sorted
+    non-negative axes of an array of `ndim` dimensions.
+
+    Example:
+      >>> normalize_axes("op", -1, 3)
+      (2,)
+      >>> normalize_axes("op", (0, -1), 3)
+      (0, 2)
+    """
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    if not axes or not all(isinstance(a, (int, np.integer)) for a in axes):
+        raise TypeError(f"{op}: axis must be an int or a non-empty tuple of ints, got {axis!r}.")
+    out = []
+    for a in axes:
+        if not -ndim <= a < ndim:
+            raise ValueError(
+                f"{op}: axis {a} is out of range for an array of {ndim} dimensions "
+                f"(allowed: {-ndim}..{ndim - 1})."
+            )
+        out.append(int(a) % ndim)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{op}: axis {axis!r} names an axis twice.")
+    return tuple(sorted(out))
+
+
+def to_rows(x: jax.Array, axes: tuple[int, ...]) -> tuple[jax.Array, Any]:
+    """`x` as `[rows, features]` with the `axes` flattened into the features, and the
+    function that puts an array of that shape back into `x`'s layout."""
+    ndim = x.ndim
+    rest = tuple(a for a in range(ndim) if a not in axes)
+    perm = rest + axes
+    moved = x if perm == tuple(range(ndim)) else jnp.transpose(x, perm)
+    feature = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+    rows = moved.reshape((-1, feature))
+
+    def back(y: jax.Array) -> jax.Array:
+        y = y.reshape(moved.shape)
+        return y if perm == tuple(range(ndim)) else jnp.transpose(y, np.argsort(perm))
+
+    return rows, back
+
+
+def feature_param(
+    op: str, name: str, value: Any, x: jax.Array, axes: tuple[int, ...]
+) -> jax.Array | None:
+    """A per-feature parameter (`scale`, `bias`) flattened to `[features]`: its shape
+    must be the reduced axes' shape (`(n,)` for one axis)."""
+    if value is None:
+        return None
+    p = as_array(op, name, value)
+    want = tuple(x.shape[a] for a in axes)
+    if tuple(p.shape) != want:
+        raise ValueError(
+            f"{op}: {name} must have the shape of the normalised axes {want}, got {tuple(p.shape)}."
+        )
+    return p.reshape(-1)

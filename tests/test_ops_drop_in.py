@@ -1,0 +1,373 @@
+"""The bundled ops compute what JAX computes, for every valid input (issue 11).
+
+Hypothesis draws shapes, dtypes, axes and feature combinations; every op's value and
+gradients are compared with `jax.nn` / `jnp` (or, for what JAX lacks, an independent
+float64 NumPy reference) on fresh random inputs, through the tuned path (the XLA
+backend on CPU) and through the Pallas interpreter where the op has one.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import kerneltune as kt
+from kerneltune.kernels import attention, layer_norm, matmul, rms_norm, softmax
+from kerneltune.kernels.attention import AttentionInterpret
+from kerneltune.kernels.normalization import LayerNormInterpret
+
+SETTINGS = settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
+)
+TOL = {jnp.float32: 2e-5, jnp.bfloat16: 3e-2}
+
+
+def heuristics_executor():
+    chain = kt.ConfigSelectorChain(
+        kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback="heuristics")
+    )
+    return kt.Executor(chain)
+
+
+EX = heuristics_executor()
+
+
+def rand(seed, shape, dtype=jnp.float32):
+    return jax.random.normal(jax.random.key(seed), shape, jnp.float32).astype(dtype)
+
+
+def close(a, b, dtype=jnp.float32):
+    a = np.asarray(jnp.asarray(a, jnp.float32))
+    b = np.asarray(jnp.asarray(b, jnp.float32))
+    assert a.shape == b.shape
+    tol = TOL[dtype]
+    np.testing.assert_allclose(a, b, rtol=tol, atol=tol * max(1.0, float(np.abs(b).max(initial=0))))
+
+
+# --- norms -------------------------------------------------------------------------
+
+
+def flax_layer_norm(x, scale, bias, axes, eps):
+    """flax.nnx.LayerNorm's math, in the result dtype."""
+    dtype = jnp.result_type(x, *(p for p in (scale, bias) if p is not None))
+    xf = x.astype(jnp.float32)
+    mean = xf.mean(axes, keepdims=True)
+    var = jnp.square(xf - mean).mean(axes, keepdims=True)
+    y = (xf - mean) * jax.lax.rsqrt(var + eps)
+    shape = [x.shape[a] if a in axes else 1 for a in range(x.ndim)]
+    if scale is not None:
+        y = y * scale.astype(jnp.float32).reshape(shape)
+    if bias is not None:
+        y = y + bias.astype(jnp.float32).reshape(shape)
+    return y.astype(dtype)
+
+
+def flax_rms_norm(x, scale, axes, eps):
+    dtype = jnp.result_type(x, *(p for p in (scale,) if p is not None))
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.square(xf).mean(axes, keepdims=True) + eps)
+    if scale is not None:
+        y = y * scale.astype(jnp.float32).reshape([x.shape[a] if a in axes else 1 for a in range(x.ndim)])
+    return y.astype(dtype)
+
+
+@st.composite
+def norm_cases(draw):
+    ndim = draw(st.integers(1, 3))
+    shape = tuple(draw(st.lists(st.integers(1, 6), min_size=ndim, max_size=ndim)))
+    axes = tuple(sorted(draw(st.sets(st.integers(0, ndim - 1), min_size=1, max_size=ndim))))
+    axis = axes[0] - ndim if len(axes) == 1 and draw(st.booleans()) else axes
+    if len(axes) == 1 and isinstance(axis, tuple):
+        axis = axis[0]
+    dtype = draw(st.sampled_from([jnp.float32, jnp.bfloat16]))
+    with_scale, with_bias = draw(st.booleans()), draw(st.booleans())
+    eps = draw(st.sampled_from([1e-6, 1e-5, 0.1]))
+    return shape, axes, axis, dtype, with_scale, with_bias, eps, draw(st.integers(0, 2**16))
+
+
+@SETTINGS
+@given(norm_cases())
+@jax.numpy_dtype_promotion("standard")  # float32 params with bfloat16 inputs, as in flax
+def test_layer_norm_and_rms_norm_match_flax_math_values_and_gradients(case):
+    shape, axes, axis, dtype, with_scale, with_bias, eps, seed = case
+    x = rand(seed, shape, dtype)
+    feat = tuple(shape[a] for a in axes)
+    scale = rand(seed + 1, feat) if with_scale else None  # float32 params, as flax keeps them
+    bias = rand(seed + 2, feat) if with_bias else None
+    got = layer_norm(x, scale, bias, axis=axis, epsilon=eps, executor=EX)
+    want = flax_layer_norm(x, scale, bias, axes, eps)
+    assert got.dtype == want.dtype
+    close(got, want, dtype)
+    close(rms_norm(x, scale, axis=axis, epsilon=eps, executor=EX), flax_rms_norm(x, scale, axes, eps), dtype)
+    if dtype == jnp.float32 and scale is not None and bias is not None:
+        w = rand(seed + 3, shape)
+
+        def loss(fn):
+            return lambda x, s, b: (fn(x, s, b) * w).sum()
+
+        ours = jax.grad(loss(lambda x, s, b: layer_norm(x, s, b, axis=axis, epsilon=eps, executor=EX)), (0, 1, 2))
+        ref = jax.grad(loss(lambda x, s, b: flax_layer_norm(x, s, b, axes, eps)), (0, 1, 2))
+        for g, r in zip(ours(x, scale, bias), ref(x, scale, bias)):
+            close(g, r, jnp.float32)
+
+
+def test_the_pallas_norm_in_the_interpreter_matches_flax():
+    x, s, b = rand(0, (6, 32)), rand(1, (32,)), rand(2, (32,))
+    kernel = LayerNormInterpret()
+    got = EX(kernel, x, s, b, eps=1e-6)
+    close(got, flax_layer_norm(x, s, b, (1,), 1e-6))
+    grads = jax.grad(lambda x, s, b: (EX(kernel, x, s, b, eps=1e-6) ** 2).sum(), (0, 1, 2))(x, s, b)
+    want = jax.grad(lambda x, s, b: (flax_layer_norm(x, s, b, (1,), 1e-6) ** 2).sum(), (0, 1, 2))(x, s, b)
+    for g, r in zip(grads, want):
+        close(g, r)
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: layer_norm(jnp.ones((2, 3)), jnp.ones(4)), r"scale must have the shape .*\(3,\).*\(4,\)"),
+        (lambda: layer_norm(jnp.ones((2, 3)), axis=2), r"axis 2 is out of range .* -2\.\.1"),
+        (lambda: rms_norm(jnp.ones((2, 3)), axis=(1, -1)), "names an axis twice"),
+        (lambda: rms_norm(jnp.ones((2, 3), jnp.int32)), "floating dtype, got int32"),
+        (lambda: rms_norm(jnp.ones(3), epsilon=-1.0), "epsilon must be >= 0"),
+        (lambda: layer_norm("x"), "x must be an array"),
+    ],
+)
+def test_norms_name_the_bad_argument(call, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        call()
+
+
+# --- softmax -------------------------------------------------------------------------
+
+
+@SETTINGS
+@given(
+    st.lists(st.integers(1, 6), min_size=1, max_size=3),
+    st.integers(0, 2),
+    st.booleans(),
+    st.sampled_from([jnp.float32, jnp.bfloat16]),
+    st.integers(0, 2**16),
+)
+def test_softmax_matches_jax_nn_with_axes_and_where(shape, axis_pick, use_where, dtype, seed):
+    x = rand(seed, tuple(shape), dtype)
+    axis = axis_pick % len(shape)
+    where = jax.random.bernoulli(jax.random.key(seed + 1), 0.7, x.shape) if use_where else None
+    close(softmax(x, axis, where, executor=EX), jax.nn.softmax(x, axis=axis, where=where), dtype)
+    if len(shape) >= 2:
+        close(softmax(x, (0, 1), executor=EX), jax.nn.softmax(x, axis=(0, 1)), dtype)
+    if dtype == jnp.float32 and not use_where:
+        w = rand(seed + 2, x.shape)
+        g = jax.grad(lambda x: (softmax(x, axis, executor=EX) * w).sum())(x)
+        close(g, jax.grad(lambda x: (jax.nn.softmax(x, axis=axis) * w).sum())(x))
+
+
+# --- matmul --------------------------------------------------------------------------
+
+MATMUL_SHAPES = [
+    ((5,), (5,)),
+    ((3, 5), (5,)),
+    ((5,), (5, 4)),
+    ((3, 5), (5, 4)),
+    ((2, 3, 5), (5, 4)),
+    ((2, 3, 5), (2, 5, 4)),
+    ((2, 1, 3, 5), (4, 5, 6)),
+]
+
+
+@SETTINGS
+@given(
+    st.sampled_from(MATMUL_SHAPES),
+    st.sampled_from([(jnp.float32, jnp.float32), (jnp.bfloat16, jnp.float32), (jnp.bfloat16, jnp.bfloat16)]),
+    st.integers(0, 2**16),
+)
+@jax.numpy_dtype_promotion("standard")  # bf16 @ f32 promotes, as users' JAX does
+def test_matmul_matches_jnp_matmul_shapes_promotion_and_gradients(shapes, dtypes, seed):
+    a, b = rand(seed, shapes[0], dtypes[0]), rand(seed + 1, shapes[1], dtypes[1])
+    got, want = matmul(a, b, executor=EX), jnp.matmul(a, b)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    close(got, want, jnp.bfloat16 if jnp.bfloat16 in dtypes else jnp.float32)
+    if dtypes == (jnp.float32, jnp.float32):
+        ga = jax.grad(lambda a, b: (matmul(a, b, executor=EX) ** 2).sum(), (0, 1))(a, b)
+        gb = jax.grad(lambda a, b: (jnp.matmul(a, b) ** 2).sum(), (0, 1))(a, b)
+        for g, r in zip(ga, gb):
+            close(g, r)
+
+
+def test_matmul_int8_and_preferred_element_type_follow_jnp():
+    a = jax.random.randint(jax.random.key(0), (4, 8), -100, 100, jnp.int8)
+    b = jax.random.randint(jax.random.key(1), (8, 3), -100, 100, jnp.int8)
+    got = matmul(a, b, preferred_element_type=jnp.int32, executor=EX)
+    assert got.dtype == jnp.int32
+    np.testing.assert_array_equal(got, jnp.matmul(a, b, preferred_element_type=jnp.int32))
+    np.testing.assert_array_equal(matmul(a, b, executor=EX), jnp.matmul(a, b))
+
+
+def test_matmul_names_mismatched_contracting_dimensions():
+    with pytest.raises(ValueError, match=r"a's last dimension \(5\) must equal b's second-to-last dimension \(4\)"):
+        matmul(jnp.ones((3, 5)), jnp.ones((4, 2)))
+    with pytest.raises(ValueError, match="at least one dimension"):
+        matmul(jnp.ones(()), jnp.ones(3))
+
+
+# --- attention -----------------------------------------------------------------------
+
+
+def numpy_attention(q, k, v, bias, mask, scale, causal, q_len, kv_len, window, cap):
+    """An independent float64 reference (NumPy, one head at a time)."""
+    q, k, v = (np.asarray(jnp.asarray(a, jnp.float32), np.float64) for a in (q, k, v))
+    b, t, n, h = q.shape
+    s, kh = k.shape[1], k.shape[2]
+    out = np.zeros((b, t, n, v.shape[-1]))
+    bias = None if bias is None else np.broadcast_to(np.asarray(bias, np.float64), (b, n, t, s))
+    mask = None if mask is None else np.broadcast_to(np.asarray(mask), (b, n, t, s))
+    for bi in range(b):
+        for ni in range(n):
+            kv = ni // (n // kh)
+            logits = q[bi, :, ni] @ k[bi, :, kv].T * scale
+            if bias is not None:
+                logits = logits + bias[bi, ni]
+            if cap is not None:
+                logits = cap * np.tanh(logits / cap)
+            keep = np.ones((t, s), bool)
+            i, j = np.arange(t)[:, None], np.arange(s)[None, :]
+            if mask is not None:
+                keep &= mask[bi, ni]
+            if causal:
+                keep &= i >= j
+            if window is not None:
+                keep &= (i <= j + window[0]) & (i >= j - window[1])
+            if q_len is not None:
+                keep &= i < q_len[bi]
+            if kv_len is not None:
+                keep &= j < kv_len[bi]
+            logits = np.where(keep, logits, -0.7 * np.finfo(np.float32).max)
+            p = np.exp(logits - logits.max(-1, keepdims=True))
+            p = p / p.sum(-1, keepdims=True)
+            o = p @ v[bi, :, kv]
+            if q_len is not None:
+                o[q_len[bi]:] = 0
+            out[bi, :, ni] = o
+    return out
+
+
+@st.composite
+def attention_cases(draw):
+    b = draw(st.integers(1, 2))
+    t = draw(st.sampled_from([4, 7, 16]))
+    s = draw(st.sampled_from([5, 8, 16]))
+    kh = draw(st.sampled_from([1, 2]))
+    n = kh * draw(st.sampled_from([1, 2]))
+    h = draw(st.sampled_from([4, 8]))
+    feats = {
+        "bias": draw(st.booleans()),
+        "mask": draw(st.booleans()),
+        "causal": draw(st.booleans()),
+        "lengths": draw(st.booleans()),
+        "window": draw(st.sampled_from([None, 2, (1, 3)])),
+        "cap": draw(st.sampled_from([None, 5.0])),
+        "scale": draw(st.sampled_from([None, 0.3])),
+        "unbatched": b == 1 and draw(st.booleans()),
+    }
+    return (b, t, s, n, kh, h), feats, draw(st.integers(0, 2**16))
+
+
+@SETTINGS
+@given(attention_cases())
+def test_attention_matches_an_independent_reference_with_every_feature(case):
+    (b, t, s, n, kh, h), f, seed = case
+    q, k, v = rand(seed, (b, t, n, h)), rand(seed + 1, (b, s, kh, h)), rand(seed + 2, (b, s, kh, h))
+    bias = rand(seed + 3, (1, n, t, s)) if f["bias"] else None
+    mask = jax.random.bernoulli(jax.random.key(seed + 4), 0.8, (b, 1, t, s)) if f["mask"] else None
+    q_len = jnp.array([t] + [max(1, t - 2)] * (b - 1), jnp.int32) if f["lengths"] else None
+    kv_len = jnp.array([max(1, s - 1)] * b, jnp.int32) if f["lengths"] else None
+    window = f["window"]
+    win_pair = None if window is None else (window, window) if isinstance(window, int) else window
+    kwargs = dict(
+        scale=f["scale"], is_causal=f["causal"], query_seq_lengths=q_len,
+        key_value_seq_lengths=kv_len, local_window_size=window, logits_soft_cap=f["cap"],
+    )  # fmt: skip
+    scale = 1 / math.sqrt(h) if f["scale"] is None else f["scale"]
+    want = numpy_attention(q, k, v, bias, mask, scale, f["causal"], q_len, kv_len, win_pair, f["cap"])
+    if f["unbatched"] and bias is None and mask is None and not f["lengths"]:
+        got = attention(q[0], k[0], v[0], **kwargs, executor=EX)
+        close(got, want[0])
+    else:
+        got = attention(q, k, v, bias, mask, **kwargs, executor=EX)
+        close(got, want)
+    if f["cap"] is None:  # jax.nn has every other feature
+        ref = jax.nn.dot_product_attention(q, k, v, bias, mask, **{k_: v_ for k_, v_ in kwargs.items() if k_ != "logits_soft_cap"})
+        close(attention(q, k, v, bias, mask, **kwargs, executor=EX), ref)
+
+
+@pytest.mark.parametrize("kernel", ["xla", "interpret"])
+def test_attention_gradients_match_jax_nn_for_q_k_v_and_bias(kernel):
+    q, k, v = rand(0, (2, 16, 4, 8)), rand(1, (2, 16, 2, 8)), rand(2, (2, 16, 2, 8))
+    bias = rand(3, (1, 4, 16, 16))
+    w = rand(4, (2, 16, 4, 8))
+    ex = EX
+    if kernel == "interpret":  # the plain path through the Pallas interpreter
+        ex = kt.Executor(
+            kt.ConfigSelectorChain(kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback="heuristics"))
+        )
+    for with_bias in (False, True):
+        b = bias if with_bias else None
+
+        def ours(q, k, v, b):
+            return (attention(q, k, v, b, is_causal=True, executor=ex) * w).sum()
+
+        def ref(q, k, v, b):
+            return (jax.nn.dot_product_attention(q, k, v, b, is_causal=True) * w).sum()
+
+        argnums = (0, 1, 2, 3) if with_bias else (0, 1, 2)
+        for g, r in zip(jax.grad(ours, argnums)(q, k, v, b), jax.grad(ref, argnums)(q, k, v, b)):
+            close(g, r)
+
+
+def test_the_pallas_attention_kernel_in_the_interpreter_matches_jax_nn():
+    q, k, v = rand(0, (1, 16, 2, 16)), rand(1, (1, 16, 2, 16)), rand(2, (1, 16, 2, 16))
+    got = EX(AttentionInterpret(), q, k, v, causal=True, sm_scale=0.25)
+    close(got, jax.nn.dot_product_attention(q, k, v, is_causal=True, scale=0.25))
+
+
+def test_a_traced_scale_works_under_jit_and_grad():
+    q, k, v = rand(0, (1, 16, 2, 8)), rand(1, (1, 16, 2, 8)), rand(2, (1, 16, 2, 8))
+
+    @jax.jit
+    def f(scale):
+        return attention(q, k, v, scale=scale, executor=EX).sum()
+
+    ref = jax.nn.dot_product_attention(q, k, v, scale=0.7).sum()
+    close(f(0.7), ref)
+    g = jax.grad(f)(jnp.float32(0.7))
+    want = jax.grad(lambda s: jax.nn.dot_product_attention(q, k, v, scale=s).sum())(jnp.float32(0.7))
+    close(g, want)
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: attention(jnp.ones((1, 4, 3, 8)), jnp.ones((1, 4, 2, 8)), jnp.ones((1, 4, 2, 8))),
+         r"key/value heads \(2\) must divide query heads \(3\)"),
+        (lambda: attention(jnp.ones((1, 4, 2, 8)), jnp.ones((4, 2, 8)), jnp.ones((4, 2, 8))),
+         "must all be"),
+        (lambda: attention(jnp.ones((2, 4, 2, 8)), jnp.ones((2, 4, 2, 8)), jnp.ones((2, 4, 2, 8)),
+                           query_seq_lengths=jnp.array([3], jnp.int32)),
+         r"query_seq_lengths must be an integer array of shape \(2,\)"),
+        (lambda: attention(jnp.ones((1, 4, 2, 8)), jnp.ones((1, 4, 2, 8)), jnp.ones((1, 4, 2, 8)),
+                           mask=jnp.ones((1, 3, 4, 4), bool)),
+         r"mask must broadcast to \[batch, heads, q_len, kv_len\]"),
+        (lambda: attention(jnp.ones((1, 4, 2, 8)), jnp.ones((1, 4, 2, 8)), jnp.ones((1, 4, 2, 8)),
+                           local_window_size=-1),
+         "local_window_size must be a non-negative int"),
+        (lambda: attention(jnp.ones((1, 4, 2, 8)), jnp.ones((1, 4, 2, 8), jnp.bfloat16), jnp.ones((1, 4, 2, 8))),
+         "share one floating dtype"),
+    ],
+)  # fmt: skip
+def test_attention_names_the_bad_argument(call, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        call()
