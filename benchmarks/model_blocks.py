@@ -53,9 +53,11 @@ def xla_rms_norm(x: jax.Array, scale: jax.Array) -> jax.Array:
 
 def jax_attention(implementation: str | None) -> Callable[..., jax.Array]:
     def attention(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool) -> jax.Array:
-        return jax.nn.dot_product_attention(
-            q, k, v, is_causal=causal, implementation=implementation
-        )
+        # Its XLA path mixes bf16 and f32 arrays, which strict promotion rejects.
+        with jax.numpy_dtype_promotion("standard"):
+            return jax.nn.dot_product_attention(
+                q, k, v, is_causal=causal, implementation=implementation
+            )
 
     return attention
 
