@@ -1,11 +1,10 @@
 """What the GPU benchmarks share: device timing, random inputs, kerneltune executors,
-and one results table printed and written as JSON.
+and one results table, printed and written as JSON.
 
-Timing: on a GPU, the summed device time of every kernel a call launches, read through
-CUPTI (`jax.experimental.mosaic.gpu.profiler.measure`, the timer kerneltune's tuner
-uses too): no launch overhead, no host jitter. Elsewhere (the CPU smoke run), host
-wall time per call. Every figure is the median over many calls. Inputs that fit in L2
-are rotated: each call reads an argument set that the previous calls have evicted.
+On a GPU a call's time is the summed device time of the kernels it launches, through
+CUPTI (`jax.experimental.mosaic.gpu.profiler.measure`, as kerneltune's tuner does);
+elsewhere, host wall time. Every figure is a median over many calls, and inputs that
+fit in L2 are rotated so that no call reads what the previous ones left in cache.
 """
 
 from __future__ import annotations
@@ -56,23 +55,18 @@ def rotations(set_bytes: int) -> int:
     return min(64, math.ceil(2 * L2_BYTES / max(set_bytes, 1)) + 1)
 
 
-def arg_sets(make: Callable[[int], tuple[Any, ...]], *, rotate: bool = True) -> list[Any]:
+def arg_sets(make: Callable[[int], tuple[Any, ...]]) -> list[Any]:
     """`make(seed)` for as many seeds as `rotations` asks for (two on a CPU, where
     rotating only exercises the code)."""
     first = make(0)
-    if not rotate:
-        return [first]
     count = rotations(nbytes(first)) if on_gpu() else 2
     return [first] + [make(seed) for seed in range(1, count)]
 
 
 class _Cycle:
-    """Calls `fn` on the next argument set each time it is called with no arguments.
-
-    `profiler.measure` calls the same function with the same arguments every
-    iteration; it jits whatever is not a `jax.stages.Wrapped`, and this object passes
-    as one (it has `trace` and `lower`), so each timed iteration reads fresh inputs.
-    """
+    """Each call (with no arguments) runs `fn` on the next argument set. `measure`
+    calls one function on one set of arguments, and jits whatever is not a
+    `jax.stages.Wrapped`; this passes as one (it has `trace` and `lower`)."""
 
     def __init__(self, fn: Callable[..., Any], sets: Sequence[Any]) -> None:
         self.fn, self.sets, self.i = fn, sets, 0
@@ -83,10 +77,9 @@ class _Cycle:
         return self.fn(*args)
 
     def trace(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError("only called, never traced")
+        raise NotImplementedError("only called")
 
-    def lower(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError("only called, never lowered")
+    lower = trace
 
 
 def _cupti_calls(fn: Callable[..., Any], sets: Sequence[Any], calls: int) -> list[float]:
@@ -127,9 +120,6 @@ def copy_bandwidth(size_bytes: int) -> float:
     return 2 * size_bytes / device_time(lambda a: a + 1, [(x,)])
 
 
-# --- kerneltune executors ----------------------------------------------------------
-
-
 def heuristic_executor() -> kt.Executor:
     """Uses each kernel's heuristic config, tunes nothing, stores nothing."""
     policy = kt.AutotunePolicy(cache_miss_fallback="heuristics")
@@ -138,8 +128,7 @@ def heuristic_executor() -> kt.Executor:
 
 @dataclasses.dataclass
 class Tuning:
-    """An executor that autotunes every miss into a fresh, empty cache directory, and
-    the configs its tuning chose (`op_id@vN` → config), in order."""
+    """An executor tuning every miss into a fresh cache directory; what it chose."""
 
     executor: kt.Executor
     chosen: list[tuple[str, Any]]
@@ -167,14 +156,18 @@ def backend_of(chosen: Sequence[tuple[str, Any]]) -> str:
     return "+".join(dict.fromkeys(names)) or "-"
 
 
+def error_text(e: BaseException) -> str:
+    """`Type: first line of the message`, for a table cell or a log line."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:200] if lines else ''}"
+
+
 def timed_first_call(fn: Callable[..., Any], args: Sequence[Any]) -> float:
     """Wall seconds of `fn(*args)`'s first call: tracing, tuning, compiling, running."""
     t0 = time.perf_counter()
     jax.block_until_ready(fn(*args))
     return time.perf_counter() - t0
 
-
-# --- results -------------------------------------------------------------------------
 
 COLUMNS = ("plain", "cudnn", "tokamax", "kt_heuristic", "kt_tuned")
 HEADER = ("op", "pass", "shape", "plain", "cuDNN", "tokamax", "kt heur", "kt tuned")
@@ -216,19 +209,19 @@ def _us(t: float | None) -> str:
     return "-" if t is None else f"{t * 1e6:.0f}" if t < 0.1 else f"{t * 1e3:.1f}ms"
 
 
-def _cells(r: Row) -> list[str]:
+def cells(r: Row) -> list[str]:
     ratio = r.vs_best_other
-    cells = [r.op, r.pass_, r.shape] + [_us(r.times.get(c)) for c in COLUMNS]
-    cells.append(r.backend)
-    cells.append("-" if ratio is None else f"{ratio:.2f}x")
-    cells.append("-" if r.pct_copy is None else f"{r.pct_copy:.0f}%")
-    cells.append("-" if r.tune_s is None else f"{r.tune_s:.1f}")
-    return cells
+    out = [r.op, r.pass_, r.shape] + [_us(r.times.get(c)) for c in COLUMNS]
+    out.append(r.backend)
+    out.append("-" if ratio is None else f"{ratio:.2f}x")
+    out.append("-" if r.pct_copy is None else f"{r.pct_copy:.0f}%")
+    out.append("-" if r.tune_s is None else f"{r.tune_s:.1f}")
+    return out
 
 
 def table(rows: Sequence[Row]) -> str:
     """The results as one text table (times in µs unless marked ms)."""
-    lines = [list(HEADER)] + [_cells(r) for r in rows]
+    lines = [list(HEADER)] + [cells(r) for r in rows]
     widths = [max(len(line[i]) for line in lines) for i in range(len(HEADER))]
     text = [
         "  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))

@@ -11,15 +11,17 @@ calls `kerneltune.kernels` with the SPEC §7 signatures; `tokamax_ops` calls tok
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from benchmarks.harness import normal, on_gpu
+from benchmarks.harness import error_text, normal, on_gpu
 from kerneltune import kernels as ktk
 
 EPSILON = 1e-6
@@ -53,11 +55,9 @@ def xla_rms_norm(x: jax.Array, scale: jax.Array) -> jax.Array:
 
 def jax_attention(implementation: str | None) -> Callable[..., jax.Array]:
     def attention(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool) -> jax.Array:
-        # Its XLA path mixes bf16 and f32 arrays, which strict promotion rejects.
-        with jax.numpy_dtype_promotion("standard"):
-            return jax.nn.dot_product_attention(
-                q, k, v, is_causal=causal, implementation=implementation
-            )
+        return jax.nn.dot_product_attention(
+            q, k, v, is_causal=causal, implementation=implementation
+        )
 
     return attention
 
@@ -129,6 +129,15 @@ def _kerneltune_ops_before_spec(ex: dict[str, Any]) -> Ops:
         matmul,
         _swiglu_with(matmul),
     )
+
+
+def import_tokamax() -> Any:
+    """The `tokamax` module, or None (said on stderr) where it does not import."""
+    try:
+        return importlib.import_module("tokamax")
+    except Exception as e:  # absent, or present without its dependencies
+        print(f"tokamax unavailable ({error_text(e)}): its column stays empty", file=sys.stderr)
+        return None
 
 
 def tokamax_ops(tokamax: Any) -> Ops:

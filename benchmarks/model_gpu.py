@@ -3,27 +3,16 @@
     python -m benchmarks.model_gpu [--json OUT.json] [--ops attention,gpt,...]
     python -m benchmarks.model_gpu --smoke      # tiny shapes, any device, wall clock
 
-Run it from the repository root. One run prints one table; every time is a median of
-CUPTI device time per call on random bf16 data (see `benchmarks/harness.py`).
-
-1. Per op, at realistic shapes: plain XLA/`jnp`, cuDNN (attention), tokamax's op (when
-   `tokamax` imports), kerneltune with its heuristic config, kerneltune autotuned from
-   an empty cache directory, the backend the tuned configs name, and the best other
-   implementation's time ÷ tuned time (> 1: tuned is faster). Attention is timed
-   forward and forward+backward (`value_and_grad` of a sum); norms and softmax also
-   as a % of a large copy's bandwidth (bytes read + written) measured in this run.
-2. A GPT-style block (pre-LayerNorm, MHA, GELU MLP) and a Llama-style block (RMSNorm,
-   grouped-query attention, SwiGLU), one jitted `value_and_grad` training step each:
-   plain JAX, kerneltune with heuristic configs, kerneltune tuned from an empty cache
-   (`kt.autotune(step, ...)` where this checkout has it, else the first call tunes),
-   tokamax's ops; "tune s" is the wall of the tuning (first) call.
-
-Peers are never installed by this script. To compare with tokamax on a machine without
-network, carry its wheels and put them on the path first (benchmarks/README.md lists
-them and shows how to download them):
-
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
-    PYTHONPATH=/tmp/site python3 -m benchmarks.model_gpu --json model.json
+Run from the repository root; one run prints one table (µs per call unless marked).
+Per op at realistic shapes: plain XLA/`jnp`, cuDNN (attention), tokamax (when it
+imports), kerneltune with its heuristic config and autotuned from an empty cache, the
+backend the tuned configs name, best other ÷ tuned time (> 1: tuned is faster), and
+for norms and softmax kerneltune's % of a copy's bandwidth measured in the run. Then a
+GPT-style and a Llama-style block's jitted `value_and_grad` training step: plain JAX
+(cuDNN attention), kerneltune heuristic and tuned, tokamax; "tune s" is the tuning wall.
+benchmarks/README.md says what each column means and how to bring peers: nothing is
+installed here, e.g. `pip install --no-index --no-deps --target /tmp/site .whl/*.whl`,
+then `PYTHONPATH=/tmp/site python3 -m benchmarks.model_gpu`.
 """
 
 from __future__ import annotations
@@ -32,7 +21,6 @@ import argparse
 import contextlib
 import dataclasses
 import functools
-import importlib
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -57,10 +45,10 @@ SHAPES: dict[str, Any] = {  # attention (B, T, N, H, causal); rows × width; (m,
     "matmul": [(4096, 4096, 4096), (8192, 8192, 8192), (64, 8192, 8192), (16384, 1024, 16384)],
     "gpt": [BIG], "llama": [LLAMA],
 }  # fmt: skip
-SMOKE: dict[str, Any] = {
+SMOKE: dict[str, Any] = {  # every code path once (attention: causal and not)
     "attention": [(1, 64, 2, 32, True), (1, 128, 2, 64, False)],
-    "layer_norm": [(64, 128), (32, 256)], "rms_norm": [(64, 128), (32, 256)],
-    "softmax": [(64, 128), (32, 256)], "matmul": [(64, 64, 64), (8, 128, 64)],
+    "layer_norm": [(64, 128)], "rms_norm": [(32, 256)], "softmax": [(64, 128)],
+    "matmul": [(8, 128, 64)],
     "gpt": [mb.BlockShape(1, 64, 64, 2, 2, 128)], "llama": [mb.BlockShape(1, 64, 64, 4, 2, 96)],
 }  # fmt: skip
 OPS = tuple(SHAPES)
@@ -72,10 +60,6 @@ class Settings:
     tune_budget_s: float | None  # the tuner's budget per key (None: its default)
     tokamax: Any  # the module, or None
     bandwidth: float | None  # the copy's bytes per second
-
-
-def _error(e: BaseException) -> str:
-    return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
 
 
 def _fwd_bwd(f: Callable[..., jax.Array]) -> Callable[..., Any]:
@@ -118,10 +102,10 @@ def measure(
                 row.tune_s = h.timed_first_call(jitted, sets[0])
             row.times[name] = h.device_time(jitted, sets)
         except Exception as e:  # one failing implementation must not end the run
-            row.errors[name] = _error(e)
+            row.errors[name] = h.error_text(e)
     if tuning is not None:
         row.backend = h.backend_of(tuning.chosen)
-    print(f"  {op} {pass_} {shape}: done", file=sys.stderr, flush=True)
+    print("  " + " | ".join(h.cells(row)), row.errors or "", file=sys.stderr, flush=True)
     return row
 
 
@@ -191,7 +175,7 @@ def block_rows(block: str, s: mb.BlockShape, st: Settings) -> list[h.Row]:
             row.first_call_s[name] = h.timed_first_call(step, args)
             row.times[name] = h.device_time(step, [args])
         except Exception as e:
-            row.errors[name] = _error(e)
+            row.errors[name] = h.error_text(e)
     if st.tune:
         tuning = h.tuning_executor(st.tune_budget_s)
         kt.set_default_executor(tuning.executor)  # what `kt.autotune(f)` and the ops use
@@ -202,10 +186,10 @@ def block_rows(block: str, s: mb.BlockShape, st: Settings) -> list[h.Row]:
                 row.times["kt_tuned"] = h.device_time(step, [args])
             row.backend = h.backend_of(tuning.chosen)
         except Exception as e:
-            row.errors["kt_tuned"] = _error(e)
+            row.errors["kt_tuned"] = h.error_text(e)
         finally:
             kt.set_default_executor(None)
-    print(f"  {block} train {s}: done", file=sys.stderr, flush=True)
+    print("  " + " | ".join(h.cells(row)), row.errors or "", file=sys.stderr, flush=True)
     return [row]
 
 
@@ -217,14 +201,6 @@ def rows_for(op: str, shape: Any, st: Settings) -> list[h.Row]:
     if op in mb.BLOCKS:
         return block_rows(op, shape, st)
     return rowwise_rows(op, shape, st)
-
-
-def _import_tokamax() -> Any:
-    try:
-        return importlib.import_module("tokamax")
-    except Exception as e:  # absent, or present without its dependencies
-        print(f"tokamax unavailable ({_error(e)}): its column stays empty", file=sys.stderr)
-        return None
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -250,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> list[h.Row]:
     shapes = SMOKE if args.smoke else SHAPES
     rowwise = any(op in ("layer_norm", "rms_norm", "softmax") for op in ops)
     bandwidth = h.copy_bandwidth(2**20 if args.smoke else 2**30) if rowwise else None
-    tokamax = None if args.smoke or args.no_tokamax else _import_tokamax()
+    tokamax = None if args.smoke or args.no_tokamax else mb.import_tokamax()
     st = Settings(not args.no_tune, args.tune_budget, tokamax, bandwidth)
     rows = [r for op in ops for shape in shapes[op][: args.shapes] for r in rows_for(op, shape, st)]
     print(h.table(rows))
