@@ -107,8 +107,7 @@ def device_time(fn: Callable[..., Any], sets: Sequence[Any]) -> float:
     fn = fn if hasattr(fn, "lower") else jax.jit(fn)
     out = jax.block_until_ready(fn(*sets[0]))  # compiles; not timed
     calls_of = _cupti_calls if on_gpu() else _wall_calls
-    first = calls_of(fn, sets, 2)
-    calls = round(SESSION_S / max(statistics.median(first), 1e-7))
+    calls = round(SESSION_S / max(statistics.median(calls_of(fn, sets, 2)), 1e-7))
     calls = min(max(calls, MIN_CALLS), MAX_CALLS, max(2, SESSION_OUTPUT_BYTES // nbytes(out)))
     return statistics.median(calls_of(fn, sets, calls))
 
@@ -141,9 +140,11 @@ def tuning_executor(budget_s: float | None = None) -> Tuning:
         if event == "autotune_finish":
             chosen.append((data["op_id"], data.get("cfg")))
 
-    cache = kt.PersistentCache(tempfile.mkdtemp(prefix="kt-model-bench-"))
-    tuner = kt.Tuner(progress=False, time_budget_s=budget_s) if budget_s else None
-    chain = kt.ConfigSelectorChain(
+    cache: kt.PersistentCache[Any] = kt.PersistentCache(tempfile.mkdtemp(prefix="kt-bench-"))
+    tuner: kt.Tuner[Any] | None = (
+        kt.Tuner(progress=False, time_budget_s=budget_s) if budget_s else None
+    )
+    chain: kt.ConfigSelectorChain[Any, Any] = kt.ConfigSelectorChain(
         kt.ConfigCache(), tuner=tuner, persistent=cache, on_event=on_event
     )
     return Tuning(kt.Executor(chain), chosen)
@@ -170,8 +171,8 @@ def timed_first_call(fn: Callable[..., Any], args: Sequence[Any]) -> float:
 
 
 COLUMNS = ("plain", "cudnn", "tokamax", "kt_heuristic", "kt_tuned")
-HEADER = ("op", "pass", "shape", "plain", "cuDNN", "tokamax", "kt heur", "kt tuned")
-HEADER += ("backend", "tuned÷best", "%copy", "tune s")
+HEADER = "op pass shape plain cuDNN tokamax kt_heur kt_tuned backend tuned÷best %copy tune_s"
+HEADER_CELLS = [c.replace("_", " ") for c in HEADER.split()]
 
 
 @dataclasses.dataclass
@@ -221,8 +222,8 @@ def cells(r: Row) -> list[str]:
 
 def table(rows: Sequence[Row]) -> str:
     """The results as one text table (times in µs unless marked ms)."""
-    lines = [list(HEADER)] + [cells(r) for r in rows]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(HEADER))]
+    lines = [HEADER_CELLS] + [cells(r) for r in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(HEADER_CELLS))]
     text = [
         "  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
         for line in lines

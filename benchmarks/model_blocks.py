@@ -16,7 +16,7 @@ import inspect
 import math
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -53,7 +53,7 @@ def xla_rms_norm(x: jax.Array, scale: jax.Array) -> jax.Array:
     return (y * scale.astype(F32)).astype(x.dtype)
 
 
-def jax_attention(implementation: str | None) -> Callable[..., jax.Array]:
+def jax_attention(implementation: Literal["xla", "cudnn"] | None) -> Callable[..., jax.Array]:
     def attention(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool) -> jax.Array:
         return jax.nn.dot_product_attention(
             q, k, v, is_causal=causal, implementation=implementation
