@@ -24,13 +24,11 @@ import jax.numpy as jnp
 
 import kerneltune as kt
 
-#: An H100's and an H200's L2 cache, in bytes.
-L2_BYTES = 50 * 2**20
+L2_BYTES = 50 * 2**20  # an H100's and an H200's L2 cache
 #: Host-time target of one timed session, and its bounds in calls.
 SESSION_S = 0.2
 MIN_CALLS, MAX_CALLS = 5, 100
-#: Every call's outputs stay alive until the session ends; this bounds their sum.
-SESSION_OUTPUT_BYTES = 8 * 2**30
+SESSION_OUTPUT_BYTES = 8 * 2**30  # bounds the outputs, alive until a session ends
 
 
 def on_gpu() -> bool:
@@ -44,7 +42,7 @@ def normal(seed: int, shape: Sequence[int], dtype: Any = jnp.bfloat16) -> jax.Ar
 
 
 def nbytes(tree: Any) -> int:
-    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+    return sum(x.nbytes for x in jax.tree.leaves(tree))
 
 
 def rotations(set_bytes: int) -> int:
@@ -177,13 +175,15 @@ HEADER_CELLS = [c.replace("_", " ") for c in HEADER.split()]
 
 @dataclasses.dataclass
 class Row:
-    """One op at one shape (or one model block): seconds per call of each
-    implementation (None where it does not apply or failed; `errors` says which)."""
+    """One op at one shape, or one block: seconds per call by column (None where it
+    does not apply or failed: `errors` says which)."""
 
     op: str
     pass_: str
     shape: str
-    times: dict[str, float | None]
+    times: dict[str, float | None] = dataclasses.field(
+        default_factory=lambda: dict.fromkeys(COLUMNS)
+    )
     backend: str = "-"
     tune_s: float | None = None
     bytes_moved: int | None = None

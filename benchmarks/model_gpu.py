@@ -34,7 +34,7 @@ from benchmarks import harness as h
 from benchmarks import model_blocks as mb
 
 F32 = jnp.float32
-BIG = mb.BlockShape(batch=8, seq=2048, dim=2048, heads=16, kv_heads=16, hidden=8192)
+GPT = mb.BlockShape(batch=8, seq=2048, dim=2048, heads=16, kv_heads=16, hidden=8192)
 LLAMA = mb.BlockShape(batch=8, seq=2048, dim=2048, heads=16, kv_heads=4, hidden=5632)
 SHAPES: dict[str, Any] = {  # attention (B, T, N, H, causal); rows × width; (m, k, n)
     "attention": [(8, 1024, 16, 128, False), (4, 2048, 32, 64, True),
@@ -43,7 +43,7 @@ SHAPES: dict[str, Any] = {  # attention (B, T, N, H, causal); rows × width; (m,
     "rms_norm": [(16384, 1024), (16384, 4096), (8192, 8192), (4096, 16384)],
     "softmax": [(16384, 1024), (16384, 2048), (8192, 8192), (4096, 32768)],
     "matmul": [(4096, 4096, 4096), (8192, 8192, 8192), (64, 8192, 8192), (16384, 1024, 16384)],
-    "gpt": [BIG], "llama": [LLAMA],
+    "gpt": [GPT], "llama": [LLAMA],
 }  # fmt: skip
 SMOKE: dict[str, Any] = {  # every code path once (attention: causal and not)
     "attention": [(1, 64, 2, 32, True), (1, 128, 2, 64, False)],
@@ -62,14 +62,24 @@ class Settings:
     bandwidth: float | None  # the copy's bytes per second
 
 
+Impls = dict[str, Callable[..., Any] | None]
+
+
+def _log(row: h.Row, name: str) -> None:
+    """A progress line per implementation on stderr: a long run shows where it is."""
+    t = row.times.get(name)
+    what = f"{t * 1e6:.0f} us" if t else row.errors.get(name, "...")
+    print(f"  {row.op} {row.pass_} {row.shape} {name}: {what}", file=sys.stderr, flush=True)
+
+
 def _fwd_bwd(f: Callable[..., jax.Array]) -> Callable[..., Any]:
     return jax.value_and_grad(lambda *a: f(*a).astype(F32).sum(), argnums=(0, 1, 2))
 
 
-def _impls(op: str, st: Settings) -> tuple[dict[str, Callable[..., Any] | None], h.Tuning | None]:
+def _impls(op: str, st: Settings) -> tuple[Impls, h.Tuning | None]:
     """The op's implementations by column; a fresh tuning executor for each call, so
     every tuned row starts from an empty cache."""
-    impls: dict[str, Callable[..., Any] | None] = {"plain": getattr(mb.plain_ops(), op)}
+    impls: Impls = {"plain": getattr(mb.plain_ops(), op)}
     if op == "attention":
         impls["plain"] = mb.jax_attention("xla")
         impls["cudnn"] = mb.jax_attention("cudnn") if h.on_gpu() else None
@@ -82,17 +92,9 @@ def _impls(op: str, st: Settings) -> tuple[dict[str, Callable[..., Any] | None],
     return impls, tuning
 
 
-def measure(
-    op: str,
-    pass_: str,
-    shape: str,
-    impls: dict[str, Callable[..., Any] | None],
-    sets: Sequence[Any],
-    tuning: h.Tuning | None,
-) -> h.Row:
+def measure(row: h.Row, impls: Impls, sets: Sequence[Any], tuning: h.Tuning | None) -> h.Row:
     """Times every implementation on the same argument sets; the tuned one's first
     call (tracing, tuning, compiling) is timed on the wall clock too."""
-    row = h.Row(op, pass_, shape, dict.fromkeys(h.COLUMNS))
     for name, fn in impls.items():
         if fn is None:
             continue
@@ -103,9 +105,9 @@ def measure(
             row.times[name] = h.device_time(jitted, sets)
         except Exception as e:  # one failing implementation must not end the run
             row.errors[name] = h.error_text(e)
+        _log(row, name)
     if tuning is not None:
         row.backend = h.backend_of(tuning.chosen)
-    print("  " + " | ".join(h.cells(row)), row.errors or "", file=sys.stderr, flush=True)
     return row
 
 
@@ -117,7 +119,7 @@ def attention_rows(shape: tuple[int, int, int, int, bool], st: Settings) -> list
     for pass_, wrap in (("fwd", lambda f: f), ("fwd+bwd", _fwd_bwd)):
         impls, tuning = _impls("attention", st)
         fns = {k: f and wrap(functools.partial(f, causal=causal)) for k, f in impls.items()}
-        rows.append(measure("attention", pass_, text, fns, sets, tuning))
+        rows.append(measure(h.Row("attention", pass_, text), fns, sets, tuning))
     return rows
 
 
@@ -132,7 +134,7 @@ def rowwise_rows(op: str, shape: tuple[int, int], st: Settings) -> list[h.Row]:
         return (h.normal(seed, shape), *extra)
 
     impls, tuning = _impls(op, st)
-    row = measure(op, "fwd", f"{rows_}x{width}", impls, h.arg_sets(make), tuning)
+    row = measure(h.Row(op, "fwd", f"{rows_}x{width}"), impls, h.arg_sets(make), tuning)
     row.bytes_moved = 2 * rows_ * width * 2  # bf16 read once, written once
     kt_time = row.times.get("kt_tuned") or row.times.get("kt_heuristic")
     if kt_time and st.bandwidth:
@@ -144,7 +146,7 @@ def matmul_rows(shape: tuple[int, int, int], st: Settings) -> list[h.Row]:
     m, k, n = shape
     sets = h.arg_sets(lambda seed: (h.normal(2 * seed, (m, k)), h.normal(2 * seed + 1, (k, n))))
     impls, tuning = _impls("matmul", st)
-    return [measure("matmul", "fwd", f"{m}x{k}x{n}", impls, sets, tuning)]
+    return [measure(h.Row("matmul", "fwd", f"{m}x{k}x{n}"), impls, sets, tuning)]
 
 
 def tune_function(step: Callable[..., Any], args: Sequence[Any]) -> tuple[Any, float, str]:
@@ -166,7 +168,7 @@ def block_rows(block: str, s: mb.BlockShape, st: Settings) -> list[h.Row]:
     """One training step of a block: plain JAX, kerneltune heuristic and tuned,
     tokamax; each implementation's first-call wall in `first_call_s`."""
     args = mb.block_inputs(block, s)
-    row = h.Row(block, "train", str(s), dict.fromkeys(h.COLUMNS))
+    row = h.Row(block, "train", str(s))
     variants = {"plain": mb.plain_ops(), "kt_heuristic": mb.kerneltune_ops(h.heuristic_executor())}
     if st.tokamax is not None:
         variants["tokamax"] = mb.tokamax_ops(st.tokamax)
@@ -177,9 +179,11 @@ def block_rows(block: str, s: mb.BlockShape, st: Settings) -> list[h.Row]:
             row.times[name] = h.device_time(step, [args])
         except Exception as e:
             row.errors[name] = h.error_text(e)
+        _log(row, name)
     if st.tune:
         tuning = h.tuning_executor(st.tune_budget_s)
         kt.set_default_executor(tuning.executor)  # what `kt.autotune(f)` and the ops use
+        _log(row, "kt_tuned")  # tuning a block takes minutes
         try:
             step = mb.train_step(block, mb.kerneltune_ops(), s)
             context, row.tune_s, row.note = tune_function(step, args)
@@ -190,18 +194,16 @@ def block_rows(block: str, s: mb.BlockShape, st: Settings) -> list[h.Row]:
             row.errors["kt_tuned"] = h.error_text(e)
         finally:
             kt.set_default_executor(None)
-    print("  " + " | ".join(h.cells(row)), row.errors or "", file=sys.stderr, flush=True)
+        _log(row, "kt_tuned")
     return [row]
 
 
 def rows_for(op: str, shape: Any, st: Settings) -> list[h.Row]:
-    if op == "attention":
-        return attention_rows(shape, st)
-    if op == "matmul":
-        return matmul_rows(shape, st)
     if op in mb.BLOCKS:
         return block_rows(op, shape, st)
-    return rowwise_rows(op, shape, st)
+    if op == "attention":
+        return attention_rows(shape, st)
+    return matmul_rows(shape, st) if op == "matmul" else rowwise_rows(op, shape, st)
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
