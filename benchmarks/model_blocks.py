@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import inspect
 import math
 import sys
 from collections.abc import Callable
@@ -81,16 +80,9 @@ def plain_ops() -> Ops:
     )
 
 
-def has_spec_signatures() -> bool:
-    """Whether this checkout's `kerneltune.kernels` has the SPEC §7 signatures."""
-    return "is_causal" in inspect.signature(ktk.attention).parameters
-
-
 def kerneltune_ops(executor: Any = None) -> Ops:
     """kerneltune's ops through `executor` (None: the default executor)."""
     ex = {"executor": executor}
-    if not has_spec_signatures():
-        return _kerneltune_ops_before_spec(ex)
 
     def matmul(a: jax.Array, b: jax.Array) -> jax.Array:
         return ktk.matmul(a, b, **ex)
@@ -101,31 +93,6 @@ def kerneltune_ops(executor: Any = None) -> Ops:
         lambda x, s: ktk.rms_norm(x, s, epsilon=EPSILON, **ex),
         lambda q, k, v, causal: ktk.attention(q, k, v, is_causal=causal, **ex),
         lambda x: ktk.softmax(x, axis=-1, **ex),
-        matmul,
-        _swiglu_with(matmul),
-    )
-
-
-def _kerneltune_ops_before_spec(ex: dict[str, Any]) -> Ops:
-    """The same ops on a checkout that still has the older kernel signatures
-    (`attention(q, k, v, *, causal)`, `layer_norm(x, weight, bias, eps=)`, no
-    grouped-query attention: its key/value heads are repeated here)."""
-    legacy: Any = ktk  # the older signatures do not type-check against the new ones
-
-    def attention(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool) -> jax.Array:
-        groups = q.shape[-2] // k.shape[-2]
-        k, v = (jnp.repeat(t, groups, axis=-2) for t in (k, v))
-        return legacy.attention(q, k, v, causal=causal, **ex)
-
-    def matmul(a: jax.Array, b: jax.Array) -> jax.Array:
-        return legacy.matmul(a, b, **ex)
-
-    return Ops(
-        "kerneltune",
-        lambda x, s, b: legacy.layer_norm(x, s, b, eps=EPSILON, **ex),
-        lambda x, s: legacy.rms_norm(x, s, eps=EPSILON, **ex),
-        attention,
-        lambda x: legacy.softmax(x, axis=-1, **ex),
         matmul,
         _swiglu_with(matmul),
     )

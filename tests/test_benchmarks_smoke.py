@@ -1,11 +1,9 @@
 """The model benchmark (benchmarks/model_gpu.py) and its harness, on a CPU.
 
 The whole-script run calls kerneltune's ops with the SPEC §7 signatures
-(`attention(..., is_causal=...)`, `layer_norm(x, scale, bias, epsilon=...)`), so it
-skips on a checkout whose ops predate them. The harness tests run everywhere.
+(`attention(..., is_causal=...)`, `layer_norm(x, scale, bias, epsilon=...)`).
 """
 
-import inspect
 import json
 import math
 from types import SimpleNamespace
@@ -16,9 +14,7 @@ import numpy as np
 import pytest
 
 from benchmarks import harness, model_blocks, model_gpu
-from kerneltune import kernels
 
-SPEC_OPS = "is_causal" in inspect.signature(kernels.attention).parameters
 # The baselines include `jax.nn.dot_product_attention`, whose XLA path (and its
 # gradient) mixes bf16 and f32 arrays: JAX's own code, which the strict promotion the
 # test configuration sets rejects. The benchmark runs under JAX's default promotion.
@@ -34,11 +30,6 @@ def _positive(t):
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-@pytest.mark.skipif(
-    not SPEC_OPS,
-    reason="kerneltune.kernels.attention has no is_causal parameter yet: the benchmark "
-    "calls the SPEC §7 signatures, which arrive with the new ops",
-)
 def test_smoke_run_prints_and_writes_every_row_with_finite_positive_times(tmp_path, capsys):
     out = tmp_path / "model.json"
     with standard_promotion():
