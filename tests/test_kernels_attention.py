@@ -80,11 +80,27 @@ def test_candidate_spaces_are_pruned_with_reasons():
     bwd, bwd_pruned = ac.bwd_candidates(p)
     assert ac.fwd_heuristic(p) in fwd and ac.bwd_heuristic(p) in bwd
     for c in fwd:
-        assert ac.fwd_shared_memory_bytes(p, c) <= 227 * 1024
+        if c.backend == "pallas":
+            assert ac.fwd_shared_memory_bytes(p, c) <= 227 * 1024
     assert all(x.reason for x in fwd_pruned + bwd_pruned)
+    # The library backends are candidates too: XLA always, cuDNN only on GPUs.
+    assert FwdParams(backend="xla") in fwd
+    assert [x.reason for x in fwd_pruned if x.cfg.backend == "cudnn"] == [
+        "cuDNN attention runs on NVIDIA GPUs only"
+    ]
     odd = dataclasses.replace(p, q_len=96, kv_len=96)
     _, pruned = ac.fwd_candidates(odd)
     assert any("not a multiple of" in x.reason for x in pruned)
+
+
+def test_the_backend_is_part_of_the_config_and_round_trips():
+    import kerneltune as kt
+
+    cfg = FwdParams(backend="cudnn")
+    assert kt.from_json(kt.to_json(cfg), FwdParams) == cfg
+    assert cfg != FwdParams(backend="xla")
+    with pytest.raises(ValueError, match=r"FwdParams.backend must be one of .*'tpu'"):
+        FwdParams(backend="tpu")
 
 
 def test_params_map_onto_jax_block_sizes():

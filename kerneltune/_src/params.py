@@ -21,6 +21,10 @@ def check_positive(owner: str, name: str, value: int | None) -> None:
         raise ValueError(f"{owner}.{name} must be a positive integer, got {value!r}.")
 
 
+#: The implementations a `FwdParams` can choose.
+FWD_BACKENDS = ("pallas", "cudnn", "xla")
+
+
 @dataclasses.dataclass(frozen=True)
 class FwdParams:
     """Forward-pass launch parameters; `None` lets the kernel choose.
@@ -36,8 +40,15 @@ class FwdParams:
     kv_blocksize: int | None = None
     num_warps: int | None = None
     num_stages: int | None = None
+    #: Which implementation runs: "pallas" (the block sizes above apply), "cudnn"
+    #: (`jax.nn.dot_product_attention(implementation="cudnn")`) or "xla".
+    backend: str = "pallas"
 
     def __post_init__(self) -> None:
+        if self.backend not in FWD_BACKENDS:
+            raise ValueError(
+                f"FwdParams.backend must be one of {FWD_BACKENDS}, got {self.backend!r}."
+            )
         check_positive_power_of_two("FwdParams", "q_blocksize", self.q_blocksize)
         check_positive_power_of_two("FwdParams", "kv_blocksize", self.kv_blocksize)
         check_positive_power_of_two("FwdParams", "num_warps", self.num_warps)

@@ -64,7 +64,8 @@ def to_rows(x: jax.Array, axes: tuple[int, ...]) -> tuple[jax.Array, Any]:
 
     def back(y: jax.Array) -> jax.Array:
         y = y.reshape(moved.shape)
-        return y if perm == tuple(range(ndim)) else jnp.transpose(y, np.argsort(perm))
+        inverse = tuple(int(i) for i in np.argsort(perm))
+        return y if perm == tuple(range(ndim)) else jnp.transpose(y, inverse)
 
     return rows, back
 

@@ -274,7 +274,6 @@ def install_profiler_observer() -> None:
             setattr(public, name, observed)
 
 
-
 # --- choosing ------------------------------------------------------------------------
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, cast
 
 import jax
 import jax.numpy as jnp
@@ -92,6 +92,11 @@ class Attention(BundledKernelMixin, Kernel[FwdParams, jax.Array]):
     def heuristic_cfg(self, inv: Invocation[Any, Any]) -> FwdParams:
         return config_lib.fwd_heuristic(problem_of(inv))
 
+    def heuristic_cfg_triton(self, inv: Invocation[Any, Any]) -> FwdParams:
+        if self.use_interpreter():
+            return config_lib.fwd_heuristic(problem_of(inv))
+        return config_lib.gpu_heuristic(problem_of(inv))
+
     def candidate_cfgs_triton(self, inv: Invocation[Any, Any]) -> list[FwdParams]:
         if self.use_interpreter():
             return config_lib.fwd_interpret_candidates(problem_of(inv))
@@ -101,7 +106,17 @@ class Attention(BundledKernelMixin, Kernel[FwdParams, jax.Array]):
         """The forward configs left out of the search, each with its reason."""
         return config_lib.fwd_candidates(problem_of(inv))[1]
 
+    @staticmethod
+    def _library(q, k, v, *, backend: str, causal: bool, sm_scale: float) -> jax.Array:
+        """The library backends: cuDNN's fused attention, or JAX's XLA attention."""
+        implementation = cast(Literal["xla", "cudnn"], backend)
+        return jax.nn.dot_product_attention(
+            q, k, v, scale=sm_scale, is_causal=causal, implementation=implementation
+        )
+
     def run_triton(self, q, k, v, *, cfg: FwdParams, causal: bool, sm_scale: float) -> jax.Array:
+        if cfg.backend != "pallas":
+            return self._library(q, k, v, backend=cfg.backend, causal=causal, sm_scale=sm_scale)
         return mha_forward(
             q,
             k,
@@ -114,6 +129,13 @@ class Attention(BundledKernelMixin, Kernel[FwdParams, jax.Array]):
         )
 
     def fwd_with_residuals_triton(self, q, k, v, *, cfg: FwdParams, causal: bool, sm_scale: float):
+        if cfg.backend != "pallas":
+            # The library's own backward, paired with its forward: the residuals are
+            # the pullback JAX built (a pytree of the arrays it saved).
+            def library(q, k, v):
+                return self._library(q, k, v, backend=cfg.backend, causal=causal, sm_scale=sm_scale)
+
+            return jax.vjp(library, q, k, v)
         out, lse = mha_forward(
             q,
             k,
@@ -133,6 +155,8 @@ class Attention(BundledKernelMixin, Kernel[FwdParams, jax.Array]):
         return attention_forward_xla(q, k, v, causal=causal, sm_scale=sm_scale)
 
     def vjp(self, lse, out, dout, q, k, v, *, cfg: FwdParams, causal: bool, sm_scale: float):
+        if isinstance(lse, jax.tree_util.Partial):  # a library backend's own pullback
+            return lse(dout.astype(out.dtype))
         return self.inner_executor()(
             self.backward,
             q,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+import jax.numpy as jnp
 import numpy as np
 
 from kerneltune._src.params import BwdParams, FwdParams
@@ -24,6 +25,7 @@ from kerneltune.kernels._common import (
     MAX_REGISTERS_PER_THREAD,
     Pruned,
     next_power_of_2,
+    on_gpu,
     prune,
     shared_memory_limit,
 )
@@ -125,7 +127,37 @@ def fwd_candidates(
     heuristic = fwd_heuristic(p)
     if heuristic not in kept:
         kept.insert(0, heuristic)
+    # The library backends: XLA runs everything; cuDNN where it supports the call.
+    kept.append(XLA)
+    reason = cudnn_unsupported(p)
+    if reason is None:
+        kept.insert(0, CUDNN)
+    else:
+        pruned.append(Pruned(CUDNN, reason))
     return kept, pruned
+
+
+CUDNN = FwdParams(backend="cudnn")
+XLA = FwdParams(backend="xla")
+
+
+def cudnn_unsupported(p: AttentionProblem) -> str | None:
+    """Why cuDNN's flash attention cannot run `p`, or None when it can."""
+    if not on_gpu():
+        return "cuDNN attention runs on NVIDIA GPUs only"
+    if p.dtype not in (np.dtype("float16"), np.dtype(jnp.bfloat16)):
+        return f"cuDNN attention takes float16 or bfloat16, not {p.dtype}"
+    if p.head_dim % 8 or p.head_dim > 128:
+        return (
+            f"cuDNN attention takes head dims that are multiples of 8 up to 128, not {p.head_dim}"
+        )
+    return None
+
+
+def gpu_heuristic(p: AttentionProblem) -> FwdParams:
+    """cuDNN where it supports the call (the fastest attention measured on H100s,
+    forward and backward), else the Pallas kernel with JAX's defaults."""
+    return CUDNN if cudnn_unsupported(p) is None else fwd_heuristic(p)
 
 
 def fwd_interpret_candidates(p: AttentionProblem) -> list[FwdParams]:
