@@ -97,3 +97,47 @@ def test_device_helpers():
     assert kt.device_kind() == "cpu"
     assert kt.get_device_platform() == "xla"
     assert kt.device_fingerprint() == "cpu|cpu"
+
+
+def test_a_config_jax_differentiates_bypasses_the_custom_vjp():
+    """A config that picks a library backend (cuDNN, XLA) is differentiated by JAX,
+    with the library's own backward: the kernel's custom VJP is not used."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+
+    import kerneltune as kt
+
+    @dataclasses.dataclass(frozen=True)
+    class Cfg:
+        backend: str = "custom"
+
+    class Square(kt.Kernel):
+        op_id = "square_native_test"
+
+        def run(self, x, *, cfg):
+            return x * x
+
+        def fwd_with_residuals(self, x, *, cfg):
+            return x * x, None
+
+        def vjp(self, residuals, out, dout, x, *, cfg):
+            return (100.0 * dout,)  # deliberately not the true derivative
+
+        def heuristic_cfg(self, inv):
+            return Cfg()
+
+        def differentiated_by_jax(self, cfg):
+            return cfg.backend == "library"
+
+    chain = kt.ConfigSelectorChain(
+        kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback="heuristics")
+    )
+    ex = kt.Executor(chain)
+    x = jnp.float32(3.0)
+    custom = jax.grad(lambda x: ex(Square(), x, cfg=Cfg("custom")))(x)
+    native = jax.grad(lambda x: ex(Square(), x, cfg=Cfg("library")))(x)
+    assert float(custom) == 100.0 and float(native) == 6.0
+    # JAX's own derivative also differentiates twice.
+    assert float(jax.grad(jax.grad(lambda x: ex(Square(), x, cfg=Cfg("library"))))(x)) == 2.0

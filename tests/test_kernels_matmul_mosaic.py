@@ -53,7 +53,7 @@ def test_each_backend_fills_in_its_own_defaults_and_leaves_the_others_none():
     [
         (
             {"backend": "cuda"},
-            r"MatmulConfig.backend must be one of \('triton', 'mosaic'\), got 'cuda'",
+            r"MatmulConfig.backend must be one of \('triton', 'mosaic', 'xla'\), got 'cuda'",
         ),
         (
             {"max_concurrent_steps": 4},
@@ -358,20 +358,21 @@ def test_off_hopper_the_space_is_unchanged():
     assert kernel.candidate_cfgs_triton(inv) == mc.interpret_candidates(p)
 
 
-def test_on_a_hopper_gpu_16_bit_problems_get_both_backends(monkeypatch):
+def test_on_a_hopper_gpu_16_bit_problems_get_every_backend(monkeypatch):
     monkeypatch.setattr(api, "is_hopper", lambda: True)
     monkeypatch.setattr(Matmul, "use_interpreter", lambda self: False)
     monkeypatch.setattr(pm, "support", lambda: ms.MosaicSupport())
     kernel = Matmul()
     p = problem(4096, 4096, 4096)
     kept, pruned = kernel._candidates(p)
-    assert kept == ms.candidates_with_mosaic(p)[0]
-    assert {c.backend for c in kept} == {"triton", "mosaic"}
+    # cuBLAS (the XLA backend) first: the heuristic on GPUs, and a contender.
+    assert kept == [api.XLA, *ms.candidates_with_mosaic(p)[0]]
+    assert {c.backend for c in kept} == {"xla", "triton", "mosaic"}
     f32 = problem(4096, 4096, 4096, np.float32)
-    assert kernel._candidates(f32) == mc.candidates(f32)
+    assert kernel._candidates(f32) == ([api.XLA, *mc.candidates(f32)[0]], mc.candidates(f32)[1])
     monkeypatch.setattr(pm, "support", lambda: ms.MosaicSupport(reason="no module"))
     kept, pruned = kernel._candidates(p)
-    assert {c.backend for c in kept} == {"triton"}
+    assert {c.backend for c in kept} == {"xla", "triton"}
     assert sum("no module" in x.reason for x in pruned) == 16
 
 

@@ -87,9 +87,18 @@ def test_heuristic_is_jax_s_own_choice(n, dtype, block, warps):
 
 def test_candidates_are_pruned_with_reasons():
     kept, pruned = nc.candidates(nc.NormProblem(1024, 512, np.dtype(BF16)))
-    assert all(c.block_size <= 512 for c in kept)
+    assert kept[0] == nc.XLA  # XLA's fusion: the GPU heuristic, and a contender
+    assert all(c.block_size <= 512 for c in kept if c.backend == "pallas")
     assert any("larger than the row" in p.reason for p in pruned)
     assert any("more threads" in p.reason for p in pruned)
+
+
+def test_the_backend_round_trips_and_is_validated():
+    import kerneltune as kt
+
+    assert kt.from_json(kt.to_json(nc.XLA), nc.NormConfig) == nc.XLA
+    with pytest.raises(ValueError, match=r"NormConfig.backend must be 'pallas' or 'xla'"):
+        nc.NormConfig(backend="cuda")
 
 
 # --- XLA path -----------------------------------------------------------------------
@@ -148,7 +157,9 @@ def test_eps_is_a_static_argument(key):
 
 
 def test_bad_parameters_are_rejected():
-    with pytest.raises(ValueError, match=r"scale must have the shape of the normalised axes \(8,\), got \(4,\)"):
+    with pytest.raises(
+        ValueError, match=r"scale must have the shape of the normalised axes \(8,\), got \(4,\)"
+    ):
         layer_norm(jnp.ones((2, 8)), jnp.ones(4), jnp.ones(8), executor=executor())
     with pytest.raises(TypeError, match="rms_norm-interpret takes x, weight"):
         executor()(RMSNormInterpret(), jnp.ones((2, 8)), jnp.ones(8), jnp.ones(8))

@@ -8,6 +8,7 @@ tuner both use `kernel_function`, so what is timed is exactly what runs.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -87,6 +88,11 @@ def kernel_function(
     kernel's custom VJP when it defines one (non-array arguments such as `causal=True`
     are treated as constants and get no cotangent)."""
     run = require_run(kernel, context)
+    native = getattr(kernel, "differentiated_by_jax", None)
+    if native is not None and native(cfg):
+        # The config picks an implementation JAX differentiates itself (e.g. a library
+        # backend such as cuDNN or XLA): no custom VJP, so its own backward runs.
+        return functools.partial(run, cfg=cfg)
     fwd = find_method(kernel, "fwd_with_residuals", context)
     bwd = find_method(kernel, "vjp", context)
     short = find_method(kernel, "custom_vjp", context)

@@ -128,14 +128,12 @@ class Attention(BundledKernelMixin, Kernel[FwdParams, jax.Array]):
             return_residuals=False,
         )
 
-    def fwd_with_residuals_triton(self, q, k, v, *, cfg: FwdParams, causal: bool, sm_scale: float):
-        if cfg.backend != "pallas":
-            # The library's own backward, paired with its forward: the residuals are
-            # the pullback JAX built (a pytree of the arrays it saved).
-            def library(q, k, v):
-                return self._library(q, k, v, backend=cfg.backend, causal=causal, sm_scale=sm_scale)
+    def differentiated_by_jax(self, cfg: FwdParams) -> bool:
+        """Library backends bring their own backward (cuDNN's fused one, or XLA's):
+        JAX differentiates them, so no custom VJP wraps them."""
+        return cfg.backend != "pallas"
 
-            return jax.vjp(library, q, k, v)
+    def fwd_with_residuals_triton(self, q, k, v, *, cfg: FwdParams, causal: bool, sm_scale: float):
         out, lse = mha_forward(
             q,
             k,
@@ -155,8 +153,6 @@ class Attention(BundledKernelMixin, Kernel[FwdParams, jax.Array]):
         return attention_forward_xla(q, k, v, causal=causal, sm_scale=sm_scale)
 
     def vjp(self, lse, out, dout, q, k, v, *, cfg: FwdParams, causal: bool, sm_scale: float):
-        if isinstance(lse, jax.tree_util.Partial):  # a library backend's own pullback
-            return lse(dout.astype(out.dtype))
         return self.inner_executor()(
             self.backward,
             q,

@@ -19,6 +19,9 @@ from kerneltune.kernels.matmul.pallas_mosaic import matmul_mosaic
 from kerneltune.kernels.matmul.pallas_triton import matmul_pallas
 from kerneltune.kernels.matmul.reference import matmul_xla
 
+#: `jnp.dot` through XLA: cuBLAS on GPUs.
+XLA = MatmulConfig(backend="xla")
+
 
 def problem_of(inv: Invocation[Any, Any]) -> MatmulProblem:
     x, y = inv.args[0], inv.args[1]
@@ -41,8 +44,8 @@ class Matmul(BundledKernelMixin, Kernel[MatmulConfig, jax.Array]):
     """
 
     op_id = "matmul"
-    # 2: configs gained a backend and the Mosaic GPU fields.
-    version = "2"
+    # 2: configs gained a backend and the Mosaic GPU fields; 3: the XLA backend.
+    version = "3"
     config_type = MatmulConfig
 
     def __init__(
@@ -72,6 +75,17 @@ class Matmul(BundledKernelMixin, Kernel[MatmulConfig, jax.Array]):
     def heuristic_cfg(self, inv: Invocation[Any, Any]) -> MatmulConfig:
         return config_lib.heuristic(problem_of(inv))
 
+    def heuristic_cfg_triton(self, inv: Invocation[Any, Any]) -> MatmulConfig:
+        # cuBLAS (through XLA) is what an untuned call must not lose to.
+        if self.use_interpreter():
+            return config_lib.heuristic(problem_of(inv))
+        return XLA
+
+    def differentiated_by_jax(self, cfg: MatmulConfig) -> bool:
+        """`jnp.dot` is differentiated by JAX (dot_general dimension numbers, no
+        materialised transposes)."""
+        return cfg.backend == "xla"
+
     def candidate_cfgs_triton(self, inv: Invocation[Any, Any]) -> list[MatmulConfig]:
         if self.use_interpreter():
             return config_lib.interpret_candidates(problem_of(inv))
@@ -84,11 +98,17 @@ class Matmul(BundledKernelMixin, Kernel[MatmulConfig, jax.Array]):
     def _candidates(
         self, p: MatmulProblem
     ) -> tuple[list[MatmulConfig], list[Pruned[MatmulConfig]]]:
-        if not self.use_interpreter() and mosaic_space.offered(p, hopper=is_hopper()):
-            return mosaic_space.candidates_with_mosaic(p, support=pallas_mosaic.support())
-        return config_lib.candidates(p)
+        if self.use_interpreter():
+            return config_lib.candidates(p)
+        if mosaic_space.offered(p, hopper=is_hopper()):
+            kept, pruned = mosaic_space.candidates_with_mosaic(p, support=pallas_mosaic.support())
+        else:
+            kept, pruned = config_lib.candidates(p)
+        return [XLA, *kept], pruned
 
     def run_triton(self, x: jax.Array, y: jax.Array, *, cfg: MatmulConfig) -> jax.Array:
+        if cfg.backend == "xla":
+            return matmul_xla(x, y)
         if cfg.backend == "mosaic":
             if self.use_interpreter():
                 raise ValueError(

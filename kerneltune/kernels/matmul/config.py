@@ -21,14 +21,15 @@ from kerneltune.kernels._common import (
 MIN_BLOCK = 16
 #: The matmul's GPU backends: our Pallas kernel lowered through Triton, and JAX's
 #: Mosaic GPU matmul for Hopper (`jax.experimental.pallas.ops.gpu.hopper_matmul_mgpu`).
-BACKENDS = ("triton", "mosaic")
+#: "xla" is `jnp.dot` (cuBLAS on GPUs), whose tiles XLA picks: the block fields unused.
+BACKENDS = ("triton", "mosaic", "xla")
 #: The two output dimensions a Mosaic config splits or orders along.
 DIMS = ("m", "n")
 #: Rows one warpgroup's `wgmma` works on at a time: a Mosaic warpgroup tile's height
 #: must be a multiple of it.
 WGMMA_ROWS = 64
 
-Backend = Literal["triton", "mosaic"]
+Backend = Literal["triton", "mosaic", "xla"]
 Dim = Literal["m", "n"]
 
 # Fields each backend reads, with what None becomes for it. A config of one backend
@@ -127,6 +128,14 @@ leave it None with backend='triton' (got 4).
                     f"MatmulConfig.{name} must be at least {MIN_BLOCK} (the smallest tile "
                     f"Triton's dot accepts), got {value}."
                 )
+        if self.backend == "xla":
+            for name in (*_TRITON_DEFAULTS, *_MOSAIC_DEFAULTS):
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"MatmulConfig.{name} is not a field of backend='xla' (got "
+                        f"{getattr(self, name)!r}); leave it None."
+                    )
+            return
         mine, other = (
             (_TRITON_DEFAULTS, _MOSAIC_DEFAULTS)
             if self.backend == "triton"

@@ -63,6 +63,15 @@ class _Norm(BundledKernelMixin, Kernel[NormConfig, jax.Array]):
     def heuristic_cfg(self, inv: Invocation[Any, Any]) -> NormConfig:
         return config_lib.heuristic(problem_of(inv))
 
+    def heuristic_cfg_triton(self, inv: Invocation[Any, Any]) -> NormConfig:
+        if self.use_interpreter():
+            return config_lib.heuristic(problem_of(inv))
+        return config_lib.XLA
+
+    def differentiated_by_jax(self, cfg: NormConfig) -> bool:
+        """XLA's norm is differentiated (and fused) by JAX itself."""
+        return cfg.backend == "xla"
+
     def candidate_cfgs_triton(self, inv: Invocation[Any, Any]) -> list[NormConfig]:
         if self.use_interpreter():
             return config_lib.interpret_candidates(problem_of(inv))
@@ -80,6 +89,8 @@ class LayerNorm(_Norm):
     _params = ("weight", "bias")
 
     def run_triton(self, x, weight, bias, *, cfg: NormConfig, eps: float):
+        if cfg.backend == "xla":
+            return layer_norm_xla(x, weight, bias, eps=eps)
         return layer_norm_pallas(
             x, weight, bias, cfg=cfg, eps=eps, interpret=self.use_interpreter()
         )
@@ -106,6 +117,8 @@ class RMSNorm(_Norm):
     _params = ("weight",)
 
     def run_triton(self, x, weight, *, cfg: NormConfig, eps: float):
+        if cfg.backend == "xla":
+            return rms_norm_xla(x, weight, eps=eps)
         return rms_norm_pallas(x, weight, cfg=cfg, eps=eps, interpret=self.use_interpreter())
 
     def fwd_with_residuals_triton(self, x, weight, *, cfg: NormConfig, eps: float):
