@@ -180,13 +180,13 @@ def test_cache_prune_removes_entries_that_do_not_fit_a_bundled_config(tmp_path, 
     from kerneltune.kernels.matmul.config import MatmulConfig
 
     cache = kt.PersistentCache(tmp_path)
-    cache.put("cpu|cpu", "matmul@v2", "good", MatmulConfig())
-    cache.put("cpu|cpu", "matmul@v2", "bad", {"bm": "64"})
-    cache.put("cpu|cpu", "matmul@v2", "worse", {"bm": -1})
+    cache.put("cpu|cpu", "matmul@v3", "good", MatmulConfig())
+    cache.put("cpu|cpu", "matmul@v3", "bad", {"bm": "64"})
+    cache.put("cpu|cpu", "matmul@v3", "worse", {"bm": -1})
     ops = {e.op_id for e in cache.entries()}
     assert cli.main(["--cache-dir", str(tmp_path), "cache", "prune"]) == 0
     kept = {e.call_key for e in cache.entries()}
-    assert ops == {"matmul@v2"} and kept == {"good"}, (ops, kept)
+    assert ops == {"matmul@v3"} and kept == {"good"}, (ops, kept)
 
 
 def test_cache_commands_survive_a_hostile_cache(tmp_path, capsys):

@@ -37,8 +37,8 @@ def test_every_name_in_all_imports():
 def test_kernels_are_versioned_typed_and_have_distinct_op_ids(cls):
     kernel = cls()
     assert isinstance(kernel, kt.Kernel)
-    # Matmul is at v2: its configs gained a backend (the Mosaic GPU one) and its fields.
-    assert kernel.version == ("2" if cls is kernels.Matmul else "1")
+    # Matmul is at v3: its configs gained the Mosaic GPU backend (v2), then XLA (v3).
+    assert kernel.version == ("3" if cls is kernels.Matmul else "1")
     assert dataclasses.is_dataclass(cls.config_type)
     params = cls.config_type.__dataclass_params__
     assert params.frozen

@@ -70,7 +70,7 @@ def to_json(cfg: Any) -> str:
     Example:
       >>> import kerneltune
       >>> kerneltune.to_json(kerneltune.FwdParams(q_blocksize=64, kv_blocksize=64))
-      '{"kv_blocksize":64,"num_stages":null,"num_warps":null,"q_blocksize":64}'
+      '{"backend":"pallas","kv_blocksize":64,"num_stages":null,"num_warps":null,"q_blocksize":64}'
     """
     return json.dumps(config_to_dict(cfg), sort_keys=True, separators=(",", ":"))
 
