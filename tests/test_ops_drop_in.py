@@ -405,3 +405,31 @@ def test_a_traced_scale_works_under_jit_and_grad():
 def test_attention_names_the_bad_argument(call, match):
     with pytest.raises((ValueError, TypeError), match=match):
         call()
+
+
+def test_second_derivatives_match_jax_on_the_xla_path():
+    x = rand(0, (3, 8))
+    w = rand(1, (8, 8))
+    q = rand(2, (1, 16, 2, 8))
+    pairs = [
+        (
+            lambda x: layer_norm(x, executor=EX),
+            lambda x: flax_layer_norm(x, None, None, (1,), 1e-6),
+        ),
+        (lambda x: rms_norm(x, executor=EX), lambda x: flax_rms_norm(x, None, (1,), 1e-6)),
+        (lambda x: softmax(x, executor=EX), jax.nn.softmax),
+        (lambda x: matmul(x, w, executor=EX), lambda x: x @ w),
+    ]
+    for ours, ref in pairs:
+        close(
+            jax.hessian(lambda x, f=ours: (f(x) ** 3).sum())(x),
+            jax.hessian(lambda x, f=ref: (f(x) ** 3).sum())(x),
+        )
+
+    def grad_of_grad(fn):
+        return jax.grad(lambda q: jax.grad(lambda q: (fn(q) ** 2).sum())(q).sum())(q)
+
+    close(
+        grad_of_grad(lambda q: attention(q, q, q, is_causal=True, executor=EX)),
+        grad_of_grad(lambda q: jax.nn.dot_product_attention(q, q, q, is_causal=True)),
+    )
