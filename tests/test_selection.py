@@ -256,7 +256,7 @@ def test_validate_backward_times_backward_and_forward_only_turns_it_off():
     assert seen == [True, False]
 
 
-def test_all_candidates_failing_falls_back_to_heuristic_with_warning():
+def test_when_every_other_candidate_fails_the_heuristic_wins_the_tuning():
     class Broken(kt.Kernel):
         op_id = "broken"
 
@@ -272,11 +272,12 @@ def test_all_candidates_failing_falls_back_to_heuristic_with_warning():
             return [RepCfg(reps=1), RepCfg(reps=2)]
 
     ex, chain, events = make()
-    with pytest.warns(RuntimeWarning, match="no such block size"):
-        cfg = ex.choose_config(Broken(), rand((4,)))
+    cfg = ex.choose_config(Broken(), rand((4,)))
+    # The heuristic is a contender: it ran, the others failed with their errors.
     assert cfg == RepCfg(reps=0)
-    assert names(events)[-1] == "heuristics"
-    assert len(chain.cache) == 0
+    assert names(events)[-1] == "autotune_finish"
+    finish = [d for e, d in events if e == "autotune_finish"][-1]
+    assert finish["cfg"] == RepCfg(reps=0)
 
 
 def test_autotune_under_jit_uses_tuning_inputs_never_tracers():

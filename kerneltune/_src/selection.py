@@ -374,6 +374,10 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
         policy: AutotunePolicy,
     ) -> TuningReport:
         heuristic = find_heuristic(kernel, inv)
+        if heuristic is not None:
+            # Never worse than not tuning: the heuristic is a contender, first in line,
+            # so only a config measurably faster replaces it (ties go to the first).
+            candidates = [heuristic, *(c for c in candidates if c != heuristic)]
         context = inv.method if inv.method == "shard_map" else None
 
         def make_fn(cfg: Any) -> Callable[..., Any]:

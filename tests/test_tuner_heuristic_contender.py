@@ -1,0 +1,78 @@
+"""Tuning is never worse than not tuning: the heuristic config is a contender, and
+only a config measurably faster replaces it (issue 10). Costs come from a
+deterministic timer, never the wall clock."""
+
+import dataclasses
+import re
+
+import jax
+import jax.numpy as jnp
+
+import kerneltune as kt
+from kerneltune._src.tuning.report import CandidateResult
+from kerneltune._src.tuning.tuner import NOISE_BAND, fastest
+
+
+class CostInProgram:
+    """A timer that reads a config's cost from the compiled program (the kernel puts
+    it in a named scope): deterministic, whatever the machine's load."""
+
+    name = "cost-in-program"
+
+    def sample(self, fn, arg_sets, calls, start):
+        fn(*arg_sets[0])  # still run it, as a real timer would
+        return float(re.findall(r"ktcost_(\d+)", fn.as_text())[0]) * 1e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class Cfg:
+    cost: int
+
+
+def tuner():
+    return kt.Tuner(timer=CostInProgram(), warmup=1, iters=2, progress=False)
+
+
+class Priced(kt.Kernel):
+    """`2x`, whatever the config; each config's cost is its `cost` field."""
+
+    op_id = "priced_contender_test"
+
+    def __init__(self, heuristic, candidates):
+        super().__init__()
+        self._heuristic, self._candidates = heuristic, candidates
+
+    def run(self, x, *, cfg):
+        with jax.named_scope(f"ktcost_{cfg.cost}"):
+            return x * 2.0
+
+    def heuristic_cfg(self, inv):
+        return self._heuristic
+
+    def candidate_cfgs(self, inv):
+        return self._candidates
+
+
+def chosen(kernel):
+    chain = kt.ConfigSelectorChain(kt.ConfigCache(), tuner=tuner())
+    return kt.Executor(chain).choose_config(kernel, jnp.ones((8, 8)))
+
+
+def test_a_heuristic_outside_the_candidates_wins_when_it_is_fastest():
+    assert chosen(Priced(Cfg(10), [Cfg(50), Cfg(30), Cfg(80)])) == Cfg(10)
+
+
+def test_the_heuristic_is_kept_unless_a_candidate_beats_it_beyond_noise():
+    # 1% faster is noise: the heuristic stays.
+    assert chosen(Priced(Cfg(100), [Cfg(99), Cfg(150)])) == Cfg(100)
+    # 20% faster is real: it replaces the heuristic.
+    assert chosen(Priced(Cfg(100), [Cfg(80), Cfg(150)])) == Cfg(80)
+
+
+def test_fastest_breaks_ties_within_the_band_by_order():
+    def result(t):
+        return CandidateResult(cfg=t, time_s=t)
+
+    assert fastest([result(1.0), result(1.0 - NOISE_BAND / 2), result(2.0)]) == 0
+    assert fastest([result(1.0), result(0.9), result(0.905)]) == 1
+    assert fastest([CandidateResult(cfg=0, status="failed")]) is None
