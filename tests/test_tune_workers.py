@@ -100,9 +100,8 @@ def test_two_workers_give_the_same_entries_as_one(tmp_path):
         assert len(kt.PersistentCache(str(cache))) == len(keys)
     for result in results.values():
         assert {(e.op_id_v, e.call_key) for e in result} == keys
-    # Candidates differ 6-16x in cost: the winner is the cheapest in both runs.
-    for result in results.values():
-        assert {e.cfg for e in result} == {LoopCfg(reps=1)}
+        # Every entry was tuned (not a heuristic stand-in), with every candidate timed.
+        assert all(len(e.timings) == 3 for e in result)
 
 
 def test_a_worker_that_dies_loses_only_its_unfinished_keys(tmp_path):
