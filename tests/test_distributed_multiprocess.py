@@ -32,6 +32,8 @@ class SkewCfg:
 
 
 CANDIDATES = [SkewCfg(variant=v) for v in "abc"]
+#: The order the selection chain tunes them in: the kernel's heuristic ("c") first.
+TUNED_ORDER = [CANDIDATES[2], CANDIDATES[0], CANDIDATES[1]]
 
 
 # -- the test (parent side) ------------------------------------------------------------
@@ -125,8 +127,8 @@ def test_every_process_ends_with_the_same_config(n, slow):
             }
             for r in results
         }
-        winner = combine(published, CANDIDATES).winner
-        assert agreed[0] == CANDIDATES[winner].variant, (call, results)
+        winner = combine(published, TUNED_ORDER).winner
+        assert agreed[0] == TUNED_ORDER[winner].variant, (call, results)
     assert all(r["verified"] for r in results), results
 
 

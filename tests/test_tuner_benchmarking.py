@@ -79,8 +79,16 @@ def test_autotune_with_explicit_configs_and_kwargs():
 
 
 def test_autotune_with_a_configured_tuner():
-    tuner = Tuner(strategy="exhaustive", iters=2, progress=False)
-    assert autotune(Chain(), data(), tuner=tuner) == ChainCfg(reps=1)
+    from test_offline_kernels import CostInProgram
+
+    class Priced(Chain):
+        def run(self, x, *, cfg, scale=1.0):
+            with jax.named_scope(f"ktcost_{cfg.reps}"):  # what CostInProgram reads
+                return super().run(x, cfg=cfg, scale=scale)
+
+    # A deterministic timer: the winner cannot depend on the machine's load.
+    tuner = Tuner(strategy="exhaustive", iters=2, progress=False, timer=CostInProgram())
+    assert autotune(Priced(), data(), tuner=tuner) == ChainCfg(reps=1)
 
 
 def test_autotune_raises_when_every_candidate_fails():
