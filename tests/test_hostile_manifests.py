@@ -14,22 +14,26 @@ from kerneltune import cli
 from kerneltune._src import keys, manifest, recording
 
 
+def one_record_manifest(kernel, *, args, kwargs):
+    """A manifest document holding one hand-written (hostile) record."""
+    record = {
+        "device": "cpu|cpu",
+        "op_id_v": "x@v0",
+        "call_key": "k",
+        "kernel": kernel,
+        "args": {"__tuple__": args},
+        "kwargs": {"__dict__": kwargs},
+    }
+    return {"kind": manifest.MANIFEST_KIND, "schema": manifest.MANIFEST_SCHEMA, "records": [record]}
+
+
 def test_a_manifest_naming_os_system_runs_nothing(tmp_path, capsys):
     marker = tmp_path / "ran"
-    doc = {
-        "kind": manifest.MANIFEST_KIND,
-        "schema": manifest.MANIFEST_SCHEMA,
-        "records": [
-            {
-                "device": "cpu|cpu",
-                "op_id_v": "x@v0",
-                "call_key": "k",
-                "kernel": {"target": "os:system", "init": {"__dict__": {}}},
-                "args": {"__tuple__": [f"touch {marker}"]},
-                "kwargs": {"__dict__": {"f": {"__ref__": "os:system"}}},
-            }
-        ],
-    }
+    doc = one_record_manifest(
+        {"target": "os:system", "init": {"__dict__": {}}},
+        args=[f"touch {marker}"],
+        kwargs={"f": {"__ref__": "os:system"}},
+    )
     path = tmp_path / "m.json"
     path.write_text(json.dumps(doc))
     with pytest.raises(ValueError, match="not imported or not trusted"):
@@ -45,20 +49,11 @@ def test_dry_run_imports_no_module_named_in_the_file(tmp_path, monkeypatch, caps
     module = tmp_path / "kt_planted_module.py"
     module.write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    doc = {
-        "kind": manifest.MANIFEST_KIND,
-        "schema": manifest.MANIFEST_SCHEMA,
-        "records": [
-            {
-                "device": "cpu|cpu",
-                "op_id_v": "x@v0",
-                "call_key": "k",
-                "kernel": {"target": "kt_planted_module:K"},
-                "args": {"__tuple__": []},
-                "kwargs": {"__dict__": {"e": {"__enum__": "kt_planted_module:E", "name": "A"}}},
-            }
-        ],
-    }
+    doc = one_record_manifest(
+        {"target": "kt_planted_module:K"},
+        args=[],
+        kwargs={"e": {"__enum__": "kt_planted_module:E", "name": "A"}},
+    )
     path = tmp_path / "m.json"
     path.write_text(json.dumps(doc))
     assert cli.main(["tune", str(path), "--dry-run"]) == 1
