@@ -12,10 +12,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import kerneltune as kt
+from kerneltune._src import options
 from kerneltune.kernels import attention, layer_norm, matmul, rms_norm, softmax
 from kerneltune.kernels.attention import AttentionInterpret
 from kerneltune.kernels.normalization import LayerNormInterpret
@@ -433,3 +434,96 @@ def test_second_derivatives_match_jax_on_the_xla_path():
         grad_of_grad(lambda q: attention(q, q, q, is_causal=True, executor=EX)),
         grad_of_grad(lambda q: jax.nn.dot_product_attention(q, q, q, is_causal=True)),
     )
+
+
+# --- the public ops through the Pallas interpreter ----------------------------------
+# `platform="triton"` off a GPU runs every bundled kernel's Pallas code in the Pallas
+# interpreter, so these draws check the Pallas kernels (and their custom backward) with
+# the public signatures, against jax.nn / jnp.
+
+# No shrinking: each interpreted example takes seconds.
+INTERPRETER = settings(
+    SETTINGS, max_examples=3, phases=(Phase.explicit, Phase.reuse, Phase.generate)
+)
+
+
+@INTERPRETER
+@given(
+    st.sampled_from([(16, 16), (16, 32), (32, 16)]),  # the flash kernel tiles >= 16
+    st.sampled_from([(2, 1), (2, 2), (4, 2)]),
+    st.booleans(),
+    st.sampled_from([None, 0.3]),
+    st.sampled_from([jnp.float32, jnp.bfloat16]),
+    st.integers(0, 2**16),
+)
+def test_attention_through_the_pallas_interpreter_matches_jax_nn(
+    lens, heads, causal, scale, dtype, seed
+):
+    (t, s), (n, kh) = lens, heads
+    if causal:
+        s = t
+    q = rand(seed, (1, t, n, 16), dtype)
+    k, v = rand(seed + 1, (1, s, kh, 16), dtype), rand(seed + 2, (1, s, kh, 16), dtype)
+    w = rand(seed + 3, q.shape, jnp.float32)
+
+    def loss(fn):
+        return lambda q, k, v: (fn(q, k, v).astype(jnp.float32) * w).sum()
+
+    def ours(q, k, v):
+        return attention(q, k, v, scale=scale, is_causal=causal, executor=EX)
+
+    def ref(q, k, v):  # in float32: the reference's rounding is not under test
+        f32 = [a.astype(jnp.float32) for a in (q, k, v)]
+        return jax.nn.dot_product_attention(*f32, scale=scale, is_causal=causal)
+
+    with options.scoped(platform="triton"):
+        got = jax.jit(ours)(q, k, v)
+        grads = jax.jit(jax.grad(loss(ours), (0, 1, 2)))(q, k, v)
+    close(got, ref(q, k, v), dtype)
+    for g, r in zip(grads, jax.grad(loss(ref), (0, 1, 2))(q, k, v), strict=True):
+        close(g, r, dtype)
+
+
+@INTERPRETER
+@given(
+    st.sampled_from([(4, 32), (3, 5, 64), (130,)]),
+    st.sampled_from(["layer", "rms", "softmax"]),
+    st.integers(0, 2**16),
+)
+def test_norms_and_softmax_through_the_pallas_interpreter_match_jax(shape, op, seed):
+    x = rand(seed, shape)
+    scale = 1 + rand(seed + 1, shape[-1:])
+    bias = rand(seed + 2, shape[-1:])
+    w = rand(seed + 3, shape)
+    axes = (len(shape) - 1,)
+    ours, ref = {
+        "layer": (
+            lambda x: layer_norm(x, scale, bias, executor=EX),
+            lambda x: flax_layer_norm(x, scale, bias, axes, 1e-6),
+        ),
+        "rms": (
+            lambda x: rms_norm(x, scale, executor=EX),
+            lambda x: flax_rms_norm(x, scale, axes, 1e-6),
+        ),
+        "softmax": (lambda x: softmax(x, executor=EX), jax.nn.softmax),
+    }[op]
+    with options.scoped(platform="triton"):
+        got = jax.jit(ours)(x)
+        grad = jax.jit(jax.grad(lambda x: (ours(x) * w).sum()))(x)
+    close(got, ref(x))
+    close(grad, jax.grad(lambda x: (ref(x) * w).sum())(x))
+
+
+@INTERPRETER
+@given(
+    st.sampled_from([((16, 32), (32, 16)), ((2, 16, 32), (32, 8)), ((20, 24), (24, 40))]),
+    st.integers(0, 2**16),
+)
+def test_matmul_through_the_pallas_interpreter_matches_jnp(shapes, seed):
+    a, b = rand(seed, shapes[0]), rand(seed + 1, shapes[1])
+    with options.scoped(platform="triton"):
+        got = jax.jit(lambda a, b: matmul(a, b, executor=EX))(a, b)
+        grads = jax.jit(jax.grad(lambda a, b: matmul(a, b, executor=EX).sum(), (0, 1)))(a, b)
+    close(got, a @ b)
+    for g, r in zip(grads, jax.grad(lambda a, b: (a @ b).sum(), (0, 1))(a, b), strict=True):
+        close(g, r)

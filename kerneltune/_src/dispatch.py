@@ -104,10 +104,13 @@ def kernel_function(
             f"kernel {kernel.op_id!r} defines {have} but not {missing}; define both (or "
             "neither, or the short form custom_vjp(primals, cfg, kwargs, cotangents))."
         )
+    reference = find_method(kernel, "reference", context)
     if fwd is not None and bwd is not None:
-        return _with_vjp(run, cfg, fwd=fwd, bwd=bwd, short=None)
+        return _with_vjp(run, cfg, kernel.op_id, fwd=fwd, bwd=bwd, short=None, reference=reference)
     if short is not None:
-        return _with_vjp(run, cfg, fwd=None, bwd=None, short=short)
+        return _with_vjp(
+            run, cfg, kernel.op_id, fwd=None, bwd=None, short=short, reference=reference
+        )
 
     def plain(*args: Any, **kwargs: Any) -> Any:
         return run(*args, cfg=cfg, **kwargs)
@@ -118,10 +121,12 @@ def kernel_function(
 def _with_vjp(
     run: Callable[..., Any],
     cfg: Any,
+    op_id: str,
     *,
     fwd: Callable[..., Any] | None,
     bwd: Callable[..., Any] | None,
     short: Callable[..., Any] | None,
+    reference: Callable[..., Any] | None,
 ) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
@@ -139,16 +144,13 @@ def _with_vjp(
             a, k = rebuild(dyn)
             return run(*a, cfg=cfg, **k)
 
-        def core_fwd(*dyn: Any) -> Any:
+        def forward(*dyn: Any) -> Any:
             a, k = rebuild(dyn)
             if fwd is not None:
-                out, residuals = fwd(*a, cfg=cfg, **k)
-            else:
-                out, residuals = run(*a, cfg=cfg, **k), None
-            return out, (residuals, out, dyn)
+                return fwd(*a, cfg=cfg, **k)
+            return run(*a, cfg=cfg, **k), None
 
-        def core_bwd(saved: Any, dout: Any) -> tuple[Any, ...]:
-            residuals, out, dyn = saved
+        def backward(residuals: Any, out: Any, dyn: Any, dout: Any) -> tuple[Any, ...]:
             a, k = rebuild(dyn)
             if bwd is not None:
                 cts = bwd(residuals, out, dout, *a, cfg=cfg, **k)
@@ -158,10 +160,125 @@ def _with_vjp(
                 cts = short(a, cfg, k, cotangents)
             return _dyn_cotangents(cts, a, dyn)
 
+        def reference_of_dyn(*dyn: Any) -> Any:
+            assert reference is not None
+            a, k = rebuild(dyn)
+            return reference(*a, **k)
+
+        if reference is not None:
+            forward_twice = _second_order_from_reference(forward, reference_of_dyn)
+            backward_twice = _second_order_from_reference_vjp(backward, reference_of_dyn)
+        else:
+            forward_twice = _second_order_of_own_code(forward, op_id, cfg)
+            backward_twice = _second_order_of_own_code(backward, op_id, cfg)
+
+        def core_fwd(*dyn: Any) -> Any:
+            out, residuals = forward_twice(*dyn)
+            return out, (residuals, out, dyn)
+
+        def core_bwd(saved: Any, dout: Any) -> tuple[Any, ...]:
+            residuals, out, dyn = saved
+            return backward_twice(residuals, out, dyn, dout)
+
         core.defvjp(core_fwd, core_bwd)
         return core(*(leaves[i] for i in positions))
 
     return call
+
+
+# Second derivatives. Under grad-of-grad or a hessian, JAX differentiates the custom
+# VJP's forward and backward themselves. A Pallas or Triton kernel cannot be, so when the
+# kernel declares its op's reference math, both are wrapped in a custom JVP that keeps
+# the kernel's values and takes the *derivative* from the reference: the backward's
+# derivative is that of the reference's VJP, which depends on the primal inputs and the
+# cotangent only (the forward's residuals carry no derivative of their own: zero).
+# Without a reference, JAX differentiates the kernel's own code, with a clear error
+# when it cannot.
+
+
+def _second_order_of_own_code(fn: Callable[..., Any], op_id: str, cfg: Any) -> Callable[..., Any]:
+    """`fn`, differentiated by JAX (fine for a kernel written in plain JAX); when JAX
+    cannot (a Pallas or Triton call, a callback), one error naming the op and the fix."""
+
+    @jax.custom_jvp
+    def once(*primals: Any) -> Any:
+        return fn(*primals)
+
+    @once.defjvp
+    def once_jvp(primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> Any:
+        try:
+            return jax.jvp(fn, primals, tangents)
+        except Exception as e:  # re-raised below with the op's name and the fix
+            raise TypeError(
+                f"kernel {op_id!r}: second derivatives (grad of grad, hessian) are not "
+                f"available with config {cfg!r}: its custom gradient runs code JAX cannot "
+                "differentiate. Define `reference(self, *args, **kwargs)` on the kernel "
+                "(the op's math in plain JAX; second derivatives are then taken from it), "
+                "or call the op with a config JAX differentiates itself "
+                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})."
+            ) from e
+
+    return once
+
+
+def _second_order_from_reference(
+    forward: Callable[..., Any], reference: Callable[..., Any]
+) -> Callable[..., Any]:
+    @jax.custom_jvp
+    def once(*dyn: Any) -> Any:
+        return forward(*dyn)
+
+    @once.defjvp
+    def once_jvp(primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> Any:
+        out, residuals = forward(*primals)
+        _, t_out = jax.jvp(reference, primals, tangents)
+        return (out, residuals), (_like(t_out, out), _zero_tangents(residuals))
+
+    return once
+
+
+def _second_order_from_reference_vjp(
+    backward: Callable[..., Any], reference: Callable[..., Any]
+) -> Callable[..., Any]:
+    @jax.custom_jvp
+    def once(residuals: Any, out: Any, dyn: Any, dout: Any) -> Any:
+        return backward(residuals, out, dyn, dout)
+
+    @once.defjvp
+    def once_jvp(primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> Any:
+        cts = backward(*primals)
+        _, _, dyn, dout = primals
+        _, _, t_dyn, t_dout = tangents
+
+        def reference_vjp(dyn: Any, dout: Any) -> Any:
+            return jax.vjp(reference, *dyn)[1](dout)
+
+        _, t_cts = jax.jvp(reference_vjp, (dyn, dout), (t_dyn, t_dout))
+        return cts, _like(tuple(t_cts), cts)
+
+    return once
+
+
+def _tangent_dtype(x: Any) -> Any:
+    dtype = np.dtype(x.dtype)
+    return dtype if jnp.issubdtype(dtype, jnp.inexact) else jax.dtypes.float0
+
+
+def _like(tangents: Any, primals: Any) -> Any:
+    """`tangents` in the structure and tangent dtypes of `primals` (the reference may
+    compute in another precision than the kernel)."""
+
+    def fit(t: Any, p: Any) -> Any:
+        dtype = _tangent_dtype(p)
+        if dtype == jax.dtypes.float0:
+            return np.zeros(p.shape, dtype)
+        return jnp.asarray(t).astype(dtype)
+
+    return jax.tree_util.tree_map(fit, tangents, primals)
+
+
+def _zero_tangents(tree: Any) -> Any:
+    return jax.tree_util.tree_map(lambda x: np.zeros(x.shape, _tangent_dtype(x)), tree)
 
 
 def _dyn_cotangents(cts: Any, args: tuple[Any, ...], dyn: Sequence[Any]) -> tuple[Any, ...]:

@@ -152,6 +152,10 @@ class Attention(BundledKernelMixin, Kernel[FwdParams, jax.Array]):
     def fwd_with_residuals_xla(self, q, k, v, *, cfg: FwdParams, causal: bool, sm_scale: float):
         return attention_forward_xla(q, k, v, causal=causal, sm_scale=sm_scale)
 
+    def reference(self, q, k, v, *, causal: bool, sm_scale: float) -> jax.Array:
+        """The op's math in plain JAX: second derivatives are taken from it."""
+        return attention_forward_xla(q, k, v, causal=causal, sm_scale=sm_scale)[0]
+
     def vjp(self, lse, out, dout, q, k, v, *, cfg: FwdParams, causal: bool, sm_scale: float):
         return self.inner_executor()(
             self.backward,

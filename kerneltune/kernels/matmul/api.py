@@ -140,6 +140,10 @@ class Matmul(BundledKernelMixin, Kernel[MatmulConfig, jax.Array]):
     def run_xla(self, x: jax.Array, y: jax.Array, *, cfg: MatmulConfig) -> jax.Array:
         return matmul_xla(x, y)
 
+    def reference(self, x: jax.Array, y: jax.Array) -> jax.Array:
+        """The op's math in plain JAX: second derivatives are taken from it."""
+        return matmul_xla(x, y)
+
 
 class MatmulInterpret(Matmul):
     """The Pallas matmul run by the Pallas interpreter on any device, with a few tile

@@ -108,6 +108,10 @@ class LayerNorm(_Norm):
     def run_xla(self, x, weight, bias, *, cfg: NormConfig, eps: float):
         return layer_norm_xla(x, weight, bias, eps=eps)
 
+    def reference(self, x, weight, bias, *, eps: float):
+        """The op's math in plain JAX: second derivatives are taken from it."""
+        return layer_norm_xla(x, weight, bias, eps=eps)
+
 
 class RMSNorm(_Norm):
     """RMS norm over the last axis (`x / rms(x) · weight`): JAX's Pallas GPU kernel
@@ -132,6 +136,10 @@ class RMSNorm(_Norm):
         )
 
     def run_xla(self, x, weight, *, cfg: NormConfig, eps: float):
+        return rms_norm_xla(x, weight, eps=eps)
+
+    def reference(self, x, weight, *, eps: float):
+        """The op's math in plain JAX: second derivatives are taken from it."""
         return rms_norm_xla(x, weight, eps=eps)
 
 

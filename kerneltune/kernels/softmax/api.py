@@ -72,6 +72,10 @@ class Softmax(BundledKernelMixin, Kernel[SoftmaxConfig, jax.Array]):
     def vjp(self, residuals, out, dout, x, *, cfg: SoftmaxConfig):
         return (softmax_backward(out, dout),)
 
+    def reference(self, x):
+        """The op's math in plain JAX: second derivatives are taken from it."""
+        return softmax_xla(x)
+
 
 class SoftmaxInterpret(Softmax):
     """`Softmax`'s Pallas path run by the Pallas interpreter on any device (tests, the
