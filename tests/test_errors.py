@@ -2,6 +2,7 @@
 
 import dataclasses
 
+import numpy as np
 import pytest
 from helpers import RepCfg, rand
 
@@ -45,15 +46,37 @@ def test_candidate_of_the_wrong_type():
         executor()(BadCandidates(), rand((2,)))
 
 
-def test_empty_candidate_list():
+def test_an_empty_candidate_list_uses_the_heuristic_even_in_production_mode():
+    # Issue 13.1: a call with nothing to tune must not need a cache entry; the
+    # heuristic is the only, deterministic choice.
     class Empty(Typed):
         def candidate_cfgs(self, inv):
             return []
 
-    with pytest.raises(
-        ValueError, match=r"Empty.candidate_cfgs returned no candidates for typed@v0"
-    ):
-        executor()(Empty(), rand((2,)))
+    x = rand((2,))
+    for fallback in ("autotune", "error"):
+        chain = kt.ConfigSelectorChain(
+            kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback=fallback)
+        )
+        why = kt.explain(Empty(), x, executor=kt.Executor(chain))
+        assert why.tier == "heuristics" and why.cfg == Empty().heuristic_cfg(None)
+        assert ("autotune", "Empty.candidate_cfgs returned no candidates for this call") in (
+            why.misses
+        )
+
+
+def test_an_empty_candidate_list_without_a_heuristic_names_both_misses():
+    class EmptyNoHeuristic(kt.Kernel):
+        op_id = "empty_no_heuristic"
+
+        def run(self, x, *, cfg):
+            return x
+
+        def candidate_cfgs(self, inv):
+            return []
+
+    with pytest.raises(RuntimeError, match=r"returned no candidates .*heuristics: the kernel"):
+        executor()(EmptyNoHeuristic(), rand((2,)))
 
 
 def test_kernel_with_no_run():
@@ -114,3 +137,28 @@ def test_scoped_options_override_environment(monkeypatch):
     with pytest.raises(ValueError, match="allowed: hash, json, none"):
         with options.scoped(stamp="loud"):
             pass
+
+
+def test_production_mode_runs_bundled_ops_that_have_nothing_to_tune_on_this_platform():
+    # On CPU the bundled kernels have no candidates (XLA only): production mode uses
+    # their heuristic instead of raising CacheMissError on every call.
+    from kerneltune.kernels import layer_norm
+
+    chain = kt.ConfigSelectorChain(
+        kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback="error")
+    )
+    x = rand((4, 16), seed=0)
+    y = layer_norm(x, executor=kt.Executor(chain))
+    np.testing.assert_allclose(y.mean(-1), 0.0, atol=1e-5)
+    # A kernel with something to tune still refuses to tune; one whose only candidate
+    # is its heuristic does not need to.
+    class TwoCandidates(Typed):
+        def candidate_cfgs(self, inv):
+            return [RepCfg(reps=1), RepCfg(reps=2)]
+
+    with pytest.raises(kt.CacheMissError):
+        kt.Executor(chain)(TwoCandidates(), x)
+    assert kt.explain(Typed(), x, executor=kt.Executor(chain)).misses[-1] == (
+        "autotune",
+        "the only candidate is the heuristic config",
+    )

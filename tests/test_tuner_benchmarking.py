@@ -64,6 +64,20 @@ def test_benchmark_returns_milliseconds():
     assert 0.05 < ms / (s * 1e3) < 20  # same quantity, in milliseconds
 
 
+def test_benchmark_warns_when_fn_closes_over_arrays(recwarn):
+    # README once showed `benchmark(lambda: op(x))`: x became a compile-time constant
+    # and the time was 30x too low. The warning says how to pass it instead.
+    x = data(32)
+    with pytest.warns(
+        UserWarning, match=r"closes over 1 array\(s\) \(float32\[32, 32\]\).*benchmark\(fn, x\)"
+    ):
+        benchmark(lambda: x @ x, num_iters=2)
+    recwarn.clear()
+    benchmark(lambda a: a @ a, x, num_iters=2)
+    benchmark(Chain(), x, num_iters=2)
+    assert not [w for w in recwarn if "closes over" in str(w.message)]
+
+
 def test_benchmark_passes_keyword_arguments_and_statics():
     x = data()
     assert benchmark(lambda a, *, n: a * n, x, n=3, num_iters=2) > 0

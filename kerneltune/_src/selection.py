@@ -255,6 +255,15 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
             misses.append(("persistent", "no persistent cache configured"))
 
         policy = self.effective_policy()
+        if policy.cache_miss_fallback == "error" and policy.allow_heuristics:
+            # Production mode forbids tuning, not determinism: when there is nothing to
+            # tune, the heuristic is the one config any tuning would have chosen.
+            untunable = nothing_to_tune(kernel, inv)
+            heuristic = find_heuristic(kernel, inv) if untunable else None
+            if heuristic is not None:
+                check_config_type(kernel, inv, heuristic, "heuristic_cfg result")
+                misses.append(("autotune", untunable))
+                return done("heuristics", heuristic, "heuristics")
         if policy.cache_miss_fallback == "error":
             message = (
                 f"no cached config for {inv.op_id_v} with arguments ({inv.signature}) on "
@@ -309,10 +318,12 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
         if not policy.allow_autotune:
             misses.append(("autotune", "not allowed by the policy"))
             return None
-        candidates_hook = dispatch.find_method(kernel, ("candidate_cfgs", "config_space"))
-        if candidates_hook is None:
-            misses.append(("autotune", "the kernel defines no candidate_cfgs/config_space"))
+        untunable = nothing_to_tune(kernel, inv)
+        if untunable:
+            misses.append(("autotune", untunable))
             return None
+        candidates_hook = dispatch.find_method(kernel, ("candidate_cfgs", "config_space"))
+        assert candidates_hook is not None
         with self._lock_for(key):
             # Another thread may have tuned this key while we waited for the lock.
             cfg = self.cache.get(*key)
@@ -327,12 +338,6 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
                 self._emit("cache_hit", key, cfg=cfg, level="memory", reused=True)
                 return decision
             candidates = list(candidates_hook(inv))
-            if not candidates:
-                raise ValueError(
-                    f"{type(kernel).__name__}.{candidates_hook.__name__} returned no "
-                    f"candidates for {inv.op_id_v} with arguments ({inv.signature}); return "
-                    "at least one config, or define no candidate hook to use heuristics."
-                )
             for i, cand in enumerate(candidates):
                 check_config_type(kernel, inv, cand, f"candidate #{i}")
             report = self._run_tuner(inv, kernel, key, candidates, policy)
@@ -443,6 +448,22 @@ def _as_keyed_by(inv: Invocation[Any, Any], kernel: Kernel[Any, Any]) -> Invocat
 def find_heuristic(kernel: Kernel[Any, Any], inv: Invocation[Any, Any]) -> Any:
     hook = dispatch.find_method(kernel, "heuristic_cfg", _context(inv))
     return None if hook is None else hook(inv)
+
+
+def nothing_to_tune(kernel: Kernel[Any, Any], inv: Invocation[Any, Any]) -> str:
+    """Why this call has nothing to tune ("" when it has): no candidate hook on this
+    platform, an empty candidate list for these arguments, or only the heuristic."""
+    hook = dispatch.find_method(kernel, ("candidate_cfgs", "config_space"))
+    if hook is None:
+        return "the kernel defines no candidate_cfgs/config_space on this platform"
+    candidates = list(hook(inv))
+    if not candidates:
+        return f"{type(kernel).__name__}.{hook.__name__} returned no candidates for this call"
+    if all(c == candidates[0] for c in candidates) and candidates[0] == find_heuristic(
+        kernel, inv
+    ):
+        return "the only candidate is the heuristic config"
+    return ""
 
 
 def config_type_of(kernel: Kernel[Any, Any], inv: Invocation[Any, Any]) -> type | None:
