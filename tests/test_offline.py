@@ -205,3 +205,31 @@ def test_unrecorded_calls_in_a_lowered_computation_are_named(caplog):
     assert "never recorded" in caplog.text and "loop@v0:" in caplog.text
     assert len(offline.autotune_lowered(chain, jax.jit(jnp.sin).lower(jnp.ones(2)))) == 0
     assert "found no kerneltune call" in caplog.text
+
+
+def test_a_step_jitted_before_tuning_picks_up_the_tuned_configs_once():
+    # Issue 13.2: after autotune_lowered, a train step jitted (and run) before it must
+    # trace once more with the tuned configs, without `with result:` or clear_caches.
+    recording.clear_invocations()
+    chain, events = chain_with_events()
+    ex, kernel = kt.Executor(chain), LoopKernel()
+    traces = []
+
+    def model(x):
+        traces.append(1)
+        return make_model(ex, kernel)(x)
+
+    step = jax.jit(model)
+    x = jax.random.normal(jax.random.PRNGKey(0), (128, 128))
+    with recording.record_calls():
+        step(x)  # heuristics: nothing is tuned at run time
+    assert count(events, "heuristics") == 2 and len(traces) == 1
+    offline.autotune_lowered(chain, step.lower(x))
+    recording.clear_invocations()
+    before = count(events, "cache_hit")
+    np.testing.assert_allclose(step(x), reference(x), rtol=1e-5)
+    assert len(traces) == 3  # one for lower(), one for the retrace with tuned configs
+    assert count(events, "cache_hit") == before + 2
+    step(x)
+    step(x)
+    assert len(traces) == 3  # and only once

@@ -49,6 +49,7 @@ class ConfigCache(Generic[Cfg]):
             raise ValueError("ConfigCache.put got cfg=None; a cached config must be a value.")
         with self._lock:
             self._data[(dev, op_id, call_key)] = cfg
+        scope.settled((dev, op_id, call_key))
         self._changed()
 
     def clear(self) -> None:

@@ -6,6 +6,11 @@ entered them, and take part in JAX's trace cache: a function jitted outside a bl
 called inside it is traced again (and picks the block's configs), and after the block it
 gets its old trace back. That is done with a JAX user context (`jax.make_user_context`)
 whose value is the current `Scope`.
+
+A second, global user context holds the *selection epoch*: a trace that settled a key
+on a provisional config (the heuristic, for a key that had no tuned config yet) must not
+outlive the tuning. When such a key later gets a config, the epoch moves on, so every
+jitted function traces once more (now finding the tuned config), and only then.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import contextlib
 import contextvars
 import dataclasses
 import itertools
+import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -148,3 +154,30 @@ def with_forward_only() -> contextlib.AbstractContextManager[Scope]:
 
 def with_recording() -> contextlib.AbstractContextManager[Scope]:
     return entered(dataclasses.replace(current(), recording=True))
+
+
+# -- the selection epoch --------------------------------------------------------------
+
+_epoch_context = _make_user_context(0) if _make_user_context is not None else None
+_epoch_numbers = itertools.count(1)
+_provisional: set[OverlayKey] = set()
+_provisional_lock = threading.Lock()
+
+
+def chose_provisionally(key: OverlayKey) -> None:
+    """`key` was settled on a config that a later tuning may replace."""
+    if key not in _provisional:
+        with _provisional_lock:
+            _provisional.add(key)
+
+
+def settled(key: OverlayKey) -> None:
+    """`key` now has a config: traces that chose provisionally for it are retired."""
+    if key not in _provisional:
+        return
+    with _provisional_lock:
+        if key not in _provisional:
+            return
+        _provisional.discard(key)
+        if _epoch_context is not None:
+            _epoch_context.set_global(next(_epoch_numbers))

@@ -288,6 +288,7 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
                 heuristic = find_heuristic(kernel, inv) if policy.allow_heuristics else None
                 if heuristic is not None:
                     check_config_type(kernel, inv, heuristic, "heuristic_cfg result")
+                    scope.chose_provisionally(key)
                     return done("heuristics", heuristic, "heuristics")
                 misses.append(
                     (
