@@ -150,6 +150,7 @@ def test_production_mode_runs_bundled_ops_that_have_nothing_to_tune_on_this_plat
     x = rand((4, 16), seed=0)
     y = layer_norm(x, executor=kt.Executor(chain))
     np.testing.assert_allclose(y.mean(-1), 0.0, atol=1e-5)
+
     # A kernel with something to tune still refuses to tune; one whose only candidate
     # is its heuristic does not need to.
     class TwoCandidates(Typed):

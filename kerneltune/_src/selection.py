@@ -460,9 +460,7 @@ def nothing_to_tune(kernel: Kernel[Any, Any], inv: Invocation[Any, Any]) -> str:
     candidates = list(hook(inv))
     if not candidates:
         return f"{type(kernel).__name__}.{hook.__name__} returned no candidates for this call"
-    if all(c == candidates[0] for c in candidates) and candidates[0] == find_heuristic(
-        kernel, inv
-    ):
+    if all(c == candidates[0] for c in candidates) and candidates[0] == find_heuristic(kernel, inv):
         return "the only candidate is the heuristic config"
     return ""
 

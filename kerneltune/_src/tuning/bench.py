@@ -496,6 +496,32 @@ class Bench:
         self._progress.advance(rounds_left * (len(cands) - len(keep)))
         return keep
 
+    def confirm_slow(self) -> list[Candidate]:
+        """Re-measures every candidate judged clearly slow, each right after the best,
+        and returns those that are not: no candidate is lost for good to samples that a
+        hiccup of a busy machine inflated.
+
+        A candidate is judged clearly slow when its fastest sample is `drop_factor`
+        times the best median; the confirming pair compares one fresh sample of each,
+        taken back to back under the same load.
+        """
+        drop = self._drop_factor()
+        timed = [c for c in self._timed if c.ok and c.samples]
+        if drop is None or len(timed) < 2:
+            return []
+        best = min(timed, key=lambda c: statistics.median(c.samples))
+        limit = statistics.median(best.samples) * drop
+        back: list[Candidate] = []
+        for c in timed:
+            if c is best or min(c.samples) <= limit:
+                continue
+            self._sample_one(best)
+            self._sample_one(c)
+            if c.ok and best.ok and c.samples[-1] <= best.samples[-1] * drop:
+                c.dropped = False
+                back.append(c)
+        return back
+
     def _sample_one(self, c: Candidate) -> None:
         calls = self._calls_for(c)
         start = len(c.samples) * calls

@@ -415,10 +415,13 @@ class Tuner(Generic[Cfg]):
     def _remeasure_top(self, bench: Bench) -> None:
         """The best few, side by side, with more samples: a winner decided by a few
         samples taken at different times can be a lucky one."""
+        # Judged slow on inflated samples? Then it competes with the best few again.
+        back = bench.confirm_slow()
         if self.top_k < 2 or self.remeasure_iters < 1:
             return
         ranked = sorted((c for c in bench.cands if c.median is not None), key=_median)
         top: list[Candidate] = ranked[: self.top_k]
+        top += [c for c in back if c not in top]
         if len(top) < 2:
             return
         ref = bench.reference
