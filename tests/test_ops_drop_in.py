@@ -527,3 +527,29 @@ def test_matmul_through_the_pallas_interpreter_matches_jnp(shapes, seed):
     close(got, a @ b)
     for g, r in zip(grads, jax.grad(lambda a, b: (a @ b).sum(), (0, 1))(a, b), strict=True):
         close(g, r)
+
+
+def test_every_op_runs_when_the_pallas_platform_is_forced_off_a_tpu():
+    # Issue 13.4: KERNELTUNE_PLATFORM=pallas on a CPU broke every bundled kernel with
+    # an error addressed to kernel authors; they now run their XLA code.
+    x, w = rand(0, (4, 16)), rand(1, (16,))
+    q = rand(2, (1, 16, 2, 16))
+    with options.scoped(platform="pallas"):
+        outs = [
+            layer_norm(x, w, executor=EX),
+            rms_norm(x, w, executor=EX),
+            softmax(x, executor=EX),
+            matmul(x, x.T, executor=EX),
+            attention(q, q, q, is_causal=True, executor=EX),
+            jax.grad(lambda q: attention(q, q, q, executor=EX).sum())(q),
+        ]
+    refs = [
+        flax_layer_norm(x, w, None, (1,), 1e-6),
+        flax_rms_norm(x, w, (1,), 1e-6),
+        jax.nn.softmax(x),
+        x @ x.T,
+        jax.nn.dot_product_attention(q, q, q, is_causal=True),
+        jax.grad(lambda q: jax.nn.dot_product_attention(q, q, q).sum())(q),
+    ]
+    for got, want in zip(outs, refs, strict=True):
+        close(got, want)

@@ -131,3 +131,32 @@ def test_sharding_fingerprints_and_the_sharding_aware_key():
     (record,) = recording.get_invocations()["sharded_loop@v0"].values()
     assert record.shardings == (kt.sharding_fingerprint(rows),)
     assert record.invocation().call_key == record.call_key
+
+
+def test_a_pallas_kernel_runs_per_shard_with_its_gradient():
+    # Issue 13.4: check_vma=True was forced, and JAX's check rejects every Pallas call.
+    from kerneltune.kernels.normalization import RMSNormInterpret
+
+    ex = kt.Executor(
+        kt.ConfigSelectorChain(
+            kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback="heuristics")
+        )
+    )
+    mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
+    x = jax.random.normal(jax.random.PRNGKey(0), (8, 32))
+    w = 1 + jax.random.normal(jax.random.PRNGKey(1), (32,))
+    call = dict(method="shard_map", mesh=mesh, in_specs=(P("x"), P()), out_specs=P("x"))
+
+    def ours(x):
+        return ex(RMSNormInterpret(), x, w, eps=1e-6, **call)
+
+    def ref(x):
+        return x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + 1e-6) * w
+
+    np.testing.assert_allclose(ours(x), ref(x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        jax.grad(lambda x: (ours(x) ** 2).sum())(x),
+        jax.grad(lambda x: (ref(x) ** 2).sum())(x),
+        rtol=1e-4,
+        atol=1e-4,
+    )

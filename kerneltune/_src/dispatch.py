@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kerneltune._src import devices, keys
+from kerneltune._src import devices, keys, options
 from kerneltune._src.kernel import Kernel
 
 _lookup_cache: dict[tuple[type, str, str | None, str, str], str | None] = {}
@@ -74,9 +74,16 @@ def require_run(kernel: Kernel[Any, Any], context: str | None = None) -> Callabl
     if run is None:
         backend, device = devices.get_device_platform(), devices.device_kind()
         tried = ", ".join(method_names("run", context, backend, device))
+        forced = options.get("platform")
+        hint = (
+            f" The platform {forced!r} was forced with {options.env_name('platform')}; "
+            "unset it to run on the detected one."
+            if forced is not None
+            else ""
+        )
         raise TypeError(
             f"kernel {kernel.op_id!r} ({type(kernel).__name__}) defines no run method for "
-            f"this platform; looked for: {tried}. Define `run(self, *args, cfg, **kwargs)`."
+            f"this platform; looked for: {tried}. Define `run(self, *args, cfg, **kwargs)`." + hint
         )
     return run
 

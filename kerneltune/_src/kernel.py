@@ -26,6 +26,10 @@ class Kernel(Generic[Cfg, Out]):
         reused; part of every cache key as `"<op_id>@v<version>"`.
       key_builder: optional `Callable[[Invocation], str]` replacing the default call key.
       config_type: the config dataclass; by default the type `heuristic_cfg` returns.
+      shard_map_check_vma: run `method="shard_map"` calls with JAX's varying-axes check
+        (`jax.shard_map(..., check_vma=True)`). Off by default: a Pallas call carries no
+        varying-axes information, so the check rejects every Pallas kernel; turn it on
+        for a kernel written in plain JAX to have JAX verify its `out_specs`.
 
     Example:
       >>> import dataclasses, jax.numpy as jnp, kerneltune
@@ -47,6 +51,7 @@ class Kernel(Generic[Cfg, Out]):
     version: ClassVar[str] = "0"
     key_builder: ClassVar[Callable[[Invocation], str] | None] = None
     config_type: ClassVar[type | None] = None
+    shard_map_check_vma: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

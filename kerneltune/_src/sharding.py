@@ -33,9 +33,13 @@ def shard_map_function(
         def body(*shards: Any) -> Any:
             return per_shard(*shards, **kwargs)
 
-        return jax.shard_map(body, mesh=inv.mesh, in_specs=inv.in_specs, out_specs=inv.out_specs)(
-            *args
-        )
+        return jax.shard_map(
+            body,
+            mesh=inv.mesh,
+            in_specs=inv.in_specs,
+            out_specs=inv.out_specs,
+            check_vma=bool(type(kernel).shard_map_check_vma),
+        )(*args)
 
     return call
 

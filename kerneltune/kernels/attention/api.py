@@ -152,6 +152,10 @@ class Attention(BundledKernelMixin, Kernel[FwdParams, jax.Array]):
     def fwd_with_residuals_xla(self, q, k, v, *, cfg: FwdParams, causal: bool, sm_scale: float):
         return attention_forward_xla(q, k, v, causal=causal, sm_scale=sm_scale)
 
+    # Any other platform (e.g. KERNELTUNE_PLATFORM=pallas off a TPU) runs the XLA code.
+    run = run_xla
+    fwd_with_residuals = fwd_with_residuals_xla
+
     def reference(self, q, k, v, *, causal: bool, sm_scale: float) -> jax.Array:
         """The op's math in plain JAX: second derivatives are taken from it."""
         return attention_forward_xla(q, k, v, causal=causal, sm_scale=sm_scale)[0]
@@ -245,6 +249,9 @@ class AttentionBackward(BundledKernelMixin, Kernel[BwdParams, tuple]):
 
     def run_xla(self, q, k, v, out, lse, dout, *, cfg: BwdParams, causal: bool, sm_scale: float):
         return attention_backward_xla(q, k, v, out, lse, dout, causal=causal, sm_scale=sm_scale)
+
+    # Any other platform (e.g. KERNELTUNE_PLATFORM=pallas off a TPU) runs the XLA code.
+    run = run_xla
 
 
 Attention.backward_type = AttentionBackward

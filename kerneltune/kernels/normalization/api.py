@@ -108,6 +108,9 @@ class LayerNorm(_Norm):
     def run_xla(self, x, weight, bias, *, cfg: NormConfig, eps: float):
         return layer_norm_xla(x, weight, bias, eps=eps)
 
+    # Any other platform (e.g. KERNELTUNE_PLATFORM=pallas off a TPU) runs the XLA code.
+    run = run_xla
+
     def reference(self, x, weight, bias, *, eps: float):
         """The op's math in plain JAX: second derivatives are taken from it."""
         return layer_norm_xla(x, weight, bias, eps=eps)
@@ -137,6 +140,9 @@ class RMSNorm(_Norm):
 
     def run_xla(self, x, weight, *, cfg: NormConfig, eps: float):
         return rms_norm_xla(x, weight, eps=eps)
+
+    # Any other platform (e.g. KERNELTUNE_PLATFORM=pallas off a TPU) runs the XLA code.
+    run = run_xla
 
     def reference(self, x, weight, *, eps: float):
         """The op's math in plain JAX: second derivatives are taken from it."""

@@ -69,6 +69,10 @@ class Softmax(BundledKernelMixin, Kernel[SoftmaxConfig, jax.Array]):
     def fwd_with_residuals_xla(self, x, *, cfg: SoftmaxConfig):
         return self.run_xla(x, cfg=cfg), None
 
+    # Any other platform (e.g. KERNELTUNE_PLATFORM=pallas off a TPU) runs the XLA code.
+    run = run_xla
+    fwd_with_residuals = fwd_with_residuals_xla
+
     def vjp(self, residuals, out, dout, x, *, cfg: SoftmaxConfig):
         return (softmax_backward(out, dout),)
 
