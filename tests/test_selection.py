@@ -1,5 +1,6 @@
 """The selection chain: every tier, its events, and the rules that keep caches honest."""
 
+import dataclasses
 import logging
 import threading
 
@@ -318,3 +319,57 @@ def test_fwd_params_accept_positional_fields():
         q_blocksize=128, kv_blocksize=64, num_warps=4, num_stages=2
     )
     assert kt.BwdParams(64, 32).kv_blocksize == 32
+
+
+class LastCandidateTuner:
+    """A custom tuner with only the documented protocol: its own rule (the last
+    candidate) must decide, not kerneltune's timing."""
+
+    def __init__(self):
+        self.calls = []
+
+    def measure(self, fn, *args, **kwargs):
+        return 1.0
+
+    def autotune(self, make_fn, args, kwargs, candidates):
+        self.calls.append(list(candidates))
+        make_fn(candidates[-1])(*args, **kwargs)  # it may run what it picks
+        return candidates[-1]
+
+
+class FirstCandidateTuner(kt.Tuner):
+    """A `Tuner` subclass that overrides only `autotune`."""
+
+    def autotune(self, make_fn, args, kwargs, candidates):
+        return next(iter(candidates))
+
+
+def test_the_chain_calls_a_custom_tuners_autotune():
+    # Issue 13.6: the chain called `tune`, bypassing a tuner that implements only the
+    # documented protocol (and a subclass's own `autotune`).
+    @dataclasses.dataclass(frozen=True)
+    class C:
+        n: int
+
+    class K(kt.Kernel):
+        op_id = "custom_tuner_protocol"
+
+        def run(self, x, *, cfg):
+            return x * cfg.n
+
+        def heuristic_cfg(self, inv):
+            return C(1)
+
+        def candidate_cfgs(self, inv):
+            return [C(1), C(2), C(3)]
+
+    custom = LastCandidateTuner()
+    chain = kt.ConfigSelectorChain(kt.ConfigCache(), tuner=custom)
+    x = jnp.ones(4)
+    assert float(kt.Executor(chain)(K(), x)[0]) == 3.0
+    assert custom.calls == [[C(1), C(2), C(3)]]
+    why = kt.explain(K(), x, executor=kt.Executor(chain))
+    assert why.cfg == C(3) and why.report.strategy == "LastCandidateTuner.autotune"
+    chain = kt.ConfigSelectorChain(kt.ConfigCache(), tuner=FirstCandidateTuner())
+    assert kt.Executor(chain).choose_config(K(), x) == C(1)
+    assert kt.autotune(K(), x, tuner=custom) == C(3)

@@ -16,6 +16,7 @@ import jax
 from kerneltune._src import dispatch
 from kerneltune._src.kernel import Kernel, make_invocation
 from kerneltune._src.kernel_types import Cfg
+from kerneltune._src.tuning.protocol import run_tuner
 from kerneltune._src.tuning.tuner import Tuner, split_static
 
 
@@ -145,12 +146,14 @@ def autotune(
     def make_fn(cfg: Any) -> Callable[..., Any]:
         return dispatch.kernel_function(kernel, cfg)
 
-    report = tuner.tune(
+    report = run_tuner(
+        tuner,
         make_fn,
         t_args,
         t_kwargs,
         candidates,
         reference_cfg=heuristic,
+        backward=False,
         name=f"{inv.op_id_v}({inv.signature})",
     )
     if report.best is None:

@@ -23,6 +23,7 @@ from kerneltune._src import dispatch, keys, options, scope, tracing
 from kerneltune._src.cache import CacheKey, ConfigCache
 from kerneltune._src.kernel import Invocation, Kernel, key_builder_of
 from kerneltune._src.kernel_types import Cfg, Out
+from kerneltune._src.tuning.protocol import run_tuner
 from kerneltune._src.tuning.report import TuningReport
 
 logger = logging.getLogger("kerneltune")
@@ -395,7 +396,8 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
         # it, or every array made here would be a tracer of the user's program.
         with tracing.outside_traces():
             args, kwargs = concrete_inputs(kernel, inv)
-            report: TuningReport = self.tuner.tune(
+            report: TuningReport = run_tuner(
+                self.tuner,
                 make_fn,
                 args,
                 kwargs,
