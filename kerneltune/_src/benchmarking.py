@@ -16,6 +16,7 @@ import jax
 from kerneltune._src import dispatch
 from kerneltune._src.kernel import Kernel, make_invocation
 from kerneltune._src.kernel_types import Cfg
+from kerneltune._src.tune_function import autotune_function
 from kerneltune._src.tuning.protocol import run_tuner
 from kerneltune._src.tuning.tuner import Tuner, split_static
 
@@ -81,15 +82,28 @@ def _warn_about_captured_arrays(
 
 
 def autotune(
-    kernel: Kernel[Cfg, Any],
+    kernel: Kernel[Cfg, Any] | Callable[..., Any],
     *args: Any,
     configs: Iterable[Cfg] | None = None,
     num_warmup: int = 1,
     num_iters: int = 3,
     tuner: Tuner[Any] | None = None,
     **kwargs: Any,
-) -> Cfg:
-    """Tunes `kernel` for these arguments and returns the fastest config.
+) -> Any:
+    """Tunes one kernel call and returns the fastest config; or, given any function,
+    tunes every kerneltune call in it and returns an `AutotuningResult`.
+
+    **A whole function** (`kernel` is not a `Kernel`): `f` is traced and lowered once
+    (nothing is benchmarked while tracing), every kerneltune call in it — forward and
+    backward kernels — is tuned over its kernel's candidates, and the winners go to
+    the default executor's caches (memory, and the persistent cache when one is
+    configured), so the next call of `f` uses them, even a jitted `f` traced before.
+    `configs`, `num_warmup` and `num_iters` apply to the kernel form only; `tuner`
+    replaces the default executor's tuner for this call. For example,
+    `kerneltune.autotune(jax.value_and_grad(loss), params, batch)` tunes the forward
+    and backward kernels of a training step.
+
+    **One kernel call:**
 
     Candidates are `configs`, or the kernel's `candidate_cfgs`/`config_space` for this
     platform. Each is compiled (in parallel), checked against the kernel's heuristic
@@ -108,18 +122,26 @@ def autotune(
       **kwargs: the kernel's keyword arguments.
 
     Returns:
-      The winning config.
+      The winning config (kernel form), or an `AutotuningResult` (function form).
 
     Raises:
-      TypeError: `kernel` is not a Kernel, or it defines no candidate space and no
-        `configs` were given.
+      TypeError: `kernel` is neither a Kernel nor callable, `configs` was given with a
+        function, or the kernel defines no candidate space and no `configs` were given.
       ValueError: there are no candidates.
       ExceptionGroup: every candidate failed (its exceptions name each one's error).
     """
     if not isinstance(kernel, Kernel):
-        raise TypeError(
-            f"autotune needs a kerneltune.Kernel instance, got {type(kernel).__qualname__}."
-        )
+        if not callable(kernel):
+            raise TypeError(
+                f"autotune needs a kerneltune.Kernel instance or a function, got "
+                f"{type(kernel).__qualname__}."
+            )
+        if configs is not None:
+            raise TypeError(
+                "autotune(f, ...): configs= applies to a Kernel; the calls in a function "
+                "are tuned over each kernel's own candidates."
+            )
+        return autotune_function(kernel, args, kwargs, tuner=tuner)
     from kerneltune._src import selection
 
     prepared = kernel.prepare(*args, **kwargs)

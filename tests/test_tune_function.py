@@ -1,0 +1,87 @@
+"""`kt.autotune(f, *args, **kwargs)`: tuning every kerneltune call of a whole function
+(issue 13), through the default executor as a user would call it."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_offline_kernels import CHEAPEST, CostInProgram, LoopKernel, SinKernel
+
+import kerneltune as kt
+
+pytestmark = pytest.mark.usefixtures("empty_registry")
+
+
+class CountingTuner(kt.Tuner):
+    """The deterministic tuner, counting the keys it benchmarks."""
+
+    def __init__(self):
+        super().__init__(target_sample_s=5e-4, timer=CostInProgram(), progress=False)
+        self.tuned = []
+
+    def tune(self, make_fn, args, kwargs, candidates, **kw):
+        self.tuned.append(kw.get("name", ""))
+        return super().tune(make_fn, args, kwargs, candidates, **kw)
+
+
+class WholeSin(SinKernel):
+    op_id = "whole_fn_sin"
+
+
+def test_a_whole_function_has_its_forward_and_backward_calls_tuned_once_each():
+    sin, loop = WholeSin(), LoopKernel("whole_fn_loop")
+
+    def loss(x, *, alpha):
+        return jnp.sum(sin(loop(x, alpha=alpha)) ** 2)
+
+    step = jax.value_and_grad(loss)
+    x = jax.random.normal(jax.random.PRNGKey(0), (64, 64))
+    tuner = CountingTuner()
+    # Shapes are enough: tuning runs on random data of these shapes and dtypes.
+    spec = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    result = kt.autotune(step, spec, alpha=0.5, tuner=tuner)
+    assert sorted(e.op_id_v for e in result) == [
+        "sin_bwd@v0",
+        "whole_fn_loop@v0",
+        "whole_fn_sin@v0",
+    ]
+    assert all(e.cfg == CHEAPEST for e in result)
+    assert len(tuner.tuned) == 3  # each key once; nothing while tracing
+    # The default executor now serves the tuned configs, eagerly and under jit.
+    why = kt.explain(loop, x, alpha=0.5)
+    assert why.tier == "memory" and why.cfg == CHEAPEST
+    value, grad = jax.jit(step, static_argnames="alpha")(x, alpha=0.5)
+    y = jnp.sin(x * 0.5)
+    np.testing.assert_allclose(value, jnp.sum(y**2), rtol=1e-5)
+    np.testing.assert_allclose(grad, 2 * y * jnp.cos(x * 0.5) * 0.5, rtol=1e-4, atol=1e-5)
+    assert len(tuner.tuned) == 3
+    # Again: everything is cached, nothing is benchmarked.
+    again = kt.autotune(step, x, alpha=0.5, tuner=tuner)
+    assert len(again) == 3 and len(tuner.tuned) == 3
+
+
+def test_a_step_jitted_and_run_before_uses_the_configs_after_one_retrace():
+    loop = LoopKernel("whole_fn_retrace")
+    traces = []
+
+    @jax.jit
+    def step(x):
+        traces.append(1)
+        return loop(x, alpha=2.0).sum()
+
+    x = jax.random.normal(jax.random.PRNGKey(1), (32, 32))
+    with kt.policy_override(autotune=False):
+        step(x)  # the heuristic, as a job that has not tuned yet
+        assert kt.explain(loop, x, alpha=2.0).tier == "heuristics"
+    kt.autotune(step, x, tuner=CountingTuner())
+    n = len(traces)
+    np.testing.assert_allclose(step(x), 2.0 * x.sum(), rtol=1e-5)
+    step(x)
+    assert len(traces) == n + 1  # traced once more, with the tuned config, and only once
+
+
+def test_autotune_names_what_it_cannot_take():
+    with pytest.raises(TypeError, match="Kernel instance or a function, got int"):
+        kt.autotune(42)
+    with pytest.raises(TypeError, match="configs= applies to a Kernel"):
+        kt.autotune(lambda x: x, jnp.ones(2), configs=[1])
