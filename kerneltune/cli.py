@@ -144,6 +144,11 @@ COMMANDS: dict[str, Command | Group] = {
         "kerneltune._src.tune_cli:run",
         "kerneltune._src.tune_cli:add_arguments",
     ),
+    "explain": Command(
+        "which config a call gets, from which tier, and why",
+        "kerneltune._src.explain_cli:run",
+        "kerneltune._src.explain_cli:add_arguments",
+    ),
     "demo": Command(
         "tune the bundled kernels on this device and show the gains", "kerneltune._src.demo:run"
     ),

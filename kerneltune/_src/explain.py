@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
+from kerneltune._src.cache_entry import CacheEntry
+from kerneltune._src.configs import config_to_dict
 from kerneltune._src.kernel import Kernel
 from kerneltune._src.selection import ConfigSelectorChain, Decision
 from kerneltune._src.tuning.report import TuningReport
@@ -33,6 +36,8 @@ class Explanation:
     cfg: Any
     misses: tuple[tuple[str, str], ...] = ()
     report: TuningReport | None = None
+    #: The persistent cache's entry, when the config came from it: its stored timings.
+    stored: CacheEntry | None = None
 
     def __str__(self) -> str:
         lines = [
@@ -59,7 +64,35 @@ class Explanation:
                     else f"{c.status}: {c.error}"
                 )
                 lines.append(f"   {mark} {when}  {c.cfg!r}")
+        if self.stored is not None:
+            lines += stored_timings(self.stored)
         return "\n".join(lines)
+
+
+def _fields(cfg: Any) -> str:
+    """A stored config's set fields, `bm=64 bn=32` (None fields are defaults)."""
+    if not isinstance(cfg, dict):
+        return str(cfg)
+    return " ".join(f"{k}={v}" for k, v in sorted(cfg.items()) if v is not None)
+
+
+def stored_timings(entry: CacheEntry) -> list[str]:
+    """Lines describing what a persistent cache entry recorded about its tuning."""
+    e = entry
+    took = f" in {e.wall_s:.2f} s" if e.wall_s else ""
+    lines = [
+        f"  stored {time.strftime('%Y-%m-%d %H:%M', time.localtime(e.created))} "
+        f"({e.provenance}), tuned with the {e.timer or '?'} timer{took}, at {e.path}:"
+    ]
+    ranked = sorted(e.candidates, key=lambda c: (c.get("time_s") is None, c.get("time_s") or 0))
+    for c in ranked:
+        mark = "*" if c.get("cfg") == config_to_dict(e.cfg) else " "
+        t = c.get("time_s")
+        when = f"{t * 1e3:9.4f} ms" if t is not None else f"{c.get('status')}: {c.get('error')}"
+        lines.append(f"   {mark} {when}  {_fields(c.get('cfg'))}")
+    if not e.candidates:
+        lines.append("    (no candidate timings stored: imported or hand-written)")
+    return lines
 
 
 def explain(
@@ -98,4 +131,13 @@ def explain(
         cfg=decision.cfg,
         misses=tuple(decision.misses),
         report=report if decision.tier in ("autotune", "reuse", "memory") else None,
+        stored=_stored_entry(chooser, decision) if decision.tier == "persistent" else None,
     )
+
+
+def _stored_entry(chain: ConfigSelectorChain[Any, Any], decision: Decision) -> CacheEntry | None:
+    get_entry = getattr(chain.persistent, "get_entry", None)
+    if get_entry is None:
+        return None
+    entry: CacheEntry | None = get_entry(decision.device, decision.op_id_v, decision.call_key)
+    return entry

@@ -110,19 +110,23 @@ def _describe_leaves(tree: Any, one: Any) -> str:
     return "(" + ", ".join(one(x) for x in leaves) + ")"
 
 
+#: The short dtype names signatures use (`f32[128,256]`).
+SHORT_DTYPE_NAMES = {
+    "float32": "f32",
+    "float64": "f64",
+    "float16": "f16",
+    "bfloat16": "bf16",
+    "int32": "i32",
+    "int64": "i64",
+    "int8": "i8",
+    "uint8": "u8",
+    "bool": "bool",
+}
+
+
 def _dtype_short(dtype: Any) -> str:
     name = str(np.dtype(dtype)) if not hasattr(dtype, "name") else dtype.name
-    return {
-        "float32": "f32",
-        "float64": "f64",
-        "float16": "f16",
-        "bfloat16": "bf16",
-        "int32": "i32",
-        "int64": "i64",
-        "int8": "i8",
-        "uint8": "u8",
-        "bool": "bool",
-    }.get(name, name)
+    return SHORT_DTYPE_NAMES.get(name, name)
 
 
 def seed_of(call_key: str) -> int:

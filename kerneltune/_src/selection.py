@@ -317,12 +317,12 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
         decision: Decision,
     ) -> Decision | None:
         misses = decision.misses
-        if not policy.allow_autotune:
-            misses.append(("autotune", "not allowed by the policy"))
-            return None
         untunable = nothing_to_tune(kernel, inv)
         if untunable:
             misses.append(("autotune", untunable))
+            return None
+        if not policy.allow_autotune:
+            misses.append(("autotune", "not allowed by the policy"))
             return None
         candidates_hook = dispatch.find_method(kernel, ("candidate_cfgs", "config_space"))
         assert candidates_hook is not None

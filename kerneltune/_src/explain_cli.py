@@ -1,0 +1,164 @@
+"""`kerneltune explain`: the answer `kt.explain` gives, from the command line.
+
+Two forms:
+- `kerneltune explain OP ARG... [--kw NAME=VALUE]`: a call of a kernel, its arrays
+  written as signatures show them (`bf16[2,1024,8,64]`); the config that call would get
+  here, from which tier, why the tiers before it missed, and the stored timings when it
+  came from the persistent cache. Nothing is benchmarked unless `--tune` is given.
+- `kerneltune explain KEY [--op OP]`: a call key (or its first characters) from
+  `kerneltune cache ls`: the stored entry and its timings.
+
+Importing this module is cheap (the `kerneltune` command's parser imports it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from typing import Any
+
+from kerneltune._src.command_error import CommandError
+
+_ARRAY = re.compile(r"^([A-Za-z][A-Za-z0-9_]*)\[([0-9, ]*)\]$")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Which config a call gets and why: give an op and its arguments "
+        "(`kerneltune explain matmul f32[512,1024] f32[1024,256]`; arrays as signatures "
+        "show them, other arguments as JSON), or a call key from `kerneltune cache ls`."
+    )
+    parser.add_argument("target", help="an op id (e.g. matmul, attention) or a call key")
+    parser.add_argument("arguments", nargs="*", metavar="ARG", help="the op's positional arguments")
+    parser.add_argument(
+        "--kw",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a keyword argument of the op (VALUE as JSON, else a string); repeat",
+    )
+    parser.add_argument("--op", help="with a call key: only this op (e.g. matmul@v3)")
+    parser.add_argument(
+        "--tune", action="store_true", help="benchmark the call now if no cache has it"
+    )
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first, so that the kernels it defines can be named",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from kerneltune._src import tune_cli
+
+    tune_cli._import_kernels(args.imports)
+    kernel_cls = _kernel_class(args.target)
+    if kernel_cls is None:
+        if args.arguments or args.kw:
+            raise CommandError(
+                f"no kernel has the op id {args.target!r} (bundled: {_bundled_ops()}; "
+                "import your own with --import MODULE)."
+            )
+        return _explain_key(args)
+    return _explain_call(args, kernel_cls)
+
+
+def _explain_call(args: argparse.Namespace, kernel_cls: type) -> int:
+    from kerneltune._src import tune_cli
+    from kerneltune._src.executor import Executor
+    from kerneltune._src.explain import explain
+    from kerneltune._src.selection import policy_override
+
+    call_args = [parse_argument(a) for a in args.arguments]
+    kwargs = dict(parse_keyword(k) for k in args.kw)
+    chain = tune_cli._selector(args)
+    try:
+        kernel = kernel_cls()
+    except TypeError as e:
+        raise CommandError(f"cannot build {kernel_cls.__qualname__}(): {e}") from None
+    with policy_override(chain, allow_autotune=bool(args.tune)):
+        try:
+            found = explain(kernel, *call_args, executor=Executor(chain), **kwargs)
+        except (TypeError, ValueError) as e:
+            raise CommandError(f"{args.target}: {e}") from None
+    print(found)
+    if not args.tune and any(why == "not allowed by the policy" for _, why in found.misses):
+        print("  (pass --tune to benchmark this call now)")
+    return 0
+
+
+def _explain_key(args: argparse.Namespace) -> int:
+    from kerneltune._src.cache_cli import _entries, _open
+    from kerneltune._src.explain import stored_timings
+
+    cache = _open(args)
+    found = [e for e in _entries(cache, args.op) if e.call_key.startswith(args.target)]
+    if not found:
+        raise CommandError(
+            f"{args.target!r} is neither an op id (bundled: {_bundled_ops()}) nor the start "
+            "of a call key in the persistent cache (see `kerneltune cache ls`)."
+        )
+    for i, e in enumerate(found):
+        if i:
+            print()
+        print(f"{e.op_id_v}({e.signature or '?'}) on {e.dev}")
+        print(f"  call key: {e.call_key}")
+        print(f"  config:   {e.cfg}")
+        print("  from:     the persistent cache")
+        print("\n".join(stored_timings(e)))
+    return 0
+
+
+def parse_argument(text: str) -> Any:
+    """`bf16[2,128]` → a `jax.ShapeDtypeStruct`; anything else → its JSON value, or
+    the text itself."""
+    import jax
+    import jax.numpy as jnp
+
+    from kerneltune._src.keys import SHORT_DTYPE_NAMES
+
+    m = _ARRAY.match(text.strip())
+    if m is None:
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            return text
+    name, dims = m.group(1), m.group(2)
+    long_names = {short: long for long, short in SHORT_DTYPE_NAMES.items()}
+    try:
+        dtype = jnp.dtype(long_names.get(name, name))
+    except TypeError:
+        raise CommandError(
+            f"argument {text!r}: unknown dtype {name!r} (e.g. f32, bf16, f16, i32, int8)."
+        ) from None
+    shape = tuple(int(d) for d in dims.replace(" ", "").split(",") if d)
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def parse_keyword(text: str) -> tuple[str, Any]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.isidentifier():
+        raise CommandError(f"--kw {text!r}: expected NAME=VALUE, e.g. --kw causal=true.")
+    return name, parse_argument(value)
+
+
+def _kernel_class(op: str) -> type | None:
+    from kerneltune._src.kernel import registered_kernels
+
+    op_id = op.partition("@")[0]
+    matches = {cls for cls in registered_kernels().values() if cls.op_id == op_id}
+    if len(matches) > 1:
+        names = ", ".join(sorted(f"{c.__module__}:{c.__qualname__}" for c in matches))
+        raise CommandError(f"several kernel classes have the op id {op_id!r}: {names}.")
+    return next(iter(matches), None)
+
+
+def _bundled_ops() -> str:
+    from kerneltune._src.kernel import registered_kernels
+
+    ops = {c.op_id for n, c in registered_kernels().items() if n.startswith("kerneltune.")}
+    return ", ".join(sorted(o for o in ops if o))
