@@ -197,16 +197,33 @@ def _rows(events: list[tuple[str, dict[str, Any]]], job: DemoJob) -> list[Row]:
     return rows
 
 
+#: Short names for config fields in the demo's narrow table.
+_SHORT_FIELDS = {
+    "q_blocksize": "bq",
+    "kv_blocksize": "bkv",
+    "block_size": "block",
+    "num_warps": "w",
+    "num_stages": "s",
+    "group_m": "gm",
+}
+
+
 def _compact_cfg(cfg: Any) -> str:
+    """`MatmulConfig(bm=64, ..., backend="triton")` → `triton bm=64 ... w=4 s=3`."""
     if cfg is None:
         return "-"
-    if dataclasses.is_dataclass(cfg):
-        return " ".join(
-            f"{f.name}={getattr(cfg, f.name)}"
-            for f in dataclasses.fields(cfg)
-            if getattr(cfg, f.name) is not None
-        )
-    return str(cfg)
+    if not dataclasses.is_dataclass(cfg):
+        return str(cfg)
+    parts = []
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if value is None:
+            continue
+        if f.name == "backend":
+            parts.insert(0, str(value))
+        else:
+            parts.append(f"{_SHORT_FIELDS.get(f.name, f.name)}={value}")
+    return " ".join(parts)
 
 
 def _chain(persistent: Any, recorder: _Recorder) -> Any:
@@ -289,36 +306,24 @@ def run(args: argparse.Namespace) -> int:
     bar.close()
 
     print()
-    print(f"Tuned on {device.device_kind} ({path}):")
-    print_table(
+    timers = sorted({r.timer for r in rows if r.timer != "-"})
+    timed = f", timed with the {' and '.join(timers)} timer" if timers else ""
+    print(f"Tuned on {device.device_kind} ({path}){timed}:")
+    table = [
         [
-            "op",
-            "shape",
-            "dtype",
-            "tried/failed",
-            "heuristic",
-            "tuned",
-            "speedup",
-            "winner",
-            "timer",
-            "tuning",
-        ],
-        [
-            [
-                r.op_id,
-                r.signature,
-                r.dtype,
-                f"{r.tried}/{r.failed}",
-                format_time(r.heuristic_s),
-                format_time(r.tuned_s),
-                _speedup(r),
-                _compact_cfg(r.winner),
-                r.timer,
-                f"{r.wall_s:.2f} s" if r.source == "tuned" else r.source,
-            ]
-            for r in rows
-        ],
-    )
+            _op_name(r.op_id),
+            r.signature,
+            _dtype_name(r.dtype),
+            f"{r.tried}/{r.failed}" if r.source == "tuned" else "-",
+            format_time(r.heuristic_s),
+            format_time(r.tuned_s),
+            _speedup(r),
+            f"{r.wall_s:.2f} s" if r.source == "tuned" else "nothing to tune",
+        ]
+        for r in rows
+    ]
+    header = ["op", "shape", "dtype", "tried/failed", "heuristic", "tuned", "speedup", "tuning"]
+    print_table(header, table)
 
     # Pass 2: a fresh selector (as a new process would have) over the same cache.
     from kerneltune._src.persistent import PersistentCache
@@ -340,20 +345,23 @@ def run(args: argparse.Namespace) -> int:
             same = winners.get((r.op_id, r.signature))
             table.append(
                 [
-                    r.op_id,
+                    _op_name(r.op_id),
                     r.signature,
                     r.source,
                     "yes" if same == r.winner else "no",
                     f"{elapsed:.2f} s",
+                    _compact_cfg(r.winner),
                 ]
             )
-    print_table(["op", "shape", "config from", "same winner", "call (no tuning)"], table)
+    header = ["op", "shape", "config from", "same winner", "call", "config"]
+    print_table(header, _fit_last_column(header, table, TABLE_WIDTH))
     tuned_total = sum(r.wall_s for r in rows if r.source == "tuned")
     print()
     print(
         f"Tuning took {tuned_total:.1f} s; the second pass tuned nothing. Total {time.perf_counter() - start:.1f} s."
     )
-    print("See every candidate: kerneltune report --out report.png (or report.html)")
+    print("See every candidate: kerneltune report (a table; --out report.png or report.html")
+    print("adds the plots), or one call: kerneltune explain KEY (keys: kerneltune cache ls).")
     return 0
 
 
@@ -372,6 +380,29 @@ def _progress(jobs: list[DemoJob]) -> Any:
     except ImportError:
         return _NoBar(jobs)
     return tqdm(jobs, desc="tuning", unit="call", file=sys.stderr, leave=False, disable=None)
+
+
+#: The demo's tables fit a terminal this wide.
+TABLE_WIDTH = 120
+
+
+def _op_name(op_id_v: str) -> str:
+    """`attention_bwd-interpret@v1` → `attention_bwd`: the heading says where it ran."""
+    return op_id_v.partition("@")[0].removesuffix("-interpret")
+
+
+def _dtype_name(dtype: str) -> str:
+    from kerneltune._src.keys import SHORT_DTYPE_NAMES
+
+    return SHORT_DTYPE_NAMES.get(dtype, dtype)
+
+
+def _fit_last_column(header: list[str], rows: list[list[str]], width: int) -> list[list[str]]:
+    """Shortens the last column (with "…") so that every line fits `width`."""
+    every = [header, *rows]
+    used = sum(max(len(r[i]) for r in every) + 2 for i in range(len(header) - 1))
+    room = max(len(header[-1]), width - used)
+    return [[*r[:-1], r[-1] if len(r[-1]) <= room else r[-1][: room - 1] + "…"] for r in rows]
 
 
 def _speedup(r: Row) -> str:
