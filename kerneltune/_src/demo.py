@@ -214,7 +214,7 @@ def _compact_cfg(cfg: Any) -> str:
         return "-"
     if not dataclasses.is_dataclass(cfg):
         return str(cfg)
-    parts = []
+    parts: list[str] = []
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
         if value is None:
