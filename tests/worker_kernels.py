@@ -39,3 +39,20 @@ class DyingKernel(SteadyKernel):
         if os.environ.get(DIE):
             os._exit(3)
         return super().run(x, cfg=cfg)
+
+
+#: Set in the environment of a process whose `SleepyKernel` takes seconds to build.
+SLEEP = "KERNELTUNE_TEST_SLEEPY_SECONDS"
+
+
+class SleepyKernel(SteadyKernel):
+    """Like `SteadyKernel`, but building each candidate takes `SLEEP` seconds (a slow
+    compile), so that a test can interrupt the tuning in the middle. Sorts last."""
+
+    op_id = "zzz_sleepy"
+
+    def run(self, x, *, cfg):
+        import time
+
+        time.sleep(float(os.environ.get(SLEEP, "0")))
+        return super().run(x, cfg=cfg)

@@ -19,11 +19,16 @@ over.
 
 A thread cannot be killed: a stage that outlasts the timeout is abandoned (its result is
 ignored when it finally arrives) and a replacement thread takes over the lane's queue.
-Threads are daemons, so an abandoned compile never keeps the interpreter from exiting.
+Threads are daemons, so an abandoned compile never blocks the caller. At interpreter
+exit, though, a daemon thread still inside XLA's C++ when the interpreter finalises
+aborts the process (SIGABRT); so exit waits for the stages still running, saying so
+after a second, and Ctrl-C during that wait exits at once with status 130.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import contextvars
 import dataclasses
 import functools
@@ -31,13 +36,69 @@ import heapq
 import itertools
 import os
 import queue
+import sys
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 #: Stages: tracing and lowering, then compiling.
 LOWER, COMPILE = 0, 1
+
+
+# --- stages still running at exit ------------------------------------------------------
+
+_running_stages = 0
+_running_changed = threading.Condition()
+_exit_hook_installed = False
+
+
+@contextlib.contextmanager
+def exit_waits_for_this() -> Iterator[None]:
+    """Work on a daemon thread (XLA calls) that interpreter exit must wait for."""
+    _stage_started()
+    try:
+        yield
+    finally:
+        _stage_finished()
+
+
+def _stage_started() -> None:
+    global _running_stages, _exit_hook_installed
+    with _running_changed:
+        _running_stages += 1
+        if not _exit_hook_installed:
+            atexit.register(wait_for_running_stages)
+            _exit_hook_installed = True
+
+
+def _stage_finished() -> None:
+    global _running_stages
+    with _running_changed:
+        _running_stages -= 1
+        _running_changed.notify_all()
+
+
+def wait_for_running_stages(say_after_s: float = 1.0) -> None:
+    """Blocks until no lowering or compile runs on a kerneltune thread (called at exit)."""
+    try:
+        with _running_changed:
+            if _running_changed.wait_for(lambda: _running_stages == 0, timeout=say_after_s):
+                return
+            print(
+                f"kerneltune: waiting for {_running_stages} abandoned compile(s) to finish "
+                "before exiting (Ctrl-C exits now)",
+                file=sys.stderr,
+                flush=True,
+            )
+            _running_changed.wait_for(lambda: _running_stages == 0)
+    except KeyboardInterrupt:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # a closed stream: nothing to flush.
+                pass
+        os._exit(130)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,36 +269,50 @@ class CompilePool:
                     return
                 item = heapq.heappop(self._queues[stage])
                 self._running[item.key] = _Running(item, stage, time.perf_counter())
-            start = time.perf_counter()
-            try:
-                value, error = item.ctx.run(item.job), None
-            except BaseException as e:  # reported to the caller as data.
-                value, error = None, e
-            seconds = time.perf_counter() - start
-            with self._lock:
-                if self._abandoned.get(item.key) == stage:
-                    del self._abandoned[item.key]
-                    return  # already counted out of the lane; a replacement took over
-                self._running.pop(item.key, None)
-                if stage == LOWER and error is None and item.then is not None:
-                    self._push(
-                        COMPILE,
-                        dataclasses.replace(
-                            item,
-                            seq=next(self._seq),
-                            job=functools.partial(item.then, value),
-                            then=None,
-                            ctx=item.ctx.copy(),
-                            lower_s=seconds,
-                        ),
-                    )
-                else:
-                    lower_s = seconds if stage == LOWER else item.lower_s
-                    total = seconds + (item.lower_s or 0.0)
-                    self._done.put(Outcome(item.key, value, error, seconds=total, lower_s=lower_s))
-                if self._live[stage] > self._base[stage] and not self._stalled(time.perf_counter()):
-                    self._live[stage] -= 1  # a helper whose stall is over
-                    return
+            # Counted as running until the result is handed over and this thread holds
+            # no reference to it: exit waits for that (see `wait_for_running_stages`).
+            with exit_waits_for_this():
+                try:
+                    leave = self._run_one(item, stage)
+                finally:
+                    del item
+            if leave:
+                return
+
+    def _run_one(self, item: _Item, stage: int) -> bool:
+        """Runs one stage of `item` and hands its result on; True when this thread
+        should leave its lane."""
+        start = time.perf_counter()
+        try:
+            value, error = item.ctx.run(item.job), None
+        except BaseException as e:  # reported to the caller as data.
+            value, error = None, e
+        seconds = time.perf_counter() - start
+        with self._lock:
+            if self._abandoned.get(item.key) == stage:
+                del self._abandoned[item.key]
+                return True  # already counted out of the lane; a replacement took over
+            self._running.pop(item.key, None)
+            if stage == LOWER and error is None and item.then is not None:
+                self._push(
+                    COMPILE,
+                    dataclasses.replace(
+                        item,
+                        seq=next(self._seq),
+                        job=functools.partial(item.then, value),
+                        then=None,
+                        ctx=item.ctx.copy(),
+                        lower_s=seconds,
+                    ),
+                )
+            else:
+                lower_s = seconds if stage == LOWER else item.lower_s
+                total = seconds + (item.lower_s or 0.0)
+                self._done.put(Outcome(item.key, value, error, seconds=total, lower_s=lower_s))
+            if self._live[stage] > self._base[stage] and not self._stalled(time.perf_counter()):
+                self._live[stage] -= 1  # a helper whose stall is over
+                return True
+        return False
 
     def _stalled(self, now: float) -> bool:
         """Lock held: every lowering thread is busy and has been on its job for longer

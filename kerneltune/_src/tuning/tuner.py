@@ -30,7 +30,7 @@ import jax.numpy as jnp
 
 from kerneltune._src import keys, tracing
 from kerneltune._src.kernel_types import Cfg
-from kerneltune._src.tuning import inputs, search, timing
+from kerneltune._src.tuning import compiling, inputs, search, timing
 from kerneltune._src.tuning.bench import Bench, BenchSettings, Candidate, TimerSource, describe
 from kerneltune._src.tuning.compiling import default_workers
 from kerneltune._src.tuning.progress import Progress
@@ -444,10 +444,11 @@ class _Background:
         self._thread.start()
 
     def _run(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        try:
-            self._result = fn(*args)
-        except Exception as e:
-            logger.debug("background check failed: %s", e)
+        with compiling.exit_waits_for_this():  # it may compile: exit must wait
+            try:
+                self._result = fn(*args)
+            except Exception as e:
+                logger.debug("background check failed: %s", e)
 
     def result(self, timeout_s: float = 60.0) -> Any:
         self._thread.join(timeout_s)
