@@ -99,15 +99,39 @@ def _wall_calls(fn: Callable[..., Any], sets: Sequence[Any], calls: int) -> list
     return out
 
 
-def device_time(fn: Callable[..., Any], sets: Sequence[Any]) -> float:
-    """Median seconds per call of `fn` (jitted here unless it already is), cycling
-    through the argument sets `sets`; CUPTI device time on a GPU, else wall time."""
+#: Timing rounds of `interleaved_times`: one session of every implementation per round.
+ROUNDS = 3
+
+
+def session(fn: Callable[..., Any], sets: Sequence[Any]) -> Callable[[], float]:
+    """Compiles `fn` (jitted here unless it already is) and sizes a timing session;
+    each call of the result runs one session and returns the median seconds per call,
+    cycling through the argument sets; CUPTI device time on a GPU, else wall time."""
     fn = fn if hasattr(fn, "lower") else jax.jit(fn)
     out = jax.block_until_ready(fn(*sets[0]))  # compiles; not timed
     calls_of = _cupti_calls if on_gpu() else _wall_calls
     calls = round(SESSION_S / max(statistics.median(calls_of(fn, sets, 2)), 1e-7))
     calls = min(max(calls, MIN_CALLS), MAX_CALLS, max(2, SESSION_OUTPUT_BYTES // nbytes(out)))
-    return statistics.median(calls_of(fn, sets, calls))
+    return lambda: statistics.median(calls_of(fn, sets, calls))
+
+
+def device_time(fn: Callable[..., Any], sets: Sequence[Any]) -> float:
+    """Median seconds per call of `fn` over one session (see `session`)."""
+    return session(fn, sets)()
+
+
+def interleaved_times(
+    sessions: dict[str, Callable[[], float]], rounds: int = ROUNDS
+) -> dict[str, float]:
+    """Median over `rounds` rounds, each timing one session of every implementation
+    (in a rotated order): clock and thermal drift hit every implementation alike, not
+    whichever was timed last."""
+    samples: dict[str, list[float]] = {name: [] for name in sessions}
+    names = list(sessions)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            samples[name].append(sessions[name]())
+    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 def copy_bandwidth(size_bytes: int) -> float:

@@ -93,8 +93,10 @@ def _impls(op: str, st: Settings) -> tuple[Impls, h.Tuning | None]:
 
 
 def measure(row: h.Row, impls: Impls, sets: Sequence[Any], tuning: h.Tuning | None) -> h.Row:
-    """Times every implementation on the same argument sets; the tuned one's first
-    call (tracing, tuning, compiling) is timed on the wall clock too."""
+    """Times every implementation on the same argument sets, in interleaved rounds;
+    the tuned one's first call (tracing, tuning, compiling) is timed on the wall clock
+    too."""
+    sessions = {}
     for name, fn in impls.items():
         if fn is None:
             continue
@@ -102,9 +104,14 @@ def measure(row: h.Row, impls: Impls, sets: Sequence[Any], tuning: h.Tuning | No
             jitted = jax.jit(fn)
             if name == "kt_tuned":
                 row.tune_s = h.timed_first_call(jitted, sets[0])
-            row.times[name] = h.device_time(jitted, sets)
+            sessions[name] = h.session(jitted, sets)
         except Exception as e:  # one failing implementation must not end the run
             row.errors[name] = h.error_text(e)
+    try:
+        row.times.update(h.interleaved_times(sessions))
+    except Exception as e:
+        row.errors["timing"] = h.error_text(e)
+    for name in impls:
         _log(row, name)
     if tuning is not None:
         row.backend = h.backend_of(tuning.chosen)
@@ -164,6 +171,13 @@ def tune_function(step: Callable[..., Any], args: Sequence[Any]) -> tuple[Any, f
     return result, time.perf_counter() - t0, "kt.autotune(step, ...)"
 
 
+def _within(context: Any, timed: Callable[[], float]) -> float:
+    """One timing session inside `context` (where the tuned program was traced, so
+    the same compiled program runs)."""
+    with context:
+        return timed()
+
+
 def block_rows(block: str, s: mb.BlockShape, st: Settings) -> list[h.Row]:
     """One training step of a block: plain JAX, kerneltune heuristic and tuned,
     tokamax; each implementation's first-call wall in `first_call_s`."""
@@ -172,29 +186,34 @@ def block_rows(block: str, s: mb.BlockShape, st: Settings) -> list[h.Row]:
     variants = {"plain": mb.plain_ops(), "kt_heuristic": mb.kerneltune_ops(h.heuristic_executor())}
     if st.tokamax is not None:
         variants["tokamax"] = mb.tokamax_ops(st.tokamax)
+    sessions = {}
     for name, ops in variants.items():
         try:
             step = mb.train_step(block, ops, s)
             row.first_call_s[name] = h.timed_first_call(step, args)
-            row.times[name] = h.device_time(step, [args])
+            sessions[name] = h.session(step, [args])
         except Exception as e:
             row.errors[name] = h.error_text(e)
         _log(row, name)
     if st.tune:
         tuning = h.tuning_executor(st.tune_budget_s)
         kt.set_default_executor(tuning.executor)  # what `kt.autotune(f)` and the ops use
-        _log(row, "kt_tuned")  # tuning a block takes minutes
+        _log(row, "kt_tuned")  # tuning a block takes a while
         try:
             step = mb.train_step(block, mb.kerneltune_ops(), s)
             context, row.tune_s, row.note = tune_function(step, args)
             with context:
-                row.times["kt_tuned"] = h.device_time(step, [args])
+                # The tuned configs are compiled into the program here, once.
+                tuned = h.session(step, [args])
+            sessions["kt_tuned"] = functools.partial(_within, context, tuned)
             row.backend = h.backend_of(tuning.chosen)
         except Exception as e:
             row.errors["kt_tuned"] = h.error_text(e)
         finally:
             kt.set_default_executor(None)
-        _log(row, "kt_tuned")
+    row.times.update(h.interleaved_times(sessions))
+    for name in sessions:
+        _log(row, name)
     return [row]
 
 

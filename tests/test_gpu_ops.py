@@ -1,0 +1,123 @@
+"""On a GPU: the bundled ops' Pallas (Triton) paths with their second derivatives, a
+Pallas kernel under shard_map, and `kt.autotune(f)` on a small model step. Skipped
+without a GPU (the conftest marks `gpu` tests)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+import kerneltune as kt
+from kerneltune.kernels import (
+    FwdParams,
+    MatmulConfig,
+    NormConfig,
+    SoftmaxConfig,
+    attention,
+    layer_norm,
+    matmul,
+    rms_norm,
+    softmax,
+)
+
+pytestmark = pytest.mark.gpu
+
+F32 = jnp.float32
+
+
+def rand(seed, shape):
+    return jax.random.normal(jax.random.PRNGKey(seed), shape, F32)
+
+
+def close(a, b, tol=2e-2):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    np.testing.assert_allclose(a, b, rtol=tol, atol=tol * max(1.0, float(np.abs(b).max())))
+
+
+def second(fn, x):
+    w = rand(99, x.shape)
+    return jax.grad(lambda x: (jax.grad(lambda x: (fn(x) ** 2).sum())(x) * w).sum())(x)
+
+
+def with_highest(fn):
+    def call(*a):
+        with jax.default_matmul_precision("highest"):
+            return fn(*a)
+
+    return call
+
+
+CASES = {
+    "attention": (
+        lambda q: attention(
+            q, q, q, is_causal=True,
+            cfg=FwdParams(q_blocksize=64, kv_blocksize=64, num_warps=4, num_stages=2),
+        ),
+        lambda q: jax.nn.dot_product_attention(q, q, q, is_causal=True),
+        (2, 128, 4, 64),
+    ),
+    "layer_norm": (
+        lambda x: layer_norm(x, cfg=NormConfig(block_size=256, num_warps=4)),
+        lambda x: (x - x.mean(-1, keepdims=True))
+        * jax.lax.rsqrt(x.var(-1, keepdims=True) + 1e-6),
+        (64, 256),
+    ),
+    "rms_norm": (
+        lambda x: rms_norm(x, cfg=NormConfig(block_size=256, num_warps=4)),
+        lambda x: x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + 1e-6),
+        (64, 256),
+    ),
+    "softmax": (
+        lambda x: softmax(x, cfg=SoftmaxConfig(num_warps=4)),
+        jax.nn.softmax,
+        (64, 256),
+    ),
+    "matmul": (
+        lambda x: matmul(x, x.T, cfg=MatmulConfig(bm=64, bn=64, bk=32)),
+        lambda x: x @ x.T,
+        (128, 128),
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_pallas_values_gradients_and_second_derivatives(name):
+    ours, ref, shape = CASES[name]
+    x = rand(0, shape)
+    ref = with_highest(ref)
+    close(jax.jit(ours)(x), ref(x))
+    close(
+        jax.jit(jax.grad(lambda x: (ours(x) ** 2).sum()))(x),
+        jax.grad(lambda x: (ref(x) ** 2).sum())(x),
+    )
+    close(jax.jit(lambda x: second(ours, x))(x), second(ref, x), tol=5e-2)
+
+
+def test_a_pallas_kernel_under_shard_map():
+    mesh = Mesh(np.array(jax.devices()[:1]), ("x",))
+    x = rand(0, (64, 256))
+    y = layer_norm(x, cfg=NormConfig(block_size=256, num_warps=4))
+    from kerneltune.kernels.normalization import LayerNorm
+
+    ex = kt.default_executor()
+    got = ex(LayerNorm(), x, jnp.ones(256), jnp.zeros(256), eps=1e-6,
+             cfg=NormConfig(block_size=256, num_warps=4),
+             method="shard_map", mesh=mesh, in_specs=(P("x"), P(), P()), out_specs=P("x"))  # fmt: skip
+    close(got, y)
+
+
+def test_autotune_a_whole_step_on_the_gpu(tmp_path):
+    q = rand(1, (2, 256, 4, 64)).astype(jnp.bfloat16)
+
+    def loss(q):
+        h = rms_norm(q)
+        return attention(h, h, h, is_causal=True).astype(F32).sum()
+
+    step = jax.jit(jax.value_and_grad(loss))
+    result = kt.autotune(step, q)
+    ops = sorted({e.op_id_v.partition("@")[0] for e in result})
+    assert "attention" in ops, ops
+    value, grad = step(q)
+    assert np.isfinite(float(value)) and bool(jnp.isfinite(grad.astype(F32)).all())
