@@ -1,6 +1,8 @@
 """`kt.autotune(f, *args, **kwargs)`: tuning every kerneltune call of a whole function
 (issue 13), through the default executor as a user would call it."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -46,7 +48,9 @@ def test_a_whole_function_has_its_forward_and_backward_calls_tuned_once_each():
         "whole_fn_sin@v0",
     ]
     assert all(e.cfg == CHEAPEST for e in result)
-    assert len(tuner.tuned) == 3  # each key once; nothing while tracing
+    # Each key once (nothing while tracing), then the function with the tuned configs
+    # against the function with the heuristic ones.
+    assert len(tuner.tuned) == 4 and tuner.tuned[3] == "the whole function"
     # The default executor now serves the tuned configs, eagerly and under jit.
     why = kt.explain(loop, x, alpha=0.5)
     assert why.tier == "memory" and why.cfg == CHEAPEST
@@ -54,10 +58,10 @@ def test_a_whole_function_has_its_forward_and_backward_calls_tuned_once_each():
     y = jnp.sin(x * 0.5)
     np.testing.assert_allclose(value, jnp.sum(y**2), rtol=1e-5)
     np.testing.assert_allclose(grad, 2 * y * jnp.cos(x * 0.5) * 0.5, rtol=1e-4, atol=1e-5)
-    assert len(tuner.tuned) == 3
+    assert len(tuner.tuned) == 4
     # Again: everything is cached, nothing is benchmarked.
     again = kt.autotune(step, x, alpha=0.5, tuner=tuner)
-    assert len(again) == 3 and len(tuner.tuned) == 3
+    assert len(again) == 3 and len(tuner.tuned) == 4
 
 
 def test_a_step_jitted_and_run_before_uses_the_configs_after_one_retrace():
@@ -85,3 +89,63 @@ def test_autotune_names_what_it_cannot_take():
         kt.autotune(42)
     with pytest.raises(TypeError, match="configs= applies to a Kernel"):
         kt.autotune(lambda x: x, jnp.ones(2), configs=[1])
+
+
+class FusionAwareCost:
+    """A deterministic timer: a program costs its largest `ktcost_N`; inside a whole
+    function (a `ktwhole` scope) each `ktlost_N` adds N, the cost of a fusion that a
+    config prevents (which no kernel timed alone can show)."""
+
+    name = "fusion-aware-cost"
+
+    def sample(self, fn, arg_sets, calls, start):
+        import re
+
+        jax.block_until_ready(fn(*arg_sets[start % len(arg_sets)]))
+        text = fn.as_text()
+        cost = max([int(c) for c in re.findall(r"ktcost_(\d+)", text)] or [1])
+        if "ktwhole" in text:
+            cost += sum(int(c) for c in set(re.findall(r"ktlost_(\d+)", text)))
+        return cost * 1e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedCfg:
+    cost: int
+    lost: int = 0
+
+
+class Fusable(kt.Kernel):
+    """`x + 1`; config B is faster alone but costs a fusion inside a model."""
+
+    op_id = "fusable"
+
+    def __init__(self, lost):
+        super().__init__(f"fusable_{lost}")
+        self.lost = lost
+
+    def run(self, x, *, cfg):
+        with jax.named_scope(f"ktcost_{cfg.cost}"), jax.named_scope(f"ktlost_{cfg.lost}"):
+            return x + 1.0
+
+    def heuristic_cfg(self, inv):
+        return FusedCfg(cost=100)
+
+    def candidate_cfgs(self, inv):
+        return [FusedCfg(cost=100), FusedCfg(cost=50, lost=self.lost)]
+
+
+@pytest.mark.parametrize("lost, kept", [(300, FusedCfg(cost=100)), (10, FusedCfg(50, 10))])
+def test_tuned_configs_are_kept_only_when_the_whole_function_is_faster(lost, kept):
+    kernel = Fusable(lost)
+
+    def model(x):
+        with jax.named_scope("ktwhole"):
+            return (kernel(x) * 2.0).sum()
+
+    tuner = kt.Tuner(timer=FusionAwareCost(), target_sample_s=5e-4, progress=False)
+    x = jnp.ones((8, 8))
+    (entry,) = kt.autotune(model, x, tuner=tuner)
+    assert entry.cfg == kept
+    # The default executor serves the decision from now on.
+    assert kt.explain(kernel, x).cfg == kept

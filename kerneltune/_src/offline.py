@@ -301,6 +301,28 @@ def autotune_lowered(
     Returns:
       An `AutotuningResult` with one entry per call found and tuned.
     """
+    return result_of(
+        lowered_outcomes(
+            selector,
+            lowered,
+            invocations=invocations,
+            force=force,
+            compiled=compiled,
+            progress=progress,
+        )
+    )
+
+
+def lowered_outcomes(
+    selector: Any,
+    lowered: Any,
+    *,
+    invocations: Any = None,
+    force: bool = False,
+    compiled: bool = False,
+    progress: bool | None = None,
+) -> list[Outcome]:
+    """`autotune_lowered`'s work, with each call's `Outcome` (tuned now, cached, ...)."""
     found = labels.kernel_labels_in_lowered(lowered, compiled=compiled)
     records = {
         r.key: r for r in iter_records(get_invocations() if invocations is None else invocations)
@@ -328,4 +350,4 @@ def autotune_lowered(
             len(missing),
             ", ".join(missing),
         )
-    return result_of(tune_records(matched, selector, force=force, progress=progress))
+    return tune_records(matched, selector, force=force, progress=progress)

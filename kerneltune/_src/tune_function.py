@@ -5,18 +5,34 @@ heuristic (nothing is benchmarked while tracing), then every kerneltune call fou
 the lowered program — forward and backward kernels alike — is tuned, and the result is
 returned. The tuned configs land in the selector's caches, so `f` (jitted or not,
 traced before or not) uses them on its next call.
+
+Each key is tuned alone, but inside `f` XLA fuses a library backend's work with its
+neighbours (a norm into the next matmul, a bias into cuBLAS's epilogue), which a
+kernel timed alone cannot show. So when tuning changed any config, `f` itself is timed
+with the tuned configs and with the heuristic ones, side by side; the tuned ones are
+kept only when `f` is measurably faster with them (never slower than not tuning).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+from collections.abc import Callable
 from typing import Any
 
 import jax
 
 from kerneltune._src import offline, recording
+from kerneltune._src.configs import config_from_dict, config_to_dict
 from kerneltune._src.result import AutotuningResult
 from kerneltune._src.selection import ConfigSelectorChain, policy_override
+from kerneltune._src.tuning.protocol import run_tuner
 from kerneltune._src.tuning.tuner import split_static
+
+logger = logging.getLogger("kerneltune")
+
+#: The two variants of `f` timed side by side; the first wins ties.
+HEURISTIC, TUNED = "heuristic configs", "tuned configs"
 
 
 def autotune_function(
@@ -70,6 +86,74 @@ def autotune_function(
     ):
         lowered = jax.jit(call).lower(*specs)
         records = recording.get_invocations()
-    return offline.autotune_lowered(
+    outcomes = offline.lowered_outcomes(
         chain, lowered, invocations=records, force=force, progress=progress
     )
+    result = offline.result_of(outcomes)
+    if not any(o.status == "tuned" for o in outcomes):
+        return result  # every config came from the caches: decided before
+    return keep_if_faster(chain, call, specs, result)
+
+
+def keep_if_faster(
+    chain: ConfigSelectorChain[Any, Any],
+    call: Callable[..., Any],
+    specs: list[jax.ShapeDtypeStruct],
+    result: AutotuningResult,
+) -> AutotuningResult:
+    """`result`, or its heuristic configs where `call` is not measurably faster with
+    the tuned ones (timed whole, side by side; ties keep the heuristic)."""
+    baseline = _heuristic_result(result)
+    if baseline is None:
+        return result  # tuning changed nothing: nothing to compare
+    variants = {HEURISTIC: baseline, TUNED: result}
+
+    def make_fn(which: str) -> Callable[..., Any]:
+        def run(*leaves: Any) -> Any:
+            with variants[which]:  # selection happens while this traces
+                return call(*leaves)
+
+        return run
+
+    report = run_tuner(
+        chain.tuner,
+        make_fn,
+        specs,
+        {},
+        [HEURISTIC, TUNED],
+        reference_cfg=HEURISTIC,
+        backward=False,
+        name="the whole function",
+    )
+    if report.best == TUNED:
+        return result
+    times = {c.cfg: c.time_s for c in report.candidates}
+    logger.info(
+        "kerneltune: the function is not faster with the tuned configs (%s) than with the "
+        "heuristic ones (%s): keeping the heuristic configs",
+        times.get(TUNED),
+        times.get(HEURISTIC),
+    )
+    for entry in baseline:
+        key = (result.device, entry.op_id_v, entry.call_key)
+        chain.cache.put(*key, entry.cfg)
+        if chain.persistent is not None and chain.persist_autotune:
+            try:
+                chain.persistent.put(*key, entry.cfg, signature=entry.signature)
+            except Exception as e:  # a cache write must not fail the run.
+                logger.warning("could not write %s to the persistent cache: %s", key, e)
+    return baseline
+
+
+def _heuristic_result(result: AutotuningResult) -> AutotuningResult | None:
+    """`result` with every tuned config replaced by its heuristic config (typed as
+    the tuned one), or None when no tuned config differs from its heuristic."""
+    entries, changed = [], False
+    for e in result:
+        if e.heuristic_cfg is None or not dataclasses.is_dataclass(e.cfg):
+            entries.append(e)
+            continue
+        heuristic = config_from_dict(e.heuristic_cfg, type(e.cfg))
+        changed = changed or config_to_dict(heuristic) != config_to_dict(e.cfg)
+        entries.append(dataclasses.replace(e, cfg=heuristic))
+    return AutotuningResult(result.device, tuple(entries)) if changed else None

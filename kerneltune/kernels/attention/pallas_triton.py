@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import warnings
 from typing import Any
 
 import jax
@@ -40,7 +41,11 @@ _BACKWARD_PARAMS = (
 
 
 def _module() -> Any:
-    from jax.experimental.pallas.ops.gpu import attention
+    # JAX 0.11 deprecates this module in favour of tokamax; it is the kernel this
+    # backend wraps, so its warning would only point users at kerneltune's internals.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from jax.experimental.pallas.ops.gpu import attention
 
     return attention
 
