@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import inspect
 import logging
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -262,3 +264,12 @@ def kernel_for(cls: type[T], executor: Any) -> T:
         found = cls(executor=executor)  # type: ignore[call-arg]
         _bound[key] = found
     return found
+
+
+def jax_gpu_op(name: str) -> Any:
+    """The module `jax.experimental.pallas.ops.gpu.<name>` (JAX's Pallas GPU kernels
+    that the bundled kernels wrap). JAX 0.11 deprecates these modules in favour of
+    tokamax; the warning would only point users at kerneltune's internals."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return importlib.import_module(f"jax.experimental.pallas.ops.gpu.{name}")

@@ -14,13 +14,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import warnings
 from typing import Any
 
 import jax
 
 from kerneltune._src.params import BwdParams, FwdParams
-from kerneltune.kernels._common import accepts, parameters
+from kerneltune.kernels._common import accepts, jax_gpu_op, parameters
 
 logger = logging.getLogger("kerneltune")
 
@@ -41,13 +40,7 @@ _BACKWARD_PARAMS = (
 
 
 def _module() -> Any:
-    # JAX 0.11 deprecates this module in favour of tokamax; it is the kernel this
-    # backend wraps, so its warning would only point users at kerneltune's internals.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from jax.experimental.pallas.ops.gpu import attention
-
-    return attention
+    return jax_gpu_op("attention")
 
 
 def block_sizes(fwd: FwdParams | None = None, bwd: BwdParams | None = None) -> Any:

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kerneltune.kernels._common import parameters, triton_compiler_params
+from kerneltune.kernels._common import jax_gpu_op, parameters, triton_compiler_params
 from kerneltune.kernels.normalization.config import NormConfig
 from kerneltune.kernels.normalization.reference import layer_norm_xla, rms_norm_xla
 
@@ -39,9 +39,7 @@ _BACKWARD_PARAMS = (
 
 
 def _ops(which: str) -> Any:
-    from jax.experimental.pallas.ops.gpu import layer_norm, rms_norm
-
-    return layer_norm if which == "layer_norm" else rms_norm
+    return jax_gpu_op(which)
 
 
 def _forward(

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import jax
 
-from kerneltune.kernels._common import accepts
+from kerneltune.kernels._common import accepts, jax_gpu_op
 from kerneltune.kernels.softmax.config import SoftmaxConfig
 
 
 def softmax_pallas(x: jax.Array, *, cfg: SoftmaxConfig, interpret: bool) -> jax.Array:
     """Softmax over the last axis by JAX's Pallas kernel with `cfg.num_warps`."""
-    from jax.experimental.pallas.ops.gpu import softmax as module
+    module = jax_gpu_op("softmax")
 
     kwargs = {"axis": -1, "interpret": interpret}
     if accepts(module.softmax, "num_warps"):
