@@ -50,8 +50,14 @@ class Explanation:
             lines.append("  tiers before it:")
             lines += [f"    {tier}: {why}" for tier, why in self.misses]
         if self.report is not None:
+            checked = (
+                f"outputs validated against {self.report.validated_by}"
+                if self.report.validated_by
+                else "outputs not validated"
+            )
             lines.append(
-                f"  tuned with the {self.report.timer} timer in {self.report.wall_s:.2f} s:"
+                f"  tuned with the {self.report.timer} timer in {self.report.wall_s:.2f} s, "
+                f"{checked}:"
             )
             ranked = sorted(
                 self.report.candidates, key=lambda c: (c.time_s is None, c.time_s or 0.0)

@@ -405,6 +405,7 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
                 reference_cfg=heuristic,
                 backward=backward,
                 name=f"{inv.op_id_v}({inv.signature})",
+                reference_fn=dispatch.find_method(kernel, "reference", context),
             )
         from kerneltune._src import distributed
 

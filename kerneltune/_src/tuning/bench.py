@@ -149,6 +149,8 @@ class Bench:
         timer: TimerSource,
         settings: BenchSettings,
         progress: Progress,
+        *,
+        expected: Callable[[list[list[Any]]], Any] | None = None,
     ) -> None:
         self._lower = lower
         self._finish = finish
@@ -172,6 +174,11 @@ class Bench:
         if self.reference is not None and not self.reference_is_candidate:
             self._timed.append(self.reference)
         self._waiting: list[Candidate] = []  # compiled, waiting for the reference's output
+        # The op's reference implementation, when the kernel declares one: its output
+        # is what every candidate (the reference config too) must match.
+        self._expected_fn = expected
+        self._expected: Any = None
+        self._expected_error: str | None = None
         self._awaiting: dict[int, Candidate] = {}  # submitted, not yet reported to the search
         self._pool = CompilePool(settings.max_workers, settings.compile_timeout_s)
         self._cost = _CompileCostModel([c.cfg for c in self._timed])
@@ -360,8 +367,21 @@ class Bench:
         return -self._cost.predict(key)
 
     def _reference_settled(self) -> bool:
+        if self._expected_output() is not None:
+            return True  # no candidate needs the reference config's output
         ref = self.reference
         return ref is None or (ref.status is not None and (not ref.ok or ref.output is not None))
+
+    def _expected_output(self) -> Any:
+        """The reference implementation's output on the first argument set (computed
+        once), or None without one or when it failed."""
+        if self._expected is None and self._expected_fn is not None and self._settings.validate:
+            try:
+                self._expected = self._expected_fn(self.arg_sets)
+            except Exception as e:  # then the reference config's output is the bar
+                self._expected_error = describe(e)
+            self._expected_fn = None
+        return self._expected
 
     def first_run(self, c: Candidate) -> None:
         """Warm-up runs (excluded from the samples); the first one's output is
@@ -389,7 +409,16 @@ class Bench:
             c.output = out
         if not self._settings.validate:
             return
-        if ref is not None and ref.ok and ref.output is not None and c is not ref:
+        expected = self._expected_output()
+        if expected is not None:
+            verdict = validate.compare(out, expected, self._settings.rtol)
+            c.rel_error = verdict.rel_error
+            if not verdict.ok:
+                c.fail(
+                    "invalid",
+                    f"output differs from the reference implementation's: {verdict.reason}",
+                )
+        elif ref is not None and ref.ok and ref.output is not None and c is not ref:
             verdict = validate.compare(out, ref.output, self._settings.rtol)
             c.rel_error = verdict.rel_error
             if not verdict.ok:
@@ -399,8 +428,36 @@ class Bench:
 
     @property
     def validated(self) -> bool:
+        return bool(self.validated_by)
+
+    @property
+    def validated_by(self) -> str:
+        """What outputs were compared with ("" when nothing could be)."""
+        if not self._settings.validate:
+            return ""
+        if self._expected is not None:
+            return "the reference implementation"
         ref = self.reference
-        return self._settings.validate and ref is not None and ref.ok
+        if ref is not None and ref.ok:
+            return "the heuristic config"
+        return ""
+
+    def why_not_validated(self) -> str:
+        """Why outputs could not be validated although validation is on ("" when they
+        were)."""
+        if not self._settings.validate or self.validated:
+            return ""
+        ref = self.reference
+        reasons = []
+        if ref is None:
+            reasons.append("there is no heuristic config")
+        elif not ref.ok:
+            reasons.append(f"the heuristic config failed ({ref.status}: {ref.error})")
+        if self._expected_error is not None:
+            reasons.append(f"the reference implementation failed ({self._expected_error})")
+        else:
+            reasons.append("the kernel declares no reference implementation")
+        return " and ".join(reasons)
 
     # --- timing ---------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ def run_tuner(
     reference_cfg: Any,
     backward: bool,
     name: str,
+    reference_fn: Callable[..., Any] | None = None,
 ) -> TuningReport:
     """Tunes one key with `tuner`; a tuner's failure to pick any config is a report
     whose `best` is None (the chain then falls back to the heuristic)."""
@@ -49,6 +50,7 @@ def run_tuner(
             reference_cfg=reference_cfg,
             backward=backward,
             name=name,
+            **({} if reference_fn is None else {"reference_fn": reference_fn}),
         )
     start = time.perf_counter()
     strategy = f"{type(tuner).__name__}.autotune"

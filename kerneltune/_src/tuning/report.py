@@ -61,7 +61,10 @@ class TuningReport:
       strategy: the search strategy used (e.g. "exhaustive").
       name: what was tuned (for logs), e.g. "matmul@v1 f32[128,256], f32[256,64]".
       timer_note: why the preferred device timer was not used, when it was not.
-      validated: whether outputs were compared with the reference config's output.
+      validated: whether outputs were compared with a reference output.
+      validated_by: what they were compared with: "the reference implementation" (the
+        op's math in plain JAX, which the kernel declares), "the heuristic config", or
+        "" when they could not be (a warning said so).
       phases_s: where the wall time went: "setup" (before the first compile started),
         "compile" (while candidates compiled; with a device timer, samples were taken
         meanwhile), "timing" (samples after the compiles, the re-measurement of the best
@@ -78,6 +81,7 @@ class TuningReport:
     name: str = ""
     timer_note: str | None = None
     validated: bool = False
+    validated_by: str = ""
     phases_s: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property

@@ -22,6 +22,7 @@ import logging
 import statistics
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic
 
@@ -267,6 +268,7 @@ class Tuner(Generic[Cfg]):
         reference_cfg: Cfg | None = None,
         backward: bool = False,
         name: str = "",
+        reference_fn: Callable[..., Any] | None = None,
     ) -> TuningReport:
         """Evaluates candidates (all of them, or those the search strategy picks) and
         reports every one.
@@ -284,6 +286,10 @@ class Tuner(Generic[Cfg]):
           backward: time forward + backward (the gradient of the sum of the
             floating-point outputs with respect to the floating-point inputs).
           name: what is being tuned, for logs.
+          reference_fn: the op's math in plain JAX, called as `make_fn(cfg)`'s functions
+            are: when given, every candidate (the reference config too) is validated
+            against its output instead of the reference config's, so a wrong or failing
+            heuristic cannot turn validation off or upside down.
 
         Returns:
           A `TuningReport`; its `best` is None when every candidate failed (the caller
@@ -318,6 +324,17 @@ class Tuner(Generic[Cfg]):
                 target = _with_backward(call) if backward else call
                 return jax.jit(target).lower(*arrays)
 
+            expected = None
+            if reference_fn is not None:
+
+                def expected(sets: list[list[Any]]) -> Any:
+                    def call(*a: Any) -> Any:
+                        aa, kk = rebuild(a)
+                        return reference_fn(*aa, **kk)
+
+                    target = _with_backward(call) if backward else call
+                    return jax.block_until_ready(jax.jit(target)(*sets[0]))
+
             deadline = start + self.time_budget_s if self.time_budget_s is not None else None
             # Everything that is not needed to start compiling (choosing the timer, the
             # input copies, the all-zero check) happens while the first candidates compile.
@@ -330,6 +347,7 @@ class Tuner(Generic[Cfg]):
                 lambda: timing.choose_timer(self.timer),
                 progress,
                 deadline,
+                expected=expected,
             )
             zero_check = _Background(inputs.all_zero_floats, arrays)
             try:
@@ -341,8 +359,16 @@ class Tuner(Generic[Cfg]):
                 winner = self.decide(results)
                 best = candidates[winner] if winner is not None else None
                 timer_name = bench.timer.name
+                unvalidated = bench.why_not_validated() if reference_cfg is not None else ""
             finally:
                 bench.close()
+            if unvalidated and best is not None:
+                warnings.warn(
+                    f"{what}: the candidates' outputs were not validated: {unvalidated}; "
+                    "the winner was chosen on time alone.",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
                 progress.close()
             zeros = zero_check.result()
             if zeros:
@@ -364,6 +390,7 @@ class Tuner(Generic[Cfg]):
                 name=what,
                 timer_note=bench.timer_note,
                 validated=bench.validated,
+                validated_by=bench.validated_by,
                 phases_s={
                     "setup": searched - start,
                     **bench.phases,
@@ -388,6 +415,7 @@ class Tuner(Generic[Cfg]):
         deadline: float | None = None,
         *,
         validate: bool = True,
+        expected: Callable[[list[list[Any]]], Any] | None = None,
     ) -> Bench:
         rotate = self.rotate_bytes
         if rotate is None:
@@ -410,7 +438,17 @@ class Tuner(Generic[Cfg]):
             seed=self.seed,
             drop_factor=self.drop_factor,
         )
-        return Bench(lower, finish, arg_sets, candidates, reference_cfg, timer, settings, progress)
+        return Bench(
+            lower,
+            finish,
+            arg_sets,
+            candidates,
+            reference_cfg,
+            timer,
+            settings,
+            progress,
+            expected=expected,
+        )
 
     def _remeasure_top(self, bench: Bench) -> None:
         """The best few, side by side, with more samples: a winner decided by a few
