@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from test_offline_kernels import CANDIDATES, HEURISTIC, busy
+from test_offline_kernels import CANDIDATES, HEURISTIC, LoopCfg, busy
 
 import kerneltune as kt
 
@@ -56,3 +56,48 @@ class SleepyKernel(SteadyKernel):
 
         time.sleep(float(os.environ.get(SLEEP, "0")))
         return super().run(x, cfg=cfg)
+
+
+def _on_device(x, action):
+    """Runs `action()` on the host when the compiled program runs (not when it is
+    traced): the way a kernel's crash or hang shows up, in the candidate's first run."""
+    import jax
+
+    def host(v):
+        action()
+        return v
+
+    return jax.pure_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+
+class CrashingKernel(SteadyKernel):
+    """Like `SteadyKernel`, but its candidate with `reps == 2` kills its process with a
+    segfault when it runs (as an illegal memory access would)."""
+
+    op_id = "crashing"
+
+    def run(self, x, *, cfg):
+        import signal
+
+        if cfg.reps == 2:
+            x = _on_device(x, lambda: os.kill(os.getpid(), signal.SIGSEGV))
+        return super().run(x, cfg=cfg)
+
+    def candidate_cfgs(self, inv):
+        return [*CANDIDATES, LoopCfg(reps=2)]
+
+
+class HangingKernel(SteadyKernel):
+    """Like `SteadyKernel`, but its candidate with `reps == 2` never finishes running."""
+
+    op_id = "hanging"
+
+    def run(self, x, *, cfg):
+        import time
+
+        if cfg.reps == 2:
+            x = _on_device(x, lambda: time.sleep(3600))
+        return super().run(x, cfg=cfg)
+
+    def candidate_cfgs(self, inv):
+        return [*CANDIDATES, LoopCfg(reps=2)]

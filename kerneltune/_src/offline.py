@@ -32,6 +32,7 @@ from kerneltune._src.selection import (
     Decision,
     policy_override,
 )
+from kerneltune._src.tuning import journal
 
 logger = logging.getLogger("kerneltune")
 
@@ -121,6 +122,7 @@ def _tune_one(record: Record, chain: ConfigSelectorChain[Any, Any], force: bool)
     def finish(status: Status, entry: Entry | None = None, error: str | None = None) -> Outcome:
         return Outcome(record, status, entry, error, time.perf_counter() - start)
 
+    journal.tuning_key(record.op_id_v, record.call_key)
     try:
         kernel = record.get_kernel()
         inv = record.invocation(kernel)

@@ -78,8 +78,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also write the tuned configs to FILE (JSON), rewritten after every key so "
         "that an interrupted run keeps what finished",
     )
-    # A worker of `--workers` tunes exactly the keys its parent dealt it.
+    parser.add_argument(
+        "--isolate",
+        action="store_true",
+        help="tune in a worker process: a candidate that crashes it (segfault, illegal "
+        "memory access) or hangs is recorded with its reason, and a new worker goes on "
+        "without it",
+    )
+    parser.add_argument(
+        "--run-timeout",
+        type=_positive_float,
+        default=None,
+        metavar="S",
+        help="with --isolate: a candidate's first run may take S seconds (default: 100x "
+        "the heuristic config's, at least 10 s; 60 s before the heuristic ran)",
+    )
+    # A worker of `--workers` tunes exactly the keys its parent dealt it; one of
+    # `--isolate` also keeps a journal and skips the candidates its parent names.
     parser.add_argument("--keys", metavar="FILE", help=argparse.SUPPRESS)
+    parser.add_argument("--journal", metavar="FILE", help=argparse.SUPPRESS)
+    parser.add_argument("--exclude", metavar="FILE", help=argparse.SUPPRESS)
     parser.add_argument("--op", help='only this op: "matmul" (any version) or "matmul@v1"')
     parser.add_argument(
         "--force", action="store_true", help="benchmark again even when a tuned config is cached"
@@ -128,6 +146,10 @@ def run(args: argparse.Namespace) -> int:
         print_table(["op", "shapes", "key"], [[r.op_id_v, r.signature, r.call_key] for r in mine])
         return 0
 
+    if args.journal:
+        _start_journal(args)
+    elif args.isolate and not args.keys:
+        return _run_isolated(args, mine)
     gpus = tune_workers.visible_gpus()
     workers = args.workers if args.workers is not None else max(len(gpus), 1)
     if workers > 1 and not args.keys:
@@ -226,6 +248,55 @@ def _run_workers(args: argparse.Namespace, records: list[Any], count: int, gpus:
         result.save(args.out)
         print(f"wrote {tuned} tuned configs to {args.out}")
     return 1 if failed else 0
+
+
+def _start_journal(args: argparse.Namespace) -> None:
+    from kerneltune._src import files
+    from kerneltune._src.tuning import journal
+
+    excluded: Any = {}
+    if args.exclude:
+        try:
+            excluded = files.read_json(args.exclude)
+        except (OSError, ValueError) as e:
+            raise CommandError(f"cannot read --exclude {args.exclude}: {e}") from None
+    journal.configure(args.journal, bound_s=args.run_timeout, excluded=excluded)
+
+
+def _run_isolated(args: argparse.Namespace, records: list[Any]) -> int:
+    """`--isolate`: tunes `records` in worker processes that may crash or hang."""
+    from kerneltune._src import isolation
+
+    print("tuning in an isolated worker process")
+    result, culprits, code = isolation.tune_isolated(
+        records,
+        manifest=args.manifest,
+        imports=args.imports,
+        cache_dir=getattr(args, "cache_dir", None),
+        op=args.op,
+        force=args.force,
+        run_timeout_s=args.run_timeout,
+    )
+    for c in culprits:
+        what = f"candidate {_cfg_text(c.cfg)}" if c.cfg else "the key"
+        print(f"{c.op_id_v} {c.call_key[:12]}: {what} was dropped: {c.reason}")
+    tuned = len(result) if result is not None else 0
+    print(f"{tuned} of {len(records)} calls have a config")
+    if args.out and result is not None:
+        result.save(args.out)
+        print(f"wrote {tuned} tuned configs to {args.out}")
+    lost_keys = any(not c.cfg for c in culprits)
+    return 1 if code or lost_keys else 0
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
 
 
 def _positive_int(text: str) -> int:

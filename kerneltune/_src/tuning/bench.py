@@ -31,7 +31,7 @@ from typing import Any
 
 import jax
 
-from kerneltune._src.tuning import search, timing, validate
+from kerneltune._src.tuning import journal, search, timing, validate
 from kerneltune._src.tuning.compiling import CompilePool, Outcome
 from kerneltune._src.tuning.progress import Progress
 from kerneltune._src.tuning.report import CandidateResult, Status
@@ -388,6 +388,12 @@ class Bench:
         validated and gives the estimate that sizes the samples."""
         warmup = max(1, self._settings.warmup)
         arg_sets = self.arg_sets
+        skipped = journal.excluded_reason(c.cfg)
+        if skipped is not None:  # it crashed or hung an earlier (isolated) worker
+            c.fail("timeout" if "took more than" in skipped else "run_error", skipped)
+            return
+        journal.running(c.cfg)
+        t_first = time.perf_counter()
         try:
             with DEVICE_LOCK:
                 times = []
@@ -402,6 +408,8 @@ class Bench:
         except Exception as e:  # a failing candidate is data.
             c.fail(_failure_status(e, "run_error"), describe(e))
             return
+        finally:
+            journal.ran(c.cfg, time.perf_counter() - t_first, is_heuristic=c is self.reference)
         c.per_call_s = min(times)
         c.ran = True
         ref = self.reference

@@ -1,0 +1,146 @@
+"""`kerneltune tune --isolate`: tuning in a worker process that a crash or a hang of
+one candidate cannot take down with the job.
+
+The worker writes a journal (`tuning/journal.py`): which key and candidate it is about
+to run, since when, and for how long that may take. This parent waits for the worker;
+when it dies while a candidate runs, or a candidate's first run overruns its bound (then
+the parent kills it), that candidate is recorded with the reason, and a new worker
+tunes the keys not yet finished, skipping every candidate recorded so far (reported
+with its reason in the tuning's results). What finished is never redone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from kerneltune._src import tune_workers
+from kerneltune._src.tuning import journal
+
+#: How often the parent looks at the worker and its journal (seconds).
+POLL_S = 0.2
+
+
+@dataclasses.dataclass(frozen=True)
+class Culprit:
+    """A candidate that took its worker down."""
+
+    op_id_v: str
+    call_key: str
+    cfg: dict[str, Any]
+    reason: str
+
+
+def tune_isolated(
+    records: Sequence[Any],
+    *,
+    manifest: str,
+    imports: Sequence[str] = (),
+    cache_dir: str | None = None,
+    op: str | None = None,
+    force: bool = False,
+    run_timeout_s: float | None = None,
+    gpu: str | None = None,
+) -> tuple[Any, list[Culprit], int]:
+    """Tunes `records` in worker processes, one after another, until every key has an
+    outcome.
+
+    Returns:
+      `(result, culprits, exit)`: the merged `AutotuningResult` (None when nothing
+      finished), the candidates that crashed or hung a worker, and the last worker's
+      exit status.
+    """
+    from kerneltune._src.result import AutotuningResult
+
+    remaining = list(records)
+    culprits: list[Culprit] = []
+    results: list[Any] = []
+    code = 0
+    with tempfile.TemporaryDirectory(prefix="kerneltune-isolated-") as tmp:
+        # Each crash excludes one more candidate; a worker that dies outside any
+        # candidate gives up its current key. So this ends.
+        for attempt in range(len(records) * 64 + 1):
+            if not remaining:
+                break
+            paths = {
+                n: os.path.join(tmp, f"{n}{attempt}.json")
+                for n in ("keys", "out", "journal", "exclude")
+            }
+            tune_workers.write_keys(paths["keys"], remaining)
+            with open(paths["exclude"], "w") as f:
+                json.dump(journal.excluded_doc([_as_item(c) for c in culprits]), f)
+            argv = [sys.executable, "-m", "kerneltune"]
+            argv += ["--cache-dir", cache_dir] if cache_dir is not None else []
+            argv += ["tune", manifest, "--keys", paths["keys"], "--out", paths["out"]]
+            argv += ["--journal", paths["journal"], "--exclude", paths["exclude"], "--no-progress"]
+            argv += ["--run-timeout", str(run_timeout_s)] if run_timeout_s is not None else []
+            argv += [a for name in imports for a in ("--import", name)]
+            argv += ["--op", op] if op else []
+            argv += ["--force"] if force else []
+            env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}))
+            sys.stdout.flush()  # the worker prints its own progress and table here
+            proc = subprocess.Popen(argv, env=env)
+            code, hung = _wait(proc, paths["journal"])
+            finished = _load(paths["out"])
+            if finished is not None:
+                results.append(finished)
+            done = {(e.op_id_v, e.call_key) for e in finished} if finished is not None else set()
+            if hung is None and code in (0, 1):
+                break  # it ended by itself: every key has an outcome (1: some failed)
+            remaining = [r for r in remaining if (r.op_id_v, r.call_key) not in done]
+            running = hung or journal.read_running(paths["journal"])
+            if running is None:
+                # It died between candidates' runs: the key it was on cannot be tuned.
+                if remaining:
+                    lost = remaining.pop(0)
+                    why = f"the worker process died while tuning this key (exit {code})"
+                    culprits.append(Culprit(lost.op_id_v, lost.call_key, {}, why))
+                continue
+            reason = (
+                f"its first run took more than {running['bound_s']:.0f} s; the worker was killed"
+                if hung is not None
+                else f"the worker process died while it ran (exit {code})"
+            )
+            culprits.append(Culprit(running["op_id"], running["call_key"], running["cfg"], reason))
+    merged = None
+    for result in results:
+        merged = result if merged is None else merged | result
+    if merged is not None and not isinstance(merged, AutotuningResult):
+        merged = None
+    return merged, culprits, code if code in (0, 1) else 1
+
+
+def _wait(proc: subprocess.Popen[bytes], journal_path: str) -> tuple[int, dict[str, Any] | None]:
+    """Waits for the worker; kills it when a candidate's first run overruns its bound.
+    Returns its exit status and, for a hang, the journal entry of the candidate."""
+    while True:
+        try:
+            return proc.wait(timeout=POLL_S), None
+        except subprocess.TimeoutExpired:
+            pass
+        running = journal.read_running(journal_path)
+        if running is not None and time.time() - running["since"] > running["bound_s"]:
+            proc.kill()
+            return proc.wait(), running
+
+
+def _load(path: str) -> Any:
+    from kerneltune._src.result import AutotuningResult
+
+    if not os.path.exists(path):
+        return None
+    try:
+        return AutotuningResult.load(path)
+    except ValueError:
+        return None
+
+
+def _as_item(c: Culprit) -> dict[str, Any]:
+    return {"op_id": c.op_id_v, "call_key": c.call_key, "cfg": c.cfg, "reason": c.reason}

@@ -1,0 +1,123 @@
+"""The candidate journal of an isolated tuning worker (`kerneltune tune --isolate`).
+
+A worker process writes, before each candidate's first run, which key and candidate it
+is about to run and for how long that may take; its parent reads the file. When the
+worker dies (a segfault, an illegal memory access poisoning the CUDA context) or
+overruns the bound (a hang), the parent knows the culprit, records it, and starts a new
+worker that skips it. Off by default: only a worker given `--journal` writes one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from kerneltune._src.configs import config_to_dict
+
+#: The first run's bound when nothing else is known (seconds).
+DEFAULT_BOUND_S = 60.0
+#: Without `--run-timeout`, a first run may take this many times the heuristic's, and
+#: at least `MIN_BOUND_S`.
+BOUND_OVER_HEURISTIC, MIN_BOUND_S = 100.0, 10.0
+
+_lock = threading.Lock()
+_path: str | None = None
+_fixed_bound_s: float | None = None
+_key: tuple[str, str] | None = None
+_heuristic_s: float | None = None
+#: {(op_id_v, call_key): {stable cfg json: why it is excluded}}
+_excluded: dict[tuple[str, str], dict[str, str]] = {}
+
+
+def configure(path: str, *, bound_s: float | None, excluded: Mapping[str, Any]) -> None:
+    """Turns the journal on in this process (`excluded` as written by `excluded_doc`)."""
+    global _path, _fixed_bound_s
+    _path, _fixed_bound_s = path, bound_s
+    _excluded.clear()
+    for item in excluded.get("excluded", []):
+        key = (str(item["op_id"]), str(item["call_key"]))
+        _excluded.setdefault(key, {})[_cfg_text(item["cfg"])] = str(item["reason"])
+
+
+def enabled() -> bool:
+    return _path is not None
+
+
+def tuning_key(op_id_v: str, call_key: str) -> None:
+    """The key the next candidates belong to."""
+    global _key, _heuristic_s
+    _key, _heuristic_s = (op_id_v, call_key), None
+
+
+def excluded_reason(cfg: Any) -> str | None:
+    """Why `cfg` of the current key must not run again, or None."""
+    if _key is None:
+        return None
+    return _excluded.get(_key, {}).get(_cfg_text(cfg))
+
+
+def running(cfg: Any) -> None:
+    """`cfg`'s first run starts now."""
+    if _path is None or _key is None:
+        return
+    bound = _fixed_bound_s
+    if bound is None:
+        bound = (
+            DEFAULT_BOUND_S
+            if _heuristic_s is None
+            else max(MIN_BOUND_S, BOUND_OVER_HEURISTIC * _heuristic_s)
+        )
+    _write(
+        {
+            "op_id": _key[0],
+            "call_key": _key[1],
+            "cfg": config_to_dict(cfg) if not isinstance(cfg, Mapping) else dict(cfg),
+            "since": time.time(),
+            "bound_s": bound,
+        }
+    )
+
+
+def ran(cfg: Any, seconds: float, *, is_heuristic: bool) -> None:
+    """`cfg`'s first run is over (it took `seconds`)."""
+    global _heuristic_s
+    if _path is None:
+        return
+    if is_heuristic:
+        _heuristic_s = seconds
+    _write({})
+
+
+def _write(doc: dict[str, Any]) -> None:
+    assert _path is not None
+    tmp = f"{_path}.{os.getpid()}.tmp"
+    with _lock:
+        with open(tmp, "w") as f:
+            json.dump(doc, f)
+        os.replace(tmp, _path)
+
+
+def _cfg_text(cfg: Any) -> str:
+    plain = config_to_dict(cfg) if not isinstance(cfg, Mapping) else dict(cfg)
+    return json.dumps(plain, sort_keys=True, default=str)
+
+
+# --- the parent's side -----------------------------------------------------------------
+
+
+def read_running(path: str) -> dict[str, Any] | None:
+    """The candidate a worker is running now (its journal entry), or None."""
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and doc.get("cfg") is not None else None
+
+
+def excluded_doc(items: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"excluded": items}

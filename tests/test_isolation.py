@@ -1,0 +1,36 @@
+"""`kerneltune tune --isolate` (issue 12.6): a candidate that crashes or hangs its
+worker process costs that candidate, recorded with its reason; tuning goes on."""
+
+import pytest
+from test_offline_kernels import LoopCfg
+from test_tune_workers import record_manifest, tune
+from worker_kernels import CrashingKernel, HangingKernel, SteadyKernel
+
+import kerneltune as kt
+
+TYPES = {"crashing": LoopCfg, "hanging": LoopCfg, "aaa_steady": LoopCfg}
+
+
+@pytest.mark.parametrize(
+    "kernel, extra, reason",
+    [
+        (CrashingKernel(), [], "the worker process died while it ran (exit -11)"),
+        (HangingKernel(), ["--run-timeout", "3"], "its first run took more than 3 s"),
+    ],
+)
+def test_a_crashing_or_hanging_candidate_costs_only_itself(tmp_path, kernel, extra, reason):
+    manifest, out = tmp_path / "calls.json", tmp_path / "result.json"
+    keys = record_manifest(manifest, [(SteadyKernel(), 64), (kernel, 64)])
+    proc = tune(
+        "--cache-dir", str(tmp_path / "cache"), "tune", str(manifest), "--isolate",
+        "--out", str(out), "--no-progress", "--import", "worker_kernels", *extra,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"candidate reps=2 was dropped: {reason}" in proc.stdout
+    result = kt.AutotuningResult.load(out, TYPES)
+    assert {(e.op_id_v, e.call_key) for e in result} == keys  # every key has a config
+    (entry,) = [e for e in result if e.op_id_v.startswith(kernel.op_id)]
+    assert entry.cfg != LoopCfg(reps=2)
+    # The culprit is in the key's report, with its reason.
+    (culprit,) = [t for t in entry.timings if t["cfg"] == {"reps": 2}]
+    assert culprit["status"] in ("run_error", "timeout") and reason in culprit["error"]
