@@ -354,3 +354,21 @@ def test_an_invalid_entry_is_retuned_and_overwritten_through_the_chain(tmp_path,
         Blocks(block=1),
         Blocks(block=2),
     )
+
+
+def test_attention_backward_tuning_inputs_take_a_custom_non_hex_key():
+    # Issue 12.8 leftover: the seed was int(call_key[:8], 16), which crashed on a key
+    # from a custom key_builder.
+    import jax
+
+    from kerneltune._src.kernel import make_invocation
+    from kerneltune.kernels.attention import AttentionBackwardInterpret
+
+    kernel = AttentionBackwardInterpret()
+    q = jax.ShapeDtypeStruct((1, 16, 2, 16), "float32")
+    lse = jax.ShapeDtypeStruct((1, 2, 16), "float32")
+    inv = make_invocation(kernel, (q, q, q, q, lse, q), {"causal": True, "sm_scale": 0.25})
+    inv = dataclasses.replace(inv, key_builder=lambda inv: "my-key/attention-bwd")
+    assert inv.call_key == "my-key/attention-bwd"
+    args, _ = kernel.tuning_inputs(inv)
+    assert all(a.shape == s.shape for a, s in zip(args, (q, q, q, q, lse, q), strict=True))

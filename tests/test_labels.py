@@ -145,3 +145,28 @@ def test_labels_to_configs_reads_the_caches():
     ((op, key),) = found_keys(lowered.as_text())
     ex.chooser.cache.put(kt.device_fingerprint(), op, key, HEURISTIC)
     assert kt.labels_to_configs(lowered, ex.chooser) == {(op, key): HEURISTIC}
+
+
+def test_labels_to_configs_types_persistent_entries_and_skips_invalid_ones(tmp_path, caplog):
+    # Issue 12 leftover: persistent entries were returned untyped (a dict), so one that
+    # no longer fits its kernel's config type was handed out as a config.
+    from test_offline_kernels import LoopCfg
+
+    class TypedLoop(LoopKernel):
+        op_id = "typed_loop_labels"
+        config_type = LoopCfg
+
+    persistent = kt.PersistentCache(tmp_path)
+    chain = kt.ConfigSelectorChain(
+        kt.ConfigCache(),
+        policy=kt.AutotunePolicy(cache_miss_fallback="heuristics"),
+        persistent=persistent,
+    )
+    x = jax.random.normal(jax.random.PRNGKey(4), (8, 8))
+    lowered = jax.jit(lambda x: kt.Executor(chain)(TypedLoop(), x)).lower(x)
+    ((op, key),) = found_keys(lowered.as_text())
+    persistent.put(kt.device_fingerprint(), op, key, LoopCfg(reps=3))
+    assert kt.labels_to_configs(lowered, chain) == {(op, key): LoopCfg(reps=3)}
+    persistent.put(kt.device_fingerprint(), op, key, {"reps": "three"})
+    assert kt.labels_to_configs(lowered, chain) == {}
+    assert "no longer fits LoopCfg (LoopCfg.reps must be a int" in caplog.text

@@ -29,7 +29,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kerneltune._src import devices, keys
+from kerneltune._src import devices, files, keys
 from kerneltune._src.coordination import (
     AgreementError as AgreementError,
 )
@@ -224,7 +224,7 @@ def agree(
         what=what,
     )
     finish_round(peers, topic, round_)
-    payloads = {pid: json.loads(text) for pid, text in raw.items()}
+    payloads = {pid: files.loads(text) for pid, text in raw.items()}
     cfgs = [c.cfg for c in report.candidates]
     agreement = combine(payloads, cfgs)
     _log(agreement, payloads, cfgs, report, peers)
@@ -394,7 +394,7 @@ def verify_agreement(
     finish_round(peers, topic, round_)
     held: dict[tuple[str, str], dict[str, list[int]]] = {}
     for pid, text in sorted(raw.items()):
-        for op, call_key, cfg_text in json.loads(text)["entries"]:
+        for op, call_key, cfg_text in files.loads(text)["entries"]:
             held.setdefault((op, call_key), {}).setdefault(cfg_text, []).append(pid)
     conflicts = {k: {c: tuple(p) for c, p in v.items()} for k, v in held.items() if len(v) > 1}
     partial = {

@@ -226,7 +226,25 @@ def labels_to_configs(lowered: Any, selector: Any = None) -> dict[tuple[str, str
     for lab in kernel_labels_in_lowered(lowered):
         cfg = selector.cache.get(dev, lab.op_id_v, lab.call_key)
         if cfg is None and getattr(selector, "persistent", None) is not None:
-            cfg = selector.persistent.get(dev, lab.op_id_v, lab.call_key)
+            # Typed by the kernel's config class when one is defined here, so an entry
+            # that no longer fits it is skipped (with a warning), never returned.
+            cfg = selector.persistent.get(
+                dev, lab.op_id_v, lab.call_key, cfg_type=_config_type_of(lab.op_id_v)
+            )
         if cfg is not None:
             found[(lab.op_id_v, lab.call_key)] = cfg
     return found
+
+
+def _config_type_of(op_id_v: str) -> type | None:
+    """The config class of the kernel defined in this process with this op id and
+    version, or None when there is none (or several disagree)."""
+    from kerneltune._src.kernel import registered_kernels
+
+    op_id, _, version = op_id_v.rpartition("@v")
+    types = {
+        cls.config_type
+        for cls in registered_kernels().values()
+        if cls.op_id == op_id and str(cls.version) == version and cls.config_type is not None
+    }
+    return types.pop() if len(types) == 1 else None

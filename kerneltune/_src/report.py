@@ -309,7 +309,7 @@ def _have_matplotlib() -> bool:
 def run(args: argparse.Namespace) -> int:
     """The `kerneltune report [--op OP] [--out FILE]` command."""
     from kerneltune._src.cache_cli import _entries, _open, print_table
-    from kerneltune.cli import CommandError
+    from kerneltune._src.command_error import CommandError
 
     cache = _open(args)
     entries = [
