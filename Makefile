@@ -5,7 +5,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kerneltune-installed
 
-.PHONY: demo test lint typecheck clean
+DOCS_STAMP := $(VENV)/.kerneltune-docs-installed
+
+.PHONY: demo test docs lint typecheck clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -17,16 +19,25 @@ demo: $(STAMP)
 	$(PY) -m kerneltune demo
 
 test: $(STAMP)
-	$(VENV)/bin/ruff check kerneltune tests benchmarks
+	$(VENV)/bin/ruff check kerneltune tests benchmarks examples
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
 
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e ".[dev,docs]"
+	touch $(DOCS_STAMP)
+
+# The documentation site, built offline into site/; --strict turns a broken link, a
+# missing reference or a docstring that does not parse into an error.
+docs: $(DOCS_STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir site
+
 lint: $(STAMP)
-	$(VENV)/bin/ruff check kerneltune tests benchmarks
-	$(VENV)/bin/ruff format --check kerneltune tests benchmarks
+	$(VENV)/bin/ruff check kerneltune tests benchmarks examples
+	$(VENV)/bin/ruff format --check kerneltune tests benchmarks examples
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache site

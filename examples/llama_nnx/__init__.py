@@ -1,0 +1,1 @@
+"""A Llama-style block in Flax NNX: RMSNorm, grouped-query attention, SwiGLU."""
