@@ -1,6 +1,7 @@
 """`kerneltune tune --isolate` (issue 12.6): a candidate that crashes or hangs its
 worker process costs that candidate, recorded with its reason; tuning goes on."""
 
+import jax
 import pytest
 from test_offline_kernels import LoopCfg
 from test_tune_workers import record_manifest, tune
@@ -34,3 +35,17 @@ def test_a_crashing_or_hanging_candidate_costs_only_itself(tmp_path, kernel, ext
     # The culprit is in the key's report, with its reason.
     (culprit,) = [t for t in entry.timings if t["cfg"] == {"reps": 2}]
     assert culprit["status"] in ("run_error", "timeout") and reason in culprit["error"]
+
+
+def test_the_journal_is_inert_outside_an_isolated_worker():
+    # Found by the docs' code blocks: after any offline tuning, the journal held a key,
+    # and a tuner given non-config candidates (kt.autotune(f)'s two variants) crashed
+    # on them.
+    from kerneltune._src.tuning import journal
+
+    journal.tuning_key("op@v0", "k")
+    assert journal.excluded_reason("heuristic configs") is None
+    assert journal.excluded_reason(LoopCfg(reps=2)) is None
+    tuner = kt.Tuner(progress=False, iters=1)
+    report = tuner.tune(lambda name: (lambda x: x * 2.0), [jax.numpy.ones(4)], {}, ["a", "b"])
+    assert report.best in ("a", "b")

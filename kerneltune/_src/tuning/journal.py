@@ -55,9 +55,9 @@ def tuning_key(op_id_v: str, call_key: str) -> None:
 
 def excluded_reason(cfg: Any) -> str | None:
     """Why `cfg` of the current key must not run again, or None."""
-    if _key is None:
+    if _key is None or not _excluded.get(_key):
         return None
-    return _excluded.get(_key, {}).get(_cfg_text(cfg))
+    return _excluded[_key].get(_cfg_text(cfg))
 
 
 def running(cfg: Any) -> None:
@@ -75,7 +75,7 @@ def running(cfg: Any) -> None:
         {
             "op_id": _key[0],
             "call_key": _key[1],
-            "cfg": config_to_dict(cfg) if not isinstance(cfg, Mapping) else dict(cfg),
+            "cfg": _plain(cfg),
             "since": time.time(),
             "bound_s": bound,
         }
@@ -102,8 +102,19 @@ def _write(doc: dict[str, Any]) -> None:
 
 
 def _cfg_text(cfg: Any) -> str:
-    plain = config_to_dict(cfg) if not isinstance(cfg, Mapping) else dict(cfg)
+    plain = _plain(cfg)
     return json.dumps(plain, sort_keys=True, default=str)
+
+
+def _plain(cfg: Any) -> Any:
+    """A config's fields (any candidate the tuner is given: a config, a mapping, or
+    any other value such as a name)."""
+    if isinstance(cfg, Mapping):
+        return dict(cfg)
+    try:
+        return config_to_dict(cfg)
+    except TypeError:
+        return repr(cfg)
 
 
 # --- the parent's side -----------------------------------------------------------------
