@@ -47,5 +47,5 @@ def test_the_journal_is_inert_outside_an_isolated_worker():
     assert journal.excluded_reason("heuristic configs") is None
     assert journal.excluded_reason(LoopCfg(reps=2)) is None
     tuner = kt.Tuner(progress=False, iters=1)
-    report = tuner.tune(lambda name: (lambda x: x * 2.0), [jax.numpy.ones(4)], {}, ["a", "b"])
+    report = tuner.tune(lambda name: lambda x: x * 2.0, [jax.numpy.ones(4)], {}, ["a", "b"])
     assert report.best in ("a", "b")
