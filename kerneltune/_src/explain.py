@@ -110,7 +110,8 @@ def explain(
 
     Args:
       kernel: the kernel.
-      *args, **kwargs: the call's arguments (arrays or `jax.ShapeDtypeStruct`s).
+      *args: the call's positional arguments (arrays or `jax.ShapeDtypeStruct`s).
+      **kwargs: its keyword arguments.
       executor: the executor to ask (default: the default executor).
       cfg: an explicit config, to explain an override.
     """

@@ -275,9 +275,10 @@ class Tuner(Generic[Cfg]):
 
         Args:
           make_fn: builds the function to time for one config.
-          args, kwargs: concrete inputs; array leaves are passed to the compiled
+          args: the positional inputs; array leaves are passed to the compiled
             function, other leaves are constants. `ShapeDtypeStruct` leaves are
             replaced by random data.
+          kwargs: the keyword inputs, treated as `args` are.
           candidates: the configs to try.
           reference_cfg: the heuristic config: every candidate's output is validated
             against its output, and the winner's speedup is reported against its time

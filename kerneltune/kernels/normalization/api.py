@@ -225,8 +225,9 @@ def layer_norm(
 
     Args:
       x: a floating array.
-      scale, bias: the shape of the normalised axes (`[n]` for one axis), or None
-        (no scaling / no offset).
+      scale: the shape of the normalised axes (`[n]` for one axis), or None (no
+        scaling).
+      bias: the same shape as `scale`, or None (no offset).
       axis: the axis or axes to normalise over.
       epsilon: added to the variance.
       cfg: a `NormConfig` to use instead of the chosen one.
@@ -239,8 +240,8 @@ def layer_norm(
       >>> import jax.numpy as jnp
       >>> from kerneltune.kernels import layer_norm
       >>> y = layer_norm(jnp.arange(8.0).reshape(2, 4))
-      >>> [round(float(v), 3) for v in y[0]]
-      [-1.342, -0.447, 0.447, 1.342]
+      >>> tuple(round(float(v), 3) for v in y[0])
+      (-1.342, -0.447, 0.447, 1.342)
     """
     params = (("scale", scale, 1.0), ("bias", bias, 0.0))
     return _normalize(LayerNorm, x, params, axis, epsilon, cfg, executor)

@@ -1,0 +1,1 @@
+"""kerneltune's implementation, one concept per module; the public API is `kerneltune`."""
