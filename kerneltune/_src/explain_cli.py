@@ -19,6 +19,7 @@ import re
 from typing import Any
 
 from kerneltune._src.command_error import CommandError
+from kerneltune._src.tune_cli import add_import_argument
 
 _ARRAY = re.compile(r"^([A-Za-z][A-Za-z0-9_]*)\[([0-9, ]*)\]$")
 
@@ -42,14 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tune", action="store_true", help="benchmark the call now if no cache has it"
     )
-    parser.add_argument(
-        "--import",
-        dest="imports",
-        action="append",
-        default=[],
-        metavar="MODULE",
-        help="import MODULE first, so that the kernels it defines can be named",
-    )
+    add_import_argument(parser, "then their op ids can be named")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -48,15 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "are always available)."
     )
     parser.add_argument("manifest", help="a manifest written by kerneltune.save_manifest")
-    parser.add_argument(
-        "--import",
-        dest="imports",
-        action="append",
-        default=[],
-        metavar="MODULE",
-        help="import MODULE first, so that the kernels it defines can be found (repeat "
-        "for several modules); manifests never name code to import",
-    )
+    add_import_argument(parser, "manifests never name code to import")
     parser.add_argument(
         "--shard",
         type=parse_shard,
@@ -109,6 +101,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-progress",
         action="store_true",
         help="never show a progress bar (default: only on a terminal)",
+    )
+
+
+def add_import_argument(parser: argparse.ArgumentParser, why: str) -> None:
+    """`--import MODULE` (repeatable): modules that define the user's kernels."""
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first, so that the kernels it defines can be found (repeat "
+        f"for several modules); {why}",
     )
 
 
@@ -242,11 +247,7 @@ def _run_workers(args: argparse.Namespace, records: list[Any], count: int, gpus:
         for record in r.unfinished:
             failed = failed or r.returncode != 0
             print(f"worker {r.index}: no config for {record.op_id_v} {record.signature}")
-    tuned = len(result) if result is not None else 0
-    print(f"{tuned} of {len(records)} calls have a config")
-    if args.out and result is not None:
-        result.save(args.out)
-        print(f"wrote {tuned} tuned configs to {args.out}")
+    _save_merged(args, result, len(records))
     return 1 if failed else 0
 
 
@@ -280,13 +281,18 @@ def _run_isolated(args: argparse.Namespace, records: list[Any]) -> int:
     for c in culprits:
         what = f"candidate {_cfg_text(c.cfg)}" if c.cfg else "the key"
         print(f"{c.op_id_v} {c.call_key[:12]}: {what} was dropped: {c.reason}")
+    _save_merged(args, result, len(records))
+    lost_keys = any(not c.cfg for c in culprits)
+    return 1 if code or lost_keys else 0
+
+
+def _save_merged(args: argparse.Namespace, result: Any, total: int) -> None:
+    """Says how many calls got a config and writes them to `--out`."""
     tuned = len(result) if result is not None else 0
-    print(f"{tuned} of {len(records)} calls have a config")
+    print(f"{tuned} of {total} calls have a config")
     if args.out and result is not None:
         result.save(args.out)
         print(f"wrote {tuned} tuned configs to {args.out}")
-    lost_keys = any(not c.cfg for c in culprits)
-    return 1 if code or lost_keys else 0
 
 
 def _positive_float(text: str) -> float:
