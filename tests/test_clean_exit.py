@@ -85,7 +85,9 @@ def test_ctrl_c_in_tune_exits_130_and_keeps_what_finished(tmp_path):
 
     manifest, out = tmp_path / "calls.json", tmp_path / "result.json"
     record_manifest(manifest, [(SteadyKernel(), 64), (SleepyKernel(), 64)])
-    env = dict(os.environ, **{SLEEP: "3"}, CUDA_VISIBLE_DEVICES="")
+    # Building a sleepy candidate takes 60 s: the run cannot end before the Ctrl-C,
+    # however loaded the machine.
+    env = dict(os.environ, **{SLEEP: "60"}, CUDA_VISIBLE_DEVICES="")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(TESTS), env.get("PYTHONPATH", "")])
     proc = subprocess.Popen(
         [sys.executable, "-m", "kerneltune", "--cache-dir", str(tmp_path / "cache"), "tune",
@@ -98,7 +100,14 @@ def test_ctrl_c_in_tune_exits_130_and_keeps_what_finished(tmp_path):
     assert out.exists(), proc.communicate()
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=120)
+    # Exit waits for the candidate still building, and says so; a second Ctrl-C
+    # exits at once.
+    stderr = ""
+    while "Ctrl-C exits now" not in stderr and proc.poll() is None:
+        stderr += proc.stderr.readline()
+    proc.send_signal(signal.SIGINT)
+    rest_out, rest_err = proc.communicate(timeout=120)
+    stderr += rest_err
     assert proc.returncode == 130, stderr[-2000:]
     assert "Traceback" not in stderr and "terminate called" not in stderr
     saved = kt.AutotuningResult.load(out, {"aaa_steady": LoopCfg, "zzz_sleepy": LoopCfg})
