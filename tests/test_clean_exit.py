@@ -93,6 +93,9 @@ def test_ctrl_c_in_tune_exits_130_and_keeps_what_finished(tmp_path):
         [sys.executable, "-m", "kerneltune", "--cache-dir", str(tmp_path / "cache"), "tune",
          str(manifest), "--out", str(out), "--no-progress", "--import", "worker_kernels"],
         env=env, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # A job started in the background (CI, nohup) inherits an ignored SIGINT, and
+        # Python then never raises KeyboardInterrupt: give the child the default back.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     deadline = time.monotonic() + 120
     while not out.exists() and time.monotonic() < deadline and proc.poll() is None:
