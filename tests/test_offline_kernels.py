@@ -7,10 +7,10 @@ can import them by name from a manifest. There are no tests here.
 from __future__ import annotations
 
 import dataclasses
-import re
 
 import jax
 import jax.numpy as jnp
+from helpers import cost_tuner
 
 import kerneltune as kt
 
@@ -40,21 +40,9 @@ def busy(x, reps):
         return jax.lax.fori_loop(0, reps, body, x)
 
 
-class CostInProgram:
-    """A deterministic timer: a program's cost is the largest `reps` of the `busy`
-    calls compiled into it, so winner assertions hold on a loaded machine."""
-
-    name = "cost-in-program"
-
-    def sample(self, fn, arg_sets, calls, start):
-        jax.block_until_ready(fn(*arg_sets[start % len(arg_sets)]))  # it still runs
-        costs = [int(c) for c in re.findall(r"ktcost_(\d+)", fn.as_text())]
-        return (max(costs) if costs else 1) * 1e-6
-
-
 def fast_tuner():
     """The tuner the tests use: deterministic costs, short samples."""
-    return kt.Tuner(target_sample_s=5e-4, timer=CostInProgram())
+    return cost_tuner()
 
 
 def tuning_executor(fallback="autotune", persistent=None):

@@ -7,7 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_offline_kernels import CHEAPEST, CostInProgram, LoopKernel, SinKernel
+from helpers import CostInProgram
+from test_offline_kernels import CHEAPEST, LoopKernel, SinKernel
 
 import kerneltune as kt
 

@@ -92,7 +92,7 @@ class Priced(Chain):
 def deterministic():
     """A tuner whose timer reads each config's cost from its program: winners cannot
     depend on the machine's load."""
-    from test_offline_kernels import CostInProgram
+    from helpers import CostInProgram
 
     return Tuner(strategy="exhaustive", iters=2, progress=False, timer=CostInProgram())
 

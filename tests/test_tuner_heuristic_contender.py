@@ -3,25 +3,14 @@ only a config measurably faster replaces it (issue 10). Costs come from a
 deterministic timer, never the wall clock."""
 
 import dataclasses
-import re
 
 import jax
 import jax.numpy as jnp
+from helpers import CostInProgram
 
 import kerneltune as kt
 from kerneltune._src.tuning.report import CandidateResult
 from kerneltune._src.tuning.tuner import NOISE_BAND, fastest
-
-
-class CostInProgram:
-    """A timer that reads a config's cost from the compiled program (the kernel puts
-    it in a named scope): deterministic, whatever the machine's load."""
-
-    name = "cost-in-program"
-
-    def sample(self, fn, arg_sets, calls, start):
-        fn(*arg_sets[0])  # still run it, as a real timer would
-        return float(re.findall(r"ktcost_(\d+)", fn.as_text())[0]) * 1e-6
 
 
 @dataclasses.dataclass(frozen=True)

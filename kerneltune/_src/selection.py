@@ -259,7 +259,7 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
         if policy.cache_miss_fallback == "error" and policy.allow_heuristics:
             # Production mode forbids tuning, not determinism: when there is nothing to
             # tune, the heuristic is the one config any tuning would have chosen.
-            untunable = nothing_to_tune(kernel, inv)
+            _, untunable = tunable_candidates(kernel, inv)
             heuristic = find_heuristic(kernel, inv) if untunable else None
             if heuristic is not None:
                 check_config_type(kernel, inv, heuristic, "heuristic_cfg result")
@@ -317,15 +317,13 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
         decision: Decision,
     ) -> Decision | None:
         misses = decision.misses
-        untunable = nothing_to_tune(kernel, inv)
+        candidates, untunable = tunable_candidates(kernel, inv)
         if untunable:
             misses.append(("autotune", untunable))
             return None
         if not policy.allow_autotune:
             misses.append(("autotune", "not allowed by the policy"))
             return None
-        candidates_hook = dispatch.find_method(kernel, ("candidate_cfgs", "config_space"))
-        assert candidates_hook is not None
         with self._lock_for(key):
             # Another thread may have tuned this key while we waited for the lock.
             cfg = self.cache.get(*key)
@@ -339,7 +337,6 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
                 decision.tier, decision.cfg, decision.report = "reuse", cfg, self._reports.get(key)
                 self._emit("cache_hit", key, cfg=cfg, level="memory", reused=True)
                 return decision
-            candidates = list(candidates_hook(inv))
             for i, cand in enumerate(candidates):
                 check_config_type(kernel, inv, cand, f"candidate #{i}")
             report = self._run_tuner(inv, kernel, key, candidates, policy)
@@ -454,18 +451,21 @@ def find_heuristic(kernel: Kernel[Any, Any], inv: Invocation[Any, Any]) -> Any:
     return None if hook is None else hook(inv)
 
 
-def nothing_to_tune(kernel: Kernel[Any, Any], inv: Invocation[Any, Any]) -> str:
-    """Why this call has nothing to tune ("" when it has): no candidate hook on this
-    platform, an empty candidate list for these arguments, or only the heuristic."""
+def tunable_candidates(
+    kernel: Kernel[Any, Any], inv: Invocation[Any, Any]
+) -> tuple[list[Any], str]:
+    """The candidates to tune for this call, and why there is nothing to tune ("" when
+    there is): no candidate hook on this platform, an empty list for these arguments,
+    or only the heuristic. The kernel's hook is called once."""
     hook = dispatch.find_method(kernel, ("candidate_cfgs", "config_space"))
     if hook is None:
-        return "the kernel defines no candidate_cfgs/config_space on this platform"
+        return [], "the kernel defines no candidate_cfgs/config_space on this platform"
     candidates = list(hook(inv))
     if not candidates:
-        return f"{type(kernel).__name__}.{hook.__name__} returned no candidates for this call"
+        return [], f"{type(kernel).__name__}.{hook.__name__} returned no candidates for this call"
     if all(c == candidates[0] for c in candidates) and candidates[0] == find_heuristic(kernel, inv):
-        return "the only candidate is the heuristic config"
-    return ""
+        return candidates, "the only candidate is the heuristic config"
+    return candidates, ""
 
 
 def config_type_of(kernel: Kernel[Any, Any], inv: Invocation[Any, Any]) -> type | None:
