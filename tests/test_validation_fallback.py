@@ -100,3 +100,22 @@ def test_a_working_heuristic_still_validates_kernels_without_a_reference():
     cfg, report = tune(kernel)
     assert cfg == Cfg(30) and report.validated_by == "the heuristic config"
     assert {c.cfg: c.status for c in report.candidates}[WRONG_AND_FAST] == "invalid"
+
+
+def test_without_a_reference_or_heuristic_output_the_majority_of_candidates_decides():
+    # Before: no bar at all, so the wrong and fast config won on time alone.
+    slower_right = Cfg(60)
+    kernel = Doubler(Cfg(30, broken=True), [WRONG_AND_FAST, RIGHT, slower_right])
+    cfg, report = tune(kernel)
+    assert cfg == RIGHT
+    assert report.validated and report.validated_by == "the majority of candidates (2 of 3 agree)"
+    wrong = {c.cfg: c for c in report.candidates}[WRONG_AND_FAST]
+    assert wrong.status == "invalid" and "majority" in wrong.error
+
+
+def test_candidates_that_do_not_agree_on_a_majority_are_not_called_validated():
+    kernel = Doubler(Cfg(30, broken=True), [WRONG_AND_FAST, RIGHT])
+    with pytest.warns(RuntimeWarning, match=r"groups of \[1, 1\]"):
+        _, report = tune(kernel)
+    status = {c.cfg: c.status for c in report.candidates}
+    assert report.validated_by == "" and status[WRONG_AND_FAST] == status[RIGHT] == "ok"

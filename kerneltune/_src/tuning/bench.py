@@ -179,6 +179,11 @@ class Bench:
         self._expected_fn = expected
         self._expected: Any = None
         self._expected_error: str | None = None
+        # Without either bar, candidates vote: outputs that agree form a group (one
+        # representative output kept per group); the majority settles validity.
+        self._groups: list[tuple[Any, list[Candidate]]] = []
+        self._majority: tuple[int, int] | None = None  # (agreeing, voting) once settled
+        self._no_majority = ""
         self._awaiting: dict[int, Candidate] = {}  # submitted, not yet reported to the search
         self._pool = CompilePool(settings.max_workers, settings.compile_timeout_s)
         self._cost = _CompileCostModel([c.cfg for c in self._timed])
@@ -433,6 +438,44 @@ class Bench:
                 c.fail("invalid", f"output differs from the reference config's: {verdict.reason}")
         elif validate.has_nan(out):
             c.fail("invalid", "output contains NaN")
+        elif c is not ref:
+            self._join_group(c, out)
+
+    def _join_group(self, c: Candidate, out: Any) -> None:
+        for representative, members in self._groups:
+            if validate.compare(out, representative, self._settings.rtol).ok:
+                members.append(c)
+                return
+        self._groups.append((out, [c]))
+
+    def settle_by_majority(self) -> None:
+        """When outputs had no bar (no reference implementation, and no working
+        heuristic config), the candidates that disagree with a strict majority of those
+        that ran are invalid. Without a majority, nothing is decided (and said so)."""
+        groups = [[m for m in members if m.ok] for _, members in self._groups]
+        self._groups = []  # the representative outputs are no longer needed
+        voting = sum(len(g) for g in groups)
+        if voting == 0:
+            return
+        largest = max(groups, key=len)
+        if voting >= 2 and 2 * len(largest) > voting:
+            self._majority = (len(largest), voting)
+            for group in groups:
+                if group is not largest:
+                    for c in group:
+                        c.fail(
+                            "invalid",
+                            "output differs from the majority of candidates' "
+                            f"({len(largest)} of {voting} agree)",
+                        )
+        elif voting == 1:
+            self._no_majority = "only one candidate ran, so no majority could vote"
+        else:
+            sizes = sorted((len(g) for g in groups), reverse=True)
+            self._no_majority = (
+                f"the {voting} candidates that ran did not agree (groups of {sizes}), "
+                "so no majority could vote"
+            )
 
     @property
     def validated(self) -> bool:
@@ -448,6 +491,9 @@ class Bench:
         ref = self.reference
         if ref is not None and ref.ok:
             return "the heuristic config"
+        if self._majority is not None:
+            agreeing, voting = self._majority
+            return f"the majority of candidates ({agreeing} of {voting} agree)"
         return ""
 
     def why_not_validated(self) -> str:
@@ -465,6 +511,8 @@ class Bench:
             reasons.append(f"the reference implementation failed ({self._expected_error})")
         else:
             reasons.append("the kernel declares no reference implementation")
+        if self._no_majority:
+            reasons.append(self._no_majority)
         return " and ".join(reasons)
 
     # --- timing ---------------------------------------------------------------------
@@ -637,6 +685,7 @@ class Bench:
         for c in self._timed:
             c.compiled = None
             c.output = None
+        self._groups = []
 
     def results(self) -> tuple[CandidateResult, ...]:
         return tuple(c.result() for c in self.cands)

@@ -63,8 +63,9 @@ class TuningReport:
       timer_note: why the preferred device timer was not used, when it was not.
       validated: whether outputs were compared with a reference output.
       validated_by: what they were compared with: "the reference implementation" (the
-        op's math in plain JAX, which the kernel declares), "the heuristic config", or
-        "" when they could not be (a warning said so).
+        op's math in plain JAX, which the kernel declares), "the heuristic config",
+        "the majority of candidates (k of n agree)" when neither was available, or ""
+        when they could not be (a warning said so).
       phases_s: where the wall time went: "setup" (before the first compile started),
         "compile" (while candidates compiled; with a device timer, samples were taken
         meanwhile), "timing" (samples after the compiles, the re-measurement of the best

@@ -354,6 +354,7 @@ class Tuner(Generic[Cfg]):
             try:
                 searched = time.perf_counter()
                 strategy.search(bench)
+                bench.settle_by_majority()
                 self._remeasure_top(bench)
                 finished = time.perf_counter()
                 results = bench.results()
