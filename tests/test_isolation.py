@@ -49,3 +49,29 @@ def test_the_journal_is_inert_outside_an_isolated_worker():
     tuner = kt.Tuner(progress=False, iters=1)
     report = tuner.tune(lambda name: lambda x: x * 2.0, [jax.numpy.ones(4)], {}, ["a", "b"])
     assert report.best in ("a", "b")
+
+
+def test_the_api_opt_in_tunes_in_isolated_workers(tmp_path, caplog):
+    from kerneltune._src import recording
+
+    recording.clear_invocations()
+    ex = kt.Executor(
+        kt.ConfigSelectorChain(
+            kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback="heuristics")
+        )
+    )
+    with recording.record_calls():
+        for kernel in (SteadyKernel(), CrashingKernel()):
+            ex(kernel, jax.numpy.ones((64, 64)))
+    records = recording.get_invocations()
+    recording.clear_invocations()
+    cache = kt.PersistentCache(tmp_path / "cache")
+    chain = kt.ConfigSelectorChain(kt.ConfigCache(), persistent=cache)
+    with caplog.at_level("WARNING", logger="kerneltune"):
+        result = kt.autotune_recorded(records, selector=chain, isolate=True)
+    # Before: no opt-in; in this process the segfaulting candidate killed the test run.
+    assert {e.op_id_v.split("@")[0] for e in result} == {"aaa_steady", "crashing"}
+    assert "dropped candidate {'reps': 2}: the worker process died while it ran" in caplog.text
+    assert len(cache) == 2  # the workers wrote the winners where this selector reads
+    with pytest.raises(ValueError, match="run_timeout_s"):
+        kt.autotune_recorded(records, selector=chain, run_timeout_s=1.0)

@@ -65,9 +65,7 @@ def by_cfg(report: TuningReport):
 
 def test_picks_the_cheapest_of_several_fold_costs(ab):
     cands = [Reps(k=12), Reps(k=1), Reps(k=6)]
-    report = quick().tune(
-        repeated_matmul, ab, {}, cands, reference_cfg=Reps(k=6), name="mm"
-    )
+    report = quick().tune(repeated_matmul, ab, {}, cands, reference_cfg=Reps(k=6), name="mm")
     assert report.best == Reps(k=1)
     assert [c.cfg for c in report.candidates] == cands
     results = by_cfg(report)
@@ -196,9 +194,7 @@ def test_backward_times_and_validates_the_gradient(ab):
 
 
 def test_reference_outside_the_candidates_is_timed_but_cannot_win(ab):
-    report = quick().tune(
-        repeated_matmul, ab, {}, [Reps(k=6), Reps(k=3)], reference_cfg=Reps(k=1)
-    )
+    report = quick().tune(repeated_matmul, ab, {}, [Reps(k=6), Reps(k=3)], reference_cfg=Reps(k=1))
     assert report.best == Reps(k=3)
     assert report.heuristic_time_s is not None
     assert report.speedup < 1  # the heuristic was faster than every candidate
@@ -454,3 +450,42 @@ def test_compile_cost_prior_puts_large_configs_first():
     for k in range(1, 17):
         changed = model.observe(k - 1, 1.0 / k)  # here small k compile slowest
     assert changed and model.predict(0) > model.predict(18)
+
+
+def sleeps_in_its_first_run(seconds):
+    def make_fn(cfg):
+        if cfg.k != 7:
+            return repeated_matmul(cfg)
+
+        def f(a, b):
+            slow = jax.pure_callback(
+                lambda x: (time.sleep(seconds), x)[1], jax.ShapeDtypeStruct(a.shape, a.dtype), a
+            )
+            return slow @ b
+
+        return f
+
+    return make_fn
+
+
+def test_a_first_run_past_the_run_time_bound_is_abandoned_and_the_rest_tuned(ab):
+    start = time.perf_counter()
+    report = quick(run_timeout_s=0.5).tune(
+        sleeps_in_its_first_run(4.0), ab, {}, [Reps(k=7), Reps(k=1)], reference_cfg=Reps(k=1)
+    )
+    assert time.perf_counter() - start < 3.5  # it did not wait for the sleeper
+    hung = by_cfg(report)[Reps(k=7)]
+    assert hung.status == "timeout" and "run-time bound" in hung.error
+    assert report.best == Reps(k=1)
+
+
+def test_the_default_run_time_bound_follows_the_heuristics_first_run(ab, monkeypatch):
+    # 100x the heuristic's first run (a millisecond here), at least MIN_RUN_BOUND_S.
+    monkeypatch.setattr(bench, "MIN_RUN_BOUND_S", 0.3)
+    report = quick().tune(
+        sleeps_in_its_first_run(3.0), ab, {}, [Reps(k=7), Reps(k=1)], reference_cfg=Reps(k=1)
+    )
+    assert by_cfg(report)[Reps(k=7)].status == "timeout"
+    assert report.best == Reps(k=1)
+    with pytest.raises(ValueError, match="run_timeout_s"):
+        Tuner(run_timeout_s=0)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -21,8 +22,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from kerneltune._src import manifest as manifests
 from kerneltune._src import tune_workers
 from kerneltune._src.tuning import journal
+
+logger = logging.getLogger("kerneltune")
 
 #: How often the parent looks at the worker and its journal (seconds).
 POLL_S = 0.2
@@ -48,6 +52,8 @@ def tune_isolated(
     force: bool = False,
     run_timeout_s: float | None = None,
     gpu: str | None = None,
+    quiet: bool = False,
+    python_path: Sequence[str] = (),
 ) -> tuple[Any, list[Culprit], int]:
     """Tunes `records` in worker processes, one after another, until every key has an
     outcome.
@@ -85,8 +91,10 @@ def tune_isolated(
             argv += ["--op", op] if op else []
             argv += ["--force"] if force else []
             env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}))
+            if python_path:
+                env["PYTHONPATH"] = os.pathsep.join([*python_path, env.get("PYTHONPATH", "")])
             sys.stdout.flush()  # the worker prints its own progress and table here
-            proc = subprocess.Popen(argv, env=env)
+            proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL if quiet else None)
             code, hung = _wait(proc, paths["journal"])
             finished = _load(paths["out"])
             if finished is not None:
@@ -115,6 +123,57 @@ def tune_isolated(
     if merged is not None and not isinstance(merged, AutotuningResult):
         merged = None
     return merged, culprits, code if code in (0, 1) else 1
+
+
+def autotune_isolated(
+    records: Sequence[Any],
+    *,
+    persistent_location: str | None,
+    force: bool = False,
+    run_timeout_s: float | None = None,
+) -> Any:
+    """`autotune_recorded(..., isolate=True)`: tunes `records` in isolated worker
+    processes (as `kerneltune tune --isolate` does) and returns their
+    `AutotuningResult`. The workers write winners to `persistent_location` (when None,
+    to a temporary cache: apply the result with `with result:`).
+
+    Raises:
+      ValueError: a record's kernel is not defined in an importable module (a worker
+        imports the modules that define the records' kernels, and nothing else).
+    """
+    from kerneltune._src.result import AutotuningResult
+
+    modules = set()
+    for r in records:
+        module = r.ref.target.partition(":")[0] if r.ref is not None else "__main__"
+        if module == "__main__":
+            raise ValueError(
+                f"isolate=True cannot tune {r.op_id_v}: its kernel class is not defined in "
+                "an importable module (a script's own classes cannot be rebuilt in a worker "
+                "process). Move the kernel into a module."
+            )
+        modules.add(module)
+    with tempfile.TemporaryDirectory(prefix="kerneltune-isolated-") as tmp:
+        path = os.path.join(tmp, "manifest.json")
+        manifests.save_manifest(path, list(records))
+        result, culprits, _ = tune_isolated(
+            records,
+            manifest=path,
+            imports=sorted(modules),
+            cache_dir=persistent_location or os.path.join(tmp, "cache"),
+            force=force,
+            run_timeout_s=run_timeout_s,
+            quiet=True,
+            # The worker imports the kernels' modules from where this process found them.
+            python_path=[p for p in sys.path if p and os.path.isdir(p)],
+        )
+    for c in culprits:
+        what = f"candidate {c.cfg}" if c.cfg else "the whole key"
+        logger.warning("Isolated tuning of %s dropped %s: %s", c.op_id_v, what, c.reason)
+    if result is None:
+        device = records[0].device if records else ""
+        return AutotuningResult(device)
+    return result
 
 
 def _wait(proc: subprocess.Popen[bytes], journal_path: str) -> tuple[int, dict[str, Any] | None]:

@@ -250,6 +250,8 @@ def autotune_recorded(
     selector: Any = None,
     force: bool = False,
     progress: bool | None = None,
+    isolate: bool = False,
+    run_timeout_s: float | None = None,
 ) -> AutotuningResult:
     """Tunes recorded calls and returns their configs.
 
@@ -262,17 +264,43 @@ def autotune_recorded(
         when it has one, its persistent cache.
       force: benchmark again even when a tuned config is already cached.
       progress: show a progress bar (default: only on a terminal).
+      isolate: tune in worker processes (as `kerneltune tune --isolate`), so that a
+        candidate that crashes the process (a segfault, an illegal memory access) or
+        hangs costs only that candidate, dropped with a warning. The workers use the
+        default tuner settings and write winners to the selector's persistent cache
+        (without one, apply the returned result with `with result:`); the kernels must
+        be defined in importable modules.
+      run_timeout_s: a candidate's first run may take this long (see `Tuner`); with
+        `isolate`, the worker running it is killed then.
 
     Returns:
       An `AutotuningResult` with one entry per call that has a tuned config (with every
       candidate's timings when it was tuned in this process or stored with them). Calls
       that could not be tuned are left out, with a warning.
 
+    Raises:
+      ValueError: `isolate=True` and a kernel is defined in `__main__`.
+
     Example:
       >>> len(autotune_recorded({}))
       0
     """
     records = iter_records(get_invocations() if invocations is None else invocations)
+    if isolate:
+        from kerneltune._src.isolation import autotune_isolated
+
+        persistent = _as_chain(selector).persistent
+        return autotune_isolated(
+            records,
+            persistent_location=getattr(persistent, "location", None),
+            force=force,
+            run_timeout_s=run_timeout_s,
+        )
+    if run_timeout_s is not None:
+        raise ValueError(
+            "autotune_recorded(run_timeout_s=...) is for isolate=True; in this process, "
+            "give the selector a Tuner(run_timeout_s=...)."
+        )
     return result_of(tune_records(records, selector, force=force, progress=progress))
 
 

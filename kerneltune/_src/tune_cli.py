@@ -82,8 +82,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_positive_float,
         default=None,
         metavar="S",
-        help="with --isolate: a candidate's first run may take S seconds (default: 100x "
-        "the heuristic config's, at least 10 s; 60 s before the heuristic ran)",
+        help="a candidate's first run may take S seconds, then it is abandoned (with "
+        "--isolate: its worker is killed); default: 100x the heuristic config's first "
+        "run, at least 10 s, and 60 s before the heuristic ran",
     )
     # A worker of `--workers` tunes exactly the keys its parent dealt it; one of
     # `--isolate` also keeps a journal and skips the candidates its parent names.
@@ -261,7 +262,7 @@ def _start_journal(args: argparse.Namespace) -> None:
             excluded = files.read_json(args.exclude)
         except (OSError, ValueError) as e:
             raise CommandError(f"cannot read --exclude {args.exclude}: {e}") from None
-    journal.configure(args.journal, bound_s=args.run_timeout, excluded=excluded)
+    journal.configure(args.journal, excluded=excluded)
 
 
 def _run_isolated(args: argparse.Namespace, records: list[Any]) -> int:
@@ -333,6 +334,7 @@ def _selector(args: argparse.Namespace) -> Any:
     from kerneltune._src.cache import ConfigCache
     from kerneltune._src.persistent import PersistentCache, default_persistent_cache
     from kerneltune._src.selection import AutotunePolicy, ConfigSelectorChain
+    from kerneltune._src.tuning.tuner import Tuner
 
     cache_dir = getattr(args, "cache_dir", None)
     if cache_dir == "":
@@ -345,7 +347,11 @@ def _selector(args: argparse.Namespace) -> Any:
             persistent = default_persistent_cache()
     except ValueError as e:
         raise CommandError(str(e)) from None
-    return ConfigSelectorChain(ConfigCache(), policy=AutotunePolicy(), persistent=persistent)
+    run_timeout = getattr(args, "run_timeout", None)  # `explain --tune` has none
+    tuner: Tuner | None = Tuner(run_timeout_s=run_timeout) if run_timeout else None
+    return ConfigSelectorChain(
+        ConfigCache(), policy=AutotunePolicy(), persistent=persistent, tuner=tuner
+    )
 
 
 def _cfg_text(cfg: Any) -> str:

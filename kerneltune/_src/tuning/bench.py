@@ -32,7 +32,7 @@ from typing import Any
 import jax
 
 from kerneltune._src.tuning import journal, search, timing, validate
-from kerneltune._src.tuning.compiling import CompilePool, Outcome
+from kerneltune._src.tuning.compiling import CompilePool, Outcome, exit_waits_for_this
 from kerneltune._src.tuning.progress import Progress
 from kerneltune._src.tuning.report import CandidateResult, Status
 
@@ -50,6 +50,15 @@ DEVICE_TIMERS = ("cupti",)
 #: A candidate this many times slower than the best gets no more samples, by timer:
 #: device time is precise, host time can be inflated by a hiccup.
 DEFAULT_DROP_FACTOR = {"cupti": 1.5, "wallclock": 2.0}
+
+#: A first run longer than this is abandoned (status "timeout"), unless the tuner
+#: names its own bound: `RUN_BOUND_OVER_HEURISTIC` times the heuristic config's first
+#: run, at least `MIN_RUN_BOUND_S`; `DEFAULT_RUN_BOUND_S` before the heuristic ran.
+DEFAULT_RUN_BOUND_S = 60.0
+RUN_BOUND_OVER_HEURISTIC, MIN_RUN_BOUND_S = 100.0, 10.0
+
+#: What `_warm_up` returns for a first run it abandoned.
+_ABANDONED = object()
 
 #: Most calls averaged into one sample.
 MAX_CALLS_PER_SAMPLE = {"cupti": 100, "wallclock": 10_000}
@@ -116,6 +125,7 @@ class BenchSettings:
     validate: bool
     seed: int
     drop_factor: float | None = None  # None: DEFAULT_DROP_FACTOR for the timer
+    run_timeout_s: float | None = None  # None: from the heuristic's first run
 
 
 #: A timer, or a function that chooses one (and says why it is not the preferred one):
@@ -183,6 +193,7 @@ class Bench:
         # representative output kept per group); the majority settles validity.
         self._groups: list[tuple[Any, list[Candidate]]] = []
         self._majority: tuple[int, int] | None = None  # (agreeing, voting) once settled
+        self._reference_first_run_s: float | None = None
         self._no_majority = ""
         self._awaiting: dict[int, Candidate] = {}  # submitted, not yet reported to the search
         self._pool = CompilePool(settings.max_workers, settings.compile_timeout_s)
@@ -391,30 +402,31 @@ class Bench:
     def first_run(self, c: Candidate) -> None:
         """Warm-up runs (excluded from the samples); the first one's output is
         validated and gives the estimate that sizes the samples."""
-        warmup = max(1, self._settings.warmup)
-        arg_sets = self.arg_sets
         skipped = journal.excluded_reason(c.cfg)
         if skipped is not None:  # it crashed or hung an earlier (isolated) worker
             c.fail("timeout" if "took more than" in skipped else "run_error", skipped)
             return
-        journal.running(c.cfg)
+        bound = self.run_bound_s()
+        journal.running(c.cfg, bound)
         t_first = time.perf_counter()
         try:
             with DEVICE_LOCK:
-                times = []
-                out = None
-                for i in range(warmup):
-                    t0 = time.perf_counter()
-                    result = c.compiled(*arg_sets[i % len(arg_sets)])
-                    jax.block_until_ready(result)
-                    times.append(time.perf_counter() - t0)
-                    if i == 0:
-                        out = result
+                out, times = self._warm_up(c, bound)
         except Exception as e:  # a failing candidate is data.
             c.fail(_failure_status(e, "run_error"), describe(e))
             return
         finally:
-            journal.ran(c.cfg, time.perf_counter() - t_first, is_heuristic=c is self.reference)
+            journal.ran()
+        if c is self.reference:
+            self._reference_first_run_s = time.perf_counter() - t_first
+        if out is _ABANDONED:
+            c.fail(
+                "timeout",
+                f"its first run took more than {bound:.3g} s (the run-time bound) and was "
+                "abandoned; it may still occupy the device (tune in isolated worker "
+                "processes to be safe from hangs)",
+            )
+            return
         c.per_call_s = min(times)
         c.ran = True
         ref = self.reference
@@ -476,6 +488,53 @@ class Bench:
                 f"the {voting} candidates that ran did not agree (groups of {sizes}), "
                 "so no majority could vote"
             )
+
+    def run_bound_s(self) -> float:
+        """How long a candidate's first run may take before it is abandoned."""
+        if self._settings.run_timeout_s is not None:
+            return self._settings.run_timeout_s
+        if self._reference_first_run_s is None:
+            return DEFAULT_RUN_BOUND_S
+        return max(MIN_RUN_BOUND_S, RUN_BOUND_OVER_HEURISTIC * self._reference_first_run_s)
+
+    def _warm_up(self, c: Candidate, bound_s: float) -> tuple[Any, list[float]]:
+        """The warm-up runs: the first one's output and every run's time, or
+        `(_ABANDONED, [])` when they overran `bound_s`. In an isolated worker the parent
+        process enforces the bound (it can kill a hang; this process cannot)."""
+        arg_sets = self.arg_sets
+        warmup = max(1, self._settings.warmup)
+
+        def runs() -> tuple[Any, list[float]]:
+            times, out = [], None
+            for i in range(warmup):
+                t0 = time.perf_counter()
+                result = c.compiled(*arg_sets[i % len(arg_sets)])
+                jax.block_until_ready(result)
+                times.append(time.perf_counter() - t0)
+                if i == 0:
+                    out = result
+            return out, times
+
+        if journal.enabled() or math.isinf(bound_s):
+            return runs()
+        done = threading.Event()
+        box: dict[str, Any] = {}
+
+        def run_in_thread() -> None:
+            with exit_waits_for_this():  # exiting mid-run would abort the interpreter
+                try:
+                    box["result"] = runs()
+                except BaseException as e:  # handed to the waiting thread
+                    box["error"] = e
+                finally:
+                    done.set()
+
+        threading.Thread(target=run_in_thread, name="kerneltune-run", daemon=True).start()
+        if not done.wait(bound_s):
+            return _ABANDONED, []  # it goes on in its thread; nothing waits for it
+        if "error" in box:
+            raise box["error"]
+        return box["result"]
 
     @property
     def validated(self) -> bool:

@@ -86,7 +86,7 @@ def wait_for_running_stages(say_after_s: float = 1.0) -> None:
             if _running_changed.wait_for(lambda: _running_stages == 0, timeout=say_after_s):
                 return
             print(
-                f"kerneltune: waiting for {_running_stages} abandoned compile(s) to finish "
+                f"kerneltune: waiting for {_running_stages} abandoned compile(s) or run(s) to finish "
                 "before exiting (Ctrl-C exits now)",
                 file=sys.stderr,
                 flush=True,

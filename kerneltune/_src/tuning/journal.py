@@ -18,25 +18,17 @@ from typing import Any
 
 from kerneltune._src.configs import config_to_dict
 
-#: The first run's bound when nothing else is known (seconds).
-DEFAULT_BOUND_S = 60.0
-#: Without `--run-timeout`, a first run may take this many times the heuristic's, and
-#: at least `MIN_BOUND_S`.
-BOUND_OVER_HEURISTIC, MIN_BOUND_S = 100.0, 10.0
-
 _lock = threading.Lock()
 _path: str | None = None
-_fixed_bound_s: float | None = None
 _key: tuple[str, str] | None = None
-_heuristic_s: float | None = None
 #: {(op_id_v, call_key): {stable cfg json: why it is excluded}}
 _excluded: dict[tuple[str, str], dict[str, str]] = {}
 
 
-def configure(path: str, *, bound_s: float | None, excluded: Mapping[str, Any]) -> None:
+def configure(path: str, *, excluded: Mapping[str, Any]) -> None:
     """Turns the journal on in this process (`excluded` as written by `excluded_doc`)."""
-    global _path, _fixed_bound_s
-    _path, _fixed_bound_s = path, bound_s
+    global _path
+    _path = path
     _excluded.clear()
     for item in excluded.get("excluded", []):
         key = (str(item["op_id"]), str(item["call_key"]))
@@ -49,8 +41,8 @@ def enabled() -> bool:
 
 def tuning_key(op_id_v: str, call_key: str) -> None:
     """The key the next candidates belong to."""
-    global _key, _heuristic_s
-    _key, _heuristic_s = (op_id_v, call_key), None
+    global _key
+    _key = (op_id_v, call_key)
 
 
 def excluded_reason(cfg: Any) -> str | None:
@@ -60,35 +52,25 @@ def excluded_reason(cfg: Any) -> str | None:
     return _excluded[_key].get(_cfg_text(cfg))
 
 
-def running(cfg: Any) -> None:
-    """`cfg`'s first run starts now."""
+def running(cfg: Any, bound_s: float) -> None:
+    """`cfg`'s first run starts now; the parent kills the worker after `bound_s`."""
     if _path is None or _key is None:
         return
-    bound = _fixed_bound_s
-    if bound is None:
-        bound = (
-            DEFAULT_BOUND_S
-            if _heuristic_s is None
-            else max(MIN_BOUND_S, BOUND_OVER_HEURISTIC * _heuristic_s)
-        )
     _write(
         {
             "op_id": _key[0],
             "call_key": _key[1],
             "cfg": _plain(cfg),
             "since": time.time(),
-            "bound_s": bound,
+            "bound_s": bound_s,
         }
     )
 
 
-def ran(cfg: Any, seconds: float, *, is_heuristic: bool) -> None:
-    """`cfg`'s first run is over (it took `seconds`)."""
-    global _heuristic_s
+def ran() -> None:
+    """The first run is over."""
     if _path is None:
         return
-    if is_heuristic:
-        _heuristic_s = seconds
     _write({})
 
 

@@ -97,6 +97,10 @@ class Tuner(Generic[Cfg]):
       time_budget_s: no new candidate is started after this many seconds.
       compile_timeout_s: a candidate still compiling after this long is abandoned
         (status "timeout"); None waits forever.
+      run_timeout_s: a candidate whose first run takes longer is abandoned (status
+        "timeout"; the run goes on in its thread, which in-process tuning cannot stop:
+        isolated workers can). Default: 100 times the heuristic config's first run, at
+        least 10 s, and 60 s before the heuristic ran; `math.inf` never abandons.
       max_workers: compile threads (default: the usable cores, at most 32); one more
         thread traces and lowers candidates for them, slowest to compile first.
       target_sample_s: how long one sample should take (default: 1 ms of device time
@@ -128,6 +132,7 @@ class Tuner(Generic[Cfg]):
         max_evals: int | None = None,
         time_budget_s: float | None = None,
         compile_timeout_s: float | None = 300.0,
+        run_timeout_s: float | None = None,
         max_workers: int | None = None,
         target_sample_s: float | None = None,
         top_k: int = 3,
@@ -152,6 +157,7 @@ class Tuner(Generic[Cfg]):
         for name, value in (
             ("time_budget_s", time_budget_s),
             ("compile_timeout_s", compile_timeout_s),
+            ("run_timeout_s", run_timeout_s),
             ("target_sample_s", target_sample_s),
             ("drop_factor", drop_factor),
         ):
@@ -177,6 +183,7 @@ class Tuner(Generic[Cfg]):
         self.max_evals = max_evals
         self.time_budget_s = time_budget_s
         self.compile_timeout_s = compile_timeout_s
+        self.run_timeout_s = run_timeout_s
         self.max_workers = max_workers
         self.target_sample_s = target_sample_s
         self.top_k = top_k
@@ -439,6 +446,7 @@ class Tuner(Generic[Cfg]):
             validate=self.validate and validate,
             seed=self.seed,
             drop_factor=self.drop_factor,
+            run_timeout_s=self.run_timeout_s,
         )
         return Bench(
             lower,
