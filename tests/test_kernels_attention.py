@@ -241,3 +241,63 @@ def test_default_scale_is_inverse_sqrt_head_dim(key):
     q, k, v, _ = qkv(key, 1, 16, 1, 64)
     _, kwargs = Attention().prepare(q, k, v)
     assert kwargs["sm_scale"] == pytest.approx(1 / math.sqrt(64))
+
+
+# --- grouped-query attention ----------------------------------------------------------
+
+
+def grouped_qkv(key, dtype=jnp.float32):
+    kq, kk, kv_, kd = jax.random.split(key, 4)
+    q = jax.random.normal(kq, (1, 32, 4, 16), jnp.float32).astype(dtype)
+    k, v = (jax.random.normal(x, (1, 32, 2, 16), jnp.float32).astype(dtype) for x in (kk, kv_))
+    do = jax.random.normal(kd, q.shape, jnp.float32).astype(dtype)
+    return q, k, v, do
+
+
+def grouped_reference(q, k, v, do, causal):
+    def ref(q, k, v):
+        k, v = jnp.repeat(k, 2, axis=2), jnp.repeat(v, 2, axis=2)
+        return attention_reference(q, k, v, causal=causal)
+
+    return value_and_grads(ref, [a.astype(jnp.float32) for a in (q, k, v)], do)
+
+
+def test_grouped_kv_reach_the_kernel_unrepeated(key):
+    # Before: the op repeated k and v for every query head, so cuDNN (which takes
+    # grouped heads natively) read 2x the data and its backward summed them back.
+    from kerneltune._src import recording
+
+    q, k, v, _ = grouped_qkv(key)
+    recording.clear_invocations()
+    with recording.record_calls():
+        attention(q, k, v, executor=executor())
+    (record,) = recording.iter_records(recording.get_invocations())
+    recording.clear_invocations()
+    assert [tuple(a.shape) for a in record.args] == [q.shape, k.shape, v.shape]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("interpret", [False, True], ids=["xla", "pallas-interpret"])
+def test_grouped_query_values_and_gradients(key, causal, interpret):
+    q, k, v, do = grouped_qkv(key)
+    ex = executor()
+    if interpret:
+        kernel = AttentionInterpret(executor=ex)
+        cfg = FwdParams(q_blocksize=16, kv_blocksize=16, num_warps=4, num_stages=2)
+
+        def fn(*a):
+            return ex(kernel, *a, causal=causal, cfg=cfg)
+    else:
+
+        def fn(*a):
+            return attention(*a, is_causal=causal, executor=ex)
+
+    out, grads = value_and_grads(fn, (q, k, v), do)
+    assert grads[1].shape == k.shape and grads[2].shape == v.shape
+    assert_matches(out, grads, *grouped_reference(q, k, v, do, causal), jnp.float32)
+
+
+def test_the_backward_kernel_still_wants_every_head(key):
+    q, k, v, do = grouped_qkv(key)
+    with pytest.raises(ValueError, match="kv_heads q's heads"):
+        AttentionBackward().prepare(q, k, v, q, jnp.zeros((1, 4, 32)), do)

@@ -37,17 +37,22 @@ def problem_of(inv: Invocation[Any, Any]) -> AttentionProblem:
     )
 
 
-def _check_qkv(op: str, q: Any, k: Any, v: Any) -> None:
+def _check_qkv(op: str, q: Any, k: Any, v: Any, *, grouped: bool = False) -> None:
+    """q, k and v fit one another; with `grouped`, k and v may have fewer heads than
+    q (grouped-query attention: their count divides q's)."""
     shapes = [tuple(getattr(a, "shape", ())) for a in (q, k, v)]
     if any(len(s) != 4 for s in shapes):
         raise ValueError(
             f"{op}: q, k and v must be [batch, seq, heads, head_dim], got shapes {shapes}."
         )
     (b, _, h, d), (bk, tk, hk, dk), vs = shapes
-    if (bk, hk, dk) != (b, h, d) or tuple(vs) != (bk, tk, hk, dk):
+    heads_fit = hk == h or (grouped and hk > 0 and h % hk == 0)
+    if (bk, dk) != (b, d) or not heads_fit or tuple(vs) != (bk, tk, hk, dk):
+        allowed = "a divisor of q's heads" if grouped else "q's heads"
         raise ValueError(
-            f"{op}: k and v must be [batch, kv_len, heads, head_dim] matching q's batch, "
-            f"heads and head_dim; got q {shapes[0]}, k {shapes[1]}, v {shapes[2]}."
+            f"{op}: k and v must be [batch, kv_len, kv_heads, head_dim] matching q's batch "
+            f"and head_dim, with kv_heads {allowed}; got q {shapes[0]}, k {shapes[1]}, "
+            f"v {shapes[2]}."
         )
     dtypes = {np.dtype(a.dtype) for a in (q, k, v)}
     if len(dtypes) != 1 or not jnp.issubdtype(next(iter(dtypes)), jnp.floating):
@@ -85,7 +90,7 @@ class Attention(BundledKernelMixin, Kernel[FwdParams, jax.Array]):
     def prepare(
         self, q: Any, k: Any, v: Any, *, causal: bool = False, sm_scale: float | None = None
     ):
-        _check_qkv(self.op_id, q, k, v)
+        _check_qkv(self.op_id, q, k, v, grouped=True)
         scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
         return (q, k, v), {"causal": bool(causal), "sm_scale": scale}
 
@@ -115,8 +120,9 @@ class Attention(BundledKernelMixin, Kernel[FwdParams, jax.Array]):
         )
 
     def run_triton(self, q, k, v, *, cfg: FwdParams, causal: bool, sm_scale: float) -> jax.Array:
-        if cfg.backend != "pallas":
+        if cfg.backend != "pallas":  # they take grouped-query k and v as they are
             return self._library(q, k, v, backend=cfg.backend, causal=causal, sm_scale=sm_scale)
+        k, v = _every_head(q, k), _every_head(q, v)
         return mha_forward(
             q,
             k,
@@ -134,6 +140,7 @@ class Attention(BundledKernelMixin, Kernel[FwdParams, jax.Array]):
         return cfg.backend != "pallas"
 
     def fwd_with_residuals_triton(self, q, k, v, *, cfg: FwdParams, causal: bool, sm_scale: float):
+        k, v = _every_head(q, k), _every_head(q, v)
         out, lse = mha_forward(
             q,
             k,
@@ -147,9 +154,11 @@ class Attention(BundledKernelMixin, Kernel[FwdParams, jax.Array]):
         return out, lse
 
     def run_xla(self, q, k, v, *, cfg: FwdParams, causal: bool, sm_scale: float) -> jax.Array:
+        k, v = _every_head(q, k), _every_head(q, v)
         return attention_forward_xla(q, k, v, causal=causal, sm_scale=sm_scale)[0]
 
     def fwd_with_residuals_xla(self, q, k, v, *, cfg: FwdParams, causal: bool, sm_scale: float):
+        k, v = _every_head(q, k), _every_head(q, v)
         return attention_forward_xla(q, k, v, causal=causal, sm_scale=sm_scale)
 
     # Any other platform (e.g. KERNELTUNE_PLATFORM=pallas off a TPU) runs the XLA code.
@@ -158,20 +167,24 @@ class Attention(BundledKernelMixin, Kernel[FwdParams, jax.Array]):
 
     def reference(self, q, k, v, *, causal: bool, sm_scale: float) -> jax.Array:
         """The op's math in plain JAX: second derivatives are taken from it."""
+        k, v = _every_head(q, k), _every_head(q, v)
         return attention_forward_xla(q, k, v, causal=causal, sm_scale=sm_scale)[0]
 
     def vjp(self, lse, out, dout, q, k, v, *, cfg: FwdParams, causal: bool, sm_scale: float):
-        return self.inner_executor()(
+        # The backward kernel works on every query head; a group's k and v cotangents
+        # are the sums over its query heads.
+        dq, dk, dv = self.inner_executor()(
             self.backward,
             q,
-            k,
-            v,
+            _every_head(q, k),
+            _every_head(q, v),
             out,
             lse,
             dout.astype(out.dtype),
             causal=causal,
             sm_scale=sm_scale,
         )
+        return dq, _sum_over_groups(dk, k), _sum_over_groups(dv, v)
 
 
 class AttentionBackward(BundledKernelMixin, Kernel[BwdParams, tuple]):
@@ -281,6 +294,22 @@ class AttentionBackwardInterpret(AttentionBackward):
 
 AttentionInterpret.backward_type = AttentionBackwardInterpret
 AttentionBackwardInterpret.forward_type = AttentionInterpret
+
+
+def _every_head(q: jax.Array, kv: jax.Array) -> jax.Array:
+    """Grouped-query k or v repeated for every query head (as is when they match)."""
+    groups = q.shape[2] // kv.shape[2]
+    return kv if groups == 1 else jnp.repeat(kv, groups, axis=2)
+
+
+def _sum_over_groups(d: jax.Array, kv: jax.Array) -> jax.Array:
+    """A cotangent for every query head, summed back to `kv`'s grouped heads."""
+    b, s, n, h = d.shape
+    kh = kv.shape[2]
+    if kh == n:
+        return d
+    total = d.reshape(b, s, kh, n // kh, h).sum(axis=3, dtype=jnp.float32)
+    return total.astype(kv.dtype)
 
 
 def _check_inputs(query: Any, key: Any, value: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -415,7 +444,7 @@ def attention(
     unbatched = getattr(query, "ndim", 0) == 3
     q, k, v = _check_inputs(query, key, value)
     b, t, n, h = q.shape
-    s, kh = k.shape[1], k.shape[2]
+    s = k.shape[1]
     full = (b, n, t, s)
     bias = _check_logits_operand("bias", bias, full, None)
     mask = _check_logits_operand("mask", mask, full, np.dtype(bool))
@@ -450,8 +479,6 @@ def attention(
             logits_soft_cap=logits_soft_cap,
         )  # fmt: skip
     else:
-        if kh != n:  # grouped-query: the flash kernel sees every query head's k and v
-            k, v = jnp.repeat(k, n // kh, axis=2), jnp.repeat(v, n // kh, axis=2)
         if scale is None or isinstance(scale, (int, float, np.number)):
             sm_scale = default_scale if scale is None else float(scale)
         else:  # a traced scale: fold it into the queries, keep the kernel's static
