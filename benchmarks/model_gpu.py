@@ -168,7 +168,23 @@ def tune_function(step: Callable[..., Any], args: Sequence[Any]) -> tuple[Any, f
         if "Kernel" not in str(e):  # only "this autotune takes kernels" means fall back
             raise
         return contextlib.nullcontext(), h.timed_first_call(step, args), "first call"
-    return result, time.perf_counter() - t0, "kt.autotune(step, ...)"
+    wall = time.perf_counter() - t0
+    return result, wall, f"kt.autotune(step, ...): {_what_was_kept(result)}"
+
+
+def _what_was_kept(result: Any) -> str:
+    """How many keys run a tuned config that differs from their heuristic (after the
+    whole-function check, which may have put the heuristic configs back)."""
+    from kerneltune._src.configs import config_to_dict
+
+    entries = list(result)
+    changed = 0
+    for e in entries:
+        try:
+            changed += e.heuristic_cfg is not None and config_to_dict(e.cfg) != e.heuristic_cfg
+        except TypeError:  # a config JSON cannot describe: count it as changed
+            changed += 1
+    return f"{changed} of {len(entries)} keys run a config other than their heuristic"
 
 
 def _within(context: Any, timed: Callable[[], float]) -> float:
