@@ -13,15 +13,13 @@ from kerneltune._src.cache import overlay_cache as overlay_cache
 from kerneltune._src.cache_entry import CacheEntry as CacheEntry
 from kerneltune._src.coordination import AgreementError as AgreementError
 from kerneltune._src.coordination import AgreementTimeoutError as AgreementTimeoutError
+from kerneltune._src.default import default_executor as default_executor
+from kerneltune._src.default import set_default_executor as set_default_executor
 from kerneltune._src.devices import device_fingerprint as device_fingerprint
 from kerneltune._src.devices import device_kind as device_kind
 from kerneltune._src.devices import get_device_platform as get_device_platform
-from kerneltune._src.distributed import AgreementCheck as AgreementCheck
-from kerneltune._src.distributed import verify_agreement as verify_agreement
 from kerneltune._src.executor import ConfigChooser as ConfigChooser
 from kerneltune._src.executor import Executor as Executor
-from kerneltune._src.executor import default_executor as default_executor
-from kerneltune._src.executor import set_default_executor as set_default_executor
 from kerneltune._src.explain import Explanation as Explanation
 from kerneltune._src.explain import explain as explain
 from kerneltune._src.kernel import Invocation as Invocation
@@ -39,7 +37,7 @@ from kerneltune._src.keys import to_json as to_json
 from kerneltune._src.labels import extract_labels_from_hlo_text as extract_labels_from_hlo_text
 from kerneltune._src.labels import find_labels_in_lowered as find_labels_in_lowered
 from kerneltune._src.labels import label as label
-from kerneltune._src.labels import labels_to_configs as labels_to_configs
+from kerneltune._src.lowered_configs import labels_to_configs as labels_to_configs
 from kerneltune._src.manifest import load_manifest as load_manifest
 from kerneltune._src.manifest import save_manifest as save_manifest
 from kerneltune._src.offline import autotune_lowered as autotune_lowered
@@ -70,6 +68,8 @@ from kerneltune._src.tuning.timing import CuptiTimer as CuptiTimer
 from kerneltune._src.tuning.timing import Timer as Timer
 from kerneltune._src.tuning.timing import WallClockTimer as WallClockTimer
 from kerneltune._src.tuning.tuner import Tuner as Tuner
+from kerneltune._src.verify import AgreementCheck as AgreementCheck
+from kerneltune._src.verify import verify_agreement as verify_agreement
 from kerneltune._src.version import __version__ as __version__
 
 __all__ = [

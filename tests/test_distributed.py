@@ -21,8 +21,8 @@ from kerneltune._src.distributed import (
     agree,
     combine,
     payload,
-    verify_agreement,
 )
+from kerneltune._src.verify import verify_agreement
 from kerneltune._src.tuning.report import CandidateResult, TuningReport
 
 DEV = "cpu|cpu"

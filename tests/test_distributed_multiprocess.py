@@ -163,7 +163,8 @@ def _worker(pid: int, n: int, port: int, mode: str) -> None:
     from jax import lax
 
     import kerneltune as kt
-    from kerneltune._src.distributed import current_peers, verify_agreement
+    from kerneltune._src.coordination import current_peers
+    from kerneltune._src.verify import verify_agreement
 
     class Skew(kt.Kernel):
         op_id = "skew"

@@ -15,7 +15,8 @@ import jax
 import numpy as np
 
 from kerneltune._src import jax_compat, keys, options, scope
-from kerneltune._src.executor import Executor, default_executor
+from kerneltune._src.default import default_executor
+from kerneltune._src.executor import Executor
 from kerneltune._src.kernel import Kernel
 
 _ARRAY_IMPL = jax_compat.array_impl_type()

@@ -18,7 +18,17 @@ from typing import Any, Generic, Protocol, runtime_checkable
 
 import jax
 
-from kerneltune._src import dispatch, jax_compat, keys, labels, options, scope, tracing
+from kerneltune._src import (
+    dispatch,
+    jax_compat,
+    keys,
+    labels,
+    options,
+    recording,
+    scope,
+    sharding,
+    tracing,
+)
 from kerneltune._src.kernel import Invocation, Kernel, make_invocation
 from kerneltune._src.kernel_types import Cfg, Out
 
@@ -153,8 +163,6 @@ class Executor(Generic[Cfg, Out]):
         )
         chosen = self.chooser.choose(inv, kernel)
         if options.get("record"):
-            from kerneltune._src import recording
-
             recording.record_invocation(kernel, inv)
         if tracing.is_tracing((args, kwargs)) or tracing.is_tracing((p_args, p_kwargs)):
             return self._apply(kernel, inv, chosen, p_args, p_kwargs)
@@ -198,9 +206,7 @@ class Executor(Generic[Cfg, Out]):
     ) -> Out:
         """Traces the kernel with `cfg` (platform dispatch, custom VJP, label)."""
         if inv.method == "shard_map":
-            from kerneltune._src.sharding import shard_map_function
-
-            fn = shard_map_function(kernel, cfg, inv)
+            fn = sharding.shard_map_function(kernel, cfg, inv)
         else:
             fn = dispatch.kernel_function(kernel, cfg)
         mode = options.get("stamp")
@@ -360,49 +366,3 @@ def _check_method(method: Any, mesh: Any, in_specs: Any, out_specs: Any) -> None
 def _check_kernel(kernel: Any) -> None:
     if not isinstance(kernel, Kernel):
         raise TypeError(f"expected a kerneltune.Kernel instance, got {type(kernel).__qualname__}.")
-
-
-# -- the default executor -------------------------------------------------------------------
-
-_default: Executor[Any, Any] | None = None
-_default_lock = threading.Lock()
-
-
-def default_executor() -> Executor[Any, Any]:
-    """The executor `kernel(...)` uses: a memory cache, the persistent cache at
-    `KERNELTUNE_CACHE_DIR` (the user cache dir by default; `off` disables it) and the
-    policy `KERNELTUNE_AUTOTUNE` asks for (read when it is first built)."""
-    global _default
-    if _default is None:
-        with _default_lock:
-            if _default is None:
-                _default = _build_default()
-    return _default
-
-
-def set_default_executor(executor: Executor[Any, Any] | None) -> None:
-    """Replaces the default executor; None rebuilds it from the environment on next use."""
-    global _default
-    if executor is not None and not isinstance(executor, Executor):
-        raise TypeError(
-            f"set_default_executor needs an Executor or None, got {type(executor).__qualname__}."
-        )
-    with _default_lock:
-        _default = executor
-
-
-def _build_default() -> Executor[Any, Any]:
-    from kerneltune._src.cache import ConfigCache
-    from kerneltune._src.selection import AutotunePolicy, ConfigSelectorChain
-
-    persistent = None
-    try:
-        from kerneltune._src.persistent import default_persistent_cache
-    except ImportError:
-        default_persistent_cache = None  # type: ignore[assignment]
-    if default_persistent_cache is not None:
-        persistent = default_persistent_cache()
-    chain: ConfigSelectorChain[Any, Any] = ConfigSelectorChain(
-        ConfigCache(), policy=AutotunePolicy.from_env(), persistent=persistent
-    )
-    return Executor(chain)

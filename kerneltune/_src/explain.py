@@ -115,7 +115,7 @@ def explain(
       executor: the executor to ask (default: the default executor).
       cfg: an explicit config, to explain an override.
     """
-    from kerneltune._src.executor import default_executor
+    from kerneltune._src.default import default_executor
 
     ex = executor if executor is not None else default_executor()
     inv, _, _ = ex._invocation(kernel, args, kwargs, override_cfg=cfg)

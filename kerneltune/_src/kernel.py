@@ -96,20 +96,24 @@ class Kernel(Generic[Cfg, Out]):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Out:
         """Runs the kernel through the default executor."""
-        global _default_executor
         get = _default_executor
-        if get is None:
-            # Imported on first use: executor.py imports this module.
-            from kerneltune._src.executor import default_executor as get
-
-            _default_executor = get
-        return get()(self, *args, **kwargs)  # type: ignore[misc]
+        if get is None:  # `import kerneltune` installs it (kerneltune/_src/default.py)
+            raise RuntimeError("no default executor is installed: import kerneltune first.")
+        return get()(self, *args, **kwargs)  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(op_id={self.op_id!r}, version={self.version!r})"
 
 
+#: The default executor's getter, installed by the module that builds it (which sits
+#: above this one: it needs the executor and the selection chain).
 _default_executor: Callable[[], Any] | None = None
+
+
+def install_default_executor(get: Callable[[], Any]) -> None:
+    """Makes `Kernel.__call__` run through `get()`."""
+    global _default_executor
+    _default_executor = get
 
 
 # --- what a kernel class may not do, and where defined kernels are found ------------------

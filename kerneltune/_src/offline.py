@@ -62,7 +62,7 @@ class Outcome:
 
 def _as_chain(selector: Any) -> ConfigSelectorChain[Any, Any]:
     if selector is None:
-        from kerneltune._src.executor import default_executor
+        from kerneltune._src.default import default_executor
 
         selector = default_executor().chooser
     chooser = getattr(selector, "chooser", None)  # an Executor

@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, Literal
 
-from kerneltune._src import dispatch, keys, options, scope, tracing
+from kerneltune._src import dispatch, distributed, keys, options, scope, sharding, tracing
 from kerneltune._src.cache import CacheKey, ConfigCache
 from kerneltune._src.kernel import Invocation, Kernel, key_builder_of
 from kerneltune._src.kernel_types import Cfg, Out
@@ -206,9 +206,7 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
         key: CacheKey = (dev, inv.op_id_v, inv.call_key)
         if inv.method == "shard_map":
             # The kernel sees one shard: its hooks and its tuning get per-shard shapes.
-            from kerneltune._src.sharding import per_shard_invocation
-
-            inv = per_shard_invocation(inv)
+            inv = sharding.per_shard_invocation(inv)
         decision = Decision(
             tier="override",
             cfg=None,
@@ -404,8 +402,6 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
                 name=f"{inv.op_id_v}({inv.signature})",
                 reference_fn=dispatch.find_method(kernel, "reference", context),
             )
-        from kerneltune._src import distributed
-
         # With several processes, every one must end with the same winner (SPMD).
         report = distributed.agree(key, report)
         self._emit(

@@ -19,6 +19,7 @@ from jax.sharding import PartitionSpec
 
 from kerneltune._src import dispatch, keys
 from kerneltune._src.kernel import Invocation, Kernel
+from kerneltune._src.recording import FixedKey
 
 
 def shard_map_function(
@@ -131,7 +132,5 @@ def per_shard_invocation(inv: Invocation[Any, Any]) -> Invocation[Any, Any]:
     shapes, the same call key (which covers the global shapes, the mesh and the specs)."""
     if inv.method != "shard_map":
         return inv
-    from kerneltune._src.recording import FixedKey
-
     shard_args = per_shard_args(inv.args, inv.in_specs, inv.mesh)
     return dataclasses.replace(inv, args=shard_args, key_builder=FixedKey(inv.call_key))

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kerneltune._src import dispatch, keys
-from kerneltune._src.executor import default_executor
+from kerneltune._src.default import default_executor
 from kerneltune._src.kernel import Invocation, Kernel
 from kerneltune._src.params import BwdParams, FwdParams
 from kerneltune._src.tuning.inputs import random_like

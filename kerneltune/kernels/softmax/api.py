@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kerneltune._src.executor import default_executor
+from kerneltune._src.default import default_executor
 from kerneltune._src.kernel import Invocation, Kernel
 from kerneltune.kernels._args import as_array, floating, normalize_axes, to_rows
 from kerneltune.kernels._common import BundledKernelMixin, Pruned, kernel_for

@@ -1,0 +1,55 @@
+"""The default executor: the one `kernel(...)`, the bundled ops and every API that
+takes `executor=None` use.
+
+It lives above the executor and selection modules (it builds one from the other) and
+installs itself as the hook `Kernel.__call__` uses, the way a backend registers into a
+core that cannot import it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from kerneltune._src import kernel
+from kerneltune._src.cache import ConfigCache
+from kerneltune._src.executor import Executor
+from kerneltune._src.persistent import default_persistent_cache
+from kerneltune._src.selection import AutotunePolicy, ConfigSelectorChain
+
+_default: Executor[Any, Any] | None = None
+_default_lock = threading.Lock()
+
+
+def default_executor() -> Executor[Any, Any]:
+    """The executor `kernel(...)` uses: a memory cache, the persistent cache at
+    `KERNELTUNE_CACHE_DIR` (the user cache dir by default; `off` disables it) and the
+    policy `KERNELTUNE_AUTOTUNE` asks for (read when it is first built)."""
+    global _default
+    if _default is None:
+        with _default_lock:
+            if _default is None:
+                _default = _build_default()
+    return _default
+
+
+def set_default_executor(executor: Executor[Any, Any] | None) -> None:
+    """Replaces the default executor; None rebuilds it from the environment on next use."""
+    global _default
+    if executor is not None and not isinstance(executor, Executor):
+        raise TypeError(
+            f"set_default_executor needs an Executor or None, got {type(executor).__qualname__}."
+        )
+    with _default_lock:
+        _default = executor
+
+
+def _build_default() -> Executor[Any, Any]:
+    persistent = default_persistent_cache()
+    chain: ConfigSelectorChain[Any, Any] = ConfigSelectorChain(
+        ConfigCache(), policy=AutotunePolicy.from_env(), persistent=persistent
+    )
+    return Executor(chain)
+
+
+kernel.install_default_executor(default_executor)
