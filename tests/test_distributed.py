@@ -22,8 +22,8 @@ from kerneltune._src.distributed import (
     combine,
     payload,
 )
-from kerneltune._src.verify import verify_agreement
 from kerneltune._src.tuning.report import CandidateResult, TuningReport
+from kerneltune._src.verify import verify_agreement
 
 DEV = "cpu|cpu"
 _ops = itertools.count()

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from helpers import CostInProgram
 
-from kerneltune._src.tuning import bench, inputs, search
+from kerneltune._src.tuning import candidate, compile_cost, inputs, run_bound, search
 from kerneltune._src.tuning.compiling import CompilePool
 from kerneltune._src.tuning.report import TuningReport
 from kerneltune._src.tuning.tuner import Tuner, fastest
@@ -346,14 +346,14 @@ def test_rotation_is_used_when_asked(ab):
 
 def test_failure_status_classifies_out_of_memory():
     assert (
-        bench._failure_status(RuntimeError("RESOURCE_EXHAUSTED: Out of memory"), "run_error")
+        candidate.failure_status(RuntimeError("RESOURCE_EXHAUSTED: Out of memory"), "run_error")
         == "oom"
     )
     assert (
-        bench._failure_status(RuntimeError("out of resource: shared memory"), "compile_error")
+        candidate.failure_status(RuntimeError("out of resource: shared memory"), "compile_error")
         == "compile_error"
     )
-    assert bench._failure_status(ValueError("bad"), "compile_error") == "compile_error"
+    assert candidate.failure_status(ValueError("bad"), "compile_error") == "compile_error"
 
 
 def test_compile_pool_replaces_abandoned_workers():
@@ -441,11 +441,11 @@ def test_compile_pool_times_out_either_stage_and_cancels_queued_jobs():
 
 def test_compile_cost_prior_puts_large_configs_first():
     small, large = (
-        bench._size(search.config_point(Reps(k=2))),
-        bench._size(search.config_point(Reps(k=64))),
+        compile_cost.prior_size(search.config_point(Reps(k=2))),
+        compile_cost.prior_size(search.config_point(Reps(k=64))),
     )
     assert large > small
-    model = bench._CompileCostModel([Reps(k=k) for k in range(1, 20)])
+    model = compile_cost.CompileCostModel([Reps(k=k) for k in range(1, 20)])
     assert model.predict(18) > model.predict(0)
     for k in range(1, 17):
         changed = model.observe(k - 1, 1.0 / k)  # here small k compile slowest
@@ -481,7 +481,7 @@ def test_a_first_run_past_the_run_time_bound_is_abandoned_and_the_rest_tuned(ab)
 
 def test_the_default_run_time_bound_follows_the_heuristics_first_run(ab, monkeypatch):
     # 100x the heuristic's first run (a millisecond here), at least MIN_RUN_BOUND_S.
-    monkeypatch.setattr(bench, "MIN_RUN_BOUND_S", 0.3)
+    monkeypatch.setattr(run_bound, "MIN_RUN_BOUND_S", 0.3)
     report = quick().tune(
         sleeps_in_its_first_run(3.0), ab, {}, [Reps(k=7), Reps(k=1)], reference_cfg=Reps(k=1)
     )

@@ -29,12 +29,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
-
-from kerneltune._src.tuning import journal, search, timing, validate
-from kerneltune._src.tuning.compiling import CompilePool, Outcome, exit_waits_for_this
+from kerneltune._src.tuning import journal, run_bound, timing
+from kerneltune._src.tuning.candidate import Candidate, describe, failure_status
+from kerneltune._src.tuning.compile_cost import CompileCostModel
+from kerneltune._src.tuning.compiling import CompilePool, Outcome
+from kerneltune._src.tuning.output_checks import OutputChecks
 from kerneltune._src.tuning.progress import Progress
-from kerneltune._src.tuning.report import CandidateResult, Status
+from kerneltune._src.tuning.report import CandidateResult
 
 #: One process times one thing at a time on the device, even when several threads tune.
 DEVICE_LOCK = threading.Lock()
@@ -51,65 +52,8 @@ DEVICE_TIMERS = ("cupti",)
 #: device time is precise, host time can be inflated by a hiccup.
 DEFAULT_DROP_FACTOR = {"cupti": 1.5, "wallclock": 2.0}
 
-#: A first run longer than this is abandoned (status "timeout"), unless the tuner
-#: names its own bound: `RUN_BOUND_OVER_HEURISTIC` times the heuristic config's first
-#: run, at least `MIN_RUN_BOUND_S`; `DEFAULT_RUN_BOUND_S` before the heuristic ran.
-DEFAULT_RUN_BOUND_S = 60.0
-RUN_BOUND_OVER_HEURISTIC, MIN_RUN_BOUND_S = 100.0, 10.0
-
-#: What `_warm_up` returns for a first run it abandoned.
-_ABANDONED = object()
-
 #: Most calls averaged into one sample.
 MAX_CALLS_PER_SAMPLE = {"cupti": 100, "wallclock": 10_000}
-
-#: Compile times observed before the compile-time model reorders the queue, and how
-#: many more between updates.
-COST_MODEL_EVERY = 8
-
-
-@dataclasses.dataclass
-class Candidate:
-    index: int
-    cfg: Any
-    status: Status | None = None  # None: not evaluated yet (or still compiling).
-    submitted: bool = False
-    compiled: Any = None
-    error: str | None = None
-    compile_s: float | None = None
-    lower_s: float | None = None
-    rel_error: float | None = None
-    per_call_s: float | None = None  # estimate from the warm-up, refined by samples
-    calls: int = 1
-    samples: list[float] = dataclasses.field(default_factory=list)
-    output: Any = None  # kept for the reference only
-    ran: bool = False  # the warm-up ran and was validated
-    target: int = 0  # samples wanted by the search
-    dropped: bool = False  # clearly slow: no more samples
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-    @property
-    def median(self) -> float | None:
-        return statistics.median(self.samples) if self.ok and self.samples else None
-
-    def fail(self, status: Status, error: str) -> None:
-        self.status, self.error, self.compiled, self.samples = status, error, None, []
-
-    def result(self) -> CandidateResult:
-        return CandidateResult(
-            cfg=self.cfg,
-            status=self.status or "pruned",
-            time_s=self.median,
-            samples_s=tuple(self.samples),
-            error=self.error,
-            compile_s=self.compile_s,
-            rel_error=self.rel_error,
-            calls_per_sample=self.calls if self.samples else None,
-            lower_s=self.lower_s,
-        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -184,20 +128,11 @@ class Bench:
         if self.reference is not None and not self.reference_is_candidate:
             self._timed.append(self.reference)
         self._waiting: list[Candidate] = []  # compiled, waiting for the reference's output
-        # The op's reference implementation, when the kernel declares one: its output
-        # is what every candidate (the reference config too) must match.
-        self._expected_fn = expected
-        self._expected: Any = None
-        self._expected_error: str | None = None
-        # Without either bar, candidates vote: outputs that agree form a group (one
-        # representative output kept per group); the majority settles validity.
-        self._groups: list[tuple[Any, list[Candidate]]] = []
-        self._majority: tuple[int, int] | None = None  # (agreeing, voting) once settled
+        self.checks = OutputChecks(expected, enabled=settings.validate, rtol=settings.rtol)
         self._reference_first_run_s: float | None = None
-        self._no_majority = ""
         self._awaiting: dict[int, Candidate] = {}  # submitted, not yet reported to the search
         self._pool = CompilePool(settings.max_workers, settings.compile_timeout_s)
-        self._cost = _CompileCostModel([c.cfg for c in self._timed])
+        self._cost = CompileCostModel([c.cfg for c in self._timed])
         self._medians: dict[int, float] = {}  # index -> median of those with samples
         self._best_seen = math.inf
         self.evaluations = 0
@@ -360,7 +295,7 @@ class Bench:
         if outcome.timed_out:
             c.fail("timeout", f"compiling took more than {self._settings.compile_timeout_s} s")
         elif outcome.error is not None:
-            c.fail(_failure_status(outcome.error, "compile_error"), describe(outcome.error))
+            c.fail(failure_status(outcome.error, "compile_error"), describe(outcome.error))
         else:
             c.compiled, c.status = outcome.value, "ok"
         if not outcome.timed_out and self._cost.observe(c.index, outcome.seconds):
@@ -383,21 +318,10 @@ class Bench:
         return -self._cost.predict(key)
 
     def _reference_settled(self) -> bool:
-        if self._expected_output() is not None:
+        if self.checks.expected(self.arg_sets) is not None:
             return True  # no candidate needs the reference config's output
         ref = self.reference
         return ref is None or (ref.status is not None and (not ref.ok or ref.output is not None))
-
-    def _expected_output(self) -> Any:
-        """The reference implementation's output on the first argument set (computed
-        once), or None without one or when it failed."""
-        if self._expected is None and self._expected_fn is not None and self._settings.validate:
-            try:
-                self._expected = self._expected_fn(self.arg_sets)
-            except Exception as e:  # then the reference config's output is the bar
-                self._expected_error = describe(e)
-            self._expected_fn = None
-        return self._expected
 
     def first_run(self, c: Candidate) -> None:
         """Warm-up runs (excluded from the samples); the first one's output is
@@ -411,15 +335,17 @@ class Bench:
         t_first = time.perf_counter()
         try:
             with DEVICE_LOCK:
-                out, times = self._warm_up(c, bound)
+                out, times = run_bound.warm_up(
+                    c.compiled, self.arg_sets, max(1, self._settings.warmup), bound
+                )
         except Exception as e:  # a failing candidate is data.
-            c.fail(_failure_status(e, "run_error"), describe(e))
+            c.fail(failure_status(e, "run_error"), describe(e))
             return
         finally:
             journal.ran()
         if c is self.reference:
             self._reference_first_run_s = time.perf_counter() - t_first
-        if out is _ABANDONED:
+        if out is run_bound.ABANDONED:
             c.fail(
                 "timeout",
                 f"its first run took more than {bound:.3g} s (the run-time bound) and was "
@@ -429,150 +355,32 @@ class Bench:
             return
         c.per_call_s = min(times)
         c.ran = True
-        ref = self.reference
-        if c is ref:
+        if c is self.reference:
             c.output = out
-        if not self._settings.validate:
-            return
-        expected = self._expected_output()
-        if expected is not None:
-            verdict = validate.compare(out, expected, self._settings.rtol)
-            c.rel_error = verdict.rel_error
-            if not verdict.ok:
-                c.fail(
-                    "invalid",
-                    f"output differs from the reference implementation's: {verdict.reason}",
-                )
-        elif ref is not None and ref.ok and ref.output is not None and c is not ref:
-            verdict = validate.compare(out, ref.output, self._settings.rtol)
-            c.rel_error = verdict.rel_error
-            if not verdict.ok:
-                c.fail("invalid", f"output differs from the reference config's: {verdict.reason}")
-        elif validate.has_nan(out):
-            c.fail("invalid", "output contains NaN")
-        elif c is not ref:
-            self._join_group(c, out)
-
-    def _join_group(self, c: Candidate, out: Any) -> None:
-        for representative, members in self._groups:
-            if validate.compare(out, representative, self._settings.rtol).ok:
-                members.append(c)
-                return
-        self._groups.append((out, [c]))
+        self.checks.check(c, out, self.reference, self.arg_sets)
 
     def settle_by_majority(self) -> None:
-        """When outputs had no bar (no reference implementation, and no working
-        heuristic config), the candidates that disagree with a strict majority of those
-        that ran are invalid. Without a majority, nothing is decided (and said so)."""
-        groups = [[m for m in members if m.ok] for _, members in self._groups]
-        self._groups = []  # the representative outputs are no longer needed
-        voting = sum(len(g) for g in groups)
-        if voting == 0:
-            return
-        largest = max(groups, key=len)
-        if voting >= 2 and 2 * len(largest) > voting:
-            self._majority = (len(largest), voting)
-            for group in groups:
-                if group is not largest:
-                    for c in group:
-                        c.fail(
-                            "invalid",
-                            "output differs from the majority of candidates' "
-                            f"({len(largest)} of {voting} agree)",
-                        )
-        elif voting == 1:
-            self._no_majority = "only one candidate ran, so no majority could vote"
-        else:
-            sizes = sorted((len(g) for g in groups), reverse=True)
-            self._no_majority = (
-                f"the {voting} candidates that ran did not agree (groups of {sizes}), "
-                "so no majority could vote"
-            )
+        self.checks.settle_by_majority()
 
-    def run_bound_s(self) -> float:
-        """How long a candidate's first run may take before it is abandoned."""
-        if self._settings.run_timeout_s is not None:
-            return self._settings.run_timeout_s
-        if self._reference_first_run_s is None:
-            return DEFAULT_RUN_BOUND_S
-        return max(MIN_RUN_BOUND_S, RUN_BOUND_OVER_HEURISTIC * self._reference_first_run_s)
-
-    def _warm_up(self, c: Candidate, bound_s: float) -> tuple[Any, list[float]]:
-        """The warm-up runs: the first one's output and every run's time, or
-        `(_ABANDONED, [])` when they overran `bound_s`. In an isolated worker the parent
-        process enforces the bound (it can kill a hang; this process cannot)."""
-        arg_sets = self.arg_sets
-        warmup = max(1, self._settings.warmup)
-
-        def runs() -> tuple[Any, list[float]]:
-            times, out = [], None
-            for i in range(warmup):
-                t0 = time.perf_counter()
-                result = c.compiled(*arg_sets[i % len(arg_sets)])
-                jax.block_until_ready(result)
-                times.append(time.perf_counter() - t0)
-                if i == 0:
-                    out = result
-            return out, times
-
-        if journal.enabled() or math.isinf(bound_s):
-            return runs()
-        done = threading.Event()
-        box: dict[str, Any] = {}
-
-        def run_in_thread() -> None:
-            with exit_waits_for_this():  # exiting mid-run would abort the interpreter
-                try:
-                    box["result"] = runs()
-                except BaseException as e:  # handed to the waiting thread
-                    box["error"] = e
-                finally:
-                    done.set()
-
-        threading.Thread(target=run_in_thread, name="kerneltune-run", daemon=True).start()
-        if not done.wait(bound_s):
-            return _ABANDONED, []  # it goes on in its thread; nothing waits for it
-        if "error" in box:
-            raise box["error"]
-        return box["result"]
+    @property
+    def validated_by(self) -> str:
+        """What outputs were compared with ("" when nothing could be)."""
+        return self.checks.validated_by(self.reference)
 
     @property
     def validated(self) -> bool:
         return bool(self.validated_by)
 
-    @property
-    def validated_by(self) -> str:
-        """What outputs were compared with ("" when nothing could be)."""
-        if not self._settings.validate:
-            return ""
-        if self._expected is not None:
-            return "the reference implementation"
-        ref = self.reference
-        if ref is not None and ref.ok:
-            return "the heuristic config"
-        if self._majority is not None:
-            agreeing, voting = self._majority
-            return f"the majority of candidates ({agreeing} of {voting} agree)"
-        return ""
-
     def why_not_validated(self) -> str:
         """Why outputs could not be validated although validation is on ("" when they
         were)."""
-        if not self._settings.validate or self.validated:
-            return ""
-        ref = self.reference
-        reasons = []
-        if ref is None:
-            reasons.append("there is no heuristic config")
-        elif not ref.ok:
-            reasons.append(f"the heuristic config failed ({ref.status}: {ref.error})")
-        if self._expected_error is not None:
-            reasons.append(f"the reference implementation failed ({self._expected_error})")
-        else:
-            reasons.append("the kernel declares no reference implementation")
-        if self._no_majority:
-            reasons.append(self._no_majority)
-        return " and ".join(reasons)
+        return self.checks.why_not(self.reference)
+
+    def run_bound_s(self) -> float:
+        """How long a candidate's first run may take before it is abandoned."""
+        if self._settings.run_timeout_s is not None:
+            return self._settings.run_timeout_s
+        return run_bound.bound_s(self._reference_first_run_s)
 
     # --- timing ---------------------------------------------------------------------
 
@@ -704,7 +512,7 @@ class Bench:
             self._switch_to_wallclock(str(e))
             return self._sample_one(c)
         except Exception as e:
-            c.fail(_failure_status(e, "run_error"), describe(e))
+            c.fail(failure_status(e, "run_error"), describe(e))
             self._medians.pop(c.index, None)
             return
         c.samples.append(seconds)
@@ -744,7 +552,7 @@ class Bench:
         for c in self._timed:
             c.compiled = None
             c.output = None
-        self._groups = []
+        self.checks.close()
 
     def results(self) -> tuple[CandidateResult, ...]:
         return tuple(c.result() for c in self.cands)
@@ -753,67 +561,8 @@ class Bench:
         return self.reference.median if self.reference is not None else None
 
 
-class _CompileCostModel:
-    """Predicts which candidates take longest to compile, so they start first and no
-    long compile is the last one running.
-
-    Before any compile has finished, the guess is the sum of log2 of the config's
-    positive numeric fields (larger tiles, more warps and deeper pipelines make more
-    code to compile); then a log-linear model of the observed compile times
-    (`search.LogLinearModel`), refitted every `COST_MODEL_EVERY` observations.
-    """
-
-    def __init__(self, cfgs: Sequence[Any]) -> None:
-        self._points = [search.config_point(c) for c in cfgs]
-        self._prior = [_size(p) for p in self._points]
-        self._seen: dict[int, float] = {}
-        self._model: search.LogLinearModel | None = None
-
-    def predict(self, index: int) -> float:
-        if self._model is None:
-            return self._prior[index]
-        return self._model.predict_point(self._points[index])
-
-    def observe(self, index: int, seconds: float) -> bool:
-        """Records a compile time; True when the model changed."""
-        if seconds <= 0:
-            return False
-        self._seen[index] = seconds
-        n = len(self._seen)
-        if n < COST_MODEL_EVERY or n % COST_MODEL_EVERY:
-            return False
-        self._model = search.LogLinearModel(self._points, self._seen, pairs=False)
-        return True
-
-
-def _size(point: tuple[tuple[str, Any], ...]) -> float:
-    total = 0.0
-    for _, v in point:
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
-            total += math.log2(v + 1)
-    return total
-
-
 def _same(a: Any, b: Any) -> bool:
     try:
         return bool(a == b)
     except Exception:  # configs with odd __eq__ (e.g. arrays) differ.
         return False
-
-
-def _failure_status(e: BaseException, default: Status) -> Status:
-    text = f"{type(e).__name__}: {e}".lower()
-    if default == "run_error" and ("resource_exhausted" in text or "out of memory" in text):
-        return "oom"
-    if "out of memory" in text and "shared memory" not in text:
-        return "oom"
-    return default
-
-
-def describe(e: BaseException) -> str:
-    """A failure as one line of at most 300 characters."""
-    text = f"{type(e).__name__}: {e}".strip()
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()[:300]
-    return type(e).__name__
