@@ -14,8 +14,9 @@ import jax.numpy as jnp
 import pytest
 
 from kerneltune._src.tuning import search, timing
-from kerneltune._src.tuning.bench import Bench, BenchSettings
+from kerneltune._src.tuning.bench import Bench
 from kerneltune._src.tuning.progress import Progress
+from kerneltune._src.tuning.settings import BenchSettings
 from kerneltune._src.tuning.tuner import Tuner
 
 

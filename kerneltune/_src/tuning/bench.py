@@ -4,8 +4,8 @@ A search strategy hands the bench candidates (`evaluate`, or `submit` and `wait`
 a search that proposes the next candidates as soon as any result lands). The bench
 builds them on the compile pool (`compiling.py`: one lowering thread feeding the compile
 threads, the slowest to compile first), runs each once as soon as it is compiled (a
-warm-up whose output is validated against the reference config's output), and times
-them.
+warm-up within a bound, `run_bound.py`, whose output `output_checks.py` validates), and
+times them (`sampler.py`).
 
 Timing is an event loop on the calling thread: between compile results it takes one
 sample of the compiled candidate with the fewest samples (ties in random order), so the
@@ -13,18 +13,13 @@ candidates are visited in interleaved rounds and slow drifts (clocks, temperatur
 load) spread over all of them instead of biasing the ones timed last. A device timer is
 not disturbed by compiles running on the host, so with one the device is kept busy
 while the rest still compile; a host timer (the wall clock) waits until no compile is
-running. A candidate whose fastest sample is already `drop_factor` times the best median
-gets no more samples.
+running. A clearly slow candidate gets no more samples (the rule is in `sampler.py`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
-import random
-import statistics
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -36,45 +31,8 @@ from kerneltune._src.tuning.compiling import CompilePool, Outcome
 from kerneltune._src.tuning.output_checks import OutputChecks
 from kerneltune._src.tuning.progress import Progress
 from kerneltune._src.tuning.report import CandidateResult
-
-#: One process times one thing at a time on the device, even when several threads tune.
-DEVICE_LOCK = threading.Lock()
-
-#: Default target duration of one sample, by timer. Device time needs no amortising of
-#: dispatch: a few calls per sample are enough.
-DEFAULT_TARGET_SAMPLE_S = {"cupti": 1e-3, "wallclock": 2e-3}
-
-#: Timers that read device time, unaffected by host load (a custom timer says so with a
-#: true `device_time` attribute).
-DEVICE_TIMERS = ("cupti",)
-
-#: A candidate this many times slower than the best gets no more samples, by timer:
-#: device time is precise, host time can be inflated by a hiccup.
-DEFAULT_DROP_FACTOR = {"cupti": 1.5, "wallclock": 2.0}
-
-#: Most calls averaged into one sample.
-MAX_CALLS_PER_SAMPLE = {"cupti": 100, "wallclock": 10_000}
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class BenchSettings:
-    warmup: int
-    rounds: int
-    target_sample_s: float | None
-    compile_timeout_s: float | None
-    max_workers: int
-    max_evals: int | None
-    deadline: float | None  # time.perf_counter() value
-    rtol: Any
-    validate: bool
-    seed: int
-    drop_factor: float | None = None  # None: DEFAULT_DROP_FACTOR for the timer
-    run_timeout_s: float | None = None  # None: from the heuristic's first run
-
-
-#: A timer, or a function that chooses one (and says why it is not the preferred one):
-#: called when the first sample is due, so that choosing overlaps the first compiles.
-TimerSource = timing.Timer | Callable[[], "tuple[timing.Timer, str | None]"]
+from kerneltune._src.tuning.sampler import DEVICE_LOCK, DEVICE_TIMERS, Sampler, TimerSource
+from kerneltune._src.tuning.settings import BenchSettings
 
 
 class Bench:
@@ -112,10 +70,6 @@ class Bench:
         self._arg_sets: list[list[Any]] | None = arg_sets if isinstance(arg_sets, list) else None
         self._settings = settings
         self._progress = progress
-        self._rng = random.Random(settings.seed)
-        self._timer_source = timer
-        self._timer: timing.Timer | None = timer if isinstance(timer, timing.Timer) else None
-        self.timer_note: str | None = None
         self.cands = [Candidate(i, cfg) for i, cfg in enumerate(candidates)]
         self.reference: Candidate | None = None
         self.reference_is_candidate = False
@@ -133,12 +87,19 @@ class Bench:
         self._awaiting: dict[int, Candidate] = {}  # submitted, not yet reported to the search
         self._pool = CompilePool(settings.max_workers, settings.compile_timeout_s)
         self._cost = CompileCostModel([c.cfg for c in self._timed])
-        self._medians: dict[int, float] = {}  # index -> median of those with samples
-        self._best_seen = math.inf
         self.evaluations = 0
         #: Seconds while compiles were running (samples were taken meanwhile with a device
         #: timer) and seconds of timing after them.
         self.phases = {"compile": 0.0, "timing": 0.0}
+        self.sampler = Sampler(
+            timer,
+            settings,
+            progress,
+            lambda: self.arg_sets,
+            self._timed,
+            self.reference,
+            self.phases,
+        )
 
     @property
     def _extra_reference(self) -> bool:
@@ -146,10 +107,17 @@ class Bench:
 
     @property
     def timer(self) -> timing.Timer:
-        if self._timer is None:
-            chosen, note = self._timer_source()  # type: ignore[operator]
-            self._timer, self.timer_note = chosen, note
-        return self._timer
+        return self.sampler.timer
+
+    @property
+    def timer_note(self) -> str | None:
+        return self.sampler.timer_note
+
+    def sample(self, cands: Sequence[Candidate], rounds: int) -> None:
+        self.sampler.sample(cands, rounds)
+
+    def confirm_slow(self) -> list[Candidate]:
+        return self.sampler.confirm_slow()
 
     @property
     def _streaming(self) -> bool:
@@ -280,9 +248,9 @@ class Bench:
                 self._compiled(self._candidate(outcome.key), outcome)  # type: ignore[arg-type]
             due = self._due()
         if due is not None:
-            self._sample_one(due)
+            self.sampler.sample_one(due)
             self._progress.advance(1, "timing")
-            self._drop_clearly_slow(due)
+            self.sampler.drop_clearly_slow(due)
         self.phases["compile" if compiling else "timing"] += time.perf_counter() - t0
         return compiling or due is not None
 
@@ -409,146 +377,11 @@ class Bench:
                     fewest = [c]
                 elif len(c.samples) == len(fewest[0].samples):
                     fewest.append(c)
-        return self._rng.choice(fewest) if fewest else None
-
-    def _drop_clearly_slow(self, sampled: Candidate) -> None:
-        """After a sample: drops `sampled` if it is clearly slow, and every candidate
-        that became clearly slow if the best median improved."""
-        drop = self._drop_factor()
-        if drop is None or not self._medians:
-            return
-        best = min(self._medians.values())
-        improved = best < self._best_seen
-        self._best_seen = min(best, self._best_seen)
-        ref = self.reference
-        for c in self._timed if improved else [sampled]:
-            if (
-                c.ok
-                and c.samples
-                and not c.dropped
-                and c is not ref
-                and min(c.samples) > best * drop
-            ):
-                # A candidate's fastest sample decides: noise only makes samples slower.
-                c.dropped = True
-                self._progress.advance(max(0, c.target - len(c.samples)))
-
-    def _drop_factor(self) -> float | None:
-        s = self._settings
-        return (
-            s.drop_factor if s.drop_factor is not None else DEFAULT_DROP_FACTOR.get(self.timer.name)
-        )
-
-    def sample(self, cands: Sequence[Candidate], rounds: int, *, drop_slow: bool = True) -> None:
-        """`rounds` interleaved rounds, one sample of each candidate per round.
-
-        After each round, a candidate whose fastest sample is already `drop_factor`
-        times the best median so far gets no more samples (a 2x slower config does not
-        need three samples to lose), unless `drop_slow` is False.
-        """
-        cands = [c for c in cands if c.ok]
-        if not cands or rounds <= 0:
-            return
-        s = self._settings
-        drop = self._drop_factor()
-        start = time.perf_counter()
-        self._progress.add_total(rounds * len(cands))
-        for r in range(rounds):
-            order = list(cands)
-            self._rng.shuffle(order)
-            for c in order:
-                if c.ok:
-                    self._sample_one(c)
-                self._progress.advance(1, f"timing round {r + 1}/{rounds}")
-            if s.deadline is not None and time.perf_counter() >= s.deadline:
-                break  # out of time: every candidate has at least one sample
-            if drop_slow and drop is not None and r + 1 < rounds:
-                cands = self._without_clearly_slow(cands, rounds - r - 1, drop)
-        self.phases["timing"] += time.perf_counter() - start
-
-    def _without_clearly_slow(
-        self, cands: list[Candidate], rounds_left: int, drop: float
-    ) -> list[Candidate]:
-        if not self._medians:
-            return cands
-        limit = min(self._medians.values()) * drop
-        keep = [c for c in cands if c.ok and (c is self.reference or min(c.samples) <= limit)]
-        self._progress.advance(rounds_left * (len(cands) - len(keep)))
-        return keep
-
-    def confirm_slow(self) -> list[Candidate]:
-        """Re-measures every candidate judged clearly slow, each right after the best,
-        and returns those that are not: no candidate is lost for good to samples that a
-        hiccup of a busy machine inflated.
-
-        A candidate is judged clearly slow when its fastest sample is `drop_factor`
-        times the best median; the confirming pair compares one fresh sample of each,
-        taken back to back under the same load.
-        """
-        drop = self._drop_factor()
-        timed = [c for c in self._timed if c.ok and c.samples]
-        if drop is None or len(timed) < 2:
-            return []
-        best = min(timed, key=lambda c: statistics.median(c.samples))
-        limit = statistics.median(best.samples) * drop
-        back: list[Candidate] = []
-        for c in timed:
-            if c is best or min(c.samples) <= limit:
-                continue
-            self._sample_one(best)
-            self._sample_one(c)
-            if c.ok and best.ok and c.samples[-1] <= best.samples[-1] * drop:
-                c.dropped = False
-                back.append(c)
-        return back
-
-    def _sample_one(self, c: Candidate) -> None:
-        calls = self._calls_for(c)
-        start = len(c.samples) * calls
-        try:
-            with DEVICE_LOCK:
-                seconds = self.timer.sample(c.compiled, self.arg_sets, calls, start)
-        except timing.TimerFailed as e:
-            self._switch_to_wallclock(str(e))
-            return self._sample_one(c)
-        except Exception as e:
-            c.fail(failure_status(e, "run_error"), describe(e))
-            self._medians.pop(c.index, None)
-            return
-        c.samples.append(seconds)
-        c.calls = calls
-        typical = statistics.median(c.samples)
-        self._medians[c.index] = typical
-        if typical > 0:
-            c.per_call_s = typical
-
-    def _calls_for(self, c: Candidate) -> int:
-        target = self._settings.target_sample_s
-        if target is None:
-            target = DEFAULT_TARGET_SAMPLE_S.get(self.timer.name, 2e-3)
-        est = c.per_call_s or target
-        cap = MAX_CALLS_PER_SAMPLE.get(self.timer.name, 1000)
-        return max(1, min(cap, math.ceil(target / max(est, 1e-9))))
-
-    def _switch_to_wallclock(self, reason: str) -> None:
-        """The device timer broke: measure everything again with the wall clock, so
-        that no decision compares samples of two different timers."""
-        timing.mark_cupti_broken(reason)
-        self._timer = timing.WallClockTimer()
-        self.timer_note = f"fell back to the wall clock: {reason}"
-        timed = [c for c in self._timed if c.samples]
-        counts = {c.index: len(c.samples) for c in timed}
-        for c in timed:
-            c.samples = []
-        self._medians.clear()
-        self._best_seen = math.inf
-        self.sample(timed, max(1, min(3, min(counts.values(), default=1))))
+        return self.sampler.rng.choice(fewest) if fewest else None
 
     def close(self) -> None:
         self._pool.close()
-        close_timer = getattr(self._timer, "close", None)
-        if callable(close_timer):
-            close_timer()
+        self.sampler.close()
         for c in self._timed:
             c.compiled = None
             c.output = None

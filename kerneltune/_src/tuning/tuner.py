@@ -32,10 +32,13 @@ import jax.numpy as jnp
 from kerneltune._src import keys, tracing
 from kerneltune._src.kernel_types import Cfg
 from kerneltune._src.tuning import compiling, inputs, search, timing
-from kerneltune._src.tuning.bench import Bench, BenchSettings, Candidate, TimerSource, describe
+from kerneltune._src.tuning.bench import Bench
+from kerneltune._src.tuning.candidate import Candidate, describe
 from kerneltune._src.tuning.compiling import default_workers
 from kerneltune._src.tuning.progress import Progress
 from kerneltune._src.tuning.report import CandidateResult, TuningReport
+from kerneltune._src.tuning.sampler import TimerSource
+from kerneltune._src.tuning.settings import BenchSettings
 
 logger = logging.getLogger("kerneltune")
 
