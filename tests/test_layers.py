@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "_src.labels",
             "_src.options",
             "_src.params",
+            "_src.policy",
             "_src.scope",
             "_src.tracing",
             "_src.version",
@@ -46,6 +47,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         [
             "_src.kernel",
             "_src.dispatch",
+            "_src.kernel_hooks",
             "_src.recording",
             "_src.sharding",
         ],

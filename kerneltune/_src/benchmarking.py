@@ -13,7 +13,7 @@ from typing import Any
 
 import jax
 
-from kerneltune._src import dispatch
+from kerneltune._src import dispatch, kernel_hooks
 from kerneltune._src.kernel import Kernel, make_invocation
 from kerneltune._src.kernel_types import Cfg
 from kerneltune._src.tune_function import autotune_function
@@ -142,7 +142,6 @@ def autotune(
                 "are tuned over each kernel's own candidates."
             )
         return autotune_function(kernel, args, kwargs, tuner=tuner)
-    from kerneltune._src import selection
 
     prepared = kernel.prepare(*args, **kwargs)
     p_args, p_kwargs = tuple(prepared[0]), dict(prepared[1])
@@ -159,9 +158,9 @@ def autotune(
     if not candidates:
         raise ValueError(f"autotune got no candidate configs for {inv.op_id_v}({inv.signature}).")
     for i, cand in enumerate(candidates):
-        selection.check_config_type(kernel, inv, cand, f"candidate #{i}")
-    heuristic = selection.find_heuristic(kernel, inv)
-    t_args, t_kwargs = selection.concrete_inputs(kernel, inv)
+        kernel_hooks.check_config_type(kernel, inv, cand, f"candidate #{i}")
+    heuristic = kernel_hooks.find_heuristic(kernel, inv)
+    t_args, t_kwargs = kernel_hooks.concrete_inputs(kernel, inv)
     if tuner is None:
         tuner = Tuner(warmup=num_warmup, iters=num_iters)
 

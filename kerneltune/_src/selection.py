@@ -19,72 +19,29 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, Literal
 
-from kerneltune._src import dispatch, distributed, keys, options, scope, sharding, tracing
+from kerneltune._src import (
+    dispatch,
+    distributed,
+    kernel_hooks,
+    keys,
+    scope,
+    sharding,
+    tracing,
+)
 from kerneltune._src.cache import CacheKey, ConfigCache
-from kerneltune._src.kernel import Invocation, Kernel, key_builder_of
+from kerneltune._src.kernel import Invocation, Kernel
 from kerneltune._src.kernel_types import Cfg, Out
+from kerneltune._src.policy import AutotunePolicy as AutotunePolicy
+from kerneltune._src.policy import CacheMissError as CacheMissError
+from kerneltune._src.policy import forward_autotune_only as forward_autotune_only
+from kerneltune._src.policy import forward_only_active as forward_only_active
+from kerneltune._src.policy import policy_override as policy_override
 from kerneltune._src.tuning.protocol import run_tuner
 from kerneltune._src.tuning.report import TuningReport
 
 logger = logging.getLogger("kerneltune")
 
-Fallback = Literal["autotune", "heuristics", "error"]
-_FALLBACKS = ("autotune", "heuristics", "error")
 Tier = Literal["override", "overlay", "memory", "persistent", "autotune", "reuse", "heuristics"]
-
-
-class CacheMissError(LookupError):
-    """No cached config for a call under `cache_miss_fallback="error"`."""
-
-
-@dataclasses.dataclass(frozen=True)
-class AutotunePolicy:
-    """What selection may do on a cache miss.
-
-    Attributes:
-      allow_autotune: benchmarking candidates is permitted.
-      allow_heuristics: the kernel's heuristic config may be used.
-      cache_miss_fallback: on a miss: "autotune" (tune, else heuristics), "heuristics"
-        (heuristics, else tune), or "error" (raise `CacheMissError`: production mode,
-        never tune at run time).
-      validate_backward: time forward + backward when tuning.
-    """
-
-    allow_autotune: bool = True
-    allow_heuristics: bool = True
-    cache_miss_fallback: Fallback = "autotune"
-    validate_backward: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("allow_autotune", "allow_heuristics", "validate_backward"):
-            value = getattr(self, name)
-            if not isinstance(value, bool):
-                raise TypeError(f"AutotunePolicy.{name} must be a bool, got {value!r}.")
-        if self.cache_miss_fallback not in _FALLBACKS:
-            raise ValueError(
-                f"AutotunePolicy.cache_miss_fallback must be one of {_FALLBACKS}, got "
-                f"{self.cache_miss_fallback!r}."
-            )
-
-    @classmethod
-    def from_env(cls) -> AutotunePolicy:
-        """The policy `KERNELTUNE_AUTOTUNE` asks for (autotune, heuristics or error)."""
-        return cls(cache_miss_fallback=options.get("autotune"))
-
-
-def _normalise_policy_updates(updates: dict[str, Any]) -> dict[str, Any]:
-    if "autotune" in updates:
-        if "allow_autotune" in updates:
-            raise TypeError("pass autotune= or allow_autotune=, not both.")
-        updates["allow_autotune"] = updates.pop("autotune")
-    fields = {f.name for f in dataclasses.fields(AutotunePolicy)}
-    unknown = sorted(set(updates) - fields)
-    if unknown:
-        raise TypeError(
-            f"unknown policy field(s) {unknown}; allowed: {sorted(fields)} (and autotune=)."
-        )
-    AutotunePolicy(**updates)  # validates the values
-    return updates
 
 
 @dataclasses.dataclass
@@ -201,7 +158,7 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
     def decide(self, inv: Invocation[Cfg, Out], kernel: Kernel[Cfg, Out]) -> Decision:
         """Like `choose`, and says which tier supplied the config and why the tiers
         before it missed."""
-        inv = _as_keyed_by(inv, kernel)
+        inv = kernel_hooks.as_keyed_by(inv, kernel)
         dev = inv.device_fingerprint
         key: CacheKey = (dev, inv.op_id_v, inv.call_key)
         if inv.method == "shard_map":
@@ -226,14 +183,14 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
         cfg: Any
         if inv.override_cfg is not None:
             cfg = inv.override_cfg
-            check_config_type(kernel, inv, cfg, "cfg")
+            kernel_hooks.check_config_type(kernel, inv, cfg, "cfg")
             return done("override", cfg, "override")
         misses.append(("override", "no cfg= given"))
 
         cfg = scope.current().overlay_lookup(key)
         if cfg is not None:
             if isinstance(cfg, Mapping):  # e.g. from AutotuningResult.load: plain fields
-                cfg_type = config_type_of(kernel, inv)
+                cfg_type = kernel_hooks.config_type_of(kernel, inv)
                 if cfg_type is not None and not isinstance(cfg, cfg_type):
                     cfg = keys.config_from_dict(cfg, cfg_type)
             return done("overlay", cfg, "overlay_hit")
@@ -245,7 +202,7 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
         misses.append(("memory", "not in the memory cache"))
 
         if self.persistent is not None:
-            cfg = self.persistent.get(*key, cfg_type=config_type_of(kernel, inv))
+            cfg = self.persistent.get(*key, cfg_type=kernel_hooks.config_type_of(kernel, inv))
             if cfg is not None:
                 self.cache.put(*key, cfg)
                 return done("persistent", cfg, "cache_hit", level="persistent")
@@ -257,10 +214,10 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
         if policy.cache_miss_fallback == "error" and policy.allow_heuristics:
             # Production mode forbids tuning, not determinism: when there is nothing to
             # tune, the heuristic is the one config any tuning would have chosen.
-            _, untunable = tunable_candidates(kernel, inv)
-            heuristic = find_heuristic(kernel, inv) if untunable else None
+            _, untunable = kernel_hooks.tunable_candidates(kernel, inv)
+            heuristic = kernel_hooks.find_heuristic(kernel, inv) if untunable else None
             if heuristic is not None:
-                check_config_type(kernel, inv, heuristic, "heuristic_cfg result")
+                kernel_hooks.check_config_type(kernel, inv, heuristic, "heuristic_cfg result")
                 misses.append(("autotune", untunable))
                 return done("heuristics", heuristic, "heuristics")
         if policy.cache_miss_fallback == "error":
@@ -284,9 +241,11 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
                 if found is not None:
                     return found
             else:
-                heuristic = find_heuristic(kernel, inv) if policy.allow_heuristics else None
+                heuristic = (
+                    kernel_hooks.find_heuristic(kernel, inv) if policy.allow_heuristics else None
+                )
                 if heuristic is not None:
-                    check_config_type(kernel, inv, heuristic, "heuristic_cfg result")
+                    kernel_hooks.check_config_type(kernel, inv, heuristic, "heuristic_cfg result")
                     scope.chose_provisionally(key)
                     return done("heuristics", heuristic, "heuristics")
                 misses.append(
@@ -315,7 +274,7 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
         decision: Decision,
     ) -> Decision | None:
         misses = decision.misses
-        candidates, untunable = tunable_candidates(kernel, inv)
+        candidates, untunable = kernel_hooks.tunable_candidates(kernel, inv)
         if untunable:
             misses.append(("autotune", untunable))
             return None
@@ -336,7 +295,7 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
                 self._emit("cache_hit", key, cfg=cfg, level="memory", reused=True)
                 return decision
             for i, cand in enumerate(candidates):
-                check_config_type(kernel, inv, cand, f"candidate #{i}")
+                kernel_hooks.check_config_type(kernel, inv, cand, f"candidate #{i}")
             report = self._run_tuner(inv, kernel, key, candidates, policy)
             if report.best is None:
                 summary = "; ".join(
@@ -375,7 +334,7 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
         candidates: list[Any],
         policy: AutotunePolicy,
     ) -> TuningReport:
-        heuristic = find_heuristic(kernel, inv)
+        heuristic = kernel_hooks.find_heuristic(kernel, inv)
         if heuristic is not None:
             # Never worse than not tuning: the heuristic is a contender, first in line,
             # so only a config measurably faster replaces it (ties go to the first).
@@ -390,7 +349,7 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
         # The call may be inside a jit trace: build inputs and time candidates outside
         # it, or every array made here would be a tracer of the user's program.
         with tracing.outside_traces():
-            args, kwargs = concrete_inputs(kernel, inv)
+            args, kwargs = kernel_hooks.concrete_inputs(kernel, inv)
             report: TuningReport = run_tuner(
                 self.tuner,
                 make_fn,
@@ -427,125 +386,3 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
             self.on_event(event, device=key[0], op_id=key[1], call_key=key[2], **data)
         except Exception:
             logger.exception("kerneltune on_event listener raised for event %r", event)
-
-
-def _as_keyed_by(inv: Invocation[Any, Any], kernel: Kernel[Any, Any]) -> Invocation[Any, Any]:
-    """`inv` keyed as the executor keys it: with the kernel's version and key builder
-    (an Invocation built by hand may carry neither)."""
-    version = str(kernel.version)
-    builder = inv.key_builder or key_builder_of(kernel)
-    if inv.version == version and inv.key_builder is builder:
-        return inv
-    return dataclasses.replace(inv, version=version, key_builder=builder)
-
-
-# -- helpers shared with the executor and explain ------------------------------------
-
-
-def find_heuristic(kernel: Kernel[Any, Any], inv: Invocation[Any, Any]) -> Any:
-    hook = dispatch.find_method(kernel, "heuristic_cfg", _context(inv))
-    return None if hook is None else hook(inv)
-
-
-def tunable_candidates(
-    kernel: Kernel[Any, Any], inv: Invocation[Any, Any]
-) -> tuple[list[Any], str]:
-    """The candidates to tune for this call, and why there is nothing to tune ("" when
-    there is): no candidate hook on this platform, an empty list for these arguments,
-    or only the heuristic. The kernel's hook is called once."""
-    hook = dispatch.find_method(kernel, ("candidate_cfgs", "config_space"))
-    if hook is None:
-        return [], "the kernel defines no candidate_cfgs/config_space on this platform"
-    candidates = list(hook(inv))
-    if not candidates:
-        return [], f"{type(kernel).__name__}.{hook.__name__} returned no candidates for this call"
-    if all(c == candidates[0] for c in candidates) and candidates[0] == find_heuristic(kernel, inv):
-        return candidates, "the only candidate is the heuristic config"
-    return candidates, ""
-
-
-def config_type_of(kernel: Kernel[Any, Any], inv: Invocation[Any, Any]) -> type | None:
-    """The kernel's config type: `config_type`, else the type `heuristic_cfg` returns."""
-    declared = type(kernel).config_type
-    if declared is not None:
-        return declared
-    heuristic = find_heuristic(kernel, inv)
-    return None if heuristic is None else type(heuristic)
-
-
-def check_config_type(
-    kernel: Kernel[Any, Any], inv: Invocation[Any, Any], cfg: Any, what: str
-) -> None:
-    expected = config_type_of(kernel, inv)
-    if expected is not None and not isinstance(cfg, expected):
-        raise TypeError(
-            f"{what} for {kernel.op_id_v} must be a {expected.__qualname__}, got "
-            f"{type(cfg).__qualname__} ({cfg!r})."
-        )
-
-
-def concrete_inputs(
-    kernel: Kernel[Any, Any], inv: Invocation[Any, Any]
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The inputs to benchmark with: the call's own arrays when they are concrete, else
-    `kernel.tuning_inputs(inv)` (the call is being traced, or replayed from a record)."""
-    import jax
-
-    leaves = jax.tree_util.tree_leaves((inv.args, dict(inv.kwargs)))
-    if any(isinstance(x, (jax.core.Tracer, jax.ShapeDtypeStruct)) for x in leaves):
-        hook = dispatch.find_method(kernel, "tuning_inputs", _context(inv))
-        made = hook(inv) if hook is not None else kernel.tuning_inputs(inv)
-        return tuple(made[0]), dict(made[1])
-    return tuple(inv.args), dict(inv.kwargs)
-
-
-def _context(inv: Invocation[Any, Any]) -> str | None:
-    return inv.method if inv.method == "shard_map" else None
-
-
-# -- scoped policy changes ---------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def policy_override(
-    selector: ConfigSelectorChain[Any, Any] | None = None, **updates: Any
-) -> Iterator[None]:
-    """Changes the policy inside the block; context-local (other threads and tasks do
-    not see it) and part of JAX's trace cache key.
-
-    With a `selector`, only that selector is affected; without one, every selector
-    (the default executor's included). `autotune=` is shorthand for `allow_autotune=`.
-
-    Example:
-      >>> import kerneltune
-      >>> sel = kerneltune.ConfigSelectorChain(kerneltune.ConfigCache())
-      >>> with kerneltune.policy_override(sel, autotune=False):
-      ...     sel.effective_policy().allow_autotune
-      False
-      >>> sel.effective_policy().allow_autotune
-      True
-    """
-    if selector is not None and not isinstance(selector, ConfigSelectorChain):
-        chooser = getattr(selector, "chooser", None)
-        if isinstance(chooser, ConfigSelectorChain):
-            selector = chooser  # an Executor was passed
-        else:
-            raise TypeError(
-                f"policy_override's selector must be a ConfigSelectorChain (or an "
-                f"Executor using one), got {type(selector).__qualname__}."
-            )
-    updates = _normalise_policy_updates(dict(updates))
-    with scope.with_policy_updates(None if selector is None else selector.uid, updates):
-        yield
-
-
-@contextlib.contextmanager
-def forward_autotune_only() -> Iterator[None]:
-    """Inside the block, autotuning times the forward pass only, even when the policy
-    has `validate_backward=True`."""
-    with scope.with_forward_only():
-        yield
-
-
-def forward_only_active() -> bool:
-    return scope.current().forward_only
