@@ -13,7 +13,7 @@ import time
 import jax.numpy as jnp
 import pytest
 
-from kerneltune._src.tuning import search, timing
+from kerneltune._src.tuning import config_space, search, timing
 from kerneltune._src.tuning.bench import Bench
 from kerneltune._src.tuning.progress import Progress
 from kerneltune._src.tuning.settings import BenchSettings
@@ -253,15 +253,15 @@ def test_coordinate_descent_keeps_looking_when_the_start_fails():
 
 
 def test_spread_sample_and_neighbours():
-    points = [search.config_point(c) for c in SPACE]
+    points = [config_space.config_point(c) for c in SPACE]
     start = SPACE.index(HEURISTIC)
-    picked = search.spread_sample(points, 6, start=start, rng=random.Random(0))
+    picked = config_space.spread_sample(points, 6, start=start, rng=random.Random(0))
     assert picked[0] == start and len(set(picked)) == 6
-    near = search.neighbours(points, start, 1)
+    near = config_space.neighbours(points, start, 1)
     assert len(near) == 2 + 2 + 1 + 1 + 2
     assert all(sum(a != b for a, b in zip(points[i], points[start])) == 1 for i in near)
-    assert search.config_point({"b": 1, "a": 2}) == (("a", 2), ("b", 1))
-    assert search.config_point(7) == (("cfg", 7),)
+    assert config_space.config_point({"b": 1, "a": 2}) == (("a", 2), ("b", 1))
+    assert config_space.config_point(7) == (("cfg", 7),)
 
 
 def test_resolve_strategy():

@@ -17,8 +17,9 @@ from kerneltune._src import dispatch, kernel_hooks
 from kerneltune._src.kernel import Kernel, make_invocation
 from kerneltune._src.kernel_types import Cfg
 from kerneltune._src.tune_function import autotune_function
+from kerneltune._src.tuning.programs import split_static
 from kerneltune._src.tuning.protocol import run_tuner
-from kerneltune._src.tuning.tuner import Tuner, split_static
+from kerneltune._src.tuning.tuner import Tuner
 
 
 def benchmark(

@@ -26,8 +26,8 @@ from kerneltune._src import offline, recording
 from kerneltune._src.configs import config_from_dict, config_to_dict
 from kerneltune._src.result import AutotuningResult
 from kerneltune._src.selection import ConfigSelectorChain, policy_override
+from kerneltune._src.tuning.programs import split_static
 from kerneltune._src.tuning.protocol import run_tuner
-from kerneltune._src.tuning.tuner import split_static
 
 logger = logging.getLogger("kerneltune")
 

@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from kerneltune._src.tuning import search
+from kerneltune._src.tuning import config_space
 
 #: Compile times observed before the compile-time model reorders the queue, and how
 #: many more between updates.
@@ -21,14 +21,14 @@ class CompileCostModel:
     Before any compile has finished, the guess is the sum of log2 of the config's
     positive numeric fields (larger tiles, more warps and deeper pipelines make more
     code to compile); then a log-linear model of the observed compile times
-    (`search.LogLinearModel`), refitted every `COST_MODEL_EVERY` observations.
+    (`config_space.LogLinearModel`), refitted every `COST_MODEL_EVERY` observations.
     """
 
     def __init__(self, cfgs: Sequence[Any]) -> None:
-        self._points = [search.config_point(c) for c in cfgs]
+        self._points = [config_space.config_point(c) for c in cfgs]
         self._prior = [prior_size(p) for p in self._points]
         self._seen: dict[int, float] = {}
-        self._model: search.LogLinearModel | None = None
+        self._model: config_space.LogLinearModel | None = None
 
     def predict(self, index: int) -> float:
         if self._model is None:
@@ -43,7 +43,7 @@ class CompileCostModel:
         n = len(self._seen)
         if n < COST_MODEL_EVERY or n % COST_MODEL_EVERY:
             return False
-        self._model = search.LogLinearModel(self._points, self._seen, pairs=False)
+        self._model = config_space.LogLinearModel(self._points, self._seen, pairs=False)
         return True
 
 

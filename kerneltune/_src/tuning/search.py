@@ -6,12 +6,12 @@ the search the tuner re-measures the best few side by side and decides.
 
 - `Exhaustive`: every candidate. The default for small spaces.
 - `CoordinateDescent`: starts from the heuristic config and a spread-out sample, then
-  repeatedly evaluates the neighbours of the best configs found so far (configs that
+  repeatedly evaluates the config_space.neighbours of the best configs found so far (configs that
   differ in one field, then in two) until none is faster or the budget is spent.
   Compiles a fraction of the space, which is what costs most on a GPU. With an
   `AsyncEvaluator` (the tuner's bench is one) it is pipelined: each result that lands
   makes room for the next proposal, so no compile thread waits for a batch's slowest
-  compile.
+  compile. The geometry it walks (points, neighbours, a cost model) is `config_space.py`.
 - `SuccessiveHalving`: compiles everything, times each candidate briefly, and spends
   more samples only on the fastest third, then the fastest third of those. For spaces
   where timing (slow kernels), not compiling, is the cost.
@@ -26,7 +26,7 @@ import random
 from collections.abc import Container, Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-import numpy as np
+from kerneltune._src.tuning import config_space
 
 
 @runtime_checkable
@@ -139,11 +139,11 @@ class SuccessiveHalving:
 class CoordinateDescent:
     """Local search over the config's fields, guided by a simple model.
 
-    Configs are dataclasses or mappings; a candidate's neighbours are the candidates
+    Configs are dataclasses or mappings; a candidate's config_space.neighbours are the candidates
     that differ from it in one field (radius 1) or two (radius 2). It starts from the
     heuristic config plus `initial` candidates spread across the space, then evaluates
-    the unseen neighbours of the best config found so far, widening to radius 2 around it
-    when the results bring no improvement; neighbours of the best configs of other
+    the unseen config_space.neighbours of the best config found so far, widening to radius 2 around it
+    when the results bring no improvement; config_space.neighbours of the best configs of other
     regions and the configs a small model (log-time ≈ effects of field values and of
     pairs of values, fitted to every result so far) predicts fastest come next, most
     promising first. It stops after `patience` batches' worth of results without
@@ -162,7 +162,7 @@ class CoordinateDescent:
       batch: candidates in flight (pipelined) or per step (default: the compile
         threads, at least 8); a batched step always holds every unseen neighbour of the
         best config, even beyond this.
-      top: neighbours of the best configs of this many regions are explored.
+      top: config_space.neighbours of the best configs of this many regions are explored.
       patience: batches' worth of results without improvement before stopping.
       explore: also try the configs the model predicts fastest anywhere in the space.
       min_gain: relative improvement that counts as one.
@@ -193,7 +193,7 @@ class CoordinateDescent:
             self._search_batched(ev)
 
     def _setup(self, ev: Evaluator) -> tuple[list[Any], int, int, int, random.Random]:
-        points = [config_point(c) for c in ev.candidates]
+        points = [config_space.config_point(c) for c in ev.candidates]
         n = len(points)
         budget = self.max_evals if self.max_evals is not None else max(1, round(self.fraction * n))
         budget = min(n, max(budget, 1))
@@ -204,13 +204,13 @@ class CoordinateDescent:
     def _search_batched(self, ev: Evaluator) -> None:
         points, budget, batch, initial, rng = self._setup(ev)
         n = len(points)
-        first = spread_sample(points, initial, start=ev.reference_index, rng=rng)
+        first = config_space.spread_sample(points, initial, start=ev.reference_index, rng=rng)
         times: dict[int, float | None] = dict(ev.evaluate(first))
         while not _ranked(times) and len(times) < budget and not ev.exhausted():
             # Everything so far failed (e.g. blocks too large for this shape): look
             # elsewhere before giving up.
             rest = [i for i in range(n) if i not in times]
-            more = spread_sample(
+            more = config_space.spread_sample(
                 [points[i] for i in rest], min(initial, budget - len(times)), rng=rng
             )
             times.update(ev.evaluate([rest[j] for j in more]))
@@ -245,7 +245,7 @@ class CoordinateDescent:
             if fresh:
                 taken.update(ev.submit(fresh[: budget - len(taken)]))
 
-        send(spread_sample(points, initial, start=ev.reference_index, rng=rng))
+        send(config_space.spread_sample(points, initial, start=ev.reference_index, rng=rng))
         best, since_gain = math.inf, 0
         while ev.pending:
             for i, t in ev.wait().items():
@@ -264,7 +264,9 @@ class CoordinateDescent:
                     continue  # the first results are still coming
                 # Everything so far failed: look elsewhere before giving up.
                 rest = [i for i in range(n) if i not in taken]
-                more = spread_sample([points[i] for i in rest], min(initial, free), rng=rng)
+                more = config_space.spread_sample(
+                    [points[i] for i in rest], min(initial, free), rng=rng
+                )
                 send(rest[j] for j in more)
                 continue
             must, others = self._proposals(points, times, taken, widen=since_gain >= depth)
@@ -285,32 +287,39 @@ class CoordinateDescent:
         widen: bool,
     ) -> tuple[list[int], Iterable[int]]:
         """What to evaluate next, given the results so far (`taken`: candidates already
-        evaluated or under way): the unseen neighbours of the best config (all of them
+        evaluated or under way): the unseen config_space.neighbours of the best config (all of them
         belong in a batched step), then the other groups, interleaved, each most
         promising first by the model."""
         ranked = _ranked(times)
-        by_model = LogLinearModel(points, times).rank
+        by_model = config_space.LogLinearModel(points, times).rank
         # 1. Every unseen neighbour of the best config (a local optimum must be one).
-        near = neighbours(points, ranked[0], 1)
+        near = config_space.neighbours(points, ranked[0], 1)
         must = by_model(_unseen(near, taken))
         # 2. Neighbours of the next best few: the way out of a local optimum is often
         #    through a slightly slower config (a wider tile needs more warps, say).
         groups = [
-            by_model(_unseen(neighbours(points, i, 1), taken, must)) for i in ranked[1 : self.top]
+            by_model(_unseen(config_space.neighbours(points, i, 1), taken, must))
+            for i in ranked[1 : self.top]
         ]
         # 3. A neighbour that failed (say, too much shared memory) may be one more
         #    change away from a good config.
         failed = [i for i in near if i in times and times[i] is None]
         groups.append(
-            by_model(_unseen((j for i in failed for j in neighbours(points, i, 1)), taken, must))
+            by_model(
+                _unseen(
+                    (j for i in failed for j in config_space.neighbours(points, i, 1)), taken, must
+                )
+            )
         )
         # 4. Neighbours of the best configs of other regions (two or more fields away
         #    from every better one): the best may sit in another basin.
         for seed in _diverse(points, ranked, self.top)[1:]:
-            groups.append(by_model(_unseen(neighbours(points, seed, 1), taken, must)))
+            groups.append(by_model(_unseen(config_space.neighbours(points, seed, 1), taken, must)))
         # 5. Two fields away from the best, once one field was not enough.
         if widen or not must:
-            groups.append(by_model(_unseen(neighbours(points, ranked[0], 2), taken, must)))
+            groups.append(
+                by_model(_unseen(config_space.neighbours(points, ranked[0], 2), taken, must))
+            )
         # 6. Anything the model thinks fast, wherever it is.
         if self.explore:
             groups.append(by_model(_unseen(range(len(points)), taken, must)))
@@ -324,7 +333,7 @@ def _diverse(
     already picked, up to `k`."""
     picked: list[int] = []
     for i in ranked:
-        if all(_distance(points[i], points[j]) >= 2 for j in picked):
+        if all(config_space.distance(points[i], points[j]) >= 2 for j in picked):
             picked.append(i)
             if len(picked) == k:
                 break
@@ -340,127 +349,6 @@ def _round_robin(groups: Sequence[Sequence[int]]) -> Iterable[int]:
 def _unseen(indices: Iterable[int], taken: Container[int], also: Sequence[int] = ()) -> list[int]:
     skip = set(also)
     return [i for i in dict.fromkeys(indices) if i not in taken and i not in skip]
-
-
-class LogLinearModel:
-    """log(time) ≈ mean + an effect per field value + an effect per pair of field
-    values, fitted by ridge least squares to the configs evaluated so far.
-
-    The pair terms carry interactions such as "a wide tile is slow with 4 warps and
-    fast with 8"; they are penalised more than the single-value terms, so with little
-    data the model stays close to additive. `pairs=False` leaves them out.
-    """
-
-    def __init__(
-        self,
-        points: Sequence[tuple[tuple[str, Any], ...]],
-        times: Mapping[int, float | None],
-        *,
-        ridge: float = 0.5,
-        pair_ridge: float = 2.0,
-        pairs: bool = True,
-    ) -> None:
-        self._points = points
-        self._pairs = pairs
-        self._index: dict[tuple[Any, ...], int] = {}
-        penalties: list[float] = []
-        for p in points:
-            for key in self._keys(p):
-                if key not in self._index:
-                    self._index[key] = len(self._index)
-                    penalties.append(ridge if len(key) == 2 else pair_ridge)
-        # Failures are left out: they come from combinations of values (a large tile
-        # with deep pipelining) more than from any one value.
-        ok = {i: t for i, t in times.items() if t is not None and t > 0}
-        self._weights: np.ndarray | None = None
-        if not ok:
-            return
-        x = np.array([self._features(points[i]) for i in ok])
-        y = np.log(np.array(list(ok.values())))
-        self._mean = float(y.mean())
-        gram = x.T @ x + np.diag(penalties)
-        self._weights = np.linalg.solve(gram, x.T @ (y - self._mean))
-
-    def _keys(self, p: tuple[tuple[str, Any], ...]) -> list[tuple[Any, ...]]:
-        singles = [(f, v) for f, (_, v) in enumerate(p)]
-        if not self._pairs:
-            return list(singles)
-        pairs = [a + b for a, b in itertools.combinations(singles, 2)]
-        return singles + pairs
-
-    def _features(self, p: tuple[tuple[str, Any], ...]) -> np.ndarray:
-        row = np.zeros(len(self._index))
-        for key in self._keys(p):
-            row[self._index[key]] = 1.0
-        return row
-
-    def predict_point(self, p: tuple[tuple[str, Any], ...]) -> float:
-        if self._weights is None:
-            return 0.0
-        return float(self._features(p) @ self._weights + self._mean)
-
-    def rank(self, indices: Iterable[int]) -> list[int]:
-        """`indices` (into the points the model was built with), fastest predicted
-        first."""
-        return sorted(indices, key=lambda i: self.predict_point(self._points[i]))
-
-
-def config_point(cfg: Any) -> tuple[tuple[str, Any], ...]:
-    """A config as a tuple of (field, value) pairs; configs that are neither
-    dataclasses nor mappings are one field, "cfg"."""
-    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
-        items = [(f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg)]
-    elif isinstance(cfg, Mapping):
-        items = sorted((str(k), v) for k, v in cfg.items())
-    elif hasattr(cfg, "_asdict"):
-        items = list(cfg._asdict().items())
-    else:
-        items = [("cfg", cfg)]
-    return tuple((k, _hashable(v)) for k, v in items)
-
-
-def _hashable(v: Any) -> Any:
-    try:
-        hash(v)
-        return v
-    except TypeError:
-        return repr(v)
-
-
-def _distance(a: tuple[tuple[str, Any], ...], b: tuple[tuple[str, Any], ...]) -> int:
-    if len(a) != len(b):
-        return max(len(a), len(b))
-    return sum(1 for x, y in zip(a, b) if x != y)
-
-
-def neighbours(points: Sequence[tuple[tuple[str, Any], ...]], at: int, radius: int) -> list[int]:
-    """Indices of the candidates that differ from `points[at]` in exactly `radius`
-    fields."""
-    return [i for i, p in enumerate(points) if _distance(p, points[at]) == radius]
-
-
-def spread_sample(
-    points: Sequence[tuple[tuple[str, Any], ...]],
-    k: int,
-    *,
-    start: int | None = None,
-    rng: random.Random | None = None,
-) -> list[int]:
-    """`k` indices spread across the space: each next pick is as far (in changed
-    fields) as possible from those already picked; ties are broken at random."""
-    rng = rng or random.Random(0)
-    n = len(points)
-    if k >= n:
-        return list(range(n))
-    chosen = [start if start is not None else rng.randrange(n)]
-    nearest = [_distance(p, points[chosen[0]]) for p in points]
-    while len(chosen) < k:
-        far = max(nearest)
-        options = [i for i in range(n) if nearest[i] == far and i not in chosen]
-        pick = rng.choice(options)
-        chosen.append(pick)
-        nearest = [min(d, _distance(p, points[pick])) for d, p in zip(nearest, points)]
-    return chosen
 
 
 def _ranked(times: Mapping[int, float | None]) -> list[int]:

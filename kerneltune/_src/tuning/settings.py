@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from kerneltune._src.tuning import search, timing
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BenchSettings:
@@ -22,3 +24,55 @@ class BenchSettings:
     seed: int
     drop_factor: float | None = None  # None: DEFAULT_DROP_FACTOR for the timer
     run_timeout_s: float | None = None  # None: from the heuristic's first run
+
+
+def check_tuner_arguments(
+    *,
+    warmup: Any,
+    iters: Any,
+    top_k: Any,
+    max_evals: Any,
+    remeasure_iters: Any,
+    max_workers: Any,
+    time_budget_s: Any,
+    compile_timeout_s: Any,
+    run_timeout_s: Any,
+    target_sample_s: Any,
+    drop_factor: Any,
+    strategy: Any,
+    timer: Any,
+) -> None:
+    """Raises a ValueError naming the first `Tuner` argument out of its range."""
+    _check_int("warmup", warmup, 0)
+    _check_int("iters", iters, 1)
+    _check_int("top_k", top_k, 0)
+    if max_evals is not None:
+        _check_int("max_evals", max_evals, 1)
+    if remeasure_iters is not None:
+        _check_int("remeasure_iters", remeasure_iters, 0)
+    if max_workers is not None:
+        _check_int("max_workers", max_workers, 1)
+    for name, value in (
+        ("time_budget_s", time_budget_s),
+        ("compile_timeout_s", compile_timeout_s),
+        ("run_timeout_s", run_timeout_s),
+        ("target_sample_s", target_sample_s),
+        ("drop_factor", drop_factor),
+    ):
+        if value is not None and not (isinstance(value, (int, float)) and value > 0):
+            raise ValueError(f"Tuner({name}=...) must be a positive number or None, got {value!r}.")
+    if isinstance(strategy, str) and strategy not in search.STRATEGIES:
+        raise ValueError(
+            f"Tuner(strategy=...) must be one of {search.STRATEGIES} or a SearchStrategy, "
+            f"got {strategy!r}."
+        )
+    timing.choose_timer(timer) if isinstance(timer, str) and timer == "wallclock" else None
+    if isinstance(timer, str) and timer not in ("auto", "cupti", "wallclock"):
+        raise ValueError(
+            f"Tuner(timer=...) must be 'auto', 'cupti', 'wallclock' or a Timer, got {timer!r}."
+        )
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"Tuner({name}=...) must be an integer >= {minimum}, got {value!r}.")

@@ -2,14 +2,10 @@
 
 One tuning goes:
 
-1. the search strategy asks the bench to evaluate candidates (`bench.py`): one thread
-   traces and lowers them (Python, which holds the GIL), slowest to compile first, and
-   hands them to parallel compile threads (with a timeout); each runs once as soon as
-   it is compiled (a warm-up whose output is validated against the reference config's)
-   and is timed in interleaved rounds on rotating input buffers (with a device timer,
-   while the others still compile); clearly slow candidates drop out early. Choosing
-   the timer, copying the inputs and checking them for zeros overlap the first compiles;
-2. the best few are re-measured side by side;
+1. the search strategy (`search.py`) asks the bench (`bench.py`) to compile, run once
+   (validated) and time candidates, slowest to compile first, clearly slow ones
+   dropping out early;
+2. the best few are re-measured side by side (`winner.py`);
 3. `decide` picks the winner from every candidate's samples. This is the seam for
    multi-process agreement: every process must pick the same winner, so a distributed
    `decide` (e.g. one that combines the processes' medians) can replace the default,
@@ -20,67 +16,30 @@ from __future__ import annotations
 
 import logging
 import statistics
-import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic
 
 import jax
-import jax.numpy as jnp
 
 from kerneltune._src import keys, tracing
 from kerneltune._src.kernel_types import Cfg
-from kerneltune._src.tuning import compiling, inputs, search, timing
+from kerneltune._src.tuning import inputs, programs, search, timing, winner
 from kerneltune._src.tuning.bench import Bench
-from kerneltune._src.tuning.candidate import Candidate, describe
+from kerneltune._src.tuning.candidate import describe
 from kerneltune._src.tuning.compiling import default_workers
 from kerneltune._src.tuning.progress import Progress
-from kerneltune._src.tuning.report import CandidateResult, TuningReport
+from kerneltune._src.tuning.report import TuningReport
 from kerneltune._src.tuning.sampler import TimerSource
-from kerneltune._src.tuning.settings import BenchSettings
+from kerneltune._src.tuning.settings import BenchSettings, check_tuner_arguments
+from kerneltune._src.tuning.winner import NOISE_BAND as NOISE_BAND
+from kerneltune._src.tuning.winner import Decide as Decide
+from kerneltune._src.tuning.winner import fastest as fastest
 
 logger = logging.getLogger("kerneltune")
 
 MakeFn = Callable[[Any], Callable[..., Any]]
-#: Picks the winner's index from every candidate's result (None: no winner).
-Decide = Callable[[Sequence[CandidateResult]], "int | None"]
-
-
-def split_static(args: Sequence[Any], kwargs: dict[str, Any]):
-    """Splits (args, kwargs) into their array leaves and a function that rebuilds them
-    from new array leaves (non-array leaves stay as constants)."""
-    leaves, treedef = jax.tree_util.tree_flatten((tuple(args), dict(kwargs)))
-    positions = [i for i, leaf in enumerate(leaves) if keys.is_array(leaf)]
-    arrays = [leaves[i] for i in positions]
-
-    def rebuild(new_arrays: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        full = list(leaves)
-        for i, a in zip(positions, new_arrays, strict=True):
-            full[i] = a
-        a, k = jax.tree_util.tree_unflatten(treedef, full)
-        return a, k
-
-    return arrays, rebuild
-
-
-#: Medians closer than this fraction are a tie: run-to-run noise on a GPU is about 1%.
-NOISE_BAND = 0.02
-
-
-def fastest(results: Sequence[CandidateResult]) -> int | None:
-    """The default `decide`: the candidate with the lowest median time, where times
-    within `NOISE_BAND` of the lowest count as a tie that goes to the earliest candidate.
-
-    The selection chain puts the kernel's heuristic config first, so tuning replaces
-    the heuristic only with a config measurably faster than it; other ties go to the
-    candidates' order, so the choice is deterministic.
-    """
-    ok = [(i, r.time_s) for i, r in enumerate(results) if r.ok and r.time_s is not None]
-    if not ok:
-        return None
-    lowest = min(t for _, t in ok)
-    return next(i for i, t in ok if t <= lowest * (1.0 + NOISE_BAND))
 
 
 class Tuner(Generic[Cfg]):
@@ -148,36 +107,13 @@ class Tuner(Generic[Cfg]):
         rotate_bytes: int | None = None,
         drop_factor: float | None = None,
     ) -> None:
-        _check_int("warmup", warmup, 0)
-        _check_int("iters", iters, 1)
-        _check_int("top_k", top_k, 0)
-        if max_evals is not None:
-            _check_int("max_evals", max_evals, 1)
-        if remeasure_iters is not None:
-            _check_int("remeasure_iters", remeasure_iters, 0)
-        if max_workers is not None:
-            _check_int("max_workers", max_workers, 1)
-        for name, value in (
-            ("time_budget_s", time_budget_s),
-            ("compile_timeout_s", compile_timeout_s),
-            ("run_timeout_s", run_timeout_s),
-            ("target_sample_s", target_sample_s),
-            ("drop_factor", drop_factor),
-        ):
-            if value is not None and not (isinstance(value, (int, float)) and value > 0):
-                raise ValueError(
-                    f"Tuner({name}=...) must be a positive number or None, got {value!r}."
-                )
-        if isinstance(strategy, str) and strategy not in search.STRATEGIES:
-            raise ValueError(
-                f"Tuner(strategy=...) must be one of {search.STRATEGIES} or a SearchStrategy, "
-                f"got {strategy!r}."
-            )
-        timing.choose_timer(timer) if isinstance(timer, str) and timer == "wallclock" else None
-        if isinstance(timer, str) and timer not in ("auto", "cupti", "wallclock"):
-            raise ValueError(
-                f"Tuner(timer=...) must be 'auto', 'cupti', 'wallclock' or a Timer, got {timer!r}."
-            )
+        check_tuner_arguments(
+            warmup=warmup, iters=iters, top_k=top_k, max_evals=max_evals,
+            remeasure_iters=remeasure_iters, max_workers=max_workers,
+            time_budget_s=time_budget_s, compile_timeout_s=compile_timeout_s,
+            run_timeout_s=run_timeout_s, target_sample_s=target_sample_s,
+            drop_factor=drop_factor, strategy=strategy, timer=timer,
+        )  # fmt: skip
         timing.install_profiler_observer()
         self.warmup = warmup
         self.iters = iters
@@ -211,7 +147,7 @@ class Tuner(Generic[Cfg]):
         # under ensure_compile_time_eval, which breaks Pallas kernel bodies that build
         # constants ("captures constants").
         with jax.ensure_compile_time_eval():
-            arrays, rebuild = split_static(args, kwargs)
+            arrays, rebuild = programs.split_static(args, kwargs)
             arrays = inputs.concrete_inputs(arrays, seed=self.seed)
         with tracing.outside_traces():
 
@@ -315,7 +251,7 @@ class Tuner(Generic[Cfg]):
             raise ValueError(f"Tuner.tune got an empty candidate list for {name or 'a kernel'}.")
         start = time.perf_counter()
         with jax.ensure_compile_time_eval():
-            arrays, rebuild = split_static(args, kwargs)
+            arrays, rebuild = programs.split_static(args, kwargs)
             arrays = inputs.concrete_inputs(arrays, seed=self.seed)
             # The chain's name already carries the op and its shapes.
             what = (
@@ -332,7 +268,7 @@ class Tuner(Generic[Cfg]):
                     aa, kk = rebuild(a)
                     return fn(*aa, **kk)
 
-                target = _with_backward(call) if backward else call
+                target = programs.with_backward(call) if backward else call
                 return jax.jit(target).lower(*arrays)
 
             expected = None
@@ -343,7 +279,7 @@ class Tuner(Generic[Cfg]):
                         aa, kk = rebuild(a)
                         return reference_fn(*aa, **kk)
 
-                    target = _with_backward(call) if backward else call
+                    target = programs.with_backward(call) if backward else call
                     return jax.block_until_ready(jax.jit(target)(*sets[0]))
 
             deadline = start + self.time_budget_s if self.time_budget_s is not None else None
@@ -351,7 +287,7 @@ class Tuner(Generic[Cfg]):
             # input copies, the all-zero check) happens while the first candidates compile.
             bench = self._bench(
                 lower,
-                _compile,
+                programs.compile_lowered,
                 arrays,
                 candidates,
                 reference_cfg,
@@ -360,16 +296,16 @@ class Tuner(Generic[Cfg]):
                 deadline,
                 expected=expected,
             )
-            zero_check = _Background(inputs.all_zero_floats, arrays)
+            zero_check = programs.Background(inputs.all_zero_floats, arrays)
             try:
                 searched = time.perf_counter()
                 strategy.search(bench)
                 bench.settle_by_majority()
-                self._remeasure_top(bench)
+                winner.remeasure_best(bench, self.top_k, self.remeasure_iters)
                 finished = time.perf_counter()
                 results = bench.results()
-                winner = self.decide(results)
-                best = candidates[winner] if winner is not None else None
+                chosen = self.decide(results)
+                best = candidates[chosen] if chosen is not None else None
                 timer_name = bench.timer.name
                 unvalidated = bench.why_not_validated() if reference_cfg is not None else ""
             finally:
@@ -463,86 +399,5 @@ class Tuner(Generic[Cfg]):
             expected=expected,
         )
 
-    def _remeasure_top(self, bench: Bench) -> None:
-        """The best few, side by side, with more samples: a winner decided by a few
-        samples taken at different times can be a lucky one."""
-        # Judged slow on inflated samples? Then it competes with the best few again.
-        back = bench.confirm_slow()
-        if self.top_k < 2 or self.remeasure_iters < 1:
-            return
-        ranked = sorted((c for c in bench.cands if c.median is not None), key=_median)
-        top: list[Candidate] = ranked[: self.top_k]
-        top += [c for c in back if c not in top]
-        if len(top) < 2:
-            return
-        ref = bench.reference
-        if ref is not None and ref.ok and ref not in top:
-            top.append(ref)  # its time is the baseline of the reported speedup
-        bench.sample(top, self.remeasure_iters)
 
-
-def _compile(lowered: Any) -> Any:
-    return lowered.compile()
-
-
-class _Background:
-    """Runs `fn(*args)` on a daemon thread; `result()` waits for it (None if it
-    raised: what it computes is advisory)."""
-
-    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
-        self._result: Any = None
-        self._thread = threading.Thread(target=self._run, args=(fn, args), daemon=True)
-        self._thread.start()
-
-    def _run(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        with compiling.exit_waits_for_this():  # it may compile: exit must wait
-            try:
-                self._result = fn(*args)
-            except Exception as e:
-                logger.debug("background check failed: %s", e)
-
-    def result(self, timeout_s: float = 60.0) -> Any:
-        self._thread.join(timeout_s)
-        return self._result
-
-
-def _median(c: Candidate) -> float:
-    return c.median  # type: ignore[return-value]
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"Tuner({name}=...) must be an integer >= {minimum}, got {value!r}.")
-
-
-def _with_backward(call: Callable[..., Any]) -> Callable[..., Any]:
-    """Forward + backward: the output and the gradient of the sum of its floating-point
-    leaves with respect to every floating-point input (so validation covers both)."""
-
-    def forward_and_grads(*arrays: Any) -> Any:
-        float_positions = [i for i, a in enumerate(arrays) if jnp.issubdtype(a.dtype, jnp.inexact)]
-        if not float_positions:
-            return call(*arrays), ()
-
-        def loss(*float_arrays: Any) -> Any:
-            full = list(arrays)
-            for i, a in zip(float_positions, float_arrays, strict=True):
-                full[i] = a
-            out = call(*full)
-            leaves = [
-                leaf
-                for leaf in jax.tree_util.tree_leaves(out)
-                if jnp.issubdtype(leaf.dtype, jnp.inexact)
-            ]
-            total = sum((jnp.sum(leaf.real.astype(jnp.float32)) for leaf in leaves), jnp.float32(0))
-            return total, out
-
-        grads, out = jax.grad(loss, argnums=tuple(range(len(float_positions))), has_aux=True)(
-            *[arrays[i] for i in float_positions]
-        )
-        return out, grads
-
-    return forward_and_grads
-
-
-__all__ = ["Decide", "MakeFn", "Tuner", "describe", "fastest", "split_static"]
+__all__ = ["Decide", "MakeFn", "Tuner", "describe", "fastest"]

@@ -1,0 +1,134 @@
+"""The geometry of a config space: a config as a point (its fields), distances and
+neighbours between points, a spread-out sample, and a log-linear cost model fitted to
+measured points (which configs are likely fast, or slow to compile)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+
+class LogLinearModel:
+    """log(time) ≈ mean + an effect per field value + an effect per pair of field
+    values, fitted by ridge least squares to the configs evaluated so far.
+
+    The pair terms carry interactions such as "a wide tile is slow with 4 warps and
+    fast with 8"; they are penalised more than the single-value terms, so with little
+    data the model stays close to additive. `pairs=False` leaves them out.
+    """
+
+    def __init__(
+        self,
+        points: Sequence[tuple[tuple[str, Any], ...]],
+        times: Mapping[int, float | None],
+        *,
+        ridge: float = 0.5,
+        pair_ridge: float = 2.0,
+        pairs: bool = True,
+    ) -> None:
+        self._points = points
+        self._pairs = pairs
+        self._index: dict[tuple[Any, ...], int] = {}
+        penalties: list[float] = []
+        for p in points:
+            for key in self._keys(p):
+                if key not in self._index:
+                    self._index[key] = len(self._index)
+                    penalties.append(ridge if len(key) == 2 else pair_ridge)
+        # Failures are left out: they come from combinations of values (a large tile
+        # with deep pipelining) more than from any one value.
+        ok = {i: t for i, t in times.items() if t is not None and t > 0}
+        self._weights: np.ndarray | None = None
+        if not ok:
+            return
+        x = np.array([self._features(points[i]) for i in ok])
+        y = np.log(np.array(list(ok.values())))
+        self._mean = float(y.mean())
+        gram = x.T @ x + np.diag(penalties)
+        self._weights = np.linalg.solve(gram, x.T @ (y - self._mean))
+
+    def _keys(self, p: tuple[tuple[str, Any], ...]) -> list[tuple[Any, ...]]:
+        singles = [(f, v) for f, (_, v) in enumerate(p)]
+        if not self._pairs:
+            return list(singles)
+        pairs = [a + b for a, b in itertools.combinations(singles, 2)]
+        return singles + pairs
+
+    def _features(self, p: tuple[tuple[str, Any], ...]) -> np.ndarray:
+        row = np.zeros(len(self._index))
+        for key in self._keys(p):
+            row[self._index[key]] = 1.0
+        return row
+
+    def predict_point(self, p: tuple[tuple[str, Any], ...]) -> float:
+        if self._weights is None:
+            return 0.0
+        return float(self._features(p) @ self._weights + self._mean)
+
+    def rank(self, indices: Iterable[int]) -> list[int]:
+        """`indices` (into the points the model was built with), fastest predicted
+        first."""
+        return sorted(indices, key=lambda i: self.predict_point(self._points[i]))
+
+
+def config_point(cfg: Any) -> tuple[tuple[str, Any], ...]:
+    """A config as a tuple of (field, value) pairs; configs that are neither
+    dataclasses nor mappings are one field, "cfg"."""
+    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+        items = [(f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg)]
+    elif isinstance(cfg, Mapping):
+        items = sorted((str(k), v) for k, v in cfg.items())
+    elif hasattr(cfg, "_asdict"):
+        items = list(cfg._asdict().items())
+    else:
+        items = [("cfg", cfg)]
+    return tuple((k, _hashable(v)) for k, v in items)
+
+
+def _hashable(v: Any) -> Any:
+    try:
+        hash(v)
+        return v
+    except TypeError:
+        return repr(v)
+
+
+def distance(a: tuple[tuple[str, Any], ...], b: tuple[tuple[str, Any], ...]) -> int:
+    if len(a) != len(b):
+        return max(len(a), len(b))
+    return sum(1 for x, y in zip(a, b) if x != y)
+
+
+def neighbours(points: Sequence[tuple[tuple[str, Any], ...]], at: int, radius: int) -> list[int]:
+    """Indices of the candidates that differ from `points[at]` in exactly `radius`
+    fields."""
+    return [i for i, p in enumerate(points) if distance(p, points[at]) == radius]
+
+
+def spread_sample(
+    points: Sequence[tuple[tuple[str, Any], ...]],
+    k: int,
+    *,
+    start: int | None = None,
+    rng: random.Random | None = None,
+) -> list[int]:
+    """`k` indices spread across the space: each next pick is as far (in changed
+    fields) as possible from those already picked; ties are broken at random."""
+    rng = rng or random.Random(0)
+    n = len(points)
+    if k >= n:
+        return list(range(n))
+    chosen = [start if start is not None else rng.randrange(n)]
+    nearest = [distance(p, points[chosen[0]]) for p in points]
+    while len(chosen) < k:
+        far = max(nearest)
+        options = [i for i in range(n) if nearest[i] == far and i not in chosen]
+        pick = rng.choice(options)
+        chosen.append(pick)
+        nearest = [min(d, distance(p, points[pick])) for d, p in zip(nearest, points)]
+    return chosen
