@@ -86,6 +86,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         [
             "_src.cache_cli",
             "_src.demo",
+            "_src.demo_jobs",
             "_src.explain_cli",
             "_src.report",
             "_src.tune_cli",

@@ -45,10 +45,8 @@ class Bench:
       arg_sets: argument sets to cycle through (or a function making them, called
         before the first run).
       candidates: the configs.
-      reference_cfg: outputs are validated against this config's output.
-      timer: the timer, or a function choosing it.
-      settings: the rest.
-      progress: the progress bar.
+      reference_cfg: the heuristic config (outputs are validated against its output).
+      timer, settings, progress: the timer (or a function choosing it), the rest, the bar.
     """
 
     def __init__(

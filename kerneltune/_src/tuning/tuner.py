@@ -388,16 +388,9 @@ class Tuner(Generic[Cfg]):
             run_timeout_s=self.run_timeout_s,
         )
         return Bench(
-            lower,
-            finish,
-            arg_sets,
-            candidates,
-            reference_cfg,
-            timer,
-            settings,
-            progress,
+            lower, finish, arg_sets, candidates, reference_cfg, timer, settings, progress,
             expected=expected,
-        )
+        )  # fmt: skip
 
 
 __all__ = ["Decide", "MakeFn", "Tuner", "describe", "fastest"]
