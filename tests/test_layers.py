@@ -200,3 +200,9 @@ def test_the_check_sees_an_upward_import_inside_a_function(tmp_path, monkeypatch
     fake.write_text("def f():\n    from kerneltune._src.executor import Executor\n")
     monkeypatch.setitem(MODULES, "_src.labels", fake)
     assert "_src.executor" in imports_of("_src.labels")
+
+
+def test_docs_architecture_describes_the_same_layers():
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    described = [line for line in page.splitlines() if line[:1].isdigit() and ". **" in line]
+    assert len(described) == len(LAYERS), "docs/architecture.md and LAYERS disagree"
