@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_offline_kernels import CHEAPEST, HEURISTIC, LoopKernel, started, tuning_executor
+from offline_kernels import CHEAPEST, HEURISTIC, LoopKernel, started, tuning_executor
 
 import kerneltune as kt
 from kerneltune._src.batch import pmap_with_config, vmap_with_config
@@ -77,7 +77,7 @@ def test_pmap_with_config_tunes_once_for_every_device():
 
 def test_batched_wrappers_use_the_default_executor(monkeypatch):
     ex, events = tuning_executor(fallback="heuristics")
-    monkeypatch.setattr(kt._src.executor, "_default", ex)
+    monkeypatch.setattr(kt._src.default, "_default", ex)
     out = vmap_with_config(LoopKernel())(jnp.ones((2, 4, 4)))
     np.testing.assert_allclose(out, jnp.ones((2, 4, 4)))
     assert [e for e, _ in events] == ["heuristics"]

@@ -77,7 +77,7 @@ def test_a_search_strategy_that_raises_is_a_normal_error(tmp_path):
 
 
 def test_ctrl_c_in_tune_exits_130_and_keeps_what_finished(tmp_path):
-    from test_offline_kernels import LoopCfg
+    from offline_kernels import LoopCfg
     from test_tune_workers import ROOT, TESTS, record_manifest
     from worker_kernels import SLEEP, SleepyKernel, SteadyKernel
 

@@ -3,7 +3,7 @@ worker process costs that candidate, recorded with its reason; tuning goes on.""
 
 import jax
 import pytest
-from test_offline_kernels import LoopCfg
+from offline_kernels import LoopCfg
 from test_tune_workers import record_manifest, tune
 from worker_kernels import CrashingKernel, HangingKernel, SteadyKernel
 

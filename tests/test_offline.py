@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_offline_kernels import (
+from offline_kernels import (
     CANDIDATES,
     CHEAPEST,
     HEURISTIC,

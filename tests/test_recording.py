@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
-from test_offline_kernels import LoopKernel, ScaledKernel
+from offline_kernels import LoopKernel, ScaledKernel
 
 import kerneltune as kt
 from kerneltune._src import manifest, options, recording

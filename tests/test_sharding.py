@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
-from test_offline_kernels import (
+from offline_kernels import (
     CHEAPEST,
     HEURISTIC,
     LoopKernel,

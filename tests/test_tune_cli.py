@@ -9,7 +9,7 @@ import sys
 
 import jax.numpy as jnp
 import pytest
-from test_offline_kernels import CANDIDATES, LoopCfg, LoopKernel, ScaledKernel
+from offline_kernels import CANDIDATES, LoopCfg, LoopKernel, ScaledKernel
 
 import kerneltune as kt
 from kerneltune import cli
@@ -62,7 +62,7 @@ def test_two_shards_tuned_in_other_processes_cover_the_manifest_once(manifest, t
         kerneltune_process(
             "--cache-dir", str(caches[i]), "tune", str(path),
             "--shard", f"{i}/2", "--out", str(outs[i]), "--no-progress",
-            "--import", "test_offline_kernels",
+            "--import", "offline_kernels",
         )
         for i in range(2)
     ]  # fmt: skip

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import CostInProgram
-from test_offline_kernels import CHEAPEST, LoopKernel, SinKernel
+from offline_kernels import CHEAPEST, LoopKernel, SinKernel
 
 import kerneltune as kt
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import jax.numpy as jnp
 import pytest
-from test_offline_kernels import LoopCfg
+from offline_kernels import LoopCfg
 from worker_kernels import DIE, DyingKernel, SteadyKernel
 
 import kerneltune as kt

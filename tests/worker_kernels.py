@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from test_offline_kernels import CANDIDATES, HEURISTIC, LoopCfg, busy
+from offline_kernels import CANDIDATES, HEURISTIC, LoopCfg, busy
 
 import kerneltune as kt
 
