@@ -1,5 +1,6 @@
 """The backend is part of a bundled op's config, so it survives every place a config
-is stored: the persistent cache and an `AutotuningResult` file (issue 10)."""
+is stored: the persistent cache, an `AutotuningResult` file and the tuning of a
+manifest's records (issue 10)."""
 
 import pytest
 
@@ -31,3 +32,34 @@ def test_backends_survive_a_result_file(tmp_path):
     loaded = kt.AutotuningResult.load(path, types)
     assert [e.cfg for e in loaded] == [cfg for _, cfg in CONFIGS]
     assert [e.cfg.backend for e in loaded] == ["cudnn", "pallas", "xla", "pallas", "xla", "mosaic"]
+
+
+def test_backends_survive_a_manifest_and_the_tuning_of_its_records(tmp_path):
+    # Recorded calls go to a manifest file; tuning the records read back from it (the
+    # kernels rebuilt by name) gives configs whose backend field is typed and intact.
+    import jax.numpy as jnp
+
+    from kerneltune._src import recording
+    from kerneltune.kernels import LayerNormInterpret
+
+    recording.clear_invocations()
+    heuristics = kt.Executor(
+        kt.ConfigSelectorChain(
+            kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback="heuristics")
+        )
+    )
+    x = jnp.linspace(-1.0, 1.0, 8 * 256, dtype=jnp.float32).reshape(8, 256)
+    with recording.record_calls():
+        heuristics(LayerNormInterpret(), x, jnp.ones(256), jnp.zeros(256))
+    assert kt.save_manifest(tmp_path / "calls.json") == 1
+    recording.clear_invocations()
+    chain = kt.ConfigSelectorChain(
+        kt.ConfigCache(), tuner=kt.Tuner(progress=False, iters=1, target_sample_s=1e-4)
+    )
+    result = kt.autotune_recorded(kt.load_manifest(tmp_path / "calls.json"), selector=chain)
+    result.save(tmp_path / "tuned.json")
+    (entry,) = kt.AutotuningResult.load(
+        tmp_path / "tuned.json", {"layer_norm-interpret": NormConfig}
+    )
+    assert isinstance(entry.cfg, NormConfig) and entry.cfg.backend == "pallas"
+    assert entry.cfg == result.entries[0].cfg
