@@ -124,6 +124,24 @@ def topic_hash(*parts: str) -> str:
 # -- publishing and gathering ---------------------------------------------------------
 
 
+#: What every key-value store path starts with, and the version of what is stored.
+PROTOCOL_ROOT, PROTOCOL_FORMAT = "kerneltune", 1
+
+
+def exchange_round(
+    peers: Peers, kind: str, *topic: str, value: str, timeout_s: float, what: str
+) -> dict[int, str]:
+    """One exchange of `kind` about `topic` (e.g. the op and call key being tuned):
+    publishes `value`, returns every process's, and numbers the rounds so that the same
+    topic can be exchanged again later (a key tuned again after a cache clear)."""
+    name = topic_hash(kind, *topic)
+    round_ = next_round(peers, name)
+    path = f"{PROTOCOL_ROOT}/{kind}/v{PROTOCOL_FORMAT}/{name}/{round_}"
+    raw = exchange(peers, path, value, timeout_s=timeout_s, what=what)
+    finish_round(peers, name, round_)
+    return raw
+
+
 def exchange(peers: Peers, path: str, value: str, *, timeout_s: float, what: str) -> dict[int, str]:
     """Publishes `value` under `path/<this process>` and returns every process's value.
 

@@ -31,26 +31,22 @@ from typing import Any
 
 from kerneltune._src import files, keys
 from kerneltune._src.coordination import (
+    PROTOCOL_FORMAT,
+    Peers,
+    current_peers,
+    exchange_round,
+    timeout_seconds,
+)
+from kerneltune._src.coordination import (
     AgreementError as AgreementError,
 )
 from kerneltune._src.coordination import (
     AgreementTimeoutError as AgreementTimeoutError,
 )
-from kerneltune._src.coordination import (
-    Peers,
-    current_peers,
-    exchange,
-    finish_round,
-    next_round,
-    timeout_seconds,
-    topic_hash,
-)
 from kerneltune._src.tuning.report import TuningReport
 
 logger = logging.getLogger("kerneltune")
 
-_FORMAT = 1
-_ROOT = "kerneltune"
 # A candidate that was not measured but did not fail either (the search skipped it).
 _NOT_MEASURED = ("pruned",)
 
@@ -80,7 +76,7 @@ class Agreement:
 def payload(report: TuningReport, *, op_id_v: str, device: str, process_id: int) -> dict[str, Any]:
     """What one process publishes about its tuning of a key."""
     return {
-        "format": _FORMAT,
+        "format": PROTOCOL_FORMAT,
         "process": process_id,
         "op": op_id_v,
         "device": device,
@@ -213,17 +209,16 @@ def agree(
     what = f"a config for {report.name or op_id_v} (call key {call_key})"
     # The device is not part of the topic: processes on different device kinds must
     # still run one program, so they agree too (with a warning, below).
-    topic = topic_hash("tune", op_id_v, call_key)
-    round_ = next_round(peers, topic)
     mine = payload(report, op_id_v=op_id_v, device=dev, process_id=peers.process_id)
-    raw = exchange(
+    raw = exchange_round(
         peers,
-        f"{_ROOT}/agree/v{_FORMAT}/{topic}/{round_}",
-        json.dumps(mine, sort_keys=True, allow_nan=False),
+        "tune",
+        op_id_v,
+        call_key,
+        value=json.dumps(mine, sort_keys=True, allow_nan=False),
         timeout_s=wait_s,
         what=what,
     )
-    finish_round(peers, topic, round_)
     payloads = {pid: files.loads(text) for pid, text in raw.items()}
     cfgs = [c.cfg for c in report.candidates]
     agreement = combine(payloads, cfgs)

@@ -16,23 +16,18 @@ from typing import Any
 from kerneltune._src import devices, files, keys
 from kerneltune._src.cache import ConfigCache
 from kerneltune._src.coordination import (
+    PROTOCOL_FORMAT,
     AgreementError,
     Peers,
     current_peers,
-    exchange,
-    finish_round,
-    next_round,
+    exchange_round,
     timeout_seconds,
-    topic_hash,
 )
 from kerneltune._src.default import default_executor
 from kerneltune._src.executor import Executor
 from kerneltune._src.result import AutotuningResult
 
 logger = logging.getLogger("kerneltune")
-
-_FORMAT = 1
-_ROOT = "kerneltune"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,17 +117,10 @@ def verify_agreement(
             processes=1, keys=len(entries), digest=digest, conflicts={}, partial={}
         )
     wait_s = timeout_seconds(timeout_s)
-    topic = topic_hash("verify")
-    round_ = next_round(peers, topic)
-    mine = json.dumps({"format": _FORMAT, "entries": sorted([*k, v] for k, v in entries.items())})
-    raw = exchange(
-        peers,
-        f"{_ROOT}/verify/v{_FORMAT}/{round_}",
-        mine,
-        timeout_s=wait_s,
-        what="verify_agreement()",
+    mine = {"format": PROTOCOL_FORMAT, "entries": sorted([*k, v] for k, v in entries.items())}
+    raw = exchange_round(
+        peers, "verify", value=json.dumps(mine), timeout_s=wait_s, what="verify_agreement()"
     )
-    finish_round(peers, topic, round_)
     held: dict[tuple[str, str], dict[str, list[int]]] = {}
     for pid, text in sorted(raw.items()):
         for op, call_key, cfg_text in files.loads(text)["entries"]:
