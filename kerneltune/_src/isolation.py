@@ -44,12 +44,8 @@ class Culprit:
 
 def tune_isolated(
     records: Sequence[Any],
+    command: tune_workers.WorkerCommand,
     *,
-    manifest: str,
-    imports: Sequence[str] = (),
-    cache_dir: str | None = None,
-    op: str | None = None,
-    force: bool = False,
     run_timeout_s: float | None = None,
     gpu: str | None = None,
     quiet: bool = False,
@@ -82,14 +78,11 @@ def tune_isolated(
             tune_workers.write_keys(paths["keys"], remaining)
             with open(paths["exclude"], "w") as f:
                 json.dump(journal.excluded_doc([_as_item(c) for c in culprits]), f)
-            argv = [sys.executable, "-m", "kerneltune"]
-            argv += ["--cache-dir", cache_dir] if cache_dir is not None else []
-            argv += ["tune", manifest, "--keys", paths["keys"], "--out", paths["out"]]
-            argv += ["--journal", paths["journal"], "--exclude", paths["exclude"], "--no-progress"]
-            argv += ["--run-timeout", str(run_timeout_s)] if run_timeout_s is not None else []
-            argv += [a for name in imports for a in ("--import", name)]
-            argv += ["--op", op] if op else []
-            argv += ["--force"] if force else []
+            argv = command.argv(
+                paths["keys"], paths["out"], "--journal", paths["journal"],
+                "--exclude", paths["exclude"],
+                *(["--run-timeout", str(run_timeout_s)] if run_timeout_s is not None else []),
+            )  # fmt: skip
             env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}))
             if python_path:
                 env["PYTHONPATH"] = os.pathsep.join([*python_path, env.get("PYTHONPATH", "")])
@@ -156,12 +149,15 @@ def autotune_isolated(
     with tempfile.TemporaryDirectory(prefix="kerneltune-isolated-") as tmp:
         path = os.path.join(tmp, "manifest.json")
         manifests.save_manifest(path, list(records))
-        result, culprits, _ = tune_isolated(
-            records,
+        command = tune_workers.WorkerCommand(
             manifest=path,
             imports=sorted(modules),
             cache_dir=persistent_location or os.path.join(tmp, "cache"),
             force=force,
+        )
+        result, culprits, _ = tune_isolated(
+            records,
+            command,
             run_timeout_s=run_timeout_s,
             quiet=True,
             # The worker imports the kernels' modules from where this process found them.

@@ -219,16 +219,7 @@ def _run_workers(args: argparse.Namespace, records: list[Any], count: int, gpus:
         f"tuning in {count} worker processes"
         + (f" on GPUs {', '.join(gpus[:count])}" if gpus else "")
     )
-    result, runs = tune_workers.run_workers(
-        records,
-        count,
-        manifest=args.manifest,
-        imports=args.imports,
-        cache_dir=getattr(args, "cache_dir", None),
-        op=args.op,
-        force=args.force,
-        gpus=gpus,
-    )
+    result, runs = tune_workers.run_workers(records, count, _worker_command(args), gpus=gpus)
     print_table(
         ["worker", "gpu", "keys", "with a config", "exit"],
         [
@@ -271,13 +262,7 @@ def _run_isolated(args: argparse.Namespace, records: list[Any]) -> int:
 
     print("tuning in an isolated worker process")
     result, culprits, code = isolation.tune_isolated(
-        records,
-        manifest=args.manifest,
-        imports=args.imports,
-        cache_dir=getattr(args, "cache_dir", None),
-        op=args.op,
-        force=args.force,
-        run_timeout_s=args.run_timeout,
+        records, _worker_command(args), run_timeout_s=args.run_timeout
     )
     for c in culprits:
         what = f"candidate {_cfg_text(c.cfg)}" if c.cfg else "the key"
@@ -285,6 +270,17 @@ def _run_isolated(args: argparse.Namespace, records: list[Any]) -> int:
     _save_merged(args, result, len(records))
     lost_keys = any(not c.cfg for c in culprits)
     return 1 if code or lost_keys else 0
+
+
+def _worker_command(args: argparse.Namespace) -> Any:
+    """What this command's worker processes are told (`--workers`, `--isolate`)."""
+    return tune_workers.WorkerCommand(
+        manifest=args.manifest,
+        imports=tuple(args.imports),
+        cache_dir=getattr(args, "cache_dir", None),
+        op=args.op,
+        force=args.force,
+    )
 
 
 def _save_merged(args: argparse.Namespace, result: Any, total: int) -> None:

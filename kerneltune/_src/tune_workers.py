@@ -129,15 +129,33 @@ class WorkerRun:
         return [r for r in self.assigned if (r.op_id_v, r.call_key) not in self.finished]
 
 
+@dataclasses.dataclass(frozen=True)
+class WorkerCommand:
+    """What every worker process of `kerneltune tune` is told: the manifest, the modules
+    that define its kernels, the cache, and the `--op` and `--force` of its parent."""
+
+    manifest: str
+    imports: Sequence[str] = ()
+    cache_dir: str | None = None
+    op: str | None = None
+    force: bool = False
+
+    def argv(self, keys_path: str, out_path: str, *extra: str) -> list[str]:
+        """The worker's command line: tune the keys in `keys_path`, write to `out_path`."""
+        argv = [sys.executable, "-m", "kerneltune"]
+        argv += ["--cache-dir", self.cache_dir] if self.cache_dir is not None else []
+        argv += ["tune", self.manifest, "--keys", keys_path, "--out", out_path, "--no-progress"]
+        argv += [a for name in self.imports for a in ("--import", name)]
+        argv += ["--op", self.op] if self.op else []
+        argv += ["--force"] if self.force else []
+        return argv + list(extra)
+
+
 def run_workers(
     records: Sequence[Any],
     count: int,
+    command: WorkerCommand,
     *,
-    manifest: str,
-    imports: Sequence[str] = (),
-    cache_dir: str | None = None,
-    op: str | None = None,
-    force: bool = False,
     gpus: Sequence[str] = (),
 ) -> tuple[Any, list[WorkerRun]]:
     """Tunes `records` in `count` worker processes and merges their results.
@@ -156,13 +174,7 @@ def run_workers(
             out_path = os.path.join(tmp, f"result{i}.json")
             log_path = os.path.join(tmp, f"log{i}.txt")
             write_keys(keys_path, part)
-            argv = [sys.executable, "-m", "kerneltune"]
-            if cache_dir is not None:
-                argv += ["--cache-dir", cache_dir]
-            argv += ["tune", manifest, "--keys", keys_path, "--out", out_path, "--no-progress"]
-            argv += [a for name in imports for a in ("--import", name)]
-            argv += ["--op", op] if op else []
-            argv += ["--force"] if force else []
+            argv = command.argv(keys_path, out_path)
             env = dict(os.environ)
             gpu = gpus[i] if i < len(gpus) else None
             if gpu is not None:
