@@ -24,6 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 BASE = {"a": 1, "b": 1, "c": 6}
 SLOW = 40
 SIZE = 128
+#: The matrix sizes of the recorded calls of the "split" mode (one key each).
+SPLIT_SIZES = (16, 24, 32, 40, 48, 56)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -139,6 +141,21 @@ def test_a_process_that_never_arrives_makes_the_others_time_out():
     assert took < 100
 
 
+@pytest.mark.parametrize("n", [2, 4])
+def test_offline_tuning_is_split_so_each_key_is_tuned_once(n):
+    # Before: under jax.distributed every process tuned every recorded key (and agreed
+    # on each); now each key is tuned by one process and every process ends with all.
+    results = _launch(n, [""] * n, mode="split")
+    tuned = [set(map(tuple, r["tuned"])) for r in results]
+    everything = set(map(tuple, results[0]["keys"]))
+    assert len(everything) == len(SPLIT_SIZES)
+    assert set().union(*tuned) == everything
+    assert sum(len(t) for t in tuned) == len(everything)  # exactly once in the job
+    assert all(t for t in tuned)  # every process had a share
+    assert len({r["result"] for r in results}) == 1  # the identical full result
+    assert all(r["entries"] == len(everything) and r["cached"] for r in results)
+
+
 # -- the worker (one per process) ------------------------------------------------------
 
 
@@ -203,7 +220,31 @@ def _worker(pid: int, n: int, port: int, mode: str) -> None:
     x = jax.random.normal(jax.random.key(0), (SIZE, SIZE), jnp.float32) / SIZE
     kernel = Skew()
     result: dict = {"process": pid}
-    if mode == "absent":
+    if mode == "split":
+        from kerneltune._src import recording
+
+        heuristics = kt.Executor(
+            kt.ConfigSelectorChain(
+                kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback="heuristics")
+            )
+        )
+        with recording.record_calls():
+            for size in SPLIT_SIZES:
+                heuristics(kernel, jnp.ones((size, size)) / size)
+        ex, chain, events = executor()
+        tuned = kt.autotune_recorded(selector=chain)
+        result["keys"] = sorted(r.key for r in recording.iter_records(recording.get_invocations()))
+        result["tuned"] = sorted(
+            (d["op_id"], d["call_key"]) for e, d in events if e == "autotune_start"
+        )
+        # The entries as JSON (the export's own time stamp aside).
+        result["result"] = json.dumps(json.loads(tuned.dumps())["entries"], sort_keys=True)
+        result["entries"] = len(tuned)
+        # Every key's config is in this process's memory cache, typed.
+        result["cached"] = all(
+            isinstance(chain.cache.get(tuned.device, e.op_id_v, e.call_key), SkewCfg) for e in tuned
+        )
+    elif mode == "absent":
         client = current_peers().client
         if pid == n - 1:
             # Never makes the call; stays up until the others are done.

@@ -22,11 +22,13 @@ does not arrive within `KERNELTUNE_AGREE_TIMEOUT` seconds makes the others raise
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import json
 import logging
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from kerneltune._src import files, keys
@@ -175,6 +177,20 @@ def _local_winner(p: Mapping[str, Any]) -> int | None:
     return best
 
 
+_alone: contextvars.ContextVar[bool] = contextvars.ContextVar("kerneltune_alone", default=False)
+
+
+@contextlib.contextmanager
+def tuning_alone() -> Iterator[None]:
+    """Inside the block, `agree` keeps each process's own winner: the keys tuned there
+    are tuned by this process only (the others adopt its results afterwards)."""
+    token = _alone.set(True)
+    try:
+        yield
+    finally:
+        _alone.reset(token)
+
+
 def agree(
     key: tuple[str, str, str],
     report: TuningReport,
@@ -200,6 +216,8 @@ def agree(
       AgreementError: the processes tuned different candidate lists, or the
         coordination service failed.
     """
+    if _alone.get():
+        return report  # this key is this process's alone (offline tuning split by key)
     if peers is None:
         peers = current_peers()
         if peers is None:

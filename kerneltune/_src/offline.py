@@ -22,8 +22,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
-from kerneltune._src import devices, labels, scope
+from kerneltune._src import devices, distributed, kernel_hooks, labels, scope, split
 from kerneltune._src.cache import ConfigCache
+from kerneltune._src.coordination import current_peers
 from kerneltune._src.recording import Record, get_invocations, iter_records
 from kerneltune._src.result import AutotuningResult, Entry
 from kerneltune._src.selection import (
@@ -93,10 +94,51 @@ def tune_records(
       force: benchmark again even when the caches hold a tuned config.
       progress: show a progress bar (default: only on a terminal).
       on_outcome: called after each record.
+
+    Under an initialised multi-process JAX job, the records are split across the
+    processes (each key is tuned by one of them, `split.py`) and every process returns
+    every record's outcome, with the same configs.
     """
+    chain = _as_chain(selector)
+    peers = current_peers()
+    if peers is None or peers.num_processes < 2:
+        return _tune_here(records, chain, force, progress, on_outcome)
+    # A multi-process job: each key is tuned by one process, and all end with all.
+    share = split.share_of(records, peers)
+    with distributed.tuning_alone():
+        own = _tune_here(share, chain, force, progress, on_outcome)
+    merged = split.merge_results(peers, result_of(own), _config_types(records))
+    by_key = {o.record.key: o for o in own}
+    outcomes = []
+    for record in records:
+        outcome = by_key.get(record.key)
+        entry = merged.get(*record.key)
+        if outcome is not None and entry is not None:
+            # The merged entry (the same in every process), not this process's copy.
+            outcome = dataclasses.replace(outcome, entry=entry)
+        elif outcome is None:
+            if entry is None:
+                why = "the process it was dealt to could not tune it"
+                outcome = Outcome(record, "untuned", error=why)
+            else:
+                _adopt(chain, merged.device, entry)
+                outcome = Outcome(record, "tuned", entry)
+            if on_outcome is not None:
+                on_outcome(outcome)
+        outcomes.append(outcome)
+    return outcomes
+
+
+def _tune_here(
+    records: Sequence[Record],
+    chain: ConfigSelectorChain[Any, Any],
+    force: bool,
+    progress: bool | None,
+    on_outcome: Callable[[Outcome], None] | None,
+) -> list[Outcome]:
+    """Tunes each record in this process, in turn."""
     from kerneltune._src.tuning.progress import Progress
 
-    chain = _as_chain(selector)
     bar = Progress("kerneltune tune", enabled=progress)
     bar.add_total(len(records))
     outcomes = []
@@ -145,6 +187,33 @@ def _tune_one(record: Record, chain: ConfigSelectorChain[Any, Any], force: bool)
         return finish("cached", _entry_from_caches(record, chain, decision))
     why = "; ".join(f"{tier}: {reason}" for tier, reason in decision.misses if tier == "autotune")
     return finish("untuned", error=why or f"the config came from {decision.tier}")
+
+
+def _config_types(records: Sequence[Record]) -> dict[str, type]:
+    """`{op_id_v: config class}` of the records' kernels that can be rebuilt here."""
+    types: dict[str, type] = {}
+    for record in records:
+        try:
+            kernel = record.get_kernel()
+            cfg_type = kernel_hooks.config_type_of(kernel, record.invocation(kernel))
+        except Exception:  # a kernel not defined here: its configs stay field dicts
+            continue
+        if cfg_type is not None:
+            types[record.op_id_v] = cfg_type
+    return types
+
+
+def _adopt(chain: ConfigSelectorChain[Any, Any], device: str, entry: Entry) -> None:
+    """Puts a config another process tuned into `chain`'s caches."""
+    if isinstance(entry.cfg, dict):
+        return  # its kernel's config class is not known here: `with result:` applies it
+    key = (device, entry.op_id_v, entry.call_key)
+    chain.cache.put(*key, entry.cfg)
+    if chain.persistent is not None and chain.persist_autotune:
+        try:
+            chain.persistent.put(*key, entry.cfg, signature=entry.signature)
+        except Exception as e:  # a cache write must not fail the run.
+            logger.warning("could not write %s to the persistent cache: %s", key, e)
 
 
 def _fresh_chain(chain: ConfigSelectorChain[Any, Any]) -> ConfigSelectorChain[Any, Any]:
