@@ -150,3 +150,30 @@ def test_tuned_configs_are_kept_only_when_the_whole_function_is_faster(lost, kep
     assert entry.cfg == kept
     # The default executor serves the decision from now on.
     assert kt.explain(kernel, x).cfg == kept
+
+
+def test_the_whole_function_decision_is_agreed_between_processes(monkeypatch):
+    # In a job, one process may measure the tuned configs faster and another not; they
+    # must keep the same configs (one program). Here the local measurement says "keep
+    # the heuristic" (a 300 fusion cost) but the agreed winner is the tuned variant.
+    from kerneltune._src import distributed, tune_function
+
+    seen = []
+
+    def agree(key, report, **kw):
+        seen.append(key)
+        tuned = next(c.cfg for c in report.candidates if c.cfg != report.heuristic_cfg)
+        return dataclasses.replace(report, best=tuned)
+
+    monkeypatch.setattr(distributed, "agree", agree)
+    kernel = Fusable(300)
+
+    def model(x):
+        with jax.named_scope("ktwhole"):
+            return (kernel(x) * 2.0).sum()
+
+    tuner = kt.Tuner(timer=FusionAwareCost(), target_sample_s=5e-4, progress=False)
+    (entry,) = kt.autotune(model, jnp.ones((8, 8)), tuner=tuner)
+    assert entry.cfg == FusedCfg(50, 300)  # the agreed choice, not the local one
+    (whole,) = [k for k in seen if k[1] == tune_function.WHOLE_FUNCTION_OP]
+    assert len(whole[2]) > 8  # keyed by the tuned calls, the same in every process

@@ -22,7 +22,7 @@ from typing import Any
 
 import jax
 
-from kerneltune._src import offline, recording
+from kerneltune._src import distributed, keys, offline, recording
 from kerneltune._src.configs import config_from_dict, config_to_dict
 from kerneltune._src.result import AutotuningResult
 from kerneltune._src.selection import ConfigSelectorChain, policy_override
@@ -95,6 +95,10 @@ def autotune_function(
     return keep_if_faster(chain, call, specs, result)
 
 
+#: The op id under which processes agree on keeping tuned configs for a whole function.
+WHOLE_FUNCTION_OP = "kerneltune.whole_function@v0"
+
+
 def keep_if_faster(
     chain: ConfigSelectorChain[Any, Any],
     call: Callable[..., Any],
@@ -125,6 +129,11 @@ def keep_if_faster(
         backward=False,
         name="the whole function",
     )
+    # Every process of a job must keep the same configs (one program): they agree on
+    # this choice as on any tuned key (a no-op with one process).
+    keys_tuned = sorted((e.op_id_v, e.call_key) for e in result)
+    whole = (result.device, WHOLE_FUNCTION_OP, keys.hash_text(keys.stable_json(keys_tuned)))
+    report = distributed.agree(whole, report)
     if report.best == TUNED:
         return result
     times = {c.cfg: c.time_s for c in report.candidates}
