@@ -207,3 +207,20 @@ def test_docs_architecture_describes_the_same_layers():
     page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
     described = [line for line in page.splitlines() if line[:1].isdigit() and ". **" in line]
     assert len(described) == len(LAYERS), "docs/architecture.md and LAYERS disagree"
+
+
+def test_only_jax_compat_reaches_into_jax_private_modules():
+    # A JAX release that moves its internals must break one module, not many.
+    offenders = []
+    for name, path in MODULES.items():
+        if name == "_src.jax_compat":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            module = None
+            if isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+            elif isinstance(node, ast.Import):
+                module = ",".join(a.name for a in node.names)
+            if module is not None and "jax._src" in module:
+                offenders.append(name)
+    assert not offenders, f"private JAX imports outside _src/jax_compat.py: {offenders}"

@@ -19,7 +19,7 @@ from typing import Any
 
 import jax
 
-from kerneltune._src import options
+from kerneltune._src import jax_compat, options
 
 logger = logging.getLogger("kerneltune")
 
@@ -86,14 +86,7 @@ def current_peers() -> Peers | None:
 
 
 def _jax_client() -> Any:
-    # Not public API: jax._src.distributed.global_state.client holds the client that
-    # jax.distributed.initialize made (the same place orbax and multihost_utils read).
-    try:
-        from jax._src import distributed as jax_distributed
-    except ImportError:  # pragma: no cover - moved in some JAX version
-        return None
-    state = getattr(jax_distributed, "global_state", None)
-    return getattr(state, "client", None)
+    return jax_compat.distributed_client()
 
 
 # -- rounds: the same key may be agreed on more than once ------------------------------

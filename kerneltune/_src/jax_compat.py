@@ -29,3 +29,37 @@ def backends_initialized() -> bool:
 
     backends: Any = getattr(xla_bridge, "_backends", None)
     return bool(backends)
+
+
+def eval_context() -> Any:
+    """JAX's context in which operations run eagerly even under a trace (not
+    `ensure_compile_time_eval`, which also forces constants inside kernels)."""
+    import jax
+
+    make = getattr(jax.core, "eval_context", None)
+    if make is None:  # pragma: no cover - moved in some JAX version
+        from jax._src import core
+
+        make = core.eval_context
+    return make()
+
+
+def distributed_client() -> Any:
+    """The key-value store client `jax.distributed.initialize` made, or None (the same
+    place orbax and multihost_utils read it from)."""
+    try:
+        from jax._src import distributed as jax_distributed
+    except ImportError:  # pragma: no cover - moved in some JAX version
+        return None
+    state = getattr(jax_distributed, "global_state", None)
+    return getattr(state, "client", None)
+
+
+def profiler_module() -> Any:
+    """JAX's private profiler module (its trace state and the functions a trace is
+    started with), or None where it moved."""
+    try:
+        from jax._src import profiler
+    except Exception:
+        return None
+    return profiler

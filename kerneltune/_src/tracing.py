@@ -7,6 +7,8 @@ from typing import Any
 
 import jax
 
+from kerneltune._src import jax_compat
+
 
 def is_tracing(tree: Any) -> bool:
     """True when any leaf of `tree` is a tracer (the call is inside jit/grad/vmap...)."""
@@ -17,9 +19,4 @@ def outside_traces() -> contextlib.AbstractContextManager[Any]:
     """A context in which JAX operations run eagerly even while the caller is being
     traced (tuning inside the user's jit), without forcing constants inside kernels to
     be concrete as `jax.ensure_compile_time_eval` does."""
-    make = getattr(jax.core, "eval_context", None)
-    if make is None:  # pragma: no cover - moved in some JAX version
-        from jax._src import core
-
-        make = core.eval_context
-    return make()  # type: ignore[no-any-return]
+    return jax_compat.eval_context()  # type: ignore[no-any-return]

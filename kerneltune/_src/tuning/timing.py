@@ -28,6 +28,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import jax
 
+from kerneltune._src import jax_compat
+
 logger = logging.getLogger("kerneltune")
 
 #: Whether the default CUPTI timer keeps CUPTI attached between samples (see
@@ -218,8 +220,7 @@ def note_profiler_used() -> None:
 def profiler_conflict() -> str | None:
     """Why CUPTI must not be used in this process now, or None when it may be."""
     try:
-        from jax._src import profiler as jax_profiler
-
+        jax_profiler = jax_compat.profiler_module()
         state = getattr(jax_profiler, "_profile_state", None)
         if getattr(state, "profile_session", None) is not None:
             _profiler_seen.set()
@@ -255,8 +256,10 @@ def install_profiler_observer() -> None:
     that already ended is not: call `note_profiler_used()` after such a trace."""
     try:
         import jax.profiler as public
-        from jax._src import profiler as private
     except Exception:
+        return
+    private = jax_compat.profiler_module()
+    if private is None:
         return
     for name in ("start_trace", "start_server"):
         original = getattr(private, name, None)
