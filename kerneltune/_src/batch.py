@@ -117,7 +117,7 @@ class _Batched:
                 return program(*args)
         inv, _, _ = ex._invocation(self.kernel, _example(args, axes), kwargs)
         cfg = ex.chooser.choose(inv, self.kernel)
-        if options.get("record"):
+        if options.RECORD.value:
             from kerneltune._src import recording
 
             recording.record_invocation(self.kernel, inv)

@@ -25,10 +25,10 @@ def _open(args: argparse.Namespace) -> PersistentCache[Any]:
         # empty the user's real cache).
         raise CommandError("--cache-dir is empty; give a directory or a URL.")
     try:
-        readonly = options.get("cache_readonly")
+        readonly = options.CACHE_READONLY.value
         if args.cache_dir:
             return PersistentCache(args.cache_dir, readonly=readonly)
-        if options.get("cache_dir") is None:
+        if options.CACHE_DIR.value is None:
             raise CommandError(
                 "the persistent cache is off (KERNELTUNE_CACHE_DIR=off); pass --cache-dir DIR."
             )
@@ -122,7 +122,7 @@ def _info(args: argparse.Namespace) -> int:
     print(f"device        {device.device_kind} ({device.platform}), {jax.device_count()} visible")
     print(f"fingerprint   {devices.device_fingerprint()}")
     print(f"backend       {devices.get_device_platform()}")
-    if args.cache_dir is None and options.get("cache_dir") is None:
+    if args.cache_dir is None and options.CACHE_DIR.value is None:
         print("cache         off (KERNELTUNE_CACHE_DIR=off)")
     else:
         cache = _open(args)
@@ -131,7 +131,7 @@ def _info(args: argparse.Namespace) -> int:
         for layer in cache.readonly_locations:
             print(f"  read-only   {layer}")
         print(f"entries       {len(cache)}")
-    if not args.cache_dir and not options.get("cache_dir"):
+    if not args.cache_dir and not options.CACHE_DIR.value:
         print(f"default dir   {default_cache_dir()}")
     versions = runtime_versions()
     print(

@@ -212,7 +212,7 @@ def _timeout_message(what: str, missing: Sequence[int], peers: Peers, timeout_s:
 
 def timeout_seconds(timeout_s: float | None) -> float:
     if timeout_s is None:
-        return float(options.get("agree_timeout"))
+        return float(options.AGREE_TIMEOUT.value)
     if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
         raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}.")
     return float(timeout_s)

@@ -39,7 +39,7 @@ def device_kind() -> DeviceKind:
 def get_device_platform() -> Backend:
     """The backend used for platform dispatch: GPU → "triton", TPU → "pallas",
     CPU → "xla"; `KERNELTUNE_PLATFORM` overrides it (e.g. "xla" on a GPU)."""
-    forced = options.get("platform")
+    forced = options.PLATFORM.value
     if forced is not None:
         return forced
     return _BACKEND_OF_KIND[device_kind()]

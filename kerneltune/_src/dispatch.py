@@ -74,7 +74,7 @@ def require_run(kernel: Kernel[Any, Any], context: str | None = None) -> Callabl
     if run is None:
         backend, device = devices.get_device_platform(), devices.device_kind()
         tried = ", ".join(method_names("run", context, backend, device))
-        forced = options.get("platform")
+        forced = options.PLATFORM.value
         hint = (
             f" The platform {forced!r} was forced with {options.env_name('platform')}; "
             "unset it to run on the detected one."

@@ -162,7 +162,7 @@ class Executor(Generic[Cfg, Out]):
             out_specs=out_specs,
         )
         chosen = self.chooser.choose(inv, kernel)
-        if options.get("record"):
+        if options.RECORD.value:
             recording.record_invocation(kernel, inv)
         if tracing.is_tracing((args, kwargs)) or tracing.is_tracing((p_args, p_kwargs)):
             return self._apply(kernel, inv, chosen, p_args, p_kwargs)
@@ -209,7 +209,7 @@ class Executor(Generic[Cfg, Out]):
             fn = sharding.shard_map_function(kernel, cfg, inv)
         else:
             fn = dispatch.kernel_function(kernel, cfg)
-        mode = options.get("stamp")
+        mode = options.STAMP.value
         if not inv.stamp or mode == "none":
             return fn(*args, **kwargs)
         text = labels.label_text(self.stamp_prefix, inv.op_id_v, inv.call_key, cfg, mode)
@@ -239,7 +239,7 @@ class Executor(Generic[Cfg, Out]):
             treedef,
             statics,
             inv.stamp,
-            options.get("stamp"),
+            options.STAMP.value,
             inv.method,
             _hashable(inv.mesh) if inv.mesh is not None else None,
             _hashable(inv.in_specs),

@@ -14,7 +14,9 @@ import logging
 import os
 import types
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, Generic, Literal, TypeVar, cast
+
+T = TypeVar("T")
 
 logger = logging.getLogger("kerneltune")
 
@@ -22,12 +24,29 @@ _PREFIX = "KERNELTUNE_"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class _Option:
+class Option(Generic[T]):
+    """One `KERNELTUNE_*` option: `.value` is a scoped override, else the environment,
+    else the default; `.override(value)` sets it for a block (context-local).
+
+    Example:
+      >>> from kerneltune._src import options
+      >>> with options.STAMP.override("none"):
+      ...     options.STAMP.value
+      'none'
+    """
+
     name: str
-    default: Any
-    parse: Callable[[str], Any]
+    default: T
+    parse: Callable[[str], T]
     allowed: str
     help: str
+
+    @property
+    def value(self) -> T:
+        return get(self.name)  # type: ignore[no-any-return]
+
+    def override(self, value: T | str) -> contextlib.AbstractContextManager[None]:
+        return scoped(**{self.name: value})
 
 
 def _choice(*legal: str) -> Callable[[str], str]:
@@ -78,59 +97,67 @@ def _positive_float(raw: str) -> float:
     return value
 
 
-_OPTIONS: dict[str, _Option] = {
-    o.name: o
-    for o in (
-        _Option(
-            name="platform",
-            default=None,
-            parse=_choice("triton", "pallas", "xla"),
-            allowed="triton, pallas, xla (or unset: chosen from the device)",
-            help="Force the backend used for platform dispatch.",
-        ),
-        _Option(
-            name="stamp",
-            default="hash",
-            parse=_choice("hash", "json", "none"),
-            allowed="hash, json, none",
-            help="How executor calls are labelled in the HLO.",
-        ),
-        _Option(
-            name="record",
-            default=False,
-            parse=_flag,
-            allowed="1, 0, true, false, on, off",
-            help="Record every executor call for offline tuning.",
-        ),
-        _Option(
-            name="autotune",
-            default="autotune",
-            parse=_choice("autotune", "heuristics", "error"),
-            allowed="autotune, heuristics, error",
-            help="What the default executor does on a cache miss.",
-        ),
-        _Option(
-            name="cache_dir",
-            default="",
-            parse=_path_or_off,
-            allowed="a directory, a URL (gs://, s3://, memory://...), or off",
-            help="Where the default persistent cache lives.",
-        ),
-        _Option(
-            name="cache_readonly",
-            default=(),
-            parse=_path_list,
-            allowed="a comma-separated list of directories or URLs",
-            help="Read-only caches consulted after the user's cache.",
-        ),
-        _Option(
-            name="agree_timeout",
-            default=300.0,
-            parse=_positive_float,
-            allowed="a positive number of seconds",
-            help="How long processes wait for each other to agree on a config.",
-        ),
-    )
+Platform = Literal["triton", "pallas", "xla"]
+Fallback = Literal["autotune", "heuristics", "error"]
+
+PLATFORM: Option[Platform | None] = Option(
+    name="platform",
+    default=None,
+    parse=cast(Callable[[str], Platform], _choice("triton", "pallas", "xla")),
+    allowed="triton, pallas, xla (or unset: chosen from the device)",
+    help="Force the backend used for platform dispatch.",
+)
+
+STAMP: Option[str] = Option(
+    name="stamp",
+    default="hash",
+    parse=_choice("hash", "json", "none"),
+    allowed="hash, json, none",
+    help="How executor calls are labelled in the HLO.",
+)
+
+RECORD: Option[bool] = Option(
+    name="record",
+    default=False,
+    parse=_flag,
+    allowed="1, 0, true, false, on, off",
+    help="Record every executor call for offline tuning.",
+)
+
+AUTOTUNE: Option[Fallback] = Option(
+    name="autotune",
+    default="autotune",
+    parse=cast(Callable[[str], Fallback], _choice("autotune", "heuristics", "error")),
+    allowed="autotune, heuristics, error",
+    help="What the default executor does on a cache miss.",
+)
+
+CACHE_DIR: Option[str | None] = Option(
+    name="cache_dir",
+    default="",
+    parse=_path_or_off,
+    allowed="a directory, a URL (gs://, s3://, memory://...), or off",
+    help="Where the default persistent cache lives.",
+)
+
+CACHE_READONLY: Option[tuple[str, ...]] = Option(
+    name="cache_readonly",
+    default=(),
+    parse=_path_list,
+    allowed="a comma-separated list of directories or URLs",
+    help="Read-only caches consulted after the user's cache.",
+)
+
+AGREE_TIMEOUT: Option[float] = Option(
+    name="agree_timeout",
+    default=300.0,
+    parse=_positive_float,
+    allowed="a positive number of seconds",
+    help="How long processes wait for each other to agree on a config.",
+)
+
+_OPTIONS: dict[str, Option[Any]] = {
+    o.name: o for o in (PLATFORM, STAMP, RECORD, AUTOTUNE, CACHE_DIR, CACHE_READONLY, AGREE_TIMEOUT)
 }
 
 _overrides: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
@@ -174,7 +201,7 @@ def scoped(**values: Any) -> Iterator[None]:
     Example:
       >>> from kerneltune._src import options
       >>> with options.scoped(stamp="none"):
-      ...     options.get("stamp")
+      ...     options.STAMP.value
       'none'
     """
     for name, value in values.items():

@@ -81,14 +81,14 @@ class PersistentCache(cache_sharing.CacheSharing, Generic[Cfg]):
         else:
             layers = [os.fspath(p) for p in readonly]
         if path is None:
-            configured = options.get("cache_dir")
+            configured = options.CACHE_DIR.value
             if configured is None:
                 raise ValueError(
                     "the persistent cache is off (KERNELTUNE_CACHE_DIR=off); pass a path, "
                     "or use default_persistent_cache(), which returns None when it is off."
                 )
             path = configured or storage.default_cache_dir()
-            layers += options.get("cache_readonly")
+            layers += options.CACHE_READONLY.value
         self.location = os.fspath(path)
         self._store = storage.open_store(
             storage.join(self.location, storage.ENTRIES_DIR), fsync=fsync
@@ -379,10 +379,10 @@ def default_persistent_cache() -> PersistentCache[Any] | None:
     the read-only layers of `KERNELTUNE_CACHE_READONLY`; None when the variable is
     "off", or when the location cannot be opened (with a warning). One instance per
     location, so that each problem is reported once per process."""
-    configured = options.get("cache_dir")
+    configured = options.CACHE_DIR.value
     if configured is None:
         return None
-    key = (configured or storage.default_cache_dir(), tuple(options.get("cache_readonly")))
+    key = (configured or storage.default_cache_dir(), tuple(options.CACHE_READONLY.value))
     with _defaults_lock:
         cache = _defaults.get(key)
         if cache is None:

@@ -51,7 +51,7 @@ class AutotunePolicy:
     @classmethod
     def from_env(cls) -> AutotunePolicy:
         """The policy `KERNELTUNE_AUTOTUNE` asks for (autotune, heuristics or error)."""
-        return cls(cache_miss_fallback=options.get("autotune"))
+        return cls(cache_miss_fallback=options.AUTOTUNE.value)
 
 
 def normalise_policy_updates(updates: dict[str, Any]) -> dict[str, Any]:

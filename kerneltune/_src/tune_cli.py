@@ -338,7 +338,7 @@ def _selector(args: argparse.Namespace) -> Any:
     persistent: PersistentCache[Any] | None
     try:
         if cache_dir:
-            persistent = PersistentCache(cache_dir, readonly=options.get("cache_readonly"))
+            persistent = PersistentCache(cache_dir, readonly=options.CACHE_READONLY.value)
         else:
             persistent = default_persistent_cache()
     except ValueError as e:
