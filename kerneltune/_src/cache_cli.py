@@ -17,6 +17,7 @@ from kerneltune._src.cache_entry import CacheEntry, op_matches, runtime_versions
 from kerneltune._src.command_error import CommandError
 from kerneltune._src.kernel import registered_kernels
 from kerneltune._src.persistent import PersistentCache, default_cache_dir
+from kerneltune._src.tuning.report import format_seconds
 
 
 def _open(args: argparse.Namespace) -> PersistentCache[Any]:
@@ -60,14 +61,7 @@ def _config_types() -> dict[str, type]:
 # --- formatting -----------------------------------------------------------------------
 
 
-def format_time(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds >= 1.0:
-        return f"{seconds:.2f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3g} ms"
-    return f"{seconds * 1e6:.3g} us"
+format_time = format_seconds
 
 
 def format_age(created: float, now: float) -> str:

@@ -45,7 +45,7 @@ from kerneltune._src.coordination import (
 from kerneltune._src.coordination import (
     AgreementTimeoutError as AgreementTimeoutError,
 )
-from kerneltune._src.tuning.report import TuningReport
+from kerneltune._src.tuning.report import TuningReport, format_seconds
 
 logger = logging.getLogger("kerneltune")
 
@@ -293,12 +293,6 @@ def _log(
         cfgs[agreement.winner],
         what,
         peers.num_processes,
-        _fmt_s(agreement.combined_s[agreement.winner]),
+        format_seconds(agreement.combined_s[agreement.winner]),
         note,
     )
-
-
-def _fmt_s(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    return f"{seconds * 1e3:.3f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.1f} us"

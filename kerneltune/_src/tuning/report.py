@@ -134,15 +134,24 @@ class TuningReport:
         speedup = self.speedup
         vs = f", {speedup:.2f}x over the heuristic" if speedup is not None else ""
         return (
-            f"tuned {what}: {self.best} at {_fmt_time(best)}{vs}; {tried} tried, {failed} "
+            f"tuned {what}: {self.best} at {format_seconds(best, '?')}{vs}; {tried} tried, {failed} "
             f"failed, {len(self.candidates) - tried} pruned; timer={self.timer}, "
             f"strategy={self.strategy}, {self.wall_s:.2f} s"
         )
 
 
-def _fmt_time(seconds: float | None) -> str:
+def format_seconds(seconds: float | None, missing: str = "-") -> str:
+    """A duration with three significant digits in s, ms or us (`missing` for None): the
+    one time format of reports, tables and logs.
+
+    Example:
+      >>> format_seconds(0.00123), format_seconds(2.5), format_seconds(4e-6)
+      ('1.23 ms', '2.50 s', '4 us')
+    """
     if seconds is None:
-        return "?"
+        return missing
+    if seconds >= 1.0:
+        return f"{seconds:.2f} s"
     if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3f} ms"
-    return f"{seconds * 1e6:.1f} us"
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds * 1e6:.3g} us"
