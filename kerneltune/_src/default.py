@@ -44,6 +44,26 @@ def set_default_executor(executor: Executor[Any, Any] | None) -> None:
         _default = executor
 
 
+def selector_of(selector: Any, what: str = "selector") -> ConfigSelectorChain[Any, Any]:
+    """The `ConfigSelectorChain` an API argument names: the chain itself, an
+    `Executor`'s chain, or the default executor's for None.
+
+    Raises:
+      TypeError: `selector` is none of those (the message names `what`).
+    """
+    if selector is None:
+        selector = default_executor()
+    chooser = getattr(selector, "chooser", None)  # an Executor
+    if not isinstance(selector, ConfigSelectorChain) and isinstance(chooser, ConfigSelectorChain):
+        selector = chooser
+    if not isinstance(selector, ConfigSelectorChain):
+        raise TypeError(
+            f"{what} must be a ConfigSelectorChain (or an Executor using one), got "
+            f"{type(selector).__qualname__}."
+        )
+    return selector
+
+
 def _build_default() -> Executor[Any, Any]:
     persistent = default_persistent_cache()
     chain: ConfigSelectorChain[Any, Any] = ConfigSelectorChain(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from kerneltune._src import devices, labels
-from kerneltune._src.default import default_executor
+from kerneltune._src.default import selector_of
 from kerneltune._src.kernel import registered_kernels
 
 
@@ -14,8 +14,7 @@ def labels_to_configs(lowered: Any, selector: Any = None) -> dict[tuple[str, str
     """`{(op_id_v, call_key): cfg}` for the kernel calls in `lowered` whose config the
     selector's caches (memory, then persistent) hold; the default executor's selector
     when `selector` is None. Calls with no cached config are left out."""
-    if selector is None:
-        selector = default_executor().chooser
+    selector = selector_of(selector)
     dev = devices.device_fingerprint()
     found: dict[tuple[str, str], Any] = {}
     for lab in labels.kernel_labels_in_lowered(lowered):

@@ -25,6 +25,7 @@ from typing import Any, Literal
 from kerneltune._src import devices, distributed, kernel_hooks, labels, scope, split
 from kerneltune._src.cache import ConfigCache
 from kerneltune._src.coordination import current_peers
+from kerneltune._src.default import selector_of
 from kerneltune._src.recording import Record, get_invocations, iter_records
 from kerneltune._src.result import AutotuningResult, Entry
 from kerneltune._src.selection import (
@@ -61,22 +62,6 @@ class Outcome:
     wall_s: float = 0.0
 
 
-def _as_chain(selector: Any) -> ConfigSelectorChain[Any, Any]:
-    if selector is None:
-        from kerneltune._src.default import default_executor
-
-        selector = default_executor().chooser
-    chooser = getattr(selector, "chooser", None)  # an Executor
-    if not isinstance(selector, ConfigSelectorChain) and isinstance(chooser, ConfigSelectorChain):
-        selector = chooser
-    if not isinstance(selector, ConfigSelectorChain):
-        raise TypeError(
-            f"selector must be a ConfigSelectorChain (or an Executor using one), got "
-            f"{type(selector).__qualname__}."
-        )
-    return selector
-
-
 def tune_records(
     records: Sequence[Record],
     selector: Any = None,
@@ -99,7 +84,7 @@ def tune_records(
     processes (each key is tuned by one of them, `split.py`) and every process returns
     every record's outcome, with the same configs.
     """
-    chain = _as_chain(selector)
+    chain = selector_of(selector)
     peers = current_peers()
     if peers is None or peers.num_processes < 2:
         return _tune_here(records, chain, force, progress, on_outcome)
@@ -358,7 +343,7 @@ def autotune_recorded(
     if isolate:
         from kerneltune._src.isolation import autotune_isolated
 
-        persistent = _as_chain(selector).persistent
+        persistent = selector_of(selector).persistent
         return autotune_isolated(
             records,
             persistent_location=getattr(persistent, "location", None),

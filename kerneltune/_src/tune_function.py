@@ -24,6 +24,7 @@ import jax
 
 from kerneltune._src import distributed, keys, offline, recording
 from kerneltune._src.configs import config_from_dict, config_to_dict
+from kerneltune._src.default import selector_of
 from kerneltune._src.result import AutotuningResult
 from kerneltune._src.selection import ConfigSelectorChain, policy_override
 from kerneltune._src.tuning.programs import split_static
@@ -62,7 +63,7 @@ def autotune_function(
     """
     if not callable(f):
         raise TypeError(f"autotune needs a Kernel or a function, got {type(f).__qualname__}.")
-    chain = offline._as_chain(selector)
+    chain = selector_of(selector)
     if tuner is not None:
         chain = ConfigSelectorChain(
             chain.cache,

@@ -23,7 +23,7 @@ from kerneltune._src.coordination import (
     exchange_round,
     timeout_seconds,
 )
-from kerneltune._src.default import default_executor
+from kerneltune._src.default import selector_of
 from kerneltune._src.executor import Executor
 from kerneltune._src.result import AutotuningResult
 
@@ -147,10 +147,8 @@ def verify_agreement(
 
 def _entries_of(source: Any) -> dict[tuple[str, str], str]:
     """`(op_id_v, call_key) → stable JSON of the config` for this device's entries."""
-    if source is None:
-        source = default_executor()
-    if isinstance(source, Executor):
-        source = source.chooser
+    if source is None or isinstance(source, Executor):
+        source = selector_of(source)
     if not isinstance(source, (ConfigCache, AutotuningResult, Mapping)):
         cache = getattr(source, "cache", None)  # a ConfigSelectorChain
         if not isinstance(cache, ConfigCache):
