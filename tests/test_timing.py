@@ -39,7 +39,7 @@ def test_wallclock_timer_amortises_calls():
     one = timer.sample(fn, [[x]], 1, 0)
     many = timer.sample(fn, [[x], [x + 1]], 200, 0)
     assert one > 0 and many > 0
-    assert many < one * 5  # per-call time, not total
+    assert many < one * 50  # per-call time, not the total of 200 calls (noise-proof margin)
 
 
 def test_auto_uses_the_wall_clock_on_cpu():

@@ -56,12 +56,13 @@ def data(n=96):
     return jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
 
 
-def test_benchmark_returns_milliseconds():
+def test_benchmark_returns_milliseconds(monkeypatch):
     x = data()
-    ms = benchmark(lambda a: a @ a, x, num_warmup=1, num_iters=3)
-    s = Tuner(iters=3).measure(lambda a: a @ a, x)
-    assert 0 < ms < 100
-    assert 0.05 < ms / (s * 1e3) < 20  # same quantity, in milliseconds
+    assert 0 < benchmark(lambda a: a @ a, x, num_warmup=1, num_iters=3) < 100  # a real run
+    # The unit, without the wall clock of a loaded machine (two timings of a 26 us
+    # product differed 37x there once): the tuner's seconds come back as milliseconds.
+    monkeypatch.setattr(Tuner, "measure", lambda self, fn, *a, **kw: 0.0025)
+    assert benchmark(lambda a: a @ a, x) == pytest.approx(2.5)
 
 
 def test_benchmark_warns_when_fn_closes_over_arrays(recwarn):
