@@ -10,12 +10,12 @@ worker that skips it. Off by default: only a worker given `--journal` writes one
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
+from kerneltune._src import files
 from kerneltune._src.configs import config_to_dict
 
 _lock = threading.Lock()
@@ -76,11 +76,9 @@ def ran() -> None:
 
 def _write(doc: dict[str, Any]) -> None:
     assert _path is not None
-    tmp = f"{_path}.{os.getpid()}.tmp"
-    with _lock:
-        with open(tmp, "w") as f:
-            json.dump(doc, f)
-        os.replace(tmp, _path)
+    with _lock:  # the parent reads the last complete entry; no fsync: a crash of the
+        # machine ends the tuning anyway
+        files.write_atomic(_path, json.dumps(doc).encode(), fsync=False)
 
 
 def _cfg_text(cfg: Any) -> str:
