@@ -26,7 +26,24 @@ FWD_BACKENDS = ("pallas", "cudnn", "xla")
 
 
 @dataclasses.dataclass(frozen=True)
-class FwdParams:
+class _BlockParams:
+    """The launch parameters both passes share; `None` lets the kernel choose."""
+
+    q_blocksize: int | None = None
+    kv_blocksize: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        check_positive_power_of_two(owner, "q_blocksize", self.q_blocksize)
+        check_positive_power_of_two(owner, "kv_blocksize", self.kv_blocksize)
+        check_positive_power_of_two(owner, "num_warps", self.num_warps)
+        check_positive(owner, "num_stages", self.num_stages)
+
+
+@dataclasses.dataclass(frozen=True)
+class FwdParams(_BlockParams):
     """Forward-pass launch parameters; `None` lets the kernel choose.
 
     Example:
@@ -36,10 +53,6 @@ class FwdParams:
       True
     """
 
-    q_blocksize: int | None = None
-    kv_blocksize: int | None = None
-    num_warps: int | None = None
-    num_stages: int | None = None
     #: Which implementation runs: "pallas" (the block sizes above apply), "cudnn"
     #: (`jax.nn.dot_product_attention(implementation="cudnn")`) or "xla".
     backend: str = "pallas"
@@ -49,23 +62,9 @@ class FwdParams:
             raise ValueError(
                 f"FwdParams.backend must be one of {FWD_BACKENDS}, got {self.backend!r}."
             )
-        check_positive_power_of_two("FwdParams", "q_blocksize", self.q_blocksize)
-        check_positive_power_of_two("FwdParams", "kv_blocksize", self.kv_blocksize)
-        check_positive_power_of_two("FwdParams", "num_warps", self.num_warps)
-        check_positive("FwdParams", "num_stages", self.num_stages)
+        super().__post_init__()
 
 
 @dataclasses.dataclass(frozen=True)
-class BwdParams:
+class BwdParams(_BlockParams):
     """Backward-pass launch parameters; `None` lets the kernel choose."""
-
-    q_blocksize: int | None = None
-    kv_blocksize: int | None = None
-    num_warps: int | None = None
-    num_stages: int | None = None
-
-    def __post_init__(self) -> None:
-        check_positive_power_of_two("BwdParams", "q_blocksize", self.q_blocksize)
-        check_positive_power_of_two("BwdParams", "kv_blocksize", self.kv_blocksize)
-        check_positive_power_of_two("BwdParams", "num_warps", self.num_warps)
-        check_positive("BwdParams", "num_stages", self.num_stages)
