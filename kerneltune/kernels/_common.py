@@ -236,8 +236,29 @@ class BundledKernelMixin:
 
     interpret: bool = False
 
-    def _init_executor(self, executor: Any) -> None:
+    def __init__(
+        self, op_id: str | None = None, *, name: str | None = None, executor: Any = None
+    ) -> None:
+        super().__init__(op_id, name=name)  # type: ignore[call-arg]
         self.executor = executor
+
+    def search_space(self, inv: Any) -> tuple[list[Any], list[Pruned[Any]]]:
+        """The GPU candidates for this call that can fit, and the pruned ones, each with
+        its reason (every bundled kernel defines it)."""
+        raise NotImplementedError
+
+    def interpret_candidates(self, inv: Any) -> list[Any]:
+        """A few candidates the Pallas interpreter can run in reasonable time."""
+        raise NotImplementedError
+
+    def candidate_cfgs_triton(self, inv: Any) -> list[Any]:
+        if self.use_interpreter():
+            return self.interpret_candidates(inv)
+        return self.search_space(inv)[0]
+
+    def pruned_cfgs(self, inv: Any) -> list[Pruned[Any]]:
+        """The configs left out of the search for this call, each with its reason."""
+        return self.search_space(inv)[1]
 
     def inner_executor(self) -> Any:
         """The executor for calls the kernel makes itself (e.g. its backward kernel):

@@ -15,7 +15,7 @@ from kerneltune._src.kernel import Invocation, Kernel
 from kerneltune._src.params import BwdParams, FwdParams
 from kerneltune._src.tuning.inputs import random_like
 from kerneltune.kernels._args import as_array
-from kerneltune.kernels._common import BundledKernelMixin, Pruned, kernel_for
+from kerneltune.kernels._common import BundledKernelMixin, kernel_for
 from kerneltune.kernels.attention import config as config_lib
 from kerneltune.kernels.attention.config import AttentionProblem
 from kerneltune.kernels.attention.features import attention_features_xla
@@ -83,8 +83,7 @@ class Attention(BundledKernelMixin, Kernel[FwdParams, jax.Array]):
     def __init__(
         self, op_id: str | None = None, *, name: str | None = None, executor: Any = None
     ) -> None:
-        super().__init__(op_id, name=name)
-        self._init_executor(executor)
+        super().__init__(op_id, name=name, executor=executor)
         self.backward = self.backward_type(executor=executor)
 
     def prepare(
@@ -102,14 +101,11 @@ class Attention(BundledKernelMixin, Kernel[FwdParams, jax.Array]):
             return config_lib.fwd_heuristic(problem_of(inv))
         return config_lib.gpu_heuristic(problem_of(inv))
 
-    def candidate_cfgs_triton(self, inv: Invocation[Any, Any]) -> list[FwdParams]:
-        if self.use_interpreter():
-            return config_lib.fwd_interpret_candidates(problem_of(inv))
-        return config_lib.fwd_candidates(problem_of(inv))[0]
+    def search_space(self, inv: Invocation[Any, Any]):
+        return config_lib.fwd_candidates(problem_of(inv))
 
-    def pruned_cfgs(self, inv: Invocation[Any, Any]) -> list[Pruned[FwdParams]]:
-        """The forward configs left out of the search, each with its reason."""
-        return config_lib.fwd_candidates(problem_of(inv))[1]
+    def interpret_candidates(self, inv: Invocation[Any, Any]) -> list[FwdParams]:
+        return config_lib.fwd_interpret_candidates(problem_of(inv))
 
     @staticmethod
     def _library(q, k, v, *, backend: str, causal: bool, sm_scale: float) -> jax.Array:
@@ -201,12 +197,6 @@ class AttentionBackward(BundledKernelMixin, Kernel[BwdParams, tuple]):
     config_type = BwdParams
     forward_type: ClassVar[type[Attention]]
 
-    def __init__(
-        self, op_id: str | None = None, *, name: str | None = None, executor: Any = None
-    ) -> None:
-        super().__init__(op_id, name=name)
-        self._init_executor(executor)
-
     def prepare(
         self, q, k, v, out, lse, dout, *, causal: bool = False, sm_scale: float | None = None
     ):
@@ -226,13 +216,11 @@ class AttentionBackward(BundledKernelMixin, Kernel[BwdParams, tuple]):
     def heuristic_cfg(self, inv: Invocation[Any, Any]) -> BwdParams:
         return config_lib.bwd_heuristic(problem_of(inv))
 
-    def candidate_cfgs_triton(self, inv: Invocation[Any, Any]) -> list[BwdParams]:
-        if self.use_interpreter():
-            return config_lib.bwd_interpret_candidates(problem_of(inv))
-        return config_lib.bwd_candidates(problem_of(inv))[0]
+    def search_space(self, inv: Invocation[Any, Any]):
+        return config_lib.bwd_candidates(problem_of(inv))
 
-    def pruned_cfgs(self, inv: Invocation[Any, Any]) -> list[Pruned[BwdParams]]:
-        return config_lib.bwd_candidates(problem_of(inv))[1]
+    def interpret_candidates(self, inv: Invocation[Any, Any]) -> list[BwdParams]:
+        return config_lib.bwd_interpret_candidates(problem_of(inv))
 
     def tuning_inputs(self, inv: Invocation[Any, Any]):
         q, k, v, _, _, dout = inv.args

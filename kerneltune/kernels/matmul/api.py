@@ -48,12 +48,6 @@ class Matmul(BundledKernelMixin, Kernel[MatmulConfig, jax.Array]):
     version = "3"
     config_type = MatmulConfig
 
-    def __init__(
-        self, op_id: str | None = None, *, name: str | None = None, executor: Any = None
-    ) -> None:
-        super().__init__(op_id, name=name)
-        self._init_executor(executor)
-
     def prepare(self, x: Any, y: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
         if getattr(x, "ndim", None) != 2 or getattr(y, "ndim", None) != 2:
             raise ValueError(
@@ -86,14 +80,13 @@ class Matmul(BundledKernelMixin, Kernel[MatmulConfig, jax.Array]):
         materialised transposes)."""
         return cfg.backend == "xla"
 
-    def candidate_cfgs_triton(self, inv: Invocation[Any, Any]) -> list[MatmulConfig]:
-        if self.use_interpreter():
-            return config_lib.interpret_candidates(problem_of(inv))
-        return self._candidates(problem_of(inv))[0]
+    def interpret_candidates(self, inv: Invocation[Any, Any]) -> list[MatmulConfig]:
+        return config_lib.interpret_candidates(problem_of(inv))
 
-    def pruned_cfgs(self, inv: Invocation[Any, Any]) -> list[Pruned[MatmulConfig]]:
-        """The configs left out of the search for this call, each with its reason."""
-        return self._candidates(problem_of(inv))[1]
+    def search_space(
+        self, inv: Invocation[Any, Any]
+    ) -> tuple[list[MatmulConfig], list[Pruned[MatmulConfig]]]:
+        return self._candidates(problem_of(inv))
 
     def _candidates(
         self, p: MatmulProblem

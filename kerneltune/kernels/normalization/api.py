@@ -11,7 +11,7 @@ import numpy as np
 from kerneltune._src.default import default_executor
 from kerneltune._src.kernel import Invocation, Kernel
 from kerneltune.kernels._args import as_array, feature_param, floating, normalize_axes, to_rows
-from kerneltune.kernels._common import BundledKernelMixin, Pruned, kernel_for
+from kerneltune.kernels._common import BundledKernelMixin, kernel_for
 from kerneltune.kernels.normalization import config as config_lib
 from kerneltune.kernels.normalization.config import NormConfig, NormProblem
 from kerneltune.kernels.normalization.pallas_triton import (
@@ -37,12 +37,6 @@ class _Norm(BundledKernelMixin, Kernel[NormConfig, jax.Array]):
     version = "1"
     config_type = NormConfig
     _params: tuple[str, ...] = ()
-
-    def __init__(
-        self, op_id: str | None = None, *, name: str | None = None, executor: Any = None
-    ) -> None:
-        super().__init__(op_id, name=name)
-        self._init_executor(executor)
 
     def prepare(self, x: Any, *params: Any, eps: float = 1e-5):
         if getattr(x, "ndim", 0) < 1 or not jnp.issubdtype(x.dtype, jnp.floating):
@@ -72,13 +66,11 @@ class _Norm(BundledKernelMixin, Kernel[NormConfig, jax.Array]):
         """XLA's norm is differentiated (and fused) by JAX itself."""
         return cfg.backend == "xla"
 
-    def candidate_cfgs_triton(self, inv: Invocation[Any, Any]) -> list[NormConfig]:
-        if self.use_interpreter():
-            return config_lib.interpret_candidates(problem_of(inv))
-        return config_lib.candidates(problem_of(inv))[0]
+    def search_space(self, inv: Invocation[Any, Any]):
+        return config_lib.candidates(problem_of(inv))
 
-    def pruned_cfgs(self, inv: Invocation[Any, Any]) -> list[Pruned[NormConfig]]:
-        return config_lib.candidates(problem_of(inv))[1]
+    def interpret_candidates(self, inv: Invocation[Any, Any]) -> list[NormConfig]:
+        return config_lib.interpret_candidates(problem_of(inv))
 
 
 class LayerNorm(_Norm):

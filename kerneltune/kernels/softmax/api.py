@@ -11,7 +11,7 @@ import numpy as np
 from kerneltune._src.default import default_executor
 from kerneltune._src.kernel import Invocation, Kernel
 from kerneltune.kernels._args import as_array, floating, normalize_axes, to_rows
-from kerneltune.kernels._common import BundledKernelMixin, Pruned, kernel_for
+from kerneltune.kernels._common import BundledKernelMixin, kernel_for
 from kerneltune.kernels.softmax import config as config_lib
 from kerneltune.kernels.softmax.config import SoftmaxConfig, SoftmaxProblem
 from kerneltune.kernels.softmax.pallas_triton import softmax_pallas
@@ -33,12 +33,6 @@ class Softmax(BundledKernelMixin, Kernel[SoftmaxConfig, jax.Array]):
     version = "1"
     config_type = SoftmaxConfig
 
-    def __init__(
-        self, op_id: str | None = None, *, name: str | None = None, executor: Any = None
-    ) -> None:
-        super().__init__(op_id, name=name)
-        self._init_executor(executor)
-
     def prepare(self, x: Any):
         if getattr(x, "ndim", 0) < 1 or not jnp.issubdtype(x.dtype, jnp.floating):
             raise ValueError(
@@ -49,13 +43,11 @@ class Softmax(BundledKernelMixin, Kernel[SoftmaxConfig, jax.Array]):
     def heuristic_cfg(self, inv: Invocation[Any, Any]) -> SoftmaxConfig:
         return config_lib.heuristic(problem_of(inv))
 
-    def candidate_cfgs_triton(self, inv: Invocation[Any, Any]) -> list[SoftmaxConfig]:
-        if self.use_interpreter():
-            return config_lib.interpret_candidates(problem_of(inv))
-        return config_lib.candidates(problem_of(inv))[0]
+    def search_space(self, inv: Invocation[Any, Any]):
+        return config_lib.candidates(problem_of(inv))
 
-    def pruned_cfgs(self, inv: Invocation[Any, Any]) -> list[Pruned[SoftmaxConfig]]:
-        return config_lib.candidates(problem_of(inv))[1]
+    def interpret_candidates(self, inv: Invocation[Any, Any]) -> list[SoftmaxConfig]:
+        return config_lib.interpret_candidates(problem_of(inv))
 
     def run_triton(self, x, *, cfg: SoftmaxConfig):
         return softmax_pallas(x, cfg=cfg, interpret=self.use_interpreter())
