@@ -75,6 +75,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "_src.isolation",
             "_src.lowered_configs",
             "_src.offline",
+            "_src.outcome_entries",
             "_src.split",
             "_src.tune_function",
             "_src.tune_workers",

@@ -22,7 +22,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
-from kerneltune._src import devices, distributed, kernel_hooks, labels, scope, split
+from kerneltune._src import devices, distributed, labels, scope, split
+from kerneltune._src import outcome_entries as entries
 from kerneltune._src.cache import ConfigCache
 from kerneltune._src.coordination import current_peers
 from kerneltune._src.default import selector_of
@@ -92,7 +93,7 @@ def tune_records(
     share = split.share_of(records, peers)
     with distributed.tuning_alone():
         own = _tune_here(share, chain, force, progress, on_outcome)
-    merged = split.merge_results(peers, result_of(own), _config_types(records))
+    merged = split.merge_results(peers, result_of(own), split.config_types(records))
     by_key = {o.record.key: o for o in own}
     outcomes = []
     for record in records:
@@ -106,7 +107,7 @@ def tune_records(
                 why = "the process it was dealt to could not tune it"
                 outcome = Outcome(record, "untuned", error=why)
             else:
-                _adopt(chain, merged.device, entry)
+                split.adopt(chain, merged.device, entry)
                 outcome = Outcome(record, "tuned", entry)
             if on_outcome is not None:
                 on_outcome(outcome)
@@ -167,38 +168,11 @@ def _tune_one(record: Record, chain: ConfigSelectorChain[Any, Any], force: bool)
     if decision.tier in ("autotune", "reuse"):
         if force:
             _store(chain, decision)
-        return finish("tuned", _entry_from_report(record, decision))
+        return finish("tuned", entries.from_report(record, decision))
     if decision.tier in ("memory", "persistent"):
-        return finish("cached", _entry_from_caches(record, chain, decision))
+        return finish("cached", entries.from_caches(record, chain, decision))
     why = "; ".join(f"{tier}: {reason}" for tier, reason in decision.misses if tier == "autotune")
     return finish("untuned", error=why or f"the config came from {decision.tier}")
-
-
-def _config_types(records: Sequence[Record]) -> dict[str, type]:
-    """`{op_id_v: config class}` of the records' kernels that can be rebuilt here."""
-    types: dict[str, type] = {}
-    for record in records:
-        try:
-            kernel = record.get_kernel()
-            cfg_type = kernel_hooks.config_type_of(kernel, record.invocation(kernel))
-        except Exception:  # a kernel not defined here: its configs stay field dicts
-            continue
-        if cfg_type is not None:
-            types[record.op_id_v] = cfg_type
-    return types
-
-
-def _adopt(chain: ConfigSelectorChain[Any, Any], device: str, entry: Entry) -> None:
-    """Puts a config another process tuned into `chain`'s caches."""
-    if isinstance(entry.cfg, dict):
-        return  # its kernel's config class is not known here: `with result:` applies it
-    key = (device, entry.op_id_v, entry.call_key)
-    chain.cache.put(*key, entry.cfg)
-    if chain.persistent is not None and chain.persist_autotune:
-        try:
-            chain.persistent.put(*key, entry.cfg, signature=entry.signature)
-        except Exception as e:  # a cache write must not fail the run.
-            logger.warning("could not write %s to the persistent cache: %s", key, e)
 
 
 def _fresh_chain(chain: ConfigSelectorChain[Any, Any]) -> ConfigSelectorChain[Any, Any]:
@@ -224,72 +198,6 @@ def _store(chain: ConfigSelectorChain[Any, Any], decision: Decision) -> None:
             )
         except Exception as e:  # a cache write must not fail the run.
             logger.warning("could not write %s to the persistent cache: %s", key, e)
-
-
-def _type_name(cfg: Any) -> str:
-    t = type(cfg)
-    return "" if isinstance(cfg, dict) else f"{t.__module__}.{t.__qualname__}"
-
-
-def _entry_from_report(record: Record, decision: Decision) -> Entry:
-    from kerneltune._src.cache_entry import report_fields
-
-    report = decision.report
-    fields = report_fields(report)
-    return Entry(
-        record.op_id_v,
-        record.call_key,
-        decision.cfg,
-        timings=tuple(fields.get("timings", ())),
-        signature=record.signature,
-        cfg_type=_type_name(decision.cfg),
-        timer=fields.get("timer"),
-        best_time_s=fields.get("best_time_s"),
-        heuristic_time_s=fields.get("heuristic_time_s"),
-        created=time.time(),
-        heuristic_cfg=fields.get("heuristic_cfg"),
-        strategy=fields.get("strategy"),
-        wall_s=fields.get("wall_s"),
-    )
-
-
-def _entry_from_caches(
-    record: Record, chain: ConfigSelectorChain[Any, Any], decision: Decision
-) -> Entry:
-    key = (decision.device, decision.op_id_v, decision.call_key)
-    report = chain.report_for(*key)
-    if report is not None:
-        return _entry_from_report(record, dataclasses.replace(decision, report=report))
-    stored = None
-    if chain.persistent is not None:
-        try:
-            stored = chain.persistent.get_entry(*key)
-        except Exception:  # timings are a bonus.
-            stored = None
-    if stored is None:
-        return Entry(
-            record.op_id_v,
-            record.call_key,
-            decision.cfg,
-            signature=record.signature,
-            cfg_type=_type_name(decision.cfg),
-            created=time.time(),
-        )
-    return Entry(
-        record.op_id_v,
-        record.call_key,
-        decision.cfg,
-        timings=tuple(stored.candidates),
-        signature=record.signature,
-        cfg_type=_type_name(decision.cfg),
-        timer=stored.timer,
-        best_time_s=stored.best_time_s,
-        heuristic_time_s=stored.heuristic_time_s,
-        created=stored.created,
-        heuristic_cfg=stored.heuristic_cfg,
-        strategy=stored.strategy,
-        wall_s=stored.wall_s,
-    )
 
 
 def result_of(outcomes: Sequence[Outcome]) -> AutotuningResult:

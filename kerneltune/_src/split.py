@@ -21,10 +21,11 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kerneltune._src import devices, files
+from kerneltune._src import devices, files, kernel_hooks
 from kerneltune._src.coordination import Peers, exchange_round, timeout_seconds
 from kerneltune._src.recording import Record
-from kerneltune._src.result import AutotuningResult
+from kerneltune._src.result import AutotuningResult, Entry
+from kerneltune._src.selection import ConfigSelectorChain
 from kerneltune._src.tune_workers import deal_by_cost
 
 logger = logging.getLogger("kerneltune")
@@ -90,3 +91,30 @@ def merge_results(
             ", ".join(sorted(others)),
         )
     return AutotuningResult(here, tuple(entries[k] for k in sorted(entries)))
+
+
+def config_types(records: Sequence[Record]) -> dict[str, type]:
+    """`{op_id_v: config class}` of the records' kernels that can be rebuilt here."""
+    types: dict[str, type] = {}
+    for record in records:
+        try:
+            kernel = record.get_kernel()
+            cfg_type = kernel_hooks.config_type_of(kernel, record.invocation(kernel))
+        except Exception:  # a kernel not defined here: its configs stay field dicts
+            continue
+        if cfg_type is not None:
+            types[record.op_id_v] = cfg_type
+    return types
+
+
+def adopt(chain: ConfigSelectorChain[Any, Any], device: str, entry: Entry) -> None:
+    """Puts a config another process tuned into `chain`'s caches."""
+    if isinstance(entry.cfg, dict):
+        return  # its kernel's config class is not known here: `with result:` applies it
+    key = (device, entry.op_id_v, entry.call_key)
+    chain.cache.put(*key, entry.cfg)
+    if chain.persistent is not None and chain.persist_autotune:
+        try:
+            chain.persistent.put(*key, entry.cfg, signature=entry.signature)
+        except Exception as e:  # a cache write must not fail the run.
+            logger.warning("could not write %s to the persistent cache: %s", key, e)
