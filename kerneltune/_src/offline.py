@@ -190,14 +190,7 @@ def _fresh_chain(chain: ConfigSelectorChain[Any, Any]) -> ConfigSelectorChain[An
 
 def _store(chain: ConfigSelectorChain[Any, Any], decision: Decision) -> None:
     key = (decision.device, decision.op_id_v, decision.call_key)
-    chain.cache.put(*key, decision.cfg)
-    if chain.persistent is not None and chain.persist_autotune:
-        try:
-            chain.persistent.put(
-                *key, decision.cfg, report=decision.report, signature=decision.signature
-            )
-        except Exception as e:  # a cache write must not fail the run.
-            logger.warning("could not write %s to the persistent cache: %s", key, e)
+    chain.store(key, decision.cfg, report=decision.report, signature=decision.signature)
 
 
 def result_of(outcomes: Sequence[Outcome]) -> AutotuningResult:

@@ -309,22 +309,39 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
                 )
                 misses.append(("autotune", "every candidate failed"))
                 return None
-            cfg = report.best
-            if self.persistent is not None and self.persist_autotune:
-                try:
-                    # Create-exclusive: when another process published this key first,
-                    # its config is adopted, so that every process uses the same one.
-                    stored = self.persistent.put(
-                        *key, cfg, report=report, signature=inv.signature, exclusive=True
-                    )
-                    cfg = cfg if stored is None else stored
-                except Exception as e:
-                    logger.warning("could not write %s to the persistent cache: %s", key, e)
+            # Create-exclusive: when another process published this key first, its
+            # config is adopted, so that every process uses the same one.
+            cfg = self.store(
+                key, report.best, report=report, signature=inv.signature, exclusive=True
+            )
             self._tuned[key] = cfg
             self._reports[key] = report
-            self.cache.put(*key, cfg)
             decision.tier, decision.cfg, decision.report = "autotune", cfg, report
             return decision
+
+    def store(
+        self,
+        key: CacheKey,
+        cfg: Any,
+        *,
+        report: TuningReport | None = None,
+        signature: str = "",
+        exclusive: bool = False,
+    ) -> Any:
+        """Puts a tuned config in the memory cache and, when this chain persists tuned
+        configs, the persistent cache (a failed write is a warning, never an error).
+        Returns the config now cached: with `exclusive`, the one another process
+        published first, if any."""
+        if self.persistent is not None and self.persist_autotune:
+            try:
+                stored = self.persistent.put(
+                    *key, cfg, report=report, signature=signature, exclusive=exclusive
+                )
+                cfg = cfg if stored is None else stored
+            except Exception as e:  # a cache write must not fail the run.
+                logger.warning("could not write %s to the persistent cache: %s", key, e)
+        self.cache.put(*key, cfg)
+        return cfg
 
     def _run_tuner(
         self,

@@ -111,10 +111,4 @@ def adopt(chain: ConfigSelectorChain[Any, Any], device: str, entry: Entry) -> No
     """Puts a config another process tuned into `chain`'s caches."""
     if isinstance(entry.cfg, dict):
         return  # its kernel's config class is not known here: `with result:` applies it
-    key = (device, entry.op_id_v, entry.call_key)
-    chain.cache.put(*key, entry.cfg)
-    if chain.persistent is not None and chain.persist_autotune:
-        try:
-            chain.persistent.put(*key, entry.cfg, signature=entry.signature)
-        except Exception as e:  # a cache write must not fail the run.
-            logger.warning("could not write %s to the persistent cache: %s", key, e)
+    chain.store((device, entry.op_id_v, entry.call_key), entry.cfg, signature=entry.signature)

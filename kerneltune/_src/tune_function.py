@@ -146,12 +146,7 @@ def keep_if_faster(
     )
     for entry in baseline:
         key = (result.device, entry.op_id_v, entry.call_key)
-        chain.cache.put(*key, entry.cfg)
-        if chain.persistent is not None and chain.persist_autotune:
-            try:
-                chain.persistent.put(*key, entry.cfg, signature=entry.signature)
-            except Exception as e:  # a cache write must not fail the run.
-                logger.warning("could not write %s to the persistent cache: %s", key, e)
+        chain.store(key, entry.cfg, signature=entry.signature)
     return baseline
 
 
