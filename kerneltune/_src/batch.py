@@ -148,7 +148,7 @@ class _Batched:
         if not all(type(a) is _ARRAY_IMPL for a in args):
             return None
         key = (
-            id(ex),
+            ex.uid,
             ex._generation,
             scope.current(),
             axes,

@@ -11,6 +11,7 @@ Under a trace (jit, grad, vmap, shard_map), the kernel is traced inline.
 
 from __future__ import annotations
 
+import itertools
 import operator
 import threading
 from collections.abc import Callable
@@ -69,6 +70,9 @@ def _hashable(value: Any) -> Any:
         return ("json", keys.stable_json(value))
 
 
+_uids = itertools.count()
+
+
 class Executor(Generic[Cfg, Out]):
     """Runs kernels with configs chosen by `chooser`.
 
@@ -92,6 +96,8 @@ class Executor(Generic[Cfg, Out]):
         # Only kept when the chooser tells us when its choices may change.
         self._eager: dict[Any, Callable[..., Any]] = {}
         self._generation = 0
+        #: Never reused within a process (unlike `id()`): keys of caches held elsewhere.
+        self.uid = next(_uids)
         subscribe = getattr(chooser, "add_invalidation_listener", None)
         self._eager_enabled = subscribe is not None and callable(subscribe)
         if subscribe is not None and callable(subscribe):

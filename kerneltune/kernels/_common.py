@@ -273,13 +273,13 @@ class BundledKernelMixin:
         return bool(self.interpret) or not on_gpu()
 
 
-_bound: dict[tuple[type, int], Any] = {}
+_bound: dict[tuple[type, int | None], Any] = {}
 
 
 def kernel_for(cls: type[T], executor: Any) -> T:
     """The instance of kernel class `cls` bound to `executor` (one per pair, so the
     executor's per-kernel program caches keep working across calls)."""
-    key = (cls, id(executor))
+    key = (cls, getattr(executor, "uid", None) if executor is not None else None)
     found = _bound.get(key)
     if found is None or found.executor is not executor:
         found = cls(executor=executor)  # type: ignore[call-arg]
