@@ -3,9 +3,8 @@
 
 - An override (`cfg=`) is used as is and written nowhere.
 - Heuristic configs are never cached (a later call that may autotune still tunes).
-- With `forbid_reautotune`, a key is benchmarked at most once per process; a later
-  miss (e.g. after `cache.clear()`) reuses that result.
-- Threads that miss the same key at once tune it once.
+- With `forbid_reautotune`, a key is benchmarked at most once per process (a later
+  miss reuses that result); threads that miss the same key at once tune it once.
 """
 
 from __future__ import annotations
@@ -118,8 +117,6 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
         self._key_locks: dict[CacheKey, threading.Lock] = {}
         self._locks_guard = threading.Lock()
 
-    # -- policy -------------------------------------------------------------------------
-
     @property
     def policy(self) -> AutotunePolicy:
         return self._policy
@@ -148,8 +145,6 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
     def report_for(self, dev: str, op_id_v: str, call_key: str) -> TuningReport | None:
         """The tuning report of a key tuned in this process, if any."""
         return self._reports.get((dev, op_id_v, call_key))
-
-    # -- choosing -----------------------------------------------------------------------
 
     def choose(self, inv: Invocation[Cfg, Out], kernel: Kernel[Cfg, Out]) -> Cfg:
         """The config for `inv`; see the class docstring for the order."""
@@ -309,8 +304,7 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
                 )
                 misses.append(("autotune", "every candidate failed"))
                 return None
-            # Create-exclusive: when another process published this key first, its
-            # config is adopted, so that every process uses the same one.
+            # Exclusive: another process's earlier config wins, so all use the same one.
             cfg = self.store(
                 key, report.best, report=report, signature=inv.signature, exclusive=True
             )
@@ -328,10 +322,9 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
         signature: str = "",
         exclusive: bool = False,
     ) -> Any:
-        """Puts a tuned config in the memory cache and, when this chain persists tuned
-        configs, the persistent cache (a failed write is a warning, never an error).
-        Returns the config now cached: with `exclusive`, the one another process
-        published first, if any."""
+        """Caches a tuned config in memory and (when this chain persists tuned configs)
+        on disk, where a failed write is only a warning; returns the config now cached
+        (with `exclusive`, the one another process published first, if any)."""
         if self.persistent is not None and self.persist_autotune:
             try:
                 stored = self.persistent.put(
