@@ -43,7 +43,26 @@ class Option(Generic[T]):
 
     @property
     def value(self) -> T:
-        return get(self.name)  # type: ignore[no-any-return]
+        """A scoped override, else the environment, else the default (read on each
+        call: it sits on the executor's dispatch path, so it looks up nothing else).
+
+        Raises:
+          ValueError: the environment variable holds a value the option does not
+            allow; the message names the variable, the value and the legal values.
+        """
+        overrides = _overrides.get()
+        if self.name in overrides:
+            return overrides[self.name]  # type: ignore[no-any-return]
+        _warn_unknown_variables()
+        raw = os.environ.get(env_name(self.name))
+        if raw is None:
+            return self.default
+        try:
+            return self.parse(raw)
+        except ValueError:
+            raise ValueError(
+                f"{env_name(self.name)}={raw!r} is not a valid value; allowed: {self.allowed}."
+            ) from None
 
     def override(self, value: T | str) -> contextlib.AbstractContextManager[None]:
         return scoped(**{self.name: value})
@@ -171,27 +190,8 @@ def env_name(name: str) -> str:
 
 
 def get(name: str) -> Any:
-    """Returns the value of option `name`: a scoped override, else the environment,
-    else the default.
-
-    Raises:
-      ValueError: the environment variable holds a value the option does not allow; the
-        message names the variable, the value and the legal values.
-    """
-    option = _OPTIONS[name]
-    overrides = _overrides.get()
-    if name in overrides:
-        return overrides[name]
-    _warn_unknown_variables()
-    raw = os.environ.get(env_name(name))
-    if raw is None:
-        return option.default
-    try:
-        return option.parse(raw)
-    except ValueError:
-        raise ValueError(
-            f"{env_name(name)}={raw!r} is not a valid value; allowed: {option.allowed}."
-        ) from None
+    """Returns the value of option `name` (see `Option.value`)."""
+    return _OPTIONS[name].value
 
 
 @contextlib.contextmanager
