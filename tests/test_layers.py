@@ -20,6 +20,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "foundation: options, files, keys, devices, labels, the coordination service",
         [
             "_src",
+            "_src.call_shapes",
             "_src.codec",
             "_src.command_error",
             "_src.configs",
@@ -62,9 +63,11 @@ LAYERS: list[tuple[str, list[str]]] = [
             "_src.persistent",
             "_src.result",
             "_src.manifest",
+            "_src.shipped",
+            "_src.tuned_neighbours",
         ],
     ),
-    ("selection: the chain of tiers", ["_src.selection"]),
+    ("selection: the chain of tiers", ["_src.key_tuning", "_src.selection"]),
     ("executor, and the default one", ["_src.executor", "_src.default"]),
     (
         "offline, whole-function, distributed verification, batching, explain",

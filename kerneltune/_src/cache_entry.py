@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from kerneltune._src import storage
+from kerneltune._src.call_shapes import CallShape
 from kerneltune._src.configs import config_from_dict, config_to_dict
 from kerneltune._src.tuning.report import TuningReport
 from kerneltune._src.version import __version__
@@ -44,7 +45,8 @@ def runtime_versions() -> dict[str, str]:
     return {"kerneltune": __version__, "jax": jax.__version__, "jaxlib": jaxlib_version}
 
 
-def _op_dirname(op_id: str) -> str:
+def op_dirname(op_id: str) -> str:
+    """The folder that holds an op's entries (its name, made safe for a path)."""
     safe = "".join(c if c.isalnum() or c in "._@+-" else "_" for c in op_id)[:80]
     if safe == op_id and safe and safe[0] not in ".-":
         return safe
@@ -58,7 +60,7 @@ def _digest(text: str) -> str:
 def entry_relpath(dev: str, op_id: str, call_key: str) -> str:
     """Where the entry for a key lives, relative to a cache's entry directory."""
     digest = _digest(json.dumps([dev, op_id, call_key]))[:40]
-    return f"{_op_dirname(op_id)}/{digest[:2]}/{digest}{storage.ENTRY_SUFFIX}"
+    return f"{op_dirname(op_id)}/{digest[:2]}/{digest}{storage.ENTRY_SUFFIX}"
 
 
 def op_matches(op_id: str, pattern: str) -> bool:
@@ -90,6 +92,9 @@ class Entry:
         when it is not a dataclass).
       strategy: the search strategy used.
       wall_s: how long tuning took.
+      shape: the call's sizes and size-free family (`call_shapes.py`): what warm
+        start uses to find the tuned neighbours of a new call. None in entries
+        written before it was stored.
       dev: the device fingerprint it was tuned on (where it is stored).
       provenance: "autotuned", "imported" or "shipped".
       versions: kerneltune, jax and jaxlib versions that wrote it.
@@ -109,6 +114,7 @@ class Entry:
     heuristic_cfg: Any = None
     strategy: str | None = None
     wall_s: float | None = None
+    shape: CallShape | None = None
     # Where and by whom it is stored: not part of what the entry says about the call.
     dev: str = dataclasses.field(default="", compare=False)
     provenance: str = dataclasses.field(default="autotuned", compare=False)
@@ -154,6 +160,7 @@ class Entry:
             "best_time_s": _finite(self.best_time_s),
             "strategy": self.strategy,
             "wall_s": _finite(self.wall_s),
+            "shape": None if self.shape is None else self.shape.to_json(),
             "created": self.created,
             "versions": dict(self.versions) or runtime_versions(),
             "cfg_type": self.cfg_type
@@ -231,6 +238,7 @@ def entry_from_document(doc: Any, path: str) -> CacheEntry:
         best_time_s=_optional(doc, "best_time_s", number),
         strategy=_optional(doc, "strategy", str),
         wall_s=_optional(doc, "wall_s", number),
+        shape=CallShape.from_json(doc.get("shape")),
         created=float(_optional(doc, "created", number) or 0.0),
         versions={str(k): str(v) for k, v in versions.items()},
         cfg_type=_optional(doc, "cfg_type", str) or "",

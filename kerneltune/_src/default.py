@@ -11,11 +11,12 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from kerneltune._src import kernel
+from kerneltune._src import kernel, options
 from kerneltune._src.cache import ConfigCache
 from kerneltune._src.executor import Executor
 from kerneltune._src.persistent import default_persistent_cache
 from kerneltune._src.selection import AutotunePolicy, ConfigSelectorChain
+from kerneltune._src.shipped import package_tables
 
 _default: Executor[Any, Any] | None = None
 _default_lock = threading.Lock()
@@ -67,7 +68,10 @@ def selector_of(selector: Any, what: str = "selector") -> ConfigSelectorChain[An
 def _build_default() -> Executor[Any, Any]:
     persistent = default_persistent_cache()
     chain: ConfigSelectorChain[Any, Any] = ConfigSelectorChain(
-        ConfigCache(), policy=AutotunePolicy.from_env(), persistent=persistent
+        ConfigCache(),
+        policy=AutotunePolicy.from_env(),
+        persistent=persistent,
+        shipped=package_tables() if options.SHIPPED.value else None,
     )
     return Executor(chain)
 

@@ -8,7 +8,7 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar, Generic
 
-from kerneltune._src import devices, keys
+from kerneltune._src import call_shapes, devices, keys
 from kerneltune._src.kernel_types import Cfg, Out
 
 
@@ -234,12 +234,17 @@ class Invocation(Generic[Cfg, Out]):
 
     def key_payload(self) -> dict[str, Any]:
         """What the default call key is a hash of."""
-        payload: dict[str, Any] = {"args": self.abstract_args, "kwargs": self.abstract_kwargs}
-        for name in ("batch_axes", "method", "mesh", "in_specs", "out_specs"):
-            value = getattr(self, name)
-            if value is not None:
-                payload[name] = value
-        return payload
+        return keys.key_payload(
+            self.abstract_args,
+            self.abstract_kwargs,
+            **{name: getattr(self, name) for name in keys.KEY_FIELDS},
+        )
+
+    @functools.cached_property
+    def shape(self) -> call_shapes.CallShape | None:
+        """The call's sizes and the family of calls that differ only in sizes (None when
+        its payload has symbolic dimensions or values the codec cannot hold)."""
+        return call_shapes.call_shape(self.key_payload())
 
     def make_key(self, key_builder: Callable[[Invocation[Any, Any]], str] | None = None) -> str:
         """The call key: `key_builder(self)` when given, else a hash of the abstract

@@ -47,6 +47,18 @@ def abstractify(tree: Any) -> Any:
     return jax.tree_util.tree_map(leaf, tree)
 
 
+#: The invocation fields, besides the abstract arguments, that a default call key covers.
+KEY_FIELDS = ("batch_axes", "method", "mesh", "in_specs", "out_specs")
+
+
+def key_payload(args: Any, kwargs: Any, **fields: Any) -> dict[str, Any]:
+    """What a default call key is a hash of: the abstract arguments, and those of
+    `KEY_FIELDS` that are not None."""
+    payload: dict[str, Any] = {"args": args, "kwargs": kwargs}
+    payload.update((k, v) for k, v in fields.items() if v is not None)
+    return payload
+
+
 def _to_plain(obj: Any) -> Any:
     """`obj` as JSON data for hashing: the codec of manifests, in its key mode."""
     return codec.encode(obj, for_key=True)

@@ -175,8 +175,26 @@ AGREE_TIMEOUT: Option[float] = Option(
     help="How long processes wait for each other to agree on a config.",
 )
 
+SHIPPED: Option[bool] = Option(
+    name="shipped",
+    default=True,
+    parse=_flag,
+    allowed="1, 0, true, false, on, off",
+    help="Use the tuned tables shipped with kerneltune (and warm-start from them).",
+)
+
 _OPTIONS: dict[str, Option[Any]] = {
-    o.name: o for o in (PLATFORM, STAMP, RECORD, AUTOTUNE, CACHE_DIR, CACHE_READONLY, AGREE_TIMEOUT)
+    o.name: o
+    for o in (
+        PLATFORM,
+        STAMP,
+        RECORD,
+        AUTOTUNE,
+        CACHE_DIR,
+        CACHE_READONLY,
+        AGREE_TIMEOUT,
+        SHIPPED,
+    )
 }
 
 _overrides: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(

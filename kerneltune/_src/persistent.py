@@ -28,6 +28,7 @@ from kerneltune._src.cache_entry import (
     entry_relpath,
     runtime_versions,
 )
+from kerneltune._src.call_shapes import CallShape
 from kerneltune._src.kernel_types import Cfg
 from kerneltune._src.keys import config_from_dict, config_to_dict
 from kerneltune._src.storage import default_cache_dir as default_cache_dir
@@ -233,12 +234,17 @@ class PersistentCache(cache_sharing.CacheSharing, Generic[Cfg]):
         """The number of entries in the writable layer (read-only layers not counted)."""
         return len({rel for _, rel in self._walk([self._store])})
 
-    def entries(self, *, readonly_layers: bool = False) -> Iterator[CacheEntry]:
+    def entries(
+        self, *, readonly_layers: bool = False, op_id: str | None = None
+    ) -> Iterator[CacheEntry]:
         """Every readable entry of the writable layer, then of the read-only layers when
-        asked (an entry shadowed by an earlier layer is left out, as `get` would).
+        asked (an entry shadowed by an earlier layer is left out, as `get` would); with
+        `op_id` ("matmul@v3"), only that op's entries (read from its folder alone).
         Unreadable entries are skipped with a warning."""
         seen: set[str] = set()
-        for layer, rel in self._walk(self._layers if readonly_layers else [self._store]):
+        layers = self._layers if readonly_layers else [self._store]
+        under = "" if op_id is None else cache_entry.op_dirname(op_id)
+        for layer, rel in self._walk(layers, under):
             if rel in seen:
                 continue
             data = self._read(layer, rel)
@@ -247,13 +253,15 @@ class PersistentCache(cache_sharing.CacheSharing, Generic[Cfg]):
                 seen.add(rel)
                 yield entry
 
-    def _walk(self, layers: Iterable[storage.Store]) -> Iterator[tuple[storage.Store, str]]:
+    def _walk(
+        self, layers: Iterable[storage.Store], under: str = ""
+    ) -> Iterator[tuple[storage.Store, str]]:
         with self._lock:
-            unwritten = sorted(self._unwritten)
+            unwritten = sorted(rel for rel in self._unwritten if rel.startswith(under))
         yield from ((self._store, rel) for rel in unwritten)
         for layer in layers:
             try:
-                yield from ((layer, rel) for rel in layer.walk())
+                yield from ((layer, rel) for rel in layer.walk(under))
             except Exception as e:
                 logger.warning("Cannot list the kerneltune cache %s: %s", layer.location, e)
 
@@ -270,6 +278,7 @@ class PersistentCache(cache_sharing.CacheSharing, Generic[Cfg]):
         provenance: Provenance = "autotuned",
         signature: str | None = None,
         exclusive: bool = False,
+        shape: CallShape | None = None,
     ) -> Any:
         """Stores a tuned config, atomically.
 
@@ -284,6 +293,8 @@ class PersistentCache(cache_sharing.CacheSharing, Generic[Cfg]):
           exclusive: publish only when the writable layer holds no valid entry for the
             key yet. Processes that missed the same key and tuned it at once then agree
             on the first one's config: the one returned.
+          shape: the call's sizes and size-free family (`Invocation.shape`), which
+            warm start reads to find the tuned neighbours of a new call.
 
         Returns:
           The config now stored for the key: `cfg`, or with `exclusive` the valid entry
@@ -312,6 +323,7 @@ class PersistentCache(cache_sharing.CacheSharing, Generic[Cfg]):
             dev=dev,
             provenance=provenance,
             signature=signature or "",
+            shape=shape,
             created=_now(),
             versions=runtime_versions(),
             cfg_type="" if isinstance(cfg, Mapping) else cache_entry.type_name(cfg),

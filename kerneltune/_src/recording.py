@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import sys
 import threading
@@ -26,7 +27,7 @@ from typing import Any
 
 import jax
 
-from kerneltune._src import devices, keys, options, scope
+from kerneltune._src import call_shapes, devices, keys, options, scope
 from kerneltune._src.kernel import Invocation, Kernel, find_kernel_class, registered_kernels
 
 logger = logging.getLogger("kerneltune")
@@ -173,6 +174,14 @@ class Record:
     @property
     def key(self) -> tuple[str, str]:
         return (self.op_id_v, self.call_key)
+
+    @functools.cached_property
+    def shape(self) -> call_shapes.CallShape | None:
+        """The call's sizes and size-free family, as `Invocation.shape`."""
+        fields = {name: getattr(self, name) for name in keys.KEY_FIELDS}
+        return call_shapes.call_shape(
+            keys.key_payload(tuple(self.args), dict(self.kwargs), **fields)
+        )
 
     def get_kernel(self) -> Kernel[Any, Any]:
         """The kernel: the recorded instance, else rebuilt from `ref`.

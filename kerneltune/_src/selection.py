@@ -18,16 +18,9 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, Literal
 
-from kerneltune._src import (
-    dispatch,
-    distributed,
-    kernel_hooks,
-    keys,
-    scope,
-    sharding,
-    tracing,
-)
+from kerneltune._src import kernel_hooks, key_tuning, keys, scope, sharding, tuned_neighbours
 from kerneltune._src.cache import CacheKey, ConfigCache
+from kerneltune._src.call_shapes import CallShape
 from kerneltune._src.kernel import Invocation, Kernel
 from kerneltune._src.kernel_types import Cfg, Out
 from kerneltune._src.policy import AutotunePolicy as AutotunePolicy
@@ -35,12 +28,13 @@ from kerneltune._src.policy import CacheMissError as CacheMissError
 from kerneltune._src.policy import forward_autotune_only as forward_autotune_only
 from kerneltune._src.policy import forward_only_active as forward_only_active
 from kerneltune._src.policy import policy_override as policy_override
-from kerneltune._src.tuning.protocol import run_tuner
 from kerneltune._src.tuning.report import TuningReport
 
 logger = logging.getLogger("kerneltune")
 
-Tier = Literal["override", "overlay", "memory", "persistent", "autotune", "reuse", "heuristics"]
+Tier = Literal[
+    "override", "overlay", "memory", "persistent", "shipped", "autotune", "reuse", "heuristics"
+]
 
 
 @dataclasses.dataclass
@@ -71,6 +65,8 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
         "autotune_finish", "heuristics", "error"; `data` has `device`, `op_id`,
         `call_key` and `cfg` where one was chosen. Its exceptions are logged.
       forbid_reautotune: benchmark a key at most once per process.
+      shipped: read-only tuned tables keyed by device kind (`shipped.ShippedTables`),
+        consulted after `persistent`; the default executor passes the package's own.
       autotune: shorthand for `policy=AutotunePolicy(allow_autotune=autotune)`.
     """
 
@@ -87,6 +83,7 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
         forbid_reautotune: bool = True,
         *,
         autotune: bool | None = None,
+        shipped: Any = None,
     ) -> None:
         if cache is None:
             cache = ConfigCache()
@@ -109,6 +106,8 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
         self.persist_autotune = persist_autotune
         self.on_event = on_event
         self.forbid_reautotune = forbid_reautotune
+        self.shipped = shipped
+        self._neighbours = tuned_neighbours.LocalIndex()
         self.uid = next(self._uids)
         self._listeners: list[Callable[[], None]] = []
         cache.add_invalidation_listener(self._invalidated)
@@ -205,6 +204,13 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
         else:
             misses.append(("persistent", "no persistent cache configured"))
 
+        if self.shipped is not None:
+            cfg = self.shipped.get(*key, kernel_hooks.config_type_of(kernel, inv))
+            if cfg is not None:
+                self.cache.put(*key, cfg)
+                return done("shipped", cfg, "cache_hit", level="shipped")
+            misses.append(("shipped", "not in the tables shipped for this device kind"))
+
         policy = self.effective_policy()
         if policy.cache_miss_fallback == "error" and policy.allow_heuristics:
             # Production mode forbids tuning, not determinism: when there is nothing to
@@ -291,7 +297,16 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
                 return decision
             for i, cand in enumerate(candidates):
                 kernel_hooks.check_config_type(kernel, inv, cand, f"candidate #{i}")
-            report = self._run_tuner(inv, kernel, key, candidates, policy)
+            report = key_tuning.tune_key(
+                inv,
+                kernel,
+                key,
+                candidates,
+                tuner=self.tuner,
+                backward=policy.validate_backward,
+                hints=self._hints(inv, kernel, key),
+                emit=self._emit,
+            )
             if report.best is None:
                 summary = "; ".join(
                     f"{c.cfg}: {c.status}: {c.error}" for c in report.candidates[:8]
@@ -306,7 +321,12 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
                 return None
             # Exclusive: another process's earlier config wins, so all use the same one.
             cfg = self.store(
-                key, report.best, report=report, signature=inv.signature, exclusive=True
+                key,
+                report.best,
+                report=report,
+                signature=inv.signature,
+                shape=inv.shape,
+                exclusive=True,
             )
             self._tuned[key] = cfg
             self._reports[key] = report
@@ -320,67 +340,43 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
         *,
         report: TuningReport | None = None,
         signature: str = "",
+        shape: CallShape | None = None,
         exclusive: bool = False,
     ) -> Any:
         """Caches a tuned config in memory and (when this chain persists tuned configs)
         on disk, where a failed write is only a warning; returns the config now cached
-        (with `exclusive`, the one another process published first, if any)."""
+        (with `exclusive`, the one another process published first, if any). With the
+        call's `shape`, later calls near it start their tuning from this config."""
         if self.persistent is not None and self.persist_autotune:
             try:
                 stored = self.persistent.put(
-                    *key, cfg, report=report, signature=signature, exclusive=exclusive
+                    *key,
+                    cfg,
+                    report=report,
+                    signature=signature,
+                    shape=shape,
+                    exclusive=exclusive,
                 )
                 cfg = cfg if stored is None else stored
             except Exception as e:  # a cache write must not fail the run.
                 logger.warning("could not write %s to the persistent cache: %s", key, e)
         self.cache.put(*key, cfg)
+        self._neighbours.add(key[0], key[1], shape, cfg)
         return cfg
 
-    def _run_tuner(
-        self,
-        inv: Invocation[Cfg, Out],
-        kernel: Kernel[Cfg, Out],
-        key: CacheKey,
-        candidates: list[Any],
-        policy: AutotunePolicy,
-    ) -> TuningReport:
-        heuristic = kernel_hooks.find_heuristic(kernel, inv)
-        if heuristic is not None:
-            # Never worse than not tuning: the heuristic is a contender, first in line,
-            # so only a config measurably faster replaces it (ties go to the first).
-            candidates = [heuristic, *(c for c in candidates if c != heuristic)]
-        context = inv.method if inv.method == "shard_map" else None
-
-        def make_fn(cfg: Any) -> Callable[..., Any]:
-            return dispatch.kernel_function(kernel, cfg, context)
-
-        backward = policy.validate_backward and not scope.current().forward_only
-        self._emit("autotune_start", key, candidates=list(candidates), backward=backward)
-        # The call may be inside a jit trace: build inputs and time candidates outside
-        # it, or every array made here would be a tracer of the user's program.
-        with tracing.outside_traces():
-            args, kwargs = kernel_hooks.concrete_inputs(kernel, inv)
-            report: TuningReport = run_tuner(
-                self.tuner,
-                make_fn,
-                args,
-                kwargs,
-                candidates,
-                reference_cfg=heuristic,
-                backward=backward,
-                name=f"{inv.op_id_v}({inv.signature})",
-                reference_fn=dispatch.find_method(kernel, "reference", context),
-            )
-        # With several processes, every one must end with the same winner (SPMD).
-        report = distributed.agree(key, report)
-        self._emit(
-            "autotune_finish",
-            key,
-            cfg=report.best,
-            report=report,
-            timings=[(c.cfg, c.time_s, c.status) for c in report.candidates],
+    def _hints(
+        self, inv: Invocation[Any, Any], kernel: Kernel[Any, Any], key: CacheKey
+    ) -> list[Any]:
+        """The winners of the tuned calls nearest to `inv` (a warm start)."""
+        return tuned_neighbours.hints(
+            inv.shape,
+            key[0],
+            key[1],
+            kernel_hooks.config_type_of(kernel, inv),
+            local=self._neighbours,
+            persistent=self.persistent,
+            shipped=self.shipped,
         )
-        return report
 
     @contextlib.contextmanager
     def _lock_for(self, key: CacheKey) -> Iterator[None]:

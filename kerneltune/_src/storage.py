@@ -57,8 +57,9 @@ class Store(Protocol):
         """Removes the entry; False when there was none."""
         ...
 
-    def walk(self) -> Iterator[str]:
-        """The relative path of every entry (never of temporary files)."""
+    def walk(self, under: str = "") -> Iterator[str]:
+        """The relative path of every entry (never of temporary files); with `under`,
+        of those in that folder only."""
         ...
 
     def full_path(self, rel: str) -> str:
@@ -68,6 +69,10 @@ class Store(Protocol):
     def remove_temporaries(self, older_than_s: float) -> int:
         """Removes temporary files left by killed writers; returns how many."""
         ...
+
+
+def _is_entry_name(name: str) -> bool:
+    return name.endswith(ENTRY_SUFFIX) and not name.startswith(".")
 
 
 def _temp_rel(rel: str) -> str:
@@ -115,10 +120,11 @@ class LocalStore:
                 return  # not empty (or already gone): stop climbing
             parts.pop()
 
-    def _scan(self, want: Callable[[str], bool]) -> Iterator[tuple[str, str]]:
-        if not os.path.isdir(self.root):
+    def _scan(self, want: Callable[[str], bool], under: str = "") -> Iterator[tuple[str, str]]:
+        top = self.full_path(under) if under else self.root
+        if not os.path.isdir(top):
             return
-        for dirpath, dirnames, filenames in os.walk(self.root):
+        for dirpath, dirnames, filenames in os.walk(top):
             dirnames.sort()
             rel_dir = os.path.relpath(dirpath, self.root).replace(os.sep, "/")
             for name in sorted(filenames):
@@ -126,8 +132,8 @@ class LocalStore:
                     rel = name if rel_dir == "." else f"{rel_dir}/{name}"
                     yield rel, os.path.join(dirpath, name)
 
-    def walk(self) -> Iterator[str]:
-        for rel, _ in self._scan(lambda n: n.endswith(ENTRY_SUFFIX) and not n.startswith(".")):
+    def walk(self, under: str = "") -> Iterator[str]:
+        for rel, _ in self._scan(_is_entry_name, under):
             yield rel
 
     def remove_temporaries(self, older_than_s: float) -> int:
@@ -195,18 +201,19 @@ class FsspecStore:
             return False
         return True
 
-    def _find(self) -> list[str]:
+    def _find(self, under: str = "") -> list[str]:
+        top = self.full_path(under) if under else self.root
         try:
-            self.fs.invalidate_cache(self.root)
-            return sorted(self.fs.find(self.root))
+            self.fs.invalidate_cache(top)
+            return sorted(self.fs.find(top))
         except FileNotFoundError:
             return []
 
-    def walk(self) -> Iterator[str]:
+    def walk(self, under: str = "") -> Iterator[str]:
         prefix = self.root + "/"
-        for path in self._find():
+        for path in self._find(under):
             name = path.rpartition("/")[2]
-            if path.startswith(prefix) and name.endswith(ENTRY_SUFFIX) and not name.startswith("."):
+            if path.startswith(prefix) and _is_entry_name(name):
                 yield path[len(prefix) :]
 
     def remove_temporaries(self, older_than_s: float) -> int:
@@ -272,8 +279,9 @@ class BundleStore:
     def delete(self, rel: str) -> bool:
         raise PermissionError(f"{self.location} is a read-only cache bundle.")
 
-    def walk(self) -> Iterator[str]:
-        yield from sorted(self._load())
+    def walk(self, under: str = "") -> Iterator[str]:
+        prefix = under.rstrip("/") + "/" if under else ""
+        yield from sorted(rel for rel in self._load() if rel.startswith(prefix))
 
     def remove_temporaries(self, older_than_s: float) -> int:
         return 0

@@ -9,6 +9,7 @@ report holds the winner only.
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -27,6 +28,14 @@ def uses_own_autotune(tuner: Any) -> bool:
     return own_tune is Tuner.tune and own_autotune not in (None, Tuner.autotune)
 
 
+def _takes(fn: Callable[..., Any], name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
 def run_tuner(
     tuner: Any,
     make_fn: Callable[[Any], Callable[..., Any]],
@@ -38,10 +47,17 @@ def run_tuner(
     backward: bool,
     name: str,
     reference_fn: Callable[..., Any] | None = None,
+    hints: Sequence[Any] = (),
 ) -> TuningReport:
     """Tunes one key with `tuner`; a tuner's failure to pick any config is a report
-    whose `best` is None (the chain then falls back to the heuristic)."""
+    whose `best` is None (the chain then falls back to the heuristic). `hints` (the
+    winners at neighbouring shapes) reach a `tune` that takes them."""
     if not uses_own_autotune(tuner):
+        extra: dict[str, Any] = {}
+        if reference_fn is not None:
+            extra["reference_fn"] = reference_fn
+        if hints and _takes(tuner.tune, "hints"):
+            extra["hints"] = list(hints)
         return tuner.tune(
             make_fn,
             args,
@@ -50,7 +66,7 @@ def run_tuner(
             reference_cfg=reference_cfg,
             backward=backward,
             name=name,
-            **({} if reference_fn is None else {"reference_fn": reference_fn}),
+            **extra,
         )
     start = time.perf_counter()
     strategy = f"{type(tuner).__name__}.autotune"

@@ -25,7 +25,7 @@ import jax
 
 from kerneltune._src import keys, tracing
 from kerneltune._src.kernel_types import Cfg
-from kerneltune._src.tuning import inputs, programs, search, timing, winner
+from kerneltune._src.tuning import inputs, programs, search, timing, warm_start, winner
 from kerneltune._src.tuning.bench import Bench
 from kerneltune._src.tuning.candidate import describe
 from kerneltune._src.tuning.compiling import default_workers
@@ -53,8 +53,9 @@ class Tuner(Generic[Cfg]):
       timer: "auto" (CUPTI device time on a CUDA GPU when it is safe, else the wall
         clock), "cupti", "wallclock", or a `timing.Timer`.
       strategy: "auto", "exhaustive", "coordinate", "halving" or a
-        `search.SearchStrategy`; "auto" is exhaustive for spaces of at most 128
-        candidates that fit `max_evals`, coordinate descent otherwise.
+        `search.SearchStrategy`; "auto" starts from the winners at neighbouring shapes
+        when there are any (a warm start), else is exhaustive for spaces of at most 128
+        candidates that fit `max_evals` and coordinate descent otherwise.
       max_evals: at most this many candidates are compiled and timed.
       time_budget_s: no new candidate is started after this many seconds.
       compile_timeout_s: a candidate still compiling after this long is abandoned
@@ -215,6 +216,7 @@ class Tuner(Generic[Cfg]):
         backward: bool = False,
         name: str = "",
         reference_fn: Callable[..., Any] | None = None,
+        hints: Sequence[Cfg] = (),
     ) -> TuningReport:
         """Evaluates candidates (all of them, or those the search strategy picks) and
         reports every one.
@@ -237,6 +239,9 @@ class Tuner(Generic[Cfg]):
             are: when given, every candidate (the reference config too) is validated
             against its output instead of the reference config's, so a wrong or failing
             heuristic cannot turn validation off or upside down.
+          hints: configs that won at neighbouring shapes of the same op, nearest first.
+            With the "auto" strategy and a space of at least `WARM_MIN_SPACE`
+            candidates, the search starts from them (`warm_start.strategy_for`).
 
         Returns:
           A `TuningReport`; its `best` is None when every candidate failed (the caller
@@ -258,7 +263,7 @@ class Tuner(Generic[Cfg]):
                 name
                 or f"kernel({keys.describe_abstract(keys.abstractify((tuple(args), dict(kwargs))))})"
             )
-            strategy = search.resolve_strategy(self.strategy, len(candidates), self.max_evals)
+            strategy = warm_start.strategy_for(self.strategy, candidates, hints, self.max_evals)
             progress = Progress(what, self.progress)
 
             def lower(cfg: Any) -> Any:
@@ -348,8 +353,6 @@ class Tuner(Generic[Cfg]):
             )
         logger.info("%s", report.summary())
         return report
-
-    # ---------------------------------------------------------------------------------
 
     def _bench(
         self,

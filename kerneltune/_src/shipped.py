@@ -1,0 +1,113 @@
+"""Tuned configs shipped inside the package, one table per GPU model.
+
+A table is a cache export file (`kerneltune cache export`) written by
+`benchmarks/ship_tables.py` on that GPU. It is read-only and keyed by *device kind*
+("NVIDIA H100 80GB HBM3"), not by the full fingerprint: a config tuned under one CUDA
+version is a good config under another, while the user's own caches, consulted first,
+stay exact. Its entries also seed warm starts (`tuned_neighbours.py`) for calls near the
+shapes it covers.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import pathlib
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from kerneltune._src import storage
+from kerneltune._src.cache_entry import BadEntry, CacheEntry, entry_from_document
+from kerneltune._src.configs import config_from_dict
+
+logger = logging.getLogger("kerneltune")
+
+#: Where the package keeps its tables: `kerneltune/kernels/tables/*.json`.
+PACKAGE_TABLES = pathlib.Path(__file__).resolve().parent.parent / "kernels" / "tables"
+
+
+def device_kind_of(fingerprint: str) -> str:
+    """The device kind of a fingerprint: `"NVIDIA H100 80GB HBM3|cuda 12080"` →
+    `"NVIDIA H100 80GB HBM3"`."""
+    return fingerprint.partition("|")[0]
+
+
+class ShippedTables:
+    """Read-only tuned configs keyed by device kind, op and call key.
+
+    Args:
+      paths: table files (cache export files). Unreadable ones are skipped with a
+        warning; they are read on first use.
+    """
+
+    def __init__(self, paths: Sequence[str | pathlib.Path]) -> None:
+        self.paths = tuple(str(p) for p in paths)
+        self._lock = threading.Lock()
+        self._by_key: dict[tuple[str, str, str], CacheEntry] | None = None
+
+    def __repr__(self) -> str:
+        return f"ShippedTables({list(self.paths)!r})"
+
+    def _index(self) -> dict[tuple[str, str, str], CacheEntry]:
+        with self._lock:
+            if self._by_key is None:
+                self._by_key = {}
+                for path in self.paths:
+                    for entry in _read_table(path):
+                        key = (device_kind_of(entry.dev), entry.op_id_v, entry.call_key)
+                        self._by_key.setdefault(key, entry)
+            return self._by_key
+
+    def get_entry(self, dev: str, op_id_v: str, call_key: str) -> CacheEntry | None:
+        """The shipped entry for a key on a device of `dev`'s kind, or None."""
+        return self._index().get((device_kind_of(dev), op_id_v, call_key))
+
+    def get(self, dev: str, op_id_v: str, call_key: str, cfg_type: type[Any] | None) -> Any:
+        """The shipped config for a key (an instance of `cfg_type`, or its fields when
+        no type is given), or None: none shipped, or it no longer fits the type."""
+        entry = self.get_entry(dev, op_id_v, call_key)
+        if entry is None:
+            return None
+        if cfg_type is None:
+            return dict(entry.cfg)
+        try:
+            return config_from_dict(entry.cfg, cfg_type)
+        except Exception as e:  # includes the config's own validation.
+            logger.warning(
+                "Skipping the shipped config for %s (%s): it no longer fits %s (%s).",
+                op_id_v,
+                entry.signature,
+                cfg_type.__qualname__,
+                e,
+            )
+            return None
+
+    def entries_of(self, dev: str, op_id_v: str) -> list[CacheEntry]:
+        """Every shipped entry of an op on a device of `dev`'s kind."""
+        kind = device_kind_of(dev)
+        return [e for (k, op, _), e in self._index().items() if k == kind and op == op_id_v]
+
+    def __len__(self) -> int:
+        return len(self._index())
+
+
+def _read_table(path: str) -> list[CacheEntry]:
+    try:
+        docs = storage.read_export_file(path)
+    except (OSError, ValueError) as e:
+        logger.warning("Skipping the shipped kerneltune table %s: %s", path, e)
+        return []
+    entries = []
+    for i, doc in enumerate(docs):
+        try:
+            entries.append(entry_from_document(doc, f"{path}#{i}"))
+        except BadEntry as e:
+            logger.warning("Skipping entry #%d of the shipped table %s: %s", i, path, e)
+    return entries
+
+
+@functools.cache
+def package_tables() -> ShippedTables:
+    """The tables that ship with kerneltune (`kerneltune/kernels/tables/*.json`)."""
+    return ShippedTables(sorted(PACKAGE_TABLES.glob("*.json")))

@@ -1,0 +1,279 @@
+"""Warm start: tuned neighbours (same op, dtypes and static values; other sizes) seed the
+search of a new call, from this process, the persistent cache or the shipped tables."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import kerneltune as kt
+from kerneltune._src import call_shapes, shipped, storage
+from kerneltune._src.cache_entry import entry_from_document
+from kerneltune._src.kernel import make_invocation
+from kerneltune._src.tuning import search, warm_start
+from tests.helpers import cost_tuner, rand
+
+# --- call shapes ------------------------------------------------------------------------
+
+
+def shape_of(kernel, *args, **kwargs):
+    return make_invocation(kernel, args, kwargs).shape
+
+
+def test_calls_that_differ_only_in_sizes_share_a_family():
+    k = GridKernel()
+    a = shape_of(k, jnp.ones((64, 8)))
+    b = shape_of(k, jnp.ones((256, 8)))
+    assert a.family == b.family
+    assert (a.sizes, b.sizes) == ((64, 8), (256, 8))
+    assert call_shapes.distance(a.sizes, b.sizes) == 2.0
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        lambda k: shape_of(k, jnp.ones((64, 8), jnp.bfloat16)),  # dtype
+        lambda k: shape_of(k, jnp.ones((64, 8, 1))),  # rank
+        lambda k: shape_of(k, jnp.ones((64, 8)), scale=2),  # static value
+    ],
+)
+def test_a_family_holds_dtypes_ranks_and_static_values(other):
+    k = GridKernel()
+    assert other(k).family != shape_of(k, jnp.ones((64, 8))).family
+
+
+def test_nearest_orders_by_distance_and_names_each_config_once():
+    s = call_shapes.CallShape("f", (128,))
+    tuned = [
+        (call_shapes.CallShape("f", (1024,)), "far"),
+        (call_shapes.CallShape("f", (256,)), "near"),
+        (call_shapes.CallShape("g", (128,)), "other family"),
+        (call_shapes.CallShape("f", (64,)), "near"),  # same config again
+        (call_shapes.CallShape("f", (512,)), "mid"),
+    ]
+    assert [c for _, c in call_shapes.nearest(s, tuned)] == ["near", "mid", "far"]
+    assert [c for _, c in call_shapes.nearest(s, tuned, limit=2)] == ["near", "mid"]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        None,
+        [],
+        {"family": 3, "sizes": []},
+        {"family": "f", "sizes": [1, -2]},
+        {"family": "f", "sizes": [True]},
+    ],
+)
+def test_a_malformed_stored_shape_is_none(data):
+    assert call_shapes.CallShape.from_json(data) is None
+
+
+# --- the strategy, on a synthetic landscape ------------------------------------------------
+
+FIELDS = {"bm": (64, 128, 256), "bn": (64, 128, 256), "bk": (32, 64), "w": (4, 8), "s": (2, 3, 4)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Tile:
+    bm: int
+    bn: int
+    bk: int
+    w: int
+    s: int
+
+
+SPACE = [Tile(*v) for v in itertools.product(*FIELDS.values())]  # 108 candidates
+
+
+def landscape(best: Tile):
+    """Time grows with each field's distance (in steps) from `best`."""
+
+    def time_of(c: Tile) -> float:
+        steps = sum(
+            abs(FIELDS[f].index(getattr(c, f)) - FIELDS[f].index(getattr(best, f))) for f in FIELDS
+        )
+        return 1.0 + 0.1 * steps
+
+    return time_of
+
+
+class FakeEvaluator:
+    def __init__(self, time_of, reference=0, fails=()):
+        self.candidates = SPACE
+        self.reference_index = reference
+        self.workers = 8
+        self.time_of, self.fails, self.seen = time_of, set(fails), {}
+
+    def evaluate(self, indices, rounds=None):
+        for i in indices:
+            self.seen[i] = None if i in self.fails else self.time_of(SPACE[i])
+        return {i: self.seen[i] for i in indices}
+
+    def exhausted(self):
+        return False
+
+
+def test_warm_start_climbs_from_a_nearby_winner_to_the_best_within_a_quarter_of_the_space():
+    best = Tile(256, 128, 64, 8, 3)
+    hint = SPACE.index(Tile(128, 128, 64, 8, 3))  # one field off, as a neighbour's winner is
+    ev = FakeEvaluator(landscape(best))
+    warm_start.WarmStart((hint,)).search(ev)
+    assert SPACE.index(best) in ev.seen
+    assert len(ev.seen) <= 0.25 * len(SPACE)
+    assert 0 in ev.seen  # the heuristic is always a contender
+
+
+def test_warm_start_stops_at_a_hint_that_is_already_the_best():
+    best = Tile(64, 256, 32, 4, 2)
+    ev = FakeEvaluator(landscape(best), reference=len(SPACE) - 1)  # far from the hint
+    warm_start.WarmStart((SPACE.index(best),)).search(ev)
+    # The heuristic, the hint and its one-field neighbours (2+2+1+1+2): one batch.
+    assert len(ev.seen) == 1 + 1 + 8
+
+
+def test_warm_start_searches_elsewhere_when_everything_near_the_hints_fails():
+    hint = SPACE.index(Tile(256, 256, 64, 8, 4))
+    near = {
+        hint,
+        0,
+        *(
+            i
+            for i, c in enumerate(SPACE)
+            if sum(a != b for a, b in zip(dataclasses.astuple(c), dataclasses.astuple(SPACE[hint])))
+            == 1
+        ),
+    }
+    ev = FakeEvaluator(landscape(Tile(64, 64, 32, 4, 2)), fails=near)
+    warm_start.WarmStart((hint,), max_evals=60).search(ev)
+    assert len(ev.seen) > len(near)
+    assert any(t is not None for t in ev.seen.values())
+
+
+def test_the_auto_strategy_warm_starts_only_with_a_usable_hint_and_a_large_space():
+    s = warm_start.strategy_for("auto", SPACE, [Tile(64, 64, 32, 4, 2)], None)
+    assert isinstance(s, warm_start.WarmStart) and s.hints == (0,)
+    assert isinstance(
+        warm_start.strategy_for("auto", SPACE, [Tile(1, 1, 1, 1, 1)], None), search.Exhaustive
+    )
+    assert isinstance(
+        warm_start.strategy_for("auto", SPACE[:8], [SPACE[0]], None), search.Exhaustive
+    )
+    assert isinstance(
+        warm_start.strategy_for("exhaustive", SPACE, [SPACE[0]], None), search.Exhaustive
+    )
+
+
+# --- through the selection chain ------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class GridCfg:
+    a: int
+    b: int
+
+
+def grid_cost(cfg: GridCfg, n: int) -> int:
+    """The best `a` grows with the call's size (log2 n - 3); the best `b` is 3."""
+    return 1 + 10 * abs(cfg.a - (int(math.log2(n)) - 3)) + 10 * abs(cfg.b - 3)
+
+
+class GridKernel(kt.Kernel):
+    """36 candidates whose cost, written into the program, depends on the call's size."""
+
+    op_id = "grid"
+
+    def run(self, x, *, cfg, scale=1):
+        with jax.named_scope(f"ktcost_{grid_cost(cfg, x.shape[0])}"):
+            return jnp.sin(x) * scale
+
+    def heuristic_cfg(self, inv):
+        return GridCfg(1, 1)
+
+    def candidate_cfgs(self, inv):
+        return [GridCfg(a, b) for a in range(1, 7) for b in range(1, 7)]
+
+
+def chain_for(tmp_path=None, **kw):
+    persistent = None if tmp_path is None else kt.PersistentCache(tmp_path)
+    return kt.ConfigSelectorChain(kt.ConfigCache(), tuner=cost_tuner(), persistent=persistent, **kw)
+
+
+def tune(chain, n):
+    k = GridKernel()
+    inv = make_invocation(k, (rand((n, 8)),), {})
+    return chain.decide(inv, k)
+
+
+def test_a_second_size_warm_starts_from_the_first_and_finds_its_own_best():
+    chain = chain_for()
+    first = tune(chain, 64)
+    assert first.report.strategy == "exhaustive" and first.cfg == GridCfg(3, 3)
+    second = tune(chain, 128)
+    assert second.report.strategy == "warm"
+    assert second.cfg == GridCfg(4, 3)  # exhaustive search's winner for this size
+    assert second.report.num_evaluated <= 0.25 * 36 + 1
+
+
+def test_a_warm_start_reads_the_neighbours_in_the_persistent_cache(tmp_path):
+    tune(chain_for(tmp_path), 64)
+    (entry,) = kt.PersistentCache(tmp_path).entries()
+    assert entry.shape is not None and entry.shape.sizes == (64, 8)
+    fresh = tune(chain_for(tmp_path), 256)  # another process: nothing in memory
+    assert fresh.report.strategy == "warm" and fresh.cfg == GridCfg(5, 3)
+
+
+def test_the_shape_round_trips_through_an_entry_document_and_old_documents_have_none():
+    shape = call_shapes.CallShape("fam", (3, 4))
+    doc = kt.CacheEntry("grid@v0", "k", {"a": 1}, dev="cpu|cpu", shape=shape).to_document()
+    assert entry_from_document(json.loads(json.dumps(doc)), "x").shape == shape
+    del doc["shape"]
+    assert entry_from_document(doc, "x").shape is None
+
+
+# --- shipped tables ---------------------------------------------------------------------------
+
+
+def write_table(path, entries):
+    storage.write_export_file(str(path), [e.to_document() for e in entries], exported=0.0)
+    return shipped.ShippedTables([path])
+
+
+def test_a_shipped_entry_is_used_on_a_device_of_the_same_kind_and_seeds_warm_starts(tmp_path):
+    k = GridKernel()
+    inv = make_invocation(k, (rand((64, 8)),), {})
+    dev = inv.device_fingerprint
+    kind = shipped.device_kind_of(dev)
+    table = write_table(
+        tmp_path / "t.json",
+        [
+            kt.CacheEntry(
+                inv.op_id_v, inv.call_key, {"a": 3, "b": 3}, dev=f"{kind}|another version",
+                provenance="shipped", shape=inv.shape,
+            )
+        ],
+    )  # fmt: skip
+    chain = chain_for(shipped=table)
+    d = chain.decide(inv, k)
+    assert (d.tier, d.cfg, d.report) == ("shipped", GridCfg(3, 3), None)  # nothing tuned
+    near = tune(chain, 128)
+    assert near.report.strategy == "warm" and near.cfg == GridCfg(4, 3)
+
+
+def test_a_table_for_another_device_kind_or_an_unreadable_one_is_not_used(tmp_path, caplog):
+    k = GridKernel()
+    inv = make_invocation(k, (rand((64, 8)),), {})
+    other = write_table(
+        tmp_path / "t.json",
+        [kt.CacheEntry(inv.op_id_v, inv.call_key, {"a": 2, "b": 5}, dev="Another GPU|cuda 1")],
+    )
+    assert chain_for(shipped=other).decide(inv, k).tier == "autotune"
+    (tmp_path / "bad.json").write_text("{not json")
+    assert len(shipped.ShippedTables([tmp_path / "bad.json"])) == 0
+    assert "Skipping the shipped kerneltune table" in caplog.text
