@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 import kerneltune as kt
+from kerneltune._src.shipped import package_tables
 
 L2_BYTES = 50 * 2**20  # an H100's and an H200's L2 cache
 #: Host-time target of one timed session, and its bounds in calls.
@@ -155,7 +156,10 @@ class Tuning:
     chosen: list[tuple[str, Any]]
 
 
-def tuning_executor(budget_s: float | None = None) -> Tuning:
+def tuning_executor(budget_s: float | None = None, *, shipped: bool = False) -> Tuning:
+    """An executor that tunes every miss into a new, empty cache directory; with
+    `shipped`, it also reads the tables shipped with kerneltune (exact hits, and warm
+    starts near their shapes)."""
     chosen: list[tuple[str, Any]] = []
 
     def on_event(event: str, **data: Any) -> None:
@@ -167,7 +171,11 @@ def tuning_executor(budget_s: float | None = None) -> Tuning:
         kt.Tuner(progress=False, time_budget_s=budget_s) if budget_s else None
     )
     chain: kt.ConfigSelectorChain[Any, Any] = kt.ConfigSelectorChain(
-        kt.ConfigCache(), tuner=tuner, persistent=cache, on_event=on_event
+        kt.ConfigCache(),
+        tuner=tuner,
+        persistent=cache,
+        on_event=on_event,
+        shipped=package_tables() if shipped else None,
     )
     return Tuning(kt.Executor(chain), chosen)
 

@@ -60,6 +60,7 @@ class Settings:
     tune_budget_s: float | None  # the tuner's budget per key (None: its default)
     tokamax: Any  # the module, or None
     bandwidth: float | None  # the copy's bytes per second
+    shipped: bool = False  # the tuned column also reads the shipped tables
 
 
 Impls = dict[str, Callable[..., Any] | None]
@@ -86,7 +87,7 @@ def _impls(op: str, st: Settings) -> tuple[Impls, h.Tuning | None]:
     if st.tokamax is not None and op in ("attention", "layer_norm", "rms_norm"):
         impls["tokamax"] = getattr(mb.tokamax_ops(st.tokamax), op)
     impls["kt_heuristic"] = getattr(mb.kerneltune_ops(h.heuristic_executor()), op)
-    tuning = h.tuning_executor(st.tune_budget_s) if st.tune else None
+    tuning = h.tuning_executor(st.tune_budget_s, shipped=st.shipped) if st.tune else None
     if tuning is not None:
         impls["kt_tuned"] = getattr(mb.kerneltune_ops(tuning.executor), op)
     return impls, tuning
@@ -212,7 +213,7 @@ def block_rows(block: str, s: mb.BlockShape, st: Settings) -> list[h.Row]:
             row.errors[name] = h.error_text(e)
         _log(row, name)
     if st.tune:
-        tuning = h.tuning_executor(st.tune_budget_s)
+        tuning = h.tuning_executor(st.tune_budget_s, shipped=st.shipped)
         kt.set_default_executor(tuning.executor)  # what `kt.autotune(f)` and the ops use
         _log(row, "kt_tuned")  # tuning a block takes a while
         try:
@@ -250,6 +251,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--no-tune", action="store_true", help="skip the kerneltune tuned column")
     p.add_argument("--tune-budget", type=float, default=None, help="tuner seconds per key")
     p.add_argument("--no-tokamax", action="store_true", help="do not import tokamax")
+    p.add_argument("--shipped", action="store_true", help="tuning also reads the shipped tables")
     args = p.parse_args(argv)
     unknown = sorted(set(args.ops.split(",")) - set(OPS))
     if unknown:
@@ -265,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> list[h.Row]:
     rowwise = any(op in ("layer_norm", "rms_norm", "softmax") for op in ops)
     bandwidth = h.copy_bandwidth(2**20 if args.smoke else 2**30) if rowwise else None
     tokamax = None if args.smoke or args.no_tokamax else mb.import_tokamax()
-    st = Settings(not args.no_tune, args.tune_budget, tokamax, bandwidth)
+    st = Settings(not args.no_tune, args.tune_budget, tokamax, bandwidth, args.shipped)
     rows = [r for op in ops for shape in shapes[op][: args.shapes] for r in rows_for(op, shape, st)]
     print(h.table(rows))
     if bandwidth:

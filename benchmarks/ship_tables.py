@@ -25,6 +25,7 @@ from typing import Any
 import jax
 
 import kerneltune as kt
+import kerneltune.kernels
 from benchmarks import harness as h
 from kerneltune._src import devices, storage
 from kerneltune._src.shipped import PACKAGE_TABLES

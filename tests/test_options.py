@@ -17,5 +17,5 @@ def test_options_are_typed_objects_with_a_scoped_override(monkeypatch):
         with options.STAMP.override("bogus"):
             pass
     assert {o.name for o in vars(options).values() if isinstance(o, options.Option)} == {
-        "platform", "stamp", "record", "autotune", "cache_dir", "cache_readonly", "agree_timeout",
+        "platform", "stamp", "record", "autotune", "cache_dir", "cache_readonly", "agree_timeout", "shipped",
     }  # fmt: skip

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import jax.numpy as jnp
 import pytest
-from offline_kernels import LoopCfg
-from worker_kernels import DIE, DyingKernel, SteadyKernel
+from offline_kernels import CHEAPEST, LoopCfg
+from worker_kernels import COST_TIMER, DIE, DyingKernel, SteadyKernel
 
 import kerneltune as kt
 from kerneltune._src import manifest as manifests
@@ -91,7 +91,8 @@ def test_two_workers_give_the_same_entries_as_one(tmp_path):
         out = tmp_path / f"out{workers}.json"
         cache = tmp_path / f"cache{workers}"
         done = tune("--cache-dir", str(cache), "tune", str(path), "--workers", str(workers),
-                    "--out", str(out), "--no-progress", "--import", "worker_kernels")  # fmt: skip
+                    "--out", str(out), "--no-progress", "--import", "worker_kernels",
+                    env={COST_TIMER: "1"})  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr
         if workers == 2:
             assert "tuning in 2 worker processes" in done.stdout
@@ -102,6 +103,9 @@ def test_two_workers_give_the_same_entries_as_one(tmp_path):
         assert {(e.op_id_v, e.call_key) for e in result} == keys
         # Every entry was tuned (not a heuristic stand-in), with every candidate timed.
         assert all(len(e.timings) == 3 for e in result)
+    # The same winners: the cheapest candidate, by the deterministic cost timer.
+    winners = [{(e.op_id_v, e.call_key): e.cfg for e in results[w]} for w in (1, 2)]
+    assert winners[0] == winners[1] == dict.fromkeys(keys, CHEAPEST)
 
 
 def test_a_worker_that_dies_loses_only_its_unfinished_keys(tmp_path):

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import pytest
 
 import kerneltune as kt
-from kerneltune._src import call_shapes, shipped, storage
+from kerneltune._src import call_shapes, shipped, storage, tuned_neighbours
 from kerneltune._src.cache_entry import entry_from_document
 from kerneltune._src.kernel import make_invocation
 from kerneltune._src.tuning import search, warm_start
@@ -48,17 +48,36 @@ def test_a_family_holds_dtypes_ranks_and_static_values(other):
     assert other(k).family != shape_of(k, jnp.ones((64, 8))).family
 
 
-def test_nearest_orders_by_distance_and_names_each_config_once():
+def test_nearest_orders_by_distance_within_the_family():
     s = call_shapes.CallShape("f", (128,))
     tuned = [
         (call_shapes.CallShape("f", (1024,)), "far"),
         (call_shapes.CallShape("f", (256,)), "near"),
         (call_shapes.CallShape("g", (128,)), "other family"),
-        (call_shapes.CallShape("f", (64,)), "near"),  # same config again
+        (call_shapes.CallShape("f", (64,)), "near too"),
         (call_shapes.CallShape("f", (512,)), "mid"),
     ]
-    assert [c for _, c in call_shapes.nearest(s, tuned)] == ["near", "mid", "far"]
-    assert [c for _, c in call_shapes.nearest(s, tuned, limit=2)] == ["near", "mid"]
+    found = call_shapes.nearest(s, tuned)
+    assert [v for _, v in found] == ["near", "near too", "mid", "far"]
+    assert [d for d, _ in found] == [1.0, 1.0, 2.0, 3.0]
+    assert [v for _, v in call_shapes.nearest(s, tuned, limit=2)] == ["near", "near too"]
+
+
+def test_ranked_keeps_the_winner_then_the_best_of_other_regions():
+    times = [
+        (Tile(128, 128, 64, 8, 3), 1.0),
+        (Tile(128, 128, 64, 8, 4), 1.01),  # one field from the winner: same region
+        (Tile(64, 256, 64, 8, 3), 1.1),  # two fields away: another region
+        (Tile(64, 64, 32, 4, 2), None),  # failed
+        (Tile(256, 64, 32, 4, 2), 1.5),
+    ]
+    assert tuned_neighbours.ranked(times) == (
+        Tile(128, 128, 64, 8, 3),
+        Tile(64, 256, 64, 8, 3),
+        Tile(256, 64, 32, 4, 2),
+    )
+    # The config the call uses (after agreement, say) comes first.
+    assert tuned_neighbours.ranked(times, Tile(256, 64, 32, 4, 2))[0] == Tile(256, 64, 32, 4, 2)
 
 
 @pytest.mark.parametrize(
@@ -225,8 +244,8 @@ def test_a_warm_start_reads_the_neighbours_in_the_persistent_cache(tmp_path):
     tune(chain_for(tmp_path), 64)
     (entry,) = kt.PersistentCache(tmp_path).entries()
     assert entry.shape is not None and entry.shape.sizes == (64, 8)
-    fresh = tune(chain_for(tmp_path), 256)  # another process: nothing in memory
-    assert fresh.report.strategy == "warm" and fresh.cfg == GridCfg(5, 3)
+    fresh = tune(chain_for(tmp_path), 32)  # another process: nothing in memory
+    assert fresh.report.strategy == "warm" and fresh.cfg == GridCfg(2, 3)
 
 
 def test_the_shape_round_trips_through_an_entry_document_and_old_documents_have_none():

@@ -11,6 +11,16 @@ import kerneltune as kt
 
 #: Set in the environment of a worker that must die on `DyingKernel`'s first call.
 DIE = "KERNELTUNE_TEST_WORKER_DIES"
+#: Set in the environment of workers that must time candidates with the deterministic
+#: cost timer (`helpers.CostInProgram`), so that their winners do not depend on the load.
+COST_TIMER = "KERNELTUNE_TEST_COST_TIMER"
+
+if os.environ.get(COST_TIMER):
+    from helpers import CostInProgram
+
+    from kerneltune._src.tuning import timing
+
+    timing.choose_timer = lambda preference="auto": (CostInProgram(), None)
 
 
 class SteadyKernel(kt.Kernel):

@@ -92,19 +92,12 @@ def distance(a: Sequence[int], b: Sequence[int]) -> float:
 def nearest(
     shape: CallShape, tuned: Iterable[tuple[CallShape, Any]], limit: int = 4
 ) -> list[tuple[float, Any]]:
-    """The `limit` nearest of `tuned` (pairs of a call's shape and its winner) in
-    `shape`'s family, nearest first, each winner once; an exact match (distance 0)
-    counts too."""
+    """The `limit` nearest of `tuned` (pairs of a call's shape and a value) in
+    `shape`'s family, as (distance, value), nearest first (ties in the given order)."""
     found: list[tuple[float, int, Any]] = []
-    for i, (other, cfg) in enumerate(tuned):
+    for i, (other, value) in enumerate(tuned):
         if other.family != shape.family or len(other.sizes) != len(shape.sizes):
             continue
-        found.append((distance(shape.sizes, other.sizes), i, cfg))
+        found.append((distance(shape.sizes, other.sizes), i, value))
     found.sort(key=lambda t: (t[0], t[1]))
-    out: list[tuple[float, Any]] = []
-    for d, _, cfg in found:
-        if all(cfg != c for _, c in out):
-            out.append((d, cfg))
-            if len(out) == limit:
-                break
-    return out
+    return [(d, value) for d, _, value in found[:limit]]

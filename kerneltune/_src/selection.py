@@ -361,7 +361,8 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
             except Exception as e:  # a cache write must not fail the run.
                 logger.warning("could not write %s to the persistent cache: %s", key, e)
         self.cache.put(*key, cfg)
-        self._neighbours.add(key[0], key[1], shape, cfg)
+        timings = [] if report is None else [(c.cfg, c.time_s) for c in report.candidates]
+        self._neighbours.add(key[0], key[1], shape, tuned_neighbours.ranked(timings, cfg))
         return cfg
 
     def _hints(

@@ -1,10 +1,12 @@
-"""Where a warm start comes from: the winners of tuned calls near a new one.
+"""Where a warm start comes from: the best configs of tuned calls near a new one.
 
 When a key misses every cache, the calls of the same op, dtypes and static values
 tuned at other sizes (in this process, in the persistent cache, in the shipped tables)
-say where the new call's best config probably is. `hints` returns their winners, the
-nearest call's first (`call_shapes.distance`); the tuner starts its search there
-(`tuning/warm_start.py`).
+say where the new call's best config probably is. `hints` returns the winners of the
+nearest calls (`call_shapes.distance`), nearest first, then the nearest call's best
+configs in other regions of the space (say, its fastest config of another backend):
+the best config of a new size is sometimes the runner-up of the last one. The tuner
+starts its search there (`tuning/warm_start.py`).
 """
 
 from __future__ import annotations
@@ -18,27 +20,49 @@ from kerneltune._src import call_shapes
 from kerneltune._src.cache_entry import CacheEntry
 from kerneltune._src.call_shapes import CallShape
 from kerneltune._src.configs import config_from_dict
+from kerneltune._src.tuning import config_space
 
 logger = logging.getLogger("kerneltune")
 
 #: How many neighbours' winners a warm start gets.
-MAX_HINTS = 4
+MAX_NEIGHBOURS = 4
+#: How many of the nearest neighbour's best configs, in distinct regions, it gets.
+MAX_REGIONS = 3
+
+Ranked = tuple[Any, ...]  # a call's best configs, in distinct regions, the winner first
+
+
+def ranked(timings: Iterable[tuple[Any, float | None]], winner: Any = None) -> Ranked:
+    """The best config of each region of a tuned space, fastest first, `winner` (the
+    config the call uses) first: each next one at least two fields away from every one
+    picked before it, up to `MAX_REGIONS`."""
+    ok = sorted(
+        ((t, i, c) for i, (c, t) in enumerate(timings) if t is not None), key=lambda x: x[:2]
+    )
+    picked: list[Any] = [] if winner is None else [winner]
+    for _, _, cfg in ok:
+        point = config_space.config_point(cfg)
+        if all(config_space.distance(point, config_space.config_point(p)) >= 2 for p in picked):
+            picked.append(cfg)
+            if len(picked) == MAX_REGIONS:
+                break
+    return tuple(picked)
 
 
 class LocalIndex:
-    """The shapes and winners of the calls tuned (or adopted) in this process."""
+    """The shapes and best configs of the calls tuned (or adopted) in this process."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._tuned: dict[tuple[str, str], dict[CallShape, Any]] = {}
+        self._tuned: dict[tuple[str, str], dict[CallShape, Ranked]] = {}
 
-    def add(self, dev: str, op_id_v: str, shape: CallShape | None, cfg: Any) -> None:
-        if shape is None:
+    def add(self, dev: str, op_id_v: str, shape: CallShape | None, best: Ranked) -> None:
+        if shape is None or not best:
             return
         with self._lock:
-            self._tuned.setdefault((dev, op_id_v), {})[shape] = cfg
+            self._tuned.setdefault((dev, op_id_v), {})[shape] = best
 
-    def of(self, dev: str, op_id_v: str) -> list[tuple[CallShape, Any]]:
+    def of(self, dev: str, op_id_v: str) -> list[tuple[CallShape, Ranked]]:
         with self._lock:
             return list(self._tuned.get((dev, op_id_v), {}).items())
 
@@ -52,47 +76,68 @@ def hints(
     local: LocalIndex | None = None,
     persistent: Any = None,
     shipped: Any = None,
-    limit: int = MAX_HINTS,
 ) -> list[Any]:
-    """The winners of the `limit` nearest tuned calls in `shape`'s family, nearest
-    first, each config once; [] when the call has no shape or no neighbour is known.
-    A cache that cannot be read gives no hints (a warm start is an optimisation)."""
-    if shape is None or limit <= 0:
+    """Configs to start tuning a call of `shape` from: the winners of the
+    `MAX_NEIGHBOURS` nearest tuned calls in its family, nearest first, then the nearest
+    call's best configs in other regions; each once, as `cfg_type` instances. [] when
+    the call has no shape or no neighbour is known. A cache that cannot be read gives
+    no hints (a warm start is an optimisation)."""
+    if shape is None:
         return []
-    tuned: list[tuple[CallShape, Any]] = []
+    tuned: list[tuple[CallShape, Ranked]] = []
     if local is not None:
         tuned += local.of(dev, op_id_v)
     if persistent is not None:
         try:
             stored = persistent.entries(readonly_layers=True, op_id=op_id_v)
-            tuned += _pairs(e for e in stored if e.dev == dev)
+            tuned += _from_entries(e for e in stored if e.dev == dev)
         except Exception as e:
             logger.warning("kerneltune: no warm start from the persistent cache: %s", e)
     if shipped is not None:
-        tuned += _pairs(shipped.entries_of(dev, op_id_v))
-    found = []
-    for _, cfg in call_shapes.nearest(shape, _typed(tuned, cfg_type), limit):
-        found.append(cfg)
-    return found
+        tuned += _from_entries(shipped.entries_of(dev, op_id_v))
+    return [
+        c for c in (_typed(c, cfg_type) for c in nearest_configs(shape, tuned)) if c is not None
+    ]
 
 
-def _pairs(entries: Iterable[CacheEntry]) -> list[tuple[CallShape, Any]]:
-    return [(e.shape, e.cfg) for e in entries if e.shape is not None]
+def nearest_configs(shape: CallShape, tuned: Iterable[tuple[CallShape, Ranked]]) -> list[Any]:
+    """The hints for `shape` from tuned calls (their shapes and ranked best configs):
+    the winners of the `MAX_NEIGHBOURS` nearest, nearest first, then the nearest one's
+    best configs in other regions; each config once."""
+    near = [best for _, best in call_shapes.nearest(shape, tuned, MAX_NEIGHBOURS)]
+    if not near:
+        return []
+    return _unique([best[0] for best in near] + list(near[0][1:]))
 
 
-def _typed(
-    tuned: list[tuple[CallShape, Any]], cfg_type: type[Any] | None
-) -> list[tuple[CallShape, Any]]:
-    """The pairs whose configs are (or become) instances of `cfg_type`; stored configs
-    are field dicts, and one that no longer fits the type is left out."""
-    if cfg_type is None:
-        return tuned
-    out = []
-    for shape, cfg in tuned:
-        if not isinstance(cfg, cfg_type):
-            try:
-                cfg = config_from_dict(cfg, cfg_type)
-            except Exception:
-                continue
-        out.append((shape, cfg))
+def _from_entries(entries: Iterable[CacheEntry]) -> list[tuple[CallShape, Ranked]]:
+    return [
+        (
+            e.shape,
+            ranked(
+                ((c.get("cfg"), c.get("time_s")) for c in e.timings if c.get("status") == "ok"),
+                e.cfg,
+            ),
+        )
+        for e in entries
+        if e.shape is not None
+    ]
+
+
+def _typed(cfg: Any, cfg_type: type[Any] | None) -> Any:
+    """`cfg` as a `cfg_type` (stored configs are field dicts), or None when it no
+    longer fits the type."""
+    if cfg_type is None or isinstance(cfg, cfg_type):
+        return cfg
+    try:
+        return config_from_dict(cfg, cfg_type)
+    except Exception:
+        return None
+
+
+def _unique(configs: Iterable[Any]) -> list[Any]:
+    out: list[Any] = []
+    for c in configs:
+        if all(c != o for o in out):
+            out.append(c)
     return out
