@@ -62,7 +62,9 @@ class WarmStart:
     def search(self, ev: Evaluator) -> None:
         points = [config_space.config_point(c) for c in ev.candidates]
         n = len(points)
-        hints = [i for i in dict.fromkeys(self.hints) if 0 <= i < n]
+        # At most a tenth of the space (at least 2): in a small space, hints crowd out
+        # the climb.
+        hints = [i for i in dict.fromkeys(self.hints) if 0 <= i < n][: max(2, n // 10)]
         if not hints:
             CoordinateDescent(max_evals=self.max_evals).search(ev)
             return
