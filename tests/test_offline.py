@@ -233,3 +233,59 @@ def test_a_step_jitted_before_tuning_picks_up_the_tuned_configs_once():
     step(x)
     step(x)
     assert len(traces) == 3  # and only once
+
+
+def record_loop_calls(ex, sizes):
+    kernel = LoopKernel()
+    with recording.record_calls():
+        for n in sizes:
+            ex(kernel, jnp.ones((n, n)))
+    records = list(recording.iter_records(recording.get_invocations()))
+    recording.clear_invocations()
+    return records
+
+
+def test_keys_tuned_at_once_give_the_outcomes_of_keys_tuned_in_turn():
+    sizes = (64, 48, 32, 24, 16)
+    outcomes = {}
+    for threads in (1, 3):
+        chain, events = chain_with_events()
+        records = record_loop_calls(kt.Executor(chain), sizes)
+        landed = []
+        with kt.policy_override(chain, validate_backward=False):  # reaches every key thread
+            outcomes[threads] = offline._tune_here(
+                records, chain, False, False, landed.append, threads=threads
+            )
+        assert [o.record.key for o in outcomes[threads]] == [r.key for r in records]
+        assert sorted(o.record.key for o in landed) == sorted(r.key for r in records)
+        assert count(events, "autotune_start") == len(sizes)
+    for one, three in zip(outcomes[1], outcomes[3]):
+        assert one.status == three.status == "tuned"
+        assert one.entry.cfg == three.entry.cfg == CHEAPEST  # the cost timer: exact winners
+
+
+def test_several_key_threads_only_on_a_gpu_timed_by_cupti(monkeypatch):
+    chain, _ = chain_with_events()
+    assert offline.key_threads(chain, 5) == 1  # this CPU
+    monkeypatch.setattr(offline.devices, "get_device_platform", lambda: "triton")
+    chain.tuner = kt.Tuner()  # timer="auto": CUPTI on a GPU
+    assert offline.key_threads(chain, 5) == offline.KEY_THREADS_GPU
+    assert offline.key_threads(chain, 1) == 1
+    chain.tuner = kt.Tuner(timer="wallclock")  # compiles beside it would skew wall time
+    assert offline.key_threads(chain, 5) == 1
+
+
+def test_a_key_from_the_shipped_tables_counts_as_cached(tmp_path):
+    chain, events = chain_with_events()
+    (record,) = record_loop_calls(kt.Executor(chain), (32,))
+    doc = kt.CacheEntry(
+        record.op_id_v, record.call_key, {"reps": 16}, dev=record.device
+    ).to_document()
+    table = tmp_path / "table.json"
+    from kerneltune._src import shipped, storage
+
+    storage.write_export_file(str(table), [doc], exported=0.0)
+    chain.shipped = shipped.ShippedTables([table])
+    (outcome,) = offline._tune_here([record], chain, False, False, None)
+    assert outcome.status == "cached" and outcome.entry.cfg == LoopCfg(reps=16)
+    assert count(events, "autotune_start") == 0

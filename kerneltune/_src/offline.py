@@ -16,6 +16,8 @@ the same events and writes the same cache entries as tuning at run time.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextvars
 import dataclasses
 import logging
 import time
@@ -115,33 +117,66 @@ def tune_records(
     return outcomes
 
 
+#: On a GPU, keys tuned at once: while one key's candidates are timed (one at a time on
+#: the device) or its search waits for results, the others' candidates compile.
+KEY_THREADS_GPU = 3
+
+
+def key_threads(chain: ConfigSelectorChain[Any, Any], count: int) -> int:
+    """How many keys to tune at once: several on a GPU timed by CUPTI (device time is
+    not disturbed by compiles on the host; the device is timed by one thread at a time),
+    one elsewhere (wall-clock timings would be) and in a journaling isolated worker
+    (its journal follows one key)."""
+    timer = getattr(chain.tuner, "timer", None)
+    if count < 2 or journal.enabled() or timer not in ("auto", "cupti"):
+        return 1
+    return min(KEY_THREADS_GPU, count) if devices.get_device_platform() == "triton" else 1
+
+
 def _tune_here(
     records: Sequence[Record],
     chain: ConfigSelectorChain[Any, Any],
     force: bool,
     progress: bool | None,
     on_outcome: Callable[[Outcome], None] | None,
+    threads: int | None = None,
 ) -> list[Outcome]:
-    """Tunes each record in this process, in turn."""
+    """Tunes the records in this process, `key_threads` at a time; outcomes in the
+    records' order, each reported as it lands."""
     from kerneltune._src.tuning.progress import Progress
 
     bar = Progress("kerneltune tune", enabled=progress)
     bar.add_total(len(records))
-    outcomes = []
+    threads = key_threads(chain, len(records)) if threads is None else threads
+
+    def landed(record: Record, outcome: Outcome) -> None:
+        bar.advance(1, stage=record.op_id_v)
+        if outcome.status == "failed":
+            logger.warning(
+                "Could not tune %s (%s): %s", record.op_id_v, record.signature, outcome.error
+            )
+        if on_outcome is not None:
+            on_outcome(outcome)
+
     try:
-        for record in records:
-            outcome = _tune_one(record, chain, force)
-            outcomes.append(outcome)
-            bar.advance(1, stage=record.op_id_v)
-            if outcome.status == "failed":
-                logger.warning(
-                    "Could not tune %s (%s): %s", record.op_id_v, record.signature, outcome.error
-                )
-            if on_outcome is not None:
-                on_outcome(outcome)
+        if threads <= 1:
+            outcomes = []
+            for record in records:
+                outcomes.append(_tune_one(record, chain, force))
+                landed(record, outcomes[-1])
+            return outcomes
+        with concurrent.futures.ThreadPoolExecutor(threads, "kerneltune-key") as pool:
+            # Each key runs in a copy of the caller's context (scopes, policies and
+            # `tuning_alone` are context variables).
+            futures = {
+                pool.submit(contextvars.copy_context().run, _tune_one, r, chain, force): r
+                for r in records
+            }
+            for future in concurrent.futures.as_completed(futures):
+                landed(futures[future], future.result())
+            return [f.result() for f in futures]
     finally:
         bar.close()
-    return outcomes
 
 
 def _tune_one(record: Record, chain: ConfigSelectorChain[Any, Any], force: bool) -> Outcome:
@@ -169,7 +204,7 @@ def _tune_one(record: Record, chain: ConfigSelectorChain[Any, Any], force: bool)
         if force:
             _store(chain, decision)
         return finish("tuned", entries.from_report(record, decision))
-    if decision.tier in ("memory", "persistent"):
+    if decision.tier in ("memory", "persistent", "shipped"):
         return finish("cached", entries.from_caches(record, chain, decision))
     why = "; ".join(f"{tier}: {reason}" for tier, reason in decision.misses if tier == "autotune")
     return finish("untuned", error=why or f"the config came from {decision.tier}")

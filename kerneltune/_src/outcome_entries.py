@@ -44,9 +44,10 @@ def from_caches(record: Record, chain: ConfigSelectorChain[Any, Any], decision: 
     if report is not None:
         return from_report(record, dataclasses.replace(decision, report=report))
     stored = None
-    if chain.persistent is not None:
+    source = chain.shipped if decision.tier == "shipped" else chain.persistent
+    if source is not None:
         try:
-            stored = chain.persistent.get_entry(*key)
+            stored = source.get_entry(*key)
         except Exception:  # timings are a bonus.
             stored = None
     if stored is None:

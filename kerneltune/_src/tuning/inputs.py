@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -15,21 +16,36 @@ from kerneltune._src import keys
 def random_like(tree: Any, *, seed: int = 0) -> Any:
     """Concrete arrays shaped like the array leaves of `tree` (arrays, tracers or
     `ShapeDtypeStruct`s): standard normal data for floating and complex dtypes, zeros
-    for integer and boolean ones; other leaves are returned unchanged.
+    for integer and boolean ones; other leaves are returned unchanged. The same `seed`
+    gives the same data.
 
     Never all-zero floats: zeros run faster than real data on some hardware and hide
     unwritten outputs.
     """
     leaves, treedef = jax.tree_util.tree_flatten(tree)
-    key = jax.random.PRNGKey(seed)
-    out = []
-    for leaf in leaves:
-        if not keys.is_array(leaf):
-            out.append(leaf)
-            continue
-        key, sub = jax.random.split(key)
-        out.append(_random_array(sub, tuple(leaf.shape), np.dtype(leaf.dtype)))
+    specs = tuple(
+        (tuple(int(d) for d in leaf.shape), np.dtype(leaf.dtype).name)
+        for leaf in leaves
+        if keys.is_array(leaf)
+    )
+    made = iter(_generator(specs)(np.uint32(seed % 2**32)) if specs else ())
+    out = [next(made) if keys.is_array(leaf) else leaf for leaf in leaves]
     return jax.tree_util.tree_unflatten(treedef, out)
+
+
+@functools.lru_cache(maxsize=128)
+def _generator(specs: tuple[tuple[tuple[int, ...], str], ...]) -> Callable[[Any], list[jax.Array]]:
+    """One compiled program that makes every array of a call: made one by one, eagerly,
+    each shape and dtype would compile programs of its own (a second or more per call
+    on a GPU, paid again for every key tuned)."""
+
+    def make(seed: jax.Array) -> list[jax.Array]:
+        subkeys = jax.random.split(jax.random.PRNGKey(seed), len(specs))
+        return [
+            _random_array(k, shape, np.dtype(dtype)) for k, (shape, dtype) in zip(subkeys, specs)
+        ]
+
+    return jax.jit(make)
 
 
 def _random_array(key: jax.Array, shape: tuple[int, ...], dtype: np.dtype) -> jax.Array:
