@@ -15,7 +15,7 @@ from offline_kernels import (
 )
 
 import kerneltune as kt
-from kerneltune._src import offline, recording
+from kerneltune._src import concurrent_keys, offline, recording
 from kerneltune._src.persistent import PersistentCache
 
 pytestmark = pytest.mark.usefixtures("empty_registry")
@@ -266,13 +266,12 @@ def test_keys_tuned_at_once_give_the_outcomes_of_keys_tuned_in_turn():
 
 def test_several_key_threads_only_on_a_gpu_timed_by_cupti(monkeypatch):
     chain, _ = chain_with_events()
-    assert offline.key_threads(chain, 5) == 1  # this CPU
-    monkeypatch.setattr(offline.devices, "get_device_platform", lambda: "triton")
-    chain.tuner = kt.Tuner()  # timer="auto": CUPTI on a GPU
-    assert offline.key_threads(chain, 5) == offline.KEY_THREADS_GPU
-    assert offline.key_threads(chain, 1) == 1
-    chain.tuner = kt.Tuner(timer="wallclock")  # compiles beside it would skew wall time
-    assert offline.key_threads(chain, 5) == 1
+    threads = concurrent_keys.key_threads
+    assert threads(chain.tuner, 5) == 1  # this CPU
+    monkeypatch.setattr(concurrent_keys.devices, "get_device_platform", lambda: "triton")
+    assert threads(kt.Tuner(), 5) == concurrent_keys.KEY_THREADS_GPU  # "auto": CUPTI
+    assert threads(kt.Tuner(), 1) == 1
+    assert threads(kt.Tuner(timer="wallclock"), 5) == 1  # compiles would skew wall time
 
 
 def test_a_key_from_the_shipped_tables_counts_as_cached(tmp_path):

@@ -16,15 +16,13 @@ the same events and writes the same cache entries as tuning at run time.
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextvars
 import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
-from kerneltune._src import devices, distributed, labels, scope, split
+from kerneltune._src import concurrent_keys, devices, distributed, labels, scope, split
 from kerneltune._src import outcome_entries as entries
 from kerneltune._src.cache import ConfigCache
 from kerneltune._src.coordination import current_peers
@@ -117,22 +115,6 @@ def tune_records(
     return outcomes
 
 
-#: On a GPU, keys tuned at once: while one key's candidates are timed (one at a time on
-#: the device) or its search waits for results, the others' candidates compile.
-KEY_THREADS_GPU = 3
-
-
-def key_threads(chain: ConfigSelectorChain[Any, Any], count: int) -> int:
-    """How many keys to tune at once: several on a GPU timed by CUPTI (device time is
-    not disturbed by compiles on the host; the device is timed by one thread at a time),
-    one elsewhere (wall-clock timings would be) and in a journaling isolated worker
-    (its journal follows one key)."""
-    timer = getattr(chain.tuner, "timer", None)
-    if count < 2 or journal.enabled() or timer not in ("auto", "cupti"):
-        return 1
-    return min(KEY_THREADS_GPU, count) if devices.get_device_platform() == "triton" else 1
-
-
 def _tune_here(
     records: Sequence[Record],
     chain: ConfigSelectorChain[Any, Any],
@@ -141,13 +123,14 @@ def _tune_here(
     on_outcome: Callable[[Outcome], None] | None,
     threads: int | None = None,
 ) -> list[Outcome]:
-    """Tunes the records in this process, `key_threads` at a time; outcomes in the
-    records' order, each reported as it lands."""
+    """Tunes the records in this process (on a GPU, several families of calls at once:
+    `concurrent_keys.key_threads`); outcomes in the records' order, each reported as it
+    lands."""
     from kerneltune._src.tuning.progress import Progress
 
     bar = Progress("kerneltune tune", enabled=progress)
     bar.add_total(len(records))
-    threads = key_threads(chain, len(records)) if threads is None else threads
+    threads = concurrent_keys.key_threads(chain.tuner, len(records)) if threads is None else threads
 
     def landed(record: Record, outcome: Outcome) -> None:
         bar.advance(1, stage=record.op_id_v)
@@ -165,16 +148,14 @@ def _tune_here(
                 outcomes.append(_tune_one(record, chain, force))
                 landed(record, outcomes[-1])
             return outcomes
-        with concurrent.futures.ThreadPoolExecutor(threads, "kerneltune-key") as pool:
-            # Each key runs in a copy of the caller's context (scopes, policies and
-            # `tuning_alone` are context variables).
-            futures = {
-                pool.submit(contextvars.copy_context().run, _tune_one, r, chain, force): r
-                for r in records
-            }
-            for future in concurrent.futures.as_completed(futures):
-                landed(futures[future], future.result())
-            return [f.result() for f in futures]
+
+        def tune_one(record: Record) -> Outcome:
+            return _tune_one(record, chain, force)
+
+        def failed(record: Record, e: BaseException) -> Outcome:
+            return Outcome(record, "failed", error=f"{type(e).__name__}: {e}")
+
+        return concurrent_keys.tune_families_at_once(records, tune_one, threads, landed, failed)
     finally:
         bar.close()
 
