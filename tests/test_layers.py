@@ -74,7 +74,6 @@ LAYERS: list[tuple[str, list[str]]] = [
         [
             "_src.batch",
             "_src.benchmarking",
-            "_src.concurrent_keys",
             "_src.explain",
             "_src.isolation",
             "_src.lowered_configs",

@@ -15,7 +15,7 @@ from offline_kernels import (
 )
 
 import kerneltune as kt
-from kerneltune._src import concurrent_keys, offline, recording
+from kerneltune._src import offline, recording
 from kerneltune._src.persistent import PersistentCache
 
 pytestmark = pytest.mark.usefixtures("empty_registry")
@@ -243,35 +243,6 @@ def record_loop_calls(ex, sizes):
     records = list(recording.iter_records(recording.get_invocations()))
     recording.clear_invocations()
     return records
-
-
-def test_keys_tuned_at_once_give_the_outcomes_of_keys_tuned_in_turn():
-    sizes = (64, 48, 32, 24, 16)
-    outcomes = {}
-    for threads in (1, 3):
-        chain, events = chain_with_events()
-        records = record_loop_calls(kt.Executor(chain), sizes)
-        landed = []
-        with kt.policy_override(chain, validate_backward=False):  # reaches every key thread
-            outcomes[threads] = offline._tune_here(
-                records, chain, False, False, landed.append, threads=threads
-            )
-        assert [o.record.key for o in outcomes[threads]] == [r.key for r in records]
-        assert sorted(o.record.key for o in landed) == sorted(r.key for r in records)
-        assert count(events, "autotune_start") == len(sizes)
-    for one, three in zip(outcomes[1], outcomes[3]):
-        assert one.status == three.status == "tuned"
-        assert one.entry.cfg == three.entry.cfg == CHEAPEST  # the cost timer: exact winners
-
-
-def test_several_key_threads_only_on_a_gpu_timed_by_cupti(monkeypatch):
-    chain, _ = chain_with_events()
-    threads = concurrent_keys.key_threads
-    assert threads(chain.tuner, 5) == 1  # this CPU
-    monkeypatch.setattr(concurrent_keys.devices, "get_device_platform", lambda: "triton")
-    assert threads(kt.Tuner(), 5) == concurrent_keys.KEY_THREADS_GPU  # "auto": CUPTI
-    assert threads(kt.Tuner(), 1) == 1
-    assert threads(kt.Tuner(timer="wallclock"), 5) == 1  # compiles would skew wall time
 
 
 def test_a_key_from_the_shipped_tables_counts_as_cached(tmp_path):
