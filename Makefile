@@ -7,7 +7,7 @@ STAMP := $(VENV)/.kerneltune-installed
 
 DOCS_STAMP := $(VENV)/.kerneltune-docs-installed
 
-.PHONY: demo test docs lint typecheck clean
+.PHONY: demo test test-oldest-jax docs lint typecheck clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -22,6 +22,27 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check kerneltune tests benchmarks examples
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
+
+# The oldest JAX pyproject.toml allows, in a venv of its own: the tests that exercise
+# JAX's APIs most (every bundled kernel under every transform, selection, offline and
+# whole-function tuning, recording, sharding, the private-API shims).
+OLDEST_VENV ?= .venv-oldest-jax
+OLDEST_JAX := $(shell sed -n 's/.*"jax>=\([0-9.]*\)".*/\1/p' pyproject.toml)
+OLDEST_STAMP := $(OLDEST_VENV)/.kerneltune-installed-$(OLDEST_JAX)
+OLDEST_JAX_TESTS := tests/test_conformance.py tests/test_backend_round_trip.py \
+	tests/test_selection.py tests/test_offline.py tests/test_tune_function.py \
+	tests/test_recording.py tests/test_sharding.py tests/test_layers.py \
+	tests/test_warm_start.py tests/test_import_side_effects.py tests/test_tuner.py
+
+$(OLDEST_STAMP): pyproject.toml
+	test -x $(OLDEST_VENV)/bin/python || python3 -m venv $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(OLDEST_VENV)/bin/python -m pip install --quiet -e ".[dev]" "jax==$(OLDEST_JAX)" "jaxlib==$(OLDEST_JAX)"
+	touch $(OLDEST_STAMP)
+
+test-oldest-jax: $(OLDEST_STAMP)
+	$(OLDEST_VENV)/bin/python -c "import jax; assert jax.__version__ == '$(OLDEST_JAX)', jax.__version__"
+	$(OLDEST_VENV)/bin/python -m pytest -q -p no:cacheprovider $(OLDEST_JAX_TESTS)
 
 $(DOCS_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e ".[dev,docs]"
@@ -40,4 +61,4 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache site
+	rm -rf $(VENV) $(OLDEST_VENV) .pytest_cache .ruff_cache .mypy_cache site

@@ -15,6 +15,7 @@ from kerneltune._src.coordination import AgreementError as AgreementError
 from kerneltune._src.coordination import AgreementTimeoutError as AgreementTimeoutError
 from kerneltune._src.default import default_executor as default_executor
 from kerneltune._src.default import set_default_executor as set_default_executor
+from kerneltune._src.default_cache import default_persistent_cache as default_persistent_cache
 from kerneltune._src.devices import device_fingerprint as device_fingerprint
 from kerneltune._src.devices import device_kind as device_kind
 from kerneltune._src.devices import get_device_platform as get_device_platform
@@ -45,7 +46,6 @@ from kerneltune._src.offline import autotune_recorded as autotune_recorded
 from kerneltune._src.params import BwdParams as BwdParams
 from kerneltune._src.params import FwdParams as FwdParams
 from kerneltune._src.persistent import PersistentCache as PersistentCache
-from kerneltune._src.persistent import default_persistent_cache as default_persistent_cache
 from kerneltune._src.recording import Record as Record
 from kerneltune._src.recording import clear_invocations as clear_invocations
 from kerneltune._src.recording import get_invocations as get_invocations

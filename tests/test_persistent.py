@@ -13,7 +13,8 @@ import uuid
 import pytest
 
 from kerneltune._src import cache_entry, options, persistent
-from kerneltune._src.persistent import PersistentCache, default_persistent_cache
+from kerneltune._src.default_cache import default_persistent_cache
+from kerneltune._src.persistent import PersistentCache
 from kerneltune._src.tuning.report import CandidateResult, TuningReport
 
 DEV = "cpu|cpu"

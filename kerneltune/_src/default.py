@@ -13,8 +13,8 @@ from typing import Any
 
 from kerneltune._src import kernel, options
 from kerneltune._src.cache import ConfigCache
+from kerneltune._src.default_cache import default_persistent_cache
 from kerneltune._src.executor import Executor
-from kerneltune._src.persistent import default_persistent_cache
 from kerneltune._src.selection import AutotunePolicy, ConfigSelectorChain
 from kerneltune._src.shipped import package_tables
 

@@ -63,3 +63,13 @@ def profiler_module() -> Any:
     except Exception:
         return None
     return profiler
+
+
+def set_user_context_global(context: Any, value: Any) -> None:
+    """Sets the process-wide value of a `jax.make_user_context` context. JAX 0.10.0's
+    context object lacks `set_global` (0.10.2 has it); the config object inside it has
+    it in both."""
+    setter = getattr(context, "set_global", None)
+    if setter is None:
+        setter = context._obj.set_global
+    setter(value)

@@ -25,7 +25,7 @@ from typing import Any
 
 import jax
 
-from kerneltune._src import keys
+from kerneltune._src import jax_compat, keys
 
 OverlayKey = tuple[str, str, str]  # (device fingerprint, "op@vN", call key)
 
@@ -180,4 +180,4 @@ def settled(key: OverlayKey) -> None:
             return
         _provisional.discard(key)
         if _epoch_context is not None:
-            _epoch_context.set_global(next(_epoch_numbers))
+            jax_compat.set_user_context_global(_epoch_context, next(_epoch_numbers))

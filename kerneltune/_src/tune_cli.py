@@ -328,7 +328,8 @@ def _import_kernels(modules: list[str]) -> None:
 def _selector(args: argparse.Namespace) -> Any:
     from kerneltune._src import options
     from kerneltune._src.cache import ConfigCache
-    from kerneltune._src.persistent import PersistentCache, default_persistent_cache
+    from kerneltune._src.default_cache import default_persistent_cache
+    from kerneltune._src.persistent import PersistentCache
     from kerneltune._src.selection import AutotunePolicy, ConfigSelectorChain
     from kerneltune._src.tuning.tuner import Tuner
 
