@@ -321,7 +321,11 @@ def test_the_mosaic_kernel_lowers_for_a_hopper_gpu_with_this_jax(monkeypatch):
     loaded = pm.inspect_module(pytest.importorskip(pm.MODULE))
     if loaded.support.reason is not None:
         pytest.skip(loaded.support.reason)
-    monkeypatch.setattr(loaded.module, "get_num_sms", lambda: 132, raising=False)
+    if not hasattr(loaded.module, "get_num_sms"):
+        # JAX 0.10.0's kernel asks the default device for its SM count: only a GPU can
+        # lower it (later versions read it through this function, patched here).
+        pytest.skip("this JAX's Mosaic matmul reads the SM count from a GPU to lower")
+    monkeypatch.setattr(loaded.module, "get_num_sms", lambda: 132)
     p = problem(1024, 512, 1024)
     x = jax.ShapeDtypeStruct((p.m, p.k), jnp.bfloat16)
     y = jax.ShapeDtypeStruct((p.k, p.n), jnp.bfloat16)
