@@ -42,7 +42,8 @@ def tune(*argv, env=None):
     full_env["PYTHONPATH"] = os.pathsep.join(
         [str(ROOT), str(TESTS), full_env.get("PYTHONPATH", "")]
     )
-    full_env["CUDA_VISIBLE_DEVICES"] = ""  # the CPU: workers are plain processes
+    if "CUDA_VISIBLE_DEVICES" not in (env or {}):
+        full_env["CUDA_VISIBLE_DEVICES"] = ""  # the CPU: workers are plain processes
     return subprocess.run(
         [sys.executable, "-m", "kerneltune", *argv],
         env=full_env,
@@ -125,3 +126,18 @@ def test_a_worker_that_dies_loses_only_its_unfinished_keys(tmp_path):
     tuned = {(e.op_id_v, e.call_key) for e in result}
     assert len(tuned) == 2 and tuned < keys
     assert all(op.startswith("aaa_steady") for op, _ in tuned)
+
+
+def test_more_workers_than_gpus_are_capped_at_one_per_gpu(tmp_path):
+    # On an H100, `--workers 2` put two processes on the one GPU: the second failed for
+    # want of memory and lost its keys.
+    path = tmp_path / "manifest.json"
+    keys = record_manifest(path, [(SteadyKernel(), 32), (SteadyKernel(), 24)])
+    out = tmp_path / "out.json"
+    done = tune("--cache-dir", str(tmp_path / "cache"), "tune", str(path), "--workers", "2",
+                "--out", str(out), "--no-progress", "--import", "worker_kernels",
+                env={"CUDA_VISIBLE_DEVICES": "0", "JAX_PLATFORMS": "cpu"})  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "only 1 visible GPU(s)" in done.stdout and "tuning in 1 worker(s)" in done.stdout
+    assert "worker processes" not in done.stdout  # tuned here, not in 2 workers
+    assert {(e.op_id_v, e.call_key) for e in kt.AutotuningResult.load(out, TYPES)} == keys

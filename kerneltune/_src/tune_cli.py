@@ -158,6 +158,15 @@ def run(args: argparse.Namespace) -> int:
         return _run_isolated(args, mine)
     gpus = tune_workers.visible_gpus()
     workers = args.workers if args.workers is not None else max(len(gpus), 1)
+    if gpus and workers > len(gpus):
+        # Measured on an H100: a second process on the same GPU failed for want of
+        # memory (each preallocates most of it), and would disturb the other's timings.
+        print(
+            f"--workers {workers}: only {len(gpus)} visible GPU(s), and workers sharing a "
+            f"GPU would contend for its memory and skew each other's timings; tuning in "
+            f"{len(gpus)} worker(s)."
+        )
+        workers = len(gpus)
     if workers > 1 and not args.keys:
         return _run_workers(args, mine, min(workers, max(len(mine), 1)), gpus)
 
