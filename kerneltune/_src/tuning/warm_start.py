@@ -47,8 +47,8 @@ class WarmStart:
     Args:
       hints: positions among the candidates of the configs that won at neighbouring
         shapes, the nearest neighbour's first.
-      fraction: the budget as a fraction of the space (at least `len(hints)` + 1 +
-        the nearest winner's one-field neighbours).
+      fraction: the budget as a fraction of the space (at least the first batch: the
+        heuristic, the hints and the configs one step from the nearest winner).
       max_evals: the budget as a count; overrides `fraction`.
       min_gain: relative improvement a climbing step must bring to go on.
     """
