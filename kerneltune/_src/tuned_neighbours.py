@@ -90,11 +90,11 @@ def hints(
     if persistent is not None:
         try:
             stored = persistent.entries(readonly_layers=True, op_id=op_id_v)
-            tuned += _from_entries(e for e in stored if e.dev == dev)
+            tuned += _from_entries(shape, (e for e in stored if e.dev == dev))
         except Exception as e:
             logger.warning("kerneltune: no warm start from the persistent cache: %s", e)
     if shipped is not None:
-        tuned += _from_entries(shipped.entries_of(dev, op_id_v))
+        tuned += _from_entries(shape, shipped.entries_of(dev, op_id_v))
     return [
         c for c in (_typed(c, cfg_type) for c in nearest_configs(shape, tuned)) if c is not None
     ]
@@ -110,18 +110,18 @@ def nearest_configs(shape: CallShape, tuned: Iterable[tuple[CallShape, Ranked]])
     return _unique([best[0] for best in near] + list(near[0][1:]))
 
 
-def _from_entries(entries: Iterable[CacheEntry]) -> list[tuple[CallShape, Ranked]]:
-    return [
-        (
-            e.shape,
-            ranked(
-                ((c.get("cfg"), c.get("time_s")) for c in e.timings if c.get("status") == "ok"),
-                e.cfg,
-            ),
-        )
-        for e in entries
-        if e.shape is not None
-    ]
+def _from_entries(
+    shape: CallShape, entries: Iterable[CacheEntry]
+) -> list[tuple[CallShape, Ranked]]:
+    """The shapes and ranked best configs of the entries in `shape`'s family (the
+    others are not ranked: a cache holds many)."""
+    out = []
+    for e in entries:
+        if e.shape is None or e.shape.family != shape.family:
+            continue
+        timings = ((c.get("cfg"), c.get("time_s")) for c in e.timings if c.get("status") == "ok")
+        out.append((e.shape, ranked(timings, e.cfg)))
+    return out
 
 
 def _typed(cfg: Any, cfg_type: type[Any] | None) -> Any:
