@@ -28,6 +28,7 @@ from kerneltune._src.policy import CacheMissError as CacheMissError
 from kerneltune._src.policy import forward_autotune_only as forward_autotune_only
 from kerneltune._src.policy import forward_only_active as forward_only_active
 from kerneltune._src.policy import policy_override as policy_override
+from kerneltune._src.tuning import warm_start
 from kerneltune._src.tuning.report import TuningReport
 
 logger = logging.getLogger("kerneltune")
@@ -304,7 +305,7 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
                 candidates,
                 tuner=self.tuner,
                 backward=policy.validate_backward,
-                hints=self._hints(inv, kernel, key),
+                hints=self._hints(inv, kernel, key, len(candidates) + 1),
                 emit=self._emit,
             )
             if report.best is None:
@@ -366,9 +367,12 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
         return cfg
 
     def _hints(
-        self, inv: Invocation[Any, Any], kernel: Kernel[Any, Any], key: CacheKey
+        self, inv: Invocation[Any, Any], kernel: Kernel[Any, Any], key: CacheKey, size: int
     ) -> list[Any]:
-        """The winners of the tuned calls nearest to `inv` (a warm start)."""
+        """The winners of the tuned calls nearest to `inv` (a warm start); none unless a
+        search of `size` candidates would use them (gathering reads the op's entries)."""
+        if not warm_start.may_warm_start(getattr(self.tuner, "strategy", None), size):
+            return []
         return tuned_neighbours.hints(
             inv.shape,
             key[0],

@@ -24,6 +24,12 @@ from kerneltune._src.tuning.search import CoordinateDescent, Evaluator
 WARM_MIN_SPACE = 16
 
 
+def may_warm_start(spec: Any, num_candidates: int) -> bool:
+    """Whether a search of `num_candidates` with strategy `spec` would use hints (so a
+    caller can skip gathering them when it would not)."""
+    return spec == "auto" and num_candidates >= WARM_MIN_SPACE
+
+
 def strategy_for(
     spec: str | search.SearchStrategy,
     candidates: Sequence[Any],
@@ -35,7 +41,7 @@ def strategy_for(
     and the space has at least `WARM_MIN_SPACE` candidates; else `spec` resolved by
     `search.resolve_strategy`."""
     starts = tuple(dict.fromkeys(candidates.index(h) for h in hints if h in candidates))
-    if spec == "auto" and starts and len(candidates) >= WARM_MIN_SPACE:
+    if starts and may_warm_start(spec, len(candidates)):
         return WarmStart(starts, max_evals=max_evals)
     return search.resolve_strategy(spec, len(candidates), max_evals)
 
