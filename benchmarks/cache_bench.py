@@ -27,8 +27,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from kerneltune._src import cache_entry
-from kerneltune._src.persistent import PersistentCache
+from kerneltune._src.caching import cache_entry
+from kerneltune._src.caching.persistent import PersistentCache
 from kerneltune._src.tuning.report import CandidateResult, TuningReport
 
 DEV = "NVIDIA H200|cuda 13000"

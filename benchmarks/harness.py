@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 import kerneltune as kt
-from kerneltune._src.shipped import package_tables
+from kerneltune._src.caching.shipped import package_tables
 
 L2_BYTES = 50 * 2**20  # an H100's and an H200's L2 cache
 #: Host-time target of one timed session, and its bounds in calls.

@@ -25,9 +25,9 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from kerneltune._src import storage, tuned_neighbours
-from kerneltune._src.cache_entry import CacheEntry, entry_from_document
-from kerneltune._src.shipped import PACKAGE_TABLES
+from kerneltune._src.caching import storage, tuned_neighbours
+from kerneltune._src.caching.cache_entry import CacheEntry, entry_from_document
+from kerneltune._src.caching.shipped import PACKAGE_TABLES
 from kerneltune._src.tuning import search, warm_start
 
 DEFAULT_TABLE = str(PACKAGE_TABLES / "nvidia-h100-80gb-hbm3.json")

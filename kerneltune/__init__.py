@@ -8,14 +8,21 @@ from kerneltune._src.batch import pmap_with_config as pmap_with_config
 from kerneltune._src.batch import vmap_with_config as vmap_with_config
 from kerneltune._src.benchmarking import autotune as autotune
 from kerneltune._src.benchmarking import benchmark as benchmark
-from kerneltune._src.cache import ConfigCache as ConfigCache
-from kerneltune._src.cache import overlay_cache as overlay_cache
-from kerneltune._src.cache_entry import CacheEntry as CacheEntry
+from kerneltune._src.caching.cache import ConfigCache as ConfigCache
+from kerneltune._src.caching.cache import overlay_cache as overlay_cache
+from kerneltune._src.caching.cache_entry import CacheEntry as CacheEntry
+from kerneltune._src.caching.default_cache import (
+    default_persistent_cache as default_persistent_cache,
+)
+from kerneltune._src.caching.manifest import load_manifest as load_manifest
+from kerneltune._src.caching.manifest import save_manifest as save_manifest
+from kerneltune._src.caching.persistent import PersistentCache as PersistentCache
+from kerneltune._src.caching.result import AutotuningResult as AutotuningResult
+from kerneltune._src.caching.result import Entry as Entry
 from kerneltune._src.coordination import AgreementError as AgreementError
 from kerneltune._src.coordination import AgreementTimeoutError as AgreementTimeoutError
 from kerneltune._src.default import default_executor as default_executor
 from kerneltune._src.default import set_default_executor as set_default_executor
-from kerneltune._src.default_cache import default_persistent_cache as default_persistent_cache
 from kerneltune._src.devices import device_fingerprint as device_fingerprint
 from kerneltune._src.devices import device_kind as device_kind
 from kerneltune._src.devices import get_device_platform as get_device_platform
@@ -39,20 +46,15 @@ from kerneltune._src.labels import extract_labels_from_hlo_text as extract_label
 from kerneltune._src.labels import find_labels_in_lowered as find_labels_in_lowered
 from kerneltune._src.labels import label as label
 from kerneltune._src.lowered_configs import labels_to_configs as labels_to_configs
-from kerneltune._src.manifest import load_manifest as load_manifest
-from kerneltune._src.manifest import save_manifest as save_manifest
 from kerneltune._src.offline import autotune_lowered as autotune_lowered
 from kerneltune._src.offline import autotune_recorded as autotune_recorded
 from kerneltune._src.params import BwdParams as BwdParams
 from kerneltune._src.params import FwdParams as FwdParams
-from kerneltune._src.persistent import PersistentCache as PersistentCache
 from kerneltune._src.recording import Record as Record
 from kerneltune._src.recording import clear_invocations as clear_invocations
 from kerneltune._src.recording import get_invocations as get_invocations
 from kerneltune._src.recording import record_calls as record_calls
 from kerneltune._src.recording import record_invocation as record_invocation
-from kerneltune._src.result import AutotuningResult as AutotuningResult
-from kerneltune._src.result import Entry as Entry
 from kerneltune._src.selection import AutotunePolicy as AutotunePolicy
 from kerneltune._src.selection import CacheMissError as CacheMissError
 from kerneltune._src.selection import ConfigSelectorChain as ConfigSelectorChain

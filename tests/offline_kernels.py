@@ -10,9 +10,9 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-from helpers import cost_tuner
 
 import kerneltune as kt
+from tests.helpers import cost_tuner
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -4,10 +4,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from offline_kernels import CHEAPEST, HEURISTIC, LoopKernel, started, tuning_executor
 
 import kerneltune as kt
 from kerneltune._src.batch import pmap_with_config, vmap_with_config
+from tests.offline_kernels import CHEAPEST, HEURISTIC, LoopKernel, started, tuning_executor
 
 
 def test_vmap_with_config_tunes_once_for_the_whole_batch():

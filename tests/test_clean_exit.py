@@ -77,11 +77,11 @@ def test_a_search_strategy_that_raises_is_a_normal_error(tmp_path):
 
 
 def test_ctrl_c_in_tune_exits_130_and_keeps_what_finished(tmp_path):
-    from offline_kernels import LoopCfg
-    from test_tune_workers import ROOT, TESTS, record_manifest
-    from worker_kernels import SLEEP, SleepyKernel, SteadyKernel
+    from tests.test_tune_workers import ROOT, TESTS, record_manifest
 
     import kerneltune as kt
+    from tests.offline_kernels import LoopCfg
+    from tests.worker_kernels import SLEEP, SleepyKernel, SteadyKernel
 
     manifest, out = tmp_path / "calls.json", tmp_path / "result.json"
     record_manifest(manifest, [(SteadyKernel(), 64), (SleepyKernel(), 64)])
@@ -91,7 +91,7 @@ def test_ctrl_c_in_tune_exits_130_and_keeps_what_finished(tmp_path):
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(TESTS), env.get("PYTHONPATH", "")])
     proc = subprocess.Popen(
         [sys.executable, "-m", "kerneltune", "--cache-dir", str(tmp_path / "cache"), "tune",
-         str(manifest), "--out", str(out), "--no-progress", "--import", "worker_kernels"],
+         str(manifest), "--out", str(out), "--no-progress", "--import", "tests.worker_kernels"],
         env=env, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         # A job started in the background (CI, nohup) inherits an ignored SIGINT, and
         # Python then never raises KeyboardInterrupt: give the child the default back.

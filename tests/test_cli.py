@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from kerneltune._src.persistent import PersistentCache
+from kerneltune._src.caching.persistent import PersistentCache
 from kerneltune._src.tuning.report import CandidateResult, TuningReport
 from kerneltune.cli import main
 

@@ -11,8 +11,8 @@ import pytest
 
 import kerneltune as kt
 from kerneltune import kernels
-from kerneltune._src import demo
-from kerneltune._src.persistent import PersistentCache
+from kerneltune._src.caching.persistent import PersistentCache
+from kerneltune._src.cli import demo
 
 
 def _tiny_jobs(on_gpu):
@@ -50,7 +50,7 @@ def test_demo_tunes_fills_the_cache_and_reads_it_back(tmp_path, monkeypatch, cap
     assert all(e.candidates and e.provenance == "autotuned" for e in entries)
     # What the demo suggests next works on what it wrote.
     assert "kerneltune report" in out and "--out report.png" in out
-    from kerneltune._src import report
+    from kerneltune._src.cli import report_command as report
 
     png = tmp_path / "report.png"
     assert (

@@ -3,10 +3,10 @@
 import dataclasses
 
 import pytest
-from helpers import rand
 
 import kerneltune as kt
 from kerneltune._src import dispatch
+from tests.helpers import rand
 
 
 @dataclasses.dataclass(frozen=True)

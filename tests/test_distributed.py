@@ -284,7 +284,7 @@ class ThreeWay(kt.Kernel):
 def test_the_chain_caches_and_persists_the_agreed_config(monkeypatch, tmp_path):
     import jax.numpy as jnp
 
-    from kerneltune._src.persistent import PersistentCache
+    from kerneltune._src.caching.persistent import PersistentCache
 
     client = FakeKV()
     tuner = ScriptedTuner({0: [9e-3, 1e-3, 4e-3], 1: [1e-3, 9e-3, 4e-3]})

@@ -170,12 +170,12 @@ def _worker(pid: int, n: int, port: int, mode: str) -> None:
         initialization_timeout=60,
     )
     import jax.numpy as jnp
-    from helpers import CostInProgram  # this file's folder is on the path: it is run as a script
     from jax import lax
 
     import kerneltune as kt
     from kerneltune._src.coordination import current_peers
     from kerneltune._src.verify import verify_agreement
+    from tests.helpers import CostInProgram  # run as a script, with the root on the path
 
     class Skew(kt.Kernel):
         op_id = "skew"

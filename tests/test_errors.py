@@ -4,10 +4,10 @@ import dataclasses
 
 import numpy as np
 import pytest
-from helpers import RepCfg, rand
 
 import kerneltune as kt
 from kerneltune._src import options
+from tests.helpers import RepCfg, rand
 
 
 @dataclasses.dataclass(frozen=True)

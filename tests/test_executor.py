@@ -6,9 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import CostKernel, RepCfg, events_recorder, names, rand
 
 import kerneltune as kt
+from tests.helpers import CostKernel, RepCfg, events_recorder, names, rand
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """explain(): which tier supplied the config, the key, candidates and why tiers missed."""
 
 import jax
-from helpers import CostKernel, RepCfg, rand
 
 import kerneltune as kt
+from tests.helpers import CostKernel, RepCfg, rand
 
 
 def executor(**policy):

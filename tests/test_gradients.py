@@ -7,9 +7,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import heuristics_executor, rand
 
 import kerneltune as kt
+from tests.helpers import heuristics_executor, rand
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,8 +15,9 @@ from typing import Literal
 
 import pytest
 
-from kerneltune._src import cache_entry, configs, files, persistent
-from kerneltune._src.persistent import PersistentCache
+from kerneltune._src import configs, files
+from kerneltune._src.caching import cache_entry, persistent
+from kerneltune._src.caching.persistent import PersistentCache
 
 DEV = "cpu|cpu"
 OP = "hostile@v1"
@@ -272,7 +273,7 @@ def test_temporary_files_never_follow_a_planted_symlink(tmp_path, monkeypatch):
 
 def test_results_and_manifests_do_not_write_through_predictable_names(tmp_path):
     import kerneltune as kt
-    from kerneltune._src import manifest
+    from kerneltune._src.caching import manifest
 
     victim = tmp_path / "victim"
     victim.write_text("precious")

@@ -11,7 +11,8 @@ import pytest
 
 import kerneltune as kt
 from kerneltune import cli
-from kerneltune._src import keys, manifest, recording
+from kerneltune._src import keys, recording
+from kerneltune._src.caching import manifest
 
 
 def one_record_manifest(kernel, *, args, kwargs):

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from kerneltune._src.persistent import PersistentCache
+from kerneltune._src.caching.persistent import PersistentCache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEV, OP, KEY = "cpu|cpu", "race@v1", "same-key"

@@ -57,19 +57,21 @@ def test_the_workers_parent_starts_no_backend(tmp_path):
     out = run_python(
         f"""
         import sys
-        sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parent)!r})
+        sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parent.parent)!r})
         import jax.numpy as jnp
         import kerneltune as kt
-        from kerneltune._src import jax_compat, manifest, recording, tune_workers
-        from worker_kernels import SteadyKernel
+        from kerneltune._src import jax_compat, recording, tune_workers
+        from kerneltune._src.caching import manifest
+        from tests.worker_kernels import SteadyKernel
         path = {str(tmp_path / "m.json")!r}
         import subprocess, textwrap
         # Record in a child process: recording runs the kernel, which starts a backend.
         code = textwrap.dedent('''
             import sys; sys.path.insert(0, %r)
             import jax.numpy as jnp, kerneltune as kt
-            from kerneltune._src import manifest, recording
-            from worker_kernels import SteadyKernel
+            from kerneltune._src import recording
+            from kerneltune._src.caching import manifest
+            from tests.worker_kernels import SteadyKernel
             chain = kt.ConfigSelectorChain(kt.ConfigCache(),
                 policy=kt.AutotunePolicy(cache_miss_fallback="heuristics"))
             with recording.record_calls():

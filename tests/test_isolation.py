@@ -3,11 +3,11 @@ worker process costs that candidate, recorded with its reason; tuning goes on.""
 
 import jax
 import pytest
-from offline_kernels import LoopCfg
-from test_tune_workers import record_manifest, tune
-from worker_kernels import CrashingKernel, HangingKernel, SteadyKernel
+from tests.test_tune_workers import record_manifest, tune
 
 import kerneltune as kt
+from tests.offline_kernels import LoopCfg
+from tests.worker_kernels import CrashingKernel, HangingKernel, SteadyKernel
 
 TYPES = {"crashing": LoopCfg, "hanging": LoopCfg, "aaa_steady": LoopCfg}
 
@@ -24,7 +24,7 @@ def test_a_crashing_or_hanging_candidate_costs_only_itself(tmp_path, kernel, ext
     keys = record_manifest(manifest, [(SteadyKernel(), 64), (kernel, 64)])
     proc = tune(
         "--cache-dir", str(tmp_path / "cache"), "tune", str(manifest), "--isolate",
-        "--out", str(out), "--no-progress", "--import", "worker_kernels", *extra,
+        "--out", str(out), "--no-progress", "--import", "tests.worker_kernels", *extra,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"candidate reps=2 was dropped: {reason}" in proc.stdout

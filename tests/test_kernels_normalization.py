@@ -7,7 +7,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import heuristics_executor
 
 from kerneltune.kernels import (
     LayerNormInterpret,
@@ -20,6 +19,7 @@ from kerneltune.kernels._common import relative_error, tolerance
 from kerneltune.kernels.normalization import config as nc
 from kerneltune.kernels.normalization.reference import layer_norm_reference, rms_norm_reference
 from kerneltune.kernels.normalization.shapes import TEST_SHAPES
+from tests.helpers import heuristics_executor
 
 BF16 = jnp.bfloat16
 

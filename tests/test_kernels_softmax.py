@@ -6,13 +6,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import heuristics_executor
 
 from kerneltune.kernels import SoftmaxConfig, SoftmaxInterpret, softmax
 from kerneltune.kernels._common import relative_error, tolerance
 from kerneltune.kernels.softmax import config as sc
 from kerneltune.kernels.softmax.reference import softmax_reference
 from kerneltune.kernels.softmax.shapes import TEST_SHAPES
+from tests.helpers import heuristics_executor
 
 BF16 = jnp.bfloat16
 

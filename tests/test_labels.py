@@ -6,10 +6,10 @@ import json
 import jax
 import jax.numpy as jnp
 import pytest
-from offline_kernels import HEURISTIC, LoopKernel, SinKernel
 
 import kerneltune as kt
 from kerneltune._src import labels, options
+from tests.offline_kernels import HEURISTIC, LoopKernel, SinKernel
 
 
 def heuristics_executor():
@@ -150,7 +150,7 @@ def test_labels_to_configs_reads_the_caches():
 def test_labels_to_configs_types_persistent_entries_and_skips_invalid_ones(tmp_path, caplog):
     # Issue 12 leftover: persistent entries were returned untyped (a dict), so one that
     # no longer fits its kernel's config type was handed out as a config.
-    from offline_kernels import LoopCfg
+    from tests.offline_kernels import LoopCfg
 
     class TypedLoop(LoopKernel):
         op_id = "typed_loop_labels"

@@ -4,7 +4,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from offline_kernels import (
+
+import kerneltune as kt
+from kerneltune._src import offline, recording
+from kerneltune._src.caching.persistent import PersistentCache
+from tests.offline_kernels import (
     CANDIDATES,
     CHEAPEST,
     HEURISTIC,
@@ -13,10 +17,6 @@ from offline_kernels import (
     SinKernel,
     tuning_executor,
 )
-
-import kerneltune as kt
-from kerneltune._src import offline, recording
-from kerneltune._src.persistent import PersistentCache
 
 pytestmark = pytest.mark.usefixtures("empty_registry")
 
@@ -252,7 +252,7 @@ def test_a_key_from_the_shipped_tables_counts_as_cached(tmp_path):
         record.op_id_v, record.call_key, {"reps": 16}, dev=record.device
     ).to_document()
     table = tmp_path / "table.json"
-    from kerneltune._src import shipped, storage
+    from kerneltune._src.caching import shipped, storage
 
     storage.write_export_file(str(table), [doc], exported=0.0)
     chain.shipped = shipped.ShippedTables([table])

@@ -6,16 +6,15 @@ import sys
 import textwrap
 from pathlib import Path
 
-from helpers import CostKernel, RepCfg, events_recorder, rand
-
 import kerneltune as kt
+from tests.helpers import CostKernel, RepCfg, events_recorder, rand
 
 SECOND_PROCESS = textwrap.dedent(
     """
     import sys
     import jax
     import kerneltune as kt
-    from helpers import CostKernel, RepCfg
+    from tests.helpers import CostKernel, RepCfg
     events = []
     chain = kt.ConfigSelectorChain(
         kt.ConfigCache(), persistent=kt.PersistentCache(sys.argv[1]),
@@ -54,7 +53,7 @@ def test_second_process_gets_a_persistent_hit_of_the_tuned_type(tmp_path):
 
 def test_default_location_without_platformdirs(monkeypatch, tmp_path):
     # The GPU image has no platformdirs: the default location must not need it.
-    from kerneltune._src import persistent
+    from kerneltune._src.caching import persistent
 
     monkeypatch.setitem(sys.modules, "platformdirs", None)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))

@@ -19,8 +19,8 @@ import time
 
 import pytest
 
-from kerneltune._src.cache_entry import entry_from_document
-from kerneltune._src.persistent import PersistentCache
+from kerneltune._src.caching.cache_entry import entry_from_document
+from kerneltune._src.caching.persistent import PersistentCache
 from kerneltune._src.tuning.report import CandidateResult, TuningReport
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -254,7 +254,7 @@ def test_writers_killed_mid_burst_never_leave_partial_entries(tmp_path, caplog):
     # Writers are forked from a server that has imported kerneltune once: starting 20
     # fresh interpreters would take most of this test's time.
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["kerneltune._src.persistent", __name__])
+    ctx.set_forkserver_preload(["kerneltune._src.caching.persistent", __name__])
     reader = threading.Thread(target=read_continuously)
     reader.start()
     rng = random.Random(1)

@@ -12,11 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
-from offline_kernels import LoopKernel, ScaledKernel
 
 import kerneltune as kt
-from kerneltune._src import manifest, options, recording
+from kerneltune._src import options, recording
+from kerneltune._src.caching import manifest
 from kerneltune._src.kernel import make_invocation
+from tests.offline_kernels import LoopKernel, ScaledKernel
 
 pytestmark = pytest.mark.usefixtures("empty_registry")
 

@@ -9,8 +9,8 @@ import dataclasses
 import pytest
 
 from kerneltune import CandidateResult, TuningReport
-from kerneltune._src import report
-from kerneltune._src.persistent import PersistentCache
+from kerneltune._src.caching.persistent import PersistentCache
+from kerneltune._src.cli import report_command as report
 from kerneltune.cli import main
 
 

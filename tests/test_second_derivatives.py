@@ -12,14 +12,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import heuristics_executor
-from helpers import rand as _rand
 
 import kerneltune as kt
 from kerneltune.kernels.attention import AttentionInterpret
 from kerneltune.kernels.matmul import MatmulInterpret
 from kerneltune.kernels.normalization import LayerNormInterpret, RMSNormInterpret
 from kerneltune.kernels.softmax import SoftmaxInterpret
+from tests.helpers import heuristics_executor
+from tests.helpers import rand as _rand
 
 EX = heuristics_executor()
 

@@ -7,10 +7,10 @@ import threading
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import CostKernel, RepCfg, RepeatKernel, cost_tuner, events_recorder, names, rand
 
 import kerneltune as kt
-from kerneltune._src.persistent import PersistentCache
+from kerneltune._src.caching.persistent import PersistentCache
+from tests.helpers import CostKernel, RepCfg, RepeatKernel, cost_tuner, events_recorder, names, rand
 
 
 def make(policy=None, persistent=None, **kw):

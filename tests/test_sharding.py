@@ -6,7 +6,12 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
-from offline_kernels import (
+
+import kerneltune as kt
+from kerneltune._src import offline, recording
+from kerneltune._src.caching import manifest
+from kerneltune._src.sharding import per_shard_args, shard_shape
+from tests.offline_kernels import (
     CHEAPEST,
     HEURISTIC,
     LoopKernel,
@@ -15,10 +20,6 @@ from offline_kernels import (
     started,
     tuning_executor,
 )
-
-import kerneltune as kt
-from kerneltune._src import manifest, offline, recording
-from kerneltune._src.sharding import per_shard_args, shard_shape
 
 pytestmark = pytest.mark.usefixtures("empty_registry")
 

@@ -9,14 +9,14 @@ import sys
 
 import jax.numpy as jnp
 import pytest
-from offline_kernels import CANDIDATES, LoopCfg, LoopKernel, ScaledKernel
 
 import kerneltune as kt
 from kerneltune import cli
-from kerneltune._src import manifest as manifests
 from kerneltune._src import recording
-from kerneltune._src.persistent import PersistentCache
-from kerneltune._src.tune_cli import parse_shard, shard_records
+from kerneltune._src.caching import manifest as manifests
+from kerneltune._src.caching.persistent import PersistentCache
+from kerneltune._src.cli.tune_command import parse_shard, shard_records
+from tests.offline_kernels import CANDIDATES, LoopCfg, LoopKernel, ScaledKernel
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TESTS = pathlib.Path(__file__).resolve().parent
@@ -62,7 +62,7 @@ def test_two_shards_tuned_in_other_processes_cover_the_manifest_once(manifest, t
         kerneltune_process(
             "--cache-dir", str(caches[i]), "tune", str(path),
             "--shard", f"{i}/2", "--out", str(outs[i]), "--no-progress",
-            "--import", "offline_kernels",
+            "--import", "tests.offline_kernels",
         )
         for i in range(2)
     ]  # fmt: skip

@@ -7,10 +7,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import CostInProgram
-from offline_kernels import CHEAPEST, LoopKernel, SinKernel
 
 import kerneltune as kt
+from tests.helpers import CostInProgram
+from tests.offline_kernels import CHEAPEST, LoopKernel, SinKernel
 
 pytestmark = pytest.mark.usefixtures("empty_registry")
 

@@ -8,13 +8,13 @@ from types import SimpleNamespace
 
 import jax.numpy as jnp
 import pytest
-from offline_kernels import CHEAPEST, LoopCfg
-from worker_kernels import COST_TIMER, DIE, DyingKernel, SteadyKernel
 
 import kerneltune as kt
-from kerneltune._src import manifest as manifests
 from kerneltune._src import recording
+from kerneltune._src.caching import manifest as manifests
 from kerneltune._src.tune_workers import deal_by_cost, read_keys, visible_gpus, write_keys
+from tests.offline_kernels import CHEAPEST, LoopCfg
+from tests.worker_kernels import COST_TIMER, DIE, DyingKernel, SteadyKernel
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TESTS = pathlib.Path(__file__).resolve().parent
@@ -92,7 +92,7 @@ def test_two_workers_give_the_same_entries_as_one(tmp_path):
         out = tmp_path / f"out{workers}.json"
         cache = tmp_path / f"cache{workers}"
         done = tune("--cache-dir", str(cache), "tune", str(path), "--workers", str(workers),
-                    "--out", str(out), "--no-progress", "--import", "worker_kernels",
+                    "--out", str(out), "--no-progress", "--import", "tests.worker_kernels",
                     env={COST_TIMER: "1"})  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr
         if workers == 2:
@@ -116,7 +116,7 @@ def test_a_worker_that_dies_loses_only_its_unfinished_keys(tmp_path):
     keys = record_manifest(path, [(SteadyKernel(), 48), (SteadyKernel(), 40), (DyingKernel(), 32)])
     out = tmp_path / "out.json"
     done = tune("--cache-dir", str(tmp_path / "cache"), "tune", str(path), "--workers", "2",
-                "--out", str(out), "--no-progress", "--import", "worker_kernels",
+                "--out", str(out), "--no-progress", "--import", "tests.worker_kernels",
                 env={DIE: "1"})  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
     assert "worker 1 exited with 3" in done.stdout
@@ -135,7 +135,7 @@ def test_more_workers_than_gpus_are_capped_at_one_per_gpu(tmp_path):
     keys = record_manifest(path, [(SteadyKernel(), 32), (SteadyKernel(), 24)])
     out = tmp_path / "out.json"
     done = tune("--cache-dir", str(tmp_path / "cache"), "tune", str(path), "--workers", "2",
-                "--out", str(out), "--no-progress", "--import", "worker_kernels",
+                "--out", str(out), "--no-progress", "--import", "tests.worker_kernels",
                 env={"CUDA_VISIBLE_DEVICES": "0", "JAX_PLATFORMS": "cpu"})  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "only 1 visible GPU(s)" in done.stdout and "tuning in 1 worker(s)" in done.stdout

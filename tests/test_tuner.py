@@ -12,12 +12,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import CostInProgram
 
 from kerneltune._src.tuning import candidate, compile_cost, config_space, inputs, run_bound
 from kerneltune._src.tuning.compiling import CompilePool
 from kerneltune._src.tuning.report import TuningReport
 from kerneltune._src.tuning.tuner import Tuner, fastest
+from tests.helpers import CostInProgram
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -93,7 +93,7 @@ class Priced(Chain):
 def deterministic():
     """A tuner whose timer reads each config's cost from its program: winners cannot
     depend on the machine's load."""
-    from helpers import CostInProgram
+    from tests.helpers import CostInProgram
 
     return Tuner(strategy="exhaustive", iters=2, progress=False, timer=CostInProgram())
 

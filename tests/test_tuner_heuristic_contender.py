@@ -6,11 +6,11 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-from helpers import CostInProgram
 
 import kerneltune as kt
 from kerneltune._src.tuning.report import CandidateResult
 from kerneltune._src.tuning.tuner import NOISE_BAND, fastest
+from tests.helpers import CostInProgram
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,11 +4,11 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from helpers import CostKernel, RepCfg, rand
 
 import kerneltune as kt
 from kerneltune.kernels.softmax.config import SoftmaxConfig
 from kerneltune.kernels.softmax.pallas_triton import softmax_pallas
+from tests.helpers import CostKernel, RepCfg, rand
 
 
 def test_measure_times_a_pallas_kernel_that_builds_constants():

@@ -8,7 +8,7 @@ import statistics
 import pytest
 
 from benchmarks import warm_replay
-from kerneltune._src.shipped import PACKAGE_TABLES
+from kerneltune._src.caching.shipped import PACKAGE_TABLES
 
 TABLES = {p.stem: warm_replay.load(str(p)) for p in sorted(PACKAGE_TABLES.glob("*.json"))}
 ENTRIES = TABLES["nvidia-h100-80gb-hbm3"]

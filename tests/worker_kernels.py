@@ -1,13 +1,12 @@
 """Kernels for the `kerneltune tune --workers` tests, imported by the worker processes
-through `--import worker_kernels`. There are no tests here."""
+through `--import tests.worker_kernels`. There are no tests here."""
 
 from __future__ import annotations
 
 import os
 
-from offline_kernels import CANDIDATES, HEURISTIC, LoopCfg, busy
-
 import kerneltune as kt
+from tests.offline_kernels import CANDIDATES, HEURISTIC, LoopCfg, busy
 
 #: Set in the environment of a worker that must die on `DyingKernel`'s first call.
 DIE = "KERNELTUNE_TEST_WORKER_DIES"
@@ -16,9 +15,8 @@ DIE = "KERNELTUNE_TEST_WORKER_DIES"
 COST_TIMER = "KERNELTUNE_TEST_COST_TIMER"
 
 if os.environ.get(COST_TIMER):
-    from helpers import CostInProgram
-
     from kerneltune._src.tuning import timing
+    from tests.helpers import CostInProgram
 
     timing.choose_timer = lambda preference="auto": (CostInProgram(), None)
 

@@ -12,11 +12,11 @@ import threading
 from typing import Any
 
 from kerneltune._src import kernel, options
-from kerneltune._src.cache import ConfigCache
-from kerneltune._src.default_cache import default_persistent_cache
+from kerneltune._src.caching.cache import ConfigCache
+from kerneltune._src.caching.default_cache import default_persistent_cache
+from kerneltune._src.caching.shipped import package_tables
 from kerneltune._src.executor import Executor
 from kerneltune._src.selection import AutotunePolicy, ConfigSelectorChain
-from kerneltune._src.shipped import package_tables
 
 _default: Executor[Any, Any] | None = None
 _default_lock = threading.Lock()

@@ -6,7 +6,7 @@ import dataclasses
 import time
 from typing import Any
 
-from kerneltune._src.cache_entry import CacheEntry
+from kerneltune._src.caching.cache_entry import CacheEntry
 from kerneltune._src.configs import config_to_dict
 from kerneltune._src.kernel import Kernel
 from kerneltune._src.selection import ConfigSelectorChain, Decision

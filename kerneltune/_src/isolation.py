@@ -22,8 +22,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from kerneltune._src import manifest as manifests
 from kerneltune._src import tune_workers
+from kerneltune._src.caching import manifest as manifests
 from kerneltune._src.tuning import journal
 
 logger = logging.getLogger("kerneltune")
@@ -59,7 +59,7 @@ def tune_isolated(
       finished), the candidates that crashed or hung a worker, and the last worker's
       exit status.
     """
-    from kerneltune._src.result import AutotuningResult
+    from kerneltune._src.caching.result import AutotuningResult
 
     remaining = list(records)
     culprits: list[Culprit] = []
@@ -134,7 +134,7 @@ def autotune_isolated(
       ValueError: a record's kernel is not defined in an importable module (a worker
         imports the modules that define the records' kernels, and nothing else).
     """
-    from kerneltune._src.result import AutotuningResult
+    from kerneltune._src.caching.result import AutotuningResult
 
     modules = set()
     for r in records:
@@ -187,7 +187,7 @@ def _wait(proc: subprocess.Popen[bytes], journal_path: str) -> tuple[int, dict[s
 
 
 def _load(path: str) -> Any:
-    from kerneltune._src.result import AutotuningResult
+    from kerneltune._src.caching.result import AutotuningResult
 
     if not os.path.exists(path):
         return None

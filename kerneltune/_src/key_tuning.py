@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kerneltune._src import dispatch, distributed, kernel_hooks, scope, tracing
-from kerneltune._src.cache import CacheKey
+from kerneltune._src.caching.cache import CacheKey
 from kerneltune._src.kernel import Invocation, Kernel
 from kerneltune._src.tuning.protocol import run_tuner
 from kerneltune._src.tuning.report import TuningReport

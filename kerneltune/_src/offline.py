@@ -24,11 +24,11 @@ from typing import Any, Literal
 
 from kerneltune._src import devices, distributed, labels, scope, split
 from kerneltune._src import outcome_entries as entries
-from kerneltune._src.cache import ConfigCache
+from kerneltune._src.caching.cache import ConfigCache
+from kerneltune._src.caching.result import AutotuningResult, Entry
 from kerneltune._src.coordination import current_peers
 from kerneltune._src.default import selector_of
 from kerneltune._src.recording import Record, get_invocations, iter_records
-from kerneltune._src.result import AutotuningResult, Entry
 from kerneltune._src.selection import (
     AutotunePolicy,
     ConfigSelectorChain,

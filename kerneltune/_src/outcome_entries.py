@@ -7,9 +7,9 @@ import dataclasses
 import time
 from typing import Any
 
-from kerneltune._src.cache_entry import report_fields
+from kerneltune._src.caching.cache_entry import report_fields
+from kerneltune._src.caching.result import Entry
 from kerneltune._src.recording import Record
-from kerneltune._src.result import Entry
 from kerneltune._src.selection import ConfigSelectorChain, Decision
 
 

@@ -18,8 +18,9 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, Literal
 
-from kerneltune._src import kernel_hooks, key_tuning, keys, scope, sharding, tuned_neighbours
-from kerneltune._src.cache import CacheKey, ConfigCache
+from kerneltune._src import kernel_hooks, key_tuning, keys, scope, sharding
+from kerneltune._src.caching import tuned_neighbours
+from kerneltune._src.caching.cache import CacheKey, ConfigCache
 from kerneltune._src.call_shapes import CallShape
 from kerneltune._src.kernel import Invocation, Kernel
 from kerneltune._src.kernel_types import Cfg, Out

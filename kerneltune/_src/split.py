@@ -22,9 +22,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kerneltune._src import devices, files, kernel_hooks
+from kerneltune._src.caching.result import AutotuningResult, Entry
 from kerneltune._src.coordination import Peers, exchange_round, timeout_seconds
 from kerneltune._src.recording import Record
-from kerneltune._src.result import AutotuningResult, Entry
 from kerneltune._src.selection import ConfigSelectorChain
 from kerneltune._src.tune_workers import deal_by_cost
 

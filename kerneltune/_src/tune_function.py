@@ -23,9 +23,9 @@ from typing import Any
 import jax
 
 from kerneltune._src import distributed, keys, offline, recording
+from kerneltune._src.caching.result import AutotuningResult
 from kerneltune._src.configs import config_from_dict, config_to_dict
 from kerneltune._src.default import selector_of
-from kerneltune._src.result import AutotuningResult
 from kerneltune._src.selection import ConfigSelectorChain, policy_override
 from kerneltune._src.tuning.programs import split_static
 from kerneltune._src.tuning.protocol import run_tuner

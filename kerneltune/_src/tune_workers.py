@@ -164,7 +164,7 @@ def run_workers(
       `(result, runs)`: the merged `AutotuningResult` (None when no worker finished a
       key) and one `WorkerRun` per worker.
     """
-    from kerneltune._src.result import AutotuningResult
+    from kerneltune._src.caching.result import AutotuningResult
 
     parts = deal_by_cost(records, count)
     with tempfile.TemporaryDirectory(prefix="kerneltune-workers-") as tmp:

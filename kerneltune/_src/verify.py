@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from kerneltune._src import devices, files, keys
-from kerneltune._src.cache import ConfigCache
+from kerneltune._src.caching.cache import ConfigCache
+from kerneltune._src.caching.result import AutotuningResult
 from kerneltune._src.coordination import (
     PROTOCOL_FORMAT,
     AgreementError,
@@ -25,7 +26,6 @@ from kerneltune._src.coordination import (
 )
 from kerneltune._src.default import selector_of
 from kerneltune._src.executor import Executor
-from kerneltune._src.result import AutotuningResult
 
 logger = logging.getLogger("kerneltune")
 

@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 
 from kerneltune._src import devices
-from kerneltune._src.demo_jobs import DemoJob as DemoJob
-from kerneltune._src.demo_jobs import jobs_for as jobs_for
+from kerneltune._src.cli.demo_jobs import DemoJob as DemoJob
+from kerneltune._src.cli.demo_jobs import jobs_for as jobs_for
 
 
 @dataclasses.dataclass
@@ -137,7 +137,7 @@ def _compact_cfg(cfg: Any) -> str:
 
 
 def _chain(persistent: Any, recorder: _Recorder) -> Any:
-    from kerneltune._src.cache import ConfigCache
+    from kerneltune._src.caching.cache import ConfigCache
     from kerneltune._src.selection import AutotunePolicy, ConfigSelectorChain
     from kerneltune._src.tuning.tuner import Tuner
 
@@ -180,7 +180,7 @@ def _forget(persistent: Any, jobs: list[DemoJob], key: jax.Array) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """The `kerneltune demo` command."""
-    from kerneltune._src.cache_cli import _open, format_time, print_table
+    from kerneltune._src.cli.cache_commands import _open, format_time, print_table
     from kerneltune._src.executor import Executor
     from kerneltune.kernels._common import on_gpu
 
@@ -236,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
     print_table(header, table)
 
     # Pass 2: a fresh selector (as a new process would have) over the same cache.
-    from kerneltune._src.persistent import PersistentCache
+    from kerneltune._src.caching.persistent import PersistentCache
 
     recorder2 = _Recorder()
     again: PersistentCache[Any] = PersistentCache(

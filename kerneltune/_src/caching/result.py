@@ -17,9 +17,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from kerneltune._src import files, keys
-from kerneltune._src.cache import overlay_cache
-from kerneltune._src.cache_entry import BadEntry, Entry, entry_from_document
-from kerneltune._src.storage import EXPORT_KIND
+from kerneltune._src.caching.cache import overlay_cache
+from kerneltune._src.caching.cache_entry import BadEntry, Entry, entry_from_document
+from kerneltune._src.caching.storage import EXPORT_KIND
 
 __all__ = ["AutotuningResult", "Entry"]
 

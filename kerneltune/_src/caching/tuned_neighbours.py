@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from kerneltune._src import call_shapes
-from kerneltune._src.cache_entry import CacheEntry
+from kerneltune._src.caching.cache_entry import CacheEntry
 from kerneltune._src.call_shapes import CallShape
 from kerneltune._src.configs import config_from_dict
 from kerneltune._src.tuning import config_space

@@ -17,7 +17,7 @@ import importlib
 from typing import Any
 
 from kerneltune._src import tune_workers
-from kerneltune._src.command_error import CommandError
+from kerneltune._src.cli.errors import CommandError
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -126,9 +126,10 @@ def shard_records(records: list[Any], index: int, count: int) -> list[Any]:
 
 def run(args: argparse.Namespace) -> int:
     """Runs `kerneltune tune`; returns the exit status (1 when a call failed)."""
-    from kerneltune._src import manifest, offline, recording
-    from kerneltune._src.cache_cli import format_time, print_table
-    from kerneltune._src.cache_entry import op_matches
+    from kerneltune._src import offline, recording
+    from kerneltune._src.caching import manifest
+    from kerneltune._src.caching.cache_entry import op_matches
+    from kerneltune._src.cli.cache_commands import format_time, print_table
 
     _import_kernels(args.imports)
     try:
@@ -222,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_workers(args: argparse.Namespace, records: list[Any], count: int, gpus: list[str]) -> int:
     """`--workers N`: tunes `records` in N processes and merges their results."""
-    from kerneltune._src.cache_cli import print_table
+    from kerneltune._src.cli.cache_commands import print_table
 
     print(
         f"tuning in {count} worker processes"
@@ -336,9 +337,9 @@ def _import_kernels(modules: list[str]) -> None:
 
 def _selector(args: argparse.Namespace) -> Any:
     from kerneltune._src import options
-    from kerneltune._src.cache import ConfigCache
-    from kerneltune._src.default_cache import default_persistent_cache
-    from kerneltune._src.persistent import PersistentCache
+    from kerneltune._src.caching.cache import ConfigCache
+    from kerneltune._src.caching.default_cache import default_persistent_cache
+    from kerneltune._src.caching.persistent import PersistentCache
     from kerneltune._src.selection import AutotunePolicy, ConfigSelectorChain
     from kerneltune._src.tuning.tuner import Tuner
 
@@ -361,7 +362,7 @@ def _selector(args: argparse.Namespace) -> Any:
 
 
 def _cfg_text(cfg: Any) -> str:
-    from kerneltune._src.cache_cli import format_cfg
+    from kerneltune._src.cli.cache_commands import format_cfg
     from kerneltune._src.keys import config_to_dict
 
     try:

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kerneltune._src import codec, files
-from kerneltune._src.cache_entry import runtime_versions
+from kerneltune._src.caching.cache_entry import runtime_versions
 from kerneltune._src.recording import (
     Invocations,
     KernelRef,

@@ -17,8 +17,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from kerneltune._src import storage
-from kerneltune._src.cache_entry import BadEntry, CacheEntry, entry_from_document
+from kerneltune._src.caching import storage
+from kerneltune._src.caching.cache_entry import BadEntry, CacheEntry, entry_from_document
 from kerneltune._src.configs import config_from_dict
 
 logger = logging.getLogger("kerneltune")

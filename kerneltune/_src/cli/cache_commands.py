@@ -1,5 +1,5 @@
 """`kerneltune info` and `kerneltune cache ...`: what the command line does with the
-persistent cache (the argument declarations are in `kerneltune/cli.py`)."""
+persistent cache (the argument declarations are in `main.py`)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from kerneltune._src import options
-from kerneltune._src.cache_entry import CacheEntry, op_matches, runtime_versions
-from kerneltune._src.command_error import CommandError
+from kerneltune._src.caching.cache_entry import CacheEntry, op_matches, runtime_versions
+from kerneltune._src.caching.persistent import PersistentCache, default_cache_dir
+from kerneltune._src.cli.errors import CommandError
 from kerneltune._src.kernel import registered_kernels
-from kerneltune._src.persistent import PersistentCache, default_cache_dir
 from kerneltune._src.tuning.report import format_seconds
 
 

@@ -12,8 +12,8 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kerneltune._src import storage
-from kerneltune._src.cache_entry import (
+from kerneltune._src.caching import storage
+from kerneltune._src.caching.cache_entry import (
     PROVENANCES,
     BadEntry,
     CacheEntry,

@@ -18,8 +18,8 @@ import json
 import re
 from typing import Any
 
-from kerneltune._src.command_error import CommandError
-from kerneltune._src.tune_cli import add_import_argument
+from kerneltune._src.cli.errors import CommandError
+from kerneltune._src.cli.tune_command import add_import_argument
 
 _ARRAY = re.compile(r"^([A-Za-z][A-Za-z0-9_]*)\[([0-9, ]*)\]$")
 
@@ -47,9 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kerneltune._src import tune_cli
+    from kerneltune._src.cli import tune_command
 
-    tune_cli._import_kernels(args.imports)
+    tune_command._import_kernels(args.imports)
     kernel_cls = _kernel_class(args.target)
     if kernel_cls is None:
         if args.arguments or args.kw:
@@ -62,14 +62,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _explain_call(args: argparse.Namespace, kernel_cls: type) -> int:
-    from kerneltune._src import tune_cli
+    from kerneltune._src.cli import tune_command
     from kerneltune._src.executor import Executor
     from kerneltune._src.explain import explain
     from kerneltune._src.selection import policy_override
 
     call_args = [parse_argument(a) for a in args.arguments]
     kwargs = dict(parse_keyword(k) for k in args.kw)
-    chain = tune_cli._selector(args)
+    chain = tune_command._selector(args)
     try:
         kernel = kernel_cls()
     except TypeError as e:
@@ -86,7 +86,7 @@ def _explain_call(args: argparse.Namespace, kernel_cls: type) -> int:
 
 
 def _explain_key(args: argparse.Namespace) -> int:
-    from kerneltune._src.cache_cli import _entries, _open
+    from kerneltune._src.cli.cache_commands import _entries, _open
     from kerneltune._src.explain import stored_timings
 
     cache = _open(args)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # importing this module must stay cheap: the CLI parser imports it.
-    from kerneltune._src.cache_entry import CacheEntry
+    from kerneltune._src.caching.cache_entry import CacheEntry
 
 #: At most this many candidates are drawn per key (the fastest); the rest are counted.
 MAX_BARS = 24
@@ -104,7 +104,7 @@ def title_of(entry: CacheEntry) -> str:
 
 
 def table_rows(entries: Sequence[CacheEntry]) -> list[list[str]]:
-    from kerneltune._src.cache_cli import format_time
+    from kerneltune._src.cli.cache_commands import format_time
 
     rows = []
     for e in entries:
@@ -256,7 +256,7 @@ def html_page(entries: Sequence[CacheEntry]) -> str:
     for row in table_rows(entries):
         parts.append("<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>")
     parts.append("</table><p>Orange: the winner; hatched: the heuristic config.</p>")
-    from kerneltune._src.cache_cli import format_time
+    from kerneltune._src.cli.cache_commands import format_time
 
     for entry in entries:
         cands = candidates_of(entry)
@@ -308,8 +308,8 @@ def _have_matplotlib() -> bool:
 
 def run(args: argparse.Namespace) -> int:
     """The `kerneltune report [--op OP] [--out FILE]` command."""
-    from kerneltune._src.cache_cli import _entries, _open, print_table
-    from kerneltune._src.command_error import CommandError
+    from kerneltune._src.cli.cache_commands import _entries, _open, print_table
+    from kerneltune._src.cli.errors import CommandError
 
     cache = _open(args)
     entries = [
