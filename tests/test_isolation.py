@@ -3,10 +3,10 @@ worker process costs that candidate, recorded with its reason; tuning goes on.""
 
 import jax
 import pytest
-from tests.test_tune_workers import record_manifest, tune
 
 import kerneltune as kt
 from tests.offline_kernels import LoopCfg
+from tests.test_tune_workers import record_manifest, tune
 from tests.worker_kernels import CrashingKernel, HangingKernel, SteadyKernel
 
 TYPES = {"crashing": LoopCfg, "hanging": LoopCfg, "aaa_steady": LoopCfg}
