@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import re
 
 import jax
@@ -10,6 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 
 import kerneltune as kt
+
+
+class Layout(enum.Enum):
+    """An enum field for config types that must round-trip through files."""
+
+    ROW = "row"
+    COL = "col"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -2,7 +2,6 @@
 wrong-typed config values, planted symlinks, umask 000 (issue 12, items 2, 3 and 8)."""
 
 import dataclasses
-import enum
 import json
 import logging
 import os
@@ -18,14 +17,10 @@ import pytest
 from kerneltune._src import configs, files
 from kerneltune._src.caching import cache_entry, persistent
 from kerneltune._src.caching.persistent import PersistentCache
+from tests.helpers import Layout
 
 DEV = "cpu|cpu"
 OP = "hostile@v1"
-
-
-class Layout(enum.Enum):
-    ROW = "row"
-    COL = "col"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

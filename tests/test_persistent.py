@@ -2,7 +2,6 @@
 unwritable locations, URLs, read-only layers, export/import/merge, clear and prune."""
 
 import dataclasses
-import enum
 import json
 import logging
 import os
@@ -17,14 +16,10 @@ from kerneltune._src.caching import cache_entry, persistent
 from kerneltune._src.caching.default_cache import default_persistent_cache
 from kerneltune._src.caching.persistent import PersistentCache
 from kerneltune._src.tuning.report import CandidateResult, TuningReport
+from tests.helpers import Layout
 
 DEV = "cpu|cpu"
 OP = "matmul@v1"
-
-
-class Layout(enum.Enum):
-    ROW = "row"
-    COL = "col"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -297,3 +297,12 @@ def test_a_table_for_another_device_kind_or_an_unreadable_one_is_not_used(tmp_pa
     (tmp_path / "bad.json").write_text("{not json")
     assert len(shipped.ShippedTables([tmp_path / "bad.json"])) == 0
     assert "Skipping the shipped kerneltune table" in caplog.text
+
+
+def test_the_package_ships_readable_tables_for_the_h100_and_the_h200():
+    # Moving the module once pointed PACKAGE_TABLES at a folder that does not exist:
+    # every lookup then missed, silently.
+    tables = shipped.package_tables()
+    kinds = {shipped.device_kind_of(e.dev) for e in tables._index().values()}
+    assert {"NVIDIA H100 80GB HBM3", "NVIDIA H200"} <= kinds
+    assert len(tables._index()) >= 100

@@ -252,22 +252,19 @@ def _log(
     report: TuningReport,
     peers: Peers,
 ) -> None:
-    fingerprints = sorted({str(p.get("device")) for p in payloads.values()})
-    if len(fingerprints) > 1:
-        logger.warning(
-            "processes agreeing on %s run on different devices (%s): their timings are "
-            "combined as if they were comparable.",
-            report.name,
-            ", ".join(fingerprints),
-        )
-    timers = sorted({str(p.get("timer")) for p in payloads.values()})
-    if len(timers) > 1:
-        logger.warning(
-            "processes agreeing on %s measured with different timers (%s): their timings "
-            "are combined as if they were comparable.",
-            report.name,
-            ", ".join(timers),
-        )
+    for field, differ in (
+        ("device", "run on different devices"),
+        ("timer", "measured with different timers"),
+    ):
+        seen = sorted({str(p.get(field)) for p in payloads.values()})
+        if len(seen) > 1:
+            logger.warning(
+                "processes agreeing on %s %s (%s): their timings are combined as if they "
+                "were comparable.",
+                report.name,
+                differ,
+                ", ".join(seen),
+            )
     what = report.name or "kernel"
     if agreement.winner is None:
         logger.info(

@@ -153,19 +153,9 @@ class Executor(Generic[Cfg, Out]):
         in_specs: Any,
         out_specs: Any,
     ) -> Out:
-        _check_kernel(kernel)
-        _check_method(method, mesh, in_specs, out_specs)
         generation = self._generation
-        inv, p_args, p_kwargs = self._invocation(
-            kernel,
-            args,
-            kwargs,
-            override_cfg=cfg,
-            stamp=stamp,
-            method=method,
-            mesh=mesh,
-            in_specs=in_specs,
-            out_specs=out_specs,
+        inv, p_args, p_kwargs = self._checked_invocation(
+            kernel, args, kwargs, cfg, stamp, method, mesh, in_specs, out_specs
         )
         chosen = self.chooser.choose(inv, kernel)
         if options.RECORD.value:
@@ -187,6 +177,34 @@ class Executor(Generic[Cfg, Out]):
             if key is not None and _default_keys(kernel) and program.takes_exactly(len(args)):
                 self._eager[key] = program.dynamic
         return out
+
+    def _checked_invocation(
+        self,
+        kernel: Kernel[Cfg, Out],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        cfg: Cfg | None,
+        stamp: bool,
+        method: str | None,
+        mesh: Any,
+        in_specs: Any,
+        out_specs: Any,
+    ) -> tuple[Invocation[Cfg, Out], tuple[Any, ...], dict[str, Any]]:
+        """`_invocation` of a call as the user wrote it: the kernel and the calling
+        method's arguments are checked first."""
+        _check_kernel(kernel)
+        _check_method(method, mesh, in_specs, out_specs)
+        return self._invocation(
+            kernel,
+            args,
+            kwargs,
+            override_cfg=cfg,
+            stamp=stamp,
+            method=method,
+            mesh=mesh,
+            in_specs=in_specs,
+            out_specs=out_specs,
+        )
 
     def _invocation(
         self, kernel: Kernel[Cfg, Out], args: tuple[Any, ...], kwargs: dict[str, Any], **fields: Any
@@ -271,17 +289,8 @@ class Executor(Generic[Cfg, Out]):
         **kwargs: Any,
     ) -> Cfg:
         """The config a call with these arguments would use, without running it."""
-        _check_kernel(kernel)
-        _check_method(method, mesh, in_specs, out_specs)
-        inv, _, _ = self._invocation(
-            kernel,
-            args,
-            kwargs,
-            override_cfg=cfg,
-            method=method,
-            mesh=mesh,
-            in_specs=in_specs,
-            out_specs=out_specs,
+        inv, _, _ = self._checked_invocation(
+            kernel, args, kwargs, cfg, True, method, mesh, in_specs, out_specs
         )
         return self.chooser.choose(inv, kernel)
 

@@ -221,6 +221,21 @@ def relative_error(out: Any, ref: Any) -> float:
     return float(np.linalg.norm(a - b)) / denom
 
 
+@dataclasses.dataclass(frozen=True)
+class RowsProblem:
+    """A row-wise op's problem (softmax, the norms): `rows` rows of `n` elements."""
+
+    rows: int
+    n: int
+    dtype: np.dtype
+
+    @classmethod
+    def of(cls, x: Any) -> RowsProblem:
+        """The problem of an array reduced over its last axis."""
+        rows = int(np.prod(x.shape[:-1], dtype=np.int64))
+        return cls(rows=rows, n=int(x.shape[-1]), dtype=np.dtype(x.dtype))
+
+
 # --- kernels bound to an executor ------------------------------------------------------
 
 
@@ -229,12 +244,22 @@ class BundledKernelMixin:
     inner calls) runs through, and whether its Pallas code runs in the interpreter.
 
     `interpret` is a class attribute: the `...Interpret` variants set it (and get
-    their own op ids, so their configs never mix with the GPU kernels' in a cache).
-    Off GPUs the Pallas code is always interpreted (e.g. `KERNELTUNE_PLATFORM=triton`
-    on a CPU).
+    their own op ids, so their configs never mix with the GPU kernels' in a cache);
+    such a class runs its Pallas (Triton) hooks on every platform. Off GPUs the
+    Pallas code is always interpreted (e.g. `KERNELTUNE_PLATFORM=triton` on a CPU).
     """
 
     interpret: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        if cls.__dict__.get("interpret"):
+            # The interpreter runs anywhere: the XLA platform (CPU included) takes the
+            # Triton hooks.
+            for hook in ("run", "fwd_with_residuals", "vjp", "candidate_cfgs"):
+                triton = getattr(cls, f"{hook}_triton", None)
+                if triton is not None and f"{hook}_xla" not in cls.__dict__:
+                    setattr(cls, f"{hook}_xla", triton)
+        super().__init_subclass__(**kwargs)
 
     def __init__(
         self, op_id: str | None = None, *, name: str | None = None, executor: Any = None

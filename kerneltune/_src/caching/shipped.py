@@ -24,7 +24,7 @@ from kerneltune._src.configs import config_from_dict
 logger = logging.getLogger("kerneltune")
 
 #: Where the package keeps its tables: `kerneltune/kernels/tables/*.json`.
-PACKAGE_TABLES = pathlib.Path(__file__).resolve().parent.parent / "kernels" / "tables"
+PACKAGE_TABLES = pathlib.Path(__file__).resolve().parents[2] / "kernels" / "tables"
 
 
 def device_kind_of(fingerprint: str) -> str:

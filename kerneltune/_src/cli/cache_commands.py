@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import platform
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from kerneltune._src import options
@@ -231,32 +232,34 @@ def _print_entry(e: CacheEntry) -> None:
         print_table(["  status", "time", "samples", "config", "error"], rows)
 
 
+def _attempt(failure: str, action: Callable[[], int]) -> int:
+    """`action()`, with a file or format error turned into a one-line CommandError
+    that starts with `failure`."""
+    try:
+        return action()
+    except (OSError, ValueError) as e:
+        raise CommandError(f"{failure}: {e}") from None
+
+
 def export(args: argparse.Namespace) -> int:
     cache = _open(args)
-    try:
-        n = cache.export(args.file, readonly_layers=args.with_readonly)
-    except OSError as e:
-        raise CommandError(f"cannot write {args.file}: {e}") from None
+    write = functools.partial(cache.export, args.file, readonly_layers=args.with_readonly)
+    n = _attempt(f"cannot write {args.file}", write)
     print(f"exported {n} entries to {args.file}")
     return 0
 
 
 def import_(args: argparse.Namespace) -> int:
     cache = _open(args)
-    try:
-        n = cache.import_(args.file, provenance=args.provenance)
-    except (OSError, ValueError) as e:
-        raise CommandError(f"cannot import {args.file}: {e}") from None
+    read = functools.partial(cache.import_, args.file, provenance=args.provenance)
+    n = _attempt(f"cannot import {args.file}", read)
     print(f"imported {n} entries into {cache.location}")
     return 0
 
 
 def merge(args: argparse.Namespace) -> int:
     cache = _open(args)
-    try:
-        n = cache.merge(*args.sources)
-    except (OSError, ValueError) as e:
-        raise CommandError(f"cannot merge: {e}") from None
+    n = _attempt("cannot merge", functools.partial(cache.merge, *args.sources))
     print(f"merged {n} entries into {cache.location}")
     return 0
 

@@ -77,7 +77,6 @@ def _rows(events: list[tuple[str, dict[str, Any]]], job: DemoJob) -> list[Row]:
         sig = f"{job.shape} ({'bwd' if '_bwd' in op_id else 'fwd'})" if job.grad else job.shape
         if event == "autotune_finish":
             report = data["report"]
-            failed = len([c for c in report.failures if c.status != "pruned"])
             rows.append(
                 Row(
                     op_id=op_id,
@@ -85,7 +84,7 @@ def _rows(events: list[tuple[str, dict[str, Any]]], job: DemoJob) -> list[Row]:
                     dtype=job.dtype,
                     source="tuned",
                     tried=report.num_evaluated,
-                    failed=failed,
+                    failed=report.num_failed,
                     heuristic_s=report.heuristic_time_s,
                     tuned_s=report.best_time_s,
                     winner=report.best,

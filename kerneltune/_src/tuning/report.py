@@ -107,6 +107,11 @@ class TuningReport:
         """Candidates that were compiled and run (not pruned by the search)."""
         return sum(1 for c in self.candidates if c.status != "pruned")
 
+    @property
+    def num_failed(self) -> int:
+        """Candidates that were evaluated and failed (pruned ones are not failures)."""
+        return sum(1 for c in self.candidates if not c.ok and c.status != "pruned")
+
     def describe_failures(self, limit: int = 5) -> str:
         """One line naming why candidates failed, for the warning given when every
         candidate failed (e.g. "3 of 3 candidates failed: compile_error ×2, run_error ×1;
@@ -127,7 +132,7 @@ class TuningReport:
     def summary(self) -> str:
         """The one-line summary logged for each tuned key."""
         what = self.name or "kernel"
-        tried, failed = self.num_evaluated, len([c for c in self.failures if c.status != "pruned"])
+        tried, failed = self.num_evaluated, self.num_failed
         if self.best is None:
             return f"tuned {what}: no winner; {self.describe_failures()} [timer={self.timer}]"
         best = self.best_time_s

@@ -266,9 +266,6 @@ class AttentionInterpret(Attention):
 
     op_id = "attention-interpret"
     interpret = True
-    run_xla = Attention.run_triton
-    fwd_with_residuals_xla = Attention.fwd_with_residuals_triton
-    candidate_cfgs_xla = Attention.candidate_cfgs_triton
 
 
 class AttentionBackwardInterpret(AttentionBackward):
@@ -276,8 +273,6 @@ class AttentionBackwardInterpret(AttentionBackward):
 
     op_id = "attention_bwd-interpret"
     interpret = True
-    run_xla = AttentionBackward.run_triton
-    candidate_cfgs_xla = AttentionBackward.candidate_cfgs_triton
 
 
 AttentionInterpret.backward_type = AttentionBackwardInterpret

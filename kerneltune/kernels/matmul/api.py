@@ -150,10 +150,6 @@ class MatmulInterpret(Matmul):
     # Its configs and code did not change with the Mosaic backend (v2 of `Matmul`).
     version = "1"
     interpret = True
-    run_xla = Matmul.run_triton
-    fwd_with_residuals_xla = Matmul.fwd_with_residuals_triton
-    vjp_xla = Matmul.vjp_triton
-    candidate_cfgs_xla = Matmul.candidate_cfgs_triton
 
 
 def matmul(

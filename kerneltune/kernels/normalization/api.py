@@ -24,11 +24,7 @@ from kerneltune.kernels.normalization.reference import layer_norm_xla, rms_norm_
 
 
 def problem_of(inv: Invocation[Any, Any]) -> NormProblem:
-    x = inv.args[0]
-    n = int(x.shape[-1])
-    return NormProblem(
-        rows=int(np.prod(x.shape[:-1], dtype=np.int64)), n=n, dtype=np.dtype(x.dtype)
-    )
+    return NormProblem.of(inv.args[0])
 
 
 class _Norm(BundledKernelMixin, Kernel[NormConfig, jax.Array]):
@@ -147,10 +143,6 @@ class LayerNormInterpret(LayerNorm):
 
     op_id = "layer_norm-interpret"
     interpret = True
-    run_xla = LayerNorm.run_triton
-    fwd_with_residuals_xla = LayerNorm.fwd_with_residuals_triton
-    vjp_xla = LayerNorm.vjp_triton
-    candidate_cfgs_xla = LayerNorm.candidate_cfgs_triton
 
 
 class RMSNormInterpret(RMSNorm):
@@ -158,10 +150,6 @@ class RMSNormInterpret(RMSNorm):
 
     op_id = "rms_norm-interpret"
     interpret = True
-    run_xla = RMSNorm.run_triton
-    fwd_with_residuals_xla = RMSNorm.fwd_with_residuals_triton
-    vjp_xla = RMSNorm.vjp_triton
-    candidate_cfgs_xla = RMSNorm.candidate_cfgs_triton
 
 
 def _epsilon(op: str, epsilon: Any) -> float:

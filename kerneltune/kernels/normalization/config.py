@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 
 from kerneltune._src.params import check_positive_power_of_two
-from kerneltune.kernels._common import Pruned, next_power_of_2, powers_of_2, prune
+from kerneltune.kernels._common import Pruned, RowsProblem, next_power_of_2, powers_of_2, prune
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -36,11 +36,7 @@ class NormConfig:
         check_positive_power_of_two("NormConfig", "num_warps", self.num_warps)
 
 
-@dataclasses.dataclass(frozen=True)
-class NormProblem:
-    rows: int
-    n: int
-    dtype: np.dtype
+NormProblem = RowsProblem
 
 
 def heuristic(p: NormProblem) -> NormConfig:

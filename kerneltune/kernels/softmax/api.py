@@ -6,7 +6,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from kerneltune._src.default import default_executor
 from kerneltune._src.kernel import Invocation, Kernel
@@ -19,10 +18,7 @@ from kerneltune.kernels.softmax.reference import softmax_backward, softmax_xla
 
 
 def problem_of(inv: Invocation[Any, Any]) -> SoftmaxProblem:
-    x = inv.args[0]
-    return SoftmaxProblem(
-        rows=int(np.prod(x.shape[:-1], dtype=np.int64)), n=int(x.shape[-1]), dtype=np.dtype(x.dtype)
-    )
+    return SoftmaxProblem.of(inv.args[0])
 
 
 class Softmax(BundledKernelMixin, Kernel[SoftmaxConfig, jax.Array]):
@@ -79,9 +75,6 @@ class SoftmaxInterpret(Softmax):
 
     op_id = "softmax-interpret"
     interpret = True
-    run_xla = Softmax.run_triton
-    fwd_with_residuals_xla = Softmax.fwd_with_residuals_triton
-    candidate_cfgs_xla = Softmax.candidate_cfgs_triton
 
 
 def softmax(

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
 from kerneltune._src.params import check_positive_power_of_two
-from kerneltune.kernels._common import Pruned, next_power_of_2, prune
+from kerneltune.kernels._common import Pruned, RowsProblem, next_power_of_2, prune
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -26,11 +24,7 @@ class SoftmaxConfig:
         check_positive_power_of_two("SoftmaxConfig", "num_warps", self.num_warps)
 
 
-@dataclasses.dataclass(frozen=True)
-class SoftmaxProblem:
-    rows: int
-    n: int
-    dtype: np.dtype
+SoftmaxProblem = RowsProblem
 
 
 def heuristic(p: SoftmaxProblem) -> SoftmaxConfig:
