@@ -15,10 +15,10 @@ import itertools
 import logging
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Generic, Literal
+from collections.abc import Callable, Iterator
+from typing import Any, Generic
 
-from kerneltune._src import kernel_hooks, key_tuning, keys, scope, sharding
+from kerneltune._src import kernel_hooks, key_tuning, scope, sharding, tiers
 from kerneltune._src.caching import tuned_neighbours
 from kerneltune._src.caching.cache import CacheKey, ConfigCache
 from kerneltune._src.call_shapes import CallShape
@@ -34,16 +34,12 @@ from kerneltune._src.tuning.report import TuningReport
 
 logger = logging.getLogger("kerneltune")
 
-Tier = Literal[
-    "override", "overlay", "memory", "persistent", "shipped", "autotune", "reuse", "heuristics"
-]
-
 
 @dataclasses.dataclass
 class Decision:
     """How one config was chosen (what `explain` shows)."""
 
-    tier: Tier
+    tier: tiers.TierName
     cfg: Any
     device: str
     op_id_v: str
@@ -168,135 +164,98 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
             call_key=key[2],
             signature=inv.signature,
         )
-        misses = decision.misses
-
-        def done(tier: Tier, cfg: Any, event: str | None, **extra: Any) -> Decision:
-            decision.tier, decision.cfg = tier, cfg
-            if event is not None:
-                self._emit(event, key, cfg=cfg, **extra)
-            return decision
-
-        cfg: Any
-        if inv.override_cfg is not None:
-            cfg = inv.override_cfg
-            kernel_hooks.check_config_type(kernel, inv, cfg, "cfg")
-            return done("override", cfg, "override")
-        misses.append(("override", "no cfg= given"))
-
-        cfg = scope.current().overlay_lookup(key)
-        if cfg is not None:
-            if isinstance(cfg, Mapping):  # e.g. from AutotuningResult.load: plain fields
-                cfg_type = kernel_hooks.config_type_of(kernel, inv)
-                if cfg_type is not None and not isinstance(cfg, cfg_type):
-                    cfg = keys.config_from_dict(cfg, cfg_type)
-            return done("overlay", cfg, "overlay_hit")
-        misses.append(("overlay", "no active overlay has this key"))
-
-        cfg = self.cache.get(*key)
-        if cfg is not None:
-            return done("memory", cfg, "cache_hit", level="memory")
-        misses.append(("memory", "not in the memory cache"))
-
-        if self.persistent is not None:
-            cfg = self.persistent.get(*key, cfg_type=kernel_hooks.config_type_of(kernel, inv))
-            if cfg is not None:
-                self.cache.put(*key, cfg)
-                return done("persistent", cfg, "cache_hit", level="persistent")
-            misses.append(("persistent", "not in the persistent cache"))
-        else:
-            misses.append(("persistent", "no persistent cache configured"))
-
-        if self.shipped is not None:
-            cfg = self.shipped.get(*key, kernel_hooks.config_type_of(kernel, inv))
-            if cfg is not None:
-                self.cache.put(*key, cfg)
-                return done("shipped", cfg, "cache_hit", level="shipped")
-            misses.append(("shipped", "not in the tables shipped for this device kind"))
-
         policy = self.effective_policy()
-        if policy.cache_miss_fallback == "error" and policy.allow_heuristics:
-            # Production mode forbids tuning, not determinism: when there is nothing to
-            # tune, the heuristic is the one config any tuning would have chosen.
-            _, untunable = kernel_hooks.tunable_candidates(kernel, inv)
-            heuristic = kernel_hooks.find_heuristic(kernel, inv) if untunable else None
-            if heuristic is not None:
-                kernel_hooks.check_config_type(kernel, inv, heuristic, "heuristic_cfg result")
-                misses.append(("autotune", untunable))
-                return done("heuristics", heuristic, "heuristics")
-        if policy.cache_miss_fallback == "error":
-            message = (
-                f"no cached config for {inv.op_id_v} with arguments ({inv.signature}) on "
-                f"{dev} (call key {inv.call_key}), and the policy forbids tuning at run "
-                "time (cache_miss_fallback='error'). Tune offline and ship the cache, or "
-                "allow autotuning."
+        for tier in self._tiers(policy):
+            found = tier.lookup(inv, kernel, key)
+            if isinstance(found, tiers.Miss):
+                decision.misses.append((tier.name, found.reason))
+                continue
+            decision.misses.extend(found.misses)
+            decision.tier, decision.cfg, decision.report = found.tier, found.cfg, found.report
+            if found.event is not None:
+                self._emit(found.event, key, cfg=found.cfg, **found.data)
+            return decision
+        raise self._no_config(inv, key, policy, decision.misses)
+
+    def _tiers(self, policy: AutotunePolicy) -> list[tiers.Tier]:
+        """The tiers in the order the policy asks them."""
+        cache = self.cache
+        found: list[tiers.Tier] = [
+            tiers.Override(),
+            tiers.Overlay(),
+            tiers.Memory(cache),
+            tiers.Stored(
+                "persistent",
+                self.persistent,
+                cache,
+                missing="not in the persistent cache",
+                absent="no persistent cache configured",
+            ),
+        ]
+        if self.shipped is not None:
+            found.append(
+                tiers.Stored(
+                    "shipped",
+                    self.shipped,
+                    cache,
+                    missing="not in the tables shipped for this device kind",
+                    absent="",
+                )
             )
-            self._emit("error", key, error=message)
-            raise CacheMissError(message)
+        if policy.cache_miss_fallback == "error":
+            # Production mode forbids tuning, not determinism.
+            return [*found, tiers.Heuristic(policy.allow_heuristics, only_if_untunable=True)]
+        autotune, heuristic = Autotune(self, policy), tiers.Heuristic(policy.allow_heuristics)
+        if policy.cache_miss_fallback == "autotune":
+            return [*found, autotune, heuristic]
+        return [*found, heuristic, autotune]
 
-        order = (
-            ["autotune", "heuristics"]
-            if policy.cache_miss_fallback == "autotune"
-            else ["heuristics", "autotune"]
-        )
-        for tier in order:
-            if tier == "autotune":
-                found = self._try_autotune(inv, kernel, key, policy, decision)
-                if found is not None:
-                    return found
-            else:
-                heuristic = (
-                    kernel_hooks.find_heuristic(kernel, inv) if policy.allow_heuristics else None
-                )
-                if heuristic is not None:
-                    kernel_hooks.check_config_type(kernel, inv, heuristic, "heuristic_cfg result")
-                    scope.chose_provisionally(key)
-                    return done("heuristics", heuristic, "heuristics")
-                misses.append(
-                    (
-                        "heuristics",
-                        "not allowed by the policy"
-                        if not policy.allow_heuristics
-                        else "the kernel defines no heuristic_cfg",
-                    )
-                )
+    def _no_config(
+        self,
+        inv: Invocation[Any, Any],
+        key: CacheKey,
+        policy: AutotunePolicy,
+        misses: list[tuple[str, str]],
+    ) -> Exception:
+        """The error raised when every tier missed (after announcing it)."""
+        where = f"{inv.op_id_v} with arguments ({inv.signature}) on {key[0]}"
+        error: Exception
+        if policy.cache_miss_fallback == "error":
+            error = CacheMissError(
+                f"no cached config for {where} (call key {inv.call_key}), and the policy "
+                "forbids tuning at run time (cache_miss_fallback='error'). Tune offline and "
+                "ship the cache, or allow autotuning."
+            )
+        else:
+            tried = "; ".join(f"{tier}: {why}" for tier, why in misses)
+            error = RuntimeError(f"no config for {where}. Tried: {tried}.")
+        self._emit("error", key, error=str(error))
+        return error
 
-        tried = "; ".join(f"{tier}: {why}" for tier, why in misses)
-        message = (
-            f"no config for {inv.op_id_v} with arguments ({inv.signature}) on {dev}. "
-            f"Tried: {tried}."
-        )
-        self._emit("error", key, error=message)
-        raise RuntimeError(message)
-
-    def _try_autotune(
+    def autotune(
         self,
         inv: Invocation[Cfg, Out],
         kernel: Kernel[Cfg, Out],
         key: CacheKey,
         policy: AutotunePolicy,
-        decision: Decision,
-    ) -> Decision | None:
-        misses = decision.misses
+    ) -> tiers.Found:
+        """The autotune tier's lookup: tunes the key once (threads that miss it together
+        wait for one tuning; with `forbid_reautotune`, a later miss reuses the result)."""
         candidates, untunable = kernel_hooks.tunable_candidates(kernel, inv)
         if untunable:
-            misses.append(("autotune", untunable))
-            return None
+            return tiers.Miss(untunable)
         if not policy.allow_autotune:
-            misses.append(("autotune", "not allowed by the policy"))
-            return None
+            return tiers.Miss("not allowed by the policy")
         with self._lock_for(key):
             # Another thread may have tuned this key while we waited for the lock.
             cfg = self.cache.get(*key)
             if cfg is not None:
-                decision.tier, decision.cfg = "memory", cfg
-                self._emit("cache_hit", key, cfg=cfg, level="memory")
-                return decision
+                return tiers.Hit(cfg, "memory", "cache_hit", {"level": "memory"})
             if self.forbid_reautotune and key in self._tuned:
                 cfg = self._tuned[key]
                 self.cache.put(*key, cfg)
-                decision.tier, decision.cfg, decision.report = "reuse", cfg, self._reports.get(key)
-                self._emit("cache_hit", key, cfg=cfg, level="memory", reused=True)
-                return decision
+                data = {"level": "memory", "reused": True}
+                return tiers.Hit(cfg, "reuse", "cache_hit", data, report=self._reports.get(key))
             for i, cand in enumerate(candidates):
                 kernel_hooks.check_config_type(kernel, inv, cand, f"candidate #{i}")
             report = key_tuning.tune_key(
@@ -317,10 +276,9 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
                     f"autotuning {inv.op_id_v} ({inv.signature}) failed for every one of "
                     f"{len(candidates)} candidates; using the heuristic config. Errors: {summary}",
                     RuntimeWarning,
-                    stacklevel=4,
+                    stacklevel=5,
                 )
-                misses.append(("autotune", "every candidate failed"))
-                return None
+                return tiers.Miss("every candidate failed")
             # Exclusive: another process's earlier config wins, so all use the same one.
             cfg = self.store(
                 key,
@@ -332,8 +290,7 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
             )
             self._tuned[key] = cfg
             self._reports[key] = report
-            decision.tier, decision.cfg, decision.report = "autotune", cfg, report
-            return decision
+            return tiers.Hit(cfg, "autotune", None, report=report)
 
     def store(
         self,
@@ -398,3 +355,17 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
             self.on_event(event, device=key[0], op_id=key[1], call_key=key[2], **data)
         except Exception:
             logger.exception("kerneltune on_event listener raised for event %r", event)
+
+
+@dataclasses.dataclass(frozen=True)
+class Autotune:
+    """The tier that tunes on a miss (`ConfigSelectorChain.autotune`)."""
+
+    chain: ConfigSelectorChain[Any, Any]
+    policy: AutotunePolicy
+    name: tiers.TierName = "autotune"
+
+    def lookup(
+        self, inv: Invocation[Any, Any], kernel: Kernel[Any, Any], key: CacheKey
+    ) -> tiers.Found:
+        return self.chain.autotune(inv, kernel, key, self.policy)

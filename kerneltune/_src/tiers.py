@@ -1,0 +1,147 @@
+"""The tiers of config selection, one object each: `lookup(inv, kernel, key)` returns
+a `Hit` (the config, and the event that announces it) or a `Miss` (why not).
+
+`ConfigSelectorChain` asks its tiers in order and keeps every miss, so `explain`
+reports exactly what the chain saw. The tiers that read a cache are here; tuning, which
+needs the chain's state (locks, what it tuned before), is `selection.Autotune`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Literal, Protocol
+
+from kerneltune._src import kernel_hooks, keys, scope
+from kerneltune._src.caching.cache import CacheKey, ConfigCache
+from kerneltune._src.kernel import Invocation, Kernel
+from kerneltune._src.tuning.report import TuningReport
+
+TierName = Literal[
+    "override", "overlay", "memory", "persistent", "shipped", "autotune", "reuse", "heuristics"
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Miss:
+    """A tier had no config: `reason` says why (shown by `explain` and in errors)."""
+
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Hit:
+    """A tier's config. `tier` names where it came from (tuning can end in a hit of the
+    memory cache, when another thread tuned the key first); `event` and `data` are the
+    `on_event` call that announces it; `misses` are noted before it (e.g. why a
+    production-mode heuristic stood in for tuning)."""
+
+    cfg: Any
+    tier: TierName
+    event: str | None
+    data: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    report: TuningReport | None = None
+    misses: tuple[tuple[str, str], ...] = ()
+
+
+Found = Hit | Miss
+
+
+class Tier(Protocol):
+    @property
+    def name(self) -> TierName: ...
+
+    def lookup(self, inv: Invocation[Any, Any], kernel: Kernel[Any, Any], key: CacheKey) -> Found:
+        """The config for `inv`, or why this tier has none."""
+        ...
+
+
+class Override:
+    """`cfg=` given by the caller: used as is, written nowhere."""
+
+    name: TierName = "override"
+
+    def lookup(self, inv: Invocation[Any, Any], kernel: Kernel[Any, Any], key: CacheKey) -> Found:
+        if inv.override_cfg is None:
+            return Miss("no cfg= given")
+        kernel_hooks.check_config_type(kernel, inv, inv.override_cfg, "cfg")
+        return Hit(inv.override_cfg, "override", "override")
+
+
+class Overlay:
+    """The innermost active `overlay_cache` that has the key."""
+
+    name: TierName = "overlay"
+
+    def lookup(self, inv: Invocation[Any, Any], kernel: Kernel[Any, Any], key: CacheKey) -> Found:
+        cfg = scope.current().overlay_lookup(key)
+        if cfg is None:
+            return Miss("no active overlay has this key")
+        if isinstance(cfg, Mapping):  # e.g. from AutotuningResult.load: plain fields
+            cfg_type = kernel_hooks.config_type_of(kernel, inv)
+            if cfg_type is not None and not isinstance(cfg, cfg_type):
+                cfg = keys.config_from_dict(cfg, cfg_type)
+        return Hit(cfg, "overlay", "overlay_hit")
+
+
+@dataclasses.dataclass(frozen=True)
+class Memory:
+    """The chain's in-memory cache."""
+
+    cache: ConfigCache[Any]
+    name: TierName = "memory"
+
+    def lookup(self, inv: Invocation[Any, Any], kernel: Kernel[Any, Any], key: CacheKey) -> Found:
+        cfg = self.cache.get(*key)
+        if cfg is None:
+            return Miss("not in the memory cache")
+        return Hit(cfg, "memory", "cache_hit", {"level": "memory"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Stored:
+    """A read-only lookup behind the memory cache (the persistent cache, the shipped
+    tables); a hit is copied into memory so the next call stops there."""
+
+    name: TierName
+    source: Any  # .get(dev, op_id_v, call_key, cfg_type) -> cfg | None; None: not configured
+    cache: ConfigCache[Any]
+    missing: str  # why a configured source has nothing
+    absent: str  # why there is no source
+
+    def lookup(self, inv: Invocation[Any, Any], kernel: Kernel[Any, Any], key: CacheKey) -> Found:
+        if self.source is None:
+            return Miss(self.absent)
+        cfg = self.source.get(*key, kernel_hooks.config_type_of(kernel, inv))
+        if cfg is None:
+            return Miss(self.missing)
+        self.cache.put(*key, cfg)
+        return Hit(cfg, self.name, "cache_hit", {"level": self.name})
+
+
+@dataclasses.dataclass(frozen=True)
+class Heuristic:
+    """The kernel's `heuristic_cfg`. Never cached: a later call that may tune still
+    tunes. With `only_if_untunable` (production mode) it stands in for tuning only
+    where there is nothing to tune, the one config any tuning would have chosen."""
+
+    allowed: bool
+    only_if_untunable: bool = False
+    name: TierName = "heuristics"
+
+    def lookup(self, inv: Invocation[Any, Any], kernel: Kernel[Any, Any], key: CacheKey) -> Found:
+        if not self.allowed:
+            return Miss("not allowed by the policy")
+        misses: tuple[tuple[str, str], ...] = ()
+        if self.only_if_untunable:
+            _, untunable = kernel_hooks.tunable_candidates(kernel, inv)
+            if not untunable:
+                return Miss("tuning is forbidden (cache_miss_fallback='error')")
+            misses = (("autotune", untunable),)
+        cfg = kernel_hooks.find_heuristic(kernel, inv)
+        if cfg is None:
+            return Miss("the kernel defines no heuristic_cfg")
+        kernel_hooks.check_config_type(kernel, inv, cfg, "heuristic_cfg result")
+        if not self.only_if_untunable:
+            scope.chose_provisionally(key)
+        return Hit(cfg, "heuristics", "heuristics", misses=misses)
