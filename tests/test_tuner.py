@@ -491,3 +491,16 @@ def test_the_default_run_time_bound_follows_the_heuristics_first_run(ab, monkeyp
     assert report.best == Reps(k=1)
     with pytest.raises(ValueError, match="run_timeout_s"):
         Tuner(run_timeout_s=0)
+
+
+def test_a_tuner_is_immutable_keyword_only_and_replace_makes_a_checked_variant():
+    import dataclasses
+
+    tuner = Tuner(iters=4)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tuner.iters = 5  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        Tuner(1, 3)  # type: ignore[misc]
+    assert dataclasses.replace(tuner, warmup=2).iters == 4
+    with pytest.raises(ValueError, match=r"Tuner\(iters=...\) must be an integer >= 1, got 0"):
+        dataclasses.replace(tuner, iters=0)

@@ -14,6 +14,7 @@ One tuning goes:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import statistics
 import time
@@ -42,8 +43,12 @@ logger = logging.getLogger("kerneltune")
 MakeFn = Callable[[Any], Callable[..., Any]]
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
 class Tuner(Generic[Cfg]):
     """Benchmarks candidate configs on the device and returns the fastest.
+
+    Immutable, and checked when made (a ValueError names the field out of range);
+    `dataclasses.replace(tuner, iters=5)` makes a variant.
 
     Args:
       warmup: untimed runs per candidate before its samples (at least one always runs:
@@ -85,56 +90,35 @@ class Tuner(Generic[Cfg]):
         with the wall clock).
     """
 
-    def __init__(
-        self,
-        warmup: int = 1,
-        iters: int = 3,
-        *,
-        timer: str | timing.Timer = "auto",
-        strategy: str | search.SearchStrategy = "auto",
-        max_evals: int | None = None,
-        time_budget_s: float | None = None,
-        compile_timeout_s: float | None = 300.0,
-        run_timeout_s: float | None = None,
-        max_workers: int | None = None,
-        target_sample_s: float | None = None,
-        top_k: int = 3,
-        remeasure_iters: int | None = None,
-        rtol: float | Mapping[Any, float] | None = None,
-        validate: bool = True,
-        progress: bool | None = None,
-        decide: Decide | None = None,
-        seed: int = 0,
-        rotate_bytes: int | None = None,
-        drop_factor: float | None = None,
-    ) -> None:
+    warmup: int = 1
+    iters: int = 3
+    timer: str | timing.Timer = "auto"
+    strategy: str | search.SearchStrategy = "auto"
+    max_evals: int | None = None
+    time_budget_s: float | None = None
+    compile_timeout_s: float | None = 300.0
+    run_timeout_s: float | None = None
+    max_workers: int | None = None
+    target_sample_s: float | None = None
+    top_k: int = 3
+    remeasure_iters: int | None = None
+    rtol: float | Mapping[Any, float] | None = None
+    validate: bool = True
+    progress: bool | None = None
+    decide: Decide | None = None
+    seed: int = 0
+    rotate_bytes: int | None = None
+    drop_factor: float | None = None
+
+    def __post_init__(self) -> None:
         check_tuner_arguments(
-            warmup=warmup, iters=iters, top_k=top_k, max_evals=max_evals,
-            remeasure_iters=remeasure_iters, max_workers=max_workers,
-            time_budget_s=time_budget_s, compile_timeout_s=compile_timeout_s,
-            run_timeout_s=run_timeout_s, target_sample_s=target_sample_s,
-            drop_factor=drop_factor, strategy=strategy, timer=timer,
+            warmup=self.warmup, iters=self.iters, top_k=self.top_k, max_evals=self.max_evals,
+            remeasure_iters=self.remeasure_iters, max_workers=self.max_workers,
+            time_budget_s=self.time_budget_s, compile_timeout_s=self.compile_timeout_s,
+            run_timeout_s=self.run_timeout_s, target_sample_s=self.target_sample_s,
+            drop_factor=self.drop_factor, strategy=self.strategy, timer=self.timer,
         )  # fmt: skip
         timing.install_profiler_observer()
-        self.warmup = warmup
-        self.iters = iters
-        self.timer = timer
-        self.strategy = strategy
-        self.max_evals = max_evals
-        self.time_budget_s = time_budget_s
-        self.compile_timeout_s = compile_timeout_s
-        self.run_timeout_s = run_timeout_s
-        self.max_workers = max_workers
-        self.target_sample_s = target_sample_s
-        self.top_k = top_k
-        self.remeasure_iters = max(iters, 5) if remeasure_iters is None else remeasure_iters
-        self.rtol = rtol
-        self.validate = validate
-        self.progress = progress
-        self.decide: Decide = decide or fastest
-        self.seed = seed
-        self.rotate_bytes = rotate_bytes
-        self.drop_factor = drop_factor
 
     # The seed's API -------------------------------------------------------------------
 
@@ -306,10 +290,13 @@ class Tuner(Generic[Cfg]):
                 searched = time.perf_counter()
                 strategy.search(bench)
                 bench.settle_by_majority()
-                winner.remeasure_best(bench, self.top_k, self.remeasure_iters)
+                remeasure = self.remeasure_iters
+                if remeasure is None:
+                    remeasure = max(self.iters, 5)
+                winner.remeasure_best(bench, self.top_k, remeasure)
                 finished = time.perf_counter()
                 results = bench.results()
-                chosen = self.decide(results)
+                chosen = (self.decide or fastest)(results)
                 best = candidates[chosen] if chosen is not None else None
                 timer_name = bench.timer.name
                 unvalidated = bench.why_not_validated() if reference_cfg is not None else ""
