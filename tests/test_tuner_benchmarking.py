@@ -130,3 +130,25 @@ def test_autotune_argument_errors():
         autotune(Chain(), data(), configs=[])
     with pytest.raises(TypeError, match="ChainCfg"):
         autotune(Chain(), data(), configs=[{"reps": 1}])
+
+
+def test_a_candidate_moves_only_along_its_transitions_and_its_first_failure_stands():
+    from kerneltune._src.tuning.candidate import Candidate, Phase
+
+    c = Candidate(0, "cfg")
+    assert (c.status, c.submitted, c.ran) == (None, False, False)
+    c.submit()
+    c.compiled_as("program")
+    assert c.status == "ok" and not c.ran
+    with pytest.raises(RuntimeError, match="cannot go from compiled to dropped"):
+        c.drop()
+    c.ran_once(1e-3)
+    c.drop()
+    assert c.dropped and c.ok
+    c.resume()
+    assert c.phase is Phase.TIMED
+    c.fail("run_error", "boom")
+    c.fail("invalid", "later")
+    assert (c.status, c.error, c.compiled, c.ran) == ("run_error", "boom", None, False)
+    c.resume()  # a failed candidate stays failed
+    assert c.phase is Phase.FAILED and c.result().status == "run_error"

@@ -169,8 +169,8 @@ class Bench:
         added = 0
         for c in accepted:
             want = len(c.samples) + rounds if c.ran else rounds
-            if c.dropped and c.ok:
-                c.dropped = False  # the search asks for more: it gets them
+            if c.dropped:
+                c.resume()  # the search asks for more: it gets them
             added += max(0, want - c.target)
             c.target = max(c.target, want)
             self._awaiting[c.index] = c
@@ -226,7 +226,7 @@ class Bench:
             jobs.insert(0, ref)  # first: everyone's validation waits on it
         self._progress.add_total(len(jobs))
         for c in jobs:
-            c.submitted = True
+            c.submit()
             if c is not ref or self.reference_is_candidate:
                 self.evaluations += 1
             priority = -math.inf if c is ref else -self._cost.predict(c.index)
@@ -263,7 +263,7 @@ class Bench:
         elif outcome.error is not None:
             c.fail(failure_status(outcome.error, "compile_error"), describe(outcome.error))
         else:
-            c.compiled, c.status = outcome.value, "ok"
+            c.compiled_as(outcome.value)
         if not outcome.timed_out and self._cost.observe(c.index, outcome.seconds):
             self._pool.reprioritize(self._queued_priority)
         if c.ok:
@@ -319,8 +319,7 @@ class Bench:
                 "processes to be safe from hangs)",
             )
             return
-        c.per_call_s = min(times)
-        c.ran = True
+        c.ran_once(min(times))
         if c is self.reference:
             c.output = out
         self.checks.check(c, out, self.reference, self.arg_sets)

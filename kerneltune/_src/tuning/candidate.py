@@ -3,23 +3,47 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import statistics
 from typing import Any
 
 from kerneltune._src.tuning.report import CandidateResult, Status
 
 
+class Phase(enum.Enum):
+    """Where a candidate is in its evaluation."""
+
+    WAITING = "waiting"  # not submitted yet
+    COMPILING = "compiling"  # in the compile pool
+    COMPILED = "compiled"  # its first run waits (e.g. for the reference config's output)
+    TIMED = "timed"  # ran once and validated: takes samples
+    DROPPED = "dropped"  # clearly slow: no more samples unless the search asks again
+    FAILED = "failed"  # ended with a failure status and a reason
+
+
+#: The moves `Candidate._move` allows; any other is a bug in the bench.
+TRANSITIONS: dict[Phase, frozenset[Phase]] = {
+    Phase.WAITING: frozenset({Phase.COMPILING, Phase.COMPILED, Phase.FAILED}),
+    Phase.COMPILING: frozenset({Phase.COMPILED, Phase.FAILED}),
+    Phase.COMPILED: frozenset({Phase.TIMED, Phase.FAILED}),
+    Phase.TIMED: frozenset({Phase.DROPPED, Phase.FAILED}),
+    Phase.DROPPED: frozenset({Phase.TIMED, Phase.FAILED}),
+    Phase.FAILED: frozenset(),
+}
+
+
 @dataclasses.dataclass
 class Candidate:
-    """A config on the bench: built, run once (validated), then sampled; `fail` ends
-    it with a status and a reason."""
+    """A config on the bench, moved through its `Phase`s by the methods below, which
+    all go through `_move`: submitted, compiled, run once (validated), then sampled
+    until done or dropped; `fail` ends it from any phase with a status and a reason."""
 
     index: int
     cfg: Any
-    status: Status | None = None  # None: not evaluated yet (or still compiling).
-    submitted: bool = False
+    phase: Phase = Phase.WAITING
     compiled: Any = None
     error: str | None = None
+    failure: Status | None = None
     compile_s: float | None = None
     lower_s: float | None = None
     rel_error: float | None = None
@@ -27,9 +51,62 @@ class Candidate:
     calls: int = 1
     samples: list[float] = dataclasses.field(default_factory=list)
     output: Any = None  # kept for the reference only
-    ran: bool = False  # the warm-up ran and was validated
     target: int = 0  # samples wanted by the search
-    dropped: bool = False  # clearly slow: no more samples
+
+    def _move(self, to: Phase) -> bool:
+        """The one transition function: False (and no change) when the candidate has
+        already failed (its first failure stands); raises on any other illegal move."""
+        if self.phase is Phase.FAILED:
+            return False
+        if to not in TRANSITIONS[self.phase]:
+            raise RuntimeError(
+                f"candidate #{self.index} ({self.cfg}) cannot go from {self.phase.value} "
+                f"to {to.value}"
+            )
+        self.phase = to
+        return True
+
+    def submit(self) -> None:
+        self._move(Phase.COMPILING)
+
+    def compiled_as(self, program: Any) -> None:
+        if self._move(Phase.COMPILED):
+            self.compiled = program
+
+    def ran_once(self, per_call_s: float) -> None:
+        if self._move(Phase.TIMED):
+            self.per_call_s = per_call_s
+
+    def drop(self) -> None:
+        self._move(Phase.DROPPED)
+
+    def resume(self) -> None:
+        """A dropped candidate takes samples again (the search asked for more)."""
+        self._move(Phase.TIMED)
+
+    def fail(self, status: Status, error: str) -> None:
+        if self._move(Phase.FAILED):
+            self.failure, self.error, self.compiled, self.samples = status, error, None, []
+
+    @property
+    def status(self) -> Status | None:
+        """ "ok" once compiled and not failed; the failure's status; None before."""
+        if self.phase is Phase.FAILED:
+            return self.failure
+        return None if self.phase in (Phase.WAITING, Phase.COMPILING) else "ok"
+
+    @property
+    def submitted(self) -> bool:
+        return self.phase is not Phase.WAITING
+
+    @property
+    def ran(self) -> bool:
+        """Ran once and was validated (and has not failed since)."""
+        return self.phase in (Phase.TIMED, Phase.DROPPED)
+
+    @property
+    def dropped(self) -> bool:
+        return self.phase is Phase.DROPPED
 
     @property
     def ok(self) -> bool:
@@ -38,9 +115,6 @@ class Candidate:
     @property
     def median(self) -> float | None:
         return statistics.median(self.samples) if self.ok and self.samples else None
-
-    def fail(self, status: Status, error: str) -> None:
-        self.status, self.error, self.compiled, self.samples = status, error, None, []
 
     def result(self) -> CandidateResult:
         return CandidateResult(

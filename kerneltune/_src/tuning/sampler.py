@@ -110,7 +110,7 @@ class Sampler:
                 and min(c.samples) > best * drop
             ):
                 # A candidate's fastest sample decides: noise only makes samples slower.
-                c.dropped = True
+                c.drop()
                 self._progress.advance(max(0, c.target - len(c.samples)))
 
     def drop_factor(self) -> float | None:
@@ -178,7 +178,8 @@ class Sampler:
             self.sample_one(best)
             self.sample_one(c)
             if c.ok and best.ok and c.samples[-1] <= best.samples[-1] * drop:
-                c.dropped = False
+                if c.dropped:
+                    c.resume()
                 back.append(c)
         return back
 

@@ -154,7 +154,7 @@ class Tuner(Generic[Cfg]):
             )
             try:
                 cand = bench.cands[0]
-                cand.compiled, cand.status, cand.submitted = compiled, "ok", True
+                cand.compiled_as(compiled)
                 bench.first_run(cand)
                 if not cand.ok:
                     raise RuntimeError(f"running the function failed: {cand.error}")
