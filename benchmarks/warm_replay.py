@@ -34,7 +34,7 @@ DEFAULT_TABLE = str(PACKAGE_TABLES / "nvidia-h100-80gb-hbm3.json")
 
 
 @dataclasses.dataclass(frozen=True)
-class Outcome:
+class ReplayOutcome:
     op: str
     signature: str
     method: str
@@ -99,7 +99,7 @@ def replay_shape(
     backend: str | None,
     seeds: Iterable[int],
     noise: float,
-) -> list[Outcome]:
+) -> list[ReplayOutcome]:
     cfgs, times = space_of(entry, backend)
     ok = [t for t in times if t is not None]
     if len(cfgs) < warm_start.WARM_MIN_SPACE or not ok:
@@ -125,7 +125,7 @@ def replay_shape(
             strategy.search(ev)
             regret = times[ev.pick()] / best - 1  # type: ignore[operator]
             out.append(
-                Outcome(
+                ReplayOutcome(
                     entry.op_id_v, entry.signature, name, seed, regret, len(ev.measured) / len(cfgs)
                 )
             )
@@ -138,13 +138,13 @@ def replay(
     backend: str | None = None,
     seeds: Iterable[int] = range(10),
     noise: float = 0.01,
-) -> list[Outcome]:
+) -> list[ReplayOutcome]:
     """Every shape of every family with at least 3 shapes, held out in turn."""
     families: dict[tuple[str, str], list[CacheEntry]] = {}
     for e in entries:
         if e.shape is not None:
             families.setdefault((e.op_id_v, e.shape.family), []).append(e)
-    out: list[Outcome] = []
+    out: list[ReplayOutcome] = []
     for group in families.values():
         if len(group) < 3:
             continue
@@ -162,9 +162,9 @@ def load(path: str) -> list[CacheEntry]:
     ]
 
 
-def summary(outcomes: Sequence[Outcome]) -> dict[tuple[str, str], dict[str, float]]:
+def summary(outcomes: Sequence[ReplayOutcome]) -> dict[tuple[str, str], dict[str, float]]:
     """Per op and method: median and worst regret, median evaluated fraction, shapes."""
-    groups: dict[tuple[str, str], list[Outcome]] = {}
+    groups: dict[tuple[str, str], list[ReplayOutcome]] = {}
     for o in outcomes:
         groups.setdefault((o.op, o.method), []).append(o)
     return {

@@ -39,11 +39,11 @@ from kerneltune._src.tuning import journal
 
 logger = logging.getLogger("kerneltune")
 
-Status = Literal["tuned", "cached", "untuned", "failed"]
+CallStatus = Literal["tuned", "cached", "untuned", "failed"]
 
 
 @dataclasses.dataclass(frozen=True)
-class Outcome:
+class CallOutcome:
     """What happened to one record.
 
     Attributes:
@@ -57,7 +57,7 @@ class Outcome:
     """
 
     record: Record
-    status: Status
+    status: CallStatus
     entry: Entry | None = None
     error: str | None = None
     wall_s: float = 0.0
@@ -69,9 +69,9 @@ def tune_records(
     *,
     force: bool = False,
     progress: bool | None = None,
-    on_outcome: Callable[[Outcome], None] | None = None,
-) -> list[Outcome]:
-    """Tunes each record in turn; a failure is reported in its `Outcome`, never raised.
+    on_outcome: Callable[[CallOutcome], None] | None = None,
+) -> list[CallOutcome]:
+    """Tunes each record in turn; a failure is reported in its `CallOutcome`, never raised.
 
     Args:
       records: what to tune.
@@ -105,10 +105,10 @@ def tune_records(
         elif outcome is None:
             if entry is None:
                 why = "the process it was dealt to could not tune it"
-                outcome = Outcome(record, "untuned", error=why)
+                outcome = CallOutcome(record, "untuned", error=why)
             else:
                 split.adopt(chain, merged.device, entry)
-                outcome = Outcome(record, "tuned", entry)
+                outcome = CallOutcome(record, "tuned", entry)
             if on_outcome is not None:
                 on_outcome(outcome)
         outcomes.append(outcome)
@@ -120,8 +120,8 @@ def _tune_here(
     chain: ConfigSelectorChain[Any, Any],
     force: bool,
     progress: bool | None,
-    on_outcome: Callable[[Outcome], None] | None,
-) -> list[Outcome]:
+    on_outcome: Callable[[CallOutcome], None] | None,
+) -> list[CallOutcome]:
     """Tunes each record in this process, in turn. (Not several at once: their
     compiles would share the CPU cores each one's compiles already fill, and calls of one
     family tuned at once would all start cold instead of warm-starting from each other:
@@ -147,11 +147,13 @@ def _tune_here(
     return outcomes
 
 
-def _tune_one(record: Record, chain: ConfigSelectorChain[Any, Any], force: bool) -> Outcome:
+def _tune_one(record: Record, chain: ConfigSelectorChain[Any, Any], force: bool) -> CallOutcome:
     start = time.perf_counter()
 
-    def finish(status: Status, entry: Entry | None = None, error: str | None = None) -> Outcome:
-        return Outcome(record, status, entry, error, time.perf_counter() - start)
+    def finish(
+        status: CallStatus, entry: Entry | None = None, error: str | None = None
+    ) -> CallOutcome:
+        return CallOutcome(record, status, entry, error, time.perf_counter() - start)
 
     journal.tuning_key(record.op_id_v, record.call_key)
     try:
@@ -196,7 +198,7 @@ def _store(chain: ConfigSelectorChain[Any, Any], decision: Decision) -> None:
     chain.store(key, decision.cfg, report=decision.report, signature=decision.signature)
 
 
-def result_of(outcomes: Sequence[Outcome]) -> AutotuningResult:
+def result_of(outcomes: Sequence[CallOutcome]) -> AutotuningResult:
     """The `AutotuningResult` of the tuned and cached outcomes, on this device."""
     entries = tuple(o.entry for o in outcomes if o.entry is not None)
     return AutotuningResult(devices.device_fingerprint(), entries)
@@ -309,8 +311,8 @@ def lowered_outcomes(
     force: bool = False,
     compiled: bool = False,
     progress: bool | None = None,
-) -> list[Outcome]:
-    """`autotune_lowered`'s work, with each call's `Outcome` (tuned now, cached, ...)."""
+) -> list[CallOutcome]:
+    """`autotune_lowered`'s work, with each call's `CallOutcome` (tuned now, cached, ...)."""
     found = labels.kernel_labels_in_lowered(lowered, compiled=compiled)
     records = {
         r.key: r for r in iter_records(get_invocations() if invocations is None else invocations)

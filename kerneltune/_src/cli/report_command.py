@@ -26,7 +26,9 @@ HINT = "Plots need matplotlib: pip install 'kerneltune[report]' (HTML reports wo
 
 
 @dataclasses.dataclass(frozen=True)
-class Candidate:
+class PlotBar:
+    """One candidate of a tuned key as the report shows it (a bar of the plot)."""
+
     label: str
     time_s: float | None
     status: str
@@ -42,7 +44,7 @@ def format_cfg(cfg: Any) -> str:
     return str(cfg)
 
 
-def candidates_of(entry: CacheEntry) -> list[Candidate]:
+def candidates_of(entry: CacheEntry) -> list[PlotBar]:
     """The entry's candidates, fastest first, failures last."""
     out = []
     for c in entry.candidates:
@@ -51,7 +53,7 @@ def candidates_of(entry: CacheEntry) -> list[Candidate]:
         status = str(c.get("status", "ok"))
         ok = status == "ok" and isinstance(time_s, (int, float)) and math.isfinite(time_s)
         out.append(
-            Candidate(
+            PlotBar(
                 label=format_cfg(cfg),
                 time_s=float(time_s) if ok and time_s is not None else None,
                 status=status,

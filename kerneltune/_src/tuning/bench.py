@@ -27,7 +27,7 @@ from typing import Any
 from kerneltune._src.tuning import journal, run_bound, timing
 from kerneltune._src.tuning.candidate import Candidate, describe, failure_status
 from kerneltune._src.tuning.compile_cost import CompileCostModel
-from kerneltune._src.tuning.compiling import CompilePool, Outcome
+from kerneltune._src.tuning.compiling import CompileOutcome, CompilePool
 from kerneltune._src.tuning.output_checks import OutputChecks
 from kerneltune._src.tuning.progress import Progress
 from kerneltune._src.tuning.report import CandidateResult
@@ -255,7 +255,7 @@ class Bench:
     def _candidate(self, index: int) -> Candidate:
         return self.cands[index] if index < len(self.cands) else self.reference  # type: ignore[return-value]
 
-    def _compiled(self, c: Candidate, outcome: Outcome) -> None:
+    def _compiled(self, c: Candidate, outcome: CompileOutcome) -> None:
         c.compile_s, c.lower_s = outcome.seconds, outcome.lower_s
         self._progress.advance(1, "compiling")
         if outcome.timed_out:

@@ -102,7 +102,7 @@ def wait_for_running_stages(say_after_s: float = 1.0) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class Outcome:
+class CompileOutcome:
     """One finished (or abandoned) job.
 
     Attributes:
@@ -184,7 +184,7 @@ class CompilePool:
         self._idle = [0, 0]
         self._running: dict[Hashable, _Running] = {}
         self._abandoned: dict[Hashable, int] = {}  # key -> the stage that was abandoned
-        self._done: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
+        self._done: queue.SimpleQueue[CompileOutcome] = queue.SimpleQueue()
         self._seq = itertools.count()
         self._pending = 0
         self._closed = False
@@ -308,7 +308,9 @@ class CompilePool:
             else:
                 lower_s = seconds if stage == LOWER else item.lower_s
                 total = seconds + (item.lower_s or 0.0)
-                self._done.put(Outcome(item.key, value, error, seconds=total, lower_s=lower_s))
+                self._done.put(
+                    CompileOutcome(item.key, value, error, seconds=total, lower_s=lower_s)
+                )
             if self._live[stage] > self._base[stage] and not self._stalled(time.perf_counter()):
                 self._live[stage] -= 1  # a helper whose stall is over
                 return True
@@ -328,10 +330,10 @@ class CompilePool:
 
     # --- the caller's side -------------------------------------------------------------
 
-    def poll(self, wait_s: float) -> list[Outcome]:
+    def poll(self, wait_s: float) -> list[CompileOutcome]:
         """Waits up to `wait_s` for at least one job to finish and returns every job
         that finished or timed out since the last call."""
-        out: list[Outcome] = []
+        out: list[CompileOutcome] = []
         try:
             out.append(self._done.get(timeout=wait_s if self._pending and wait_s > 0 else 0))
         except queue.Empty:
@@ -346,7 +348,7 @@ class CompilePool:
             self._pending -= len(out)
         return out
 
-    def _supervise(self) -> list[Outcome]:
+    def _supervise(self) -> list[CompileOutcome]:
         """Abandons stages past the timeout; gives a stalled lowering lane a helper."""
         now = time.perf_counter()
         expired = []
@@ -357,7 +359,7 @@ class CompilePool:
                         del self._running[key]
                         self._abandon(key, run.stage)
                         seconds = now - run.start + (run.item.lower_s or 0.0)
-                        expired.append(Outcome(key, timed_out=True, seconds=seconds))
+                        expired.append(CompileOutcome(key, timed_out=True, seconds=seconds))
             if self._queues[LOWER] and self._live[LOWER] < self._most[LOWER] and self._stalled(now):
                 self._start(LOWER)
         return expired
