@@ -387,7 +387,7 @@ def compile_scaling(tiny=False):
     lowering (Python, holds the GIL) and compiling (C++, releases it) take."""
     import jax
 
-    from kerneltune._src.tuning import bench as kt_bench
+    from kerneltune._src.tuning import compile_cost
     from kerneltune._src.tuning import search as kt_search
     from kerneltune._src.tuning.compiling import CompilePool
 
@@ -418,7 +418,7 @@ def compile_scaling(tiny=False):
     t0 = time.perf_counter()
     pool = CompilePool(16, None)
     for i, cfg in enumerate(part):
-        prior = kt_bench._size(kt_search.config_point(cfg))
+        prior = compile_cost.prior_size(kt_search.config_point(cfg))
         pool.submit(i, functools.partial(lower, cfg), compile_, priority=-prior)
     while pool.pending:
         pool.poll(0.05)
