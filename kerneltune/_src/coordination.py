@@ -92,21 +92,22 @@ def _jax_client() -> Any:
 # -- rounds: the same key may be agreed on more than once ------------------------------
 
 # Keyed by client and process id too, which changes nothing in a real job (one of each)
-# and lets tests run several simulated processes as threads of one.
-_rounds: dict[tuple[int, int, str], int] = {}
+# and lets tests run several simulated processes as threads of one. The key holds the
+# client itself, not its id(): a new client can never inherit a dead one's rounds.
+_rounds: dict[tuple[Any, int, str], int] = {}
 _rounds_lock = threading.Lock()
 
 
 def next_round(peers: Peers, topic: str) -> int:
     with _rounds_lock:
-        return _rounds.get((id(peers.client), peers.process_id, topic), 0)
+        return _rounds.get((peers.client, peers.process_id, topic), 0)
 
 
 def finish_round(peers: Peers, topic: str, done: int) -> None:
     # Advanced only after a round completes: a call that timed out and is retried
     # rejoins the same round, where late processes will look for it.
     with _rounds_lock:
-        key = (id(peers.client), peers.process_id, topic)
+        key = (peers.client, peers.process_id, topic)
         _rounds[key] = max(_rounds.get(key, 0), done + 1)
 
 

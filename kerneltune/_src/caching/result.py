@@ -61,13 +61,13 @@ class AutotuningResult:
         stack = self._active.__dict__.setdefault("stack", [])
         manager = overlay_cache(self.as_overlay())
         manager.__enter__()
-        stack.append((id(self), manager))
+        stack.append((self, manager))
         return self
 
     def __exit__(self, *exc: Any) -> None:
         stack = self._active.__dict__.get("stack", [])
         for i in range(len(stack) - 1, -1, -1):
-            if stack[i][0] == id(self):
+            if stack[i][0] is self:
                 _, manager = stack.pop(i)
                 manager.__exit__(*exc)
                 return
