@@ -100,13 +100,23 @@ def cost_tuner(**kw):
     return kt.Tuner(timer=CostInProgram(), **kw)
 
 
-def heuristics_executor():
-    """An executor that never tunes: misses use the kernel's heuristic."""
-    return kt.Executor(
-        kt.ConfigSelectorChain(
-            kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback="heuristics")
-        )
+def executor(*, events=None, tuner=None, persistent=None, **policy):
+    """An executor over a fresh memory cache, with `AutotunePolicy(**policy)`; its
+    selector appends `(event, data)` to `events` when a list is given."""
+    on_event = None if events is None else (lambda e, **d: events.append((e, d)))
+    chain = kt.ConfigSelectorChain(
+        kt.ConfigCache(),
+        policy=kt.AutotunePolicy(**policy),
+        tuner=tuner,
+        persistent=persistent,
+        on_event=on_event,
     )
+    return kt.Executor(chain)
+
+
+def heuristics_executor(events=None):
+    """An executor that never tunes: misses use the kernel's heuristic."""
+    return executor(events=events, cache_miss_fallback="heuristics")
 
 
 def events_recorder():

@@ -18,7 +18,7 @@ def test_vmap_with_config_tunes_once_for_the_whole_batch():
     np.testing.assert_allclose(out, x * 0.5, rtol=1e-6)
     (tuned,) = started(events)
     # The key is the one of a single element (the mapped axis removed).
-    inv, _, _ = ex._invocation(LoopKernel(), (x[0],), {"alpha": 0.5})
+    inv = ex.invocation(LoopKernel(), x[0], alpha=0.5)
     assert tuned["call_key"] == inv.call_key
     assert f.choose_config(x, alpha=0.5) == CHEAPEST
     again = f(x + 1.0, alpha=0.5)
@@ -70,7 +70,7 @@ def test_pmap_with_config_tunes_once_for_every_device():
     assert len(out.sharding.device_set) == n
     np.testing.assert_allclose(f(x * 3.0, alpha=2.0), x * 6.0, rtol=1e-6)
     (tuned,) = started(events)
-    inv, _, _ = ex._invocation(LoopKernel(), (x[0],), {"alpha": 2.0})
+    inv = ex.invocation(LoopKernel(), x[0], alpha=2.0)
     assert tuned["call_key"] == inv.call_key
     assert f.choose_config(x, alpha=2.0) == CHEAPEST
 

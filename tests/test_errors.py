@@ -7,7 +7,7 @@ import pytest
 
 import kerneltune as kt
 from kerneltune._src import options
-from tests.helpers import RepCfg, rand
+from tests.helpers import RepCfg, executor, rand
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,10 +26,6 @@ class Typed(kt.Kernel):
 
     def candidate_cfgs(self, inv):
         return [RepCfg(reps=1)]
-
-
-def executor(**policy):
-    return kt.Executor(kt.ConfigSelectorChain(kt.ConfigCache(), policy=kt.AutotunePolicy(**policy)))
 
 
 def test_config_of_the_wrong_type():

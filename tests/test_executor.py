@@ -89,7 +89,7 @@ def test_cache_change_invalidates_eager_table():
     k = ScaleKernel()
     x = rand((4,))
     np.testing.assert_allclose(ex(k, x), x)
-    inv, _, _ = ex._invocation(k, (x,), {})
+    inv = ex.invocation(k, x)
     chain.cache.put(inv.device_fingerprint, inv.op_id_v, inv.call_key, ScaleCfg(3.0))
     np.testing.assert_allclose(ex(k, x), 3.0 * x, rtol=1e-6)
 
@@ -117,7 +117,7 @@ def test_overlay_changes_an_already_jitted_function_and_reverts():
     x = rand((4,))
     f = jax.jit(lambda a: ex(k, a))
     np.testing.assert_allclose(f(x), x, rtol=1e-6)
-    inv, _, _ = ex._invocation(k, (x,), {})
+    inv = ex.invocation(k, x)
     key = (inv.device_fingerprint, inv.op_id_v, inv.call_key)
     with kt.overlay_cache({key: ScaleCfg(5.0)}):
         np.testing.assert_allclose(f(x), 5.0 * x, rtol=1e-6)
@@ -132,7 +132,7 @@ def test_autotuning_result_context_changes_jitted_function_and_reverts():
     x = rand((4,))
     f = jax.jit(lambda a: ex(k, a))
     f(x)
-    inv, _, _ = ex._invocation(k, (x,), {})
+    inv = ex.invocation(k, x)
     result = kt.AutotuningResult(
         inv.device_fingerprint, (kt.Entry(inv.op_id_v, inv.call_key, ScaleCfg(7.0)),)
     )

@@ -4,11 +4,7 @@ import jax
 import pytest
 
 import kerneltune as kt
-from tests.helpers import CostKernel, RepCfg, rand
-
-
-def executor(**policy):
-    return kt.Executor(kt.ConfigSelectorChain(kt.ConfigCache(), policy=kt.AutotunePolicy(**policy)))
+from tests.helpers import CostKernel, RepCfg, executor, rand
 
 
 def test_explain_a_tuned_call_lists_candidates_with_timings():

@@ -16,6 +16,7 @@ from kerneltune.kernels._common import relative_error, tolerance
 from kerneltune.kernels.matmul import config as mc
 from kerneltune.kernels.matmul.pallas_triton import _grouped_tile, matmul_pallas
 from kerneltune.kernels.matmul.shapes import TEST_SHAPES
+from tests.helpers import heuristics_executor
 
 BF16 = jnp.bfloat16
 
@@ -25,15 +26,6 @@ def key():
     seed = int(np.random.SeedSequence().entropy % (2**31))
     print(f"seed {seed}")
     return jax.random.PRNGKey(seed)
-
-
-def heuristics_executor(events=None):
-    chain = kt.ConfigSelectorChain(
-        kt.ConfigCache(),
-        policy=kt.AutotunePolicy(cache_miss_fallback="heuristics"),
-        on_event=None if events is None else (lambda e, **d: events.append((e, d))),
-    )
-    return kt.Executor(chain)
 
 
 def operands(key, m, k, n, dtype):

@@ -9,14 +9,8 @@ import pytest
 
 import kerneltune as kt
 from kerneltune._src import labels, options
+from tests.helpers import heuristics_executor
 from tests.offline_kernels import HEURISTIC, LoopKernel, SinKernel
-
-
-def heuristics_executor():
-    chain = kt.ConfigSelectorChain(
-        kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback="heuristics")
-    )
-    return kt.Executor(chain)
 
 
 def three_texts(lowered):
@@ -38,8 +32,8 @@ def two_call_model(ex, kernel):
 
 def expected_keys(ex, kernel, x):
     """The (op_id_v, call_key) of the model's two calls, as the executor computes them."""
-    inv1, _, _ = ex._invocation(kernel, (x,), {"alpha": 2.0})
-    inv2, _, _ = ex._invocation(kernel, (x[:8, :8],), {})
+    inv1 = ex.invocation(kernel, x, alpha=2.0)
+    inv2 = ex.invocation(kernel, x[:8, :8])
     return {(inv1.op_id_v, inv1.call_key), (inv2.op_id_v, inv2.call_key)}
 
 

@@ -15,23 +15,16 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-import kerneltune as kt
 from kerneltune._src import options
 from kerneltune.kernels import attention, layer_norm, matmul, rms_norm, softmax
 from kerneltune.kernels.attention import AttentionInterpret
 from kerneltune.kernels.normalization import LayerNormInterpret
+from tests.helpers import heuristics_executor
 
 SETTINGS = settings(
     max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
 )
 TOL = {jnp.float32: 2e-5, jnp.bfloat16: 3e-2}
-
-
-def heuristics_executor():
-    chain = kt.ConfigSelectorChain(
-        kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback="heuristics")
-    )
-    return kt.Executor(chain)
 
 
 EX = heuristics_executor()

@@ -17,16 +17,10 @@ import kerneltune as kt
 from kerneltune._src import options, recording
 from kerneltune._src.caching import manifest
 from kerneltune._src.kernel import make_invocation
+from tests.helpers import heuristics_executor
 from tests.offline_kernels import LoopKernel, ScaledKernel
 
 pytestmark = pytest.mark.usefixtures("empty_registry")
-
-
-def heuristics_executor():
-    chain = kt.ConfigSelectorChain(
-        kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback="heuristics")
-    )
-    return kt.Executor(chain)
 
 
 def leaves_of(record):
@@ -214,7 +208,7 @@ def test_codec_round_trips_static_values():
 
 def test_record_without_recording_option_is_explicit():
     ex, kernel = heuristics_executor(), LoopKernel()
-    inv, _, _ = ex._invocation(kernel, (jnp.ones((3, 3)),), {})
+    inv = ex.invocation(kernel, jnp.ones((3, 3)))
     assert not options.get("record")
     record = kt_record = recording.record_invocation(kernel, inv)
     assert recording.record_invocation(kernel, inv) is kt_record

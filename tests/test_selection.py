@@ -23,7 +23,7 @@ def make(policy=None, persistent=None, **kw):
 
 
 def key_of(ex, kernel, *args, **kwargs):
-    inv, _, _ = ex._invocation(kernel, args, kwargs)
+    inv = ex.invocation(kernel, *args, **kwargs)
     return (inv.device_fingerprint, inv.op_id_v, inv.call_key)
 
 

@@ -98,7 +98,7 @@ def test_shard_map_records_replay_from_a_manifest(tmp_path):
     result = offline.autotune_recorded([record], selector=chain)
     (entry,) = result
     assert entry.cfg == CHEAPEST and started(events)[0]["call_key"] == record.call_key
-    live, _, _ = ex._invocation(kernel, (x,), {"alpha": 2.0}, **call)
+    live = ex.invocation(kernel, x, alpha=2.0, **call)
     assert live.call_key == record.call_key
     with result:  # the tuned config applies to the live call
         assert ex.chooser.choose(live, kernel) == CHEAPEST
@@ -122,10 +122,10 @@ def test_sharding_fingerprints_and_the_sharding_aware_key():
     ex, events = tuning_executor(fallback="heuristics")
     keys = set()
     for arr in (x, rows, cols):
-        inv, _, _ = ex._invocation(Sharded(), (arr,), {})
+        inv = ex.invocation(Sharded(), arr)
         keys.add(inv.call_key)
-        plain, _, _ = ex._invocation(LoopKernel(), (arr,), {})
-        assert plain.call_key == ex._invocation(LoopKernel(), (x,), {})[0].call_key
+        plain = ex.invocation(LoopKernel(), arr)
+        assert plain.call_key == ex.invocation(LoopKernel(), x).call_key
     assert len(keys) == 3
     with recording.record_calls():
         np.testing.assert_allclose(ex(Sharded(), rows), x, rtol=1e-6)

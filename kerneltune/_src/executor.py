@@ -294,6 +294,24 @@ class Executor(Generic[Cfg, Out]):
         )
         return self.chooser.choose(inv, kernel)
 
+    def invocation(
+        self,
+        kernel: Kernel[Cfg, Out],
+        *args: Any,
+        cfg: Cfg | None = None,
+        method: str | None = None,
+        mesh: Any = None,
+        in_specs: Any = None,
+        out_specs: Any = None,
+        **kwargs: Any,
+    ) -> Invocation[Cfg, Out]:
+        """The `Invocation` a call with these arguments makes (prepared arguments, op
+        id, call key), without choosing a config or running anything."""
+        inv, _, _ = self._checked_invocation(
+            kernel, args, kwargs, cfg, True, method, mesh, in_specs, out_specs
+        )
+        return inv
+
     def compile(
         self,
         kernel: Kernel[Cfg, Out],
