@@ -1,5 +1,5 @@
-"""What the GPU benchmarks share: device timing, random inputs, kerneltune executors,
-and one results table, printed and written as JSON.
+"""What the GPU benchmarks share: device timing and random inputs (the results table is
+`results.py`; the implementations compared, `op_bench.py`).
 
 On a GPU a call's time is the summed device time of the kernels it launches, through
 CUPTI (`jax.experimental.mosaic.gpu.profiler.measure`, as kerneltune's tuner does);
@@ -9,21 +9,14 @@ fit in L2 are rotated so that no call reads what the previous ones left in cache
 
 from __future__ import annotations
 
-import dataclasses
-import datetime
-import json
 import math
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-
-import kerneltune as kt
-from kerneltune._src.caching.shipped import package_tables
 
 L2_BYTES = 50 * 2**20  # an H100's and an H200's L2 cache
 #: Host-time target of one timed session, and its bounds in calls.
@@ -142,51 +135,6 @@ def copy_bandwidth(size_bytes: int) -> float:
     return 2 * size_bytes / device_time(lambda a: a + 1, [(x,)])
 
 
-def heuristic_executor() -> kt.Executor:
-    """Uses each kernel's heuristic config, tunes nothing, stores nothing."""
-    policy = kt.AutotunePolicy(cache_miss_fallback="heuristics")
-    return kt.Executor(kt.ConfigSelectorChain(kt.ConfigCache(), policy=policy, persistent=None))
-
-
-@dataclasses.dataclass
-class Tuning:
-    """An executor tuning every miss into a fresh cache directory; what it chose."""
-
-    executor: kt.Executor
-    chosen: list[tuple[str, Any]]
-
-
-def tuning_executor(budget_s: float | None = None, *, shipped: bool = False) -> Tuning:
-    """An executor that tunes every miss into a new, empty cache directory; with
-    `shipped`, it also reads the tables shipped with kerneltune (exact hits, and warm
-    starts near their shapes)."""
-    chosen: list[tuple[str, Any]] = []
-
-    def on_event(event: str, **data: Any) -> None:
-        if event == "autotune_finish":
-            chosen.append((data["op_id"], data.get("cfg")))
-
-    cache: kt.PersistentCache[Any] = kt.PersistentCache(tempfile.mkdtemp(prefix="kt-bench-"))
-    tuner: kt.Tuner[Any] | None = (
-        kt.Tuner(progress=False, time_budget_s=budget_s) if budget_s else None
-    )
-    chain: kt.ConfigSelectorChain[Any, Any] = kt.ConfigSelectorChain(
-        kt.ConfigCache(),
-        tuner=tuner,
-        persistent=cache,
-        on_event=on_event,
-        shipped=package_tables() if shipped else None,
-    )
-    return Tuning(kt.Executor(chain), chosen)
-
-
-def backend_of(chosen: Sequence[tuple[str, Any]]) -> str:
-    """The backends the tuned configs name ("cudnn", "pallas+xla" for a forward and a
-    backward that differ); "default" for a config type without a backend field."""
-    names = [str(getattr(cfg, "backend", None) or "default") for _, cfg in chosen]
-    return "+".join(dict.fromkeys(names)) or "-"
-
-
 def error_text(e: BaseException) -> str:
     """`Type: first line of the message`, for a table cell or a log line."""
     lines = str(e).strip().splitlines()
@@ -198,85 +146,3 @@ def timed_first_call(fn: Callable[..., Any], args: Sequence[Any]) -> float:
     t0 = time.perf_counter()
     jax.block_until_ready(fn(*args))
     return time.perf_counter() - t0
-
-
-COLUMNS = ("plain", "cudnn", "tokamax", "kt_heuristic", "kt_tuned")
-HEADER = "op pass shape plain cuDNN tokamax kt_heur kt_tuned backend tuned÷best %copy tune_s"
-HEADER_CELLS = [c.replace("_", " ") for c in HEADER.split()]
-
-
-@dataclasses.dataclass
-class Row:
-    """One op at one shape, or one block: seconds per call by column (None where it
-    does not apply or failed: `errors` says which)."""
-
-    op: str
-    pass_: str
-    shape: str
-    times: dict[str, float | None] = dataclasses.field(
-        default_factory=lambda: dict.fromkeys(COLUMNS)
-    )
-    backend: str = "-"
-    tune_s: float | None = None
-    bytes_moved: int | None = None
-    pct_copy: float | None = None
-    first_call_s: dict[str, float] = dataclasses.field(default_factory=dict)
-    note: str = ""
-    errors: dict[str, str] = dataclasses.field(default_factory=dict)
-
-    @property
-    def vs_best_other(self) -> float | None:
-        """The best other implementation's time ÷ tuned time (> 1: tuned is faster)."""
-        others = [t for k, t in self.times.items() if t and k not in ("kt_heuristic", "kt_tuned")]
-        tuned = self.times.get("kt_tuned")
-        return min(others) / tuned if others and tuned else None
-
-    def as_json(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["pass"] = d.pop("pass_")
-        d["tuned_vs_best_other"] = self.vs_best_other
-        return d
-
-
-def _us(t: float | None) -> str:
-    return "-" if t is None else f"{t * 1e6:.0f}" if t < 0.1 else f"{t * 1e3:.1f}ms"
-
-
-def cells(r: Row) -> list[str]:
-    ratio = r.vs_best_other
-    out = [r.op, r.pass_, r.shape] + [_us(r.times.get(c)) for c in COLUMNS]
-    out.append(r.backend)
-    out.append("-" if ratio is None else f"{ratio:.2f}x")
-    out.append("-" if r.pct_copy is None else f"{r.pct_copy:.0f}%")
-    out.append("-" if r.tune_s is None else f"{r.tune_s:.1f}")
-    return out
-
-
-def table(rows: Sequence[Row]) -> str:
-    """The results as one text table (times in µs unless marked ms)."""
-    lines = [HEADER_CELLS] + [cells(r) for r in rows]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(HEADER_CELLS))]
-    text = [
-        "  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
-        for line in lines
-    ]
-    text.insert(1, "-" * len(text[0]))
-    notes = [f"  {r.op} {r.shape}: {r.note}" for r in rows if r.note]
-    errors = [f"  {r.op} {r.pass_} {r.shape} {k}: {e}" for r in rows for k, e in r.errors.items()]
-    return "\n".join(
-        text + (["notes:", *notes] if notes else []) + (["errors:", *errors] if errors else [])
-    )
-
-
-def write_json(path: str, rows: Sequence[Row], **meta: Any) -> None:
-    device = jax.devices()[0]
-    doc = {
-        "device": getattr(device, "device_kind", device.platform),
-        "jax": jax.__version__,
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "timer": "cupti" if on_gpu() else "wallclock",
-        **meta,
-        "rows": [r.as_json() for r in rows],
-    }
-    with open(path, "w") as f:
-        json.dump(doc, f, indent=1)

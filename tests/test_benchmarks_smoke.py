@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from benchmarks import harness, model_blocks, model_gpu
+from benchmarks import harness, model_blocks, model_gpu, op_bench, results
 
 # The baselines include `jax.nn.dot_product_attention`, whose XLA path (and its
 # gradient) mixes bf16 and f32 arrays: JAX's own code, which the strict promotion the
@@ -37,9 +37,8 @@ def test_smoke_run_prints_and_writes_every_row_with_finite_positive_times(tmp_pa
     printed = capsys.readouterr().out
     doc = json.loads(out.read_text())
 
-    expected = {"attention": 2 * len(model_gpu.SMOKE["attention"]), "gpt": 1, "llama": 1}
-    for op in ("layer_norm", "rms_norm", "softmax", "matmul"):
-        expected[op] = len(model_gpu.SMOKE[op])
+    smoke = {op: len(family.smoke) for op, family in model_gpu.FAMILIES.items()}
+    expected = {**smoke, "attention": 2 * smoke["attention"]}  # forward, training step
     got: dict[str, int] = {}
     for row in doc["rows"]:
         got[row["op"]] = got.get(row["op"], 0) + 1
@@ -87,9 +86,9 @@ def test_device_time_is_positive_and_finite_on_cpu():
 
 def test_ratio_compares_tuned_with_the_best_non_kerneltune_time():
     times = {"plain": 4.0, "cudnn": 2.0, "tokamax": None, "kt_heuristic": 0.5, "kt_tuned": 1.6}
-    row = harness.Row("attention", "fwd", "s", times)
+    row = results.Row("attention", "fwd", "s", times)
     assert row.vs_best_other == pytest.approx(2.0 / 1.6)
-    assert harness.Row("x", "fwd", "s", {"plain": 1.0, "kt_tuned": None}).vs_best_other is None
+    assert results.Row("x", "fwd", "s", {"plain": 1.0, "kt_tuned": None}).vs_best_other is None
     assert row.as_json()["tuned_vs_best_other"] == pytest.approx(1.25)
     assert row.as_json()["pass"] == "fwd"
 
@@ -100,26 +99,26 @@ def test_backend_names_each_distinct_backend_once():
         ("attention_bwd@v1", SimpleNamespace(backend="pallas")),
         ("matmul@v1", SimpleNamespace(backend="cudnn")),
     ]
-    assert harness.backend_of(chosen) == "cudnn+pallas"
-    assert harness.backend_of([("norm@v1", object())]) == "default"
-    assert harness.backend_of([]) == "-"
+    assert op_bench.backend_of(chosen) == "cudnn+pallas"
+    assert op_bench.backend_of([("norm@v1", object())]) == "default"
+    assert op_bench.backend_of([]) == "-"
 
 
 def test_table_lists_failures_with_their_implementation():
-    row = harness.Row("softmax", "fwd", "8x8", {"plain": 1e-5}, errors={"kt_tuned": "E: x"})
-    text = harness.table([row])
+    row = results.Row("softmax", "fwd", "8x8", {"plain": 1e-5}, errors={"kt_tuned": "E: x"})
+    text = results.table([row])
     assert "softmax" in text.splitlines()[2] and "10" in text.splitlines()[2]
     assert "softmax fwd 8x8 kt_tuned: E: x" in text
 
 
 @pytest.mark.parametrize("block", ["gpt", "llama"])
 def test_blocks_compute_the_same_values_with_plain_and_kerneltune_ops(block):
-    shape = model_gpu.SMOKE[block][0]
+    shape = model_gpu.FAMILIES[block].smoke[0]
     params, x = model_blocks.block_inputs(block, shape)
     forward = model_blocks.BLOCKS[block][0]
     ops = {
         "plain": model_blocks.plain_ops(),
-        "kerneltune": model_blocks.kerneltune_ops(harness.heuristic_executor()),
+        "kerneltune": model_blocks.kerneltune_ops(op_bench.heuristic_executor()),
     }
     outs = {}
     with standard_promotion():
@@ -137,3 +136,17 @@ def test_blocks_compute_the_same_values_with_plain_and_kerneltune_ops(block):
     np.testing.assert_allclose(
         outs["kerneltune"], outs["plain"], atol=0.05 * np.abs(outs["plain"]).max()
     )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_tuner_benchmark_methods_and_diagnostics_run_tiny_on_a_cpu():
+    # The diagnostics once called a helper that had moved, and nothing ran them on a CPU.
+    from benchmarks import tuner_diag, tuner_methods, tuner_space
+
+    diag = tuner_diag.work_diag(tiny=True)
+    assert all(v > 0 for k, v in diag["compile_scaling"].items() if k.endswith("compiling"))
+    shape = tuner_space.TINY_SHAPES[1]
+    result = tuner_methods.work_kerneltune(shape, True, "coordinate")
+    assert result["winner"] is not None and result["evaluated"] >= 2
+    assert tuner_diag.work_profiler_fallback(tiny=True)["ok"]

@@ -5,11 +5,7 @@ TEST_SHAPES = ((64, 128, 96), (100, 70, 50), (16, 256, 64))
 #: The demo on a CPU (the Pallas interpreter: tiny) and on a GPU.
 DEMO_SHAPES_CPU = ((128, 128, 128), (64, 256, 128))
 DEMO_SHAPES_GPU = ((2048, 2048, 2048), (4096, 4096, 4096))
-#: The GPU benchmark: square from 1024³ to 8192³, and skinny ones.
-BENCH_SHAPES = (
-    (4096, 4096, 4096),
-    (1024, 1024, 1024),
-    (8192, 8192, 8192),
-    (64, 8192, 8192),
-    (8192, 1024, 8192),
-)
+#: The GPU benchmark (benchmarks/matmul_gpu.py): square, skinny and wide.
+BENCH_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (64, 8192, 8192), (16384, 1024, 16384))
+#: Every code path of the benchmark once, on any device.
+SMOKE_SHAPES = ((8, 128, 64),)

@@ -4,4 +4,7 @@
 TEST_SHAPES = ((4, 8, 256), (15, 200), (3, 1000))
 DEMO_SHAPES_CPU = ((64, 256), (32, 768))
 DEMO_SHAPES_GPU = ((8192, 4096), (16384, 1024))
-BENCH_SHAPES = ((8192, 1024), (16384, 4096), (4096, 8192), (32768, 2048))
+#: The GPU benchmark (benchmarks/rowwise_gpu.py): widths 1k–16k.
+BENCH_SHAPES = ((16384, 1024), (16384, 4096), (8192, 8192), (4096, 16384))
+#: Every code path of the benchmark once, on any device.
+SMOKE_SHAPES = ((64, 128), (32, 256))

@@ -1,0 +1,105 @@
+"""On a GPU: every bundled kernel's heuristic config on its GPU path, in bf16 and f32,
+against its float32 reference, values and gradients, at shapes near real use; and
+JAX's Mosaic GPU matmul through kerneltune on Hopper (curated configs, f16, a shape
+that needs padding, a gradient). Skipped without a GPU."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from kerneltune.kernels import Attention, LayerNorm, Matmul, RMSNorm, Softmax
+from kerneltune.kernels._common import kernel_for, relative_error, tolerance
+from kerneltune.kernels.attention.reference import attention_reference
+from kerneltune.kernels.matmul import mosaic_space, pallas_mosaic
+from kerneltune.kernels.matmul.config import MatmulProblem
+from kerneltune.kernels.normalization.reference import layer_norm_reference, rms_norm_reference
+from kerneltune.kernels.softmax.reference import softmax_reference
+from tests.helpers import heuristics_executor
+
+pytestmark = pytest.mark.gpu
+
+BF16, F32 = jnp.bfloat16, jnp.float32
+
+
+def normal(seed, shape, dtype=BF16, scale=1.0):
+    return (scale * jax.random.normal(jax.random.PRNGKey(seed), shape, F32)).astype(dtype)
+
+
+def value_and_vjp(fn, args, dout):
+    """`fn(*args)` and its vector-Jacobian product with `dout`, in one program."""
+
+    def both(args, dout):
+        out, pullback = jax.vjp(fn, *args)
+        return out, pullback(dout)
+
+    return jax.jit(both)(args, dout)
+
+
+def highest_dot(x, y):
+    return jnp.dot(x, y, precision=jax.lax.Precision.HIGHEST)
+
+
+def cases(dtype):
+    """(name, kernel class, arguments, reference, keyword arguments)."""
+    x = normal(3, (1000, 1536), dtype)
+    w, b = normal(4, (1536,), dtype, 0.1) + 1, normal(5, (1536,), dtype, 0.1)
+    yield (
+        "matmul",
+        Matmul,
+        (normal(1, (512, 384), dtype), normal(2, (384, 256), dtype)),
+        highest_dot,
+        {},
+    )
+    yield "layer_norm", LayerNorm, (x, w, b), layer_norm_reference, {}
+    yield "rms_norm", RMSNorm, (x, w), rms_norm_reference, {}
+    yield "softmax", Softmax, (normal(6, (777, 1000), dtype),), softmax_reference, {}
+    if dtype == BF16:
+        for d in (64, 128):
+            for causal in (False, True):
+                qkv = tuple(normal(7 + i, (2, 512, 4, d)) for i in range(3))
+                yield f"attention d{d} causal={causal}", Attention, qkv, attention_reference, {
+                    "causal": causal
+                }  # fmt: skip
+
+
+CASES = [(jnp.dtype(dt).name, *case) for dt in (BF16, F32) for case in cases(dt)]
+
+
+@pytest.mark.parametrize(
+    "dtype,name,kind,args,reference,kw", CASES, ids=[f"{c[1]} {c[0]}" for c in CASES]
+)
+def test_the_heuristic_gpu_path_matches_the_reference(dtype, name, kind, args, reference, kw):
+    ex = heuristics_executor()
+    kernel = kernel_for(kind, ex)
+    call = functools.partial(ex, kernel, **kw)
+    dout = normal(99, jax.eval_shape(call, *args).shape, args[0].dtype)
+    out, grads = value_and_vjp(call, args, dout)
+    f32 = tuple(a.astype(F32) for a in args)
+    ref, ref_grads = value_and_vjp(functools.partial(reference, **kw), f32, dout.astype(F32))
+    tol = tolerance(args[0].dtype)
+    assert relative_error(out, ref) <= tol
+    assert max(relative_error(g, r) for g, r in zip(grads, ref_grads)) <= 2 * tol
+
+
+def test_the_mosaic_matmul_matches_the_reference_on_hopper():
+    support = pallas_mosaic.support()
+    if support.reason is not None:
+        pytest.skip(f"Mosaic GPU matmul: {support.reason}")
+    ex = heuristics_executor()
+    kernel = kernel_for(Matmul, ex)
+    m, k, n = 768, 384, 1280
+    curated, _ = mosaic_space.candidates(MatmulProblem(m, n, k, jnp.dtype(BF16)))
+    jobs = [(c, BF16, (m, k, n)) for c in curated[::2]]
+    jobs += [(curated[0], jnp.float16, (m, k, n)), (curated[0], BF16, (1000, 200, 700))]
+    for cfg, dtype, (mm, kk, nn) in jobs:
+        x, y = normal(1, (mm, kk), dtype), normal(2, (kk, nn), dtype)
+        out = jax.jit(functools.partial(kernel.run_triton, cfg=cfg))(x, y)
+        assert out.dtype == dtype and out.shape == (mm, nn), cfg
+        assert relative_error(out, highest_dot(x.astype(F32), y.astype(F32))) <= tolerance(dtype)
+    x, y, dout = normal(3, (m, k)), normal(4, (k, n)), normal(5, (m, n))
+    out, grads = value_and_vjp(lambda a, b: ex(kernel, a, b, cfg=curated[0]), (x, y), dout)
+    ref, ref_grads = value_and_vjp(highest_dot, (x.astype(F32), y.astype(F32)), dout.astype(F32))
+    errors = [relative_error(out, ref)] + [relative_error(g, r) for g, r in zip(grads, ref_grads)]
+    assert max(errors) <= 2 * tolerance(BF16)
