@@ -54,7 +54,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ),
     ("caches and storage", ["_src.caching", "_src.caching.*"]),
     ("selection: the chain of tiers", ["_src.key_tuning", "_src.selection", "_src.tiers"]),
-    ("executor, and the default one", ["_src.executor", "_src.default"]),
+    ("executor, and the default one", ["_src.eager_programs", "_src.executor", "_src.default"]),
     (
         "offline, whole-function, distributed verification, batching, explain",
         [

@@ -11,18 +11,17 @@ Under a trace (jit, grad, vmap, shard_map), the kernel is traced inline.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import operator
 import threading
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, runtime_checkable
 
-import jax
-
 from kerneltune._src import (
     dispatch,
+    eager_programs,
     jax_compat,
-    keys,
     labels,
     options,
     recording,
@@ -62,15 +61,20 @@ def _eager_key(kernel: Any, stamp: bool, args: tuple[Any, ...], kwargs: dict[str
     return key
 
 
-def _hashable(value: Any) -> Any:
-    try:
-        hash(value)
-        return value
-    except TypeError:
-        return ("json", keys.stable_json(value))
-
-
 _uids = itertools.count()
+
+
+@dataclasses.dataclass(frozen=True)
+class CallOptions:
+    """How a call asked to run: the executor's own keyword arguments
+    (`Executor.__call__`'s `cfg`, `stamp`, `method`, `mesh`, `in_specs`, `out_specs`)."""
+
+    cfg: Any = None
+    stamp: bool = True
+    method: str | None = None
+    mesh: Any = None
+    in_specs: Any = None
+    out_specs: Any = None
 
 
 class Executor(Generic[Cfg, Out]):
@@ -102,7 +106,7 @@ class Executor(Generic[Cfg, Out]):
         self._eager_enabled = subscribe is not None and callable(subscribe)
         if subscribe is not None and callable(subscribe):
             subscribe(self._invalidate)
-        self._programs: dict[Any, _Program] = {}
+        self._programs: dict[Any, eager_programs.Program] = {}
         self._lock = threading.Lock()
 
     def _invalidate(self) -> None:
@@ -137,7 +141,8 @@ class Executor(Generic[Cfg, Out]):
                 program = None
             if program is not None:
                 return program(*args)  # outside the try: its errors are the caller's
-        return self._call(kernel, args, kwargs, cfg, stamp, method, mesh, in_specs, out_specs)
+        call = CallOptions(cfg, stamp, method, mesh, in_specs, out_specs)
+        return self._call(kernel, args, kwargs, call)
 
     # -- everything else ------------------------------------------------------------------
 
@@ -146,17 +151,10 @@ class Executor(Generic[Cfg, Out]):
         kernel: Kernel[Cfg, Out],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        cfg: Cfg | None,
-        stamp: bool,
-        method: str | None,
-        mesh: Any,
-        in_specs: Any,
-        out_specs: Any,
+        call: CallOptions,
     ) -> Out:
         generation = self._generation
-        inv, p_args, p_kwargs = self._checked_invocation(
-            kernel, args, kwargs, cfg, stamp, method, mesh, in_specs, out_specs
-        )
+        inv, p_args, p_kwargs = self._checked_invocation(kernel, args, kwargs, call)
         chosen = self.chooser.choose(inv, kernel)
         if options.RECORD.value:
             recording.record_invocation(kernel, inv)
@@ -168,12 +166,12 @@ class Executor(Generic[Cfg, Out]):
         # Remember the program for this signature, unless the chooser's state changed
         # while choosing (then the next call chooses again).
         if (
-            cfg is None
-            and method is None
+            call.cfg is None
+            and call.method is None
             and self._eager_enabled
             and generation == self._generation
         ):
-            key = _eager_key(kernel, stamp, args, kwargs)
+            key = _eager_key(kernel, call.stamp, args, kwargs)
             if key is not None and _default_keys(kernel) and program.takes_exactly(len(args)):
                 self._eager[key] = program.dynamic
         return out
@@ -183,27 +181,22 @@ class Executor(Generic[Cfg, Out]):
         kernel: Kernel[Cfg, Out],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        cfg: Cfg | None,
-        stamp: bool,
-        method: str | None,
-        mesh: Any,
-        in_specs: Any,
-        out_specs: Any,
+        call: CallOptions,
     ) -> tuple[Invocation[Cfg, Out], tuple[Any, ...], dict[str, Any]]:
         """`_invocation` of a call as the user wrote it: the kernel and the calling
         method's arguments are checked first."""
         _check_kernel(kernel)
-        _check_method(method, mesh, in_specs, out_specs)
+        _check_method(call.method, call.mesh, call.in_specs, call.out_specs)
         return self._invocation(
             kernel,
             args,
             kwargs,
-            override_cfg=cfg,
-            stamp=stamp,
-            method=method,
-            mesh=mesh,
-            in_specs=in_specs,
-            out_specs=out_specs,
+            override_cfg=call.cfg,
+            stamp=call.stamp,
+            method=call.method,
+            mesh=call.mesh,
+            in_specs=call.in_specs,
+            out_specs=call.out_specs,
         )
 
     def _invocation(
@@ -247,32 +240,27 @@ class Executor(Generic[Cfg, Out]):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         inv: Invocation[Cfg, Out],
-    ) -> _Program:
+    ) -> eager_programs.Program:
         """The jitted program running `kernel` with `cfg` for calls shaped like
         (args, kwargs): one per (kernel, config, static arguments)."""
-        leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
-        positions = tuple(i for i, leaf in enumerate(leaves) if keys.is_array(leaf))
-        statics = tuple(
-            (i, type(leaves[i]), _hashable(leaves[i]))
-            for i in range(len(leaves))
-            if i not in positions
-        )
-        program_key = (
-            kernel,
-            _hashable(cfg),
-            treedef,
-            statics,
-            inv.stamp,
-            options.STAMP.value,
-            inv.method,
-            _hashable(inv.mesh) if inv.mesh is not None else None,
-            _hashable(inv.in_specs),
-            _hashable(inv.out_specs),
-        )
-        program = self._programs.get(program_key)
+        sig = eager_programs.signature(kernel, cfg, args, kwargs, inv, options.STAMP.value)
+        program = self._programs.get(sig.key)
         if program is None:
-            program = _Program(self, kernel, cfg, leaves, treedef, positions, inv)
-            self._programs[program_key] = program
+            fields = {
+                "stamp": inv.stamp,
+                "method": inv.method,
+                "mesh": inv.mesh,
+                "in_specs": inv.in_specs,
+                "out_specs": inv.out_specs,
+                "override_cfg": inv.override_cfg,
+            }
+
+            def trace(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+                inner, p_args, p_kwargs = self._invocation(kernel, args, kwargs, **fields)
+                return self._apply(kernel, inner, cfg, p_args, p_kwargs)
+
+            program = eager_programs.Program(trace, sig)
+            self._programs[sig.key] = program
         return program
 
     # -- the rest of the public API ----------------------------------------------------------
@@ -289,9 +277,8 @@ class Executor(Generic[Cfg, Out]):
         **kwargs: Any,
     ) -> Cfg:
         """The config a call with these arguments would use, without running it."""
-        inv, _, _ = self._checked_invocation(
-            kernel, args, kwargs, cfg, True, method, mesh, in_specs, out_specs
-        )
+        call = CallOptions(cfg, True, method, mesh, in_specs, out_specs)
+        inv, _, _ = self._checked_invocation(kernel, args, kwargs, call)
         return self.chooser.choose(inv, kernel)
 
     def invocation(
@@ -307,9 +294,8 @@ class Executor(Generic[Cfg, Out]):
     ) -> Invocation[Cfg, Out]:
         """The `Invocation` a call with these arguments makes (prepared arguments, op
         id, call key), without choosing a config or running anything."""
-        inv, _, _ = self._checked_invocation(
-            kernel, args, kwargs, cfg, True, method, mesh, in_specs, out_specs
-        )
+        call = CallOptions(cfg, True, method, mesh, in_specs, out_specs)
+        inv, _, _ = self._checked_invocation(kernel, args, kwargs, call)
         return inv
 
     def compile(
@@ -333,54 +319,6 @@ class Executor(Generic[Cfg, Out]):
 
         compiled.cfg = chosen  # type: ignore[attr-defined]
         return compiled
-
-
-class _Program:
-    """One jitted program: `kernel` with a fixed config, for one static signature."""
-
-    def __init__(
-        self,
-        executor: Executor[Any, Any],
-        kernel: Kernel[Any, Any],
-        cfg: Any,
-        leaves: list[Any],
-        treedef: Any,
-        positions: tuple[int, ...],
-        inv: Invocation[Any, Any],
-    ) -> None:
-        self._positions = positions
-        static_leaves = list(leaves)
-        fields = {
-            "stamp": inv.stamp,
-            "method": inv.method,
-            "mesh": inv.mesh,
-            "in_specs": inv.in_specs,
-            "out_specs": inv.out_specs,
-            "override_cfg": inv.override_cfg,
-        }
-
-        def body(*dyn: Any) -> Any:
-            full = list(static_leaves)
-            for i, x in zip(positions, dyn, strict=True):
-                full[i] = x
-            args, kwargs = jax.tree_util.tree_unflatten(treedef, full)
-            inner, p_args, p_kwargs = executor._invocation(
-                kernel, tuple(args), dict(kwargs), **fields
-            )
-            return executor._apply(kernel, inner, cfg, p_args, p_kwargs)
-
-        # Called with the array leaves only, in order: for the common all-array call
-        # those are exactly the positional arguments.
-        self.dynamic = jax.jit(body)
-
-    def takes_exactly(self, num_args: int) -> bool:
-        """True when the program's inputs are the call's first `num_args` leaves and
-        nothing else, so the eager table can call `dynamic(*args)` directly."""
-        return self._positions == tuple(range(num_args))
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        leaves = jax.tree_util.tree_leaves((args, kwargs))
-        return self.dynamic(*(leaves[i] for i in self._positions))
 
 
 def _default_keys(kernel: Kernel[Any, Any]) -> bool:
