@@ -70,6 +70,18 @@ def shared_memory_limit() -> int:
     return next((limit for name, limit in _SMEM_BY_KIND if name in kind), _DEFAULT_SMEM_BYTES)
 
 
+def shared_memory_rule(need: int, limit: int, breakdown: str = "") -> str | None:
+    """Why a config that needs `need` bytes of shared memory cannot run where a block
+    gets `limit` (None when it fits); `breakdown` says where the bytes go."""
+    if need <= limit:
+        return None
+    where = f" ({breakdown})" if breakdown else ""
+    return (
+        f"needs {need // 1024} KiB of shared memory{where}, more than the "
+        f"{limit // 1024} KiB available"
+    )
+
+
 def next_power_of_2(n: int) -> int:
     """The smallest power of two >= n (1 for n <= 1)."""
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()

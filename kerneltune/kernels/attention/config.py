@@ -28,6 +28,7 @@ from kerneltune.kernels._common import (
     on_gpu,
     prune,
     shared_memory_limit,
+    shared_memory_rule,
 )
 
 
@@ -85,10 +86,7 @@ def fwd_rules(p: AttentionProblem, smem_limit: int | None = None):
         return None
 
     def fits_smem(c: FwdParams) -> str | None:
-        need = fwd_shared_memory_bytes(p, c)
-        if need > limit:
-            return f"needs {need // 1024} KiB of shared memory, more than the {limit // 1024} KiB available"
-        return None
+        return shared_memory_rule(fwd_shared_memory_bytes(p, c), limit)
 
     def fits_registers(c: FwdParams) -> str | None:
         # The float32 output accumulator and the q×k score tile live in registers.
@@ -203,10 +201,7 @@ def bwd_rules(p: AttentionProblem, smem_limit: int | None = None):
         return None
 
     def fits_smem(c: BwdParams) -> str | None:
-        need = bwd_shared_memory_bytes(p, c)
-        if need > limit:
-            return f"needs {need // 1024} KiB of shared memory, more than the {limit // 1024} KiB available"
-        return None
+        return shared_memory_rule(bwd_shared_memory_bytes(p, c), limit)
 
     def fits_registers(c: BwdParams) -> str | None:
         # dK and dV accumulators (outer block × head dim, float32) stay in registers.

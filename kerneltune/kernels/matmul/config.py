@@ -15,6 +15,7 @@ from kerneltune.kernels._common import (
     next_power_of_2,
     prune,
     shared_memory_limit,
+    shared_memory_rule,
 )
 
 #: The smallest tile side Triton's `dot` accepts.
@@ -314,14 +315,8 @@ def rules(p: MatmulProblem, smem_limit: int | None = None):
         return None
 
     def fits_smem(c: MatmulConfig) -> str | None:
-        need = shared_memory_bytes(p, c)
-        if need > limit:
-            return (
-                f"needs {need // 1024} KiB of shared memory ({c.num_stages} stages × "
-                f"({c.bm}×{c.bk} + {c.bk}×{c.bn}) × {p.itemsize} B), more than the "
-                f"{limit // 1024} KiB available"
-            )
-        return None
+        tiles = f"{c.num_stages} stages × ({c.bm}×{c.bk} + {c.bk}×{c.bn}) × {p.itemsize} B"
+        return shared_memory_rule(shared_memory_bytes(p, c), limit, tiles)
 
     def fits_registers(c: MatmulConfig) -> str | None:
         regs = accumulator_registers(c)

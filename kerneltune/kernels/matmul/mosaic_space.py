@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from kerneltune.kernels._common import Pruned, prune, shared_memory_limit
+from kerneltune.kernels._common import Pruned, prune, shared_memory_limit, shared_memory_rule
 from kerneltune.kernels.matmul import config as config_lib
 from kerneltune.kernels.matmul.config import MatmulConfig, MatmulProblem
 
@@ -202,14 +202,11 @@ def rules(
         return None
 
     def fits_smem(c: MatmulConfig) -> str | None:
-        need = shared_memory_bytes(p, c)
-        if need > limit:
-            return (
-                f"needs {need / 1024:.0f} KiB of shared memory ({c.max_concurrent_steps} "
-                f"steps × ({c.bm}×{c.bk} + {c.bk}×{c.bn}) × {p.itemsize} B + output "
-                f"staging), more than the {limit // 1024} KiB available"
-            )
-        return None
+        tiles = (
+            f"{c.max_concurrent_steps} steps × ({c.bm}×{c.bk} + {c.bk}×{c.bn}) × "
+            f"{p.itemsize} B + output staging"
+        )
+        return shared_memory_rule(shared_memory_bytes(p, c), limit, tiles)
 
     def fits_registers(c: MatmulConfig) -> str | None:
         regs = accumulator_registers(c)
