@@ -47,6 +47,12 @@ MAX_CALLS_PER_SAMPLE = {"cupti": 100, "wallclock": 10_000}
 TimerSource = timing.Timer | Callable[[], "tuple[timing.Timer, str | None]"]
 
 
+def clearly_slow(c: Candidate, best_median: float, drop: float) -> bool:
+    """The drop rule: `c`'s fastest sample is `drop` times the best median. Its fastest
+    sample decides, since noise only makes samples slower."""
+    return bool(c.samples) and min(c.samples) > best_median * drop
+
+
 class Sampler:
     """Takes the samples of one tuning.
 
@@ -102,14 +108,7 @@ class Sampler:
         self._best_seen = min(best, self._best_seen)
         ref = self._reference
         for c in self._timed if improved else [sampled]:
-            if (
-                c.ok
-                and c.samples
-                and not c.dropped
-                and c is not ref
-                and min(c.samples) > best * drop
-            ):
-                # A candidate's fastest sample decides: noise only makes samples slower.
+            if c.ok and not c.dropped and c is not ref and clearly_slow(c, best, drop):
                 c.drop()
                 self._progress.advance(max(0, c.target - len(c.samples)))
 
@@ -151,8 +150,9 @@ class Sampler:
     ) -> list[Candidate]:
         if not self._medians:
             return cands
-        limit = min(self._medians.values()) * drop
-        keep = [c for c in cands if c.ok and (c is self._reference or min(c.samples) <= limit)]
+        best = min(self._medians.values())
+        ref = self._reference
+        keep = [c for c in cands if c.ok and (c is ref or not clearly_slow(c, best, drop))]
         self._progress.advance(rounds_left * (len(cands) - len(keep)))
         return keep
 
@@ -170,10 +170,10 @@ class Sampler:
         if drop is None or len(timed) < 2:
             return []
         best = min(timed, key=lambda c: statistics.median(c.samples))
-        limit = statistics.median(best.samples) * drop
+        best_median = statistics.median(best.samples)
         back: list[Candidate] = []
         for c in timed:
-            if c is best or min(c.samples) <= limit:
+            if c is best or not clearly_slow(c, best_median, drop):
                 continue
             self.sample_one(best)
             self.sample_one(c)
