@@ -266,20 +266,11 @@ class Executor(Generic[Cfg, Out]):
     # -- the rest of the public API ----------------------------------------------------------
 
     def choose_config(
-        self,
-        kernel: Kernel[Cfg, Out],
-        *args: Any,
-        cfg: Cfg | None = None,
-        method: str | None = None,
-        mesh: Any = None,
-        in_specs: Any = None,
-        out_specs: Any = None,
-        **kwargs: Any,
+        self, kernel: Kernel[Cfg, Out], *args: Any, cfg: Cfg | None = None, **kwargs: Any
     ) -> Cfg:
-        """The config a call with these arguments would use, without running it."""
-        call = CallOptions(cfg, True, method, mesh, in_specs, out_specs)
-        inv, _, _ = self._checked_invocation(kernel, args, kwargs, call)
-        return self.chooser.choose(inv, kernel)
+        """The config a call with these arguments would use, without running it (the
+        arguments are `__call__`'s: `method=`, `mesh=` and the specs included)."""
+        return self.chooser.choose(self.invocation(kernel, *args, cfg=cfg, **kwargs), kernel)
 
     def invocation(
         self,

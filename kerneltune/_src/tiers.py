@@ -112,7 +112,7 @@ class Stored:
     def lookup(self, inv: Invocation[Any, Any], kernel: Kernel[Any, Any], key: CacheKey) -> Found:
         if self.source is None:
             return Miss(self.absent)
-        cfg = self.source.get(*key, kernel_hooks.config_type_of(kernel, inv))
+        cfg = self.source.get(*key, cfg_type=kernel_hooks.config_type_of(kernel, inv))
         if cfg is None:
             return Miss(self.missing)
         self.cache.put(*key, cfg)
