@@ -199,7 +199,6 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
                     self.shipped,
                     cache,
                     missing="not in the tables shipped for this device kind",
-                    absent="",
                 )
             )
         if policy.cache_miss_fallback == "error":

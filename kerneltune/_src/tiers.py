@@ -107,7 +107,7 @@ class Stored:
     source: Any  # .get(dev, op_id_v, call_key, cfg_type) -> cfg | None; None: not configured
     cache: ConfigCache[Any]
     missing: str  # why a configured source has nothing
-    absent: str  # why there is no source
+    absent: str = "not configured"  # why there is no source
 
     def lookup(self, inv: Invocation[Any, Any], kernel: Kernel[Any, Any], key: CacheKey) -> Found:
         if self.source is None:
