@@ -10,6 +10,7 @@ fit in L2 are rotated so that no call reads what the previous ones left in cache
 from __future__ import annotations
 
 import math
+import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -94,7 +95,7 @@ def _wall_calls(fn: Callable[..., Any], sets: Sequence[Any], calls: int) -> list
 
 
 #: Timing rounds of `interleaved_times`: one session of every implementation per round.
-ROUNDS = 3
+ROUNDS = 5
 
 
 def session(fn: Callable[..., Any], sets: Sequence[Any]) -> Callable[[], float]:
@@ -126,6 +127,29 @@ def interleaved_times(
         for name in names[r % len(names) :] + names[: r % len(names)]:
             samples[name].append(sessions[name]())
     return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def program_text(fn: Callable[..., Any], args: Sequence[Any]) -> str:
+    """`fn`'s optimised HLO for `args`, without what differs between two compilations
+    of one program (source locations, instruction numbering, the module's name): equal
+    texts run the same kernels, so their timings differ only by noise."""
+    fn = fn if hasattr(fn, "lower") else jax.jit(fn)
+    text = fn.lower(*args).compile().as_text()
+    starts = [i for i in (text.find("\n%"), text.find("\nENTRY")) if i >= 0]
+    text = text[min(starts, default=0) :]  # the computations, not the header
+    text = re.sub(r", metadata=\{[^}]*\}", "", text)
+    return re.sub(r"(%?[A-Za-z_][\w-]*)\.\d+\b", r"\1", text)  # names, not numbers
+
+
+def same_program_as(
+    fns: dict[str, Callable[..., Any]], name: str, args: Sequence[Any]
+) -> list[str]:
+    """The implementations in `fns` that compile to the same program as `fns[name]`."""
+    try:
+        texts = {k: program_text(f, args) for k, f in fns.items()}
+    except Exception:  # an implementation that does not lower has no program to share
+        return []
+    return [k for k, t in texts.items() if k != name and t == texts[name]]
 
 
 def copy_bandwidth(size_bytes: int) -> float:

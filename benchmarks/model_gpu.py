@@ -86,10 +86,10 @@ def block_rows(block: str, s: mb.BlockShape, st: Settings) -> list[Row]:
     }
     if st.tokamax is not None:
         variants["tokamax"] = mb.tokamax_ops(st.tokamax)
-    sessions = {}
+    sessions, steps = {}, {}
     for name, ops in variants.items():
         try:
-            step = mb.train_step(block, ops, s)
+            steps[name] = step = mb.train_step(block, ops, s)
             row.first_call_s[name] = h.timed_first_call(step, args)
             sessions[name] = h.session(step, [args])
         except Exception as e:
@@ -105,6 +105,8 @@ def block_rows(block: str, s: mb.BlockShape, st: Settings) -> list[Row]:
             with context:
                 # The tuned configs are compiled into the program here, once.
                 tuned = h.session(step, [args])
+                others = {k: f for k, f in steps.items() if k in sessions}
+                row.same_program = h.same_program_as({**others, "kt_tuned": step}, "kt_tuned", args)
             sessions["kt_tuned"] = functools.partial(_within, context, tuned)
             row.backend = op_bench.backend_of(tuning.chosen)
         except Exception as e:

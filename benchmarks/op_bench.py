@@ -129,17 +129,21 @@ def measure(row: Row, fns: Impls, sets: Sequence[Any], tuning: Tuning | None) ->
     """Times every implementation on the same argument sets, in interleaved rounds;
     the tuned one's first call (tracing, tuning, compiling) is timed on the wall clock
     too."""
-    sessions = {}
+    sessions, jitted = {}, {}
     for name, fn in fns.items():
         if fn is None:
             continue
         try:
-            jitted = jax.jit(fn)
+            jitted[name] = jax.jit(fn)
             if name == "kt_tuned":
-                row.tune_s = h.timed_first_call(jitted, sets[0])
-            sessions[name] = h.session(jitted, sets)
+                row.tune_s = h.timed_first_call(jitted[name], sets[0])
+            sessions[name] = h.session(jitted[name], sets)
         except Exception as e:  # one failing implementation must not end the run
             row.errors[name] = h.error_text(e)
+    if "kt_tuned" in sessions:
+        row.same_program = h.same_program_as(
+            {k: f for k, f in jitted.items() if k in sessions}, "kt_tuned", sets[0]
+        )
     try:
         row.times.update(h.interleaved_times(sessions))
     except Exception as e:

@@ -35,6 +35,9 @@ class Row:
     pct_copy: float | None = None
     first_call_s: dict[str, float] = dataclasses.field(default_factory=dict)
     note: str = ""
+    #: The columns whose compiled program is kerneltune tuned's own (timings that
+    #: differ between them are noise).
+    same_program: list[str] = dataclasses.field(default_factory=list)
     errors: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
@@ -75,6 +78,12 @@ def table(rows: Sequence[Row]) -> str:
     ]
     text.insert(1, "-" * len(text[0]))
     notes = [f"  {r.op} {r.shape}: {r.note}" for r in rows if r.note]
+    notes += [
+        f"  {r.op} {r.pass_} {r.shape}: kt tuned compiles to the same program as "
+        + ", ".join(c.replace("_", " ") for c in r.same_program)
+        for r in rows
+        if r.same_program
+    ]
     errors = [f"  {r.op} {r.pass_} {r.shape} {k}: {e}" for r in rows for k, e in r.errors.items()]
     return "\n".join(
         text + (["notes:", *notes] if notes else []) + (["errors:", *errors] if errors else [])

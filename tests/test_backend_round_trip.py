@@ -9,6 +9,7 @@ from kerneltune.kernels import FwdParams, MatmulConfig, NormConfig
 
 CONFIGS = [
     ("attention@v1", FwdParams(backend="cudnn")),
+    ("attention@v1", FwdParams(backend="tokamax")),
     ("attention@v1", FwdParams(q_blocksize=64, kv_blocksize=32, num_warps=4, num_stages=2)),
     ("layer_norm@v1", NormConfig(backend="xla")),
     ("layer_norm@v1", NormConfig(block_size=2048, num_warps=8)),
@@ -31,7 +32,15 @@ def test_backends_survive_a_result_file(tmp_path):
     types = {"attention": FwdParams, "layer_norm": NormConfig, "matmul": MatmulConfig}
     loaded = kt.AutotuningResult.load(path, types)
     assert [e.cfg for e in loaded] == [cfg for _, cfg in CONFIGS]
-    assert [e.cfg.backend for e in loaded] == ["cudnn", "pallas", "xla", "pallas", "xla", "mosaic"]
+    assert [e.cfg.backend for e in loaded] == [
+        "cudnn",
+        "tokamax",
+        "pallas",
+        "xla",
+        "pallas",
+        "xla",
+        "mosaic",
+    ]
 
 
 def test_backends_survive_a_manifest_and_the_tuning_of_its_records(tmp_path):

@@ -59,6 +59,23 @@ def test_smoke_run_prints_and_writes_every_row_with_finite_positive_times(tmp_pa
         assert f"{row['op']} " in printed and row["shape"] in printed, where
     assert _positive(doc["copy_bandwidth_bytes_per_s"])
     assert doc["timer"] == "wallclock" and doc["tokamax"] is None
+    # On a CPU attention runs kerneltune's XLA code whatever the config: tuned and
+    # heuristic are one program, and the table says so; plain JAX's attention is not it.
+    for row in doc["rows"]:
+        if row["op"] == "attention":
+            assert row["same_program"] == ["kt_heuristic"], row
+    assert "kt tuned compiles to the same program as kt heuristic" in printed
+
+
+def test_same_program_tells_one_program_from_another():
+    x = jnp.linspace(-1.0, 1.0, 64).reshape(8, 8)
+
+    def named(x):
+        return jnp.tanh(x) * 0.5
+
+    fns = {"a": lambda x: jnp.tanh(x) * 0.5, "b": named, "c": lambda x: jnp.tanh(x) * 0.7}
+    assert harness.same_program_as(fns, "a", [x]) == ["b"]
+    assert harness.same_program_as(fns, "c", [x]) == []
 
 
 def test_rotations_cover_twice_l2_and_stop_at_one_set_for_large_inputs():

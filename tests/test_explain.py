@@ -51,3 +51,39 @@ def test_production_mode_notes_why_the_heuristic_stood_in_for_tuning():
     assert why.misses[-1][0] == "autotune" and why.misses[-1][1]
     with pytest.raises(kt.CacheMissError, match="cache_miss_fallback='error'"):
         kt.explain(CostKernel(), x, executor=executor(cache_miss_fallback="error"))
+
+
+class _NeedsAPackage(CostKernel):
+    """Configs with reps=16 need something this process lacks (as a backend tuned on a
+    machine that has a package this one does not)."""
+
+    op_id = "needs-a-package"
+
+    def config_unusable(self, inv, cfg):
+        return "the package is not installed" if cfg.reps == 16 else None
+
+
+def test_a_stored_config_that_cannot_run_here_is_a_miss_and_an_override_an_error(tmp_path):
+    x = jax.ShapeDtypeStruct((4, 4), "float32")
+    kernel = _NeedsAPackage()
+    store = kt.PersistentCache(str(tmp_path))
+    ex = executor(persistent=store, cache_miss_fallback="heuristics")
+    key = ex.invocation(kernel, x)
+    store.put(kt.device_fingerprint(), kernel.op_id_v, key.call_key, RepCfg(reps=16))
+    why = kt.explain(kernel, x, executor=ex)
+    assert why.tier == "heuristics" and why.cfg == RepCfg(reps=4)
+    (reason,) = [r for tier, r in why.misses if tier == "persistent"]
+    assert "cannot run here: the package is not installed" in reason
+    # A config it can run is used as stored.
+    store.put(kt.device_fingerprint(), kernel.op_id_v, key.call_key, RepCfg(reps=1))
+    assert kt.explain(kernel, x, executor=executor(persistent=store)).tier == "persistent"
+    with pytest.raises(ValueError, match=r"cfg=RepCfg\(reps=16\) cannot run needs-a-package"):
+        kt.explain(kernel, x, executor=ex, cfg=RepCfg(reps=16))
+    # So is an entered AutotuningResult's (an overlay) made where the package was.
+    result = kt.AutotuningResult(
+        kt.device_fingerprint(), (kt.Entry(kernel.op_id_v, key.call_key, RepCfg(reps=16)),)
+    )
+    with result:
+        why = kt.explain(kernel, x, executor=executor(cache_miss_fallback="heuristics"))
+    assert why.tier == "heuristics"
+    assert any(t == "overlay" and "cannot run here" in r for t, r in why.misses)

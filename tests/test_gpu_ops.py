@@ -121,3 +121,30 @@ def test_autotune_a_whole_step_on_the_gpu(tmp_path):
     assert "attention" in ops, ops
     value, grad = step(q)
     assert np.isfinite(float(value)) and bool(jnp.isfinite(grad.astype(F32)).all())
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_tokamax_backend_matches_jax_values_and_gradients(causal, kv_heads):
+    from kerneltune.kernels.attention import tokamax_backend
+
+    reason = tokamax_backend.unsupported(np.dtype(jnp.bfloat16), 64)
+    if reason is not None:
+        pytest.skip(reason)
+    q = rand(1, (2, 256, 4, 64)).astype(jnp.bfloat16)
+    k = rand(2, (2, 256, kv_heads, 64)).astype(jnp.bfloat16)
+    v = rand(3, (2, 256, kv_heads, 64)).astype(jnp.bfloat16)
+    cfg = FwdParams(backend="tokamax")
+
+    def loss(fn):
+        return lambda q, k, v: (fn(q, k, v).astype(F32) * rand(4, q.shape)).sum()
+
+    ours = lambda q, k, v: attention(q, k, v, is_causal=causal, cfg=cfg)  # noqa: E731
+    theirs = lambda q, k, v: jax.nn.dot_product_attention(  # noqa: E731
+        q.astype(F32), k.astype(F32), v.astype(F32), is_causal=causal
+    )
+    close(jax.jit(ours)(q, k, v), theirs(q, k, v))
+    got = jax.jit(jax.grad(loss(ours), argnums=(0, 1, 2)))(q, k, v)
+    want = jax.grad(loss(theirs), argnums=(0, 1, 2))(q, k, v)
+    for g, w in zip(got, want, strict=True):
+        close(g, w, tol=3e-2)

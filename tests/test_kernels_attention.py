@@ -88,17 +88,56 @@ def test_candidate_spaces_are_pruned_with_reasons():
     assert [x.reason for x in fwd_pruned if x.cfg.backend == "cudnn"] == [
         "cuDNN attention runs on NVIDIA GPUs only"
     ]
+    # tokamax's kernel joins where tokamax is installed and the GPU is a Hopper.
+    (tokamax,) = [x.reason for x in fwd_pruned if x.cfg.backend == "tokamax"]
+    assert "tokamax" in tokamax and ("not installed" in tokamax or "Hopper" in tokamax)
     odd = dataclasses.replace(p, q_len=96, kv_len=96)
     _, pruned = ac.fwd_candidates(odd)
     assert any("not a multiple of" in x.reason for x in pruned)
 
 
+def test_the_tokamax_backend_says_why_it_cannot_run(monkeypatch):
+    from kerneltune.kernels.attention import tokamax_backend as tb
+
+    monkeypatch.setattr(tb, "installed", lambda: False)
+    assert tb.unsupported(np.dtype(BF16), 128) == "tokamax is not installed (pip install tokamax)"
+    monkeypatch.setattr(tb, "installed", lambda: True)
+    monkeypatch.setattr(tb, "on_gpu", lambda: True)
+    monkeypatch.setattr(tb, "is_hopper", lambda: False)
+    assert "Hopper" in tb.unsupported(np.dtype(BF16), 128)
+    monkeypatch.setattr(tb, "is_hopper", lambda: True)
+    assert tb.unsupported(np.dtype(BF16), 128) is None
+    assert tb.unsupported(np.dtype("float16"), 64) is None
+    assert "not float32" in tb.unsupported(np.dtype("float32"), 128)
+    assert "not 96" in tb.unsupported(np.dtype(BF16), 96)
+
+
+def test_a_tokamax_config_is_refused_where_tokamax_cannot_run(monkeypatch):
+    # A config tuned on a machine with tokamax (a shared cache) names it; here, the
+    # kernel's hook says why it cannot run, so the stored tiers miss and an explicit
+    # cfg= fails with that reason instead of an ImportError deep in a trace.
+    import kerneltune as kt
+    from kerneltune._src import kernel_hooks
+    from kerneltune.kernels.attention import tokamax_backend as tb
+
+    monkeypatch.setattr(tb, "installed", lambda: False)
+    kernel = Attention()
+    q = jnp.zeros((1, 128, 2, 64), BF16)
+    inv = kt.default_executor().invocation(kernel, q, q, q, causal=True)
+    tokamax = FwdParams(backend="tokamax")
+    assert "not installed" in kernel.config_unusable_triton(inv, tokamax)
+    assert kernel.config_unusable_triton(inv, FwdParams(backend="cudnn")) is None
+    # On this CPU the XLA path runs whatever the config names: nothing to refuse.
+    assert kernel_hooks.unusable_reason(kernel, inv, tokamax) is None
+
+
 def test_the_backend_is_part_of_the_config_and_round_trips():
     import kerneltune as kt
 
-    cfg = FwdParams(backend="cudnn")
-    assert kt.from_json(kt.to_json(cfg), FwdParams) == cfg
-    assert cfg != FwdParams(backend="xla")
+    for backend in ("cudnn", "tokamax"):
+        cfg = FwdParams(backend=backend)
+        assert kt.from_json(kt.to_json(cfg), FwdParams) == cfg
+        assert cfg != FwdParams(backend="xla")
     with pytest.raises(ValueError, match=r"FwdParams.backend must be one of .*'tpu'"):
         FwdParams(backend="tpu")
 

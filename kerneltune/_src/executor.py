@@ -29,7 +29,7 @@ from kerneltune._src import (
     sharding,
     tracing,
 )
-from kerneltune._src.kernel import Invocation, Kernel, make_invocation
+from kerneltune._src.kernel import Invocation, Kernel, config_decides_backward, make_invocation
 from kerneltune._src.kernel_types import Cfg, Out
 
 _ARRAY_IMPL = jax_compat.array_impl_type()
@@ -173,8 +173,28 @@ class Executor(Generic[Cfg, Out]):
         ):
             key = _eager_key(kernel, call.stamp, args, kwargs)
             if key is not None and _default_keys(kernel) and program.takes_exactly(len(args)):
-                self._eager[key] = program.dynamic
+                self._eager[key] = self._eager_entry(kernel, program, kwargs, call)
         return out
+
+    def _eager_entry(
+        self,
+        kernel: Kernel[Cfg, Out],
+        program: eager_programs.Program,
+        kwargs: dict[str, Any],
+        call: CallOptions,
+    ) -> Callable[..., Any]:
+        """What the hot path calls for a signature. Where the config decides the
+        backward, a call under a gradient has a key of its own, so it takes the
+        general path instead of this forward program."""
+        if not config_decides_backward(kernel):
+            return program.dynamic
+
+        def forward_only(*args: Any) -> Any:
+            if any(map(tracing.is_tracer, args)) and tracing.is_differentiated(args):
+                return self._call(kernel, args, dict(kwargs), call)
+            return program.dynamic(*args)
+
+        return forward_only
 
     def _checked_invocation(
         self,

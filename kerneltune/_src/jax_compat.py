@@ -73,3 +73,12 @@ def set_user_context_global(context: Any, value: Any) -> None:
     if setter is None:
         setter = context._obj.set_global
     setter(value)
+
+
+def differentiation_tracer_types() -> tuple[type, ...]:
+    """The tracer classes that carry tangents: JAX's JVP and linearize traces (what
+    `jax.grad`, `jax.vjp`, `jax.jvp` and `jax.linearize` wrap a function's inputs in)."""
+    from jax._src.interpreters import ad
+
+    names = ("JVPTracer", "LinearizeTracer")
+    return tuple(t for t in (getattr(ad, n, None) for n in names) if isinstance(t, type))

@@ -8,7 +8,7 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar, Generic
 
-from kerneltune._src import call_shapes, devices, keys
+from kerneltune._src import call_shapes, devices, keys, tracing
 from kerneltune._src.kernel_types import Cfg, Out
 
 
@@ -206,6 +206,11 @@ class Invocation(Generic[Cfg, Out]):
     out_specs: Any = None
     version: str = "0"
     key_builder: Callable[[Invocation[Any, Any]], str] | None = None
+    #: True when the call is being differentiated and its kernel's config can pick an
+    #: implementation JAX differentiates (`differentiated_by_jax`): the forward's
+    #: config then decides the backward, so such calls have keys and configs of their
+    #: own, tuned for forward + backward. None otherwise (keys as before).
+    differentiated: bool | None = None
 
     @property
     def op_id_v(self) -> str:
@@ -284,13 +289,24 @@ def key_builder_of(kernel: Kernel[Any, Any]) -> Callable[[Invocation[Any, Any]],
     return builder  # type: ignore[no-any-return]
 
 
+def config_decides_backward(kernel: Kernel[Any, Any]) -> bool:
+    """Whether `kernel`'s config may pick an implementation JAX differentiates itself
+    (it defines `differentiated_by_jax`): its forward's config then chooses the
+    backward too, so calls under a gradient are keyed and tuned apart."""
+    return callable(getattr(kernel, "differentiated_by_jax", None))
+
+
 def make_invocation(
     kernel: Kernel[Any, Any],
     args: tuple[Any, ...],
     kwargs: Mapping[str, Any],
     **fields: Any,
 ) -> Invocation[Any, Any]:
-    """The Invocation of `kernel` for already prepared `args`/`kwargs`."""
+    """The Invocation of `kernel` for already prepared `args`/`kwargs`; a call being
+    differentiated is marked when the kernel's config decides its backward."""
+    if "differentiated" not in fields and config_decides_backward(kernel):
+        if tracing.is_differentiated((args, kwargs)):
+            fields["differentiated"] = True
     return Invocation(
         op_id=kernel.op_id,
         args=tuple(args),

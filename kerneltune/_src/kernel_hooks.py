@@ -64,6 +64,14 @@ def check_config_type(
         )
 
 
+def unusable_reason(kernel: Kernel[Any, Any], inv: Invocation[Any, Any], cfg: Any) -> str | None:
+    """Why `cfg` cannot run `inv` in this process (say, it names a backend that is not
+    installed here), from the kernel's optional `config_unusable(inv, cfg)` hook; None
+    when it can run, or the kernel does not say."""
+    hook = dispatch.find_method(kernel, "config_unusable", context_of(inv))
+    return None if hook is None else hook(inv, cfg)
+
+
 def concrete_inputs(
     kernel: Kernel[Any, Any], inv: Invocation[Any, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:

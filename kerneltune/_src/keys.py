@@ -48,7 +48,7 @@ def abstractify(tree: Any) -> Any:
 
 
 #: The invocation fields, besides the abstract arguments, that a default call key covers.
-KEY_FIELDS = ("batch_axes", "method", "mesh", "in_specs", "out_specs")
+KEY_FIELDS = ("batch_axes", "method", "mesh", "in_specs", "out_specs", "differentiated")
 
 
 def key_payload(args: Any, kwargs: Any, **fields: Any) -> dict[str, Any]:

@@ -22,7 +22,7 @@ def check_positive(owner: str, name: str, value: int | None) -> None:
 
 
 #: The implementations a `FwdParams` can choose.
-FWD_BACKENDS = ("pallas", "cudnn", "xla")
+FWD_BACKENDS = ("pallas", "cudnn", "xla", "tokamax")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +54,8 @@ class FwdParams(_BlockParams):
     """
 
     #: Which implementation runs: "pallas" (the block sizes above apply), "cudnn"
-    #: (`jax.nn.dot_product_attention(implementation="cudnn")`) or "xla".
+    #: (`jax.nn.dot_product_attention(implementation="cudnn")`), "xla", or "tokamax"
+    #: (tokamax's Mosaic GPU kernel, where tokamax is installed).
     backend: str = "pallas"
 
     def __post_init__(self) -> None:

@@ -152,7 +152,8 @@ class Record:
       kernel: the kernel instance, when recorded in this process.
       ref: how to rebuild the kernel elsewhere (None when it cannot be).
       signature: the readable shapes, e.g. `f32[128,256], causal=True`.
-      method, mesh, in_specs, out_specs, batch_axes: as in the `Invocation`.
+      method, mesh, in_specs, out_specs, batch_axes, differentiated: as in the
+        `Invocation`.
       shardings: the sharding fingerprint of every array leaf, in order.
     """
 
@@ -170,6 +171,7 @@ class Record:
     out_specs: Any = None
     batch_axes: Any = None
     shardings: tuple[str, ...] = ()
+    differentiated: bool | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -222,6 +224,7 @@ class Record:
             out_specs=self.out_specs,
             version=str(kernel.version),
             key_builder=FixedKey(self.call_key),
+            differentiated=self.differentiated,
         )
 
 
@@ -258,6 +261,7 @@ def make_record(kernel: Kernel[Any, Any], inv: Invocation[Any, Any]) -> Record:
         out_specs=inv.out_specs,
         batch_axes=inv.batch_axes,
         shardings=shardings,
+        differentiated=inv.differentiated,
     )
 
 

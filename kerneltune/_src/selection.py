@@ -263,7 +263,8 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
                 key,
                 candidates,
                 tuner=self.tuner,
-                backward=policy.validate_backward,
+                # A differentiated call's config also picks its backward: time both.
+                backward=policy.validate_backward or bool(inv.differentiated),
                 hints=self._hints(inv, kernel, key, len(candidates) + 1),
                 emit=self._emit,
             )

@@ -65,6 +65,11 @@ class Override:
         if inv.override_cfg is None:
             return Miss("no cfg= given")
         kernel_hooks.check_config_type(kernel, inv, inv.override_cfg, "cfg")
+        reason = kernel_hooks.unusable_reason(kernel, inv, inv.override_cfg)
+        if reason is not None:
+            raise ValueError(
+                f"cfg={inv.override_cfg!r} cannot run {kernel.op_id_v} here: {reason}."
+            )
         return Hit(inv.override_cfg, "override", "override")
 
 
@@ -81,6 +86,9 @@ class Overlay:
             cfg_type = kernel_hooks.config_type_of(kernel, inv)
             if cfg_type is not None and not isinstance(cfg, cfg_type):
                 cfg = keys.config_from_dict(cfg, cfg_type)
+        reason = kernel_hooks.unusable_reason(kernel, inv, cfg)
+        if reason is not None:
+            return Miss(f"the overlay's config {cfg!r} cannot run here: {reason}")
         return Hit(cfg, "overlay", "overlay_hit")
 
 
@@ -115,6 +123,11 @@ class Stored:
         cfg = self.source.get(*key, cfg_type=kernel_hooks.config_type_of(kernel, inv))
         if cfg is None:
             return Miss(self.missing)
+        # Tuned where something is installed that is not here (a shared cache): tune
+        # again rather than fail.
+        reason = kernel_hooks.unusable_reason(kernel, inv, cfg)
+        if reason is not None:
+            return Miss(f"its config {cfg!r} cannot run here: {reason}")
         self.cache.put(*key, cfg)
         return Hit(cfg, self.name, "cache_hit", {"level": self.name})
 

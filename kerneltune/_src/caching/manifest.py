@@ -151,6 +151,7 @@ def _record_document(record: Record) -> dict[str, Any]:
         "out_specs": encode(record.out_specs),
         "batch_axes": encode(record.batch_axes),
         "shardings": list(record.shardings),
+        "differentiated": record.differentiated,
     }
 
 
@@ -181,10 +182,17 @@ def _record_from_document(doc: Mapping[str, Any]) -> Record:
         out_specs=decode(doc.get("out_specs")),
         batch_axes=decode(doc.get("batch_axes")),
         shardings=tuple(str(s) for s in doc.get("shardings", ())),
+        differentiated=_optional_bool(doc.get("differentiated")),
     )
 
 
 # --- the codec: one for keys and manifests (codec.py), with this file's name checks ------
+
+
+def _optional_bool(value: Any) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise TypeError(f"'differentiated' must be true, false or null, got {value!r}")
 
 
 def _optional_str(value: Any) -> str | None:

@@ -17,6 +17,7 @@ from kerneltune._src.tuning.inputs import random_like
 from kerneltune.kernels._args import as_array
 from kerneltune.kernels._common import BundledKernelMixin, kernel_for
 from kerneltune.kernels.attention import config as config_lib
+from kerneltune.kernels.attention import tokamax_backend
 from kerneltune.kernels.attention.config import AttentionProblem
 from kerneltune.kernels.attention.features import attention_features_xla
 from kerneltune.kernels.attention.pallas_triton import mha_backward, mha_forward
@@ -102,14 +103,20 @@ class Attention(BundledKernelMixin, Kernel[FwdParams, jax.Array]):
         return config_lib.gpu_heuristic(problem_of(inv))
 
     def search_space(self, inv: Invocation[Any, Any]):
-        return config_lib.fwd_candidates(problem_of(inv))
+        kept, pruned = config_lib.fwd_candidates(problem_of(inv))
+        if inv.differentiated:
+            kept, pruned = config_lib.for_training(problem_of(inv), kept, pruned)
+        return kept, pruned
 
     def interpret_candidates(self, inv: Invocation[Any, Any]) -> list[FwdParams]:
         return config_lib.fwd_interpret_candidates(problem_of(inv))
 
     @staticmethod
     def _library(q, k, v, *, backend: str, causal: bool, sm_scale: float) -> jax.Array:
-        """The library backends: cuDNN's fused attention, or JAX's XLA attention."""
+        """The library backends: cuDNN's fused attention, JAX's XLA attention, or
+        tokamax's Mosaic kernel."""
+        if backend == "tokamax":
+            return tokamax_backend.attention(q, k, v, causal=causal, sm_scale=sm_scale)
         implementation = cast(Literal["xla", "cudnn"], backend)
         return jax.nn.dot_product_attention(
             q, k, v, scale=sm_scale, is_causal=causal, implementation=implementation
@@ -129,6 +136,14 @@ class Attention(BundledKernelMixin, Kernel[FwdParams, jax.Array]):
             interpret=self.use_interpreter(),
             return_residuals=False,
         )
+
+    def config_unusable_triton(self, inv: Invocation[Any, Any], cfg: FwdParams) -> str | None:
+        """A "tokamax" config cannot run where tokamax is not installed (a config
+        tuned elsewhere and shared through a cache)."""
+        if cfg.backend != "tokamax":
+            return None
+        p = problem_of(inv)
+        return tokamax_backend.unsupported(p.dtype, p.head_dim)
 
     def differentiated_by_jax(self, cfg: FwdParams) -> bool:
         """Library backends bring their own backward (cuDNN's fused one, or XLA's):

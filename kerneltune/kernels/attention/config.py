@@ -30,6 +30,7 @@ from kerneltune.kernels._common import (
     shared_memory_limit,
     shared_memory_rule,
 )
+from kerneltune.kernels.attention import tokamax_backend
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,18 +126,36 @@ def fwd_candidates(
     heuristic = fwd_heuristic(p)
     if heuristic not in kept:
         kept.insert(0, heuristic)
-    # The library backends: XLA runs everything; cuDNN where it supports the call.
+    # The library backends: XLA runs everything; cuDNN and tokamax where they support
+    # the call.
     kept.append(XLA)
-    reason = cudnn_unsupported(p)
-    if reason is None:
-        kept.insert(0, CUDNN)
-    else:
-        pruned.append(Pruned(CUDNN, reason))
+    for backend, reason in (
+        (TOKAMAX, tokamax_backend.unsupported(p.dtype, p.head_dim)),
+        (CUDNN, cudnn_unsupported(p)),  # inserted last: first of the candidates
+    ):
+        if reason is None:
+            kept.insert(0, backend)
+        else:
+            pruned.append(Pruned(backend, reason))
     return kept, pruned
+
+
+def for_training(
+    p: AttentionProblem, kept: list[FwdParams], pruned: list[Pruned[FwdParams]]
+) -> tuple[list[FwdParams], list[Pruned[FwdParams]]]:
+    """The forward candidates of a call under a gradient, each timed with its backward:
+    every backend, but of the Pallas forward's blocks only JAX's defaults. Its backward
+    is a key of its own, tuned apart, so the forward's blocks move a training step
+    little, and timing each with a backward would multiply the tuning time."""
+    heuristic = fwd_heuristic(p)
+    why = "under a gradient only the default Pallas forward blocks are timed (its backward is tuned on its own)"
+    out = [c for c in kept if c.backend != "pallas" or c == heuristic]
+    return out, pruned + [Pruned(c, why) for c in kept if c not in out]
 
 
 CUDNN = FwdParams(backend="cudnn")
 XLA = FwdParams(backend="xla")
+TOKAMAX = FwdParams(backend="tokamax")
 
 
 def cudnn_unsupported(p: AttentionProblem) -> str | None:

@@ -1,0 +1,54 @@
+"""tokamax's Mosaic GPU flash attention as an optional attention backend.
+
+tokamax (openxla's kernel library) is not a dependency: where it is installed, its
+Hopper kernel (`tokamax.dot_product_attention(..., implementation="mosaic")`) joins the
+candidates, so a tuned call is never slower than what a tokamax user already has. It
+brings its own backward, which JAX differentiates like cuDNN's.
+
+Measured on an H100 (BENCHMARKS.md, 2026-11-24): it beats cuDNN's forward at some
+causal shapes (B2 T4096 H128: 1.03×) and loses at the others and in every training step
+(0.87–0.99×), so the heuristic stays cuDNN and only tuning picks it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+from typing import Any
+
+import numpy as np
+
+from kerneltune.kernels._common import is_hopper, on_gpu
+
+#: The dtypes its kernel takes.
+DTYPES = (np.dtype("float16"), np.dtype("bfloat16"))
+
+
+@functools.cache
+def installed() -> bool:
+    """Whether `tokamax` can be found (found only: importing it is slow, and waits for
+    the first call that runs it)."""
+    return importlib.util.find_spec("tokamax") is not None
+
+
+def unsupported(dtype: np.dtype, head_dim: int) -> str | None:
+    """Why tokamax's Mosaic attention cannot run a call, or None when it can."""
+    if not installed():
+        return "tokamax is not installed (pip install tokamax)"
+    if not on_gpu() or not is_hopper():
+        return "tokamax's Mosaic attention is a Hopper (H100, H200) kernel"
+    if np.dtype(dtype) not in DTYPES:
+        return f"tokamax's Mosaic attention takes float16 or bfloat16, not {np.dtype(dtype)}"
+    if head_dim % 64 or head_dim > 256:
+        return f"tokamax's Mosaic attention takes head dims 64, 128, 192 or 256, not {head_dim}"
+    return None
+
+
+def attention(q: Any, k: Any, v: Any, *, causal: bool, sm_scale: float) -> Any:
+    """`softmax(q kᵀ · sm_scale) v` by tokamax's Mosaic kernel; k and v may have fewer
+    heads than q (grouped-query attention)."""
+    tokamax = importlib.import_module("tokamax")
+    return tokamax.dot_product_attention(
+        q, k, v, scale=sm_scale, is_causal=causal, implementation="mosaic"
+    )
