@@ -340,3 +340,16 @@ def test_the_backward_kernel_still_wants_every_head(key):
     q, k, v, do = grouped_qkv(key)
     with pytest.raises(ValueError, match="kv_heads q's heads"):
         AttentionBackward().prepare(q, k, v, q, jnp.zeros((1, 4, 32)), do)
+
+
+def test_under_a_gradient_the_pallas_path_is_one_candidate_or_none(monkeypatch):
+    p = ac.AttentionProblem(2, 1024, 1024, 8, 64, np.dtype(BF16), True)
+    kept, pruned = ac.fwd_candidates(p)
+    train, train_pruned = ac.for_training(p, kept, pruned)
+    assert [c for c in train if c.backend == "pallas"] == [ac.fwd_heuristic(p)]
+    assert FwdParams(backend="xla") in train
+    assert len(train_pruned) == len(pruned) + len(kept) - len(train)
+    monkeypatch.setattr(ac, "cudnn_unsupported", lambda p: None)  # as on a GPU
+    train, train_pruned = ac.for_training(p, kept, pruned)
+    assert all(c.backend != "pallas" for c in train)
+    assert any("cuDNN runs this call" in x.reason for x in train_pruned)

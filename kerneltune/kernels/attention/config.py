@@ -143,13 +143,21 @@ def fwd_candidates(
 def for_training(
     p: AttentionProblem, kept: list[FwdParams], pruned: list[Pruned[FwdParams]]
 ) -> tuple[list[FwdParams], list[Pruned[FwdParams]]]:
-    """The forward candidates of a call under a gradient, each timed with its backward:
-    every backend, but of the Pallas forward's blocks only JAX's defaults. Its backward
-    is a key of its own, tuned apart, so the forward's blocks move a training step
-    little, and timing each with a backward would multiply the tuning time."""
+    """The forward candidates of a call under a gradient, each timed with its backward.
+
+    The Pallas path's backward is a key of its own: timing a Pallas forward with it
+    tunes that key first, and the forward's blocks move a training step little. So
+    under a gradient the Pallas path is one candidate (JAX's default blocks), and none
+    where cuDNN runs the call: there its forward + backward measured 0.30× cuDNN's on
+    an H100 (`benchmarks/attention_gpu.py`), so timing it would only cost tuning time.
+    """
     heuristic = fwd_heuristic(p)
-    why = "under a gradient only the default Pallas forward blocks are timed (its backward is tuned on its own)"
-    out = [c for c in kept if c.backend != "pallas" or c == heuristic]
+    if cudnn_unsupported(p) is None:
+        why = "under a gradient cuDNN runs this call; the Pallas path's training step is ~3× slower"
+        out = [c for c in kept if c.backend != "pallas"]
+    else:
+        why = "under a gradient only the default Pallas blocks are timed (its backward is tuned apart)"
+        out = [c for c in kept if c.backend != "pallas" or c == heuristic]
     return out, pruned + [Pruned(c, why) for c in kept if c not in out]
 
 
