@@ -131,13 +131,16 @@ def interleaved_times(
 
 def program_text(fn: Callable[..., Any], args: Sequence[Any]) -> str:
     """`fn`'s optimised HLO for `args`, without what differs between two compilations
-    of one program (source locations, instruction numbering, the module's name): equal
+    of one program (source locations, instruction numbering, the module's name,
+    kerneltune's labels): equal
     texts run the same kernels, so their timings differ only by noise."""
     fn = fn if hasattr(fn, "lower") else jax.jit(fn)
     text = fn.lower(*args).compile().as_text()
     starts = [i for i in (text.find("\n%"), text.find("\nENTRY")) if i >= 0]
     text = text[min(starts, default=0) :]  # the computations, not the header
     text = re.sub(r", metadata=\{[^}]*\}", "", text)
+    # kerneltune's label on an instruction (`KERNELTUNE_STAMP`) changes no kernel.
+    text = re.sub(r',?kerneltune_label="[^"]*"', "", text).replace(", frontend_attributes={}", "")
     return re.sub(r"(%?[A-Za-z_][\w-]*)\.\d+\b", r"\1", text)  # names, not numbers
 
 

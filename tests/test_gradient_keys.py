@@ -1,5 +1,5 @@
-"""A call under a gradient, to a kernel whose config also picks its backward (it defines
-`differentiated_by_jax`), is a key of its own, tuned for forward + backward: the best
+"""A call under a gradient, to a kernel whose config also picks its backward (it
+`tunes_training_apart`), is a key of its own, tuned for forward + backward: the best
 training step is not the best forward (issue 10: tokamax's attention forward beats
 cuDNN's at some shapes while its backward loses at all of them)."""
 
@@ -46,6 +46,7 @@ class TwoPass(kt.Kernel):
 
     op_id = "two-pass"
     config_type = PassCosts
+    tunes_training_apart = True
 
     def run(self, x, *, cfg):
         return _costed(cfg.fwd, cfg.bwd)(x)
@@ -61,10 +62,10 @@ class TwoPass(kt.Kernel):
 
 
 class ForwardOnlyKeys(TwoPass):
-    """The same kernel without `differentiated_by_jax`: its keys ignore gradients."""
+    """The same kernel, not tuned apart for training: its keys ignore gradients."""
 
     op_id = "two-pass-plain"
-    differentiated_by_jax = None
+    tunes_training_apart = False
 
 
 def _tuning_executor(events):

@@ -30,6 +30,10 @@ class Kernel(Generic[Cfg, Out]):
         (`jax.shard_map(..., check_vma=True)`). Off by default: a Pallas call carries no
         varying-axes information, so the check rejects every Pallas kernel; turn it on
         for a kernel written in plain JAX to have JAX verify its `out_specs`.
+      tunes_training_apart: a call under a gradient (`jax.grad`, `jax.vjp`, ...) gets
+        a key and a config of its own, tuned on forward + backward time. For kernels
+        whose config picks an implementation that brings its own backward (a library
+        JAX differentiates), when the fastest forward can have a slow backward.
 
     Example:
       >>> import dataclasses, jax.numpy as jnp, kerneltune
@@ -52,6 +56,7 @@ class Kernel(Generic[Cfg, Out]):
     key_builder: ClassVar[Callable[[Invocation], str] | None] = None
     config_type: ClassVar[type | None] = None
     shard_map_check_vma: ClassVar[bool] = False
+    tunes_training_apart: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -206,10 +211,9 @@ class Invocation(Generic[Cfg, Out]):
     out_specs: Any = None
     version: str = "0"
     key_builder: Callable[[Invocation[Any, Any]], str] | None = None
-    #: True when the call is being differentiated and its kernel's config can pick an
-    #: implementation JAX differentiates (`differentiated_by_jax`): the forward's
-    #: config then decides the backward, so such calls have keys and configs of their
-    #: own, tuned for forward + backward. None otherwise (keys as before).
+    #: True when the call is being differentiated and its kernel `tunes_training_apart`:
+    #: such calls have keys and configs of their own, tuned for forward + backward.
+    #: None otherwise (keys as before).
     differentiated: bool | None = None
 
     @property
@@ -290,10 +294,9 @@ def key_builder_of(kernel: Kernel[Any, Any]) -> Callable[[Invocation[Any, Any]],
 
 
 def config_decides_backward(kernel: Kernel[Any, Any]) -> bool:
-    """Whether `kernel`'s config may pick an implementation JAX differentiates itself
-    (it defines `differentiated_by_jax`): its forward's config then chooses the
-    backward too, so calls under a gradient are keyed and tuned apart."""
-    return callable(getattr(kernel, "differentiated_by_jax", None))
+    """Whether calls to `kernel` under a gradient are keyed and tuned apart (its
+    `tunes_training_apart`)."""
+    return bool(type(kernel).tunes_training_apart)
 
 
 def make_invocation(

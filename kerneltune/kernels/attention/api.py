@@ -79,6 +79,10 @@ class Attention(BundledKernelMixin, Kernel[FwdParams, jax.Array]):
     op_id = "attention"
     version = "1"
     config_type = FwdParams
+    # cuDNN, tokamax and XLA each bring their own backward, and their forward and
+    # backward speeds rank differently (tokamax's forward beats cuDNN's at some shapes,
+    # its backward at none): a training call is tuned on forward + backward.
+    tunes_training_apart = True
     backward_type: ClassVar[type[AttentionBackward]]
 
     def __init__(
