@@ -151,7 +151,7 @@ def test_a_recorded_training_call_is_tuned_for_its_training_step(tmp_path):
     assert kt.save_manifest(path) == 1
     kt.clear_invocations()
     (record,) = [r for calls in kt.load_manifest(path).values() for r in calls.values()]
-    assert record.differentiated is True
+    assert record.differentiated is True and record.signature.endswith("f32[16] (training)")
     chain = kt.ConfigSelectorChain(kt.ConfigCache(), tuner=cost_tuner(iters=1))
     result = kt.autotune_recorded(kt.load_manifest(path), selector=chain)
     assert [e.cfg for e in result] == [PassCosts(fwd=4, bwd=4)]

@@ -238,8 +238,10 @@ class Invocation(Generic[Cfg, Out]):
 
     @functools.cached_property
     def signature(self) -> str:
-        """Human-readable shapes and static values, e.g. `f32[128,256], causal=True`."""
-        return keys.describe_abstract((self.abstract_args, self.abstract_kwargs))
+        """Human-readable shapes and static values, e.g. `f32[128,256], causal=True`;
+        a training call (see `differentiated`) ends in " (training)"."""
+        text = keys.describe_abstract((self.abstract_args, self.abstract_kwargs))
+        return f"{text} (training)" if self.differentiated else text
 
     def key_payload(self) -> dict[str, Any]:
         """What the default call key is a hash of."""
