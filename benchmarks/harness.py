@@ -95,7 +95,7 @@ def _wall_calls(fn: Callable[..., Any], sets: Sequence[Any], calls: int) -> list
 
 
 #: Timing rounds of `interleaved_times`: one session of every implementation per round.
-ROUNDS = 5
+ROUNDS = 9
 
 
 def session(fn: Callable[..., Any], sets: Sequence[Any]) -> Callable[[], float]:

@@ -350,6 +350,7 @@ def test_under_a_gradient_the_pallas_path_is_one_candidate_or_none(monkeypatch):
     assert FwdParams(backend="xla") in train
     assert len(train_pruned) == len(pruned) + len(kept) - len(train)
     monkeypatch.setattr(ac, "cudnn_unsupported", lambda p: None)  # as on a GPU
-    train, train_pruned = ac.for_training(p, kept, pruned)
-    assert all(c.backend != "pallas" for c in train)
+    on_gpu = [ac.CUDNN, ac.TOKAMAX, *kept]
+    train, train_pruned = ac.for_training(p, on_gpu, pruned)
+    assert train == [ac.CUDNN, ac.TOKAMAX]
     assert any("cuDNN runs this call" in x.reason for x in train_pruned)

@@ -29,7 +29,7 @@ from kerneltune._src import (
     sharding,
     tracing,
 )
-from kerneltune._src.kernel import Invocation, Kernel, config_decides_backward, make_invocation
+from kerneltune._src.kernel import Invocation, Kernel, keys_training_apart, make_invocation
 from kerneltune._src.kernel_types import Cfg, Out
 
 _ARRAY_IMPL = jax_compat.array_impl_type()
@@ -186,7 +186,7 @@ class Executor(Generic[Cfg, Out]):
         """What the hot path calls for a signature. Where the config decides the
         backward, a call under a gradient has a key of its own, so it takes the
         general path instead of this forward program."""
-        if not config_decides_backward(kernel):
+        if not keys_training_apart(kernel):
             return program.dynamic
 
         def forward_only(*args: Any) -> Any:

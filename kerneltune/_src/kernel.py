@@ -33,7 +33,8 @@ class Kernel(Generic[Cfg, Out]):
       tunes_training_apart: a call under a gradient (`jax.grad`, `jax.vjp`, ...) gets
         a key and a config of its own, tuned on forward + backward time. For kernels
         whose config picks an implementation that brings its own backward (a library
-        JAX differentiates), when the fastest forward can have a slow backward.
+        JAX differentiates), when the fastest forward can have a slow backward. A
+        custom `key_builder` makes the key itself: it reads `inv.differentiated`.
 
     Example:
       >>> import dataclasses, jax.numpy as jnp, kerneltune
@@ -295,7 +296,7 @@ def key_builder_of(kernel: Kernel[Any, Any]) -> Callable[[Invocation[Any, Any]],
     return builder  # type: ignore[no-any-return]
 
 
-def config_decides_backward(kernel: Kernel[Any, Any]) -> bool:
+def keys_training_apart(kernel: Kernel[Any, Any]) -> bool:
     """Whether calls to `kernel` under a gradient are keyed and tuned apart (its
     `tunes_training_apart`)."""
     return bool(type(kernel).tunes_training_apart)
@@ -309,7 +310,7 @@ def make_invocation(
 ) -> Invocation[Any, Any]:
     """The Invocation of `kernel` for already prepared `args`/`kwargs`; a call being
     differentiated is marked when the kernel's config decides its backward."""
-    if "differentiated" not in fields and config_decides_backward(kernel):
+    if "differentiated" not in fields and keys_training_apart(kernel):
         if tracing.is_differentiated((args, kwargs)):
             fields["differentiated"] = True
     return Invocation(

@@ -152,13 +152,13 @@ def _chain(persistent: Any, recorder: _Recorder) -> Any:
 def _keys(job: DemoJob, key: jax.Array) -> list[tuple[str, str]]:
     """The (op@vN, call key) pairs a job selects configs for, computed from shapes
     alone (nothing runs): the kernel's key, and its backward kernel's for `grad` jobs."""
-    from kerneltune._src.kernel import config_decides_backward, make_invocation
+    from kerneltune._src.kernel import keys_training_apart, make_invocation
 
     kernel = job.kernel_type()
     args, kwargs = job.make_args(key)
     p_args, p_kwargs = kernel.prepare(*args, **kwargs)
     # Under a gradient, a kernel whose config picks its backward is keyed apart.
-    training = True if job.grad and config_decides_backward(kernel) else None
+    training = True if job.grad and keys_training_apart(kernel) else None
     inv = make_invocation(kernel, p_args, p_kwargs, differentiated=training)
     out = [(kernel.op_id_v, inv.call_key)]
     backward = getattr(kernel, "backward", None)

@@ -147,14 +147,15 @@ def for_training(
 
     The Pallas path's backward is a key of its own: timing a Pallas forward with it
     tunes that key first, and the forward's blocks move a training step little. So
-    under a gradient the Pallas path is one candidate (JAX's default blocks), and none
-    where cuDNN runs the call: there its forward + backward measured 0.30× cuDNN's on
-    an H100 (`benchmarks/attention_gpu.py`), so timing it would only cost tuning time.
+    under a gradient the Pallas path is one candidate (JAX's default blocks). Where
+    cuDNN runs the call, neither Pallas nor XLA is: their forward + backward measured
+    0.30× and 0.25× cuDNN's on an H100 (`benchmarks/attention_gpu.py`), and XLA's
+    materialises every logit, so timing them would only cost tuning time.
     """
     heuristic = fwd_heuristic(p)
     if cudnn_unsupported(p) is None:
-        why = "under a gradient cuDNN runs this call; the Pallas path's training step is ~3× slower"
-        out = [c for c in kept if c.backend != "pallas"]
+        why = "under a gradient cuDNN runs this call; the Pallas and XLA training steps are 3-4× slower"
+        out = [c for c in kept if c.backend not in ("pallas", "xla")]
     else:
         why = "under a gradient only the default Pallas blocks are timed (its backward is tuned apart)"
         out = [c for c in kept if c.backend != "pallas" or c == heuristic]
