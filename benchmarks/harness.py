@@ -132,8 +132,8 @@ def interleaved_times(
 def program_text(fn: Callable[..., Any], args: Sequence[Any]) -> str:
     """`fn`'s optimised HLO for `args`, without what differs between two compilations
     of one program (source locations, instruction numbering, the module's name,
-    kerneltune's labels): equal
-    texts run the same kernels, so their timings differ only by noise."""
+    kerneltune's labels): equal texts run the same kernels, so their timings differ
+    only by noise."""
     fn = fn if hasattr(fn, "lower") else jax.jit(fn)
     text = fn.lower(*args).compile().as_text()
     starts = [i for i in (text.find("\n%"), text.find("\nENTRY")) if i >= 0]

@@ -68,8 +68,11 @@ class ForwardOnlyKeys(TwoPass):
     tunes_training_apart = False
 
 
-def _tuning_executor(events):
-    return executor(events=events, tuner=cost_tuner(iters=1))
+def _tuning(kernel, size):
+    """A tuning executor (deterministic cost timer) with its event list, and an input."""
+    events = []
+    ex = executor(events=events, tuner=cost_tuner(iters=1))
+    return events, ex, kernel, jnp.linspace(0.0, 1.0, size)
 
 
 def _tuned(events):
@@ -77,10 +80,7 @@ def _tuned(events):
 
 
 def test_the_best_forward_and_the_best_training_step_are_chosen_apart():
-    events = []
-    ex = _tuning_executor(events)
-    kernel = TwoPass()
-    x = jnp.linspace(0.0, 1.0, 64)
+    events, ex, kernel, x = _tuning(TwoPass(), 64)
 
     def loss(x):
         return ex(kernel, x).sum()
@@ -98,10 +98,7 @@ def test_the_best_forward_and_the_best_training_step_are_chosen_apart():
 def test_an_eager_gradient_does_not_reuse_the_forward_program():
     # The eager fast path remembers the forward's program for these shapes; a call
     # under jax.grad must still be keyed (and tuned) as a training call.
-    events = []
-    ex = _tuning_executor(events)
-    kernel = TwoPass()
-    x = jnp.linspace(0.0, 1.0, 32)
+    events, ex, kernel, x = _tuning(TwoPass(), 32)
     ex(kernel, x)
     ex(kernel, x)  # now on the fast path
     jax.grad(lambda x: ex(kernel, x).sum())(x)
@@ -114,10 +111,7 @@ def test_an_eager_gradient_does_not_reuse_the_forward_program():
 
 
 def test_kernels_whose_configs_do_not_pick_the_backward_keep_one_key():
-    events = []
-    ex = _tuning_executor(events)
-    kernel = ForwardOnlyKeys()
-    x = jnp.linspace(0.0, 1.0, 16)
+    events, ex, kernel, x = _tuning(ForwardOnlyKeys(), 16)
     ex(kernel, x)
     jax.jit(jax.grad(lambda x: ex(kernel, x).sum()))(x)
     assert len(_tuned(events)) == 1

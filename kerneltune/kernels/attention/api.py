@@ -107,10 +107,9 @@ class Attention(BundledKernelMixin, Kernel[FwdParams, jax.Array]):
         return config_lib.gpu_heuristic(problem_of(inv))
 
     def search_space(self, inv: Invocation[Any, Any]):
-        kept, pruned = config_lib.fwd_candidates(problem_of(inv))
-        if inv.differentiated:
-            kept, pruned = config_lib.for_training(problem_of(inv), kept, pruned)
-        return kept, pruned
+        p = problem_of(inv)
+        kept, pruned = config_lib.fwd_candidates(p)
+        return config_lib.for_training(p, kept, pruned) if inv.differentiated else (kept, pruned)
 
     def interpret_candidates(self, inv: Invocation[Any, Any]) -> list[FwdParams]:
         return config_lib.fwd_interpret_candidates(problem_of(inv))
