@@ -212,6 +212,33 @@ def test_only_jax_compat_reaches_into_jax_private_modules():
     assert not offenders, f"private JAX imports outside _src/jax_compat.py: {offenders}"
 
 
+#: Underscored names read by name that are not JAX's: kerneltune's own marks and
+#: namedtuple's public `_asdict`.
+OWN_PRIVATE_ATTRIBUTES = {"_kerneltune_observed", "_run", "_asdict"}
+
+
+def test_only_jax_compat_reads_private_attributes_by_name():
+    # `getattr(module, "_private")` reaches into JAX as surely as an import does.
+    offenders = []
+    for name, path in MODULES.items():
+        if name == "_src.jax_compat":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr", "setattr")
+                and len(node.args) >= 2
+                and isinstance(node.args[1], ast.Constant)
+                and isinstance(node.args[1].value, str)
+                and node.args[1].value.startswith("_")
+                and not node.args[1].value.startswith("__")
+                and node.args[1].value not in OWN_PRIVATE_ATTRIBUTES
+            ):
+                offenders.append(f"{name}: {node.args[1].value}")
+    assert not offenders, f"private attributes read outside _src/jax_compat.py: {offenders}"
+
+
 def test_the_selection_epoch_can_be_advanced_on_every_supported_jax():
     # JAX 0.10.0's user contexts have no `set_global` (0.10.2 does): calling it directly
     # failed every offline tuning that retired a provisional choice on the oldest JAX.

@@ -65,6 +65,54 @@ def profiler_module() -> Any:
     return profiler
 
 
+def profiler_trace_active() -> bool | None:
+    """Whether a JAX profiler trace runs now, however it was started
+    (`jax.profiler.trace`, `start_trace`, a `ProfileSession`); None where JAX's
+    private layout is not one this function knows (the caller then relies on what it
+    observed itself).
+
+    JAX 0.10 and 0.11 keep the running trace in `_profile_state.profile_session`;
+    0.12 keeps the running `ProfileSession` in `_profile_state.session`."""
+    state = getattr(profiler_module(), "_profile_state", None)
+    for name in ("session", "profile_session"):
+        if state is not None and hasattr(state, name):
+            return getattr(state, name) is not None
+    return None
+
+
+def profiler_server_running() -> bool | None:
+    """Whether `jax.profiler.start_server` started a server that still runs; None where
+    JAX's private layout is not one this function knows."""
+    module = profiler_module()
+    if module is None or not hasattr(module, "_profiler_server"):
+        return None
+    return module._profiler_server is not None
+
+
+def profiler_entry_points() -> list[tuple[Any, str]]:
+    """Every (owner, attribute name) through which a JAX profiler trace or server is
+    started: the module functions `start_trace` and `start_server` and, on JAX 0.12
+    and newer (where `jax.profiler.trace` no longer goes through `start_trace`),
+    `ProfileSession.start`. Empty where the private module moved."""
+    module = profiler_module()
+    if module is None:
+        return []
+    points: list[tuple[Any, str]] = [
+        (module, name) for name in ("start_trace", "start_server") if hasattr(module, name)
+    ]
+    session = getattr(module, "ProfileSession", None)
+    if isinstance(session, type) and callable(getattr(session, "start", None)):
+        points.append((session, "start"))
+    return points
+
+
+def pallas_attention_backward(module: Any) -> Any:
+    """The private backward kernel (`_mha_backward`) of JAX's Pallas attention module
+    `module`, or None where it is missing. The caller checks its parameters and falls
+    back on differentiating JAX's public `mha` when they differ."""
+    return getattr(module, "_mha_backward", None)
+
+
 def set_user_context_global(context: Any, value: Any) -> None:
     """Sets the process-wide value of a `jax.make_user_context` context. JAX 0.10.0's
     context object lacks `set_global` (0.10.2 has it); the config object inside it has

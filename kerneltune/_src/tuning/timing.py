@@ -23,6 +23,7 @@ import logging
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -219,17 +220,12 @@ def note_profiler_used() -> None:
 
 def profiler_conflict() -> str | None:
     """Why CUPTI must not be used in this process now, or None when it may be."""
-    try:
-        jax_profiler = jax_compat.profiler_module()
-        state = getattr(jax_profiler, "_profile_state", None)
-        if getattr(state, "profile_session", None) is not None:
-            _profiler_seen.set()
-            return "a JAX profiler trace is active"
-        if getattr(jax_profiler, "_profiler_server", None) is not None:
-            _profiler_seen.set()
-            return "a JAX profiler server is running"
-    except Exception:  # private layout changed: rely on the observer.
-        pass
+    if jax_compat.profiler_trace_active():
+        _profiler_seen.set()
+        return "a JAX profiler trace is active"
+    if jax_compat.profiler_server_running():
+        _profiler_seen.set()
+        return "a JAX profiler server is running"
     if _profiler_seen.is_set():
         return "the JAX profiler was used earlier in this process"
     for var in _CUPTI_INJECTION_VARIABLES:
@@ -247,23 +243,35 @@ def mark_cupti_broken(reason: str) -> None:
 
 
 def install_profiler_observer() -> None:
-    """Wraps `jax.profiler.start_trace` and `start_server` so that their use is
-    remembered: a trace that was started and stopped leaves no other trace in JAX's
-    state, yet CUPTI measurements after it can abort the process.
+    """Wraps every way JAX starts a profiler trace or server (`start_trace`,
+    `start_server` and, on JAX 0.12, `ProfileSession.start`, which `jax.profiler.trace`
+    uses) so that their use is remembered: a trace that was started and stopped leaves
+    no other trace in JAX's state, yet CUPTI measurements after it can abort the
+    process.
 
     Called when the first `Tuner` is built, never on import (importing kerneltune
     leaves JAX untouched). A trace taken before that is still seen while it runs; one
-    that already ended is not: call `note_profiler_used()` after such a trace."""
+    that already ended is not: call `note_profiler_used()` after such a trace. Where
+    JAX's private layout is unknown, nothing can be wrapped: a warning says so once."""
+    global _observer_unavailable_warned
     try:
         import jax.profiler as public
     except Exception:
         return
-    private = jax_compat.profiler_module()
-    if private is None:
-        return
-    for name in ("start_trace", "start_server"):
-        original = getattr(private, name, None)
-        if original is None or getattr(original, "_kerneltune_observed", False):
+    points = jax_compat.profiler_entry_points()
+    if not points and not _observer_unavailable_warned:
+        _observer_unavailable_warned = True
+        warnings.warn(
+            f"kerneltune cannot observe the JAX profiler on jax {jax.__version__} (its "
+            "private layout moved): a trace that starts and stops before tuning is not "
+            "seen, and CUPTI may then run beside it. When you profile, tune with "
+            "Tuner(timer='wallclock').",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    for owner, name in points:
+        original = getattr(owner, name)
+        if getattr(original, "_kerneltune_observed", False):
             continue
 
         def observed(*args: Any, __original: Any = original, **kwargs: Any) -> Any:
@@ -272,9 +280,12 @@ def install_profiler_observer() -> None:
 
         functools.update_wrapper(observed, original)
         observed._kerneltune_observed = True  # type: ignore[attr-defined]
-        setattr(private, name, observed)
+        setattr(owner, name, observed)
         if getattr(public, name, None) is original:
             setattr(public, name, observed)
+
+
+_observer_unavailable_warned = False
 
 
 # --- choosing ------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from typing import Any
 
 import jax
 
+from kerneltune._src import jax_compat
 from kerneltune._src.params import BwdParams, FwdParams
 from kerneltune.kernels._common import accepts, jax_gpu_op, parameters
 
@@ -117,7 +118,7 @@ def mha_backward(
     """dq, dk, dv by JAX's Pallas backward kernel with `cfg`'s blocks and warps."""
     module = _module()
     sizes = block_sizes(FwdParams(q_blocksize=cfg.kv_blocksize, kv_blocksize=cfg.kv_blocksize), cfg)
-    backward = getattr(module, "_mha_backward", None)
+    backward = jax_compat.pallas_attention_backward(module)
     if backward is not None and parameters(backward) == _BACKWARD_PARAMS:
         dq, dk, dv, _ = backward(
             sm_scale,
