@@ -98,9 +98,7 @@ def test_a_real_trace_is_seen_while_it_runs(tmp_path, fresh_profiler_state):
     assert jax_compat.profiler_trace_active() is False
 
 
-def test_a_profile_session_started_directly_is_seen_and_remembered(
-    tmp_path, fresh_profiler_state
-):
+def test_a_profile_session_started_directly_is_seen_and_remembered(tmp_path, fresh_profiler_state):
     session_type = getattr(jax.profiler, "ProfileSession", None)
     if session_type is None:
         pytest.skip(f"jax {jax.__version__} has no jax.profiler.ProfileSession")
