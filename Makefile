@@ -7,7 +7,7 @@ STAMP := $(VENV)/.kerneltune-installed
 
 DOCS_STAMP := $(VENV)/.kerneltune-docs-installed
 
-.PHONY: demo test test-oldest-jax docs lint typecheck clean
+.PHONY: demo test test-oldest-jax test-newest-jax docs lint typecheck clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -44,6 +44,16 @@ test-oldest-jax: $(OLDEST_STAMP)
 	$(OLDEST_VENV)/bin/python -c "import jax; assert jax.__version__ == '$(OLDEST_JAX)', jax.__version__"
 	$(OLDEST_VENV)/bin/python -m pytest -q -p no:cacheprovider $(OLDEST_JAX_TESTS)
 
+# The newest JAX, which `pip install jax` gives users on Python >= 3.12, in a venv of its
+# own made with the newest such Python found here (NEWEST_PYTHON= overrides): the whole
+# suite. tools/newest_jax_venv.py fails when there is no such Python, or when the JAX it
+# installed is not the newest release the registry offers.
+NEWEST_VENV ?= .venv-newest-jax
+
+test-newest-jax:
+	NEWEST_VENV=$(NEWEST_VENV) python3 tools/newest_jax_venv.py
+	$(NEWEST_VENV)/bin/python -m pytest -q -p no:cacheprovider
+
 $(DOCS_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e ".[dev,docs]"
 	touch $(DOCS_STAMP)
@@ -61,4 +71,4 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) $(OLDEST_VENV) .pytest_cache .ruff_cache .mypy_cache site
+	rm -rf $(VENV) $(OLDEST_VENV) $(NEWEST_VENV) .pytest_cache .ruff_cache .mypy_cache site

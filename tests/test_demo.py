@@ -98,3 +98,27 @@ def test_keys_computed_from_shapes_match_the_keys_selected():
     demo._run_job(ex, job, key)
     assert set(demo._keys(job, key)) == set(events)
     assert {op for op, _ in events} == {"attention@v1", "attention_bwd@v1"}
+
+
+def test_each_call_is_one_row_and_a_tuned_row_wins():
+    # Tuning the forward selects the backward's config again and again (untuned events):
+    # the table showed "nothing to tune" up to four times next to the tuned row.
+    def row(op, sig, source):
+        return demo.Row(op, sig, "float32", source)
+
+    rows = [
+        row("attention_bwd@v1", "1x64 (bwd)", "heuristics"),
+        row("attention@v1", "1x64 (fwd)", "tuned"),
+        row("attention_bwd@v1", "1x64 (bwd)", "tuned"),
+        row("attention_bwd@v1", "1x64 (bwd)", "heuristics"),
+        row("softmax@v1", "8x128", "heuristics"),
+        row("softmax@v1", "8x128", "heuristics"),
+        row("attention_bwd@v1", "1x128 (bwd)", "heuristics"),
+    ]
+    folded = demo.one_row_per_call(rows)
+    assert [(r.op_id, r.signature, r.source) for r in folded] == [
+        ("attention_bwd@v1", "1x64 (bwd)", "tuned"),
+        ("attention@v1", "1x64 (fwd)", "tuned"),
+        ("softmax@v1", "8x128", "heuristics"),
+        ("attention_bwd@v1", "1x128 (bwd)", "heuristics"),
+    ]

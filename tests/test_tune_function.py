@@ -65,6 +65,43 @@ def test_a_whole_function_has_its_forward_and_backward_calls_tuned_once_each():
     assert len(again) == 3 and len(tuner.tuned) == 4
 
 
+class OneCandidateSin(SinKernel):
+    """Its only candidate is its heuristic config: nothing to tune (as attention under
+    a gradient where cuDNN alone can run the call)."""
+
+    op_id = "whole_fn_one_candidate"
+
+    def candidate_cfgs(self, inv):
+        return [self.heuristic_cfg(inv)]
+
+
+def test_a_call_with_nothing_to_tune_is_listed_with_why(tmp_path):
+    # `kt.autotune(step)` on a GPU left the step's attention out of its result when
+    # cuDNN was its one candidate: a reader could not see every kernel call of the step.
+    one, loop = OneCandidateSin(), LoopKernel("whole_fn_loop_listed")
+
+    def loss(x):
+        return jnp.sum(one(loop(x, alpha=0.5)))
+
+    x = jax.ShapeDtypeStruct((32, 32), jnp.float32)
+    result = kt.autotune(jax.value_and_grad(loss), x, tuner=CountingTuner())
+    by_op = {e.op_id_v: e for e in result}
+    assert set(by_op) == {"whole_fn_one_candidate@v0", "whole_fn_loop_listed@v0", "sin_bwd@v0"}
+    listed = by_op["whole_fn_one_candidate@v0"]
+    assert listed.untuned and listed.cfg == OneCandidateSin().heuristic_cfg(None)
+    assert listed.strategy == "untuned: the only candidate is the heuristic config"
+    assert not by_op["whole_fn_loop_listed@v0"].untuned
+    # A listing is not a tuned config: importing the result into a cache skips it, so a
+    # later install that brings more candidates still tunes the call.
+    path = tmp_path / "result.json"
+    result.save(path)
+    loaded = kt.AutotuningResult.load(path)
+    assert [(e.op_id_v, e.strategy) for e in loaded] == [(e.op_id_v, e.strategy) for e in result]
+    cache = kt.PersistentCache(str(tmp_path / "cache"))
+    assert cache.import_(path) == len(result) - 1
+    assert {e.op_id for e in cache.entries()} == {"whole_fn_loop_listed@v0", "sin_bwd@v0"}
+
+
 def test_a_step_jitted_and_run_before_uses_the_configs_after_one_retrace():
     loop = LoopKernel("whole_fn_retrace")
     traces = []

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
-from kerneltune._src import devices, distributed, labels, scope, split
+from kerneltune._src import devices, distributed, kernel_hooks, labels, scope, split
 from kerneltune._src import outcome_entries as entries
 from kerneltune._src.caching.cache import ConfigCache
 from kerneltune._src.caching.result import AutotuningResult, Entry
@@ -51,7 +51,8 @@ class CallOutcome:
       status: "tuned" (benchmarked now), "cached" (a tuned config was already in the
         caches), "untuned" (no candidates, or every candidate failed: the heuristic
         will be used), or "failed" (the kernel could not be rebuilt, or tuning raised).
-      entry: the result entry, for "tuned" and "cached".
+      entry: the result entry, for "tuned" and "cached", and for "untuned" where there
+        was nothing to tune (its heuristic config, `entry.untuned` true).
       error: why it was not tuned.
       wall_s: how long it took.
     """
@@ -106,6 +107,8 @@ def tune_records(
             if entry is None:
                 why = "the process it was dealt to could not tune it"
                 outcome = CallOutcome(record, "untuned", error=why)
+            elif entry.untuned:  # listed by its process with nothing to tune
+                outcome = CallOutcome(record, "untuned", entry, entry.strategy)
             else:
                 split.adopt(chain, merged.device, entry)
                 outcome = CallOutcome(record, "tuned", entry)
@@ -176,6 +179,15 @@ def _tune_one(record: Record, chain: ConfigSelectorChain[Any, Any], force: bool)
         return finish("tuned", entries.from_report(record, decision))
     if decision.tier in ("memory", "persistent", "shipped"):
         return finish("cached", entries.from_caches(record, chain, decision))
+    if decision.tier == "heuristics":
+        # A call with nothing to tune is still listed (with why), so that a result
+        # shows every kernel call of a function: it is the config tuning would choose.
+        try:
+            _, untunable = kernel_hooks.tunable_candidates(kernel, inv)
+        except Exception:
+            untunable = ""
+        if untunable:
+            return finish("untuned", entries.untuned(record, decision, untunable), untunable)
     why = "; ".join(f"{tier}: {reason}" for tier, reason in decision.misses if tier == "autotune")
     return finish("untuned", error=why or f"the config came from {decision.tier}")
 
@@ -235,8 +247,10 @@ def autotune_recorded(
 
     Returns:
       An `AutotuningResult` with one entry per call that has a tuned config (with every
-      candidate's timings when it was tuned in this process or stored with them). Calls
-      that could not be tuned are left out, with a warning.
+      candidate's timings when it was tuned in this process or stored with them), and
+      one per call with nothing to tune (its heuristic config; `Entry.untuned` true,
+      its `strategy` saying why). Calls whose tuning failed are left out, with a
+      warning.
 
     Raises:
       ValueError: `isolate=True` and a kernel is defined in `__main__`.
@@ -289,7 +303,8 @@ def autotune_lowered(
       progress: show a progress bar (default: only on a terminal).
 
     Returns:
-      An `AutotuningResult` with one entry per call found and tuned.
+      An `AutotuningResult` with one entry per call found: tuned, cached, or listed
+      with nothing to tune (`Entry.untuned`).
     """
     return result_of(
         lowered_outcomes(

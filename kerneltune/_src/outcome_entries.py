@@ -7,7 +7,7 @@ import dataclasses
 import time
 from typing import Any
 
-from kerneltune._src.caching.cache_entry import report_fields
+from kerneltune._src.caching.cache_entry import UNTUNED_STRATEGY, report_fields
 from kerneltune._src.caching.result import Entry
 from kerneltune._src.recording import Record
 from kerneltune._src.selection import ConfigSelectorChain, Decision
@@ -35,6 +35,20 @@ def from_report(record: Record, decision: Decision) -> Entry:
         heuristic_cfg=fields.get("heuristic_cfg"),
         strategy=fields.get("strategy"),
         wall_s=fields.get("wall_s"),
+    )
+
+
+def untuned(record: Record, decision: Decision, why: str) -> Entry:
+    """The entry of a call with nothing to tune: its heuristic config, with why in its
+    strategy (`Entry.untuned`); never written to a cache by an import or a merge."""
+    return Entry(
+        record.op_id_v,
+        record.call_key,
+        decision.cfg,
+        signature=record.signature,
+        cfg_type=_type_name(decision.cfg),
+        created=time.time(),
+        strategy=f"{UNTUNED_STRATEGY}: {why}",
     )
 
 

@@ -27,6 +27,8 @@ logger = logging.getLogger("kerneltune")
 Provenance = Literal["autotuned", "imported", "shipped"]
 
 SCHEMA = 1
+#: The strategy of an entry that lists a call with nothing to tune ("untuned: why").
+UNTUNED_STRATEGY = "untuned"
 ENTRY_KIND = "kerneltune.cache_entry"
 PROVENANCES: tuple[str, ...] = ("autotuned", "imported", "shipped")
 
@@ -90,7 +92,8 @@ class Entry:
       created: when it was tuned (Unix time); on import and merge the newer one wins.
       heuristic_cfg: the config the winner was compared with (its fields, or its repr
         when it is not a dataclass).
-      strategy: the search strategy used.
+      strategy: the search strategy used; "untuned: <why>" for a call listed with
+        nothing to tune (its heuristic config; see `untuned`).
       wall_s: how long tuning took.
       shape: the call's sizes and size-free family (`call_shapes.py`): what warm
         start uses to find the tuned neighbours of a new call. None in entries
@@ -166,6 +169,14 @@ class Entry:
             "cfg_type": self.cfg_type
             or (None if isinstance(self.cfg, Mapping) else type_name(self.cfg)),
         }
+
+    @property
+    def untuned(self) -> bool:
+        """True for a call listed with nothing to tune (one candidate, or none): its
+        config is the heuristic one, and `strategy` says why. Imports and merges into a
+        persistent cache skip such entries, so that a later install that brings more
+        candidates (a backend) still tunes the call."""
+        return (self.strategy or "").partition(":")[0] == UNTUNED_STRATEGY
 
 
 CacheEntry = Entry

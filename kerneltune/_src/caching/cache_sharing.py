@@ -156,6 +156,8 @@ class CacheSharing:
         return written
 
     def _add_if_newer(self, entry: CacheEntry) -> int:
+        if entry.untuned:  # a listing, not a tuned config (see `Entry.untuned`)
+            return 0
         rel = entry_relpath(*entry.key)
         data = self._read(self._store, rel)
         current = None if data is None else self._decode(self._store, rel, data)

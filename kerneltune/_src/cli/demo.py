@@ -106,6 +106,19 @@ def _rows(events: list[tuple[str, dict[str, Any]]], job: DemoJob) -> list[Row]:
     return rows
 
 
+def one_row_per_call(rows: list[Row]) -> list[Row]:
+    """One row per (op, shape and direction): while a call is tuned, its backward (and
+    other keys of it with nothing to tune) are selected again and again, each time an
+    event; a row that tuned takes the place of the untuned rows of the same call, which
+    would otherwise repeat beside it with nothing to tell them apart."""
+    kept: dict[tuple[str, str, str], Row] = {}
+    for row in rows:
+        key = (row.op_id, row.signature, row.dtype)
+        if key not in kept or (row.source == "tuned" and kept[key].source != "tuned"):
+            kept[key] = row  # a replaced row keeps its place in the table
+    return list(kept.values())
+
+
 #: Short names for config fields in the demo's narrow table.
 _SHORT_FIELDS = {
     "q_blocksize": "bq",
@@ -216,6 +229,7 @@ def run(args: argparse.Namespace) -> int:
         _run_job(ex, job, key)
         rows += _rows(recorder.take(), job)
     bar.close()
+    rows = one_row_per_call(rows)
 
     print()
     timers = sorted({r.timer for r in rows if r.timer != "-"})
