@@ -239,9 +239,14 @@ class Tuner(Generic[Cfg]):
         if not candidates:
             raise ValueError(f"Tuner.tune got an empty candidate list for {name or 'a kernel'}.")
         start = time.perf_counter()
+        # Inputs are made concrete even when the caller is being traced; the programs
+        # are lowered outside any trace but without constant folding, which would
+        # evaluate what does not depend on the inputs (a reference's score matrix, its
+        # gradient) at trace time and embed it in the program as a constant.
         with jax.ensure_compile_time_eval():
             arrays, rebuild = programs.split_static(args, kwargs)
             arrays = inputs.concrete_inputs(arrays, seed=self.seed)
+        with tracing.outside_traces():
             # The chain's name already carries the op and its shapes.
             what = (
                 name
