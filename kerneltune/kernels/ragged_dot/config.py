@@ -435,7 +435,7 @@ def interpret_candidates(p: RaggedDotProblem) -> list[RaggedDotConfig]:
     """A handful of small Triton configs for the Pallas interpreter (tests and the CPU
     demo): tile shapes and both tile orders; warps and stages mean nothing there."""
     out = [triton_heuristic(p)]
-    for bm, bn, bk, order in ((16, 16, 16, "m"), (32, 32, 16, "n"), (16, 32, 32, "n")):
+    for bm, bn, bk, order in ((16, 16, 16, "m"), (32, 32, 16, "n")):
         cfg = RaggedDotConfig(
             block_m=bm, block_n=bn, block_k=bk, num_warps=4, num_stages=2, tile_order=order
         )
