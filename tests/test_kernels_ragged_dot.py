@@ -452,3 +452,23 @@ def test_cpu_kernel_runs_xla_and_is_differentiated_by_jax():
     lhs, rhs, _ = operands(10, 16, 8, 8, 2)
     inv = kt.Invocation(op_id="ragged_dot", args=(lhs, rhs, jnp.array([8, 8])), kwargs={})
     assert kernel.heuristic_cfg(inv) == rc.XLA
+
+
+# --- the mixture-of-experts example --------------------------------------------------
+
+
+def test_the_moe_example_trains_to_the_same_losses_on_both_ops(capsys):
+    from examples.moe import model, train
+
+    times = train.main(["--steps", "3", "--tiny"])
+    lines = [line for line in capsys.readouterr().out.splitlines() if "losses:" in line]
+    losses = [[float(v) for v in line.split(":")[1].split("(")[0].split()] for line in lines]
+    assert set(times) == {"jax", "kerneltune"} and len(losses) == 2
+    assert losses[0][-1] < losses[0][0]  # it trains
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
+    # The block on the interpreted Pallas kernels gives JAX's values too.
+    s = model.TINY
+    params, (x, _) = model.init_params(s, F32), model.inputs(s, F32)
+    ex, kernel = interpreted()
+    pallas = model.ops_namespace("pallas", lambda a, b, sz: ex(kernel, a, b, sz, cfg=SMALL))
+    assert_close(model.moe_block(pallas, params, x, s), model.moe_block(model.jax_ops(), params, x, s), F32)
