@@ -62,9 +62,7 @@ def peak_bytes(fn: Callable[..., Any], args: Sequence[Any]) -> int | None:
         return None
     if stats is None:
         return None
-    return int(
-        stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
-    )
+    return int(stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes)
 
 
 def ops_by_column(tokamax: Any, tuning: op_bench.Tuning | None) -> dict[str, Any]:
@@ -139,9 +137,7 @@ def block_rows(s: model.MoEShape, st: op_bench.Settings, tuning: Any) -> list[Ro
     x, target = model.inputs(s)
     sets = [(params, x, target)]
     cols = ops_by_column(st.tokamax, tuning)
-    fns = {
-        name: model.train_step(model.ops_namespace(name, f), s) for name, f in cols.items()
-    }
+    fns = {name: model.train_step(model.ops_namespace(name, f), s) for name, f in cols.items()}
     row = Row("moe_block", "train", str(s))
     first_calls_and_peaks(row, fns, sets[0])
     return [measure(row, fns, sets, tuning)]

@@ -124,7 +124,9 @@ def test_gpu_heuristic_is_the_measured_mosaic_tile_with_a_strip_rule():
 @pytest.mark.parametrize("product", ["fwd", "dlhs", "drhs"])
 def test_gpu_space_is_pruned_with_reasons(product):
     p = _problem(product, 32768, 2048, 1408, 64)
-    kept, pruned = rc.candidates(p, mosaic=None, tokamax="tokamax is not installed", smem_limit=227 * 1024)
+    kept, pruned = rc.candidates(
+        p, mosaic=None, tokamax="tokamax is not installed", smem_limit=227 * 1024
+    )
     assert rc.XLA in kept and rc.mosaic_heuristic(p) in kept
     assert rc.triton_heuristic(p) in kept
     for c in kept:
@@ -149,7 +151,9 @@ def test_mosaic_is_pruned_with_the_reason_it_cannot_run():
     assert any("float16 or bfloat16" in x.reason for x in pruned if x.cfg.backend == "mosaic")
     wide = _problem("fwd", 1024, 256, 256, 8, out=F32)
     assert "wants float32" in rc.mosaic_unsupported(wide)
-    kept, pruned = rc.candidates(_problem("fwd", 1024, 256, 256, 8), mosaic="no Hopper", tokamax=None)
+    kept, pruned = rc.candidates(
+        _problem("fwd", 1024, 256, 256, 8), mosaic="no Hopper", tokamax=None
+    )
     assert {x.reason for x in pruned if x.cfg.backend == "mosaic"} == {"no Hopper"}
     assert rc.TOKAMAX in kept
 
@@ -185,7 +189,9 @@ def test_unusable_configs_say_why():
         assert "not installed" in kernel.config_unusable(inv, rc.TOKAMAX)
     assert kernel.config_unusable(inv, SMALL) is None
     with pytest.raises(ValueError, match="not in the Pallas interpreter"):
-        kernel.run_triton(lhs, rhs, sizes, cfg=RaggedDotConfig(backend="mosaic"), out_dtype="float32")
+        kernel.run_triton(
+            lhs, rhs, sizes, cfg=RaggedDotConfig(backend="mosaic"), out_dtype="float32"
+        )
 
 
 # --- the tile schedule ---------------------------------------------------------------
@@ -201,7 +207,9 @@ def test_every_row_is_stored_by_exactly_one_tile(sizes, extra, block):
     m = sum(sizes) + extra
     if m == 0:
         return
-    group, tile, lo, hi = (np.asarray(a) for a in tile_schedule(jnp.array(sizes, jnp.int32), m, block))
+    group, tile, lo, hi = (
+        np.asarray(a) for a in tile_schedule(jnp.array(sizes, jnp.int32), m, block)
+    )
     stored = np.zeros(m, int)
     owner = np.full(m, -1)
     for g, t, a, b in zip(group, tile, lo, hi, strict=True):
@@ -210,7 +218,9 @@ def test_every_row_is_stored_by_exactly_one_tile(sizes, extra, block):
         stored[mine] += 1
         owner[mine] = g
     assert (stored == 1).all()
-    want = np.concatenate([np.full(s, i) for i, s in enumerate(sizes)] + [np.full(extra, len(sizes))])
+    want = np.concatenate(
+        [np.full(s, i) for i, s in enumerate(sizes)] + [np.full(extra, len(sizes))]
+    )
     np.testing.assert_array_equal(owner, want)
 
 
@@ -239,8 +249,12 @@ def test_empty_groups_and_rows_after_the_last_group():
     lhs, rhs, dout = operands(1, 64, 32, 48, 5)
     sizes = jnp.array([0, 20, 0, 27, 0], jnp.int32)  # 17 rows after the last group
     ex, kernel = interpreted()
-    cfg = RaggedDotConfig(block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=2, tile_order="n")
-    out, (d_lhs, d_rhs) = value_and_grads(lambda a, b: ex(kernel, a, b, sizes, cfg=cfg), lhs, rhs, dout)
+    cfg = RaggedDotConfig(
+        block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=2, tile_order="n"
+    )
+    out, (d_lhs, d_rhs) = value_and_grads(
+        lambda a, b: ex(kernel, a, b, sizes, cfg=cfg), lhs, rhs, dout
+    )
     want, (w_lhs, w_rhs) = reference_value_and_grads(lhs, rhs, sizes, dout)
     assert not bool(jnp.any(out[47:])) and bool(jnp.all(jnp.any(out[:47] != 0, axis=1)))
     assert not bool(jnp.any(d_rhs[0])) and not bool(jnp.any(d_rhs[4]))
@@ -324,7 +338,9 @@ def test_jit_grad_and_vmap_of_the_pallas_path():
         _, want = reference_value_and_grads(lhs, rhs, sizes[i], dout)
         assert_close(grads[0][i], want[0], F32)
         assert_close(grads[1][i], want[1], F32)
-    batched = jax.vmap(lambda a, s: ex(kernel, a, rhs, s, cfg=SMALL))(jnp.stack([lhs, 2 * lhs]), sizes)
+    batched = jax.vmap(lambda a, s: ex(kernel, a, rhs, s, cfg=SMALL))(
+        jnp.stack([lhs, 2 * lhs]), sizes
+    )
     assert_close(batched[1], jax.lax.ragged_dot(2 * lhs, rhs, sizes[1]), F32)
 
 
@@ -350,9 +366,11 @@ def test_shard_map_over_tokens_with_per_shard_routing():
     for i in range(2):
         rows = slice(32 * i, 32 * i + 32)
         assert_close(out[rows], jax.lax.ragged_dot(lhs[rows], rhs, sizes[i]), F32)
-    ref = lambda a, b: jnp.concatenate(  # noqa: E731
-        [jax.lax.ragged_dot(a[32 * i : 32 * i + 32], b, sizes[i]) for i in range(2)]
-    )
+
+    def ref(a, b):
+        halves = [jax.lax.ragged_dot(a[32 * i : 32 * i + 32], b, sizes[i]) for i in range(2)]
+        return jnp.concatenate(halves)
+
     _, want = value_and_grads(ref, lhs, rhs, dout)
     assert_close(grads[0], want[0], F32)
     assert_close(grads[1], want[1], F32)
@@ -364,9 +382,17 @@ def test_shard_map_over_tokens_with_per_shard_routing():
 @pytest.mark.parametrize(
     ("args", "error", "message"),
     [
-        (((4, 3, 2), (2, 3, 5), (2,)), ValueError, r"lhs must be 2-D \[M, K\], got shape \(4, 3, 2\)"),
+        (
+            ((4, 3, 2), (2, 3, 5), (2,)),
+            ValueError,
+            r"lhs must be 2-D \[M, K\], got shape \(4, 3, 2\)",
+        ),
         (((4, 3), (3, 5), (2,)), ValueError, r"rhs must be 3-D \[G, K, N\], got shape \(3, 5\)"),
-        (((4, 3), (2, 3, 5), (3,)), ValueError, r"group_sizes must be 1-D \[G\] with G = rhs.shape\[0\] = 2"),
+        (
+            ((4, 3), (2, 3, 5), (3,)),
+            ValueError,
+            r"group_sizes must be 1-D \[G\] with G = rhs.shape\[0\] = 2",
+        ),
         (((4, 4), (2, 3, 5), (2,)), ValueError, r"lhs.shape\[1\] must equal rhs.shape\[1\]"),
     ],
 )
@@ -471,4 +497,6 @@ def test_the_moe_example_trains_to_the_same_losses_on_both_ops(capsys):
     params, (x, _) = model.init_params(s, F32), model.inputs(s, F32)
     ex, kernel = interpreted()
     pallas = model.ops_namespace("pallas", lambda a, b, sz: ex(kernel, a, b, sz, cfg=SMALL))
-    assert_close(model.moe_block(pallas, params, x, s), model.moe_block(model.jax_ops(), params, x, s), F32)
+    assert_close(
+        model.moe_block(pallas, params, x, s), model.moe_block(model.jax_ops(), params, x, s), F32
+    )

@@ -30,6 +30,10 @@ from kerneltune.kernels._common import (
     shared_memory_rule,
 )
 
+Backend = Literal["triton", "mosaic", "xla", "tokamax"]
+TileOrder = Literal["m", "n"]
+Product = Literal["fwd", "dlhs", "drhs"]
+
 #: "xla" is `jax.lax.ragged_dot` (plain JAX); "triton" our Pallas grouped GEMM;
 #: "mosaic" JAX's Mosaic GPU kernels for Hopper (`ragged_dot_mgpu`,
 #: `transposed_ragged_dot_mgpu`); "tokamax" `tokamax.ragged_dot` where installed.
@@ -37,13 +41,10 @@ BACKENDS = ("triton", "mosaic", "xla", "tokamax")
 #: The smallest tile side Triton's `dot` accepts.
 MIN_BLOCK = 16
 #: The two orders the Triton kernel's programs visit output tiles in.
-TILE_ORDERS = ("m", "n")
+TILE_ORDERS: tuple[TileOrder, ...] = ("m", "n")
 #: Input dtypes the Mosaic kernels take (their `wgmma` path).
 MOSAIC_DTYPES = ("bfloat16", "float16")
 
-Backend = Literal["triton", "mosaic", "xla", "tokamax"]
-TileOrder = Literal["m", "n"]
-Product = Literal["fwd", "dlhs", "drhs"]
 
 _TRITON_DEFAULTS: dict[str, Any] = {"num_warps": 4, "num_stages": 3, "tile_order": "m"}
 _MOSAIC_DEFAULTS: dict[str, Any] = {"max_concurrent_steps": 4, "grid_block_n": 1}
@@ -349,8 +350,13 @@ def rules(p: RaggedDotProblem, smem_limit: int | None = None):
             return reason
         bm, bn, bk = c.blocks
         # What JAX's kernels require (they raise otherwise) or would store out of bounds.
+        checks: tuple[tuple[str, int, str, int], ...]
         if p.product == "drhs":
-            checks = (("K", p.k, "block_m", bm), ("N", p.n, "block_n", bn), ("M", p.m, "block_k", bk))
+            checks = (
+                ("K", p.k, "block_m", bm),
+                ("N", p.n, "block_n", bn),
+                ("M", p.m, "block_k", bk),
+            )
         else:
             checks = (("columns", cols, "block_n", bn), ("contracted", p.contracted, "block_k", bk))
         for axis, dim, name, block in checks:
@@ -435,7 +441,8 @@ def interpret_candidates(p: RaggedDotProblem) -> list[RaggedDotConfig]:
     """A handful of small Triton configs for the Pallas interpreter (tests and the CPU
     demo): tile shapes and both tile orders; warps and stages mean nothing there."""
     out = [triton_heuristic(p)]
-    for bm, bn, bk, order in ((16, 16, 16, "m"), (32, 32, 16, "n")):
+    small: tuple[tuple[int, int, int, TileOrder], ...] = ((16, 16, 16, "m"), (32, 32, 16, "n"))
+    for bm, bn, bk, order in small:
         cfg = RaggedDotConfig(
             block_m=bm, block_n=bn, block_k=bk, num_warps=4, num_stages=2, tile_order=order
         )

@@ -54,9 +54,7 @@ def inspect_function(fn: Any, where: str, *, needs: frozenset[str] = PARAMS) -> 
         return MosaicFunction(reason=f"the signature of {where} cannot be read")
     missing = sorted(needs - set(params))
     if missing:
-        return MosaicFunction(
-            reason=f"{where} takes no {missing} (its parameters: {list(params)})"
-        )
+        return MosaicFunction(reason=f"{where} takes no {missing} (its parameters: {list(params)})")
     extra = [
         name
         for name, p in list(params.items())[2:]
@@ -65,7 +63,9 @@ def inspect_function(fn: Any, where: str, *, needs: frozenset[str] = PARAMS) -> 
         and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
     ]
     if extra:
-        return MosaicFunction(reason=f"{where} also requires {extra}, which kerneltune does not pass")
+        return MosaicFunction(
+            reason=f"{where} also requires {extra}, which kerneltune does not pass"
+        )
     return MosaicFunction(fn=fn, params=frozenset(params))
 
 
@@ -75,7 +75,9 @@ def _load(module_name: str, attr: str) -> MosaicFunction:
     try:
         module = jax_gpu_op(module_name)
     except Exception as e:  # an ImportError, or any error inside an experimental module
-        found = MosaicFunction(reason=f"`import {where.rsplit('.', 1)[0]}` failed ({type(e).__name__}: {e})")
+        found = MosaicFunction(
+            reason=f"`import {where.rsplit('.', 1)[0]}` failed ({type(e).__name__}: {e})"
+        )
     else:
         found = inspect_function(getattr(module, attr, None), where)
     if found.reason is not None:
@@ -125,7 +127,12 @@ def _rows_after_groups_zeroed(out: jax.Array, group_sizes: jax.Array) -> jax.Arr
 
 
 def ragged_dot_mosaic(
-    lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, cfg: RaggedDotConfig, *, transpose_rhs: bool
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    cfg: RaggedDotConfig,
+    *,
+    transpose_rhs: bool,
 ) -> jax.Array:
     """The forward (`rhs` `[G, K, N]`) or, with `transpose_rhs`, d_lhs (`lhs` is
     `d_out[M, N]`, and the product is against each `rhs[g]ᵀ`)."""

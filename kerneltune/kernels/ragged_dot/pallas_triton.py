@@ -85,7 +85,9 @@ def _grouped_kernel(
     block_m: int, block_n: int, block_k: int, steps: int, groups: int,
     transpose_w: bool, rows_first: bool, upcast: bool,
 ):  # fmt: skip
-    t, j = (pl.program_id(0), pl.program_id(1)) if rows_first else (pl.program_id(1), pl.program_id(0))
+    t, j = (
+        (pl.program_id(0), pl.program_id(1)) if rows_first else (pl.program_id(1), pl.program_id(0))
+    )
     group, lo, hi = group_ref[t], lo_ref[t], hi_ref[t]
     row0 = pl.multiple_of(tile_ref[t] * block_m, block_m)
     col0 = pl.multiple_of(j * block_n, block_n)
@@ -176,7 +178,9 @@ def _transposed_kernel(
     block_m: int, block_n: int, block_k: int, rows_first: bool, upcast: bool,
 ):  # fmt: skip
     g = pl.program_id(0)
-    i, j = (pl.program_id(1), pl.program_id(2)) if rows_first else (pl.program_id(2), pl.program_id(1))
+    i, j = (
+        (pl.program_id(1), pl.program_id(2)) if rows_first else (pl.program_id(2), pl.program_id(1))
+    )
     lo, hi = lo_ref[g], hi_ref[g]
     col_a = pl.multiple_of(i * block_m, block_m)
     col_b = pl.multiple_of(j * block_n, block_n)
