@@ -5,7 +5,7 @@ manifest's records (issue 10)."""
 import pytest
 
 import kerneltune as kt
-from kerneltune.kernels import FwdParams, MatmulConfig, NormConfig
+from kerneltune.kernels import FwdParams, MatmulConfig, NormConfig, RaggedDotConfig
 
 CONFIGS = [
     ("attention@v1", FwdParams(backend="cudnn")),
@@ -15,6 +15,9 @@ CONFIGS = [
     ("layer_norm@v1", NormConfig(block_size=2048, num_warps=8)),
     ("matmul@v3", MatmulConfig(backend="xla")),
     ("matmul@v3", MatmulConfig(backend="mosaic", bm=128, bn=256, bk=64)),
+    ("ragged_dot@v1", RaggedDotConfig(backend="tokamax")),
+    ("ragged_dot@v1", RaggedDotConfig(backend="mosaic", grid_block_n=4)),
+    ("ragged_dot_drhs@v1", RaggedDotConfig(block_m=64, tile_order="n")),
 ]
 
 
@@ -29,7 +32,13 @@ def test_backends_survive_a_result_file(tmp_path):
     entries = tuple(kt.Entry(op, f"key{i}", cfg) for i, (op, cfg) in enumerate(CONFIGS))
     path = tmp_path / "result.json"
     kt.AutotuningResult("gpu|x", entries).save(path)
-    types = {"attention": FwdParams, "layer_norm": NormConfig, "matmul": MatmulConfig}
+    types = {
+        "attention": FwdParams,
+        "layer_norm": NormConfig,
+        "matmul": MatmulConfig,
+        "ragged_dot": RaggedDotConfig,
+        "ragged_dot_drhs": RaggedDotConfig,
+    }
     loaded = kt.AutotuningResult.load(path, types)
     assert [e.cfg for e in loaded] == [cfg for _, cfg in CONFIGS]
     assert [e.cfg.backend for e in loaded] == [
@@ -40,6 +49,9 @@ def test_backends_survive_a_result_file(tmp_path):
         "pallas",
         "xla",
         "mosaic",
+        "tokamax",
+        "mosaic",
+        "triton",
     ]
 
 
@@ -71,4 +83,39 @@ def test_backends_survive_a_manifest_and_the_tuning_of_its_records(tmp_path):
         tmp_path / "tuned.json", {"layer_norm-interpret": NormConfig}
     )
     assert isinstance(entry.cfg, NormConfig) and entry.cfg.backend == "pallas"
+    assert entry.cfg == result.entries[0].cfg
+
+
+def test_a_ragged_dot_manifest_record_tunes_to_a_typed_config(tmp_path):
+    # A traced call is recorded with abstract values only (its group sizes are data);
+    # tuning the record read back from the file draws a balanced routing.
+    import jax
+    import jax.numpy as jnp
+
+    from kerneltune._src import recording
+    from kerneltune.kernels import RaggedDotInterpret
+
+    recording.clear_invocations()
+    heuristics = kt.Executor(
+        kt.ConfigSelectorChain(
+            kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback="heuristics")
+        )
+    )
+    lhs = jnp.linspace(-1.0, 1.0, 32 * 16, dtype=jnp.float32).reshape(32, 16)
+    rhs = jnp.linspace(-1.0, 1.0, 2 * 16 * 16, dtype=jnp.float32).reshape(2, 16, 16)
+    with recording.record_calls():
+        jax.jit(lambda a, b, s: heuristics(RaggedDotInterpret(), a, b, s))(
+            lhs, rhs, jnp.array([12, 20], jnp.int32)
+        )
+    assert kt.save_manifest(tmp_path / "calls.json") == 1
+    recording.clear_invocations()
+    chain = kt.ConfigSelectorChain(
+        kt.ConfigCache(), tuner=kt.Tuner(progress=False, iters=1, target_sample_s=1e-4)
+    )
+    result = kt.autotune_recorded(kt.load_manifest(tmp_path / "calls.json"), selector=chain)
+    result.save(tmp_path / "tuned.json")
+    (entry,) = kt.AutotuningResult.load(
+        tmp_path / "tuned.json", {"ragged_dot-interpret": RaggedDotConfig}
+    )
+    assert isinstance(entry.cfg, RaggedDotConfig) and entry.cfg.backend == "triton"
     assert entry.cfg == result.entries[0].cfg

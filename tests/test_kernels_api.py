@@ -16,6 +16,9 @@ KERNELS = [
     kernels.LayerNorm,
     kernels.RMSNorm,
     kernels.Softmax,
+    kernels.RaggedDot,
+    kernels.RaggedDotGradLhs,
+    kernels.RaggedDotGradRhs,
 ]
 INTERPRETED = [
     kernels.MatmulInterpret,
@@ -24,6 +27,9 @@ INTERPRETED = [
     kernels.LayerNormInterpret,
     kernels.RMSNormInterpret,
     kernels.SoftmaxInterpret,
+    kernels.RaggedDotInterpret,
+    kernels.RaggedDotGradLhsInterpret,
+    kernels.RaggedDotGradRhsInterpret,
 ]
 
 

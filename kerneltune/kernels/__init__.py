@@ -1,7 +1,7 @@
 """Bundled kernels built on kerneltune, one folder per family.
 
 Each family has a public function (`matmul`, `attention`, `layer_norm`, `rms_norm`,
-`softmax`) that runs through an executor (the default one unless given), the kernel
+`softmax`, `ragged_dot`) that runs through an executor (the default one unless given), the kernel
 class behind it, its config type, an XLA path used on CPUs, and the Pallas path used
 on GPUs. The `...Interpret` kernels run the Pallas code in the Pallas interpreter on
 any device, under their own op ids: for tests and the CPU demo.
@@ -25,6 +25,14 @@ from kerneltune.kernels.normalization import RMSNorm as RMSNorm
 from kerneltune.kernels.normalization import RMSNormInterpret as RMSNormInterpret
 from kerneltune.kernels.normalization import layer_norm as layer_norm
 from kerneltune.kernels.normalization import rms_norm as rms_norm
+from kerneltune.kernels.ragged_dot import RaggedDot as RaggedDot
+from kerneltune.kernels.ragged_dot import RaggedDotConfig as RaggedDotConfig
+from kerneltune.kernels.ragged_dot import RaggedDotGradLhs as RaggedDotGradLhs
+from kerneltune.kernels.ragged_dot import RaggedDotGradLhsInterpret as RaggedDotGradLhsInterpret
+from kerneltune.kernels.ragged_dot import RaggedDotGradRhs as RaggedDotGradRhs
+from kerneltune.kernels.ragged_dot import RaggedDotGradRhsInterpret as RaggedDotGradRhsInterpret
+from kerneltune.kernels.ragged_dot import RaggedDotInterpret as RaggedDotInterpret
+from kerneltune.kernels.ragged_dot import ragged_dot as ragged_dot
 from kerneltune.kernels.softmax import Softmax as Softmax
 from kerneltune.kernels.softmax import SoftmaxConfig as SoftmaxConfig
 from kerneltune.kernels.softmax import SoftmaxInterpret as SoftmaxInterpret
@@ -45,12 +53,20 @@ __all__ = [
     "NormConfig",
     "RMSNorm",
     "RMSNormInterpret",
+    "RaggedDot",
+    "RaggedDotConfig",
+    "RaggedDotGradLhs",
+    "RaggedDotGradLhsInterpret",
+    "RaggedDotGradRhs",
+    "RaggedDotGradRhsInterpret",
+    "RaggedDotInterpret",
     "Softmax",
     "SoftmaxConfig",
     "SoftmaxInterpret",
     "attention",
     "layer_norm",
     "matmul",
+    "ragged_dot",
     "rms_norm",
     "softmax",
 ]

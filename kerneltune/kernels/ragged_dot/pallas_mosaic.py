@@ -1,0 +1,152 @@
+"""JAX's Mosaic GPU grouped matmuls for Hopper as a backend of all three products.
+
+`jax.experimental.pallas.ops.gpu.ragged_dot_mgpu.ragged_dot(lhs, rhs, *, group_sizes,
+block_m, block_n, block_k, max_concurrent_steps, grid_block_n, transpose_rhs=False)`
+runs the forward and, with `transpose_rhs=True` on `(d_out, rhs)`, d_lhs;
+`transposed_ragged_dot_mgpu.transposed_ragged_dot(lhs, rhs, *, group_sizes, block_m,
+block_n, block_k, max_concurrent_steps, grid_block_n)` runs d_rhs (its ragged axis is
+the first, and contracted). Both take float16 or bfloat16 and write the inputs' dtype.
+
+The modules are experimental: kerneltune reads their signatures once per process and
+offers no Mosaic config (each pruned with the reason) where a module does not import,
+lacks the function, or wants parameters kerneltune does not pass. The signatures
+above are those of jax 0.10.2 and 0.12.0 (read from their sources).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from kerneltune.kernels._common import device_kind_name, is_hopper, jax_gpu_op, logger
+from kerneltune.kernels.ragged_dot.config import RaggedDotConfig
+
+FORWARD = ("ragged_dot_mgpu", "ragged_dot")
+TRANSPOSED = ("transposed_ragged_dot_mgpu", "transposed_ragged_dot")
+#: The keyword parameters kerneltune passes to both functions.
+PARAMS = frozenset(
+    {"group_sizes", "block_m", "block_n", "block_k", "max_concurrent_steps", "grid_block_n"}
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicFunction:
+    """One of JAX's Mosaic grouped matmuls, or why it cannot be used."""
+
+    fn: Any = None
+    reason: str | None = None
+    params: frozenset[str] = frozenset()
+
+
+def inspect_function(fn: Any, where: str, *, needs: frozenset[str] = PARAMS) -> MosaicFunction:
+    """`fn` if it takes every parameter in `needs` and requires nothing else beyond
+    its two positional operands; else the reason it cannot be used."""
+    if not callable(fn):
+        return MosaicFunction(reason=f"{where} is missing")
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return MosaicFunction(reason=f"the signature of {where} cannot be read")
+    missing = sorted(needs - set(params))
+    if missing:
+        return MosaicFunction(reason=f"{where} takes no {missing} (its parameters: {list(params)})")
+    extra = [
+        name
+        for name, p in list(params.items())[2:]
+        if name not in needs
+        and p.default is inspect.Parameter.empty
+        and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
+    if extra:
+        return MosaicFunction(
+            reason=f"{where} also requires {extra}, which kerneltune does not pass"
+        )
+    return MosaicFunction(fn=fn, params=frozenset(params))
+
+
+@functools.cache
+def _load(module_name: str, attr: str) -> MosaicFunction:
+    where = f"jax.experimental.pallas.ops.gpu.{module_name}.{attr}"
+    try:
+        module = jax_gpu_op(module_name)
+    except Exception as e:  # an ImportError, or any error inside an experimental module
+        found = MosaicFunction(
+            reason=f"`import {where.rsplit('.', 1)[0]}` failed ({type(e).__name__}: {e})"
+        )
+    else:
+        found = inspect_function(getattr(module, attr, None), where)
+    if found.reason is not None:
+        logger.info("ragged_dot's Mosaic GPU backend is off: %s", found.reason)
+    return found
+
+
+def unsupported(product: str) -> str | None:
+    """Why Mosaic configs cannot run `product` here ("fwd", "dlhs", "drhs"), or None."""
+    if not is_hopper():
+        return "JAX's Mosaic GPU ragged_dot kernels run on Hopper GPUs (H100, H200) only"
+    found = _load(*(TRANSPOSED if product == "drhs" else FORWARD))
+    if found.reason is not None:
+        return found.reason
+    if product == "dlhs" and "transpose_rhs" not in found.params:
+        return "this JAX's ragged_dot_mgpu.ragged_dot takes no transpose_rhs (needed for d_lhs)"
+    return None
+
+
+def _kwargs(cfg: RaggedDotConfig, group_sizes: jax.Array) -> dict[str, Any]:
+    bm, bn, bk = cfg.blocks
+    return {
+        "group_sizes": group_sizes.astype(jnp.int32),
+        "block_m": bm,
+        "block_n": bn,
+        "block_k": bk,
+        "max_concurrent_steps": cfg.max_concurrent_steps,
+        "grid_block_n": cfg.grid_block_n,
+    }
+
+
+def _require(product: str) -> MosaicFunction:
+    reason = unsupported(product)
+    if reason is not None:
+        raise RuntimeError(
+            f"RaggedDotConfig(backend='mosaic') cannot run here ({device_kind_name()}): {reason}."
+        )
+    return _load(*(TRANSPOSED if product == "drhs" else FORWARD))
+
+
+def _rows_after_groups_zeroed(out: jax.Array, group_sizes: jax.Array) -> jax.Array:
+    """The kernel leaves the rows after the last group unwritten: zero them, as
+    `jax.lax.ragged_dot` does."""
+    total = jnp.sum(group_sizes.astype(jnp.int32))
+    rows = jax.lax.broadcasted_iota(jnp.int32, out.shape, 0)
+    return jnp.where(rows < total, out, jnp.zeros((), out.dtype))
+
+
+def ragged_dot_mosaic(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    cfg: RaggedDotConfig,
+    *,
+    transpose_rhs: bool,
+) -> jax.Array:
+    """The forward (`rhs` `[G, K, N]`) or, with `transpose_rhs`, d_lhs (`lhs` is
+    `d_out[M, N]`, and the product is against each `rhs[g]ᵀ`)."""
+    found = _require("dlhs" if transpose_rhs else "fwd")
+    kwargs = _kwargs(cfg, group_sizes)
+    if transpose_rhs:
+        kwargs["transpose_rhs"] = True
+    out = found.fn(lhs, rhs, **kwargs)
+    return _rows_after_groups_zeroed(out, group_sizes)
+
+
+def transposed_ragged_dot_mosaic(
+    lhs: jax.Array, dout: jax.Array, group_sizes: jax.Array, cfg: RaggedDotConfig
+) -> jax.Array:
+    """d_rhs `[G, K, N]`: `lhs[rows of g]ᵀ · dout[rows of g]` per group."""
+    found = _require("drhs")
+    return found.fn(lhs, dout, **_kwargs(cfg, group_sizes))

@@ -1,0 +1,242 @@
+"""The grouped matmul written in Pallas, lowered through Triton on GPUs.
+
+Forward and d_lhs (`grouped_matmul`): the rows of the ragged operand are cut into
+tiles of `block_m` rows *per group*: a tile that straddles a group boundary is
+computed once for each group it holds rows of, and each time only that group's rows
+are stored (a masked store). A schedule built in JAX before the launch lists, for every
+program, its group, its row tile and the group's row range; a fixed grid of
+`ceil(M / block_m) + G` row tiles always covers it (each group boundary adds at most
+one tile), and the surplus programs store nothing. The rows after the last group form
+one more "group" whose tiles store zeros, as `jax.lax.ragged_dot` gives there. Each
+program walks the contracted axis in steps of `block_k`, multiplying its rows by its
+group's expert (read transposed in place for d_lhs) into a float32 accumulator.
+
+d_rhs (`grouped_transposed_matmul`): one program per group and `block_m × block_n`
+output tile walks the group's rows in steps of `block_k`, masking the rows outside the
+group, and accumulates `lhs_rowsᵀ · d_out_rows`. An empty group's slice is zero.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
+
+from kerneltune.kernels._common import triton_compiler_params
+from kerneltune.kernels.matmul.pallas_triton import pad_to
+from kerneltune.kernels.ragged_dot.config import RaggedDotConfig
+
+
+def group_bounds(group_sizes: jax.Array, m: int) -> tuple[jax.Array, jax.Array]:
+    """Each group's first row and one past its last, clipped to the `m` rows there
+    are (int32 `[G]` each)."""
+    ends = jnp.minimum(jnp.cumsum(group_sizes.astype(jnp.int32)), m)
+    starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
+    return starts, ends
+
+
+def tile_schedule(
+    group_sizes: jax.Array, m: int, block_m: int
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """For each of the `ceil(m / block_m) + G` row-tile programs: its group (G for the
+    rows after the last group, which get zeros), its row tile, and the first row and
+    one past the last that it stores (equal for a program with nothing to do).
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> group, tile, lo, hi = tile_schedule(jnp.array([3, 0, 6], jnp.int32), 12, 4)
+      >>> group.tolist(), tile.tolist(), lo.tolist(), hi.tolist()
+      ([0, 2, 2, 2, 3, 3], [0, 0, 1, 2, 2, 0], [0, 3, 3, 3, 9, 0], [3, 9, 9, 9, 12, 0])
+    """
+    g = group_sizes.shape[0]
+    starts_g, ends_g = group_bounds(group_sizes, m)
+    total = ends_g[-1:]
+    starts = jnp.concatenate([starts_g, total])
+    ends = jnp.concatenate([ends_g, jnp.full((1,), m, jnp.int32)])
+    first = starts // block_m
+    count = jnp.where(ends > starts, (ends - 1) // block_m - first + 1, 0)
+    offsets_end = jnp.cumsum(count)
+    offsets_start = offsets_end - count
+    t = jnp.arange(-(-m // block_m) + g, dtype=jnp.int32)
+    group = jnp.minimum(jnp.searchsorted(offsets_end, t, side="right"), g).astype(jnp.int32)
+    valid = t < offsets_end[-1]
+    tile = jnp.where(valid, first[group] + t - offsets_start[group], 0)
+    lo = jnp.where(valid, starts[group], 0)
+    hi = jnp.where(valid, ends[group], 0)
+    return group, tile.astype(jnp.int32), lo.astype(jnp.int32), hi.astype(jnp.int32)
+
+
+def _dot(x: jax.Array, y: jax.Array, *, upcast: bool, trans_x: bool = False, trans_y: bool = False):
+    if upcast:  # the interpreter on CPUs: XLA:CPU has no bf16 x bf16 -> f32 dot.
+        x, y = x.astype(jnp.float32), y.astype(jnp.float32)
+    if trans_x:
+        x = x.T
+    if trans_y:
+        y = y.T
+    return jnp.dot(x, y, preferred_element_type=jnp.float32)
+
+
+def _grouped_kernel(
+    group_ref, tile_ref, lo_ref, hi_ref, x_ref, w_ref, o_ref, *,
+    block_m: int, block_n: int, block_k: int, steps: int, groups: int,
+    transpose_w: bool, rows_first: bool, upcast: bool,
+):  # fmt: skip
+    t, j = (
+        (pl.program_id(0), pl.program_id(1)) if rows_first else (pl.program_id(1), pl.program_id(0))
+    )
+    group, lo, hi = group_ref[t], lo_ref[t], hi_ref[t]
+    row0 = pl.multiple_of(tile_ref[t] * block_m, block_m)
+    col0 = pl.multiple_of(j * block_n, block_n)
+    expert = jnp.minimum(group, groups - 1)
+    # The rows after the last group (group == groups) and idle programs multiply nothing.
+    n_steps = jnp.where((group < groups) & (hi > lo), steps, 0)
+
+    def step(i, acc):
+        k0 = pl.multiple_of(i * block_k, block_k)
+        x = x_ref[pl.ds(row0, block_m), pl.ds(k0, block_k)]
+        if transpose_w:
+            w = w_ref[expert, pl.ds(col0, block_n), pl.ds(k0, block_k)]
+        else:
+            w = w_ref[expert, pl.ds(k0, block_k), pl.ds(col0, block_n)]
+        return acc + _dot(x, w, upcast=upcast, trans_y=transpose_w)
+
+    acc = lax.fori_loop(0, n_steps, step, jnp.zeros((block_m, block_n), jnp.float32))
+    rows = row0 + lax.broadcasted_iota(jnp.int32, (block_m, block_n), 0)
+    plt.store(
+        o_ref.at[pl.ds(row0, block_m), pl.ds(col0, block_n)],
+        acc.astype(o_ref.dtype),
+        mask=(rows >= lo) & (rows < hi),
+    )
+
+
+def _launch(cfg: RaggedDotConfig, interpret: bool):
+    if interpret:
+        return None
+    return triton_compiler_params(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def grouped_matmul(
+    x: jax.Array,
+    w: jax.Array,
+    group_sizes: jax.Array,
+    cfg: RaggedDotConfig,
+    *,
+    out_dtype: jnp.dtype,
+    transpose_w: bool = False,
+    interpret: bool = False,
+) -> jax.Array:
+    """`x[M, C]` times group g's expert for the rows of group g: `w[g]` (`[G, C, N]`),
+    or with `transpose_w` `w[g]ᵀ` (`w` is `[G, N, C]`); rows after the last group are
+    zero. Output `[M, N]` in `out_dtype`, accumulated in float32.
+
+    The contracted and column axes are zero-padded to the tiles where these do not
+    divide them (correct, but wasted work: the candidate space avoids such tiles).
+    """
+    bm, bn, bk = cfg.blocks
+    m, c = x.shape
+    g = w.shape[0]
+    n = w.shape[1] if transpose_w else w.shape[2]
+    xp = pad_to(x, (bm, bk))
+    wp = (
+        jnp.pad(w, ((0, 0), (0, (-n) % bn), (0, (-c) % bk)))
+        if transpose_w
+        else jnp.pad(w, ((0, 0), (0, (-c) % bk), (0, (-n) % bn)))
+    )
+    mp, cp = xp.shape
+    np_ = n + (-n) % bn
+    schedule = tile_schedule(group_sizes, m, bm)
+    tiles_m, tiles_n = schedule[0].shape[0], np_ // bn
+    rows_first = cfg.tile_order == "m"
+    kernel = functools.partial(
+        _grouped_kernel,
+        block_m=bm,
+        block_n=bn,
+        block_k=bk,
+        steps=cp // bk,
+        groups=g,
+        transpose_w=transpose_w,
+        rows_first=rows_first,
+        upcast=interpret,
+    )
+    out = pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((mp, np_), out_dtype),
+        grid=(tiles_m, tiles_n) if rows_first else (tiles_n, tiles_m),
+        compiler_params=_launch(cfg, interpret),
+        interpret=interpret,
+        name="kerneltune_ragged_dot",
+    )(*schedule, xp, wp)
+    return out if (mp, np_) == (m, n) else out[:m, :n]
+
+
+def _transposed_kernel(
+    lo_ref, hi_ref, a_ref, b_ref, o_ref, *,
+    block_m: int, block_n: int, block_k: int, rows_first: bool, upcast: bool,
+):  # fmt: skip
+    g = pl.program_id(0)
+    i, j = (
+        (pl.program_id(1), pl.program_id(2)) if rows_first else (pl.program_id(2), pl.program_id(1))
+    )
+    lo, hi = lo_ref[g], hi_ref[g]
+    col_a = pl.multiple_of(i * block_m, block_m)
+    col_b = pl.multiple_of(j * block_n, block_n)
+
+    def step(s, acc):
+        r0 = lo + s * block_k
+        keep = (r0 + lax.broadcasted_iota(jnp.int32, (block_k, 1), 0)) < hi
+        a = a_ref[pl.ds(r0, block_k), pl.ds(col_a, block_m)]
+        b = b_ref[pl.ds(r0, block_k), pl.ds(col_b, block_n)]
+        # Rows past the group belong to the next one (or are padding): masked out.
+        a = jnp.where(keep, a, jnp.zeros_like(a))
+        b = jnp.where(keep, b, jnp.zeros_like(b))
+        return acc + _dot(a, b, upcast=upcast, trans_x=True)
+
+    n_steps = (hi - lo + block_k - 1) // block_k
+    acc = lax.fori_loop(0, n_steps, step, jnp.zeros((block_m, block_n), jnp.float32))
+    o_ref[g, pl.ds(col_a, block_m), pl.ds(col_b, block_n)] = acc.astype(o_ref.dtype)
+
+
+def grouped_transposed_matmul(
+    a: jax.Array,
+    b: jax.Array,
+    group_sizes: jax.Array,
+    cfg: RaggedDotConfig,
+    *,
+    out_dtype: jnp.dtype,
+    interpret: bool = False,
+) -> jax.Array:
+    """`out[g] = a[rows of g]ᵀ · b[rows of g]` for `a[M, P]`, `b[M, Q]`: `[G, P, Q]` in
+    `out_dtype` (an empty group's slice is zero; rows after the last group are not
+    read). `block_m × block_n` tiles `P × Q`; `block_k` rows are contracted per step."""
+    bm, bn, bk = cfg.blocks
+    m, p = a.shape
+    q = b.shape[1]
+    g = group_sizes.shape[0]
+    # Rows: a step may start anywhere in a group and read `bk` rows past its end.
+    ap = jnp.pad(a, ((0, bk), (0, (-p) % bm)))
+    bp = jnp.pad(b, ((0, bk), (0, (-q) % bn)))
+    pp, qp = ap.shape[1], bp.shape[1]
+    lo, hi = group_bounds(group_sizes, m)
+    rows_first = cfg.tile_order == "m"
+    tiles = (pp // bm, qp // bn) if rows_first else (qp // bn, pp // bm)
+    kernel = functools.partial(
+        _transposed_kernel,
+        block_m=bm,
+        block_n=bn,
+        block_k=bk,
+        rows_first=rows_first,
+        upcast=interpret,
+    )
+    out = pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((g, pp, qp), out_dtype),
+        grid=(g, *tiles),
+        compiler_params=_launch(cfg, interpret),
+        interpret=interpret,
+        name="kerneltune_ragged_dot_drhs",
+    )(lo, hi, ap, bp)
+    return out if (pp, qp) == (p, q) else out[:, :p, :q]

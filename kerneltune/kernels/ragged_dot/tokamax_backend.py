@@ -1,0 +1,52 @@
+"""tokamax's `ragged_dot` as an optional forward backend.
+
+tokamax (openxla's kernel library) is not a dependency: where it is installed, its
+default `ragged_dot` joins the forward's candidates, so a tuned call is never slower
+than what a tokamax user already has. It brings its own backward, which JAX
+differentiates. Importing kerneltune never imports tokamax: it is found with
+`importlib.util.find_spec` and imported by the first call that runs it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+from typing import Any
+
+import numpy as np
+
+from kerneltune.kernels._common import on_gpu
+
+
+@functools.cache
+def installed() -> bool:
+    """Whether `tokamax` can be found (found only: importing it is slow)."""
+    return importlib.util.find_spec("tokamax") is not None
+
+
+def unsupported(dtype: np.dtype, out_dtype: np.dtype) -> str | None:
+    """Why tokamax's `ragged_dot` cannot run a call, or None when it can."""
+    if not installed():
+        return "tokamax is not installed (pip install tokamax)"
+    if not on_gpu():
+        return "tokamax's ragged_dot is offered on GPUs only"
+    if np.dtype(dtype).kind != "f" and np.dtype(dtype).name != "bfloat16":
+        return f"tokamax's ragged_dot is offered for floating inputs, not {np.dtype(dtype)}"
+    if np.dtype(out_dtype) != np.dtype(dtype):
+        return (
+            f"tokamax's ragged_dot is offered where the output keeps the inputs' dtype "
+            f"({np.dtype(dtype)}), not {np.dtype(out_dtype)}"
+        )
+    return None
+
+
+def ragged_dot(lhs: Any, rhs: Any, group_sizes: Any, *, out_dtype: str) -> Any:
+    """`lhs[M, K]` times each group's `rhs[g]` by tokamax's default implementation."""
+    if np.dtype(out_dtype) != np.dtype(lhs.dtype):
+        raise ValueError(
+            f"RaggedDotConfig(backend='tokamax') keeps the inputs' dtype {lhs.dtype}; the "
+            f"call wants {out_dtype}."
+        )
+    tokamax = importlib.import_module("tokamax")
+    return tokamax.ragged_dot(lhs, rhs, group_sizes)
