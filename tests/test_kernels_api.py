@@ -16,6 +16,8 @@ KERNELS = [
     kernels.LayerNorm,
     kernels.RMSNorm,
     kernels.Softmax,
+    kernels.LinearSoftmaxCrossEntropy,
+    kernels.GatedLinearUnit,
 ]
 INTERPRETED = [
     kernels.MatmulInterpret,
@@ -24,6 +26,8 @@ INTERPRETED = [
     kernels.LayerNormInterpret,
     kernels.RMSNormInterpret,
     kernels.SoftmaxInterpret,
+    kernels.LinearSoftmaxCrossEntropyInterpret,
+    kernels.GatedLinearUnitInterpret,
 ]
 
 

@@ -137,7 +137,9 @@ class LinearSoftmaxCrossEntropy(BundledKernelMixin, Kernel[CrossEntropyConfig, j
         losses, lse = self._rows(x, labels, w, where, cfg)
         return reduce_rows(losses, where, reduction), lse
 
-    def vjp(self, residuals, out, dout, x, labels, w, where, *, cfg: CrossEntropyConfig, reduction: str):
+    def vjp(
+        self, residuals, out, dout, x, labels, w, where, *, cfg: CrossEntropyConfig, reduction: str
+    ):
         assert cfg.chunk_size is not None
         if self._grads_in_forward(cfg, reduction):
             dx, dw = residuals
@@ -147,9 +149,7 @@ class LinearSoftmaxCrossEntropy(BundledKernelMixin, Kernel[CrossEntropyConfig, j
             row_scale = dout.astype(jnp.float32) * where.astype(jnp.float32)
         else:
             row_scale = dout.astype(jnp.float32) * row_weights(where, reduction)
-        dx, dw = chunked.backward_from_lse(
-            x, labels, w, residuals, row_scale, chunk=cfg.chunk_size
-        )
+        dx, dw = chunked.backward_from_lse(x, labels, w, residuals, row_scale, chunk=cfg.chunk_size)
         return dx, None, dw, None
 
     @staticmethod

@@ -26,7 +26,7 @@ def _in_chunks(chunk: int, *rows: jax.Array) -> list[jax.Array]:
     for a in rows:
         if pad:
             a = jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1))
-        out.append(a.reshape((-1, chunk) + a.shape[1:]))
+        out.append(a.reshape((-1, chunk, *a.shape[1:])))
     return out
 
 

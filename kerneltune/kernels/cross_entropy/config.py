@@ -104,7 +104,9 @@ block_k=None, num_warps=None, num_stages=None)
         check_positive_power_of_two(owner, "chunk_size", self.chunk_size)
         assert self.chunk_size is not None
         if self.chunk_size < MIN_CHUNK:
-            raise ValueError(f"{owner}.chunk_size must be at least {MIN_CHUNK}, got {self.chunk_size}.")
+            raise ValueError(
+                f"{owner}.chunk_size must be at least {MIN_CHUNK}, got {self.chunk_size}."
+            )
         if self.backend == "triton":
             for name, default in _TRITON_DEFAULTS.items():
                 if getattr(self, name) is None:
