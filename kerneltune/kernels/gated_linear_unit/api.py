@@ -21,11 +21,10 @@ from kerneltune.kernels.gated_linear_unit.reference import Weights, gate_and_up,
 
 
 def problem_of(inv: Invocation[Any, Any]) -> GLUProblem:
-    x = inv.args[0]
-    gate, _ = gate_and_up(inv.args[1])
-    return GLUProblem(
-        m=int(x.shape[0]), k=int(x.shape[1]), n=int(gate.shape[1]), dtype=np.dtype(x.dtype)
-    )
+    x, w = inv.args[0], inv.args[1]
+    # Shapes only: a recorded call's arguments are `jax.ShapeDtypeStruct`s.
+    n = w[0].shape[1] if isinstance(w, tuple) else w.shape[2]
+    return GLUProblem(m=int(x.shape[0]), k=int(x.shape[1]), n=int(n), dtype=np.dtype(x.dtype))
 
 
 def check_weights(op: str, x: Any, w: Any) -> None:
