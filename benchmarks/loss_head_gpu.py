@@ -116,7 +116,10 @@ def implementations(
         def kt_loss(ex: Any) -> Callable[..., jax.Array]:
             return lambda x, labels, w: ktk.linear_softmax_cross_entropy(x, labels, w, executor=ex)
 
-        out = {"plain": plain_loss, "kt_heuristic": kt_loss(heuristic)}
+        out: dict[str, Callable[..., jax.Array]] = {
+            "plain": plain_loss,
+            "kt_heuristic": kt_loss(heuristic),
+        }
         if st.tokamax is not None:
             out["tokamax"] = tokamax_loss(st.tokamax)
         if tuning is not None:
