@@ -283,3 +283,20 @@ def test_bad_input_is_named(change, error, message):
             where=args["where"],
             executor=EX,
         )
+
+
+@pytest.mark.parametrize("backend", ["chunked", "triton"])
+def test_second_derivatives_come_from_the_reference(backend):
+    x, labels, w, where = problem(8, 16, 8, 32)
+
+    def grad_norm(loss):
+        return lambda x: jnp.sum(jax.grad(loss)(x) ** 2)
+
+    def kernel_loss(x):
+        return EX(KERNEL, x, labels, w, where, reduction="sum", cfg=BACKENDS[backend])
+
+    def reference_loss(x):
+        return cross_entropy_reference(x, labels, w, where, reduction="sum")
+
+    got = jax.jit(jax.grad(grad_norm(kernel_loss)))(x)
+    assert relative_error(got, jax.grad(grad_norm(reference_loss))(x)) <= 1e-4

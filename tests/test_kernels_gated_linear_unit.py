@@ -257,3 +257,16 @@ def test_bad_input_is_named(x, w, error, message):
 def test_activation_must_be_callable():
     with pytest.raises(TypeError, match=r"activation must be callable"):
         gated_linear_unit(jnp.ones((4, 8)), jnp.ones((8, 2, 5)), activation="silu", executor=EX)
+
+
+def test_second_derivatives_of_the_fused_kernel():
+    x, w, _ = operands(8, 16, 16, 16)
+
+    def grad_norm(f):
+        return lambda x: jnp.sum(jax.grad(lambda z: jnp.sum(f(z) ** 2))(x) ** 2)
+
+    got = jax.jit(
+        jax.grad(grad_norm(lambda z: EX(KERNEL, z, w, activation=jax.nn.silu, cfg=FUSED)))
+    )(x)
+    want = jax.grad(grad_norm(lambda z: glu_reference(z, w, jax.nn.silu)))(x)
+    assert relative_error(got, want) <= 1e-4
