@@ -87,6 +87,9 @@ def kerneltune_ops(executor: Any = None) -> Ops:
     def matmul(a: jax.Array, b: jax.Array) -> jax.Array:
         return ktk.matmul(a, b, **ex)
 
+    def swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array) -> jax.Array:
+        return ktk.gated_linear_unit(x, (w_gate, w_up), activation=jax.nn.silu, **ex)
+
     return Ops(
         "kerneltune",
         lambda x, s, b: ktk.layer_norm(x, s, b, epsilon=EPSILON, **ex),
@@ -94,7 +97,7 @@ def kerneltune_ops(executor: Any = None) -> Ops:
         lambda q, k, v, causal: ktk.attention(q, k, v, is_causal=causal, **ex),
         lambda x: ktk.softmax(x, axis=-1, **ex),
         matmul,
-        _swiglu_with(matmul),
+        swiglu,
     )
 
 

@@ -32,3 +32,23 @@ def rms_norm(x, scale=None, *, axis=-1, epsilon=1e-6):
     if scale is not None:
         y = y * scale.astype(jnp.float32)
     return y.astype(x.dtype)
+
+
+def gated_linear_unit(x, weights, *, activation=jax.nn.silu):
+    """`activation(x·W₀) ⊙ (x·W₁)`, weights `[K, 2, N]` or a pair of `[K, N]`."""
+    gate, up = weights if isinstance(weights, (tuple, list)) else (weights[:, 0], weights[:, 1])
+    return activation(x @ gate) * (x @ up)
+
+
+def linear_softmax_cross_entropy(x, labels, weights, *, reduction="mean", where=None):
+    """`logsumexp(x·W) − (x·W)[label]` per row in float32, reduced (the logits
+    materialised)."""
+    logits = jnp.dot(x, weights, preferred_element_type=jnp.float32)
+    picked = jnp.take_along_axis(logits, labels[:, None], axis=-1)[:, 0]
+    losses = jax.nn.logsumexp(logits, axis=-1) - picked
+    mask = jnp.ones(labels.shape, bool) if where is None else where
+    losses = jnp.where(mask, losses, 0.0)
+    if reduction == "none":
+        return losses
+    total = jnp.sum(losses)
+    return total if reduction == "sum" else total / jnp.sum(mask, dtype=jnp.float32)

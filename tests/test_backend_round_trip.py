@@ -5,7 +5,14 @@ manifest's records (issue 10)."""
 import pytest
 
 import kerneltune as kt
-from kerneltune.kernels import FwdParams, MatmulConfig, NormConfig, RaggedDotConfig
+from kerneltune.kernels import (
+    CrossEntropyConfig,
+    FwdParams,
+    GLUConfig,
+    MatmulConfig,
+    NormConfig,
+    RaggedDotConfig,
+)
 
 CONFIGS = [
     ("attention@v1", FwdParams(backend="cudnn")),
@@ -18,6 +25,14 @@ CONFIGS = [
     ("ragged_dot@v1", RaggedDotConfig(backend="tokamax")),
     ("ragged_dot@v1", RaggedDotConfig(backend="mosaic", grid_block_n=4)),
     ("ragged_dot_drhs@v1", RaggedDotConfig(block_m=64, tile_order="n")),
+    ("linear_softmax_cross_entropy@v1", CrossEntropyConfig(backend="xla")),
+    ("linear_softmax_cross_entropy@v1", CrossEntropyConfig(backend="chunked", chunk_size=2048)),
+    (
+        "linear_softmax_cross_entropy@v1",
+        CrossEntropyConfig(backend="triton", block_m=128, block_v=256, num_stages=3),
+    ),
+    ("gated_linear_unit@v1", GLUConfig(backend="tokamax")),
+    ("gated_linear_unit@v1", GLUConfig(backend="triton", bm=128, bn=128, bk=64, num_warps=8)),
 ]
 
 
@@ -38,6 +53,8 @@ def test_backends_survive_a_result_file(tmp_path):
         "matmul": MatmulConfig,
         "ragged_dot": RaggedDotConfig,
         "ragged_dot_drhs": RaggedDotConfig,
+        "linear_softmax_cross_entropy": CrossEntropyConfig,
+        "gated_linear_unit": GLUConfig,
     }
     loaded = kt.AutotuningResult.load(path, types)
     assert [e.cfg for e in loaded] == [cfg for _, cfg in CONFIGS]
@@ -51,6 +68,11 @@ def test_backends_survive_a_result_file(tmp_path):
         "mosaic",
         "tokamax",
         "mosaic",
+        "triton",
+        "xla",
+        "chunked",
+        "triton",
+        "tokamax",
         "triton",
     ]
 
@@ -119,3 +141,46 @@ def test_a_ragged_dot_manifest_record_tunes_to_a_typed_config(tmp_path):
     )
     assert isinstance(entry.cfg, RaggedDotConfig) and entry.cfg.backend == "triton"
     assert entry.cfg == result.entries[0].cfg
+
+
+@pytest.mark.parametrize(
+    "kernel_name", ["LinearSoftmaxCrossEntropyInterpret", "GatedLinearUnitInterpret"]
+)
+def test_new_ops_backends_survive_a_manifest_and_tuning(tmp_path, kernel_name):
+    # The loss head and the gated linear unit: a recorded call written to a manifest,
+    # tuned from the file, keeps a typed config whose backend reads back intact.
+    import jax
+    import jax.numpy as jnp
+
+    from kerneltune import kernels
+    from kerneltune._src import recording
+
+    cls = getattr(kernels, kernel_name)
+    cfg_type = cls.config_type
+    x = jax.random.normal(jax.random.PRNGKey(0), (16, 16), jnp.float32)
+    if cls is kernels.LinearSoftmaxCrossEntropyInterpret:
+        args = (x, jnp.arange(16) % 32, jnp.ones((16, 32)) / 4, jnp.ones(16, bool))
+        kwargs = {"reduction": "mean"}
+    else:
+        args = (x, jax.random.normal(jax.random.PRNGKey(1), (16, 2, 16)) / 4)
+        kwargs = {"activation": jax.nn.silu}
+    recording.clear_invocations()
+    heuristics = kt.Executor(
+        kt.ConfigSelectorChain(
+            kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback="heuristics")
+        )
+    )
+    with recording.record_calls():
+        heuristics(cls(), *args, **kwargs)
+    assert kt.save_manifest(tmp_path / "calls.json") == 1
+    recording.clear_invocations()
+    chain = kt.ConfigSelectorChain(
+        kt.ConfigCache(), tuner=kt.Tuner(progress=False, iters=1, target_sample_s=1e-4)
+    )
+    result = kt.autotune_recorded(kt.load_manifest(tmp_path / "calls.json"), selector=chain)
+    result.save(tmp_path / "tuned.json")
+    (entry,) = kt.AutotuningResult.load(tmp_path / "tuned.json", {cls.op_id: cfg_type})
+    assert isinstance(entry.cfg, cfg_type) and entry.cfg == result.entries[0].cfg
+    assert entry.cfg.backend in {"xla", "chunked", "triton"}
+    timed = {c["cfg"]["backend"] for c in result.entries[0].candidates if c["status"] == "ok"}
+    assert "triton" in timed and len(timed) >= 2

@@ -167,3 +167,29 @@ def test_the_tuner_benchmark_methods_and_diagnostics_run_tiny_on_a_cpu():
     result = tuner_methods.work_kerneltune(shape, True, "coordinate")
     assert result["winner"] is not None and result["evaluated"] >= 2
     assert tuner_diag.work_profiler_fallback(tiny=True)["ok"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_loss_head_benchmark_smoke_run_times_every_implementation(tmp_path, capsys):
+    from benchmarks import loss_head_gpu
+
+    out = tmp_path / "loss_head.json"
+    with standard_promotion():
+        loss_head_gpu.main(["--smoke", "--ops", "loss_head,glu,model", "--json", str(out)])
+    doc = json.loads(out.read_text())
+    printed = capsys.readouterr().out
+    got = [(r["op"], r["pass_"]) for r in doc["results"]]
+    assert got == [
+        ("loss_head", "fwd"),
+        ("loss_head", "fwd+bwd"),
+        ("glu", "fwd"),
+        ("glu", "fwd+bwd"),
+        ("model", "train"),
+    ]
+    for r in doc["results"]:
+        assert r["errors"] == {}, r
+        for name in ("plain", "kt_heuristic", "kt_tuned"):
+            assert _positive(r["times"][name]), (r["op"], name)
+            assert _positive(r["first_call_s"][name]) and r["peak_bytes"][name] > 0
+        assert f"{r['op']} " in printed

@@ -9,9 +9,21 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from kerneltune.kernels import Attention, LayerNorm, Matmul, RMSNorm, Softmax
+from kerneltune.kernels import (
+    Attention,
+    CrossEntropyConfig,
+    GatedLinearUnit,
+    GLUConfig,
+    LayerNorm,
+    LinearSoftmaxCrossEntropy,
+    Matmul,
+    RMSNorm,
+    Softmax,
+)
 from kerneltune.kernels._common import kernel_for, relative_error, tolerance
 from kerneltune.kernels.attention.reference import attention_reference
+from kerneltune.kernels.cross_entropy.reference import cross_entropy_reference
+from kerneltune.kernels.gated_linear_unit.reference import glu_reference
 from kerneltune.kernels.matmul import mosaic_space, pallas_mosaic
 from kerneltune.kernels.matmul.config import MatmulProblem
 from kerneltune.kernels.normalization.reference import layer_norm_reference, rms_norm_reference
@@ -100,3 +112,66 @@ def test_the_mosaic_matmul_matches_the_reference_on_hopper():
     ref, ref_grads = value_and_vjp(highest_dot, (x.astype(F32), y.astype(F32)), dout.astype(F32))
     errors = [relative_error(out, ref)] + [relative_error(g, r) for g, r in zip(grads, ref_grads)]
     assert max(errors) <= 2 * tolerance(BF16)
+
+
+# --- the loss head and the gated linear unit (issue 29) ----------------------------------
+
+LOSS_HEAD_CFGS = {
+    "xla": CrossEntropyConfig(),
+    "chunked": CrossEntropyConfig(backend="chunked", chunk_size=256),
+    "triton": CrossEntropyConfig(backend="triton", chunk_size=256),
+    "triton wide": CrossEntropyConfig(
+        backend="triton", chunk_size=512, block_m=128, block_v=256, block_k=64, num_stages=3
+    ),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("backend", list(LOSS_HEAD_CFGS))
+def test_every_loss_head_backend_matches_the_reference_on_a_gpu(backend, dtype):
+    dtype = jnp.dtype(dtype)
+    m, k, v = 1000, 256, 5000  # no tile divides the rows or the vocabulary
+    x, w = normal(1, (m, k), dtype), normal(2, (k, v), dtype, 0.1)
+    labels = jax.random.randint(jax.random.PRNGKey(3), (m,), 0, v)
+    where = jax.random.uniform(jax.random.PRNGKey(4), (m,)) > 0.2
+    ex = heuristics_executor()
+    kernel = kernel_for(LinearSoftmaxCrossEntropy, ex)
+    cfg = LOSS_HEAD_CFGS[backend]
+    for reduction in ("mean", "none"):
+
+        def call(x, w, reduction=reduction):
+            return ex(kernel, x, labels, w, where, reduction=reduction, cfg=cfg)
+
+        def ref(x, w, reduction=reduction):
+            return cross_entropy_reference(x, labels, w, where, reduction=reduction)
+
+        dout = jnp.float32(1.0) if reduction == "mean" else normal(5, (m,), F32)
+        out, grads = value_and_vjp(call, (x, w), dout)
+        r, r_grads = value_and_vjp(ref, (x.astype(F32), w.astype(F32)), dout)
+        tol = tolerance(dtype)
+        assert relative_error(out, r) <= tol, reduction
+        assert max(relative_error(g, rg) for g, rg in zip(grads, r_grads)) <= 2 * tol, reduction
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize(
+    "cfg",
+    [GLUConfig(), GLUConfig(backend="triton"), GLUConfig(backend="triton", bm=128, bn=128, bk=64)],
+    ids=["xla", "triton", "triton wide"],
+)
+def test_every_glu_backend_matches_the_reference_on_a_gpu(cfg, dtype):
+    dtype = jnp.dtype(dtype)
+    x, w = normal(1, (1000, 384), dtype), normal(2, (384, 2, 640), dtype, 0.05)
+    ex = heuristics_executor()
+    kernel = kernel_for(GatedLinearUnit, ex)
+
+    def call(x, w):
+        return ex(kernel, x, w, activation=jax.nn.silu, cfg=cfg)
+
+    dout = normal(3, (1000, 640), dtype)
+    out, grads = value_and_vjp(call, (x, w), dout)
+    f32 = (x.astype(F32), w.astype(F32))
+    r, r_grads = value_and_vjp(lambda a, b: glu_reference(a, b, jax.nn.silu), f32, dout.astype(F32))
+    tol = tolerance(dtype)
+    assert relative_error(out, r) <= tol
+    assert max(relative_error(g, rg) for g, rg in zip(grads, r_grads)) <= 2 * tol

@@ -19,6 +19,8 @@ KERNELS = [
     kernels.RaggedDot,
     kernels.RaggedDotGradLhs,
     kernels.RaggedDotGradRhs,
+    kernels.LinearSoftmaxCrossEntropy,
+    kernels.GatedLinearUnit,
 ]
 INTERPRETED = [
     kernels.MatmulInterpret,
@@ -30,6 +32,8 @@ INTERPRETED = [
     kernels.RaggedDotInterpret,
     kernels.RaggedDotGradLhsInterpret,
     kernels.RaggedDotGradRhsInterpret,
+    kernels.LinearSoftmaxCrossEntropyInterpret,
+    kernels.GatedLinearUnitInterpret,
 ]
 
 

@@ -1,5 +1,6 @@
-"""Trains the Llama-style block a few steps with `jax.nn` ops and with kerneltune's,
-tunes the kerneltune model with one call, and prints the step time both ways.
+"""Trains a Llama-style block with its loss head a few steps with `jax.nn` ops and with
+kerneltune's, tunes the kerneltune model with one call, and prints the step time both
+ways.
 
     python -m examples.llama_nnx.train --steps 5           # GPU-sized block
     python -m examples.llama_nnx.train --steps 3 --tiny    # seconds on a CPU
@@ -15,18 +16,20 @@ import optax
 from flax import nnx
 
 from examples import compare
-from examples.llama_nnx.model import TINY, LlamaBlock, LlamaConfig
+from examples.llama_nnx.model import TINY, LlamaConfig, LlamaLM
 
 
 def make_step(config: LlamaConfig, ops: ModuleType, learning_rate: float = 1e-3):
-    """`(step, params, opt_state)`: one jitted AdamW step on a next-token-like loss."""
-    model = LlamaBlock(config, ops=ops, rngs=nnx.Rngs(0))
+    """`(step, params, opt_state)`: one jitted AdamW step on a next-token loss (each
+    position's label is drawn from the batch's targets `y`: their argmax over the
+    features, a token id below `dim <= vocab`)."""
+    model = LlamaLM(config, ops=ops, rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(model, nnx.Param)
     optimizer = optax.adamw(learning_rate)
 
     def loss_fn(params, x, y):
-        out = nnx.merge(graphdef, params)(x)
-        return jnp.mean(jnp.square(out.astype(jnp.float32) - y.astype(jnp.float32)))
+        labels = jnp.argmax(y, axis=-1).astype(jnp.int32)
+        return nnx.merge(graphdef, params).loss(x, labels)
 
     @jax.jit
     def step(params, opt_state, x, y):

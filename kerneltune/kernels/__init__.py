@@ -1,7 +1,8 @@
 """Bundled kernels built on kerneltune, one folder per family.
 
 Each family has a public function (`matmul`, `attention`, `layer_norm`, `rms_norm`,
-`softmax`, `ragged_dot`) that runs through an executor (the default one unless given), the kernel
+`softmax`, `ragged_dot`, `gated_linear_unit`, `linear_softmax_cross_entropy`) that runs
+through an executor (the default one unless given), the kernel
 class behind it, its config type, an XLA path used on CPUs, and the Pallas path used
 on GPUs. The `...Interpret` kernels run the Pallas code in the Pallas interpreter on
 any device, under their own op ids: for tests and the CPU demo.
@@ -14,6 +15,20 @@ from kerneltune.kernels.attention import AttentionBackward as AttentionBackward
 from kerneltune.kernels.attention import AttentionBackwardInterpret as AttentionBackwardInterpret
 from kerneltune.kernels.attention import AttentionInterpret as AttentionInterpret
 from kerneltune.kernels.attention import attention as attention
+from kerneltune.kernels.cross_entropy import CrossEntropyConfig as CrossEntropyConfig
+from kerneltune.kernels.cross_entropy import LinearSoftmaxCrossEntropy as LinearSoftmaxCrossEntropy
+from kerneltune.kernels.cross_entropy import (
+    LinearSoftmaxCrossEntropyInterpret as LinearSoftmaxCrossEntropyInterpret,
+)
+from kerneltune.kernels.cross_entropy import (
+    linear_softmax_cross_entropy as linear_softmax_cross_entropy,
+)
+from kerneltune.kernels.gated_linear_unit import GatedLinearUnit as GatedLinearUnit
+from kerneltune.kernels.gated_linear_unit import (
+    GatedLinearUnitInterpret as GatedLinearUnitInterpret,
+)
+from kerneltune.kernels.gated_linear_unit import GLUConfig as GLUConfig
+from kerneltune.kernels.gated_linear_unit import gated_linear_unit as gated_linear_unit
 from kerneltune.kernels.matmul import Matmul as Matmul
 from kerneltune.kernels.matmul import MatmulConfig as MatmulConfig
 from kerneltune.kernels.matmul import MatmulInterpret as MatmulInterpret
@@ -44,9 +59,15 @@ __all__ = [
     "AttentionBackwardInterpret",
     "AttentionInterpret",
     "BwdParams",
+    "CrossEntropyConfig",
     "FwdParams",
+    "GLUConfig",
+    "GatedLinearUnit",
+    "GatedLinearUnitInterpret",
     "LayerNorm",
     "LayerNormInterpret",
+    "LinearSoftmaxCrossEntropy",
+    "LinearSoftmaxCrossEntropyInterpret",
     "Matmul",
     "MatmulConfig",
     "MatmulInterpret",
@@ -64,7 +85,9 @@ __all__ = [
     "SoftmaxConfig",
     "SoftmaxInterpret",
     "attention",
+    "gated_linear_unit",
     "layer_norm",
+    "linear_softmax_cross_entropy",
     "matmul",
     "ragged_dot",
     "rms_norm",

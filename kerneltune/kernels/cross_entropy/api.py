@@ -1,0 +1,226 @@
+"""`linear_softmax_cross_entropy`: the public function and its kernel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kerneltune._src import keys
+from kerneltune._src.default import default_executor
+from kerneltune._src.kernel import Invocation, Kernel
+from kerneltune._src.tuning.inputs import random_like
+from kerneltune.kernels._args import as_array
+from kerneltune.kernels._common import BundledKernelMixin, Pruned, kernel_for
+from kerneltune.kernels.cross_entropy import chunked
+from kerneltune.kernels.cross_entropy import config as config_lib
+from kerneltune.kernels.cross_entropy.config import CrossEntropyConfig, CrossEntropyProblem
+from kerneltune.kernels.cross_entropy.pallas_triton import lse_and_label_logit
+from kerneltune.kernels.cross_entropy.reference import (
+    REDUCTIONS,
+    cross_entropy_xla,
+    reduce_rows,
+)
+
+
+def problem_of(inv: Invocation[Any, Any]) -> CrossEntropyProblem:
+    x, w = inv.args[0], inv.args[2]
+    return CrossEntropyProblem(
+        m=int(x.shape[0]), k=int(x.shape[1]), v=int(w.shape[1]), dtype=np.dtype(x.dtype)
+    )
+
+
+def check_inputs(op: str, x: Any, labels: Any, w: Any, where: Any, reduction: Any) -> None:
+    """Raises a TypeError or ValueError naming the argument that does not fit."""
+    if not isinstance(reduction, str) or reduction not in REDUCTIONS:
+        raise ValueError(f"{op}: reduction must be one of {REDUCTIONS}, got {reduction!r}.")
+    if x.ndim != 2:
+        raise ValueError(f"{op}: x must be [tokens, features] (2-D), got shape {x.shape}.")
+    if w.ndim != 2 or w.shape[0] != x.shape[1]:
+        raise ValueError(
+            f"{op}: weights must be [features, vocab] with features = x.shape[1] = "
+            f"{x.shape[1]}, got shape {w.shape}."
+        )
+    if not jnp.issubdtype(x.dtype, jnp.floating) or x.dtype != w.dtype:
+        raise TypeError(
+            f"{op}: x and weights must share one floating dtype, got {x.dtype} and {w.dtype}."
+        )
+    if not jnp.issubdtype(labels.dtype, jnp.integer):
+        raise TypeError(f"{op}: labels must be an integer array, got dtype {labels.dtype}.")
+    if labels.shape != (x.shape[0],):
+        raise ValueError(
+            f"{op}: labels must have shape ({x.shape[0]},) (one per row of x), got {labels.shape}."
+        )
+    if where.dtype != jnp.bool_ or where.shape != (x.shape[0],):
+        raise ValueError(
+            f"{op}: where must be a boolean array of shape ({x.shape[0]},), got "
+            f"{where.dtype}{list(where.shape)}."
+        )
+
+
+def row_weights(where: jax.Array, reduction: str) -> jax.Array:
+    """The derivative of the reduced loss with respect to each row's loss (float32)."""
+    mask = where.astype(jnp.float32)
+    return mask / jnp.sum(mask) if reduction == "mean" else mask
+
+
+class LinearSoftmaxCrossEntropy(BundledKernelMixin, Kernel[CrossEntropyConfig, jax.Array]):
+    """`x[M, K] @ w[K, V]` then a softmax cross-entropy against integer labels, with a
+    mask, reduced by "sum", "mean" or "none" (float32 out).
+
+    Arguments: `(x, labels, w, where)` and the static `reduction`. Its config picks
+    the backend (`CrossEntropyConfig`): XLA materialising the logits (the heuristic,
+    and what JAX differentiates itself), chunks of tokens that compute their gradients
+    during the forward under a gradient, or the fused Pallas kernel. Calls under a
+    gradient are tuned apart, on forward + backward time.
+    """
+
+    op_id = "linear_softmax_cross_entropy"
+    version = "1"
+    config_type = CrossEntropyConfig
+    tunes_training_apart = True
+
+    def prepare(self, x: Any, labels: Any, w: Any, where: Any, *, reduction: str = "mean"):
+        check_inputs(self.op_id, x, labels, w, where, reduction)
+        return (x, labels, w, where), {"reduction": reduction}
+
+    def heuristic_cfg(self, inv: Invocation[Any, Any]) -> CrossEntropyConfig:
+        return config_lib.heuristic(problem_of(inv))
+
+    def search_space(
+        self, inv: Invocation[Any, Any]
+    ) -> tuple[list[CrossEntropyConfig], list[Pruned[CrossEntropyConfig]]]:
+        return config_lib.candidates(problem_of(inv), training=bool(inv.differentiated))
+
+    def interpret_candidates(self, inv: Invocation[Any, Any]) -> list[CrossEntropyConfig]:
+        return config_lib.interpret_candidates(problem_of(inv))
+
+    def tuning_inputs(self, inv: Invocation[Any, Any]):
+        """Random x and w, labels drawn over the vocabulary, every token counted (the
+        default inputs' all-False mask would make the mean 0/0)."""
+        x, labels, w, where = inv.args
+        seed = keys.seed_of(inv.call_key)
+        x, w = random_like((x, w), seed=seed)
+        vocab = int(w.shape[1])
+        drawn = jax.random.randint(jax.random.PRNGKey(seed), labels.shape, 0, vocab)
+        return (x, drawn.astype(labels.dtype), w, jnp.ones(where.shape, bool)), dict(inv.kwargs)
+
+    def differentiated_by_jax(self, cfg: CrossEntropyConfig) -> bool:
+        """The materialised logits are differentiated by JAX: plain JAX's backward."""
+        return cfg.backend == "xla"
+
+    def _rows(self, x, labels, w, where, cfg: CrossEntropyConfig) -> tuple[jax.Array, jax.Array]:
+        """Per-row losses (0 where masked) and log-sum-exps, without materialising."""
+        if cfg.backend == "chunked":
+            assert cfg.chunk_size is not None
+            return chunked.forward(x, labels, w, where, chunk=cfg.chunk_size)
+        lse, picked = lse_and_label_logit(x, labels, w, cfg, interpret=self.use_interpreter())
+        return jnp.where(where, lse - picked, 0.0), lse
+
+    def run(self, x, labels, w, where, *, cfg: CrossEntropyConfig, reduction: str) -> jax.Array:
+        if cfg.backend == "xla":
+            return cross_entropy_xla(x, labels, w, where, reduction=reduction)
+        return reduce_rows(self._rows(x, labels, w, where, cfg)[0], where, reduction)
+
+    def fwd_with_residuals(
+        self, x, labels, w, where, *, cfg: CrossEntropyConfig, reduction: str
+    ) -> tuple[jax.Array, Any]:
+        assert cfg.chunk_size is not None
+        if self._grads_in_forward(cfg, reduction):
+            weights = row_weights(where, reduction)
+            losses, dx, dw = chunked.forward_with_grads(
+                x, labels, w, where, weights, chunk=cfg.chunk_size
+            )
+            return reduce_rows(losses, where, reduction), (dx, dw)
+        losses, lse = self._rows(x, labels, w, where, cfg)
+        return reduce_rows(losses, where, reduction), lse
+
+    def vjp(
+        self, residuals, out, dout, x, labels, w, where, *, cfg: CrossEntropyConfig, reduction: str
+    ):
+        assert cfg.chunk_size is not None
+        if self._grads_in_forward(cfg, reduction):
+            dx, dw = residuals
+            scale = dout.astype(jnp.float32)
+            return (scale * dx).astype(x.dtype), None, (scale * dw).astype(w.dtype), None
+        if reduction == "none":
+            row_scale = dout.astype(jnp.float32) * where.astype(jnp.float32)
+        else:
+            row_scale = dout.astype(jnp.float32) * row_weights(where, reduction)
+        dx, dw = chunked.backward_from_lse(x, labels, w, residuals, row_scale, chunk=cfg.chunk_size)
+        return dx, None, dw, None
+
+    @staticmethod
+    def _grads_in_forward(cfg: CrossEntropyConfig, reduction: str) -> bool:
+        """The chunked path computes the gradients in its forward where the loss is one
+        number (its cotangent only scales them); per-token losses' cotangents are only
+        known in the backward, which then recomputes the logits."""
+        return cfg.backend == "chunked" and reduction != "none"
+
+    def reference(self, x, labels, w, where, *, reduction: str) -> jax.Array:
+        """The op's math in plain JAX: second derivatives are taken from it."""
+        return cross_entropy_xla(x, labels, w, where, reduction=reduction)
+
+
+class LinearSoftmaxCrossEntropyInterpret(LinearSoftmaxCrossEntropy):
+    """The loss head with its fused Pallas kernel run by the Pallas interpreter on any
+    device, and a few small candidates: for tests and the CPU demo (timings measure
+    the interpreter, not a GPU)."""
+
+    op_id = "linear_softmax_cross_entropy-interpret"
+    interpret = True
+
+
+def linear_softmax_cross_entropy(
+    x: jax.Array,
+    labels: jax.Array,
+    weights: jax.Array,
+    *,
+    reduction: str = "mean",
+    where: jax.Array | None = None,
+    cfg: CrossEntropyConfig | None = None,
+    executor: Any = None,
+) -> jax.Array:
+    """The loss head of a language model: `x @ weights`, then the softmax
+    cross-entropy of each row against its integer label, in float32.
+
+    Per row, `loss = logsumexp(x·W) − (x·W)[label]`. Memory-efficient configs never
+    hold the `[M, V]` logits (see `CrossEntropyConfig`); the heuristic materialises
+    them, as plain JAX does, unless tuning finds a faster config.
+
+    Args:
+      x: `[M, K]` floating activations (one row per token).
+      labels: `[M]` integers in `[0, V)` (ignored where `where` is False).
+      weights: `[K, V]`, x's dtype.
+      reduction: "mean" (over the unmasked tokens), "sum", or "none" (per-token
+        losses, `[M]`, 0 at masked tokens).
+      where: optional boolean `[M]`: False leaves a token out of the loss and the mean.
+      cfg: a `CrossEntropyConfig` to use instead of the chosen one.
+      executor: the executor to run through (default: `kerneltune.default_executor()`).
+
+    Returns:
+      A float32 scalar, or `[M]` with `reduction="none"`.
+
+    Raises:
+      TypeError: labels are not integers; x and weights are not one floating dtype.
+      ValueError: shapes that do not fit, or an unknown `reduction`.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from kerneltune.kernels import linear_softmax_cross_entropy
+      >>> x, w = jnp.zeros((4, 8)), jnp.zeros((8, 16))
+      >>> round(float(linear_softmax_cross_entropy(x, jnp.arange(4), w)), 4)  # log 16
+      2.7726
+    """
+    op = "linear_softmax_cross_entropy"
+    x = as_array(op, "x", x)
+    labels = as_array(op, "labels", labels)
+    weights = as_array(op, "weights", weights)
+    rows = x.shape[0] if x.ndim else 0
+    mask = jnp.ones((rows,), bool) if where is None else as_array(op, "where", where)
+    check_inputs(op, x, labels, weights, mask, reduction)
+    ex = executor if executor is not None else default_executor()
+    kernel = kernel_for(LinearSoftmaxCrossEntropy, ex)
+    return ex(kernel, x, labels.astype(jnp.int32), weights, mask, reduction=reduction, cfg=cfg)  # type: ignore[no-any-return]

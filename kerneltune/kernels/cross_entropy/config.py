@@ -1,0 +1,279 @@
+"""The loss head's config, its heuristic and its candidate space pruned by what fits.
+
+Three backends, each a different trade of memory against speed:
+
+- "xla" materialises the `[M, V]` logits (float32) and lets JAX differentiate them: three
+  matmuls, cuBLAS speed, the most memory.
+- "chunked" walks the tokens in chunks of `chunk_size` (a `lax.scan` in plain JAX);
+  under a gradient each chunk's gradients are computed during the forward, so the
+  backward only scales them (still three matmuls). Memory: one chunk's `[chunk, V]`
+  intermediates instead of every token's.
+- "triton" is a fused Pallas kernel that keeps a running log-sum-exp per row over
+  blocks of the vocabulary and never stores a logit; its backward recomputes the
+  logits chunk by chunk from the saved log-sum-exp (four matmuls, the least memory).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any, Literal
+
+import numpy as np
+
+from kerneltune._src.params import check_positive, check_positive_power_of_two
+from kerneltune.kernels._common import (
+    MAX_REGISTERS_PER_THREAD,
+    Pruned,
+    next_power_of_2,
+    prune,
+    shared_memory_limit,
+    shared_memory_rule,
+)
+
+BACKENDS = ("xla", "chunked", "triton")
+Backend = Literal["xla", "chunked", "triton"]
+#: The smallest tile side Triton's `dot` accepts.
+MIN_BLOCK = 16
+#: The smallest chunk of tokens the chunked path takes.
+MIN_CHUNK = 8
+
+_TRITON_DEFAULTS: dict[str, Any] = {
+    "block_m": 64,
+    "block_v": 128,
+    "block_k": 64,
+    "num_warps": 4,
+    "num_stages": 2,
+}
+#: Tokens per chunk of the chunked backward that the Triton backend's gradient uses.
+DEFAULT_CHUNK = 4096
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CrossEntropyConfig:
+    """How `linear_softmax_cross_entropy` runs.
+
+    Attributes:
+      backend: "xla" (materialise the logits), "chunked" (a scan over chunks of tokens)
+        or "triton" (the fused Pallas kernel). See the module docstring for the trade.
+      chunk_size: tokens per chunk: the chunked forward's, and the chunked backward's
+        that the "triton" backend uses under a gradient. None with "xla".
+      block_m, block_v, block_k: ("triton") rows, vocabulary columns and shared-dim
+        steps of one program's logit tile.
+      num_warps, num_stages: ("triton") warps per program and pipelining depth.
+
+    Example:
+      >>> CrossEntropyConfig(backend="chunked", chunk_size=2048)
+      CrossEntropyConfig(backend='chunked', chunk_size=2048, block_m=None, block_v=None, \
+block_k=None, num_warps=None, num_stages=None)
+      >>> CrossEntropyConfig(backend="chunked", chunk_size=1000)
+      Traceback (most recent call last):
+      ...
+      ValueError: CrossEntropyConfig.chunk_size must be a positive power of two, got 1000.
+    """
+
+    backend: Backend = "xla"
+    chunk_size: int | None = None
+    block_m: int | None = None
+    block_v: int | None = None
+    block_k: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+
+    def __post_init__(self) -> None:
+        owner = "CrossEntropyConfig"
+        if self.backend not in BACKENDS:
+            raise ValueError(f"{owner}.backend must be one of {BACKENDS}, got {self.backend!r}.")
+        triton_fields = tuple(_TRITON_DEFAULTS)
+        if self.backend != "triton":
+            for name in triton_fields:
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"{owner}.{name} is a field of backend='triton'; leave it None with "
+                        f"backend={self.backend!r} (got {getattr(self, name)!r})."
+                    )
+        if self.backend == "xla":
+            if self.chunk_size is not None:
+                raise ValueError(
+                    f"{owner}.chunk_size is not a field of backend='xla' (got "
+                    f"{self.chunk_size!r}); leave it None."
+                )
+            return
+        if self.chunk_size is None:
+            object.__setattr__(self, "chunk_size", DEFAULT_CHUNK)
+        check_positive_power_of_two(owner, "chunk_size", self.chunk_size)
+        assert self.chunk_size is not None
+        if self.chunk_size < MIN_CHUNK:
+            raise ValueError(
+                f"{owner}.chunk_size must be at least {MIN_CHUNK}, got {self.chunk_size}."
+            )
+        if self.backend == "triton":
+            for name, default in _TRITON_DEFAULTS.items():
+                if getattr(self, name) is None:
+                    object.__setattr__(self, name, default)  # frozen: filled where built
+            for name in ("block_m", "block_v", "block_k"):
+                check_positive_power_of_two(owner, name, getattr(self, name))
+                if getattr(self, name) < MIN_BLOCK:
+                    raise ValueError(
+                        f"{owner}.{name} must be at least {MIN_BLOCK} (the smallest tile "
+                        f"Triton's dot accepts), got {getattr(self, name)}."
+                    )
+            check_positive_power_of_two(owner, "num_warps", self.num_warps)
+            check_positive(owner, "num_stages", self.num_stages)
+
+
+@dataclasses.dataclass(frozen=True)
+class CrossEntropyProblem:
+    """`x[m, k] @ w[k, v]` then a softmax cross-entropy per row, in `dtype`."""
+
+    m: int
+    k: int
+    v: int
+    dtype: np.dtype
+
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(self.dtype).itemsize
+
+
+XLA = CrossEntropyConfig(backend="xla")
+
+
+def chunked(chunk_size: int) -> CrossEntropyConfig:
+    return CrossEntropyConfig(backend="chunked", chunk_size=chunk_size)
+
+
+def heuristic(p: CrossEntropyProblem) -> CrossEntropyConfig:
+    """Materialise the logits: on GPUs plain JAX's own program (cuBLAS and XLA's
+    fusions), so an untuned call is never slower than plain JAX; tuning may trade
+    speed for memory only where it loses none."""
+    return XLA
+
+
+def triton_heuristic(p: CrossEntropyProblem) -> CrossEntropyConfig:
+    """A fused-kernel config that fits any shape: 64-row tiles, 128 vocabulary
+    columns, 64-wide shared-dim steps (shrunk to small problems)."""
+    return CrossEntropyConfig(
+        backend="triton",
+        chunk_size=max(MIN_CHUNK, min(DEFAULT_CHUNK, next_power_of_2(p.m))),
+        block_m=max(MIN_BLOCK, min(64, next_power_of_2(p.m))),
+        block_v=max(MIN_BLOCK, min(128, next_power_of_2(p.v))),
+        block_k=max(MIN_BLOCK, min(64, next_power_of_2(p.k))),
+        num_warps=4,
+        num_stages=2,
+    )
+
+
+def shared_memory_bytes(p: CrossEntropyProblem, c: CrossEntropyConfig) -> int:
+    """The pipelined inner loop's `x` and `w` tiles, per stage."""
+    assert c.block_m and c.block_v and c.block_k and c.num_stages
+    return c.num_stages * (c.block_m * c.block_k + c.block_k * c.block_v) * p.itemsize
+
+
+def candidate_space(p: CrossEntropyProblem, *, training: bool) -> list[CrossEntropyConfig]:
+    """Every config considered before pruning: XLA, chunks of 1k to 16k tokens, and a
+    modest set of fused-kernel tiles (fewer under a gradient, where the backward,
+    not the tiles, decides the time)."""
+    space = [XLA, *(chunked(c) for c in (1024, 2048, 4096, 8192, 16384))]
+    tiles = ((64, 128, 64), (64, 256, 64), (128, 128, 64), (128, 256, 64), (64, 128, 128))
+    warps = (4,) if training else (4, 8)
+    stages = (3,) if training else (2, 3, 4)
+    for (bm, bv, bk), w, s in itertools.product(tiles, warps, stages):
+        space.append(
+            CrossEntropyConfig(
+                backend="triton",
+                chunk_size=DEFAULT_CHUNK,
+                block_m=bm,
+                block_v=bv,
+                block_k=bk,
+                num_warps=w,
+                num_stages=s,
+            )
+        )
+    return space
+
+
+def rules(p: CrossEntropyProblem, smem_limit: int | None = None):
+    """The pruning rules for `p`: each returns None or why a config cannot run it."""
+    limit = shared_memory_limit() if smem_limit is None else smem_limit
+
+    def chunk_fits(c: CrossEntropyConfig) -> str | None:
+        if c.backend == "chunked" and c.chunk_size and c.chunk_size > next_power_of_2(p.m):
+            return f"chunk_size={c.chunk_size} is larger than the {p.m} tokens: one chunk is XLA's program"
+        return None
+
+    def tiles_fit(c: CrossEntropyConfig) -> str | None:
+        if c.backend != "triton":
+            return None
+        for name, block, dim in (
+            ("block_m", c.block_m, p.m),
+            ("block_v", c.block_v, p.v),
+            ("block_k", c.block_k, p.k),
+        ):
+            assert block is not None
+            if block > max(MIN_BLOCK, next_power_of_2(dim)):
+                return f"{name}={block} is larger than the dimension ({dim})"
+        if p.k % c.block_k:  # type: ignore[operator]
+            return f"K={p.k} is not a multiple of block_k={c.block_k} (would need padding)"
+        return None
+
+    def fits_smem(c: CrossEntropyConfig) -> str | None:
+        if c.backend != "triton":
+            return None
+        tiles = (
+            f"{c.num_stages} stages × ({c.block_m}×{c.block_k} + {c.block_k}×{c.block_v}) "
+            f"× {p.itemsize} B"
+        )
+        return shared_memory_rule(shared_memory_bytes(p, c), limit, tiles)
+
+    def fits_registers(c: CrossEntropyConfig) -> str | None:
+        if c.backend != "triton":
+            return None
+        assert c.block_m and c.block_v and c.num_warps
+        regs = c.block_m * c.block_v // (32 * c.num_warps)
+        if regs > MAX_REGISTERS_PER_THREAD // 2:  # the logit tile and its exponentials
+            return (
+                f"the {c.block_m}×{c.block_v} float32 logit tile needs {regs} registers per "
+                f"thread with {c.num_warps} warps, twice over: it would spill"
+            )
+        return None
+
+    return [chunk_fits, tiles_fit, fits_smem, fits_registers]
+
+
+def candidates(
+    p: CrossEntropyProblem, *, training: bool = False, smem_limit: int | None = None
+) -> tuple[list[CrossEntropyConfig], list[Pruned[CrossEntropyConfig]]]:
+    """The GPU candidates for `p` that can run, and every pruned one with its reason;
+    XLA (the heuristic) always competes.
+
+    Example:
+      >>> import numpy as np
+      >>> kept, pruned = candidates(CrossEntropyProblem(16384, 2048, 128256, np.dtype("bfloat16")))
+      >>> kept[0].backend, any(c.backend == "triton" for c in kept)
+      ('xla', True)
+      >>> kept, pruned = candidates(CrossEntropyProblem(512, 64, 1000, np.dtype("float32")))
+      >>> [c.chunk_size for c in kept if c.backend == "chunked"], len(pruned) > 0
+      ([], True)
+    """
+    kept, pruned = prune(
+        candidate_space(p, training=training),
+        rules(p, smem_limit),
+        what=f"linear_softmax_cross_entropy {p.m}x{p.k}x{p.v}",
+    )
+    return kept, pruned
+
+
+def interpret_candidates(p: CrossEntropyProblem) -> list[CrossEntropyConfig]:
+    """A few configs the Pallas interpreter runs in reasonable time: XLA, two chunk
+    sizes and two small fused-kernel tiles."""
+    out = [XLA]
+    for c in (16, 32):
+        if c < p.m:
+            out.append(chunked(c))
+    h = triton_heuristic(p)
+    out.append(h)
+    small = dataclasses.replace(h, block_m=MIN_BLOCK, block_v=32, chunk_size=MIN_CHUNK * 2)
+    if small not in out and p.k % small.block_k == 0:  # type: ignore[operator]
+        out.append(small)
+    return out

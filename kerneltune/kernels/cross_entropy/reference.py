@@ -1,0 +1,49 @@
+"""The loss head in plain JAX: the logits materialised (the "xla" backend), and the
+float32 reference the tests compare with."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+
+Reduction = Literal["sum", "mean", "none"]
+REDUCTIONS: tuple[str, ...] = ("sum", "mean", "none")
+
+
+def reduce_rows(losses: jax.Array, where: jax.Array, reduction: str) -> jax.Array:
+    """Per-row float32 losses (masked rows already 0) reduced as `reduction` asks;
+    the mean is over the unmasked rows (NaN when there are none, as `jnp.mean`)."""
+    if reduction == "none":
+        return losses
+    total = jnp.sum(losses)
+    if reduction == "sum":
+        return total
+    return total / jnp.sum(where, dtype=jnp.float32)
+
+
+def row_losses_of_logits(logits: jax.Array, labels: jax.Array, where: jax.Array) -> jax.Array:
+    """`logsumexp(logits) − logits[label]` per row, float32, 0 where `where` is False
+    (whatever that row's label)."""
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    picked = jnp.take_along_axis(logits, labels[:, None].astype(jnp.int32), axis=-1, mode="clip")
+    return jnp.where(where, lse - picked[:, 0], 0.0)
+
+
+def cross_entropy_xla(
+    x: jax.Array, labels: jax.Array, w: jax.Array, where: jax.Array, *, reduction: str
+) -> jax.Array:
+    """The loss with the `[M, V]` logits materialised in float32 (cuBLAS on GPUs)."""
+    logits = jnp.dot(x, w, preferred_element_type=jnp.float32)
+    return reduce_rows(row_losses_of_logits(logits, labels, where), where, reduction)
+
+
+def cross_entropy_reference(
+    x: jax.Array, labels: jax.Array, w: jax.Array, where: jax.Array, *, reduction: str
+) -> jax.Array:
+    """The same at the highest precision with float32 inputs: what tests compare with."""
+    logits = jnp.dot(
+        x.astype(jnp.float32), w.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST
+    )
+    return reduce_rows(row_losses_of_logits(logits, labels, where), where, reduction)

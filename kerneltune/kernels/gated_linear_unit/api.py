@@ -1,0 +1,193 @@
+"""`gated_linear_unit`: the public function and its kernel."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kerneltune._src.default import default_executor
+from kerneltune._src.kernel import Invocation, Kernel
+from kerneltune.kernels._args import as_array
+from kerneltune.kernels._common import BundledKernelMixin, Pruned, kernel_for
+from kerneltune.kernels.gated_linear_unit import config as config_lib
+from kerneltune.kernels.gated_linear_unit import tokamax_backend
+from kerneltune.kernels.gated_linear_unit.config import GLUConfig, GLUProblem
+from kerneltune.kernels.gated_linear_unit.pallas_triton import glu_pallas
+from kerneltune.kernels.gated_linear_unit.reference import Weights, gate_and_up, glu_xla
+
+
+def problem_of(inv: Invocation[Any, Any]) -> GLUProblem:
+    x, w = inv.args[0], inv.args[1]
+    # Shapes only: a recorded call's arguments are `jax.ShapeDtypeStruct`s.
+    n = w[0].shape[1] if isinstance(w, tuple) else w.shape[2]
+    return GLUProblem(m=int(x.shape[0]), k=int(x.shape[1]), n=int(n), dtype=np.dtype(x.dtype))
+
+
+def check_weights(op: str, x: Any, w: Any) -> None:
+    """Raises a TypeError or ValueError naming what does not fit: the weights are fused
+    `[K, 2, N]` or a pair of `[K, N]`, in x's floating dtype."""
+    k = x.shape[-1]
+    if isinstance(w, tuple):
+        shapes = [tuple(a.shape) for a in w]
+        if len(w) != 2 or shapes[0] != shapes[1] or len(shapes[0]) != 2 or shapes[0][0] != k:
+            raise ValueError(
+                f"{op}: weights as a pair must be two [K, N] arrays with K = x.shape[-1] = "
+                f"{k}, got shapes {shapes}."
+            )
+        dtypes = [a.dtype for a in w]
+    else:
+        if w.ndim != 3 or w.shape[1] != 2 or w.shape[0] != k:
+            raise ValueError(
+                f"{op}: weights must be [K, 2, N] (or a pair of [K, N]) with K = "
+                f"x.shape[-1] = {k}, got shape {tuple(w.shape)}."
+            )
+        dtypes = [w.dtype]
+    if not jnp.issubdtype(x.dtype, jnp.floating) or any(d != x.dtype for d in dtypes):
+        raise TypeError(
+            f"{op}: x and weights must share one floating dtype, got {x.dtype} and "
+            f"{[str(d) for d in dtypes]}."
+        )
+
+
+class GatedLinearUnit(BundledKernelMixin, Kernel[GLUConfig, jax.Array]):
+    """`activation(x·W₀) ⊙ (x·W₁)` for `x[M, K]` and weights `[K, 2, N]` (or a pair of
+    `[K, N]`), the activation a static argument. XLA by default; our fused Pallas
+    kernel and tokamax's are candidates on GPUs. Calls under a gradient are tuned
+    apart, on forward + backward time (the fused kernel's backward is XLA's)."""
+
+    op_id = "gated_linear_unit"
+    version = "1"
+    config_type = GLUConfig
+    tunes_training_apart = True
+
+    def prepare(self, x: Any, w: Any, *, activation: Callable[[Any], Any] = jax.nn.silu):
+        if getattr(x, "ndim", None) != 2:
+            raise ValueError(
+                f"{self.op_id} takes a 2-D x, got shape {getattr(x, 'shape', x)} (the "
+                "`gated_linear_unit` function flattens leading dims)."
+            )
+        w = tuple(w) if isinstance(w, list) else w
+        check_weights(self.op_id, x, w)
+        if not callable(activation):
+            raise TypeError(f"{self.op_id}: activation must be callable, got {activation!r}.")
+        return (x, w), {"activation": activation}
+
+    def heuristic_cfg(self, inv: Invocation[Any, Any]) -> GLUConfig:
+        return config_lib.heuristic(problem_of(inv))
+
+    def search_space(
+        self, inv: Invocation[Any, Any]
+    ) -> tuple[list[GLUConfig], list[Pruned[GLUConfig]]]:
+        p = problem_of(inv)
+        kept, pruned = config_lib.triton_candidates(p)
+        if inv.differentiated:
+            # The fused kernel's backward is XLA's (recomputing the projections): its
+            # tiles move a training step little, so one of them is timed.
+            first = kept[:1]
+            why = "under a gradient only one fused-kernel tile is timed (its backward is XLA's)"
+            pruned = [*pruned, *(Pruned(c, why) for c in kept[1:])]
+            kept = first
+        out = [config_lib.XLA]
+        reason = tokamax_backend.unsupported()
+        if reason is None:
+            out.append(config_lib.TOKAMAX)
+        else:
+            pruned = [*pruned, Pruned(config_lib.TOKAMAX, reason)]
+        return out + kept, pruned
+
+    def interpret_candidates(self, inv: Invocation[Any, Any]) -> list[GLUConfig]:
+        return config_lib.interpret_candidates(problem_of(inv))
+
+    def config_unusable(self, inv: Invocation[Any, Any], cfg: GLUConfig) -> str | None:
+        """A "tokamax" config cannot run where tokamax is not installed (a config tuned
+        elsewhere and shared through a cache)."""
+        return tokamax_backend.unsupported() if cfg.backend == "tokamax" else None
+
+    def differentiated_by_jax(self, cfg: GLUConfig) -> bool:
+        """XLA's and tokamax's are differentiated by JAX (tokamax brings its own VJP)."""
+        return cfg.backend != "triton"
+
+    def run(self, x: jax.Array, w: Weights, *, cfg: GLUConfig, activation) -> jax.Array:
+        if cfg.backend == "xla":
+            return glu_xla(x, w, activation)
+        if cfg.backend == "tokamax":
+            return tokamax_backend.gated_linear_unit(x, w, activation)  # type: ignore[no-any-return]
+        gate, up = gate_and_up(w)
+        return glu_pallas(x, gate, up, cfg, activation, interpret=self.use_interpreter())
+
+    def fwd_with_residuals(self, x, w, *, cfg: GLUConfig, activation):
+        return self.run(x, w, cfg=cfg, activation=activation), None
+
+    def vjp(self, residuals, out, dout, x, w, *, cfg: GLUConfig, activation):
+        _, pullback = jax.vjp(lambda a, b: glu_xla(a, b, activation), x, w)
+        return pullback(dout.astype(out.dtype))
+
+    def reference(self, x, w, *, activation) -> jax.Array:
+        """The op's math in plain JAX: second derivatives are taken from it."""
+        return glu_xla(x, w, activation)
+
+
+class GatedLinearUnitInterpret(GatedLinearUnit):
+    """The fused Pallas kernel run by the Pallas interpreter on any device, with a few
+    small tiles as candidates: for tests and the CPU demo."""
+
+    op_id = "gated_linear_unit-interpret"
+    interpret = True
+
+
+def _identity(z: jax.Array) -> jax.Array:
+    return z
+
+
+def gated_linear_unit(
+    x: jax.Array,
+    weights: jax.Array | tuple[jax.Array, jax.Array],
+    *,
+    activation: Callable[[jax.Array], jax.Array] | None = jax.nn.silu,
+    cfg: GLUConfig | None = None,
+    executor: Any = None,
+) -> jax.Array:
+    """A gated linear unit: `activation(x·W₀) ⊙ (x·W₁)` (SwiGLU with the default
+    `jax.nn.silu`, GEGLU with `jax.nn.gelu`), tokamax's argument forms.
+
+    Args:
+      x: `[..., K]` floating; leading dims are flattened into rows.
+      weights: fused `[K, 2, N]` (`[:, 0]` the gate, `[:, 1]` the up projection), or a
+        pair `(W₀, W₁)` of `[K, N]`; x's dtype.
+      activation: applied to the gate projection; any function of one array (a static
+        argument: functions are told apart by identity). None: no activation.
+      cfg: a `GLUConfig` to use instead of the chosen one.
+      executor: the executor to run through (default: `kerneltune.default_executor()`).
+
+    Returns:
+      `[..., N]` in x's dtype.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from kerneltune.kernels import gated_linear_unit
+      >>> gated_linear_unit(jnp.ones((2, 3, 4)), jnp.ones((4, 2, 5))).shape
+      (2, 3, 5)
+    """
+    op = "gated_linear_unit"
+    x = as_array(op, "x", x)
+    if x.ndim < 1:
+        raise ValueError(f"{op}: x must have at least one dimension, got a scalar.")
+    if isinstance(weights, (tuple, list)):
+        if len(weights) != 2:
+            raise ValueError(f"{op}: weights as a pair must have 2 arrays, got {len(weights)}.")
+        w: Weights = tuple(as_array(op, f"weights[{i}]", a) for i, a in enumerate(weights))
+    else:
+        w = as_array(op, "weights", weights)
+    check_weights(op, x, w)
+    act = _identity if activation is None else activation
+    if not callable(act):
+        raise TypeError(f"{op}: activation must be callable or None, got {activation!r}.")
+    n = (w[0] if isinstance(w, tuple) else w).shape[-1]
+    ex = executor if executor is not None else default_executor()
+    rows = x.reshape((-1, x.shape[-1]))
+    out = ex(kernel_for(GatedLinearUnit, ex), rows, w, activation=act, cfg=cfg)
+    return out.reshape((*x.shape[:-1], n))  # type: ignore[no-any-return]

@@ -1,0 +1,205 @@
+"""The gated linear unit's config, its heuristic and its candidate space.
+
+Backends: "xla" (the two projections as one `dot_general` over the fused weights, the
+activation and product fused by XLA: plain JAX's program), "triton" (our Pallas kernel:
+both projections accumulate over one pass of `x` tiles and the activation and product
+run in its epilogue, so the `[M, 2N]` projections never reach memory) and "tokamax"
+(`tokamax.gated_linear_unit`, where tokamax is installed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any, Literal
+
+import numpy as np
+
+from kerneltune._src.params import check_positive, check_positive_power_of_two
+from kerneltune.kernels._common import (
+    MAX_REGISTERS_PER_THREAD,
+    Pruned,
+    next_power_of_2,
+    prune,
+    shared_memory_limit,
+    shared_memory_rule,
+)
+
+BACKENDS = ("xla", "triton", "tokamax")
+Backend = Literal["xla", "triton", "tokamax"]
+MIN_BLOCK = 16
+_TRITON_DEFAULTS: dict[str, Any] = {
+    "bm": 64,
+    "bn": 64,
+    "bk": 32,
+    "num_warps": 4,
+    "num_stages": 3,
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GLUConfig:
+    """How `gated_linear_unit` runs.
+
+    Attributes:
+      backend: "xla", "triton" or "tokamax" (see the module docstring).
+      bm, bn: ("triton") the output tile one program computes; it accumulates two
+        `bm × bn` float32 tiles (the gate and the up projection).
+      bk: ("triton") shared-dimension step of the inner loop.
+      num_warps, num_stages: ("triton") warps per program, pipelining depth.
+
+    Example:
+      >>> GLUConfig(backend="triton", bm=128)
+      GLUConfig(backend='triton', bm=128, bn=64, bk=32, num_warps=4, num_stages=3)
+      >>> GLUConfig(bm=64)
+      Traceback (most recent call last):
+      ...
+      ValueError: GLUConfig.bm is a field of backend='triton'; leave it None with backend='xla' (got 64).
+    """
+
+    backend: Backend = "xla"
+    bm: int | None = None
+    bn: int | None = None
+    bk: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"GLUConfig.backend must be one of {BACKENDS}, got {self.backend!r}.")
+        if self.backend != "triton":
+            for name in _TRITON_DEFAULTS:
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"GLUConfig.{name} is a field of backend='triton'; leave it None "
+                        f"with backend={self.backend!r} (got {getattr(self, name)!r})."
+                    )
+            return
+        for name, default in _TRITON_DEFAULTS.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, default)  # frozen: filled where built
+        for name in ("bm", "bn", "bk"):
+            check_positive_power_of_two("GLUConfig", name, getattr(self, name))
+            if getattr(self, name) < MIN_BLOCK:
+                raise ValueError(
+                    f"GLUConfig.{name} must be at least {MIN_BLOCK} (the smallest tile "
+                    f"Triton's dot accepts), got {getattr(self, name)}."
+                )
+        check_positive_power_of_two("GLUConfig", "num_warps", self.num_warps)
+        check_positive("GLUConfig", "num_stages", self.num_stages)
+
+    def __repr__(self) -> str:
+        if self.backend != "triton":
+            return f"GLUConfig(backend={self.backend!r})"
+        fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in _TRITON_DEFAULTS)
+        return f"GLUConfig(backend='triton', {fields})"
+
+
+@dataclasses.dataclass(frozen=True)
+class GLUProblem:
+    """`x[m, k]` times two `[k, n]` projections, in `dtype`."""
+
+    m: int
+    k: int
+    n: int
+    dtype: np.dtype
+
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(self.dtype).itemsize
+
+
+XLA = GLUConfig(backend="xla")
+TOKAMAX = GLUConfig(backend="tokamax")
+
+
+def heuristic(p: GLUProblem) -> GLUConfig:
+    """XLA: cuBLAS for the projections and XLA's fusion for the epilogue is plain
+    JAX's own program (on an H100 within 5% of tokamax's fused kernel forward and
+    faster forward + backward), so an untuned call never loses to plain JAX."""
+    return XLA
+
+
+def triton_heuristic(p: GLUProblem) -> GLUConfig:
+    """A fused-kernel config that fits any shape."""
+    return GLUConfig(
+        backend="triton",
+        bm=max(MIN_BLOCK, min(64, next_power_of_2(p.m))),
+        bn=max(MIN_BLOCK, min(64, next_power_of_2(p.n))),
+        bk=max(MIN_BLOCK, min(32, next_power_of_2(p.k))),
+        num_warps=4,
+        num_stages=3,
+    )
+
+
+def shared_memory_bytes(p: GLUProblem, c: GLUConfig) -> int:
+    """Per stage: one `x` tile and two weight tiles (gate and up)."""
+    assert c.bm and c.bn and c.bk and c.num_stages
+    return c.num_stages * (c.bm * c.bk + 2 * c.bk * c.bn) * p.itemsize
+
+
+def rules(p: GLUProblem, smem_limit: int | None = None):
+    limit = shared_memory_limit() if smem_limit is None else smem_limit
+
+    def fits_dims(c: GLUConfig) -> str | None:
+        for name, block, dim in (("bm", c.bm, p.m), ("bn", c.bn, p.n), ("bk", c.bk, p.k)):
+            assert block is not None
+            if block > max(MIN_BLOCK, next_power_of_2(dim)):
+                return f"{name}={block} is larger than the dimension ({dim})"
+        return None
+
+    def divides(c: GLUConfig) -> str | None:
+        for name, block, dim, axis in (
+            ("bm", c.bm, p.m, "M"),
+            ("bn", c.bn, p.n, "N"),
+            ("bk", c.bk, p.k, "K"),
+        ):
+            assert block is not None
+            if dim % block:
+                return f"{axis}={dim} is not a multiple of {name}={block} (would need padding)"
+        return None
+
+    def fits_smem(c: GLUConfig) -> str | None:
+        tiles = f"{c.num_stages} stages × ({c.bm}×{c.bk} + 2 × {c.bk}×{c.bn}) × {p.itemsize} B"
+        return shared_memory_rule(shared_memory_bytes(p, c), limit, tiles)
+
+    def fits_registers(c: GLUConfig) -> str | None:
+        assert c.bm and c.bn and c.num_warps
+        regs = 2 * c.bm * c.bn // (32 * c.num_warps)
+        if regs > MAX_REGISTERS_PER_THREAD:
+            return (
+                f"the two {c.bm}×{c.bn} float32 accumulators need {regs} registers per "
+                f"thread with {c.num_warps} warps (at most {MAX_REGISTERS_PER_THREAD}): they would spill"
+            )
+        return None
+
+    return [fits_dims, divides, fits_smem, fits_registers]
+
+
+def triton_candidates(
+    p: GLUProblem, smem_limit: int | None = None
+) -> tuple[list[GLUConfig], list[Pruned[GLUConfig]]]:
+    """Fused-kernel candidates that fit `p`, and the pruned ones with their reasons.
+
+    Example:
+      >>> import numpy as np
+      >>> kept, pruned = triton_candidates(GLUProblem(16384, 2048, 5632, np.dtype("bfloat16")))
+      >>> len(kept) > 10, any("shared memory" in x.reason for x in pruned)
+      (True, True)
+    """
+    space = [
+        GLUConfig(backend="triton", bm=bm, bn=bn, bk=bk, num_warps=w, num_stages=s)
+        for bm, bn, bk, w, s in itertools.product(
+            (64, 128), (64, 128, 256), (32, 64), (4, 8), (2, 3, 4)
+        )
+    ]
+    return prune(space, rules(p, smem_limit), what=f"gated_linear_unit {p.m}x{p.k}x{p.n}")
+
+
+def interpret_candidates(p: GLUProblem) -> list[GLUConfig]:
+    """XLA and two small fused-kernel tiles, for the Pallas interpreter."""
+    out = [XLA, triton_heuristic(p)]
+    small = GLUConfig(backend="triton", bm=16, bn=16, bk=16, num_warps=4, num_stages=2)
+    if small not in out:
+        out.append(small)
+    return out

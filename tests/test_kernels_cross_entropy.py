@@ -1,0 +1,302 @@
+"""The loss head (`linear_softmax_cross_entropy`): every backend's values and gradients
+against plain float32 JAX, masks, reductions, dtypes, jit/grad/vmap, tuning with
+validation, and bad input (issue 29)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import kerneltune as kt
+from kerneltune.kernels import (
+    CrossEntropyConfig,
+    LinearSoftmaxCrossEntropy,
+    LinearSoftmaxCrossEntropyInterpret,
+    linear_softmax_cross_entropy,
+)
+from kerneltune.kernels._common import relative_error, tolerance
+from kerneltune.kernels.cross_entropy import config as cc
+from kerneltune.kernels.cross_entropy.reference import cross_entropy_reference
+from kerneltune.kernels.cross_entropy.shapes import TEST_SHAPES
+from tests.helpers import heuristics_executor
+
+BF16 = jnp.bfloat16
+CHUNKED = CrossEntropyConfig(backend="chunked", chunk_size=16)
+FUSED = CrossEntropyConfig(backend="triton", chunk_size=16, block_m=16, block_v=32, block_k=16)
+BACKENDS = {"xla": CrossEntropyConfig(), "chunked": CHUNKED, "triton": FUSED}
+
+EX = heuristics_executor()
+KERNEL = LinearSoftmaxCrossEntropyInterpret(executor=EX)
+
+
+def problem(seed, m, k, v, dtype=jnp.float32, masked=0.3):
+    a, b, c, d = jax.random.split(jax.random.PRNGKey(seed), 4)
+    x = jax.random.normal(a, (m, k), jnp.float32).astype(dtype)
+    w = (jax.random.normal(b, (k, v), jnp.float32) / np.sqrt(k) * 3).astype(dtype)
+    labels = jax.random.randint(c, (m,), 0, v)
+    where = jax.random.uniform(d, (m,)) >= masked
+    return x, labels, w, where.at[0].set(True)
+
+
+def reference_vjp(x, labels, w, where, reduction, dout):
+    def f(x, w):
+        return cross_entropy_reference(x, labels, w, where, reduction=reduction)
+
+    out, pullback = jax.vjp(f, x.astype(jnp.float32), w.astype(jnp.float32))
+    return out, pullback(dout)
+
+
+def kernel_vjp(cfg, x, labels, w, where, reduction, dout):
+    def both(x, w, dout):
+        out, pullback = jax.vjp(
+            lambda x, w: EX(KERNEL, x, labels, w, where, reduction=reduction, cfg=cfg), x, w
+        )
+        return out, pullback(dout)
+
+    return jax.jit(both)(x, w, dout)
+
+
+def cotangent(reduction, m, seed=7):
+    if reduction == "none":
+        return jax.random.normal(jax.random.PRNGKey(seed), (m,), jnp.float32)
+    return jnp.float32(1.7)
+
+
+def assert_close(got, want, dtype, grad_dtype=None):
+    (out, (dx, dw)), (r_out, (r_dx, r_dw)) = got, want
+    assert out.dtype == jnp.float32 and out.shape == r_out.shape
+    assert relative_error(out, r_out) <= tolerance(dtype)
+    assert dx.dtype == dtype and dw.dtype == dtype
+    assert relative_error(dx, r_dx) <= 2 * tolerance(dtype)
+    assert relative_error(dw, r_dw) <= 2 * tolerance(dtype)
+
+
+# --- configs and candidates ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"backend": "cudnn"}, r"backend must be one of"),
+        ({"backend": "xla", "chunk_size": 64}, r"chunk_size is not a field of backend='xla'"),
+        ({"backend": "chunked", "block_m": 64}, r"block_m is a field of backend='triton'"),
+        ({"backend": "chunked", "chunk_size": 100}, r"chunk_size must be a positive power of two"),
+        ({"backend": "triton", "block_v": 8}, r"block_v must be at least 16"),
+        ({"backend": "triton", "num_warps": 3}, r"num_warps must be a positive power of two"),
+    ],
+)
+def test_config_is_validated_where_it_is_built(fields, message):
+    with pytest.raises(ValueError, match=message):
+        CrossEntropyConfig(**fields)
+
+
+def test_triton_config_fills_its_defaults():
+    c = CrossEntropyConfig(backend="triton")
+    assert (c.block_m, c.block_v, c.block_k, c.num_warps, c.num_stages) == (64, 128, 64, 4, 2)
+    assert c.chunk_size == cc.DEFAULT_CHUNK
+
+
+def test_gpu_candidates_are_pruned_with_reasons():
+    big = cc.CrossEntropyProblem(16384, 2048, 128256, np.dtype("bfloat16"))
+    kept, pruned = cc.candidates(big, smem_limit=64 * 1024)
+    assert kept[0] == cc.XLA  # the heuristic always competes
+    assert {c.backend for c in kept} == {"xla", "chunked", "triton"}
+    assert any("shared memory" in p.reason for p in pruned)
+    assert all(cc.shared_memory_bytes(big, c) <= 64 * 1024 for c in kept if c.backend == "triton")
+    small = cc.CrossEntropyProblem(512, 96, 1000, np.dtype("float32"))
+    kept, pruned = cc.candidates(small)
+    assert not [c for c in kept if c.backend == "chunked"]
+    assert any("larger than the 512 tokens" in p.reason for p in pruned)
+    assert any("not a multiple of block_k" in p.reason for p in pruned)
+    training, _ = cc.candidates(big, training=True)
+    assert len(training) < len(cc.candidates(big)[0])
+
+
+def test_the_heuristic_materialises_the_logits():
+    inv = kt.Executor(kt.ConfigSelectorChain(kt.ConfigCache())).invocation(
+        LinearSoftmaxCrossEntropy(), *problem(0, 64, 32, 128)[:3], jnp.ones(64, bool)
+    )
+    assert LinearSoftmaxCrossEntropy().heuristic_cfg(inv) == cc.XLA
+
+
+# --- values and gradients --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_values_and_gradients_match_plain_jax(backend, reduction):
+    m, k, v = TEST_SHAPES[2]
+    x, labels, w, where = problem(1, m, k, v)
+    dout = cotangent(reduction, m)
+    got = kernel_vjp(BACKENDS[backend], x, labels, w, where, reduction, dout)
+    want = reference_vjp(x, labels, w, where, reduction, dout)
+    assert_close(got, want, jnp.float32)
+    if reduction == "none":
+        assert np.all(np.asarray(got[0])[~np.asarray(where)] == 0.0)
+
+
+@pytest.mark.parametrize("backend", ["chunked", "triton"])
+def test_bfloat16(backend):
+    x, labels, w, where = problem(2, 32, 32, 64, dtype=BF16)
+    dout = cotangent("mean", 32)
+    got = kernel_vjp(BACKENDS[backend], x, labels, w, where, "mean", dout)
+    assert_close(got, reference_vjp(x, labels, w, where, "mean", dout), BF16)
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    m=st.integers(1, 40),
+    k=st.integers(1, 24),
+    v=st.integers(2, 90),
+    reduction=st.sampled_from(["mean", "sum", "none"]),
+    seed=st.integers(0, 2**16),
+)
+def test_drawn_shapes_chunked(m, k, v, reduction, seed):
+    x, labels, w, where = problem(seed, m, k, v)
+    dout = cotangent(reduction, m, seed)
+    got = kernel_vjp(CHUNKED, x, labels, w, where, reduction, dout)
+    assert_close(got, reference_vjp(x, labels, w, where, reduction, dout), jnp.float32)
+
+
+def test_masked_tokens_are_left_out_whatever_their_labels():
+    x, labels, w, where = problem(3, 24, 16, 100, masked=0.5)
+    garbage = jnp.where(where, labels, -100)
+    for cfg in BACKENDS.values():
+        got = EX(KERNEL, x, garbage, w, where, reduction="mean", cfg=cfg)
+        kept = np.asarray(where)
+        ref = cross_entropy_reference(
+            x[kept], labels[kept], w, jnp.ones(int(kept.sum()), bool), reduction="mean"
+        )
+        assert relative_error(got, ref) <= tolerance(jnp.float32), cfg
+
+
+# --- the public function: jit, grad, vmap ------------------------------------------------
+
+
+def test_public_function_under_jit_and_grad():
+    x, labels, w, where = problem(4, 32, 32, 64)
+
+    def loss(x, w):
+        return linear_softmax_cross_entropy(x, labels, w, where=where, executor=EX)
+
+    got = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(x, w)
+    want = reference_vjp(x, labels, w, where, "mean", jnp.float32(1.0))
+    assert_close(got, want, jnp.float32)
+    # without a mask every token counts
+    plain = linear_softmax_cross_entropy(x, labels, w, reduction="sum", executor=EX)
+    ref = cross_entropy_reference(x, labels, w, jnp.ones(32, bool), reduction="sum")
+    assert relative_error(plain, ref) <= tolerance(jnp.float32)
+
+
+@pytest.mark.parametrize("cfg", [None, CHUNKED], ids=["heuristic", "chunked"])
+def test_vmap_of_values_and_gradients(cfg):
+    batch = [problem(10 + i, 16, 8, 32) for i in range(3)]
+    xs, ls, ws, wh = (jnp.stack(parts) for parts in zip(*batch))
+
+    def loss(x, labels, w, where):
+        return linear_softmax_cross_entropy(x, labels, w, where=where, cfg=cfg, executor=EX)
+
+    out, (dx, dw) = jax.vmap(jax.value_and_grad(loss, argnums=(0, 2)))(xs, ls, ws, wh)
+    for i, (x, labels, w, where) in enumerate(batch):
+        r_out, (r_dx, r_dw) = reference_vjp(x, labels, w, where, "mean", jnp.float32(1.0))
+        assert relative_error(out[i], r_out) <= tolerance(jnp.float32)
+        assert relative_error(dx[i], r_dx) <= 2 * tolerance(jnp.float32)
+        assert relative_error(dw[i], r_dw) <= 2 * tolerance(jnp.float32)
+
+
+# --- tuning ---------------------------------------------------------------------------
+
+
+def test_tuning_validates_every_backend_against_the_reference():
+    events: list = []
+    ex = kt.Executor(
+        kt.ConfigSelectorChain(
+            kt.ConfigCache(),
+            tuner=kt.Tuner(progress=False, iters=1, target_sample_s=1e-4),
+            on_event=lambda e, **d: events.append((e, d)),
+        )
+    )
+    x, labels, w, where = problem(5, 32, 32, 64)
+    kernel = LinearSoftmaxCrossEntropyInterpret(executor=ex)
+    out = ex(kernel, x, labels, w, where, reduction="mean")
+    ref = cross_entropy_reference(x, labels, w, where, reduction="mean")
+    assert relative_error(out, ref) <= tolerance(jnp.float32)
+    (report,) = [d["report"] for e, d in events if e == "autotune_finish"]
+    assert report.validated and not report.failures
+    timed = {c.cfg.backend for c in report.candidates}
+    assert timed == {"xla", "chunked", "triton"}
+    inv = ex.invocation(kernel, x, labels, w, where, reduction="mean")
+    assert report.best in kernel.interpret_candidates(inv)
+
+
+def test_a_training_call_is_keyed_apart():
+    ex = heuristics_executor()
+    kernel = LinearSoftmaxCrossEntropyInterpret(executor=ex)
+    x, labels, w, where = problem(6, 16, 16, 32)
+    seen = []
+
+    def loss(x):
+        inv = ex.invocation(kernel, x, labels, w, where, reduction="sum")
+        seen.append(inv.differentiated)
+        return ex(kernel, x, labels, w, where, reduction="sum")
+
+    loss(x)
+    jax.grad(loss)(x)
+    assert seen == [None, True]
+
+
+# --- bad input ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "message"),
+    [
+        ({"labels": jnp.zeros(8, jnp.float32)}, TypeError, r"labels must be an integer array"),
+        ({"labels": jnp.zeros(7, jnp.int32)}, ValueError, r"labels must have shape \(8,\)"),
+        ({"weights": jnp.ones((5, 16))}, ValueError, r"weights must be \[features, vocab\]"),
+        ({"weights": jnp.ones((4, 16), BF16)}, TypeError, r"x and weights must share"),
+        ({"x": jnp.ones((2, 4, 4))}, ValueError, r"x must be \[tokens, features\]"),
+        ({"reduction": "avg"}, ValueError, r"reduction must be one of \('sum', 'mean', 'none'\)"),
+        ({"where": jnp.ones(8, jnp.int32)}, ValueError, r"where must be a boolean array"),
+        ({"x": "text"}, TypeError, r"x must be an array"),
+    ],
+)
+def test_bad_input_is_named(change, error, message):
+    args = {
+        "x": jnp.ones((8, 4)),
+        "labels": jnp.zeros(8, jnp.int32),
+        "weights": jnp.ones((4, 16)),
+        "reduction": "mean",
+        "where": None,
+    }
+    args.update(change)
+    with pytest.raises(error, match=message):
+        linear_softmax_cross_entropy(
+            args["x"],
+            args["labels"],
+            args["weights"],
+            reduction=args["reduction"],
+            where=args["where"],
+            executor=EX,
+        )
+
+
+@pytest.mark.parametrize("backend", ["chunked", "triton"])
+def test_second_derivatives_come_from_the_reference(backend):
+    x, labels, w, where = problem(8, 16, 8, 32)
+
+    def grad_norm(loss):
+        return lambda x: jnp.sum(jax.grad(loss)(x) ** 2)
+
+    def kernel_loss(x):
+        return EX(KERNEL, x, labels, w, where, reduction="sum", cfg=BACKENDS[backend])
+
+    def reference_loss(x):
+        return cross_entropy_reference(x, labels, w, where, reduction="sum")
+
+    got = jax.jit(jax.grad(grad_norm(kernel_loss)))(x)
+    assert relative_error(got, jax.grad(grad_norm(reference_loss))(x)) <= 1e-4
