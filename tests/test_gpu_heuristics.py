@@ -17,6 +17,7 @@ from kerneltune.kernels import (
     LayerNorm,
     LinearSoftmaxCrossEntropy,
     Matmul,
+    RaggedDotConfig,
     RMSNorm,
     Softmax,
 )
@@ -175,3 +176,61 @@ def test_every_glu_backend_matches_the_reference_on_a_gpu(cfg, dtype):
     tol = tolerance(dtype)
     assert relative_error(out, r) <= tol
     assert max(relative_error(g, rg) for g, rg in zip(grads, r_grads)) <= 2 * tol
+
+
+RAGGED_CFGS = {
+    "heuristic": None,
+    "xla": RaggedDotConfig(backend="xla"),
+    "triton": RaggedDotConfig(backend="triton", block_m=64, block_n=64, block_k=32),
+    "triton n-order": RaggedDotConfig(
+        backend="triton", block_m=128, block_n=128, block_k=64, num_warps=8, tile_order="n"
+    ),
+    "mosaic": RaggedDotConfig(
+        backend="mosaic", block_m=128, block_n=128, block_k=64, grid_block_n=2
+    ),
+    "tokamax": RaggedDotConfig(backend="tokamax"),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", list(RAGGED_CFGS))
+def test_every_ragged_dot_backend_matches_jax_on_a_gpu(name, dtype):
+    # Uneven groups, an empty one, and rows past the sum (which must be zeros); the
+    # gradient runs the d_lhs and d_rhs kernels with their heuristic configs.
+    from kerneltune.kernels.ragged_dot.api import RaggedDot
+
+    dtype = jnp.dtype(dtype)
+    cfg = RAGGED_CFGS[name]
+    ex = heuristics_executor()
+    kernel = kernel_for(RaggedDot, ex)
+    if cfg is not None:
+        inv_reason = None
+        try:
+            ex(kernel, *_ragged_args(dtype), out_dtype=dtype.name, cfg=cfg)
+        except ValueError as e:  # a backend that cannot run here says why
+            inv_reason = str(e)
+        if inv_reason is not None:
+            pytest.skip(inv_reason)
+    lhs, rhs, sizes = _ragged_args(dtype)
+
+    def call(lhs, rhs):
+        return ex(kernel, lhs, rhs, sizes, out_dtype=dtype.name, cfg=cfg)
+
+    def reference(lhs, rhs):
+        return jax.lax.ragged_dot(lhs, rhs, sizes, precision=jax.lax.Precision.HIGHEST)
+
+    dout = normal(3, (lhs.shape[0], rhs.shape[2]), dtype)
+    out, grads = value_and_vjp(call, (lhs, rhs), dout)
+    f32 = (lhs.astype(F32), rhs.astype(F32))
+    r, r_grads = value_and_vjp(reference, f32, dout.astype(F32))
+    tol = tolerance(dtype)
+    assert relative_error(out, r) <= tol
+    assert bool((out[int(sizes.sum()) :] == 0).all())
+    assert max(relative_error(g, rg) for g, rg in zip(grads, r_grads)) <= 2 * tol
+
+
+def _ragged_args(dtype):
+    sizes = jnp.array([300, 0, 77, 512, 129], jnp.int32)  # sums to 1018 of 1100 rows
+    lhs = normal(1, (1100, 256), dtype)
+    rhs = normal(2, (5, 256, 384), dtype, 0.1)
+    return lhs, rhs, sizes
