@@ -152,6 +152,8 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     p.add_argument("--tune-budget", type=float, default=10.0, help="tuner seconds per key")
     p.add_argument("--no-tokamax", action="store_true", help="do not import tokamax")
     p.add_argument("--no-block", action="store_true", help="skip the MoE block")
+    p.add_argument("--blocks-only", action="store_true", help="only the MoE block")
+    p.add_argument("--cases", metavar="I,J", help="only these op cases (indices into OP_CASES)")
     args = p.parse_args(argv)
     tokamax = None if args.smoke or args.no_tokamax else mb.import_tokamax()
     tune = not (args.no_tune or args.quick)
@@ -163,6 +165,10 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
         blocks = (model.GPU_SHAPES[0], model.GPU_SHAPES[2])
     else:
         cases, blocks = OP_CASES, model.GPU_SHAPES
+    if args.cases:
+        cases = tuple(cases[int(i)] for i in args.cases.split(","))
+    if args.blocks_only:
+        cases = ()
     tuning = op_bench.tuning_executor(args.tune_budget, shipped=True) if tune else None
     rows = [row for case in cases for row in op_rows(case, st, tuning)]
     if not args.no_block:

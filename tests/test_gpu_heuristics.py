@@ -131,6 +131,10 @@ LOSS_HEAD_CFGS = {
 @pytest.mark.parametrize("backend", list(LOSS_HEAD_CFGS))
 def test_every_loss_head_backend_matches_the_reference_on_a_gpu(backend, dtype):
     dtype = jnp.dtype(dtype)
+    if backend == "triton wide" and dtype == jnp.float32:
+        # Pruned in float32 (288 KiB of shared memory, spilled logits): tuning never
+        # runs it, and an explicit cfg= that cannot fit fails to launch.
+        pytest.skip("the wide tile is pruned in float32")
     m, k, v = 1000, 256, 5000  # no tile divides the rows or the vocabulary
     x, w = normal(1, (m, k), dtype), normal(2, (k, v), dtype, 0.1)
     labels = jax.random.randint(jax.random.PRNGKey(3), (m,), 0, v)
@@ -162,6 +166,10 @@ def test_every_loss_head_backend_matches_the_reference_on_a_gpu(backend, dtype):
 )
 def test_every_glu_backend_matches_the_reference_on_a_gpu(cfg, dtype):
     dtype = jnp.dtype(dtype)
+    if cfg.bm == 128 and dtype == jnp.float32:
+        # Pruned in float32 (288 KiB of shared memory): tuning never runs it, and an
+        # explicit cfg= that cannot fit fails to launch.
+        pytest.skip("the wide tile is pruned in float32")
     x, w = normal(1, (1000, 384), dtype), normal(2, (384, 2, 640), dtype, 0.05)
     ex = heuristics_executor()
     kernel = kernel_for(GatedLinearUnit, ex)

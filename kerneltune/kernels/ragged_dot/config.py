@@ -44,6 +44,8 @@ MIN_BLOCK = 16
 TILE_ORDERS: tuple[TileOrder, ...] = ("m", "n")
 #: Input dtypes the Mosaic kernels take (their `wgmma` path).
 MOSAIC_DTYPES = ("bfloat16", "float16")
+#: The Mosaic kernels copy the ragged operand in tiles of this many rows.
+MOSAIC_ROW_TILING = 8
 
 
 _TRITON_DEFAULTS: dict[str, Any] = {"num_warps": 4, "num_stages": 3, "tile_order": "m"}
@@ -358,7 +360,13 @@ def rules(p: RaggedDotProblem, smem_limit: int | None = None):
                 ("M", p.m, "block_k", bk),
             )
         else:
-            checks = (("columns", cols, "block_n", bn), ("contracted", p.contracted, "block_k", bk))
+            # The ragged operand's rows are copied in tiles of 8 rows (TMA): JAX's kernel
+            # raises "dimension 0 must have size smaller or a multiple of its tiling 8".
+            checks = (
+                ("columns", cols, "block_n", bn),
+                ("contracted", p.contracted, "block_k", bk),
+                ("M", p.m, "its row tiling", MOSAIC_ROW_TILING),
+            )
         for axis, dim, name, block in checks:
             if dim % block:
                 return f"the Mosaic kernel needs {axis}={dim} to be a multiple of {name}={block}"

@@ -93,7 +93,9 @@ def _grouped_kernel(
     col0 = pl.multiple_of(j * block_n, block_n)
     expert = jnp.minimum(group, groups - 1)
     # The rows after the last group (group == groups) and idle programs multiply nothing.
-    n_steps = jnp.where((group < groups) & (hi > lo), steps, 0)
+    # An int32 product, not `jnp.where(cond, steps, 0)`: Triton lowered that select of
+    # two Python ints to a boolean loop bound, which its `scf.for` rejects.
+    n_steps = ((group < groups) & (hi > lo)).astype(jnp.int32) * jnp.int32(steps)
 
     def step(i, acc):
         k0 = pl.multiple_of(i * block_k, block_k)
