@@ -201,6 +201,16 @@ def measure(
         result.times.update(h.interleaved_times(sessions, rounds=st.rounds))
     except Exception as e:
         result.errors["timing"] = h.error_text(e)
+    for name, t in result.times.items():  # as soon as known: a long run may be cut short
+        ratio = result.ratio(name)
+        peak = result.peak_bytes.get(name)
+        print(
+            f"  {result.op} {result.pass_} {result.shape} {name}: {_ms(t)} ms"
+            f" ({'-' if ratio is None else f'{ratio:.2f}'}x plain), peak "
+            f"{'-' if peak is None else f'{peak / 2**30:.2f}'} GiB",
+            file=sys.stderr,
+            flush=True,
+        )
     return result
 
 
@@ -327,6 +337,16 @@ def model_result(s: ModelShape, st: Settings) -> Result:
         result.times.update(h.interleaved_times(sessions, rounds=st.rounds))
     except Exception as e:
         result.errors["timing"] = h.error_text(e)
+    for name, t in result.times.items():  # as soon as known: a long run may be cut short
+        ratio = result.ratio(name)
+        peak = result.peak_bytes.get(name)
+        print(
+            f"  {result.op} {result.pass_} {result.shape} {name}: {_ms(t)} ms"
+            f" ({'-' if ratio is None else f'{ratio:.2f}'}x plain), peak "
+            f"{'-' if peak is None else f'{peak / 2**30:.2f}'} GiB",
+            file=sys.stderr,
+            flush=True,
+        )
     return result
 
 
