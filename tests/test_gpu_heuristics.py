@@ -242,8 +242,9 @@ def test_every_ragged_dot_backend_matches_jax_on_a_gpu(name, dtype):
 
 
 def _ragged_args(dtype):
-    # Sums to 1018 of 1104 rows (a multiple of 8, so that the Mosaic kernels run too).
+    # Sums to 1018 of 1152 rows: a multiple of 8 (JAX's Mosaic kernels tile the rows by
+    # 8) and of 64 (tokamax's d_rhs kernel tiles them by 64).
     sizes = jnp.array([300, 0, 77, 512, 129], jnp.int32)
-    lhs = normal(1, (1104, 256), dtype)
+    lhs = normal(1, (1152, 256), dtype)
     rhs = normal(2, (5, 256, 384), dtype, 0.1)
     return lhs, rhs, sizes
