@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from kerneltune.kernels._common import device_kind_name, is_hopper, jax_gpu_op, logger
 from kerneltune.kernels.ragged_dot.config import RaggedDotConfig
+from kerneltune.kernels.ragged_dot.reference import rows_after_groups_zeroed
 
 FORWARD = ("ragged_dot_mgpu", "ragged_dot")
 TRANSPOSED = ("transposed_ragged_dot_mgpu", "transposed_ragged_dot")
@@ -118,14 +119,6 @@ def _require(product: str) -> MosaicFunction:
     return _load(*(TRANSPOSED if product == "drhs" else FORWARD))
 
 
-def _rows_after_groups_zeroed(out: jax.Array, group_sizes: jax.Array) -> jax.Array:
-    """The kernel leaves the rows after the last group unwritten: zero them, as
-    `jax.lax.ragged_dot` does."""
-    total = jnp.sum(group_sizes.astype(jnp.int32))
-    rows = jax.lax.broadcasted_iota(jnp.int32, out.shape, 0)
-    return jnp.where(rows < total, out, jnp.zeros((), out.dtype))
-
-
 def ragged_dot_mosaic(
     lhs: jax.Array,
     rhs: jax.Array,
@@ -141,7 +134,7 @@ def ragged_dot_mosaic(
     if transpose_rhs:
         kwargs["transpose_rhs"] = True
     out = found.fn(lhs, rhs, **kwargs)
-    return _rows_after_groups_zeroed(out, group_sizes)
+    return rows_after_groups_zeroed(out, group_sizes)
 
 
 def transposed_ragged_dot_mosaic(

@@ -9,6 +9,15 @@ import jax.numpy as jnp
 import numpy as np
 
 
+def rows_after_groups_zeroed(out: jax.Array, group_sizes: jax.Array) -> jax.Array:
+    """`out` with the rows after the last group zeroed, as `jax.lax.ragged_dot` gives
+    them: JAX's Mosaic kernel leaves them unwritten, and tokamax's does not zero them
+    either."""
+    total = jnp.sum(group_sizes.astype(jnp.int32))
+    rows = jax.lax.broadcasted_iota(jnp.int32, out.shape, 0)
+    return jnp.where(rows < total, out, jnp.zeros((), out.dtype))
+
+
 def ragged_dot_xla(
     lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, out_dtype: str
 ) -> jax.Array:
