@@ -131,11 +131,15 @@ LOSS_HEAD_CFGS = {
 @pytest.mark.parametrize("backend", list(LOSS_HEAD_CFGS))
 def test_every_loss_head_backend_matches_the_reference_on_a_gpu(backend, dtype):
     dtype = jnp.dtype(dtype)
-    if backend == "triton wide" and dtype == jnp.float32:
-        # Pruned in float32 (288 KiB of shared memory, spilled logits): tuning never
-        # runs it, and an explicit cfg= that cannot fit fails to launch.
-        pytest.skip("the wide tile is pruned in float32")
     m, k, v = 1000, 256, 5000  # no tile divides the rows or the vocabulary
+    if backend == "triton wide" and dtype == jnp.float32:
+        # Tuning never runs it (288 KiB of shared memory, spilled logits), and an
+        # explicit cfg= that cannot fit fails to launch: check that it is pruned.
+        from kerneltune.kernels.cross_entropy import config as ce_config
+
+        problem = ce_config.CrossEntropyProblem(m, k, v, dtype)
+        assert any(rule(LOSS_HEAD_CFGS[backend]) for rule in ce_config.rules(problem))
+        return
     x, w = normal(1, (m, k), dtype), normal(2, (k, v), dtype, 0.1)
     labels = jax.random.randint(jax.random.PRNGKey(3), (m,), 0, v)
     where = jax.random.uniform(jax.random.PRNGKey(4), (m,)) > 0.2
@@ -167,9 +171,13 @@ def test_every_loss_head_backend_matches_the_reference_on_a_gpu(backend, dtype):
 def test_every_glu_backend_matches_the_reference_on_a_gpu(cfg, dtype):
     dtype = jnp.dtype(dtype)
     if cfg.bm == 128 and dtype == jnp.float32:
-        # Pruned in float32 (288 KiB of shared memory): tuning never runs it, and an
-        # explicit cfg= that cannot fit fails to launch.
-        pytest.skip("the wide tile is pruned in float32")
+        # Tuning never runs it (288 KiB of shared memory), and an explicit cfg= that
+        # cannot fit fails to launch: check that it is pruned.
+        from kerneltune.kernels.gated_linear_unit import config as glu_config
+
+        problem = glu_config.GLUProblem(1000, 384, 640, dtype)
+        assert any(rule(cfg) for rule in glu_config.rules(problem))
+        return
     x, w = normal(1, (1000, 384), dtype), normal(2, (384, 2, 640), dtype, 0.05)
     ex = heuristics_executor()
     kernel = kernel_for(GatedLinearUnit, ex)
@@ -211,15 +219,19 @@ def test_every_ragged_dot_backend_matches_jax_on_a_gpu(name, dtype):
     cfg = RAGGED_CFGS[name]
     ex = heuristics_executor()
     kernel = kernel_for(RaggedDot, ex)
-    if cfg is not None:
-        inv_reason = None
-        try:
-            ex(kernel, *_ragged_args(dtype), out_dtype=dtype.name, cfg=cfg)
-        except ValueError as e:  # a backend that cannot run here says why
-            inv_reason = str(e)
-        if inv_reason is not None:
-            pytest.skip(inv_reason)
     lhs, rhs, sizes = _ragged_args(dtype)
+    if cfg is not None:
+        from kerneltune.kernels.ragged_dot import config as rd_config
+        from kerneltune.kernels.ragged_dot import tokamax_backend
+
+        if cfg.backend == "tokamax" and not tokamax_backend.installed():
+            pytest.skip("tokamax is not installed")
+        m, k = lhs.shape
+        problem = rd_config.RaggedDotProblem("fwd", m, k, rhs.shape[2], rhs.shape[0], dtype, dtype)
+        if any(rule(cfg) for rule in rd_config.rules(problem)):
+            # Tuning never runs it (Mosaic in float32); an explicit cfg= would not launch.
+            assert cfg.backend == "mosaic" and dtype == jnp.float32
+            return
 
     def call(lhs, rhs):
         return ex(kernel, lhs, rhs, sizes, out_dtype=dtype.name, cfg=cfg)
