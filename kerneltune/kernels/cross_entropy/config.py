@@ -25,6 +25,7 @@ from kerneltune._src.params import check_positive, check_positive_power_of_two
 from kerneltune.kernels._common import (
     MAX_REGISTERS_PER_THREAD,
     Pruned,
+    check_backend_fields,
     next_power_of_2,
     prune,
     shared_memory_limit,
@@ -84,20 +85,10 @@ block_k=None, num_warps=None, num_stages=None)
         owner = "CrossEntropyConfig"
         if self.backend not in BACKENDS:
             raise ValueError(f"{owner}.backend must be one of {BACKENDS}, got {self.backend!r}.")
-        triton_fields = tuple(_TRITON_DEFAULTS)
-        if self.backend != "triton":
-            for name in triton_fields:
-                if getattr(self, name) is not None:
-                    raise ValueError(
-                        f"{owner}.{name} is a field of backend='triton'; leave it None with "
-                        f"backend={self.backend!r} (got {getattr(self, name)!r})."
-                    )
+        check_backend_fields(
+            self, owner, {"chunked": ("chunk_size",), "triton": ("chunk_size", *_TRITON_DEFAULTS)}
+        )
         if self.backend == "xla":
-            if self.chunk_size is not None:
-                raise ValueError(
-                    f"{owner}.chunk_size is not a field of backend='xla' (got "
-                    f"{self.chunk_size!r}); leave it None."
-                )
             return
         if self.chunk_size is None:
             object.__setattr__(self, "chunk_size", DEFAULT_CHUNK)

@@ -19,6 +19,7 @@ from kerneltune._src.params import check_positive, check_positive_power_of_two
 from kerneltune.kernels._common import (
     MAX_REGISTERS_PER_THREAD,
     Pruned,
+    check_backend_fields,
     next_power_of_2,
     prune,
     shared_memory_limit,
@@ -67,13 +68,8 @@ class GLUConfig:
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"GLUConfig.backend must be one of {BACKENDS}, got {self.backend!r}.")
+        check_backend_fields(self, "GLUConfig", {"triton": tuple(_TRITON_DEFAULTS)})
         if self.backend != "triton":
-            for name in _TRITON_DEFAULTS:
-                if getattr(self, name) is not None:
-                    raise ValueError(
-                        f"GLUConfig.{name} is a field of backend='triton'; leave it None "
-                        f"with backend={self.backend!r} (got {getattr(self, name)!r})."
-                    )
             return
         for name, default in _TRITON_DEFAULTS.items():
             if getattr(self, name) is None:

@@ -12,6 +12,7 @@ from kerneltune._src.params import check_positive, check_positive_power_of_two
 from kerneltune.kernels._common import (
     MAX_REGISTERS_PER_THREAD,
     Pruned,
+    check_backend_fields,
     next_power_of_2,
     prune,
     shared_memory_limit,
@@ -129,26 +130,12 @@ leave it None with backend='triton' (got 4).
                     f"MatmulConfig.{name} must be at least {MIN_BLOCK} (the smallest tile "
                     f"Triton's dot accepts), got {value}."
                 )
-        if self.backend == "xla":
-            for name in (*_TRITON_DEFAULTS, *_MOSAIC_DEFAULTS):
-                if getattr(self, name) is not None:
-                    raise ValueError(
-                        f"MatmulConfig.{name} is not a field of backend='xla' (got "
-                        f"{getattr(self, name)!r}); leave it None."
-                    )
-            return
-        mine, other = (
-            (_TRITON_DEFAULTS, _MOSAIC_DEFAULTS)
-            if self.backend == "triton"
-            else (_MOSAIC_DEFAULTS, _TRITON_DEFAULTS)
+        check_backend_fields(
+            self, "MatmulConfig", {"triton": _TRITON_DEFAULTS, "mosaic": _MOSAIC_DEFAULTS}
         )
-        for name in other:
-            if getattr(self, name) is not None:
-                owner = "mosaic" if self.backend == "triton" else "triton"
-                raise ValueError(
-                    f"MatmulConfig.{name} is a field of backend={owner!r}; leave it None "
-                    f"with backend={self.backend!r} (got {getattr(self, name)!r})."
-                )
+        if self.backend == "xla":
+            return
+        mine = _TRITON_DEFAULTS if self.backend == "triton" else _MOSAIC_DEFAULTS
         for name, default in mine.items():
             if getattr(self, name) is None:
                 # Frozen: fill the backend's defaults in once, where the config is built.

@@ -24,6 +24,7 @@ from kerneltune._src.params import check_positive, check_positive_power_of_two
 from kerneltune.kernels._common import (
     MAX_REGISTERS_PER_THREAD,
     Pruned,
+    check_backend_fields,
     next_power_of_2,
     prune,
     shared_memory_limit,
@@ -108,26 +109,17 @@ max_concurrent_steps=4, grid_block_n=4)
         owner = "RaggedDotConfig"
         if self.backend not in BACKENDS:
             raise ValueError(f"{owner}.backend must be one of {BACKENDS}, got {self.backend!r}.")
-        if self.backend in ("xla", "tokamax"):
-            for name in (*_BLOCKS, *_TRITON_DEFAULTS, *_MOSAIC_DEFAULTS):
-                if getattr(self, name) is not None:
-                    raise ValueError(
-                        f"{owner}.{name} is not a field of backend={self.backend!r} (got "
-                        f"{getattr(self, name)!r}); leave it None."
-                    )
-            return
-        mine, other = (
-            (_TRITON_DEFAULTS, _MOSAIC_DEFAULTS)
-            if self.backend == "triton"
-            else (_MOSAIC_DEFAULTS, _TRITON_DEFAULTS)
+        check_backend_fields(
+            self,
+            owner,
+            {
+                "triton": (*_BLOCKS, *_TRITON_DEFAULTS),
+                "mosaic": (*_BLOCKS, *_MOSAIC_DEFAULTS),
+            },
         )
-        for name in other:
-            if getattr(self, name) is not None:
-                owner_backend = "mosaic" if self.backend == "triton" else "triton"
-                raise ValueError(
-                    f"{owner}.{name} is a field of backend={owner_backend!r}; leave it None "
-                    f"with backend={self.backend!r} (got {getattr(self, name)!r})."
-                )
+        if self.backend in ("xla", "tokamax"):
+            return
+        mine = _TRITON_DEFAULTS if self.backend == "triton" else _MOSAIC_DEFAULTS
         # Frozen: the backend's defaults are filled in once, where the config is built.
         defaults = {"block_m": 128, "block_n": 128, "block_k": 64, **mine}
         for name, default in defaults.items():
