@@ -356,6 +356,29 @@ def test_failure_status_classifies_out_of_memory():
     assert candidate.failure_status(ValueError("bad"), "compile_error") == "compile_error"
 
 
+def test_a_candidate_that_runs_out_of_memory_is_recorded_and_tuning_goes_on(ab):
+    # Issue 27: on a GPU that a model already fills, a large candidate fails at run
+    # time with RESOURCE_EXHAUSTED; it must cost that candidate only.
+    def out_of_memory(*_):
+        raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 64.0GiB")
+
+    def make(cfg: Reps):
+        f = repeated_matmul(cfg)
+        if cfg.k != 1:
+            return f
+
+        def too_big(a, b):
+            jax.debug.callback(out_of_memory, a[0, 0])
+            return f(a, b)
+
+        return too_big
+
+    report = quick().tune(make, ab, {}, [Reps(k=3), Reps(k=1), Reps(k=2)])
+    status = {c.cfg: c.status for c in report.candidates}
+    assert status[Reps(k=1)] == "oom", report.candidates
+    assert report.best == Reps(k=2)
+
+
 def test_compile_pool_replaces_abandoned_workers():
     pool = CompilePool(max_workers=1, timeout_s=0.3)
     pool.submit("slow", lambda: time.sleep(3.0))

@@ -72,6 +72,32 @@ def unusable_reason(kernel: Kernel[Any, Any], inv: Invocation[Any, Any], cfg: An
     return None if hook is None else hook(inv, cfg)
 
 
+def trace_failure(kernel: Kernel[Any, Any], inv: Invocation[Any, Any], cfg: Any) -> str | None:
+    """Why the kernel fails to trace `inv` with `cfg` (say, a stored block of -1, or a
+    config of a kernel whose code changed without a version bump), or None when it
+    traces. Shapes only: nothing is compiled or run. A sharded call is not checked."""
+    if context_of(inv) is not None:
+        return None
+    leaves, treedef = jax.tree_util.tree_flatten((tuple(inv.args), dict(inv.kwargs)))
+    arrays = [i for i, x in enumerate(leaves) if hasattr(x, "shape") and hasattr(x, "dtype")]
+    fn = dispatch.kernel_function(kernel, cfg)
+
+    def call(*values: Any) -> Any:
+        full = list(leaves)
+        for i, v in zip(arrays, values, strict=True):
+            full[i] = v
+        args, kwargs = jax.tree_util.tree_unflatten(treedef, full)
+        return fn(*args, **kwargs)
+
+    specs = [jax.ShapeDtypeStruct(leaves[i].shape, leaves[i].dtype) for i in arrays]
+    try:
+        jax.eval_shape(call, *specs)
+    except Exception as e:  # any failure: the config cannot serve this call
+        text = f"{type(e).__name__}: {e}".strip().splitlines()
+        return text[0][:300] if text else type(e).__name__
+    return None
+
+
 def concrete_inputs(
     kernel: Kernel[Any, Any], inv: Invocation[Any, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:

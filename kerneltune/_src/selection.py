@@ -110,6 +110,8 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
         self._listeners: list[Callable[[], None]] = []
         cache.add_invalidation_listener(self._invalidated)
         self._tuned: dict[CacheKey, Any] = {}
+        # Stored configs that failed to trace, by key (see `tiers.Stored`).
+        self._rejected: dict[CacheKey, Any] = {}
         self._reports: dict[CacheKey, TuningReport] = {}
         self._key_locks: dict[CacheKey, threading.Lock] = {}
         self._locks_guard = threading.Lock()
@@ -190,6 +192,7 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
                 cache,
                 missing="not in the persistent cache",
                 absent="no persistent cache configured",
+                rejected=self._rejected,
             ),
         ]
         if self.shipped is not None:
@@ -199,6 +202,7 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
                     self.shipped,
                     cache,
                     missing="not in the tables shipped for this device kind",
+                    rejected=self._rejected,
                 )
             )
         if policy.cache_miss_fallback == "error":
@@ -316,6 +320,10 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
                     shape=shape,
                     exclusive=exclusive,
                 )
+                if stored is not None and self._rejected.get(key) == stored:
+                    # The entry there is one that fails to trace: replace it.
+                    self.persistent.put(*key, cfg, report=report, signature=signature, shape=shape)
+                    stored = None
                 cfg = cfg if stored is None else stored
             except Exception as e:  # a cache write must not fail the run.
                 logger.warning("could not write %s to the persistent cache: %s", key, e)

@@ -9,6 +9,7 @@ needs the chain's state (locks, what it tuned before), is `selection.Autotune`.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Mapping
 from typing import Any, Literal, Protocol
 
@@ -116,6 +117,9 @@ class Stored:
     cache: ConfigCache[Any]
     missing: str  # why a configured source has nothing
     absent: str = "not configured"  # why there is no source
+    # Stored configs that failed to trace, by key (shared with the chain, whose next
+    # store for the key replaces them): each is warned about once.
+    rejected: dict[CacheKey, Any] = dataclasses.field(default_factory=dict)
 
     def lookup(self, inv: Invocation[Any, Any], kernel: Kernel[Any, Any], key: CacheKey) -> Found:
         if self.source is None:
@@ -128,6 +132,19 @@ class Stored:
         reason = kernel_hooks.unusable_reason(kernel, inv, cfg)
         if reason is not None:
             return Miss(f"its config {cfg!r} cannot run here: {reason}")
+        # A config of the right type that the kernel cannot trace (a block of -1, a
+        # kernel changed without a version bump) is a miss, not a crash on every call.
+        failure = kernel_hooks.trace_failure(kernel, inv, cfg)
+        if failure is not None:
+            if self.rejected.get(key) != cfg:
+                self.rejected[key] = cfg
+                warnings.warn(
+                    f"kerneltune: the {self.name} config {cfg!r} of {inv.op_id_v} "
+                    f"({inv.signature}) fails to trace ({failure}); choosing again.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            return Miss(f"its config {cfg!r} fails to trace: {failure}")
         self.cache.put(*key, cfg)
         return Hit(cfg, self.name, "cache_hit", {"level": self.name})
 
