@@ -149,3 +149,19 @@ def test_an_unobservable_profiler_is_named_in_one_warning(monkeypatch):
     with pytest.warns(RuntimeWarning, match="cannot observe the JAX profiler"):
         timing.install_profiler_observer()
     timing.install_profiler_observer()  # once: no second warning (warnings are errors here)
+
+
+def test_the_function_inside_a_jitted_one_is_found_even_in_a_deep_copy():
+    import copy
+
+    def plain(x):
+        return x + 1
+
+    jitted = jax.jit(plain)
+    assert jax_compat.function_inside_jit(jitted) is plain
+    # A deep copy keeps no name; the function is read from its private closure.
+    inner = jax_compat.function_inside_jit(copy.deepcopy(jax.nn.silu))
+    assert inner is jax_compat.function_inside_jit(jax.nn.silu)
+    assert inner.__name__ == "silu"
+    assert jax_compat.function_inside_jit(plain) is None
+    assert jax_compat.function_inside_jit(object()) is None

@@ -26,6 +26,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from kerneltune._src import jax_compat
+
 _MESH_TYPES = tuple(
     t for t in (getattr(jax.sharding, n, None) for n in ("Mesh", "AbstractMesh")) if t is not None
 )
@@ -144,6 +146,10 @@ def encode(
         extra = _key_only(value, enc)
         if extra is not None:
             return extra
+    if callable(value) and not hasattr(value, "__qualname__"):
+        # A jitted function that lost its name (a deep copy of `jax.nn.silu`): by the
+        # name of the function inside it, as the jitted function itself is keyed.
+        value = jax_compat.function_inside_jit(value) or value
     if callable(value) and hasattr(value, "__qualname__"):
         # Functions, classes, jitted and custom-gradient functions, by name only (never
         # by file path or line, which differ between machines).

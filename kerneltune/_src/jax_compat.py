@@ -113,6 +113,35 @@ def pallas_attention_backward(module: Any) -> Any:
     return getattr(module, "_mha_backward", None)
 
 
+def function_inside_jit(obj: Any) -> Any:
+    """The Python function a `jax.jit` object wraps, or None. A jitted function keeps it
+    as `_fun` (private) or `__wrapped__`; a deep copy of one (`copy.deepcopy(jax.nn.silu)`)
+    keeps neither, only its private `_cache_miss` closure, which holds it as `fun`."""
+    for name in ("__wrapped__", "_fun"):
+        inner = getattr(obj, name, None)
+        if callable(inner) and hasattr(inner, "__qualname__"):
+            return inner
+    seen, todo = set(), [getattr(obj, "_cache_miss", None)]
+    while todo:
+        fn = todo.pop()
+        code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
+        if code is None or not cells or id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        for var, cell in zip(code.co_freevars, cells):
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if var != "fun" or not callable(value):
+                continue
+            if "<locals>" in getattr(value, "__qualname__", "<locals>"):
+                todo.append(value)  # one of JAX's own closures: look inside it
+            else:
+                return value
+    return None
+
+
 def set_user_context_global(context: Any, value: Any) -> None:
     """Sets the process-wide value of a `jax.make_user_context` context. JAX 0.10.0's
     context object lacks `set_global` (0.10.2 has it); the config object inside it has

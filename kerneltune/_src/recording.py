@@ -68,6 +68,9 @@ class KernelRef:
 # (`kerneltune tune --import MODULE`). Only modules already imported are looked in.
 _TRUSTED_ROOTS = ("jax", "jaxlib", "numpy", "ml_dtypes")
 _trusted_modules: set[str] = set()
+#: Python's scalar types, which static arguments name (`acc_type=float`); no other
+#: builtin can be named.
+_BUILTIN_TYPES: dict[str, type] = {t.__name__: t for t in (bool, int, float, complex, str)}
 
 
 def trust_module(name: str) -> None:
@@ -91,6 +94,8 @@ def lookup(target: str) -> Any:
     module_name, sep, qualname = target.partition(":")
     if not sep or not module_name or not qualname:
         raise LookupError(f"expected 'module:qualname', got {target!r}.")
+    if module_name == "builtins" and qualname in _BUILTIN_TYPES:
+        return _BUILTIN_TYPES[qualname]  # a static argument such as `dtype=float`
     module = sys.modules.get(module_name)
     if module is None or not _trusted(module_name):
         raise LookupError(

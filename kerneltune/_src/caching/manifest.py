@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from kerneltune._src import codec, files
+from kerneltune._src import codec, files, jax_compat
 from kerneltune._src.caching.cache_entry import runtime_versions
 from kerneltune._src.recording import (
     Invocations,
@@ -203,9 +203,12 @@ def _optional_str(value: Any) -> str | None:
 
 def _found_by_name(name: str, obj: Any) -> bool:
     try:
-        return lookup(name) is obj
+        found = lookup(name)
     except LookupError:
         return False
+    # A jitted function is written by the name of the function inside it (a deep copy
+    # of `jax.nn.silu` keeps no name of its own): the name finds the jitted one.
+    return found is obj or jax_compat.function_inside_jit(found) is obj
 
 
 def encode(value: Any) -> Any:
