@@ -214,6 +214,12 @@ def measure(
         except Exception as e:  # one failing implementation must not end the run
             result.errors[name] = h.error_text(e)
         progress(result, name)
+    return timed(result, sessions, st)
+
+
+def timed(result: Result, sessions: dict[str, Any], st: Settings) -> Result:
+    """Times `sessions` in interleaved rounds into `result`, printing each time as soon
+    as it is known (a long run may be cut short)."""
     try:
         result.times.update(h.interleaved_times(sessions, rounds=st.rounds))
     except Exception as e:
@@ -351,21 +357,7 @@ def model_result(s: ModelShape, st: Settings) -> Result:
         finally:
             kt.set_default_executor(None)
         progress(result, "kt_tuned")
-    try:
-        result.times.update(h.interleaved_times(sessions, rounds=st.rounds))
-    except Exception as e:
-        result.errors["timing"] = h.error_text(e)
-    for name, t in result.times.items():  # as soon as known: a long run may be cut short
-        ratio = result.ratio(name)
-        peak = result.peak_bytes.get(name)
-        print(
-            f"  {result.op} {result.pass_} {result.shape} {name}: {_ms(t)} ms"
-            f" ({'-' if ratio is None else f'{ratio:.2f}'}x best plain), peak "
-            f"{'-' if peak is None else f'{peak / 2**30:.2f}'} GiB",
-            file=sys.stderr,
-            flush=True,
-        )
-    return result
+    return timed(result, sessions, st)
 
 
 # --- output ---------------------------------------------------------------------------
