@@ -354,3 +354,30 @@ def test_under_a_gradient_the_pallas_path_is_one_candidate_or_none(monkeypatch):
     train, train_pruned = ac.for_training(p, on_gpu, pruned)
     assert train == [ac.CUDNN, ac.TOKAMAX]
     assert any("cuDNN runs this call" in x.reason for x in train_pruned)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_chunked_reference_matches_the_whole_one_in_values_and_gradients(causal):
+    # Long sequences validate against the reference a chunk of queries at a time (at
+    # T=128k the whole float32 score matrix is 1 TiB): same values, same gradients.
+    from kerneltune.kernels.attention.reference import (
+        attention_forward_chunked,
+        attention_forward_xla,
+    )
+
+    q, k, v, do = qkv(jax.random.PRNGKey(3), 2, 48, 2, 16)
+    scale = 0.25
+    # 2·2·48 float32 scores per query row: 768 bytes, so 12 rows (4 chunks) fit in 9216.
+    whole = lambda q, k, v: attention_forward_xla(q, k, v, causal=causal, sm_scale=scale)[0]  # noqa: E731
+
+    def chunked(q, k, v):
+        return attention_forward_chunked(q, k, v, causal=causal, sm_scale=scale, score_bytes=9216)
+
+    assert "scan[" in jax.make_jaxpr(chunked)(q, k, v).pretty_print()  # it is chunked
+    np.testing.assert_allclose(chunked(q, k, v), whole(q, k, v), rtol=1e-5, atol=1e-5)
+    grads = [jax.vjp(f, q, k, v)[1](do) for f in (chunked, whole)]
+    for a, b in zip(*grads, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+    # Rows that do not divide the sequence: the largest divisor that fits is used.
+    odd = attention_forward_chunked(q, k, v, causal=causal, sm_scale=scale, score_bytes=768 * 7)
+    np.testing.assert_allclose(odd, whole(q, k, v), rtol=1e-5, atol=1e-5)

@@ -119,3 +119,39 @@ def test_candidates_that_do_not_agree_on_a_majority_are_not_called_validated():
         _, report = tune(kernel)
     status = {c.cfg: c.status for c in report.candidates}
     assert report.validated_by == "" and status[WRONG_AND_FAST] == status[RIGHT] == "ok"
+
+
+def test_a_reference_that_would_not_fit_in_memory_leaves_the_heuristic_as_the_bar(monkeypatch):
+    # At long sequences attention's float32 reference needs far more memory than the
+    # call: it is refused before it runs, and the heuristic config's output is the bar.
+    from kerneltune._src.tuning import memory
+
+    monkeypatch.setattr(memory, "free_bytes", lambda device=None: 1)
+    monkeypatch.setattr(memory, "program_bytes", lambda compiled: 2**30)
+    kernel = DoublerWithReference(Cfg(30), [WRONG_AND_FAST, RIGHT])
+    # Every candidate is refused too (each "needs" 1 GiB of 1 byte free): the heuristic
+    # runs, with one warning that counts every candidate timed (the heuristic too).
+    with pytest.warns(RuntimeWarning, match=r"failed for every one of 3 candidates") as caught:
+        cfg, _ = tune(kernel)
+    assert cfg == Cfg(30)
+    message = str(caught[0].message)
+    assert f"{RIGHT}: oom: DoesNotFit: this candidate would run out of memory: it needs 1.00 GiB" in message
+
+
+def test_the_reference_is_skipped_alone_when_only_it_would_not_fit(monkeypatch):
+    from kerneltune._src.tuning import memory
+
+    real_check = memory.check_fits
+
+    def check(compiled, what, *, free=None):
+        if what == "the reference implementation":
+            raise memory.DoesNotFit(f"{what} would run out of memory: it needs 64.00 GiB")
+        real_check(compiled, what, free=free)
+
+    monkeypatch.setattr(memory, "check_fits", check)
+    kernel = DoublerWithReference(Cfg(30), [WRONG_AND_FAST, RIGHT])
+    cfg, report = tune(kernel)
+    assert cfg == Cfg(30) or cfg == RIGHT
+    assert report.validated_by.startswith("the heuristic config (the reference implementation failed")
+    assert "64.00 GiB" in report.validated_by
+    assert {c.cfg: c.status for c in report.candidates}[WRONG_AND_FAST] == "invalid"

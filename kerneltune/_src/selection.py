@@ -278,7 +278,7 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
                 )
                 warnings.warn(
                     f"autotuning {inv.op_id_v} ({inv.signature}) failed for every one of "
-                    f"{len(candidates)} candidates; using the heuristic config. Errors: {summary}",
+                    f"{len(report.candidates)} candidates; using the heuristic config. Errors: {summary}",
                     RuntimeWarning,
                     stacklevel=5,
                 )

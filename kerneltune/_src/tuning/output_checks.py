@@ -122,6 +122,8 @@ class OutputChecks:
         if self._expected is not None:
             return "the reference implementation"
         if ref is not None and ref.ok:
+            if self._expected_error is not None:  # e.g. it would not fit in memory
+                return f"the heuristic config (the reference implementation failed: {self._expected_error})"
             return "the heuristic config"
         if self._majority is not None:
             agreeing, voting = self._majority

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from kerneltune._src import keys
-from kerneltune._src.tuning import compiling
+from kerneltune._src.tuning import compiling, memory
 
 logger = logging.getLogger("kerneltune")
 
@@ -66,8 +66,11 @@ def with_backward(call: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def compile_lowered(lowered: Any) -> Any:
-    """The second build stage: a lowered program's executable."""
-    return lowered.compile()
+    """The second build stage: a lowered program's executable, refused (`DoesNotFit`,
+    recorded as "oom") when it would not fit in the device memory left."""
+    compiled = lowered.compile()
+    memory.check_fits(compiled, "this candidate")
+    return compiled
 
 
 class Background:

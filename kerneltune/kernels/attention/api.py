@@ -21,7 +21,11 @@ from kerneltune.kernels.attention import tokamax_backend
 from kerneltune.kernels.attention.config import AttentionProblem
 from kerneltune.kernels.attention.features import attention_features_xla
 from kerneltune.kernels.attention.pallas_triton import mha_backward, mha_forward
-from kerneltune.kernels.attention.reference import attention_backward_xla, attention_forward_xla
+from kerneltune.kernels.attention.reference import (
+    attention_backward_xla,
+    attention_forward_chunked,
+    attention_forward_xla,
+)
 
 
 def problem_of(inv: Invocation[Any, Any]) -> AttentionProblem:
@@ -180,9 +184,11 @@ class Attention(BundledKernelMixin, Kernel[FwdParams, jax.Array]):
     fwd_with_residuals = fwd_with_residuals_xla
 
     def reference(self, q, k, v, *, causal: bool, sm_scale: float) -> jax.Array:
-        """The op's math in plain JAX: second derivatives are taken from it."""
+        """The op's math in plain JAX: second derivatives are taken from it, and tuning
+        validates candidates against it (a chunk of queries at a time on long
+        sequences, so it fits where the call does)."""
         k, v = _every_head(q, k), _every_head(q, v)
-        return attention_forward_xla(q, k, v, causal=causal, sm_scale=sm_scale)[0]
+        return attention_forward_chunked(q, k, v, causal=causal, sm_scale=sm_scale)
 
     def vjp(self, lse, out, dout, q, k, v, *, cfg: FwdParams, causal: bool, sm_scale: float):
         # The backward kernel works on every query head; a group's k and v cotangents

@@ -42,6 +42,48 @@ def attention_forward_xla(
     return out.astype(q.dtype), lse * jnp.float32(LOG2E)
 
 
+#: The float32 scores one query chunk of `attention_forward_chunked` may hold: the
+#: reference of a long sequence is computed a chunk of queries at a time, so validating
+#: a 128k-token call does not need the [batch, heads, q, k] scores (1 TiB there).
+CHUNK_SCORE_BYTES = 1 << 30
+
+
+def attention_forward_chunked(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    causal: bool,
+    sm_scale: float,
+    score_bytes: int = CHUNK_SCORE_BYTES,
+) -> jax.Array:
+    """`attention_forward_xla`'s output, a chunk of queries at a time when the whole
+    score matrix would exceed `score_bytes`. Each chunk is rematerialised under a
+    gradient, so the backward too holds one chunk's scores at a time."""
+    b, q_len, h, _ = q.shape
+    kv_len = k.shape[1]
+    rows = max(1, score_bytes // (b * h * kv_len * 4))
+    if rows >= q_len:
+        return attention_forward_xla(q, k, v, causal=causal, sm_scale=sm_scale)[0]
+    chunk = max(c for c in range(1, rows + 1) if q_len % c == 0)
+    n = q_len // chunk
+
+    def one_chunk(start: jax.Array, q_chunk: jax.Array) -> jax.Array:
+        s = jnp.einsum("bqhd,bkhd->bhqk", q_chunk, k, preferred_element_type=jnp.float32)
+        s = s * jnp.float32(sm_scale)
+        if causal:
+            visible = (start + jnp.arange(chunk))[:, None] >= jnp.arange(kv_len)[None, :]
+            s = jnp.where(visible, s, jnp.float32(_MASKED))
+        p = jax.nn.softmax(s, axis=-1)
+        out = jnp.einsum("bhqk,bkhd->bqhd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+        return out.astype(q.dtype)
+
+    chunks = jnp.moveaxis(q.reshape(b, n, chunk, *q.shape[2:]), 1, 0)
+    starts = jnp.arange(n) * chunk
+    out = jax.lax.map(lambda xs: jax.checkpoint(one_chunk)(*xs), (starts, chunks))
+    return jnp.moveaxis(out, 0, 1).reshape(q.shape)
+
+
 def attention_backward_xla(
     q: jax.Array,
     k: jax.Array,

@@ -1,0 +1,190 @@
+"""What a user feels the first time kerneltune's ops run at real sizes: the first call's
+wall (tracing, tuning, compiling), the peak device memory of the process (tuning
+included) and the step time, against plain JAX (cuDNN attention, XLA elsewhere).
+
+    python -m benchmarks.first_use_gpu [--rows gpt,llama,...] [--variants plain,kt,kt_cold]
+
+Run from the repository root on a GPU. Every (row, variant) runs in a fresh process, so
+its first call and its peak memory are its own: "kt" runs kerneltune's ops through the
+default executor with an empty cache directory and the shipped tables on, "kt_cold"
+with them off (`KERNELTUNE_SHIPPED=0`). The kerneltune processes then time their step
+against plain JAX's in interleaved rounds (CUPTI device time), so "× plain" is a ratio
+measured in one process. "consts" counts JAX's "constants were captured" warnings.
+
+Rows: the GPT and Llama blocks of `model_gpu` (shapes in the shipped tables), the same
+blocks at sizes in no table ("_off"), and causal grouped-query attention forward +
+backward at 32k, 64k and 128k tokens (B1, 16/4 heads, head dim 128, bf16).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from benchmarks import harness as h
+from benchmarks import model_blocks as mb
+
+BLOCKS = {
+    "gpt": ("gpt", mb.BlockShape(batch=8, seq=2048, dim=2048, heads=16, kv_heads=16, hidden=8192)),
+    "llama": ("llama", mb.BlockShape(8, 2048, 2048, 16, 4, 5632)),
+    # Batch and sequence in no shipped table.
+    "gpt_off": ("gpt", mb.BlockShape(6, 3072, 2048, 16, 16, 8192)),
+    "llama_off": ("llama", mb.BlockShape(4, 4096, 2048, 16, 4, 5632)),
+}
+LONG = {"attn32k": 32768, "attn64k": 65536, "attn128k": 131072}
+ROWS = (*BLOCKS, *LONG)
+# Tiny rows that run anywhere (a check of the benchmark itself, wall clock on a CPU).
+SMOKE_BLOCKS = {"gpt_smoke": ("gpt", mb.BlockShape(1, 64, 64, 2, 2, 128))}
+SMOKE_LONG = {"attn_smoke": 256}
+VARIANTS = ("plain", "kt", "kt_cold")
+ROUNDS = 5
+
+
+def _attention_step(impl: Callable[..., jax.Array]) -> Callable[..., Any]:
+    def loss(q: jax.Array, k: jax.Array, v: jax.Array, do: jax.Array) -> jax.Array:
+        return jnp.vdot(impl(q, k, v).astype(jnp.float32), do.astype(jnp.float32))
+
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+
+
+def _plain_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    implementation = "cudnn" if h.on_gpu() else None
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=implementation)
+
+
+def _kt_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    from kerneltune.kernels import attention
+
+    return attention(q, k, v, is_causal=True)
+
+
+def step_and_args(row: str, variant: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    plain = variant == "plain"
+    blocks = {**BLOCKS, **SMOKE_BLOCKS}
+    if row in blocks:
+        block, shape = blocks[row]
+        ops = mb.plain_ops() if plain else mb.kerneltune_ops()
+        return mb.train_step(block, ops, shape), mb.block_inputs(block, shape)
+    t = {**LONG, **SMOKE_LONG}[row]
+    q, do = (h.normal(s, (1, t, 16, 128)) for s in (0, 3))
+    k, v = (h.normal(s, (1, t, 4, 128)) for s in (1, 2))
+    return _attention_step(_plain_attention if plain else _kt_attention), (q, k, v, do)
+
+
+def child(row: str, variant: str) -> dict[str, Any]:
+    """One (row, variant) in this fresh process: first call, peak memory, step time."""
+    device = jax.local_devices()[0]
+    out: dict[str, Any] = {"row": row, "variant": variant, "device": device.device_kind}
+    out["jax"] = jax.__version__
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step, args = step_and_args(row, variant)
+        jax.block_until_ready(args)
+        before = device.memory_stats() or {}
+        out["inputs_gib"] = before.get("bytes_in_use", 0) / 2**30
+        out["first_s"] = h.timed_first_call(step, args)
+        stats = device.memory_stats() or {}
+        out["peak_gib"] = stats.get("peak_bytes_in_use", 0) / 2**30
+    out["consts"] = sum("constants were captured" in str(w.message) for w in caught)
+    sessions = {variant: h.session(step, [args])}
+    if variant != "plain":
+        # Plain JAX's step timed in this process too, in interleaved rounds.
+        plain_step, _ = step_and_args(row, "plain")
+        sessions["plain"] = h.session(plain_step, [args])
+    times = h.interleaved_times(sessions, rounds=ROUNDS)
+    out["step_ms"] = times[variant] * 1e3
+    if "plain" in times and variant != "plain":
+        out["plain_step_ms"] = times["plain"] * 1e3
+    return out
+
+
+def run_one(row: str, variant: str, timeout_s: float) -> dict[str, Any]:
+    env = dict(os.environ)
+    with tempfile.TemporaryDirectory() as cache_dir:
+        env["KERNELTUNE_CACHE_DIR"] = cache_dir  # empty: nothing tuned before
+        if variant == "kt_cold":
+            env["KERNELTUNE_SHIPPED"] = "0"
+        cmd = [sys.executable, "-m", "benchmarks.first_use_gpu", "--child", row, variant]
+        t0 = time.perf_counter()
+        try:
+            p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return {"row": row, "variant": variant, "error": f"no result after {timeout_s:.0f} s"}
+    for line in reversed(p.stdout.splitlines()):
+        if line.startswith("{"):
+            result = json.loads(line)
+            result["process_s"] = time.perf_counter() - t0
+            return result
+    tail = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
+    return {"row": row, "variant": variant, "error": f"rc {p.returncode}: {tail[:200]}"}
+
+
+def describe(rows: dict[str, dict[str, dict[str, Any]]], row: str) -> str:
+    by = rows[row]
+    plain = by.get("plain", {})
+    cells = [row]
+    for variant, r in by.items():
+        if "error" in r:
+            cells.append(f"{variant}: {r['error']}")
+            continue
+        text = (
+            f"{variant}: step {r['step_ms']:.2f} ms, first {r['first_s']:.1f} s, "
+            f"peak {r['peak_gib']:.2f} GiB, consts {r['consts']}"
+        )
+        if "plain_step_ms" in r:
+            text += f", {r['plain_step_ms'] / r['step_ms']:.3f}× plain's step (same process)"
+        if variant != "plain" and "first_s" in plain:
+            text += (
+                f", first {r['first_s'] / plain['first_s']:.2f}× plain's, "
+                f"peak {r['peak_gib'] / max(plain['peak_gib'], 1e-9):.2f}× plain's"
+            )
+        cells.append(text)
+    return "\n  ".join(cells)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, dict[str, Any]]]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated of {ROWS}")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"of {VARIANTS}")
+    parser.add_argument("--timeout", type=float, default=240.0, help="seconds per process")
+    parser.add_argument("--json", help="write every result here")
+    parser.add_argument("--child", nargs=2, metavar=("ROW", "VARIANT"), help=argparse.SUPPRESS)
+    a = parser.parse_args(argv)
+    if a.child:
+        print(json.dumps(child(*a.child)), flush=True)
+        return {}
+    rows, variants = a.rows.split(","), a.variants.split(",")
+    every_row = (*ROWS, *SMOKE_BLOCKS, *SMOKE_LONG)
+    for name, allowed in ((rows, every_row), (variants, VARIANTS)):
+        unknown = sorted(set(name) - set(allowed))
+        if unknown:
+            parser.error(f"unknown {unknown}; allowed: {', '.join(allowed)}")
+    # This process never touches the device: each child needs all of its memory.
+    results: dict[str, dict[str, dict[str, Any]]] = {}
+    for row in rows:
+        results[row] = {}
+        for variant in variants:
+            results[row][variant] = run_one(row, variant, a.timeout)
+        first = next(iter(results[row].values()))
+        if "device" in first:
+            print(f"({first['device']}, jax {first['jax']})", flush=True)
+        print(describe(results, row), flush=True)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(results, f, indent=1)
+    return results
+
+
+if __name__ == "__main__":
+    main()
