@@ -135,7 +135,10 @@ def test_a_reference_that_would_not_fit_in_memory_leaves_the_heuristic_as_the_ba
         cfg, _ = tune(kernel)
     assert cfg == Cfg(30)
     message = str(caught[0].message)
-    assert f"{RIGHT}: oom: DoesNotFit: this candidate would run out of memory: it needs 1.00 GiB" in message
+    assert (
+        f"{RIGHT}: oom: DoesNotFit: this candidate would run out of memory: it needs 1.00 GiB"
+        in message
+    )
 
 
 def test_the_reference_is_skipped_alone_when_only_it_would_not_fit(monkeypatch):
@@ -152,6 +155,8 @@ def test_the_reference_is_skipped_alone_when_only_it_would_not_fit(monkeypatch):
     kernel = DoublerWithReference(Cfg(30), [WRONG_AND_FAST, RIGHT])
     cfg, report = tune(kernel)
     assert cfg == Cfg(30) or cfg == RIGHT
-    assert report.validated_by.startswith("the heuristic config (the reference implementation failed")
+    assert report.validated_by.startswith(
+        "the heuristic config (the reference implementation failed"
+    )
     assert "64.00 GiB" in report.validated_by
     assert {c.cfg: c.status for c in report.candidates}[WRONG_AND_FAST] == "invalid"

@@ -75,7 +75,9 @@ def attention_forward_chunked(
             visible = (start + jnp.arange(chunk))[:, None] >= jnp.arange(kv_len)[None, :]
             s = jnp.where(visible, s, jnp.float32(_MASKED))
         p = jax.nn.softmax(s, axis=-1)
-        out = jnp.einsum("bhqk,bkhd->bqhd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+        out = jnp.einsum(
+            "bhqk,bkhd->bqhd", p.astype(v.dtype), v, preferred_element_type=jnp.float32
+        )
         return out.astype(q.dtype)
 
     chunks = jnp.moveaxis(q.reshape(b, n, chunk, *q.shape[2:]), 1, 0)
