@@ -352,8 +352,10 @@ def test_under_a_gradient_the_pallas_path_is_one_candidate_or_none(monkeypatch):
     monkeypatch.setattr(ac, "cudnn_unsupported", lambda p: None)  # as on a GPU
     on_gpu = [ac.CUDNN, ac.TOKAMAX, *kept]
     train, train_pruned = ac.for_training(p, on_gpu, pruned)
-    assert train == [ac.CUDNN, ac.TOKAMAX]
-    assert any("cuDNN runs this call" in x.reason for x in train_pruned)
+    # cuDNN alone: tokamax's training step never beat it (0.87-0.99x), and timing it
+    # cost 18 s and 4x plain JAX's memory at 32k tokens.
+    assert train == [ac.CUDNN]
+    assert any(x.cfg == ac.TOKAMAX and "cuDNN runs this call" in x.reason for x in train_pruned)
 
 
 @pytest.mark.parametrize("causal", [False, True])

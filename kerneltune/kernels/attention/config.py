@@ -148,14 +148,19 @@ def for_training(
     The Pallas path's backward is a key of its own: timing a Pallas forward with it
     tunes that key first, and the forward's blocks move a training step little. So
     under a gradient the Pallas path is one candidate (JAX's default blocks). Where
-    cuDNN runs the call, neither Pallas nor XLA is: their forward + backward measured
-    0.30× and 0.25× cuDNN's on an H100 (`benchmarks/attention_gpu.py`), and XLA's
-    materialises every logit, so timing them would only cost tuning time.
+    cuDNN runs the call, it alone is the candidate: on an H100 (BENCHMARKS.md,
+    2026-11-24) the forward + backward of Pallas measured 0.30× cuDNN's, XLA's 0.25×
+    (and it materialises every logit), tokamax's 0.87–0.99× at four shapes, so timing
+    them would only cost tuning time and memory: at 32k tokens, 18 s and 4× plain
+    JAX's peak memory for a cuDNN win every time.
     """
     heuristic = fwd_heuristic(p)
     if cudnn_unsupported(p) is None:
-        why = "under a gradient cuDNN runs this call; the Pallas and XLA training steps are 3-4× slower"
-        out = [c for c in kept if c.backend not in ("pallas", "xla")]
+        why = (
+            "under a gradient cuDNN runs this call; the training steps of Pallas, XLA "
+            "and tokamax measured 0.25-0.99x cuDNN's"
+        )
+        out = [c for c in kept if c == CUDNN]
     else:
         why = "under a gradient only the default Pallas blocks are timed (its backward is tuned apart)"
         out = [c for c in kept if c.backend != "pallas" or c == heuristic]

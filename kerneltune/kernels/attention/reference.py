@@ -45,7 +45,7 @@ def attention_forward_xla(
 #: The float32 scores one query chunk of `attention_forward_chunked` may hold: the
 #: reference of a long sequence is computed a chunk of queries at a time, so validating
 #: a 128k-token call does not need the [batch, heads, q, k] scores (1 TiB there).
-CHUNK_SCORE_BYTES = 1 << 30
+CHUNK_SCORE_BYTES = 1 << 28
 
 
 def attention_forward_chunked(
