@@ -5,7 +5,7 @@ Every key is tuned exhaustively, so each entry also records every candidate's ti
 replay of warm starts (`benchmarks/warm_replay.py`, `tests/test_warm_replay.py`) reads
 them. Run it on each GPU model the package supports:
 
-    PYTHONPATH=. python -m benchmarks.ship_tables [--ops matmul,layer_norm,...]
+    PYTHONPATH=. python -m benchmarks.ship_tables [--ops matmul,layer_norm,...,blocks]
 
 Entries are written to a cache directory as they finish (`--cache`), and the table is
 rewritten after every op, so an interrupted run keeps what it tuned.
@@ -14,6 +14,7 @@ rewritten after every op, so an interrupted run keeps what it tuned.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -73,6 +74,20 @@ def grid(op: str) -> Iterator[tuple[str, Call]]:
                 )
 
             yield f"B{b} T{t} N{n} H{d}{' causal' if causal else ''}", call
+    elif op == "blocks":
+        # The training steps of the model benchmarks' blocks (`first_use_gpu`,
+        # `model_gpu`): every key a user's first step at these sizes looks up.
+        from benchmarks import first_use_gpu
+        from benchmarks import model_blocks as mb
+
+        for name in ("gpt", "llama"):
+            block, shape = first_use_gpu.BLOCKS[name]
+            args = mb.block_inputs(block, shape)
+
+            def step(ex: kt.Executor, block=block, shape=shape, args=args) -> Any:
+                return mb.train_step(block, mb.kerneltune_ops(ex), shape)(*args)
+
+            yield f"{name} {shape}", step
     else:
         raise SystemExit(f"--ops: unknown op {op!r}")
 
@@ -82,9 +97,14 @@ def table_path(kind: str) -> str:
     return str(PACKAGE_TABLES / f"{slug}.json")
 
 
+def _identity(doc: dict[str, Any]) -> tuple[Any, ...]:
+    return doc["op_id"], doc["call_key"], doc["dev"]
+
+
 def write_table(cache: kt.PersistentCache[Any], path: str) -> int:
     """The cache's entries as a shipped table: provenance "shipped", each candidate's
-    median time kept and its samples left out (the file stays small)."""
+    median time kept and its samples left out (the file stays small). Entries of the
+    table already at `path` that this run did not tune again are kept."""
     docs = []
     for entry in sorted(cache.entries(), key=lambda e: (e.op_id_v, e.signature)):
         doc = entry.to_document()
@@ -93,6 +113,11 @@ def write_table(cache: kt.PersistentCache[Any], path: str) -> int:
             {k: v for k, v in c.items() if k != "samples_s"} for c in doc["candidates"]
         ]
         docs.append(doc)
+    if os.path.exists(path):
+        with open(path) as f:
+            kept = json.load(f).get("entries", [])
+        tuned = {_identity(d) for d in docs}
+        docs = [d for d in kept if _identity(d) not in tuned] + docs
     os.makedirs(os.path.dirname(path), exist_ok=True)
     storage.write_export_file(path, docs, exported=time.time())
     return len(docs)
