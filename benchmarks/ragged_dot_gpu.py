@@ -154,6 +154,7 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     p.add_argument("--no-block", action="store_true", help="skip the MoE block")
     p.add_argument("--blocks-only", action="store_true", help="only the MoE block")
     p.add_argument("--cases", metavar="I,J", help="only these op cases (indices into OP_CASES)")
+    p.add_argument("--blocks", metavar="I,J", help="only these blocks (indices into GPU_SHAPES)")
     args = p.parse_args(argv)
     tokamax = None if args.smoke or args.no_tokamax else mb.import_tokamax()
     tune = not (args.no_tune or args.quick)
@@ -167,6 +168,8 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
         cases, blocks = OP_CASES, model.GPU_SHAPES
     if args.cases:
         cases = tuple(cases[int(i)] for i in args.cases.split(","))
+    if args.blocks:
+        blocks = tuple(blocks[int(i)] for i in args.blocks.split(","))
     if args.blocks_only:
         cases = ()
     tuning = op_bench.tuning_executor(args.tune_budget, shipped=True) if tune else None
