@@ -383,3 +383,21 @@ def test_the_chunked_reference_matches_the_whole_one_in_values_and_gradients(cau
     # Rows that do not divide the sequence: the largest divisor that fits is used.
     odd = attention_forward_chunked(q, k, v, causal=causal, sm_scale=scale, score_bytes=768 * 7)
     np.testing.assert_allclose(odd, whole(q, k, v), rtol=1e-5, atol=1e-5)
+
+
+def test_a_forward_longer_than_any_measured_times_the_libraries_and_default_blocks(monkeypatch):
+    monkeypatch.setattr(ac, "cudnn_unsupported", lambda p: None)  # as on a GPU
+    long = ac.AttentionProblem(1, 131072, 131072, 16, 128, np.dtype(BF16), True)
+    kept, pruned = ac.fwd_candidates(long)
+    assert len(kept) > 10  # the full block search
+    out, out_pruned = ac.for_long_sequences(long, kept, pruned)
+    assert out == [ac.CUDNN, ac.TOKAMAX, ac.fwd_heuristic(long)] or out == [
+        ac.CUDNN,
+        ac.fwd_heuristic(long),
+    ]
+    assert FwdParams(backend="xla") not in out
+    assert any("131072 tokens" in x.reason for x in out_pruned)
+    # At a measured length the search is whole.
+    short = ac.AttentionProblem(2, 8192, 8192, 16, 128, np.dtype(BF16), True)
+    kept, pruned = ac.fwd_candidates(short)
+    assert ac.for_long_sequences(short, kept, pruned) == (kept, pruned)

@@ -113,7 +113,9 @@ class Attention(BundledKernelMixin, Kernel[FwdParams, jax.Array]):
     def search_space(self, inv: Invocation[Any, Any]):
         p = problem_of(inv)
         kept, pruned = config_lib.fwd_candidates(p)
-        return config_lib.for_training(p, kept, pruned) if inv.differentiated else (kept, pruned)
+        if inv.differentiated:
+            return config_lib.for_training(p, kept, pruned)
+        return config_lib.for_long_sequences(p, kept, pruned)
 
     def interpret_candidates(self, inv: Invocation[Any, Any]) -> list[FwdParams]:
         return config_lib.fwd_interpret_candidates(problem_of(inv))

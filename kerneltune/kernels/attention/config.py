@@ -140,6 +140,33 @@ def fwd_candidates(
     return kept, pruned
 
 
+#: The longest sequence the shipped tables and the benchmarks cover (`ATTENTION` in
+#: `benchmarks/ship_tables.py`): beyond it nothing was measured to favour a tuned Pallas
+#: block over the libraries.
+LONGEST_MEASURED_SEQUENCE = 8192
+
+
+def for_long_sequences(
+    p: AttentionProblem, kept: list[FwdParams], pruned: list[Pruned[FwdParams]]
+) -> tuple[list[FwdParams], list[Pruned[FwdParams]]]:
+    """The forward candidates of a call longer than any measured one, where cuDNN runs
+    it: the libraries (cuDNN, tokamax) and JAX's default Pallas blocks, no block search
+    and no XLA (whose [batch, heads, q, k] logits are 32 GiB at B1 T32k with 16 heads).
+    Each candidate's run grows with the square of the sequence: at 128k tokens a block
+    search would time some 30 programs of a tenth of a second each, a detour of a
+    minute on the first call."""
+    longest = max(p.q_len, p.kv_len)
+    if longest <= LONGEST_MEASURED_SEQUENCE or cudnn_unsupported(p) is not None:
+        return kept, pruned
+    heuristic = fwd_heuristic(p)
+    why = (
+        f"sequences of {longest} tokens (longer than the {LONGEST_MEASURED_SEQUENCE} measured) "
+        "time the libraries and the default Pallas blocks only"
+    )
+    out = [c for c in kept if c.backend in ("cudnn", "tokamax") or c == heuristic]
+    return out, pruned + [Pruned(c, why) for c in kept if c not in out]
+
+
 def for_training(
     p: AttentionProblem, kept: list[FwdParams], pruned: list[Pruned[FwdParams]]
 ) -> tuple[list[FwdParams], list[Pruned[FwdParams]]]:
