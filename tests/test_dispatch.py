@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 import kerneltune as kt
-from kerneltune._src import dispatch
+from kerneltune._src.kernel import dispatch
 from tests.helpers import rand
 
 

@@ -9,9 +9,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kerneltune._src import dispatch, keys
-from kerneltune._src.default import default_executor
-from kerneltune._src.kernel import Invocation, Kernel
+from kerneltune._src.core import keys
+from kerneltune._src.execution.default import default_executor
+from kerneltune._src.kernel import dispatch
+from kerneltune._src.kernel.base import Invocation, Kernel
 from kerneltune._src.params import BwdParams, FwdParams
 from kerneltune._src.tuning.inputs import random_like
 from kerneltune.kernels._args import as_array
