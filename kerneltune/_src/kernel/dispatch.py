@@ -1,9 +1,10 @@
-"""Platform dispatch and custom-gradient wiring.
+"""Running a kernel with a config: the callable for the platform, with the kernel's
+custom gradient wired in.
 
-`find_method` picks the most specific hook the kernel's *subclass* defines (never a
-base-class stub); `kernel_function` builds the callable that runs a kernel with a fixed
-config, with the kernel's custom VJP attached when it defines one. The executor and the
-tuner both use `kernel_function`, so what is timed is exactly what runs.
+`kernel_function` builds the callable that runs a kernel with a fixed config from its
+method record (`methods.methods_of`), with the kernel's custom VJP attached when it
+defines one. The executor and the tuner both use `kernel_function`, so what is timed is
+exactly what runs.
 """
 
 from __future__ import annotations
@@ -16,64 +17,53 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kerneltune._src.core import devices, keys, options
+from kerneltune._src.core import keys, options
 from kerneltune._src.kernel.base import Kernel
-
-_lookup_cache: dict[tuple[type, str, str | None, str, str], str | None] = {}
-
-
-def method_names(hook: str, context: str | None, backend: str, device: str) -> list[str]:
-    """Candidate method names for `hook`, most specific first."""
-    names = []
-    if context:
-        names += [f"{hook}_{context}_{backend}", f"{hook}_{context}_{device}", f"{hook}_{context}"]
-    names += [f"{hook}_{backend}", f"{hook}_{device}", hook]
-    return names
+from kerneltune._src.kernel.methods import KernelMethods, bound, method_names, methods_of
 
 
-def _defined_by_subclass(cls: type, name: str) -> bool:
-    for klass in cls.__mro__:
-        if klass is Kernel or klass is object:
-            return False
-        if name in vars(klass):
-            return True
-    return False
+def kernel_function(
+    kernel: Kernel[Any, Any], cfg: Any, context: str | None = None
+) -> Callable[..., Any]:
+    """`f(*args, **kwargs)` running `kernel` with `cfg` on this platform, with the
+    kernel's custom VJP when it defines one (non-array arguments such as `causal=True`
+    are treated as constants and get no cotangent)."""
+    found = methods_of(kernel, context)
+    run = _require_run(kernel, found)
+    native = getattr(kernel, "differentiated_by_jax", None)
+    if native is not None and native(cfg):
+        # The config picks an implementation JAX differentiates itself (e.g. a library
+        # backend such as cuDNN or XLA): no custom VJP, so its own backward runs.
+        return functools.partial(run, cfg=cfg)
+    fwd = bound(kernel, found.fwd_with_residuals)
+    bwd = bound(kernel, found.vjp)
+    short = bound(kernel, found.custom_vjp)
+    if (fwd is None) != (bwd is None):
+        have, missing = (
+            ("fwd_with_residuals", "vjp") if bwd is None else ("vjp", "fwd_with_residuals")
+        )
+        raise TypeError(
+            f"kernel {kernel.op_id!r} defines {have} but not {missing}; define both (or "
+            "neither, or the short form custom_vjp(primals, cfg, kwargs, cotangents))."
+        )
+    reference = bound(kernel, found.reference)
+    if fwd is not None and bwd is not None:
+        return _with_vjp(run, cfg, kernel.op_id, fwd=fwd, bwd=bwd, short=None, reference=reference)
+    if short is not None:
+        return _with_vjp(
+            run, cfg, kernel.op_id, fwd=None, bwd=None, short=short, reference=reference
+        )
+
+    def plain(*args: Any, **kwargs: Any) -> Any:
+        return run(*args, cfg=cfg, **kwargs)
+
+    return plain
 
 
-def find_method(
-    kernel: Kernel[Any, Any], hook: str | Sequence[str], context: str | None = None
-) -> Callable[..., Any] | None:
-    """The bound method for `hook` (or the first of several hook names) that fits the
-    current platform, or None when the kernel's subclass defines none of them.
-
-    Order: `hook_{context}_{backend}`, `hook_{context}_{device}`, `hook_{context}`,
-    `hook_{backend}`, `hook_{device}`, `hook`, where backend comes from
-    `get_device_platform()` (honouring `KERNELTUNE_PLATFORM`) and device from
-    `device_kind()`. Several hook names (e.g. `("candidate_cfgs", "config_space")`) are
-    aliases: at each level the first defined one wins.
-    """
-    hooks = (hook,) if isinstance(hook, str) else tuple(hook)
-    backend = devices.get_device_platform()
-    device = devices.device_kind()
-    cache_key = (type(kernel), "|".join(hooks), context, backend, device)
-    if cache_key in _lookup_cache:
-        name = _lookup_cache[cache_key]
-    else:
-        name = None
-        per_hook = [method_names(h, context, backend, device) for h in hooks]
-        for level in zip(*per_hook, strict=True):
-            name = next((n for n in level if _defined_by_subclass(type(kernel), n)), None)
-            if name is not None:
-                break
-        _lookup_cache[cache_key] = name
-    return None if name is None else getattr(kernel, name)
-
-
-def require_run(kernel: Kernel[Any, Any], context: str | None = None) -> Callable[..., Any]:
-    run = find_method(kernel, "run", context)
+def _require_run(kernel: Kernel[Any, Any], found: KernelMethods) -> Callable[..., Any]:
+    run = bound(kernel, found.run)
     if run is None:
-        backend, device = devices.get_device_platform(), devices.device_kind()
-        tried = ", ".join(method_names("run", context, backend, device))
+        tried = ", ".join(method_names("run", found.context, found.platform, found.device))
         forced = options.PLATFORM.value
         hint = (
             f" The platform {forced!r} was forced with {options.env_name('platform')}; "
@@ -86,43 +76,6 @@ def require_run(kernel: Kernel[Any, Any], context: str | None = None) -> Callabl
             f"this platform; looked for: {tried}. Define `run(self, *args, cfg, **kwargs)`." + hint
         )
     return run
-
-
-def kernel_function(
-    kernel: Kernel[Any, Any], cfg: Any, context: str | None = None
-) -> Callable[..., Any]:
-    """`f(*args, **kwargs)` running `kernel` with `cfg` on this platform, with the
-    kernel's custom VJP when it defines one (non-array arguments such as `causal=True`
-    are treated as constants and get no cotangent)."""
-    run = require_run(kernel, context)
-    native = getattr(kernel, "differentiated_by_jax", None)
-    if native is not None and native(cfg):
-        # The config picks an implementation JAX differentiates itself (e.g. a library
-        # backend such as cuDNN or XLA): no custom VJP, so its own backward runs.
-        return functools.partial(run, cfg=cfg)
-    fwd = find_method(kernel, "fwd_with_residuals", context)
-    bwd = find_method(kernel, "vjp", context)
-    short = find_method(kernel, "custom_vjp", context)
-    if (fwd is None) != (bwd is None):
-        have, missing = (
-            ("fwd_with_residuals", "vjp") if bwd is None else ("vjp", "fwd_with_residuals")
-        )
-        raise TypeError(
-            f"kernel {kernel.op_id!r} defines {have} but not {missing}; define both (or "
-            "neither, or the short form custom_vjp(primals, cfg, kwargs, cotangents))."
-        )
-    reference = find_method(kernel, "reference", context)
-    if fwd is not None and bwd is not None:
-        return _with_vjp(run, cfg, kernel.op_id, fwd=fwd, bwd=bwd, short=None, reference=reference)
-    if short is not None:
-        return _with_vjp(
-            run, cfg, kernel.op_id, fwd=None, bwd=None, short=short, reference=reference
-        )
-
-    def plain(*args: Any, **kwargs: Any) -> Any:
-        return run(*args, cfg=cfg, **kwargs)
-
-    return plain
 
 
 def _with_vjp(

@@ -1,5 +1,6 @@
 """The kernel's hooks as selection calls them: its heuristic, its candidates (and why
-there may be nothing to tune), its config type, and the inputs to tune on."""
+there may be nothing to tune), its config type, and the inputs to tune on. Each is read
+from the kernel's method record (`methods.methods_of`), in the call's context."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import jax
 
 from kerneltune._src.kernel import dispatch
 from kerneltune._src.kernel.base import Invocation, Kernel, key_builder_of
+from kerneltune._src.kernel.methods import bound, methods_of
 
 
 def as_keyed_by(inv: Invocation[Any, Any], kernel: Kernel[Any, Any]) -> Invocation[Any, Any]:
@@ -23,7 +25,7 @@ def as_keyed_by(inv: Invocation[Any, Any], kernel: Kernel[Any, Any]) -> Invocati
 
 
 def find_heuristic(kernel: Kernel[Any, Any], inv: Invocation[Any, Any]) -> Any:
-    hook = dispatch.find_method(kernel, "heuristic_cfg", context_of(inv))
+    hook = bound(kernel, methods_of(kernel, context_of(inv)).heuristic_cfg)
     return None if hook is None else hook(inv)
 
 
@@ -33,7 +35,7 @@ def tunable_candidates(
     """The candidates to tune for this call, and why there is nothing to tune ("" when
     there is): no candidate hook on this platform, an empty list for these arguments,
     or only the heuristic. The kernel's hook is called once."""
-    hook = dispatch.find_method(kernel, ("candidate_cfgs", "config_space"))
+    hook = bound(kernel, methods_of(kernel, context_of(inv)).candidates)
     if hook is None:
         return [], "the kernel defines no candidate_cfgs/config_space on this platform"
     candidates = list(hook(inv))
@@ -46,7 +48,7 @@ def tunable_candidates(
 
 def config_type_of(kernel: Kernel[Any, Any], inv: Invocation[Any, Any]) -> type | None:
     """The kernel's config type: `config_type`, else the type `heuristic_cfg` returns."""
-    declared = type(kernel).config_type
+    declared = methods_of(kernel, context_of(inv)).config_type
     if declared is not None:
         return declared
     heuristic = find_heuristic(kernel, inv)
@@ -68,7 +70,7 @@ def unusable_reason(kernel: Kernel[Any, Any], inv: Invocation[Any, Any], cfg: An
     """Why `cfg` cannot run `inv` in this process (say, it names a backend that is not
     installed here), from the kernel's optional `config_unusable(inv, cfg)` hook; None
     when it can run, or the kernel does not say."""
-    hook = dispatch.find_method(kernel, "config_unusable", context_of(inv))
+    hook = bound(kernel, methods_of(kernel, context_of(inv)).config_unusable)
     return None if hook is None else hook(inv, cfg)
 
 
@@ -105,7 +107,7 @@ def concrete_inputs(
     `kernel.tuning_inputs(inv)` (the call is being traced, or replayed from a record)."""
     leaves = jax.tree_util.tree_leaves((inv.args, dict(inv.kwargs)))
     if any(isinstance(x, (jax.core.Tracer, jax.ShapeDtypeStruct)) for x in leaves):
-        hook = dispatch.find_method(kernel, "tuning_inputs", context_of(inv))
+        hook = bound(kernel, methods_of(kernel, context_of(inv)).tuning_inputs)
         made = hook(inv) if hook is not None else kernel.tuning_inputs(inv)
         return tuple(made[0]), dict(made[1])
     return tuple(inv.args), dict(inv.kwargs)

@@ -10,6 +10,7 @@ from kerneltune._src.caching.cache import CacheKey
 from kerneltune._src.core import scope, tracing
 from kerneltune._src.kernel import dispatch, hooks
 from kerneltune._src.kernel.base import Invocation, Kernel
+from kerneltune._src.kernel.methods import bound, methods_of
 from kerneltune._src.tuning import distributed
 from kerneltune._src.tuning.protocol import run_tuner
 from kerneltune._src.tuning.report import TuningReport
@@ -33,7 +34,7 @@ def tune_key(
         # Never worse than not tuning: the heuristic is a contender, first in line,
         # so only a config measurably faster replaces it (ties go to the first).
         candidates = [heuristic, *(c for c in candidates if c != heuristic)]
-    context = inv.method if inv.method == "shard_map" else None
+    context = hooks.context_of(inv)
 
     def make_fn(cfg: Any) -> Callable[..., Any]:
         return dispatch.kernel_function(kernel, cfg, context)
@@ -53,7 +54,7 @@ def tune_key(
             reference_cfg=heuristic,
             backward=backward,
             name=f"{inv.op_id_v}({inv.signature})",
-            reference_fn=dispatch.find_method(kernel, "reference", context),
+            reference_fn=bound(kernel, methods_of(kernel, context).reference),
             hints=hints,
         )
     # With several processes, every one must end with the same winner (SPMD).

@@ -16,6 +16,7 @@ import jax
 from kerneltune._src.core.kernel_types import Cfg
 from kerneltune._src.kernel import dispatch, hooks
 from kerneltune._src.kernel.base import Kernel, make_invocation
+from kerneltune._src.kernel.methods import bound, methods_of
 from kerneltune._src.tuning.programs import split_static
 from kerneltune._src.tuning.protocol import run_tuner
 from kerneltune._src.tuning.tuner import Tuner
@@ -148,7 +149,7 @@ def autotune(
     p_args, p_kwargs = tuple(prepared[0]), dict(prepared[1])
     inv = make_invocation(kernel, p_args, p_kwargs)
     if configs is None:
-        hook = dispatch.find_method(kernel, ("candidate_cfgs", "config_space"))
+        hook = bound(kernel, methods_of(kernel).candidates)
         if hook is None:
             raise TypeError(
                 f"kernel {kernel.op_id!r} ({type(kernel).__name__}) defines no "
