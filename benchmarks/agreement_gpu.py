@@ -129,7 +129,7 @@ def worker(args: argparse.Namespace) -> None:
 
     import kerneltune as kt
     from kerneltune import verify_agreement
-    from kerneltune._src import distributed
+    from kerneltune._src.tuning import distributed
     from kerneltune.kernels.matmul.api import Matmul, MatmulInterpret
 
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
@@ -199,7 +199,7 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def _invocation(kernel, x, y):
-    from kerneltune._src.kernel import make_invocation
+    from kerneltune._src.kernel.base import make_invocation
 
     a, k = kernel.prepare(x, y)
     return make_invocation(kernel, a, k)

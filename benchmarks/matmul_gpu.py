@@ -27,7 +27,7 @@ from benchmarks import harness as h
 from benchmarks import op_bench
 from benchmarks.results import Row
 from kerneltune._src.cli.report_command import format_cfg
-from kerneltune._src.configs import config_to_dict
+from kerneltune._src.core.configs import config_to_dict
 from kerneltune.kernels import Matmul
 from kerneltune.kernels.matmul import mosaic_space, shapes
 from kerneltune.kernels.matmul.config import MatmulConfig, MatmulProblem

@@ -56,7 +56,7 @@ def tune_function(step: Callable[..., Any], args: Sequence[Any]) -> tuple[Any, f
 def _what_was_kept(result: Any) -> str:
     """How many keys run a tuned config that differs from their heuristic (after the
     whole-function check, which may have put the heuristic configs back)."""
-    from kerneltune._src.configs import config_to_dict
+    from kerneltune._src.core.configs import config_to_dict
 
     entries = list(result)
     changed = 0

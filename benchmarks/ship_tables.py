@@ -28,9 +28,9 @@ import jax
 import kerneltune as kt
 import kerneltune.kernels
 from benchmarks import harness as h
-from kerneltune._src import devices
 from kerneltune._src.caching import storage
 from kerneltune._src.caching.shipped import PACKAGE_TABLES
+from kerneltune._src.core import devices
 
 Call = Callable[[kt.Executor], Any]
 

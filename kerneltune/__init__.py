@@ -4,10 +4,6 @@ Selection order: explicit override → scoped overlay → memory cache → persi
 autotuning on the device → the kernel's heuristic → a clear error.
 """
 
-from kerneltune._src.batch import pmap_with_config as pmap_with_config
-from kerneltune._src.batch import vmap_with_config as vmap_with_config
-from kerneltune._src.benchmarking import autotune as autotune
-from kerneltune._src.benchmarking import benchmark as benchmark
 from kerneltune._src.caching.cache import ConfigCache as ConfigCache
 from kerneltune._src.caching.cache import overlay_cache as overlay_cache
 from kerneltune._src.caching.cache_entry import CacheEntry as CacheEntry
@@ -19,47 +15,42 @@ from kerneltune._src.caching.manifest import save_manifest as save_manifest
 from kerneltune._src.caching.persistent import PersistentCache as PersistentCache
 from kerneltune._src.caching.result import AutotuningResult as AutotuningResult
 from kerneltune._src.caching.result import Entry as Entry
-from kerneltune._src.coordination import AgreementError as AgreementError
-from kerneltune._src.coordination import AgreementTimeoutError as AgreementTimeoutError
-from kerneltune._src.default import default_executor as default_executor
-from kerneltune._src.default import set_default_executor as set_default_executor
-from kerneltune._src.devices import device_fingerprint as device_fingerprint
-from kerneltune._src.devices import device_kind as device_kind
-from kerneltune._src.devices import get_device_platform as get_device_platform
-from kerneltune._src.executor import ConfigChooser as ConfigChooser
-from kerneltune._src.executor import Executor as Executor
-from kerneltune._src.explain import Explanation as Explanation
-from kerneltune._src.explain import explain as explain
-from kerneltune._src.kernel import Invocation as Invocation
-from kerneltune._src.kernel import Kernel as Kernel
-from kerneltune._src.kernel import (
+from kerneltune._src.core.coordination import AgreementError as AgreementError
+from kerneltune._src.core.coordination import AgreementTimeoutError as AgreementTimeoutError
+from kerneltune._src.core.devices import device_fingerprint as device_fingerprint
+from kerneltune._src.core.devices import device_kind as device_kind
+from kerneltune._src.core.devices import get_device_platform as get_device_platform
+from kerneltune._src.core.kernel_types import Cfg as Cfg
+from kerneltune._src.core.kernel_types import Out as Out
+from kerneltune._src.core.keys import abstractify as abstractify
+from kerneltune._src.core.keys import from_json as from_json
+from kerneltune._src.core.keys import sharding_fingerprint as sharding_fingerprint
+from kerneltune._src.core.keys import stable_json as stable_json
+from kerneltune._src.core.keys import to_json as to_json
+from kerneltune._src.core.labels import extract_labels_from_hlo_text as extract_labels_from_hlo_text
+from kerneltune._src.core.labels import find_labels_in_lowered as find_labels_in_lowered
+from kerneltune._src.core.labels import label as label
+from kerneltune._src.execution.default import default_executor as default_executor
+from kerneltune._src.execution.default import set_default_executor as set_default_executor
+from kerneltune._src.execution.executor import ConfigChooser as ConfigChooser
+from kerneltune._src.execution.executor import Executor as Executor
+from kerneltune._src.kernel.base import Invocation as Invocation
+from kerneltune._src.kernel.base import Kernel as Kernel
+from kerneltune._src.kernel.base import (
     default_key_builder_with_sharding as default_key_builder_with_sharding,
 )
-from kerneltune._src.kernel_types import Cfg as Cfg
-from kerneltune._src.kernel_types import Out as Out
-from kerneltune._src.keys import abstractify as abstractify
-from kerneltune._src.keys import from_json as from_json
-from kerneltune._src.keys import sharding_fingerprint as sharding_fingerprint
-from kerneltune._src.keys import stable_json as stable_json
-from kerneltune._src.keys import to_json as to_json
-from kerneltune._src.labels import extract_labels_from_hlo_text as extract_labels_from_hlo_text
-from kerneltune._src.labels import find_labels_in_lowered as find_labels_in_lowered
-from kerneltune._src.labels import label as label
-from kerneltune._src.lowered_configs import labels_to_configs as labels_to_configs
-from kerneltune._src.offline import autotune_lowered as autotune_lowered
-from kerneltune._src.offline import autotune_recorded as autotune_recorded
+from kerneltune._src.kernel.recording import Record as Record
+from kerneltune._src.kernel.recording import clear_invocations as clear_invocations
+from kerneltune._src.kernel.recording import get_invocations as get_invocations
+from kerneltune._src.kernel.recording import record_calls as record_calls
+from kerneltune._src.kernel.recording import record_invocation as record_invocation
 from kerneltune._src.params import BwdParams as BwdParams
 from kerneltune._src.params import FwdParams as FwdParams
-from kerneltune._src.recording import Record as Record
-from kerneltune._src.recording import clear_invocations as clear_invocations
-from kerneltune._src.recording import get_invocations as get_invocations
-from kerneltune._src.recording import record_calls as record_calls
-from kerneltune._src.recording import record_invocation as record_invocation
-from kerneltune._src.selection import AutotunePolicy as AutotunePolicy
-from kerneltune._src.selection import CacheMissError as CacheMissError
-from kerneltune._src.selection import ConfigSelectorChain as ConfigSelectorChain
-from kerneltune._src.selection import forward_autotune_only as forward_autotune_only
-from kerneltune._src.selection import policy_override as policy_override
+from kerneltune._src.selection.chain import AutotunePolicy as AutotunePolicy
+from kerneltune._src.selection.chain import CacheMissError as CacheMissError
+from kerneltune._src.selection.chain import ConfigSelectorChain as ConfigSelectorChain
+from kerneltune._src.selection.chain import forward_autotune_only as forward_autotune_only
+from kerneltune._src.selection.chain import policy_override as policy_override
 from kerneltune._src.tuning.report import CandidateResult as CandidateResult
 from kerneltune._src.tuning.report import TuningReport as TuningReport
 from kerneltune._src.tuning.search import CoordinateDescent as CoordinateDescent
@@ -70,9 +61,18 @@ from kerneltune._src.tuning.timing import CuptiTimer as CuptiTimer
 from kerneltune._src.tuning.timing import Timer as Timer
 from kerneltune._src.tuning.timing import WallClockTimer as WallClockTimer
 from kerneltune._src.tuning.tuner import Tuner as Tuner
-from kerneltune._src.verify import AgreementCheck as AgreementCheck
-from kerneltune._src.verify import verify_agreement as verify_agreement
 from kerneltune._src.version import __version__ as __version__
+from kerneltune._src.workflows.batch import pmap_with_config as pmap_with_config
+from kerneltune._src.workflows.batch import vmap_with_config as vmap_with_config
+from kerneltune._src.workflows.benchmarking import autotune as autotune
+from kerneltune._src.workflows.benchmarking import benchmark as benchmark
+from kerneltune._src.workflows.explain import Explanation as Explanation
+from kerneltune._src.workflows.explain import explain as explain
+from kerneltune._src.workflows.lowered_configs import labels_to_configs as labels_to_configs
+from kerneltune._src.workflows.offline import autotune_lowered as autotune_lowered
+from kerneltune._src.workflows.offline import autotune_recorded as autotune_recorded
+from kerneltune._src.workflows.verify import AgreementCheck as AgreementCheck
+from kerneltune._src.workflows.verify import verify_agreement as verify_agreement
 
 __all__ = [
     "AgreementCheck",

@@ -16,7 +16,7 @@ def key():
 @pytest.fixture
 def empty_registry():
     """An empty invocation registry before and after the test."""
-    from kerneltune._src import recording
+    from kerneltune._src.kernel import recording
 
     recording.clear_invocations()
     yield

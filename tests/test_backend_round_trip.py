@@ -82,7 +82,7 @@ def test_backends_survive_a_manifest_and_the_tuning_of_its_records(tmp_path):
     # kernels rebuilt by name) gives configs whose backend field is typed and intact.
     import jax.numpy as jnp
 
-    from kerneltune._src import recording
+    from kerneltune._src.kernel import recording
     from kerneltune.kernels import LayerNormInterpret
 
     recording.clear_invocations()
@@ -114,7 +114,7 @@ def test_a_ragged_dot_manifest_record_tunes_to_a_typed_config(tmp_path):
     import jax
     import jax.numpy as jnp
 
-    from kerneltune._src import recording
+    from kerneltune._src.kernel import recording
     from kerneltune.kernels import RaggedDotInterpret
 
     recording.clear_invocations()
@@ -153,7 +153,7 @@ def test_new_ops_backends_survive_a_manifest_and_tuning(tmp_path, kernel_name):
     import jax.numpy as jnp
 
     from kerneltune import kernels
-    from kerneltune._src import recording
+    from kerneltune._src.kernel import recording
 
     cls = getattr(kernels, kernel_name)
     cfg_type = cls.config_type

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import kerneltune as kt
-from kerneltune._src.batch import pmap_with_config, vmap_with_config
+from kerneltune._src.workflows.batch import pmap_with_config, vmap_with_config
 from tests.offline_kernels import CHEAPEST, HEURISTIC, LoopKernel, started, tuning_executor
 
 
@@ -32,7 +32,7 @@ def test_vmap_with_config_tunes_once_for_the_whole_batch():
 
 
 def kt_labels(lowered):
-    from kerneltune._src import labels
+    from kerneltune._src.core import labels
 
     return labels.kernel_labels_in_lowered(lowered)
 
@@ -77,14 +77,14 @@ def test_pmap_with_config_tunes_once_for_every_device():
 
 def test_batched_wrappers_use_the_default_executor(monkeypatch):
     ex, events = tuning_executor(fallback="heuristics")
-    monkeypatch.setattr(kt._src.default, "_default", ex)
+    monkeypatch.setattr(kt._src.execution.default, "_default", ex)
     out = vmap_with_config(LoopKernel())(jnp.ones((2, 4, 4)))
     np.testing.assert_allclose(out, jnp.ones((2, 4, 4)))
     assert [e for e, _ in events] == ["heuristics"]
 
 
 def test_batched_calls_are_recorded_per_element():
-    from kerneltune._src import recording
+    from kerneltune._src.kernel import recording
 
     recording.clear_invocations()
     ex, _ = tuning_executor(fallback="heuristics")

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 import kerneltune as kt
-from kerneltune._src import dispatch
+from kerneltune._src.kernel.methods import methods_of
 from tests.helpers import rand
 
 
@@ -60,15 +60,15 @@ def test_on_cpu_order_is_xla_then_cpu_then_run():
 def test_platform_override_from_environment(monkeypatch):
     monkeypatch.setenv("KERNELTUNE_PLATFORM", "triton")
     assert kt.get_device_platform() == "triton"
-    assert dispatch.find_method(WithTriton(), "run").__name__ == "run_triton"
+    assert methods_of(WithTriton()).run == "run_triton"
     monkeypatch.setenv("KERNELTUNE_PLATFORM", "xla")
-    assert dispatch.find_method(WithTriton(), "run").__name__ == "run"
+    assert methods_of(WithTriton()).run == "run"
 
 
 def test_base_class_hooks_are_never_returned():
     # Kernel itself defines prepare/tuning_inputs but no run/heuristic/candidates.
-    assert dispatch.find_method(Base(), "run") is None
-    assert dispatch.find_method(Base(), ("candidate_cfgs", "config_space")) is None
+    found = methods_of(Base())
+    assert found.run is None and found.candidates is None and found.tuning_inputs is None
     with pytest.raises(TypeError, match=r"defines no run method.*run_xla, run_cpu, run"):
         ex()(Base(), rand((2,)))
 
@@ -78,10 +78,7 @@ def test_config_space_is_an_alias_of_candidate_cfgs():
         def config_space(self, inv):
             return [C(1)]
 
-    assert (
-        dispatch.find_method(Spaced(), ("candidate_cfgs", "config_space")).__name__
-        == "config_space"
-    )
+    assert methods_of(Spaced()).candidates == "config_space"
 
 
 def test_shard_map_context_methods_take_precedence():
@@ -89,8 +86,8 @@ def test_shard_map_context_methods_take_precedence():
         def run_shard_map(self, x, *, cfg):
             return x
 
-    assert dispatch.find_method(Sharded(), "run", context="shard_map").__name__ == "run_shard_map"
-    assert dispatch.find_method(Sharded(), "run").__name__ == "run"
+    assert methods_of(Sharded(), context="shard_map").run == "run_shard_map"
+    assert methods_of(Sharded()).run == "run"
 
 
 def test_device_helpers():

@@ -13,8 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import kerneltune as kt
-from kerneltune._src import devices, distributed
-from kerneltune._src.distributed import (
+from kerneltune._src.core import devices
+from kerneltune._src.tuning import distributed
+from kerneltune._src.tuning.distributed import (
     AgreementError,
     AgreementTimeoutError,
     Peers,
@@ -23,7 +24,7 @@ from kerneltune._src.distributed import (
     payload,
 )
 from kerneltune._src.tuning.report import CandidateResult, TuningReport
-from kerneltune._src.verify import verify_agreement
+from kerneltune._src.workflows.verify import verify_agreement
 
 DEV = "cpu|cpu"
 _ops = itertools.count()

@@ -104,7 +104,7 @@ def _launch(
 def test_every_process_ends_with_the_same_config(n, slow):
     # Imported here: importing kerneltune starts JAX's backend, which the workers (this
     # file run as a script) must not do before jax.distributed.initialize.
-    from kerneltune._src.distributed import combine
+    from kerneltune._src.tuning.distributed import combine
 
     results = _launch(n, slow)
     assert [r["process"] for r in results] == list(range(n))
@@ -173,8 +173,8 @@ def _worker(pid: int, n: int, port: int, mode: str) -> None:
     from jax import lax
 
     import kerneltune as kt
-    from kerneltune._src.coordination import current_peers
-    from kerneltune._src.verify import verify_agreement
+    from kerneltune._src.core.coordination import current_peers
+    from kerneltune._src.workflows.verify import verify_agreement
     from tests.helpers import CostInProgram  # run as a script, with the root on the path
 
     class Skew(kt.Kernel):
@@ -221,7 +221,7 @@ def _worker(pid: int, n: int, port: int, mode: str) -> None:
     kernel = Skew()
     result: dict = {"process": pid}
     if mode == "split":
-        from kerneltune._src import recording
+        from kerneltune._src.kernel import recording
 
         heuristics = kt.Executor(
             kt.ConfigSelectorChain(

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import kerneltune as kt
-from kerneltune._src import options
+from kerneltune._src.core import options
 from tests.helpers import RepCfg, executor, rand
 
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 import kerneltune as kt
-from kerneltune._src import tracing
+from kerneltune._src.core import tracing
 from tests.helpers import cost_tuner, executor
 
 

@@ -14,9 +14,9 @@ from typing import Literal
 
 import pytest
 
-from kerneltune._src import configs, files
 from kerneltune._src.caching import cache_entry, persistent
 from kerneltune._src.caching.persistent import PersistentCache
+from kerneltune._src.core import configs, files
 from tests.helpers import Layout
 
 DEV = "cpu|cpu"
@@ -357,7 +357,7 @@ def test_attention_backward_tuning_inputs_take_a_custom_non_hex_key():
     # from a custom key_builder.
     import jax
 
-    from kerneltune._src.kernel import make_invocation
+    from kerneltune._src.kernel.base import make_invocation
     from kerneltune.kernels.attention import AttentionBackwardInterpret
 
     kernel = AttentionBackwardInterpret()

@@ -11,8 +11,9 @@ import pytest
 
 import kerneltune as kt
 from kerneltune import cli
-from kerneltune._src import keys, recording
 from kerneltune._src.caching import manifest
+from kerneltune._src.core import keys
+from kerneltune._src.kernel import recording
 
 
 def one_record_manifest(kernel, *, args, kwargs):

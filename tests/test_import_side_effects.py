@@ -27,7 +27,7 @@ def test_import_starts_no_backend_and_patches_nothing():
         import jax.profiler
         originals = (jax.profiler.start_trace, jax.profiler.start_server)
         import kerneltune, kerneltune.kernels
-        from kerneltune._src import jax_compat
+        from kerneltune._src.core import jax_compat
         print(jax_compat.backends_initialized())
         print((jax.profiler.start_trace, jax.profiler.start_server) == originals)
         """
@@ -60,7 +60,9 @@ def test_the_workers_parent_starts_no_backend(tmp_path):
         sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parent.parent)!r})
         import jax.numpy as jnp
         import kerneltune as kt
-        from kerneltune._src import jax_compat, recording, tune_workers
+        from kerneltune._src.core import jax_compat
+        from kerneltune._src.kernel import recording
+        from kerneltune._src.workflows import tune_workers
         from kerneltune._src.caching import manifest
         from tests.worker_kernels import SteadyKernel
         path = {str(tmp_path / "m.json")!r}
@@ -69,7 +71,7 @@ def test_the_workers_parent_starts_no_backend(tmp_path):
         code = textwrap.dedent('''
             import sys; sys.path.insert(0, %r)
             import jax.numpy as jnp, kerneltune as kt
-            from kerneltune._src import recording
+            from kerneltune._src.kernel import recording
             from kerneltune._src.caching import manifest
             from tests.worker_kernels import SteadyKernel
             chain = kt.ConfigSelectorChain(kt.ConfigCache(),

@@ -52,7 +52,7 @@ def test_the_journal_is_inert_outside_an_isolated_worker():
 
 
 def test_the_api_opt_in_tunes_in_isolated_workers(tmp_path, caplog):
-    from kerneltune._src import recording
+    from kerneltune._src.kernel import recording
 
     recording.clear_invocations()
     ex = kt.Executor(

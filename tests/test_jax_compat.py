@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from kerneltune._src import jax_compat
+from kerneltune._src.core import jax_compat
 from kerneltune._src.tuning import timing
 
 

@@ -117,7 +117,7 @@ def test_a_tokamax_config_is_refused_where_tokamax_cannot_run(monkeypatch):
     # kernel's hook says why it cannot run, so the stored tiers miss and an explicit
     # cfg= fails with that reason instead of an ImportError deep in a trace.
     import kerneltune as kt
-    from kerneltune._src import kernel_hooks
+    from kerneltune._src.kernel import hooks
     from kerneltune.kernels.attention import tokamax_backend as tb
 
     monkeypatch.setattr(tb, "installed", lambda: False)
@@ -128,7 +128,7 @@ def test_a_tokamax_config_is_refused_where_tokamax_cannot_run(monkeypatch):
     assert "not installed" in kernel.config_unusable_triton(inv, tokamax)
     assert kernel.config_unusable_triton(inv, FwdParams(backend="cudnn")) is None
     # On this CPU the XLA path runs whatever the config names: nothing to refuse.
-    assert kernel_hooks.unusable_reason(kernel, inv, tokamax) is None
+    assert hooks.unusable_reason(kernel, inv, tokamax) is None
 
 
 def test_the_backend_is_part_of_the_config_and_round_trips():
@@ -304,7 +304,7 @@ def grouped_reference(q, k, v, do, causal):
 def test_grouped_kv_reach_the_kernel_unrepeated(key):
     # Before: the op repeated k and v for every query head, so cuDNN (which takes
     # grouped heads natively) read 2x the data and its backward summed them back.
-    from kerneltune._src import recording
+    from kerneltune._src.kernel import recording
 
     q, k, v, _ = grouped_qkv(key)
     recording.clear_invocations()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import kerneltune as kt
-from kerneltune._src import options
+from kerneltune._src.core import options
 from kerneltune.kernels import Matmul, MatmulConfig, MatmulInterpret, matmul
 from kerneltune.kernels._common import relative_error, tolerance
 from kerneltune.kernels.matmul import config as mc

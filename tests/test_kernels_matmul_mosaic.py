@@ -351,7 +351,7 @@ def test_the_mosaic_kernel_lowers_for_a_hopper_gpu_with_this_jax(monkeypatch):
 
 
 def test_off_hopper_the_space_is_unchanged():
-    from kerneltune._src.kernel import make_invocation
+    from kerneltune._src.kernel.base import make_invocation
 
     kernel = Matmul()
     p = problem(256, 256, 256)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import kerneltune as kt
-from kerneltune._src.kernel import make_invocation
+from kerneltune._src.kernel.base import make_invocation
 
 
 class Dummy(kt.Kernel):
@@ -27,7 +27,7 @@ def key(*args, **kwargs):
 KEY_SCRIPT = textwrap.dedent(
     """
     import jax, jax.numpy as jnp, kerneltune as kt
-    from kerneltune._src.kernel import make_invocation
+    from kerneltune._src.kernel.base import make_invocation
     class Dummy(kt.Kernel):
         op_id = "dummy"
     def act(x):

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import pytest
 
 import kerneltune as kt
-from kerneltune._src import labels, options
+from kerneltune._src.core import labels, options
 from tests.helpers import heuristics_executor
 from tests.offline_kernels import HEURISTIC, LoopKernel, SinKernel
 

@@ -1,8 +1,9 @@
-"""The package's layers: every module imports only from its own layer or below, and no
+"""The package's layers: one package of `kerneltune/_src/` per layer, and a module's
+layer is its package. Every module imports only from its own layer or below, and no
 imports form a cycle. Every import counts, at module level or inside a function.
 
-A new module must be placed in `LAYERS` (the test says so); docs/architecture.md draws
-the same picture.
+A new package of `_src/` must be placed in `LAYERS` (the test says so);
+docs/architecture.md draws the same picture with the same names.
 """
 
 from __future__ import annotations
@@ -13,76 +14,30 @@ import pathlib
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "kerneltune"
+SRC = PACKAGE / "_src"
 
-#: Bottom to top. A module may import from its own layer and the layers before it.
+#: Bottom to top: each layer and the packages (or lone modules) it is made of. A module
+#: may import from its own layer and the layers before it.
 LAYERS: list[tuple[str, list[str]]] = [
     (
-        "foundation: options, files, keys, devices, labels, the coordination service",
-        [
-            "_src",
-            "_src.call_shapes",
-            "_src.codec",
-            "_src.configs",
-            "_src.coordination",
-            "_src.devices",
-            "_src.files",
-            "_src.jax_compat",
-            "_src.kernel_types",
-            "_src.keys",
-            "_src.labels",
-            "_src.options",
-            "_src.params",
-            "_src.policy",
-            "_src.scope",
-            "_src.tracing",
-            "_src.version",
-        ],
+        "core: options, files, codec, keys, configs, devices, labels, scopes, coordination",
+        ["_src.core", "_src", "_src.version", "_src.params"],
     ),
+    ("tuning: compiling, timing and choosing among candidates (no Kernel)", ["_src.tuning"]),
+    ("kernel: Kernel, its methods, dispatch, hooks, recording, sharding", ["_src.kernel"]),
+    ("caching: caches and storage", ["_src.caching"]),
+    ("selection: the policy, the tiers, the chain, tuning one key", ["_src.selection"]),
+    ("execution: the executor, eager programs, the default executor", ["_src.execution"]),
     (
-        "tuning engine: compiling, timing and choosing among candidates (no Kernel)",
-        ["_src.tuning", "_src.tuning.*", "_src.distributed"],
+        "workflows: offline, whole-function, workers, verification, batching, explain",
+        ["_src.workflows"],
     ),
-    (
-        "kernel model: Kernel, dispatch to a platform, recording, sharding",
-        [
-            "_src.kernel",
-            "_src.dispatch",
-            "_src.kernel_hooks",
-            "_src.recording",
-            "_src.sharding",
-        ],
-    ),
-    ("caches and storage", ["_src.caching", "_src.caching.*"]),
-    ("selection: the chain of tiers", ["_src.key_tuning", "_src.selection", "_src.tiers"]),
-    ("executor, and the default one", ["_src.eager_programs", "_src.executor", "_src.default"]),
-    (
-        "offline, whole-function, distributed verification, batching, explain",
-        [
-            "_src.batch",
-            "_src.benchmarking",
-            "_src.explain",
-            "_src.isolation",
-            "_src.lowered_configs",
-            "_src.offline",
-            "_src.outcome_entries",
-            "_src.split",
-            "_src.tune_function",
-            "_src.tune_workers",
-            "_src.verify",
-        ],
-    ),
-    ("the bundled kernels", ["kernels", "kernels.*"]),
-    (
-        "command line, demo and the public package",
-        [
-            "_src.cli",
-            "_src.cli.*",
-            "cli",
-            "__main__",
-            "",
-        ],
-    ),
+    ("the bundled kernels", ["kernels"]),
+    ("cli: the command line, the demo and the public package", ["_src.cli", "cli", "__main__", ""]),
 ]
+
+#: The modules `_src/` may hold beside its packages.
+TOP_LEVEL_MODULES = {"__init__", "version", "params"}
 
 
 def module_names() -> dict[str, pathlib.Path]:
@@ -99,16 +54,24 @@ def module_names() -> dict[str, pathlib.Path]:
 MODULES = module_names()
 
 
+def package_of(name: str) -> str:
+    """The package that places `name` in a layer: `_src.<package>` for a module of
+    `_src/`'s packages, `kernels` for a bundled kernel, else the module itself."""
+    parts = name.split(".")
+    if parts[0] == "_src" and len(parts) > 1 and (SRC / parts[1]).is_dir():
+        return ".".join(parts[:2])
+    if parts[0] == "kernels":
+        return "kernels"
+    return name
+
+
 def layer_of(name: str) -> int:
-    found = []
-    for i, (_, patterns) in enumerate(LAYERS):
-        for p in patterns:
-            if name == p or (p.endswith(".*") and name.startswith(p[:-1])):
-                found.append(i)
+    package = package_of(name)
+    found = [i for i, (_, packages) in enumerate(LAYERS) if package in packages]
     if len(found) != 1:
         raise AssertionError(
-            f"kerneltune.{name} is in {len(found)} layers of tests/test_layers.py; place it "
-            "in exactly one (and in docs/architecture.md)."
+            f"kerneltune.{package} is in {len(found)} layers of tests/test_layers.py; place "
+            "it in exactly one (and in docs/architecture.md)."
         )
     return found[0]
 
@@ -149,14 +112,41 @@ def imports_of(name: str) -> set[str]:
 GRAPH = {name: imports_of(name) for name in MODULES}
 
 
+def upward_imports(name: str) -> list[str]:
+    """The modules `name` imports from layers above its own."""
+    mine = layer_of(name)
+    return sorted(t for t in imports_of(name) if layer_of(t) > mine)
+
+
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_a_module_imports_only_its_layer_and_below(name):
-    mine = layer_of(name)
-    upward = sorted(t for t in GRAPH[name] if layer_of(t) > mine)
+    upward = [t for t in GRAPH[name] if layer_of(t) > layer_of(name)]
     assert not upward, (
-        f"kerneltune.{name} (layer {LAYERS[mine][0]!r}) imports from layers above it: "
-        + ", ".join(f"{t} ({LAYERS[layer_of(t)][0]!r})" for t in upward)
+        f"kerneltune.{name} (layer {LAYERS[layer_of(name)][0]!r}) imports from layers above "
+        "it: " + ", ".join(f"{t} ({LAYERS[layer_of(t)][0]!r})" for t in sorted(upward))
     )
+
+
+LAYER_PACKAGES = sorted(p.name for p in SRC.iterdir() if (p / "__init__.py").is_file())
+
+
+def test_src_holds_only_the_layer_packages_and_three_modules():
+    # The tree is the architecture: a reader who opens `_src/` sees the layers.
+    beside = {p.stem for p in SRC.glob("*.py")} - TOP_LEVEL_MODULES
+    assert not beside, f"modules in _src/ beside its packages: {sorted(beside)}"
+    listed = [p.removeprefix("_src.") for _, ps in LAYERS for p in ps]
+    assert sorted(set(LAYER_PACKAGES) & set(listed)) == LAYER_PACKAGES, (
+        f"packages of _src/ missing from LAYERS: {sorted(set(LAYER_PACKAGES) - set(listed))}"
+    )
+
+
+@pytest.mark.parametrize("package", LAYER_PACKAGES)
+def test_each_layer_package_says_what_it_owns_and_may_import(package):
+    tree = ast.parse((SRC / package / "__init__.py").read_text())
+    doc = ast.get_docstring(tree)
+    assert doc and "import" in doc, f"_src/{package}/__init__.py: say what the layer may import"
+    # Only the docstring: importing a layer's package imports nothing of it.
+    assert len(tree.body) == 1, f"_src/{package}/__init__.py holds more than its docstring"
 
 
 def test_no_import_cycles():
@@ -180,26 +170,34 @@ def test_no_import_cycles():
             visit(name)
 
 
-def test_the_check_sees_an_upward_import_inside_a_function(tmp_path, monkeypatch):
+def test_the_check_fails_on_an_upward_import_inside_a_function(tmp_path, monkeypatch):
     # The test must be able to fail: a function-level import of the executor from a
-    # foundation module is caught.
+    # core module is caught, and so is an import of the selection chain from the
+    # kernel layer.
     fake = tmp_path / "labels.py"
-    fake.write_text("def f():\n    from kerneltune._src.executor import Executor\n")
-    monkeypatch.setitem(MODULES, "_src.labels", fake)
-    assert "_src.executor" in imports_of("_src.labels")
+    fake.write_text("def f():\n    from kerneltune._src.execution.executor import Executor\n")
+    monkeypatch.setitem(MODULES, "_src.core.labels", fake)
+    assert upward_imports("_src.core.labels") == ["_src.execution.executor"]
+    fake = tmp_path / "dispatch.py"
+    fake.write_text("from kerneltune._src.selection import chain\n")
+    monkeypatch.setitem(MODULES, "_src.kernel.dispatch", fake)
+    assert upward_imports("_src.kernel.dispatch") == ["_src.selection.chain"]
 
 
 def test_docs_architecture_describes_the_same_layers():
     page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
     described = [line for line in page.splitlines() if line[:1].isdigit() and ". **" in line]
     assert len(described) == len(LAYERS), "docs/architecture.md and LAYERS disagree"
+    for line, (_, packages) in zip(described, LAYERS, strict=True):
+        name = packages[0].removeprefix("_src.")
+        assert f"`{name}/`" in line, f"docs/architecture.md: {line!r} should name `{name}/`"
 
 
 def test_only_jax_compat_reaches_into_jax_private_modules():
     # A JAX release that moves its internals must break one module, not many.
     offenders = []
     for name, path in MODULES.items():
-        if name == "_src.jax_compat":
+        if name == "_src.core.jax_compat":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             module = None
@@ -209,7 +207,7 @@ def test_only_jax_compat_reaches_into_jax_private_modules():
                 module = ",".join(a.name for a in node.names)
             if module is not None and "jax._src" in module:
                 offenders.append(name)
-    assert not offenders, f"private JAX imports outside _src/jax_compat.py: {offenders}"
+    assert not offenders, f"private JAX imports outside _src/core/jax_compat.py: {offenders}"
 
 
 #: Underscored names read by name that are not JAX's: kerneltune's own marks and
@@ -221,7 +219,7 @@ def test_only_jax_compat_reads_private_attributes_by_name():
     # `getattr(module, "_private")` reaches into JAX as surely as an import does.
     offenders = []
     for name, path in MODULES.items():
-        if name == "_src.jax_compat":
+        if name == "_src.core.jax_compat":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if (
@@ -236,7 +234,7 @@ def test_only_jax_compat_reads_private_attributes_by_name():
                 and node.args[1].value not in OWN_PRIVATE_ATTRIBUTES
             ):
                 offenders.append(f"{name}: {node.args[1].value}")
-    assert not offenders, f"private attributes read outside _src/jax_compat.py: {offenders}"
+    assert not offenders, f"private attributes read outside _src/core/jax_compat.py: {offenders}"
 
 
 def test_the_selection_epoch_can_be_advanced_on_every_supported_jax():
@@ -244,7 +242,7 @@ def test_the_selection_epoch_can_be_advanced_on_every_supported_jax():
     # failed every offline tuning that retired a provisional choice on the oldest JAX.
     import jax
 
-    from kerneltune._src import jax_compat
+    from kerneltune._src.core import jax_compat
 
     context = jax.make_user_context(0)
     jax_compat.set_user_context_global(context, 7)

@@ -18,8 +18,8 @@ import pytest
 import kerneltune as kt
 from kerneltune import kernels
 from kerneltune._src.caching.cache import ConfigCache
-from kerneltune._src.executor import Executor
-from kerneltune._src.selection import AutotunePolicy, ConfigSelectorChain
+from kerneltune._src.execution.executor import Executor
+from kerneltune._src.selection.chain import AutotunePolicy, ConfigSelectorChain
 
 WARN_BYTES = 4096
 

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 import kerneltune as kt
-from kerneltune._src import offline, recording
 from kerneltune._src.caching.persistent import PersistentCache
+from kerneltune._src.kernel import recording
+from kerneltune._src.workflows import offline
 from tests.offline_kernels import (
     CANDIDATES,
     CHEAPEST,

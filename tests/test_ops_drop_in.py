@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from kerneltune._src import options
+from kerneltune._src.core import options
 from kerneltune.kernels import attention, layer_norm, matmul, rms_norm, softmax
 from kerneltune.kernels.attention import AttentionInterpret
 from kerneltune.kernels.normalization import LayerNormInterpret

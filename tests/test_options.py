@@ -2,7 +2,7 @@
 
 import pytest
 
-from kerneltune._src import options
+from kerneltune._src.core import options
 
 
 def test_options_are_typed_objects_with_a_scoped_override(monkeypatch):

@@ -11,10 +11,10 @@ import uuid
 
 import pytest
 
-from kerneltune._src import options
 from kerneltune._src.caching import cache_entry, persistent
 from kerneltune._src.caching.default_cache import default_persistent_cache
 from kerneltune._src.caching.persistent import PersistentCache
+from kerneltune._src.core import options
 from kerneltune._src.tuning.report import CandidateResult, TuningReport
 from tests.helpers import Layout
 

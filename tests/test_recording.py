@@ -14,9 +14,10 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import kerneltune as kt
-from kerneltune._src import options, recording
 from kerneltune._src.caching import manifest
-from kerneltune._src.kernel import make_invocation
+from kerneltune._src.core import options
+from kerneltune._src.kernel import recording
+from kerneltune._src.kernel.base import make_invocation
 from tests.helpers import heuristics_executor
 from tests.offline_kernels import LoopKernel, ScaledKernel
 

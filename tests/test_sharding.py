@@ -8,9 +8,10 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import kerneltune as kt
-from kerneltune._src import offline, recording
 from kerneltune._src.caching import manifest
-from kerneltune._src.sharding import per_shard_args, shard_shape
+from kerneltune._src.kernel import recording
+from kerneltune._src.kernel.sharding import per_shard_args, shard_shape
+from kerneltune._src.workflows import offline
 from tests.offline_kernels import (
     CHEAPEST,
     HEURISTIC,

@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 
 import kerneltune as kt
-from kerneltune._src import keys, recording
+from kerneltune._src.core import keys
+from kerneltune._src.kernel import recording
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,10 +12,10 @@ import pytest
 
 import kerneltune as kt
 from kerneltune import cli
-from kerneltune._src import recording
 from kerneltune._src.caching import manifest as manifests
 from kerneltune._src.caching.persistent import PersistentCache
 from kerneltune._src.cli.tune_command import parse_shard, shard_records
+from kerneltune._src.kernel import recording
 from tests.offline_kernels import CANDIDATES, LoopCfg, LoopKernel, ScaledKernel
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -193,7 +193,8 @@ def test_the_whole_function_decision_is_agreed_between_processes(monkeypatch):
     # In a job, one process may measure the tuned configs faster and another not; they
     # must keep the same configs (one program). Here the local measurement says "keep
     # the heuristic" (a 299 fusion cost) but the agreed winner is the tuned variant.
-    from kerneltune._src import distributed, tune_function
+    from kerneltune._src.tuning import distributed
+    from kerneltune._src.workflows import tune_function
 
     seen = []
 

@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import pytest
 
 import kerneltune as kt
-from kerneltune._src import recording
 from kerneltune._src.caching import manifest as manifests
-from kerneltune._src.tune_workers import deal_by_cost, read_keys, visible_gpus, write_keys
+from kerneltune._src.kernel import recording
+from kerneltune._src.workflows.tune_workers import deal_by_cost, read_keys, visible_gpus, write_keys
 from tests.offline_kernels import CHEAPEST, LoopCfg
 from tests.worker_kernels import COST_TIMER, DIE, DyingKernel, SteadyKernel
 

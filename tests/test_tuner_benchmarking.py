@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from kerneltune._src.benchmarking import autotune, benchmark
-from kerneltune._src.kernel import Kernel
+from kerneltune._src.kernel.base import Kernel
 from kerneltune._src.tuning.tuner import Tuner
+from kerneltune._src.workflows.benchmarking import autotune, benchmark
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -13,10 +13,10 @@ import jax.numpy as jnp
 import pytest
 
 import kerneltune as kt
-from kerneltune._src import call_shapes
 from kerneltune._src.caching import shipped, storage, tuned_neighbours
 from kerneltune._src.caching.cache_entry import entry_from_document
-from kerneltune._src.kernel import make_invocation
+from kerneltune._src.core import call_shapes
+from kerneltune._src.kernel.base import make_invocation
 from kerneltune._src.tuning import search, warm_start
 from tests.helpers import cost_tuner, rand
 

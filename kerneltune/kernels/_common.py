@@ -331,7 +331,7 @@ class BundledKernelMixin:
         the one it was bound to, else the default executor."""
         if self.executor is not None:
             return self.executor
-        from kerneltune._src.default import default_executor
+        from kerneltune._src.execution.default import default_executor
 
         return default_executor()
 

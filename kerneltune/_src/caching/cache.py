@@ -7,8 +7,8 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any, Generic
 
-from kerneltune._src import scope
-from kerneltune._src.kernel_types import Cfg
+from kerneltune._src.core import scope
+from kerneltune._src.core.kernel_types import Cfg
 
 CacheKey = tuple[str, str, str]  # (device fingerprint, "op@vN", call key)
 

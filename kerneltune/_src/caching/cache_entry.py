@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from kerneltune._src.caching import storage
-from kerneltune._src.call_shapes import CallShape
-from kerneltune._src.configs import config_from_dict, config_to_dict
+from kerneltune._src.core.call_shapes import CallShape
+from kerneltune._src.core.configs import config_from_dict, config_to_dict
 from kerneltune._src.tuning.report import TuningReport
 from kerneltune._src.version import __version__
 

@@ -7,9 +7,9 @@ import logging
 import threading
 from typing import Any
 
-from kerneltune._src import options
 from kerneltune._src.caching import storage
 from kerneltune._src.caching.persistent import PersistentCache
+from kerneltune._src.core import options
 
 logger = logging.getLogger("kerneltune")
 

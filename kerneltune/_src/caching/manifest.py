@@ -19,9 +19,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from kerneltune._src import codec, files, jax_compat
 from kerneltune._src.caching.cache_entry import runtime_versions
-from kerneltune._src.recording import (
+from kerneltune._src.core import codec, files, jax_compat
+from kerneltune._src.kernel.recording import (
     Invocations,
     KernelRef,
     Record,

@@ -18,7 +18,6 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic
 
-from kerneltune._src import files, options
 from kerneltune._src.caching import cache_entry, cache_sharing, storage
 from kerneltune._src.caching.cache_entry import (
     PROVENANCES,
@@ -30,9 +29,10 @@ from kerneltune._src.caching.cache_entry import (
     runtime_versions,
 )
 from kerneltune._src.caching.storage import default_cache_dir as default_cache_dir
-from kerneltune._src.call_shapes import CallShape
-from kerneltune._src.kernel_types import Cfg
-from kerneltune._src.keys import config_from_dict, config_to_dict
+from kerneltune._src.core import files, options
+from kerneltune._src.core.call_shapes import CallShape
+from kerneltune._src.core.kernel_types import Cfg
+from kerneltune._src.core.keys import config_from_dict, config_to_dict
 from kerneltune._src.tuning.report import TuningReport
 
 logger = logging.getLogger("kerneltune")

@@ -16,10 +16,10 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from kerneltune._src import files, keys
 from kerneltune._src.caching.cache import overlay_cache
 from kerneltune._src.caching.cache_entry import BadEntry, Entry, entry_from_document
 from kerneltune._src.caching.storage import EXPORT_KIND
+from kerneltune._src.core import files, keys
 
 __all__ = ["AutotuningResult", "Entry"]
 

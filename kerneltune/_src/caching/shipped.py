@@ -19,7 +19,7 @@ from typing import Any
 
 from kerneltune._src.caching import storage
 from kerneltune._src.caching.cache_entry import BadEntry, CacheEntry, entry_from_document
-from kerneltune._src.configs import config_from_dict
+from kerneltune._src.core.configs import config_from_dict
 
 logger = logging.getLogger("kerneltune")
 

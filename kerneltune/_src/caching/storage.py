@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from kerneltune._src import files
+from kerneltune._src.core import files
 
 logger = logging.getLogger("kerneltune")
 

@@ -16,10 +16,10 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from kerneltune._src import call_shapes
 from kerneltune._src.caching.cache_entry import CacheEntry
-from kerneltune._src.call_shapes import CallShape
-from kerneltune._src.configs import config_from_dict
+from kerneltune._src.core import call_shapes
+from kerneltune._src.core.call_shapes import CallShape
+from kerneltune._src.core.configs import config_from_dict
 from kerneltune._src.tuning import config_space
 
 logger = logging.getLogger("kerneltune")

@@ -13,11 +13,11 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from kerneltune._src import options
 from kerneltune._src.caching.cache_entry import CacheEntry, op_matches, runtime_versions
 from kerneltune._src.caching.persistent import PersistentCache, default_cache_dir
 from kerneltune._src.cli.errors import CommandError
-from kerneltune._src.kernel import registered_kernels
+from kerneltune._src.core import options
+from kerneltune._src.kernel.base import registered_kernels
 from kerneltune._src.tuning.report import format_seconds
 
 
@@ -111,7 +111,7 @@ def info(args: argparse.Namespace) -> int:
 def _info(args: argparse.Namespace) -> int:
     import jax
 
-    from kerneltune._src import devices
+    from kerneltune._src.core import devices
 
     device = jax.devices()[0]
     print(f"device        {device.device_kind} ({device.platform}), {jax.device_count()} visible")

@@ -18,9 +18,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from kerneltune._src import devices
 from kerneltune._src.cli.demo_jobs import DemoJob as DemoJob
 from kerneltune._src.cli.demo_jobs import jobs_for as jobs_for
+from kerneltune._src.core import devices
 
 
 @dataclasses.dataclass
@@ -150,7 +150,7 @@ def _compact_cfg(cfg: Any) -> str:
 
 def _chain(persistent: Any, recorder: _Recorder) -> Any:
     from kerneltune._src.caching.cache import ConfigCache
-    from kerneltune._src.selection import AutotunePolicy, ConfigSelectorChain
+    from kerneltune._src.selection.chain import AutotunePolicy, ConfigSelectorChain
     from kerneltune._src.tuning.tuner import Tuner
 
     return ConfigSelectorChain(
@@ -165,7 +165,7 @@ def _chain(persistent: Any, recorder: _Recorder) -> Any:
 def _keys(job: DemoJob, key: jax.Array) -> list[tuple[str, str]]:
     """The (op@vN, call key) pairs a job selects configs for, computed from shapes
     alone (nothing runs): the kernel's key, and its backward kernel's for `grad` jobs."""
-    from kerneltune._src.kernel import keys_training_apart, make_invocation
+    from kerneltune._src.kernel.base import keys_training_apart, make_invocation
 
     kernel = job.kernel_type()
     args, kwargs = job.make_args(key)
@@ -196,7 +196,7 @@ def _forget(persistent: Any, jobs: list[DemoJob], key: jax.Array) -> int:
 def run(args: argparse.Namespace) -> int:
     """The `kerneltune demo` command."""
     from kerneltune._src.cli.cache_commands import _open, format_time, print_table
-    from kerneltune._src.executor import Executor
+    from kerneltune._src.execution.executor import Executor
     from kerneltune.kernels._common import on_gpu
 
     start = time.perf_counter()
@@ -318,7 +318,7 @@ def _op_name(op_id_v: str) -> str:
 
 
 def _dtype_name(dtype: str) -> str:
-    from kerneltune._src.keys import SHORT_DTYPE_NAMES
+    from kerneltune._src.core.keys import SHORT_DTYPE_NAMES
 
     return SHORT_DTYPE_NAMES.get(dtype, dtype)
 

@@ -63,9 +63,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _explain_call(args: argparse.Namespace, kernel_cls: type) -> int:
     from kerneltune._src.cli import tune_command
-    from kerneltune._src.executor import Executor
-    from kerneltune._src.explain import explain
-    from kerneltune._src.selection import policy_override
+    from kerneltune._src.execution.executor import Executor
+    from kerneltune._src.selection.chain import policy_override
+    from kerneltune._src.workflows.explain import explain
 
     call_args = [parse_argument(a) for a in args.arguments]
     kwargs = dict(parse_keyword(k) for k in args.kw)
@@ -87,7 +87,7 @@ def _explain_call(args: argparse.Namespace, kernel_cls: type) -> int:
 
 def _explain_key(args: argparse.Namespace) -> int:
     from kerneltune._src.cli.cache_commands import _entries, _open
-    from kerneltune._src.explain import stored_timings
+    from kerneltune._src.workflows.explain import stored_timings
 
     cache = _open(args)
     found = [e for e in _entries(cache, args.op) if e.call_key.startswith(args.target)]
@@ -113,7 +113,7 @@ def parse_argument(text: str) -> Any:
     import jax
     import jax.numpy as jnp
 
-    from kerneltune._src.keys import SHORT_DTYPE_NAMES
+    from kerneltune._src.core.keys import SHORT_DTYPE_NAMES
 
     m = _ARRAY.match(text.strip())
     if m is None:
@@ -141,7 +141,7 @@ def parse_keyword(text: str) -> tuple[str, Any]:
 
 
 def _kernel_class(op: str) -> type | None:
-    from kerneltune._src.kernel import registered_kernels
+    from kerneltune._src.kernel.base import registered_kernels
 
     op_id = op.partition("@")[0]
     matches = {cls for cls in registered_kernels().values() if cls.op_id == op_id}
@@ -152,7 +152,7 @@ def _kernel_class(op: str) -> type | None:
 
 
 def _bundled_ops() -> str:
-    from kerneltune._src.kernel import registered_kernels
+    from kerneltune._src.kernel.base import registered_kernels
 
     ops = {c.op_id for n, c in registered_kernels().items() if n.startswith("kerneltune.")}
     return ", ".join(sorted(o for o in ops if o))

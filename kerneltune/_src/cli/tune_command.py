@@ -16,8 +16,8 @@ import argparse
 import importlib
 from typing import Any
 
-from kerneltune._src import tune_workers
 from kerneltune._src.cli.errors import CommandError
+from kerneltune._src.workflows import tune_workers
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -126,10 +126,11 @@ def shard_records(records: list[Any], index: int, count: int) -> list[Any]:
 
 def run(args: argparse.Namespace) -> int:
     """Runs `kerneltune tune`; returns the exit status (1 when a call failed)."""
-    from kerneltune._src import offline, recording
     from kerneltune._src.caching import manifest
     from kerneltune._src.caching.cache_entry import op_matches
     from kerneltune._src.cli.cache_commands import format_time, print_table
+    from kerneltune._src.kernel import recording
+    from kerneltune._src.workflows import offline
 
     _import_kernels(args.imports)
     try:
@@ -254,7 +255,7 @@ def _run_workers(args: argparse.Namespace, records: list[Any], count: int, gpus:
 
 
 def _start_journal(args: argparse.Namespace) -> None:
-    from kerneltune._src import files
+    from kerneltune._src.core import files
     from kerneltune._src.tuning import journal
 
     excluded: Any = {}
@@ -268,7 +269,7 @@ def _start_journal(args: argparse.Namespace) -> None:
 
 def _run_isolated(args: argparse.Namespace, records: list[Any]) -> int:
     """`--isolate`: tunes `records` in worker processes that may crash or hang."""
-    from kerneltune._src import isolation
+    from kerneltune._src.workflows import isolation
 
     print("tuning in an isolated worker process")
     result, culprits, code = isolation.tune_isolated(
@@ -325,7 +326,7 @@ def _positive_int(text: str) -> int:
 def _import_kernels(modules: list[str]) -> None:
     """Imports the bundled kernels and the modules the user named, and lets manifests
     name values (enums, functions) from those modules."""
-    from kerneltune._src import recording
+    from kerneltune._src.kernel import recording
 
     for name in ["kerneltune.kernels", *modules]:
         try:
@@ -336,11 +337,11 @@ def _import_kernels(modules: list[str]) -> None:
 
 
 def _selector(args: argparse.Namespace) -> Any:
-    from kerneltune._src import options
     from kerneltune._src.caching.cache import ConfigCache
     from kerneltune._src.caching.default_cache import default_persistent_cache
     from kerneltune._src.caching.persistent import PersistentCache
-    from kerneltune._src.selection import AutotunePolicy, ConfigSelectorChain
+    from kerneltune._src.core import options
+    from kerneltune._src.selection.chain import AutotunePolicy, ConfigSelectorChain
     from kerneltune._src.tuning.tuner import Tuner
 
     cache_dir = getattr(args, "cache_dir", None)
@@ -363,7 +364,7 @@ def _selector(args: argparse.Namespace) -> Any:
 
 def _cfg_text(cfg: Any) -> str:
     from kerneltune._src.cli.cache_commands import format_cfg
-    from kerneltune._src.keys import config_to_dict
+    from kerneltune._src.core.keys import config_to_dict
 
     try:
         return format_cfg(config_to_dict(cfg))

@@ -1,1 +1,3 @@
-"""Autotuning: timing candidates on the device and picking the best."""
+"""The tuning engine: compiling, running, timing and choosing among the candidates of
+any function, and agreeing on the winner between processes; it knows no `Kernel`.
+It imports only `core`."""

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kerneltune._src import keys
+from kerneltune._src.core import keys
 
 
 def random_like(tree: Any, *, seed: int = 0) -> Any:

@@ -15,8 +15,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from kerneltune._src import files
-from kerneltune._src.configs import config_to_dict
+from kerneltune._src.core import files
+from kerneltune._src.core.configs import config_to_dict
 
 _lock = threading.Lock()
 _path: str | None = None

@@ -12,7 +12,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from kerneltune._src import keys
+from kerneltune._src.core import keys
 from kerneltune._src.tuning import compiling, memory
 
 logger = logging.getLogger("kerneltune")

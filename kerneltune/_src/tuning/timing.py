@@ -29,7 +29,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import jax
 
-from kerneltune._src import jax_compat
+from kerneltune._src.core import jax_compat
 
 logger = logging.getLogger("kerneltune")
 

@@ -24,8 +24,8 @@ from typing import Any, Generic
 
 import jax
 
-from kerneltune._src import keys, tracing
-from kerneltune._src.kernel_types import Cfg
+from kerneltune._src.core import keys, tracing
+from kerneltune._src.core.kernel_types import Cfg
 from kerneltune._src.tuning import inputs, memory, programs, search, timing, warm_start, winner
 from kerneltune._src.tuning.bench import Bench
 from kerneltune._src.tuning.candidate import describe

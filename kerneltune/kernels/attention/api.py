@@ -9,9 +9,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kerneltune._src import dispatch, keys
-from kerneltune._src.default import default_executor
-from kerneltune._src.kernel import Invocation, Kernel
+from kerneltune._src.core import keys
+from kerneltune._src.execution.default import default_executor
+from kerneltune._src.kernel.base import Invocation, Kernel
+from kerneltune._src.kernel.methods import bound, methods_of
 from kerneltune._src.params import BwdParams, FwdParams
 from kerneltune._src.tuning.inputs import random_like
 from kerneltune.kernels._args import as_array
@@ -254,7 +255,7 @@ class AttentionBackward(BundledKernelMixin, Kernel[BwdParams, tuple]):
         q, k, v, dout = random_like((q, k, v, dout), seed=seed)
         causal, sm_scale = inv.kwargs["causal"], inv.kwargs["sm_scale"]
         forward = self.forward_type(executor=self.executor)
-        fwd = dispatch.find_method(forward, "fwd_with_residuals")
+        fwd = bound(forward, methods_of(forward).fwd_with_residuals)
         assert fwd is not None
         fwd_cfg = config_lib.fwd_heuristic(problem_of(inv))
         out, lse = fwd(q, k, v, cfg=fwd_cfg, causal=causal, sm_scale=sm_scale)

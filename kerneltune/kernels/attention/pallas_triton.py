@@ -18,7 +18,7 @@ from typing import Any
 
 import jax
 
-from kerneltune._src import jax_compat
+from kerneltune._src.core import jax_compat
 from kerneltune._src.params import BwdParams, FwdParams
 from kerneltune.kernels._common import accepts, jax_gpu_op, parameters
 

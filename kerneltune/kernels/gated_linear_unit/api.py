@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kerneltune._src.default import default_executor
-from kerneltune._src.kernel import Invocation, Kernel
+from kerneltune._src.execution.default import default_executor
+from kerneltune._src.kernel.base import Invocation, Kernel
 from kerneltune.kernels._args import as_array
 from kerneltune.kernels._common import BundledKernelMixin, Pruned, kernel_for
 from kerneltune.kernels.gated_linear_unit import config as config_lib

@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kerneltune._src.default import default_executor
-from kerneltune._src.kernel import Invocation, Kernel
+from kerneltune._src.execution.default import default_executor
+from kerneltune._src.kernel.base import Invocation, Kernel
 from kerneltune.kernels._args import as_array, feature_param, floating, normalize_axes, to_rows
 from kerneltune.kernels._common import BundledKernelMixin, kernel_for
 from kerneltune.kernels.normalization import config as config_lib

@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kerneltune._src import keys
-from kerneltune._src.default import default_executor
-from kerneltune._src.kernel import Invocation, Kernel
+from kerneltune._src.core import keys
+from kerneltune._src.execution.default import default_executor
+from kerneltune._src.kernel.base import Invocation, Kernel
 from kerneltune._src.tuning.inputs import random_like
 from kerneltune.kernels._args import as_array
 from kerneltune.kernels._common import BundledKernelMixin, Pruned, kernel_for

@@ -1,0 +1,260 @@
+"""The `KERNELTUNE_*` environment options, read and validated in one place.
+
+Every option is read when it is needed (not at import), so a test or a launcher can set
+the environment late. `scoped(**values)` overrides options for a block of code; it is
+context-local, so threads and asyncio tasks do not see each other's overrides.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import logging
+import os
+import types
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Generic, Literal, TypeVar, cast
+
+T = TypeVar("T")
+
+logger = logging.getLogger("kerneltune")
+
+_PREFIX = "KERNELTUNE_"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Option(Generic[T]):
+    """One `KERNELTUNE_*` option: `.value` is a scoped override, else the environment,
+    else the default; `.override(value)` sets it for a block (context-local).
+
+    Example:
+      >>> from kerneltune._src.core import options
+      >>> with options.STAMP.override("none"):
+      ...     options.STAMP.value
+      'none'
+    """
+
+    name: str
+    default: T
+    parse: Callable[[str], T]
+    allowed: str
+    help: str
+
+    @property
+    def value(self) -> T:
+        """A scoped override, else the environment, else the default (read on each
+        call: it sits on the executor's dispatch path, so it looks up nothing else).
+
+        Raises:
+          ValueError: the environment variable holds a value the option does not
+            allow; the message names the variable, the value and the legal values.
+        """
+        overrides = _overrides.get()
+        if self.name in overrides:
+            return overrides[self.name]  # type: ignore[no-any-return]
+        _warn_unknown_variables()
+        raw = os.environ.get(env_name(self.name))
+        if raw is None:
+            return self.default
+        try:
+            return self.parse(raw)
+        except ValueError:
+            raise ValueError(
+                f"{env_name(self.name)}={raw!r} is not a valid value; allowed: {self.allowed}."
+            ) from None
+
+    def override(self, value: T | str) -> contextlib.AbstractContextManager[None]:
+        return scoped(**{self.name: value})
+
+
+def _choice(*legal: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in legal:
+            raise ValueError(value)
+        return value
+
+    return parse
+
+
+def _flag(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(value)
+
+
+def _path_or_off(raw: str) -> str | None:
+    value = raw.strip()
+    if value.lower() in ("off", "none", "0", "false"):
+        return None
+    if not value:
+        raise ValueError(value)
+    return value
+
+
+def _path_list(raw: str) -> tuple[str, ...]:
+    # URLs contain ':' so a plain os.pathsep split would cut 'gs://x' apart; a comma is
+    # accepted everywhere and os.pathsep only where it cannot be part of a URL.
+    parts = [p.strip() for p in raw.replace(",", "\n").splitlines()]
+    out: list[str] = []
+    for part in parts:
+        if "://" in part:
+            out.append(part)
+        else:
+            out.extend(p for p in part.split(os.pathsep) if p)
+    return tuple(p for p in out if p)
+
+
+def _positive_float(raw: str) -> float:
+    value = float(raw)
+    if not value > 0:
+        raise ValueError(raw)
+    return value
+
+
+Platform = Literal["triton", "pallas", "xla"]
+Fallback = Literal["autotune", "heuristics", "error"]
+
+PLATFORM: Option[Platform | None] = Option(
+    name="platform",
+    default=None,
+    parse=cast(Callable[[str], Platform], _choice("triton", "pallas", "xla")),
+    allowed="triton, pallas, xla (or unset: chosen from the device)",
+    help="Force the backend used for platform dispatch.",
+)
+
+STAMP: Option[str] = Option(
+    name="stamp",
+    default="hash",
+    parse=_choice("hash", "json", "none"),
+    allowed="hash, json, none",
+    help="How executor calls are labelled in the HLO.",
+)
+
+RECORD: Option[bool] = Option(
+    name="record",
+    default=False,
+    parse=_flag,
+    allowed="1, 0, true, false, on, off",
+    help="Record every executor call for offline tuning.",
+)
+
+AUTOTUNE: Option[Fallback] = Option(
+    name="autotune",
+    default="autotune",
+    parse=cast(Callable[[str], Fallback], _choice("autotune", "heuristics", "error")),
+    allowed="autotune, heuristics, error",
+    help="What the default executor does on a cache miss.",
+)
+
+CACHE_DIR: Option[str | None] = Option(
+    name="cache_dir",
+    default="",
+    parse=_path_or_off,
+    allowed="a directory, a URL (gs://, s3://, memory://...), or off",
+    help="Where the default persistent cache lives.",
+)
+
+CACHE_READONLY: Option[tuple[str, ...]] = Option(
+    name="cache_readonly",
+    default=(),
+    parse=_path_list,
+    allowed="a comma-separated list of directories or URLs",
+    help="Read-only caches consulted after the user's cache.",
+)
+
+AGREE_TIMEOUT: Option[float] = Option(
+    name="agree_timeout",
+    default=300.0,
+    parse=_positive_float,
+    allowed="a positive number of seconds",
+    help="How long processes wait for each other to agree on a config.",
+)
+
+SHIPPED: Option[bool] = Option(
+    name="shipped",
+    default=True,
+    parse=_flag,
+    allowed="1, 0, true, false, on, off",
+    help="Use the tuned tables shipped with kerneltune (and warm-start from them).",
+)
+
+_OPTIONS: dict[str, Option[Any]] = {
+    o.name: o
+    for o in (
+        PLATFORM,
+        STAMP,
+        RECORD,
+        AUTOTUNE,
+        CACHE_DIR,
+        CACHE_READONLY,
+        AGREE_TIMEOUT,
+        SHIPPED,
+    )
+}
+
+_overrides: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
+    "kerneltune_option_overrides", default=types.MappingProxyType({})
+)
+_checked_environment = False
+
+
+def env_name(name: str) -> str:
+    return _PREFIX + name.upper()
+
+
+def get(name: str) -> Any:
+    """Returns the value of option `name` (see `Option.value`)."""
+    return _OPTIONS[name].value
+
+
+@contextlib.contextmanager
+def scoped(**values: Any) -> Iterator[None]:
+    """Overrides options inside a `with` block (context-local).
+
+    Example:
+      >>> from kerneltune._src.core import options
+      >>> with options.scoped(stamp="none"):
+      ...     options.STAMP.value
+      'none'
+    """
+    for name, value in values.items():
+        if name not in _OPTIONS:
+            raise TypeError(f"scoped() got an unknown option {name!r}; known: {sorted(_OPTIONS)}.")
+        if isinstance(value, str):
+            try:
+                values[name] = _OPTIONS[name].parse(value)
+            except ValueError:
+                raise ValueError(
+                    f"option {name}={value!r} is not valid; allowed: {_OPTIONS[name].allowed}."
+                ) from None
+    token = _overrides.set({**_overrides.get(), **values})
+    try:
+        yield
+    finally:
+        _overrides.reset(token)
+
+
+def _warn_unknown_variables() -> None:
+    # A misspelt variable (KERNELTUNE_STAMPS=none) would otherwise be silently ignored.
+    global _checked_environment
+    if _checked_environment:
+        return
+    _checked_environment = True
+    known = {env_name(n) for n in _OPTIONS}
+    for var in os.environ:
+        if var.startswith(_PREFIX) and var not in known:
+            logger.warning(
+                "Unknown environment variable %s is ignored; known: %s.",
+                var,
+                ", ".join(sorted(known)),
+            )
+
+
+def describe() -> dict[str, Any]:
+    """Every option with its current value (for `kerneltune info`)."""
+    return {env_name(n): get(n) for n in _OPTIONS}

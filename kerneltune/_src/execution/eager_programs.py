@@ -1,0 +1,97 @@
+"""The jitted programs behind eager calls: one per (kernel, config, static signature).
+
+An eager `executor(kernel, x)` must not run op by op: the executor traces the kernel
+once per signature into a `Program` and calls it with the call's array leaves. A
+signature is the pytree structure, every non-array leaf (by value), the config and the
+calling options; arrays are the program's inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from kerneltune._src.core import keys
+from kerneltune._src.kernel.base import Invocation, Kernel
+
+
+def hashable(value: Any) -> Any:
+    """`value` when it hashes, else its stable JSON (configs and specs as dict keys)."""
+    try:
+        hash(value)
+        return value
+    except TypeError:
+        return ("json", keys.stable_json(value))
+
+
+@dataclasses.dataclass(frozen=True)
+class Signature:
+    """What makes two calls share a program (`key`), and how to rebuild a call from
+    the program's inputs."""
+
+    key: tuple[Any, ...]
+    leaves: list[Any]
+    treedef: Any
+    positions: tuple[int, ...]  # the leaves that are arrays: the program's inputs
+
+
+def signature(
+    kernel: Kernel[Any, Any],
+    cfg: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    inv: Invocation[Any, Any],
+    stamp_mode: str,
+) -> Signature:
+    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+    positions = tuple(i for i, leaf in enumerate(leaves) if keys.is_array(leaf))
+    statics = tuple(
+        (i, type(leaves[i]), hashable(leaves[i])) for i in range(len(leaves)) if i not in positions
+    )
+    key = (
+        kernel,
+        hashable(cfg),
+        treedef,
+        statics,
+        inv.stamp,
+        stamp_mode,
+        inv.method,
+        hashable(inv.mesh) if inv.mesh is not None else None,
+        hashable(inv.in_specs),
+        hashable(inv.out_specs),
+    )
+    return Signature(key, leaves, treedef, positions)
+
+
+class Program:
+    """One jitted program: `trace(args, kwargs)` for one signature, called with the
+    array leaves only."""
+
+    def __init__(
+        self, trace: Callable[[tuple[Any, ...], dict[str, Any]], Any], sig: Signature
+    ) -> None:
+        self._positions = positions = sig.positions
+        static_leaves, treedef = list(sig.leaves), sig.treedef
+
+        def body(*dyn: Any) -> Any:
+            full = list(static_leaves)
+            for i, x in zip(positions, dyn, strict=True):
+                full[i] = x
+            args, kwargs = jax.tree_util.tree_unflatten(treedef, full)
+            return trace(tuple(args), dict(kwargs))
+
+        # Called with the array leaves only, in order: for the common all-array call
+        # those are exactly the positional arguments.
+        self.dynamic = jax.jit(body)
+
+    def takes_exactly(self, num_args: int) -> bool:
+        """True when the program's inputs are the call's first `num_args` leaves and
+        nothing else, so the eager table can call `dynamic(*args)` directly."""
+        return self._positions == tuple(range(num_args))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        leaves = jax.tree_util.tree_leaves((args, kwargs))
+        return self.dynamic(*(leaves[i] for i in self._positions))

@@ -1,0 +1,342 @@
+"""The Executor: prepares a call, chooses its config, and runs the kernel.
+
+Eager calls never run op by op: each (kernel, config, static arguments) gets one jitted
+program, and a dispatch table maps the call's signature (shapes, dtypes, static values)
+straight to that program, so a repeated eager call costs a tuple build and a dict lookup
+on top of the jitted call. The table is dropped whenever the chooser says its choices may
+have changed (a cache changed, the policy was replaced), and is keyed by the
+context-local scope (overlays, policy overrides).
+Under a trace (jit, grad, vmap, shard_map), the kernel is traced inline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import operator
+import threading
+from collections.abc import Callable
+from typing import Any, Generic, Protocol, runtime_checkable
+
+from kerneltune._src.core import jax_compat, labels, options, scope, tracing
+from kerneltune._src.core.kernel_types import Cfg, Out
+from kerneltune._src.execution import eager_programs
+from kerneltune._src.kernel import dispatch, recording, sharding
+from kerneltune._src.kernel.base import Invocation, Kernel, keys_training_apart, make_invocation
+
+_ARRAY_IMPL = jax_compat.array_impl_type()
+_current_scope = scope._current.get
+_aval = operator.attrgetter("aval")
+
+
+@runtime_checkable
+class ConfigChooser(Protocol):
+    """Anything that chooses a config for an invocation (e.g. `ConfigSelectorChain`).
+    An optional `add_invalidation_listener(callback)` method, calling `callback()`
+    whenever its choices may change, lets the executor remember choices for eager
+    calls."""
+
+    def choose(self, inv: Invocation[Any, Any], kernel: Kernel[Any, Any]) -> Any: ...
+
+
+def _eager_key(kernel: Any, stamp: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The eager dispatch table's key for a call of concrete JAX arrays as positional
+    arguments and hashable keyword values (avals carry a cached hash), else None.
+    `Executor.__call__` builds the same key inline."""
+    if not all(type(a) is _ARRAY_IMPL for a in args):
+        return None
+    key = (kernel, stamp, _current_scope(), *map(_aval, args), *kwargs.items())
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+_uids = itertools.count()
+
+
+@dataclasses.dataclass(frozen=True)
+class CallOptions:
+    """How a call asked to run: the executor's own keyword arguments
+    (`Executor.__call__`'s `cfg`, `stamp`, `method`, `mesh`, `in_specs`, `out_specs`)."""
+
+    cfg: Any = None
+    stamp: bool = True
+    method: str | None = None
+    mesh: Any = None
+    in_specs: Any = None
+    out_specs: Any = None
+
+
+class Executor(Generic[Cfg, Out]):
+    """Runs kernels with configs chosen by `chooser`.
+
+    Args:
+      chooser: a `ConfigChooser`, usually a `ConfigSelectorChain`.
+      stamp_prefix: the prefix of the labels stamped into the HLO.
+    """
+
+    def __init__(self, chooser: ConfigChooser, stamp_prefix: str = "kerneltune") -> None:
+        if not callable(getattr(chooser, "choose", None)):
+            raise TypeError(
+                f"chooser must have a choose(inv, kernel) method, got {type(chooser).__qualname__}."
+            )
+        if not isinstance(stamp_prefix, str) or not stamp_prefix or ":" in stamp_prefix:
+            raise ValueError(
+                f"stamp_prefix must be a non-empty string without ':', got {stamp_prefix!r}."
+            )
+        self.chooser = chooser
+        self.stamp_prefix = stamp_prefix
+        # Eager dispatch table: (kernel, stamp, scope, signature) -> jitted program.
+        # Only kept when the chooser tells us when its choices may change.
+        self._eager: dict[Any, Callable[..., Any]] = {}
+        self._generation = 0
+        #: Never reused within a process (unlike `id()`): keys of caches held elsewhere.
+        self.uid = next(_uids)
+        subscribe = getattr(chooser, "add_invalidation_listener", None)
+        self._eager_enabled = subscribe is not None and callable(subscribe)
+        if subscribe is not None and callable(subscribe):
+            subscribe(self._invalidate)
+        self._programs: dict[Any, eager_programs.Program] = {}
+        self._lock = threading.Lock()
+
+    def _invalidate(self) -> None:
+        self._generation += 1
+        self._eager.clear()
+
+    # -- the hot path ---------------------------------------------------------------------
+
+    def __call__(
+        self,
+        kernel: Kernel[Cfg, Out],
+        *args: Any,
+        cfg: Cfg | None = None,
+        stamp: bool = True,
+        method: str | None = None,
+        mesh: Any = None,
+        in_specs: Any = None,
+        out_specs: Any = None,
+        **kwargs: Any,
+    ) -> Out:
+        """Runs `kernel(*args, **kwargs)` with the chosen config (or `cfg`)."""
+        if cfg is None and method is None:
+            # The hot path, inlined; `_eager_key` builds the same key. Arguments without
+            # an aval (Python scalars, NumPy arrays) or unhashable keyword values take
+            # the general path. Tracers have avals too: a hit under jit/vmap/grad calls
+            # the same jitted program, which is then simply traced inline.
+            try:
+                program = self._eager[
+                    (kernel, stamp, _current_scope(), *map(_aval, args), *kwargs.items())
+                ]
+            except (KeyError, AttributeError, TypeError):
+                program = None
+            if program is not None:
+                return program(*args)  # outside the try: its errors are the caller's
+        call = CallOptions(cfg, stamp, method, mesh, in_specs, out_specs)
+        return self._call(kernel, args, kwargs, call)
+
+    # -- everything else ------------------------------------------------------------------
+
+    def _call(
+        self,
+        kernel: Kernel[Cfg, Out],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        call: CallOptions,
+    ) -> Out:
+        generation = self._generation
+        inv, p_args, p_kwargs = self._checked_invocation(kernel, args, kwargs, call)
+        chosen = self.chooser.choose(inv, kernel)
+        if options.RECORD.value:
+            recording.record_invocation(kernel, inv)
+        if tracing.is_tracing((args, kwargs)) or tracing.is_tracing((p_args, p_kwargs)):
+            return self._apply(kernel, inv, chosen, p_args, p_kwargs)
+
+        program = self._program(kernel, chosen, args, kwargs, inv)
+        out = program(*args, **kwargs)
+        # Remember the program for this signature, unless the chooser's state changed
+        # while choosing (then the next call chooses again).
+        if (
+            call.cfg is None
+            and call.method is None
+            and self._eager_enabled
+            and generation == self._generation
+        ):
+            key = _eager_key(kernel, call.stamp, args, kwargs)
+            if key is not None and _default_keys(kernel) and program.takes_exactly(len(args)):
+                self._eager[key] = self._eager_entry(kernel, program, kwargs, call)
+        return out
+
+    def _eager_entry(
+        self,
+        kernel: Kernel[Cfg, Out],
+        program: eager_programs.Program,
+        kwargs: dict[str, Any],
+        call: CallOptions,
+    ) -> Callable[..., Any]:
+        """What the hot path calls for a signature. Where the config decides the
+        backward, a call under a gradient has a key of its own, so it takes the
+        general path instead of this forward program."""
+        if not keys_training_apart(kernel):
+            return program.dynamic
+
+        def forward_only(*args: Any) -> Any:
+            if any(map(tracing.is_tracer, args)) and tracing.is_differentiated(args):
+                return self._call(kernel, args, dict(kwargs), call)
+            return program.dynamic(*args)
+
+        return forward_only
+
+    def _checked_invocation(
+        self,
+        kernel: Kernel[Cfg, Out],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        call: CallOptions,
+    ) -> tuple[Invocation[Cfg, Out], tuple[Any, ...], dict[str, Any]]:
+        """`_invocation` of a call as the user wrote it: the kernel and the calling
+        method's arguments are checked first."""
+        _check_kernel(kernel)
+        _check_method(call.method, call.mesh, call.in_specs, call.out_specs)
+        return self._invocation(
+            kernel,
+            args,
+            kwargs,
+            override_cfg=call.cfg,
+            stamp=call.stamp,
+            method=call.method,
+            mesh=call.mesh,
+            in_specs=call.in_specs,
+            out_specs=call.out_specs,
+        )
+
+    def _invocation(
+        self, kernel: Kernel[Cfg, Out], args: tuple[Any, ...], kwargs: dict[str, Any], **fields: Any
+    ) -> tuple[Invocation[Cfg, Out], tuple[Any, ...], dict[str, Any]]:
+        prepared = kernel.prepare(*args, **kwargs)
+        if not (
+            isinstance(prepared, tuple) and len(prepared) == 2 and isinstance(prepared[1], dict)
+        ):
+            raise TypeError(
+                f"{type(kernel).__name__}.prepare must return (args, kwargs) with kwargs a "
+                f"dict, got {type(prepared).__qualname__}."
+            )
+        p_args, p_kwargs = tuple(prepared[0]), dict(prepared[1])
+        return make_invocation(kernel, p_args, p_kwargs, **fields), p_args, p_kwargs
+
+    def _apply(
+        self,
+        kernel: Kernel[Cfg, Out],
+        inv: Invocation[Cfg, Out],
+        cfg: Cfg,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Out:
+        """Traces the kernel with `cfg` (platform dispatch, custom VJP, label)."""
+        if inv.method == "shard_map":
+            fn = sharding.shard_map_function(kernel, cfg, inv)
+        else:
+            fn = dispatch.kernel_function(kernel, cfg)
+        mode = options.STAMP.value
+        if not inv.stamp or mode == "none":
+            return fn(*args, **kwargs)
+        text = labels.label_text(self.stamp_prefix, inv.op_id_v, inv.call_key, cfg, mode)
+        with labels.stamped(text, f"{self.stamp_prefix}.{inv.op_id}"):
+            return fn(*args, **kwargs)
+
+    def _program(
+        self,
+        kernel: Kernel[Cfg, Out],
+        cfg: Cfg,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        inv: Invocation[Cfg, Out],
+    ) -> eager_programs.Program:
+        """The jitted program running `kernel` with `cfg` for calls shaped like
+        (args, kwargs): one per (kernel, config, static arguments)."""
+        sig = eager_programs.signature(kernel, cfg, args, kwargs, inv, options.STAMP.value)
+        program = self._programs.get(sig.key)
+        if program is None:
+            fields = {
+                "stamp": inv.stamp,
+                "method": inv.method,
+                "mesh": inv.mesh,
+                "in_specs": inv.in_specs,
+                "out_specs": inv.out_specs,
+                "override_cfg": inv.override_cfg,
+            }
+
+            def trace(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+                inner, p_args, p_kwargs = self._invocation(kernel, args, kwargs, **fields)
+                return self._apply(kernel, inner, cfg, p_args, p_kwargs)
+
+            program = eager_programs.Program(trace, sig)
+            self._programs[sig.key] = program
+        return program
+
+    # -- the rest of the public API ----------------------------------------------------------
+
+    def choose_config(
+        self, kernel: Kernel[Cfg, Out], *args: Any, cfg: Cfg | None = None, **kwargs: Any
+    ) -> Cfg:
+        """The config a call with these arguments would use, without running it (the
+        arguments are `__call__`'s: `method=`, `mesh=` and the specs included)."""
+        return self.chooser.choose(self.invocation(kernel, *args, cfg=cfg, **kwargs), kernel)
+
+    def invocation(
+        self,
+        kernel: Kernel[Cfg, Out],
+        *args: Any,
+        cfg: Cfg | None = None,
+        method: str | None = None,
+        mesh: Any = None,
+        in_specs: Any = None,
+        out_specs: Any = None,
+        **kwargs: Any,
+    ) -> Invocation[Cfg, Out]:
+        """The `Invocation` a call with these arguments makes (prepared arguments, op
+        id, call key), without choosing a config or running anything."""
+        call = CallOptions(cfg, True, method, mesh, in_specs, out_specs)
+        inv, _, _ = self._checked_invocation(kernel, args, kwargs, call)
+        return inv
+
+    def compile(
+        self,
+        kernel: Kernel[Cfg, Out],
+        *example_args: Any,
+        cfg: Cfg | None = None,
+        **example_kwargs: Any,
+    ) -> Callable[..., Out]:
+        """Chooses the config once from the example arguments and returns a callable
+        that always runs with it (keeping prepare, platform dispatch and the custom
+        VJP); it works eagerly and under jit/grad/vmap."""
+        chosen = self.choose_config(kernel, *example_args, cfg=cfg, **example_kwargs)
+
+        def compiled(*args: Any, **kwargs: Any) -> Out:
+            inv, p_args, p_kwargs = self._invocation(kernel, args, kwargs, override_cfg=chosen)
+            if tracing.is_tracing((args, kwargs)) or tracing.is_tracing((p_args, p_kwargs)):
+                return self._apply(kernel, inv, chosen, p_args, p_kwargs)
+            program = self._program(kernel, chosen, args, kwargs, inv)
+            return program(*args, **kwargs)
+
+        compiled.cfg = chosen  # type: ignore[attr-defined]
+        return compiled
+
+
+def _default_keys(kernel: Kernel[Any, Any]) -> bool:
+    """True when the kernel's call key depends on shapes, dtypes and static values only
+    (a custom key_builder may look at shardings or anything else)."""
+    return type(kernel).key_builder is None and "key_builder" not in vars(kernel)
+
+
+def _check_method(method: Any, mesh: Any, in_specs: Any, out_specs: Any) -> None:
+    if method not in (None, "shard_map"):
+        raise ValueError(f"method must be None or 'shard_map', got {method!r}.")
+    if method == "shard_map" and (mesh is None or in_specs is None or out_specs is None):
+        raise ValueError("method='shard_map' needs mesh=, in_specs= and out_specs=.")
+
+
+def _check_kernel(kernel: Any) -> None:
+    if not isinstance(kernel, Kernel):
+        raise TypeError(f"expected a kerneltune.Kernel instance, got {type(kernel).__qualname__}.")

@@ -1,0 +1,69 @@
+"""Tuning one key for the selection chain: the heuristic first in line, inputs made
+outside any trace, a warm start from tuned neighbours, every process agreeing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kerneltune._src.caching.cache import CacheKey
+from kerneltune._src.core import scope, tracing
+from kerneltune._src.kernel import dispatch, hooks
+from kerneltune._src.kernel.base import Invocation, Kernel
+from kerneltune._src.kernel.methods import bound, methods_of
+from kerneltune._src.tuning import distributed
+from kerneltune._src.tuning.protocol import run_tuner
+from kerneltune._src.tuning.report import TuningReport
+
+
+def tune_key(
+    inv: Invocation[Any, Any],
+    kernel: Kernel[Any, Any],
+    key: CacheKey,
+    candidates: list[Any],
+    *,
+    tuner: Any,
+    backward: bool,
+    hints: list[Any],
+    emit: Callable[..., None],
+) -> TuningReport:
+    """Benchmarks `candidates` for `inv` and returns the report every process agrees
+    on; `emit(event, key, **data)` reports "autotune_start" and "autotune_finish"."""
+    heuristic = hooks.find_heuristic(kernel, inv)
+    if heuristic is not None:
+        # Never worse than not tuning: the heuristic is a contender, first in line,
+        # so only a config measurably faster replaces it (ties go to the first).
+        candidates = [heuristic, *(c for c in candidates if c != heuristic)]
+    context = hooks.context_of(inv)
+
+    def make_fn(cfg: Any) -> Callable[..., Any]:
+        return dispatch.kernel_function(kernel, cfg, context)
+
+    backward = backward and not scope.current().forward_only
+    emit("autotune_start", key, candidates=list(candidates), backward=backward, hints=hints)
+    # The call may be inside a jit trace: build inputs and time candidates outside
+    # it, or every array made here would be a tracer of the user's program.
+    with tracing.outside_traces():
+        args, kwargs = hooks.concrete_inputs(kernel, inv)
+        report: TuningReport = run_tuner(
+            tuner,
+            make_fn,
+            args,
+            kwargs,
+            candidates,
+            reference_cfg=heuristic,
+            backward=backward,
+            name=f"{inv.op_id_v}({inv.signature})",
+            reference_fn=bound(kernel, methods_of(kernel, context).reference),
+            hints=hints,
+        )
+    # With several processes, every one must end with the same winner (SPMD).
+    report = distributed.agree(key, report)
+    emit(
+        "autotune_finish",
+        key,
+        cfg=report.best,
+        report=report,
+        timings=[(c.cfg, c.time_s, c.status) for c in report.candidates],
+    )
+    return report

@@ -1,0 +1,178 @@
+"""The tiers of config selection, one object each: `lookup(inv, kernel, key)` returns
+a `Hit` (the config, and the event that announces it) or a `Miss` (why not).
+
+`ConfigSelectorChain` asks its tiers in order and keeps every miss, so `explain`
+reports exactly what the chain saw. The tiers that read a cache are here; tuning, which
+needs the chain's state (locks, what it tuned before), is `chain.Autotune`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Mapping
+from typing import Any, Literal, Protocol
+
+from kerneltune._src.caching.cache import CacheKey, ConfigCache
+from kerneltune._src.core import keys, scope
+from kerneltune._src.kernel import hooks
+from kerneltune._src.kernel.base import Invocation, Kernel
+from kerneltune._src.tuning.report import TuningReport
+
+TierName = Literal[
+    "override", "overlay", "memory", "persistent", "shipped", "autotune", "reuse", "heuristics"
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Miss:
+    """A tier had no config: `reason` says why (shown by `explain` and in errors)."""
+
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Hit:
+    """A tier's config. `tier` names where it came from (tuning can end in a hit of the
+    memory cache, when another thread tuned the key first); `event` and `data` are the
+    `on_event` call that announces it; `misses` are noted before it (e.g. why a
+    production-mode heuristic stood in for tuning)."""
+
+    cfg: Any
+    tier: TierName
+    event: str | None
+    data: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    report: TuningReport | None = None
+    misses: tuple[tuple[str, str], ...] = ()
+
+
+Found = Hit | Miss
+
+
+class Tier(Protocol):
+    @property
+    def name(self) -> TierName: ...
+
+    def lookup(self, inv: Invocation[Any, Any], kernel: Kernel[Any, Any], key: CacheKey) -> Found:
+        """The config for `inv`, or why this tier has none."""
+        ...
+
+
+class Override:
+    """`cfg=` given by the caller: used as is, written nowhere."""
+
+    name: TierName = "override"
+
+    def lookup(self, inv: Invocation[Any, Any], kernel: Kernel[Any, Any], key: CacheKey) -> Found:
+        if inv.override_cfg is None:
+            return Miss("no cfg= given")
+        hooks.check_config_type(kernel, inv, inv.override_cfg, "cfg")
+        reason = hooks.unusable_reason(kernel, inv, inv.override_cfg)
+        if reason is not None:
+            raise ValueError(
+                f"cfg={inv.override_cfg!r} cannot run {kernel.op_id_v} here: {reason}."
+            )
+        return Hit(inv.override_cfg, "override", "override")
+
+
+class Overlay:
+    """The innermost active `overlay_cache` that has the key."""
+
+    name: TierName = "overlay"
+
+    def lookup(self, inv: Invocation[Any, Any], kernel: Kernel[Any, Any], key: CacheKey) -> Found:
+        cfg = scope.current().overlay_lookup(key)
+        if cfg is None:
+            return Miss("no active overlay has this key")
+        if isinstance(cfg, Mapping):  # e.g. from AutotuningResult.load: plain fields
+            cfg_type = hooks.config_type_of(kernel, inv)
+            if cfg_type is not None and not isinstance(cfg, cfg_type):
+                cfg = keys.config_from_dict(cfg, cfg_type)
+        reason = hooks.unusable_reason(kernel, inv, cfg)
+        if reason is not None:
+            return Miss(f"the overlay's config {cfg!r} cannot run here: {reason}")
+        return Hit(cfg, "overlay", "overlay_hit")
+
+
+@dataclasses.dataclass(frozen=True)
+class Memory:
+    """The chain's in-memory cache."""
+
+    cache: ConfigCache[Any]
+    name: TierName = "memory"
+
+    def lookup(self, inv: Invocation[Any, Any], kernel: Kernel[Any, Any], key: CacheKey) -> Found:
+        cfg = self.cache.get(*key)
+        if cfg is None:
+            return Miss("not in the memory cache")
+        return Hit(cfg, "memory", "cache_hit", {"level": "memory"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Stored:
+    """A read-only lookup behind the memory cache (the persistent cache, the shipped
+    tables); a hit is copied into memory so the next call stops there."""
+
+    name: TierName
+    source: Any  # .get(dev, op_id_v, call_key, cfg_type) -> cfg | None; None: not configured
+    cache: ConfigCache[Any]
+    missing: str  # why a configured source has nothing
+    absent: str = "not configured"  # why there is no source
+    # Stored configs that failed to trace, by key (shared with the chain, whose next
+    # store for the key replaces them): each is warned about once.
+    rejected: dict[CacheKey, Any] = dataclasses.field(default_factory=dict)
+
+    def lookup(self, inv: Invocation[Any, Any], kernel: Kernel[Any, Any], key: CacheKey) -> Found:
+        if self.source is None:
+            return Miss(self.absent)
+        cfg = self.source.get(*key, cfg_type=hooks.config_type_of(kernel, inv))
+        if cfg is None:
+            return Miss(self.missing)
+        # Tuned where something is installed that is not here (a shared cache): tune
+        # again rather than fail.
+        reason = hooks.unusable_reason(kernel, inv, cfg)
+        if reason is not None:
+            return Miss(f"its config {cfg!r} cannot run here: {reason}")
+        # A config of the right type that the kernel cannot trace (a block of -1, a
+        # kernel changed without a version bump) is a miss, not a crash on every call.
+        failure = hooks.trace_failure(kernel, inv, cfg)
+        if failure is not None:
+            if self.rejected.get(key) != cfg:
+                self.rejected[key] = cfg
+                warnings.warn(
+                    f"kerneltune: the {self.name} config {cfg!r} of {inv.op_id_v} "
+                    f"({inv.signature}) fails to trace ({failure}); choosing again.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            return Miss(f"its config {cfg!r} fails to trace: {failure}")
+        self.cache.put(*key, cfg)
+        return Hit(cfg, self.name, "cache_hit", {"level": self.name})
+
+
+@dataclasses.dataclass(frozen=True)
+class Heuristic:
+    """The kernel's `heuristic_cfg`. Never cached: a later call that may tune still
+    tunes. With `only_if_untunable` (production mode) it stands in for tuning only
+    where there is nothing to tune, the one config any tuning would have chosen."""
+
+    allowed: bool
+    only_if_untunable: bool = False
+    name: TierName = "heuristics"
+
+    def lookup(self, inv: Invocation[Any, Any], kernel: Kernel[Any, Any], key: CacheKey) -> Found:
+        if not self.allowed:
+            return Miss("not allowed by the policy")
+        misses: tuple[tuple[str, str], ...] = ()
+        if self.only_if_untunable:
+            _, untunable = hooks.tunable_candidates(kernel, inv)
+            if not untunable:
+                return Miss("tuning is forbidden (cache_miss_fallback='error')")
+            misses = (("autotune", untunable),)
+        cfg = hooks.find_heuristic(kernel, inv)
+        if cfg is None:
+            return Miss("the kernel defines no heuristic_cfg")
+        hooks.check_config_type(kernel, inv, cfg, "heuristic_cfg result")
+        if not self.only_if_untunable:
+            scope.chose_provisionally(key)
+        return Hit(cfg, "heuristics", "heuristics", misses=misses)

@@ -1,0 +1,115 @@
+"""Offline tuning split across the processes of a JAX job.
+
+Under `jax.distributed`, `autotune_recorded`, `autotune_lowered` and `kt.autotune(f)`
+tune each key once in the whole job instead of once per process:
+
+1. the processes exchange the keys they hold; a key every process holds is dealt by
+   estimated cost (the same deal everywhere: `tune_workers.deal_by_cost`), a key only
+   some hold goes to the lowest-numbered of them;
+2. each process tunes its share alone (no per-key agreement: nobody else tunes it);
+3. the processes exchange their results and each merges all of them in process order,
+   so every process ends with the identical full result.
+
+A process that never arrives makes the others raise `AgreementTimeoutError` naming it;
+what they tuned themselves is in their caches already.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kerneltune._src.caching.result import AutotuningResult, Entry
+from kerneltune._src.core import devices, files
+from kerneltune._src.core.coordination import Peers, exchange_round, timeout_seconds
+from kerneltune._src.kernel import hooks
+from kerneltune._src.kernel.recording import Record
+from kerneltune._src.selection.chain import ConfigSelectorChain
+from kerneltune._src.workflows.tune_workers import deal_by_cost
+
+logger = logging.getLogger("kerneltune")
+
+
+def share_of(
+    records: Sequence[Record], peers: Peers, *, timeout_s: float | None = None
+) -> list[Record]:
+    """The records this process tunes (its share of every process's keys)."""
+    mine = sorted({r.key for r in records})
+    raw = exchange_round(
+        peers,
+        "split-keys",
+        value=json.dumps(mine),
+        timeout_s=timeout_seconds(timeout_s),
+        what="the keys to split for offline tuning",
+    )
+    holders: dict[tuple[str, str], list[int]] = {}
+    for pid, text in sorted(raw.items()):
+        for op_id_v, call_key in files.loads(text):
+            holders.setdefault((str(op_id_v), str(call_key)), []).append(pid)
+    everyone = [r for r in records if len(holders.get(r.key, ())) == peers.num_processes]
+    share = deal_by_cost(everyone, peers.num_processes)[peers.process_id]
+    some = [
+        r
+        for r in records
+        if len(holders.get(r.key, ())) < peers.num_processes
+        and min(holders.get(r.key, [peers.process_id])) == peers.process_id
+    ]
+    return sorted(share + some, key=lambda r: r.key)
+
+
+def merge_results(
+    peers: Peers,
+    mine: AutotuningResult,
+    cfg_types: Mapping[str, type],
+    *,
+    timeout_s: float | None = None,
+) -> AutotuningResult:
+    """Every process's result, merged in process order, on this device.
+
+    Configs are rebuilt as `cfg_types` (the records' config classes), so every process
+    holds the same, typed result."""
+    raw = exchange_round(
+        peers,
+        "split-results",
+        value=mine.dumps(),
+        timeout_s=timeout_seconds(timeout_s),
+        what="the results of offline tuning",
+    )
+    here = devices.device_fingerprint()
+    entries: dict[tuple[str, str], Any] = {}
+    others = set()
+    for _, text in sorted(raw.items()):
+        result = AutotuningResult.loads(text, cfg_types)
+        if result.device != here:
+            others.add(result.device)
+        entries.update({(e.op_id_v, e.call_key): e for e in result})
+    if others:
+        logger.warning(
+            "kerneltune: offline tuning adopted configs tuned on other devices (%s): every "
+            "process of a job runs one program, so they share configs",
+            ", ".join(sorted(others)),
+        )
+    return AutotuningResult(here, tuple(entries[k] for k in sorted(entries)))
+
+
+def config_types(records: Sequence[Record]) -> dict[str, type]:
+    """`{op_id_v: config class}` of the records' kernels that can be rebuilt here."""
+    types: dict[str, type] = {}
+    for record in records:
+        try:
+            kernel = record.get_kernel()
+            cfg_type = hooks.config_type_of(kernel, record.invocation(kernel))
+        except Exception:  # a kernel not defined here: its configs stay field dicts
+            continue
+        if cfg_type is not None:
+            types[record.op_id_v] = cfg_type
+    return types
+
+
+def adopt(chain: ConfigSelectorChain[Any, Any], device: str, entry: Entry) -> None:
+    """Puts a config another process tuned into `chain`'s caches."""
+    if isinstance(entry.cfg, dict):
+        return  # its kernel's config class is not known here: `with result:` applies it
+    chain.store((device, entry.op_id_v, entry.call_key), entry.cfg, signature=entry.signature)
