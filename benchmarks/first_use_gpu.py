@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import tempfile
@@ -49,6 +50,7 @@ SMOKE_BLOCKS = {"gpt_smoke": ("gpt", mb.BlockShape(1, 64, 64, 2, 2, 128))}
 SMOKE_LONG = {"attn_smoke": 256}
 VARIANTS = ("plain", "kt", "kt_cold")
 ROUNDS = 5
+ROOT = pathlib.Path(__file__).resolve().parent.parent  # where `-m benchmarks...` imports
 
 
 def _attention_step(impl: Callable[..., jax.Array]) -> Callable[..., Any]:
@@ -118,7 +120,9 @@ def run_one(row: str, variant: str, timeout_s: float) -> dict[str, Any]:
         cmd = [sys.executable, "-m", "benchmarks.first_use_gpu", "--child", row, variant]
         t0 = time.perf_counter()
         try:
-            p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+            p = subprocess.run(
+                cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s
+            )
         except subprocess.TimeoutExpired:
             return {"row": row, "variant": variant, "error": f"no result after {timeout_s:.0f} s"}
     for line in reversed(p.stdout.splitlines()):

@@ -193,3 +193,22 @@ def test_loss_head_benchmark_smoke_run_times_every_implementation(tmp_path, caps
             assert _positive(r["times"][name]), (r["op"], name)
             assert _positive(r["first_call_s"][name]) and r["peak_bytes"][name] > 0
         assert f"{r['op']} " in printed
+
+
+def test_the_first_use_benchmark_runs_each_variant_in_a_fresh_process(tmp_path):
+    from benchmarks import first_use_gpu
+
+    out = tmp_path / "first_use.json"
+    results = first_use_gpu.main(
+        ["--rows", "attn_smoke", "--variants", "plain,kt", "--json", str(out), "--timeout", "300"]
+    )
+    row = results["attn_smoke"]
+    for variant in ("plain", "kt"):
+        r = row[variant]
+        assert "error" not in r, r
+        assert _positive(r["step_ms"]) and _positive(r["first_s"]) and r["consts"] == 0
+    # kerneltune's process also timed plain JAX's step, for a same-process ratio.
+    assert _positive(row["kt"]["plain_step_ms"]) and "plain_step_ms" not in row["plain"]
+    assert json.loads(out.read_text())["attn_smoke"]["kt"]["row"] == "attn_smoke"
+    with pytest.raises(SystemExit):
+        first_use_gpu.main(["--rows", "attn_1m"])  # an unknown row names the allowed ones
