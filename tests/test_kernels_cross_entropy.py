@@ -110,10 +110,30 @@ def test_gpu_candidates_are_pruned_with_reasons():
     small = cc.CrossEntropyProblem(512, 96, 1000, np.dtype("float32"))
     kept, pruned = cc.candidates(small)
     assert not [c for c in kept if c.backend == "chunked"]
-    assert any("larger than the 512 tokens" in p.reason for p in pruned)
+    assert any("not smaller than the 512 tokens" in p.reason for p in pruned)
     assert any("not a multiple of block_k" in p.reason for p in pruned)
     training, _ = cc.candidates(big, training=True)
     assert len(training) < len(cc.candidates(big)[0])
+
+
+def test_chunks_stop_where_their_logits_pass_the_memory_bound():
+    # Timed alone, the largest chunk won: one chunk of all 16384 tokens held 8.1 GiB on
+    # an H100, half of plain JAX's, where the op exists to hold a fraction of it.
+    big = cc.CrossEntropyProblem(16384, 2048, 128256, np.dtype("bfloat16"))
+    kept, pruned = cc.candidates(big)
+    assert [c.chunk_size for c in kept if c.backend == "chunked"] == [1024, 2048]
+    reasons = {p.cfg.chunk_size: p.reason for p in pruned if p.cfg.backend == "chunked"}
+    assert "holds 2.0 GiB of float32 logits" in reasons[4096]
+    assert "not smaller than the 16384 tokens" in reasons[16384]
+    # A smaller vocabulary takes larger chunks; a huge one keeps the smallest chunk.
+    mid = cc.CrossEntropyProblem(8192, 4096, 32000, np.dtype("bfloat16"))
+    assert [c.chunk_size for c in cc.candidates(mid)[0] if c.backend == "chunked"] == [
+        1024,
+        2048,
+        4096,
+    ]
+    huge = cc.CrossEntropyProblem(16384, 1024, 1 << 20, np.dtype("bfloat16"))
+    assert [c.chunk_size for c in cc.candidates(huge)[0] if c.backend == "chunked"] == [1024]
 
 
 def test_the_heuristic_materialises_the_logits():

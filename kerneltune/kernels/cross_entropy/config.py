@@ -48,6 +48,11 @@ _TRITON_DEFAULTS: dict[str, Any] = {
 }
 #: Tokens per chunk of the chunked backward that the Triton backend's gradient uses.
 DEFAULT_CHUNK = 4096
+#: The most float32 logits one chunk of the chunked backend may hold. The chunked path
+#: exists to bound memory: timed alone, the largest chunk wins (at 16384 tokens and a
+#: 128k vocabulary one chunk of 16384 held 8.1 GiB, half of plain JAX's 16.8 GiB), so
+#: the space stops where a chunk's logits pass this.
+CHUNK_LOGITS_BYTES = 1 << 30
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -161,11 +166,16 @@ def shared_memory_bytes(p: CrossEntropyProblem, c: CrossEntropyConfig) -> int:
     return c.num_stages * (c.block_m * c.block_k + c.block_k * c.block_v) * p.itemsize
 
 
+#: The chunk sizes the GPU tuner times; the smallest is kept whatever the vocabulary.
+CHUNKS_TIMED = (1024, 2048, 4096, 8192, 16384)
+SMALLEST_CHUNK_TIMED = CHUNKS_TIMED[0]
+
+
 def candidate_space(p: CrossEntropyProblem, *, training: bool) -> list[CrossEntropyConfig]:
     """Every config considered before pruning: XLA, chunks of 1k to 16k tokens, and a
     modest set of fused-kernel tiles (fewer under a gradient, where the backward,
     not the tiles, decides the time)."""
-    space = [XLA, *(chunked(c) for c in (1024, 2048, 4096, 8192, 16384))]
+    space = [XLA, *(chunked(c) for c in CHUNKS_TIMED)]
     tiles = ((64, 128, 64), (64, 256, 64), (128, 128, 64), (128, 256, 64), (64, 128, 128))
     warps = (4,) if training else (4, 8)
     stages = (3,) if training else (2, 3, 4)
@@ -189,8 +199,20 @@ def rules(p: CrossEntropyProblem, smem_limit: int | None = None):
     limit = shared_memory_limit() if smem_limit is None else smem_limit
 
     def chunk_fits(c: CrossEntropyConfig) -> str | None:
-        if c.backend == "chunked" and c.chunk_size and c.chunk_size > next_power_of_2(p.m):
-            return f"chunk_size={c.chunk_size} is larger than the {p.m} tokens: one chunk is XLA's program"
+        if c.backend != "chunked" or not c.chunk_size:
+            return None
+        if c.chunk_size >= p.m:
+            return (
+                f"chunk_size={c.chunk_size} is not smaller than the {p.m} tokens: one chunk "
+                "holds every logit, as XLA's program does"
+            )
+        logits = c.chunk_size * p.v * 4
+        if logits > CHUNK_LOGITS_BYTES and c.chunk_size > SMALLEST_CHUNK_TIMED:
+            return (
+                f"one chunk of {c.chunk_size} tokens holds {logits / 2**30:.1f} GiB of float32 "
+                f"logits (at most {CHUNK_LOGITS_BYTES / 2**30:.0f} GiB: the chunked path is "
+                "there to bound memory)"
+            )
         return None
 
     def tiles_fit(c: CrossEntropyConfig) -> str | None:
