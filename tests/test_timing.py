@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 
 import jax
@@ -148,7 +149,8 @@ def test_cupti_failures_become_timer_failures_but_function_errors_propagate(monk
 
 
 class FailingTimer:
-    """A device timer that breaks after a few samples, as CUPTI can."""
+    """A device timer that breaks after a few samples, as CUPTI can. Its samples read
+    one second, so a sample of it that survived the fallback would show."""
 
     name = "cupti"
 
@@ -159,28 +161,45 @@ class FailingTimer:
         if self.left <= 0:
             raise timing.TimerFailed("CUPTI measurement failed: activity buffer error")
         self.left -= 1
-        return timing.WallClockTimer().sample(fn, arg_sets, calls, start)
+        jax.block_until_ready(fn(*arg_sets[0]))
+        return 1.0
 
 
-def test_a_timer_that_breaks_midway_falls_back_and_remeasures(fresh_profiler_state):
-    x = jax.random.normal(jax.random.PRNGKey(0), (96, 96), jnp.float32)
+class CostClock:
+    """Stands in for the wall clock the tuner falls back to: the `ktcost_N` the program
+    carries, in microseconds (deterministic on a loaded machine)."""
+
+    name = "wallclock"
+
+    def sample(self, fn, arg_sets, calls, start):
+        jax.block_until_ready(fn(*arg_sets[0]))
+        return max(int(c) for c in re.findall(r"ktcost_(\d+)", fn.as_text())) * 1e-6
+
+
+def test_a_timer_that_breaks_midway_falls_back_and_remeasures(fresh_profiler_state, monkeypatch):
+    # Before: the fallback was the real wall clock, and under load it once ranked 40
+    # chained matmuls ahead of one. The fallback clock is now a deterministic cost.
+    from kerneltune._src.tuning import sampler
+
+    monkeypatch.setattr(sampler.timing, "WallClockTimer", CostClock)
+    x = jax.random.normal(jax.random.PRNGKey(0), (16, 16), jnp.float32)
 
     def make_fn(k):
         def f(v):
-            y = v
-            for _ in range(k):
-                y = jnp.tanh(y @ v)
-            return v + y * 0.0
+            with jax.named_scope(f"ktcost_{k}"):
+                return v * 2.0
 
         return f
 
     report = Tuner(timer=FailingTimer(after=3), progress=False, target_sample_s=5e-4).tune(
         make_fn, (x,), {}, [40, 1], reference_cfg=40
-    )  # the fallback is the real clock: a 40x gap, far beyond a loaded machine's noise
+    )
     assert report.timer == "wallclock"
     assert "fell back to the wall clock" in report.timer_note
     assert report.best == 1
     assert all(c.ok and len(c.samples_s) >= 1 for c in report.candidates)
+    # Every candidate was measured again: no one-second sample of the broken timer is left.
+    assert all(max(c.samples_s) < 1.0 for c in report.candidates)
     assert "activity buffer" in timing.profiler_conflict()
 
 
