@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import threading
 
 import jax
@@ -11,6 +10,7 @@ import pytest
 
 from kerneltune._src.tuning import timing
 from kerneltune._src.tuning.tuner import Tuner
+from tests.helpers import CostInProgram
 
 
 @pytest.fixture
@@ -165,15 +165,11 @@ class FailingTimer:
         return 1.0
 
 
-class CostClock:
-    """Stands in for the wall clock the tuner falls back to: the `ktcost_N` the program
-    carries, in microseconds (deterministic on a loaded machine)."""
+class CostClock(CostInProgram):
+    """Stands in for the wall clock the tuner falls back to (deterministic on a loaded
+    machine)."""
 
     name = "wallclock"
-
-    def sample(self, fn, arg_sets, calls, start):
-        jax.block_until_ready(fn(*arg_sets[0]))
-        return max(int(c) for c in re.findall(r"ktcost_(\d+)", fn.as_text())) * 1e-6
 
 
 def test_a_timer_that_breaks_midway_falls_back_and_remeasures(fresh_profiler_state, monkeypatch):

@@ -65,11 +65,11 @@ def with_backward(call: Callable[..., Any]) -> Callable[..., Any]:
     return forward_and_grads
 
 
-def compile_lowered(lowered: Any) -> Any:
+def compile_lowered(lowered: Any, what: str = "this candidate") -> Any:
     """The second build stage: a lowered program's executable, refused (`DoesNotFit`,
     recorded as "oom") when it would not fit in the device memory left."""
     compiled = lowered.compile()
-    memory.check_fits(compiled, "this candidate")
+    memory.check_fits(compiled, what)
     return compiled
 
 

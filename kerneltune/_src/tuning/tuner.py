@@ -26,7 +26,7 @@ import jax
 
 from kerneltune._src.core import keys, tracing
 from kerneltune._src.core.kernel_types import Cfg
-from kerneltune._src.tuning import inputs, memory, programs, search, timing, warm_start, winner
+from kerneltune._src.tuning import inputs, programs, search, timing, warm_start, winner
 from kerneltune._src.tuning.bench import Bench
 from kerneltune._src.tuning.candidate import describe
 from kerneltune._src.tuning.compiling import default_workers
@@ -274,10 +274,11 @@ class Tuner(Generic[Cfg]):
                         return reference_fn(*aa, **kk)
 
                     target = programs.with_backward(call) if backward else call
-                    compiled = jax.jit(target).lower(*sets[0]).compile()
                     # Where the float32 reference would not fit (long sequences), the
                     # heuristic config's output is the bar instead.
-                    memory.check_fits(compiled, "the reference implementation")
+                    compiled = programs.compile_lowered(
+                        jax.jit(target).lower(*sets[0]), "the reference implementation"
+                    )
                     return jax.block_until_ready(compiled(*sets[0]))
 
             deadline = start + self.time_budget_s if self.time_budget_s is not None else None

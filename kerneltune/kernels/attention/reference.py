@@ -18,15 +18,16 @@ _MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
 def _scores(
-    q: jax.Array, k: jax.Array, *, causal: bool, sm_scale: float, precision=None
+    q: jax.Array, k: jax.Array, *, causal: bool, sm_scale: float, precision=None, q_start=0
 ) -> jax.Array:
     """Scaled scores `[batch, heads, q_len, kv_len]` in float32, masked when causal
-    (query i sees keys 0..i, as JAX's Pallas kernel does)."""
+    (query i sees keys 0..i, as JAX's Pallas kernel does; `q` holds the queries from
+    position `q_start` on)."""
     s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32, precision=precision)
     s = s * jnp.float32(sm_scale)
     if causal:
         q_len, kv_len = q.shape[1], k.shape[1]
-        visible = jnp.arange(q_len)[:, None] >= jnp.arange(kv_len)[None, :]
+        visible = (q_start + jnp.arange(q_len))[:, None] >= jnp.arange(kv_len)[None, :]
         s = jnp.where(visible, s, jnp.float32(_MASKED))
     return s
 
@@ -69,11 +70,7 @@ def attention_forward_chunked(
     n = q_len // chunk
 
     def one_chunk(start: jax.Array, q_chunk: jax.Array) -> jax.Array:
-        s = jnp.einsum("bqhd,bkhd->bhqk", q_chunk, k, preferred_element_type=jnp.float32)
-        s = s * jnp.float32(sm_scale)
-        if causal:
-            visible = (start + jnp.arange(chunk))[:, None] >= jnp.arange(kv_len)[None, :]
-            s = jnp.where(visible, s, jnp.float32(_MASKED))
+        s = _scores(q_chunk, k, causal=causal, sm_scale=sm_scale, q_start=start)
         p = jax.nn.softmax(s, axis=-1)
         out = jnp.einsum(
             "bhqk,bkhd->bqhd", p.astype(v.dtype), v, preferred_element_type=jnp.float32

@@ -168,7 +168,6 @@ def shared_memory_bytes(p: CrossEntropyProblem, c: CrossEntropyConfig) -> int:
 
 #: The chunk sizes the GPU tuner times; the smallest is kept whatever the vocabulary.
 CHUNKS_TIMED = (1024, 2048, 4096, 8192, 16384)
-SMALLEST_CHUNK_TIMED = CHUNKS_TIMED[0]
 
 
 def candidate_space(p: CrossEntropyProblem, *, training: bool) -> list[CrossEntropyConfig]:
@@ -207,7 +206,7 @@ def rules(p: CrossEntropyProblem, smem_limit: int | None = None):
                 "holds every logit, as XLA's program does"
             )
         logits = c.chunk_size * p.v * 4
-        if logits > CHUNK_LOGITS_BYTES and c.chunk_size > SMALLEST_CHUNK_TIMED:
+        if logits > CHUNK_LOGITS_BYTES and c.chunk_size > CHUNKS_TIMED[0]:
             return (
                 f"one chunk of {c.chunk_size} tokens holds {logits / 2**30:.1f} GiB of float32 "
                 f"logits (at most {CHUNK_LOGITS_BYTES / 2**30:.0f} GiB: the chunked path is "
