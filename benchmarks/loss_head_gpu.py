@@ -4,6 +4,7 @@ training step built on both (issue 29).
 
     python -m benchmarks.loss_head_gpu [--quick] [--json OUT.json] [--no-tune]
     python -m benchmarks.loss_head_gpu --smoke      # tiny shapes, any device, wall clock
+    python -m benchmarks.loss_head_gpu --ops loss_head --sweep   # each memory config too
 
 Run from the repository root on a GPU. Its budget (an estimate, not yet measured): about
 5 minutes on an H100 — each implementation compiled once, 5 s of tuning per kerneltune
@@ -87,6 +88,20 @@ class Settings:
     tune_budget_s: float
     rounds: int
     tokamax: Any
+    sweep: bool = False
+
+
+def sweep_configs() -> dict[str, Any]:
+    """`--sweep`: the loss head's memory-for-speed configs, each as its own column
+    (`kt_<backend>_<chunk>_<logits dtype>`), so the trade each makes is on the table."""
+    from kerneltune.kernels.cross_entropy import config as cc
+
+    out = {"kt_xla_input": cc.XLA_INPUT_LOGITS, "kt_xla_f32": cc.XLA}
+    for chunk in (1024, 2048, 4096):
+        out[f"kt_chunked_{chunk}_input"] = cc.chunked(chunk, "input")
+    for chunk in (1024, 2048):
+        out[f"kt_chunked_{chunk}_f32"] = cc.chunked(chunk, "float32")
+    return out
 
 
 # --- the implementations ------------------------------------------------------------
@@ -146,6 +161,14 @@ def implementations(
             out["tokamax"] = tokamax_loss(st.tokamax)
         if tuning is not None:
             out["kt_tuned"] = kt_loss(tuning.executor)
+        if st.sweep:
+            for name, cfg in sweep_configs().items():
+                out[name] = functools.partial(
+                    lambda x, labels, w, cfg: ktk.linear_softmax_cross_entropy(
+                        x, labels, w, cfg=cfg, executor=heuristic
+                    ),
+                    cfg=cfg,
+                )
         return out, tuning
 
     def kt_glu(ex: Any) -> Callable[..., jax.Array]:
@@ -346,7 +369,10 @@ def model_result(s: ModelShape, st: Settings) -> Result:
         kt.set_default_executor(tuning.executor)  # what `kt.autotune(f)` and the ops use
         try:
             step = model_step(mb.kerneltune_ops(), ktk.linear_softmax_cross_entropy, s)
-            context, tune_s, _ = tune_function(step, args)
+            context, tune_s, how = tune_function(step, args)
+            print(f"  model kt_tuned: {how}", file=sys.stderr, flush=True)
+            for op_id, cfg in tuning.chosen:
+                print(f"    tuned {op_id}: {cfg}", file=sys.stderr, flush=True)
             compiled, first = compile_and_run(step, args, context)
             result.first_call_s["kt_tuned"] = tune_s + first
             result.peak_bytes["kt_tuned"] = peak_bytes(compiled)
@@ -369,13 +395,15 @@ def _ms(t: float | None) -> str:
 
 def table(results: Sequence[Result]) -> str:
     head = ["op", "pass", "shape"]
-    for name in IMPLS:
+    names = list(IMPLS)
+    names += [n for r in results for n in r.times if n not in names]
+    for name in names:
         head += [f"{name} ms", f"{name} ×best plain", f"{name} 1st s", f"{name} GiB"]
     head += ["tuned backend"]
     lines = [head]
     for r in results:
         cells = [r.op, r.pass_, r.shape]
-        for name in IMPLS:
+        for name in names:
             ratio = r.ratio(name)
             first = r.first_call_s.get(name)
             peak = r.peak_bytes.get(name)
@@ -404,10 +432,15 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
     p.add_argument("--no-tune", action="store_true", help="skip the kerneltune tuned column")
     p.add_argument("--tune-budget", type=float, default=None, help="tuner seconds per key")
     p.add_argument("--no-tokamax", action="store_true", help="do not import tokamax")
+    p.add_argument(
+        "--sweep", action="store_true", help="also time each loss-head memory config by itself"
+    )
     args = p.parse_args(argv)
     tokamax = None if args.smoke or args.no_tokamax else mb.import_tokamax()
     budget = args.tune_budget or (3.0 if args.quick or args.smoke else 5.0)
-    st = Settings(not args.no_tune, budget, 2 if args.quick or args.smoke else 3, tokamax)
+    st = Settings(
+        not args.no_tune, budget, 2 if args.quick or args.smoke else 3, tokamax, args.sweep
+    )
     count = 1 if args.smoke else 2 if args.quick else None
     shapes = {
         "loss_head": loss_shapes.SMOKE_SHAPES if args.smoke else loss_shapes.BENCH_SHAPES,

@@ -4,6 +4,8 @@ validation, and bad input (issue 29)."""
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -28,6 +30,11 @@ BF16 = jnp.bfloat16
 CHUNKED = CrossEntropyConfig(backend="chunked", chunk_size=16)
 FUSED = CrossEntropyConfig(backend="triton", chunk_size=16, block_m=16, block_v=32, block_k=16)
 BACKENDS = {"xla": CrossEntropyConfig(), "chunked": CHUNKED, "triton": FUSED}
+#: The 16-bit-logits forms: plain JAX's `x @ w` program, and chunks of it.
+INPUT_LOGITS = {
+    "xla": CrossEntropyConfig(logits_dtype="input"),
+    "chunked": CrossEntropyConfig(backend="chunked", chunk_size=16, logits_dtype="input"),
+}
 
 EX = heuristics_executor()
 KERNEL = LinearSoftmaxCrossEntropyInterpret(executor=EX)
@@ -103,7 +110,8 @@ def test_triton_config_fills_its_defaults():
 def test_gpu_candidates_are_pruned_with_reasons():
     big = cc.CrossEntropyProblem(16384, 2048, 128256, np.dtype("bfloat16"))
     kept, pruned = cc.candidates(big, smem_limit=64 * 1024)
-    assert kept[0] == cc.XLA  # the heuristic always competes
+    assert kept[0] == cc.XLA_INPUT_LOGITS  # plain JAX's program always competes
+    assert cc.XLA in kept
     assert {c.backend for c in kept} == {"xla", "chunked", "triton"}
     assert any("shared memory" in p.reason for p in pruned)
     assert all(cc.shared_memory_bytes(big, c) <= 64 * 1024 for c in kept if c.backend == "triton")
@@ -112,6 +120,9 @@ def test_gpu_candidates_are_pruned_with_reasons():
     assert not [c for c in kept if c.backend == "chunked"]
     assert any("not smaller than the 512 tokens" in p.reason for p in pruned)
     assert any("not a multiple of block_k" in p.reason for p in pruned)
+    # float32 inputs: 16-bit logits would be the same program
+    assert not [c for c in kept if c.logits_dtype == "input"]
+    assert any("same program as logits_dtype='float32'" in p.reason for p in pruned)
     training, _ = cc.candidates(big, training=True)
     assert len(training) < len(cc.candidates(big)[0])
 
@@ -120,27 +131,77 @@ def test_chunks_stop_where_their_logits_pass_the_memory_bound():
     # Timed alone, the largest chunk won: one chunk of all 16384 tokens held 8.1 GiB on
     # an H100, half of plain JAX's, where the op exists to hold a fraction of it.
     big = cc.CrossEntropyProblem(16384, 2048, 128256, np.dtype("bfloat16"))
-    kept, pruned = cc.candidates(big)
-    assert [c.chunk_size for c in kept if c.backend == "chunked"] == [1024, 2048]
-    reasons = {p.cfg.chunk_size: p.reason for p in pruned if p.cfg.backend == "chunked"}
-    assert "holds 2.0 GiB of float32 logits" in reasons[4096]
-    assert "not smaller than the 16384 tokens" in reasons[16384]
+
+    def chunks(p, dtype):
+        kept = cc.candidates(p)[0]
+        return [c.chunk_size for c in kept if c.backend == "chunked" and c.logits_dtype == dtype]
+
+    assert chunks(big, "input") == [1024, 2048]  # 16-bit logits: twice the tokens a chunk
+    assert chunks(big, "float32") == [1024]
+    pruned = cc.candidates(big)[1]
+    reasons = {
+        (p.cfg.chunk_size, p.cfg.logits_dtype): p.reason
+        for p in pruned
+        if p.cfg.backend == "chunked"
+    }
+    assert "holds 0.98 GiB of bfloat16 logits" in reasons[4096, "input"]
+    assert "holds 0.98 GiB of float32 logits" in reasons[2048, "float32"]
+    assert "not smaller than the 16384 tokens" in reasons[16384, "input"]
     # A smaller vocabulary takes larger chunks; a huge one keeps the smallest chunk.
     mid = cc.CrossEntropyProblem(8192, 4096, 32000, np.dtype("bfloat16"))
-    assert [c.chunk_size for c in cc.candidates(mid)[0] if c.backend == "chunked"] == [
-        1024,
-        2048,
-        4096,
-    ]
+    assert chunks(mid, "float32") == [1024, 2048, 4096]
+    assert chunks(mid, "input") == [1024, 2048, 4096]  # 8192 is every token
     huge = cc.CrossEntropyProblem(16384, 1024, 1 << 20, np.dtype("bfloat16"))
-    assert [c.chunk_size for c in cc.candidates(huge)[0] if c.backend == "chunked"] == [1024]
+    assert chunks(huge, "float32") == [1024]
 
 
-def test_the_heuristic_materialises_the_logits():
+def test_the_heuristic_is_plain_jax_unless_a_gradient_meets_large_logits():
     inv = kt.Executor(kt.ConfigSelectorChain(kt.ConfigCache())).invocation(
         LinearSoftmaxCrossEntropy(), *problem(0, 64, 32, 128)[:3], jnp.ones(64, bool)
     )
-    assert LinearSoftmaxCrossEntropy().heuristic_cfg(inv) == cc.XLA
+    assert LinearSoftmaxCrossEntropy().heuristic_cfg(inv) == cc.XLA_INPUT_LOGITS
+    big = cc.CrossEntropyProblem(16384, 2048, 128256, np.dtype("bfloat16"))
+    assert cc.heuristic(big) == cc.XLA_INPUT_LOGITS  # forward only: plain JAX's program
+    # Under a gradient: the largest chunk within the bound, 16-bit logits.
+    assert cc.heuristic(big, training=True) == cc.chunked(2048, "input")
+    small = cc.CrossEntropyProblem(1024, 2048, 32000, np.dtype("bfloat16"))  # 125 MiB
+    assert cc.heuristic(small, training=True) == cc.XLA_INPUT_LOGITS
+    # Large logits, but no timed chunk is smaller than the call.
+    few = cc.CrossEntropyProblem(1024, 2048, 1 << 20, np.dtype("bfloat16"))
+    assert cc.heuristic(few, training=True) == cc.XLA_INPUT_LOGITS
+    # The heuristic under a gradient is one of the candidates it competes with.
+    assert cc.heuristic(big, training=True) in cc.candidates(big, training=True)[0]
+
+
+@pytest.mark.parametrize("bad", ["bfloat16", "f32", 32])
+def test_logits_dtype_is_checked(bad):
+    with pytest.raises(ValueError, match=r"logits_dtype must be one of \('float32', 'input'\)"):
+        CrossEntropyConfig(backend="chunked", logits_dtype=bad)
+    with pytest.raises(ValueError, match=r"logits_dtype is not a field of backend='triton'"):
+        CrossEntropyConfig(backend="triton", logits_dtype="input")
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize("backend", list(INPUT_LOGITS))
+def test_sixteen_bit_logits_stay_within_bfloat16_tolerance(backend, reduction):
+    x, labels, w, where = problem(12, 48, 32, 100, dtype=BF16)
+    dout = cotangent(reduction, 48)
+    got = kernel_vjp(INPUT_LOGITS[backend], x, labels, w, where, reduction, dout)
+    assert_close(got, reference_vjp(x, labels, w, where, reduction, dout), BF16)
+    # ... and the matmul writes 16-bit logits (the CPU compiler may fold the upcast
+    # back into its float32 dot; a GPU's cuBLAS writes them as asked).
+    lowered = jax.jit(
+        lambda x, w: EX(KERNEL, x, labels, w, where, reduction=reduction, cfg=INPUT_LOGITS[backend])
+    ).lower(x, w)
+    assert re.search(r"dot_general.*-> tensor<[0-9x]+bf16>", lowered.as_text())
+
+
+def test_sixteen_bit_logits_of_float32_inputs_are_float32_logits():
+    x, labels, w, where = problem(13, 32, 16, 64)
+    dout = cotangent("mean", 32)
+    got = kernel_vjp(INPUT_LOGITS["chunked"], x, labels, w, where, "mean", dout)
+    want = kernel_vjp(CHUNKED, x, labels, w, where, "mean", dout)
+    assert float(got[0]) == float(want[0])
 
 
 # --- values and gradients --------------------------------------------------------------

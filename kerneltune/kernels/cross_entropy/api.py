@@ -60,6 +60,12 @@ def check_inputs(op: str, x: Any, labels: Any, w: Any, where: Any, reduction: An
         )
 
 
+def logits_dtype(cfg: CrossEntropyConfig, x: jax.Array) -> Any:
+    """The dtype `cfg`'s matmuls write the logits in, for inputs like `x` (the fused
+    kernel's backward recomputes them in float32)."""
+    return x.dtype if cfg.logits_dtype == "input" else jnp.float32
+
+
 def row_weights(where: jax.Array, reduction: str) -> jax.Array:
     """The derivative of the reduced loss with respect to each row's loss (float32)."""
     mask = where.astype(jnp.float32)
@@ -87,7 +93,7 @@ class LinearSoftmaxCrossEntropy(BundledKernelMixin, Kernel[CrossEntropyConfig, j
         return (x, labels, w, where), {"reduction": reduction}
 
     def heuristic_cfg(self, inv: Invocation[Any, Any]) -> CrossEntropyConfig:
-        return config_lib.heuristic(problem_of(inv))
+        return config_lib.heuristic(problem_of(inv), training=bool(inv.differentiated))
 
     def search_space(
         self, inv: Invocation[Any, Any]
@@ -99,10 +105,13 @@ class LinearSoftmaxCrossEntropy(BundledKernelMixin, Kernel[CrossEntropyConfig, j
 
     def tuning_inputs(self, inv: Invocation[Any, Any]):
         """Random x and w, labels drawn over the vocabulary, every token counted (the
-        default inputs' all-False mask would make the mean 0/0)."""
+        default inputs' all-False mask would make the mean 0/0). The weights are scaled
+        by 1/√K, as a trained head's are, so the logits are O(1) and the softmax is not
+        one-hot (which would hide the rounding of 16-bit logits)."""
         x, labels, w, where = inv.args
         seed = keys.seed_of(inv.call_key)
         x, w = random_like((x, w), seed=seed)
+        w = (w * (1.0 / np.sqrt(w.shape[0]))).astype(w.dtype)
         vocab = int(w.shape[1])
         drawn = jax.random.randint(jax.random.PRNGKey(seed), labels.shape, 0, vocab)
         return (x, drawn.astype(labels.dtype), w, jnp.ones(where.shape, bool)), dict(inv.kwargs)
@@ -115,13 +124,17 @@ class LinearSoftmaxCrossEntropy(BundledKernelMixin, Kernel[CrossEntropyConfig, j
         """Per-row losses (0 where masked) and log-sum-exps, without materialising."""
         if cfg.backend == "chunked":
             assert cfg.chunk_size is not None
-            return chunked.forward(x, labels, w, where, chunk=cfg.chunk_size)
+            return chunked.forward(
+                x, labels, w, where, chunk=cfg.chunk_size, logits_dtype=logits_dtype(cfg, x)
+            )
         lse, picked = lse_and_label_logit(x, labels, w, cfg, interpret=self.use_interpreter())
         return jnp.where(where, lse - picked, 0.0), lse
 
     def run(self, x, labels, w, where, *, cfg: CrossEntropyConfig, reduction: str) -> jax.Array:
         if cfg.backend == "xla":
-            return cross_entropy_xla(x, labels, w, where, reduction=reduction)
+            return cross_entropy_xla(
+                x, labels, w, where, reduction=reduction, logits_dtype=logits_dtype(cfg, x)
+            )
         return reduce_rows(self._rows(x, labels, w, where, cfg)[0], where, reduction)
 
     def fwd_with_residuals(
@@ -131,7 +144,13 @@ class LinearSoftmaxCrossEntropy(BundledKernelMixin, Kernel[CrossEntropyConfig, j
         if self._grads_in_forward(cfg, reduction):
             weights = row_weights(where, reduction)
             losses, dx, dw = chunked.forward_with_grads(
-                x, labels, w, where, weights, chunk=cfg.chunk_size
+                x,
+                labels,
+                w,
+                where,
+                weights,
+                chunk=cfg.chunk_size,
+                logits_dtype=logits_dtype(cfg, x),
             )
             return reduce_rows(losses, where, reduction), (dx, dw)
         losses, lse = self._rows(x, labels, w, where, cfg)
@@ -149,7 +168,15 @@ class LinearSoftmaxCrossEntropy(BundledKernelMixin, Kernel[CrossEntropyConfig, j
             row_scale = dout.astype(jnp.float32) * where.astype(jnp.float32)
         else:
             row_scale = dout.astype(jnp.float32) * row_weights(where, reduction)
-        dx, dw = chunked.backward_from_lse(x, labels, w, residuals, row_scale, chunk=cfg.chunk_size)
+        dx, dw = chunked.backward_from_lse(
+            x,
+            labels,
+            w,
+            residuals,
+            row_scale,
+            chunk=cfg.chunk_size,
+            logits_dtype=logits_dtype(cfg, x),
+        )
         return dx, None, dw, None
 
     @staticmethod
@@ -187,8 +214,10 @@ def linear_softmax_cross_entropy(
     cross-entropy of each row against its integer label, in float32.
 
     Per row, `loss = logsumexp(x·W) − (x·W)[label]`. Memory-efficient configs never
-    hold the `[M, V]` logits (see `CrossEntropyConfig`); the heuristic materialises
-    them, as plain JAX does, unless tuning finds a faster config.
+    hold the `[M, V]` logits (see `CrossEntropyConfig`). The heuristic materialises
+    them in x's dtype, as plain JAX's `x @ w` does, except under a gradient where they
+    would be large: there it walks chunks of tokens (the same three matmuls, a fraction
+    of the memory).
 
     Args:
       x: `[M, K]` floating activations (one row per token).

@@ -8,6 +8,10 @@ one chunk's `[chunk, V]` intermediates exist at a time. A call that is not
 differentiated runs the forward alone. `backward_from_lse` is the backward that
 recomputes each chunk's logits from the saved log-sum-exp instead (for per-token
 losses, whose cotangent is only known in the backward, and for the fused kernel).
+
+`logits_dtype` is the dtype each chunk's matmul writes its logits in (float32, or the
+inputs' dtype as plain JAX's `x @ w`); the log-sum-exp and the gradients are taken in
+float32 either way.
 """
 
 from __future__ import annotations
@@ -28,6 +32,12 @@ def _in_chunks(chunk: int, *rows: jax.Array) -> list[jax.Array]:
             a = jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1))
         out.append(a.reshape((-1, chunk, *a.shape[1:])))
     return out
+
+
+def _logits(xc: jax.Array, w: jax.Array, logits_dtype: jnp.dtype) -> jax.Array:
+    """One chunk's logits as the matmul writes them, read back as float32 (XLA fuses
+    the upcast into each consumer)."""
+    return jnp.dot(xc, w, preferred_element_type=logits_dtype).astype(jnp.float32)
 
 
 def _lse_and_picked(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -52,7 +62,13 @@ def _logit_grads(
 
 
 def forward(
-    x: jax.Array, labels: jax.Array, w: jax.Array, where: jax.Array, *, chunk: int
+    x: jax.Array,
+    labels: jax.Array,
+    w: jax.Array,
+    where: jax.Array,
+    *,
+    chunk: int,
+    logits_dtype: jnp.dtype = jnp.float32,
 ) -> tuple[jax.Array, jax.Array]:
     """Per-row float32 losses (0 where masked) and log-sum-exps, chunk by chunk."""
     m = x.shape[0]
@@ -60,7 +76,7 @@ def forward(
 
     def step(carry: None, c: tuple[jax.Array, ...]) -> tuple[None, tuple[jax.Array, jax.Array]]:
         xc, lc, wc = c
-        logits = jnp.dot(xc, w, preferred_element_type=jnp.float32)
+        logits = _logits(xc, w, logits_dtype)
         lse, picked = _lse_and_picked(logits, lc)
         return None, (jnp.where(wc, lse - picked, 0.0), lse)
 
@@ -76,6 +92,7 @@ def forward_with_grads(
     row_weight: jax.Array,
     *,
     chunk: int,
+    logits_dtype: jnp.dtype = jnp.float32,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Per-row losses, and the gradients of `sum(row_weight · losses)` with respect to
     `x` and `w` (float32), in one pass over the chunks."""
@@ -84,7 +101,7 @@ def forward_with_grads(
 
     def step(dw: jax.Array, c: tuple[jax.Array, ...]):
         xc, lc, wc, rc = c
-        logits = jnp.dot(xc, w, preferred_element_type=jnp.float32)
+        logits = _logits(xc, w, logits_dtype)
         lse, picked = _lse_and_picked(logits, lc)
         dx_c, dw_c = _logit_grads(xc, lc, w, logits, lse, rc)
         return dw + dw_c, (jnp.where(wc, lse - picked, 0.0), dx_c)
@@ -102,6 +119,7 @@ def backward_from_lse(
     row_scale: jax.Array,
     *,
     chunk: int,
+    logits_dtype: jnp.dtype = jnp.float32,
 ) -> tuple[jax.Array, jax.Array]:
     """`(d_x, d_W)` in x's and w's dtypes for per-row loss cotangents `row_scale`,
     recomputing each chunk's logits; `lse` is the forward's per-row log-sum-exp."""
@@ -110,7 +128,7 @@ def backward_from_lse(
 
     def step(dw: jax.Array, c: tuple[jax.Array, ...]):
         xc, lc, ec, rc = c
-        logits = jnp.dot(xc, w, preferred_element_type=jnp.float32)
+        logits = _logits(xc, w, logits_dtype)
         dx_c, dw_c = _logit_grads(xc, lc, w, logits, ec, rc)
         return dw + dw_c, dx_c
 

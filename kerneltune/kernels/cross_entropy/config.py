@@ -2,7 +2,7 @@
 
 Three backends, each a different trade of memory against speed:
 
-- "xla" materialises the `[M, V]` logits (float32) and lets JAX differentiate them: three
+- "xla" materialises the `[M, V]` logits and lets JAX differentiate them: three
   matmuls, cuBLAS speed, the most memory.
 - "chunked" walks the tokens in chunks of `chunk_size` (a `lax.scan` in plain JAX);
   under a gradient each chunk's gradients are computed during the forward, so the
@@ -34,6 +34,8 @@ from kerneltune.kernels._common import (
 
 BACKENDS = ("xla", "chunked", "triton")
 Backend = Literal["xla", "chunked", "triton"]
+LOGITS_DTYPES = ("float32", "input")
+LogitsDtype = Literal["float32", "input"]
 #: The smallest tile side Triton's `dot` accepts.
 MIN_BLOCK = 16
 #: The smallest chunk of tokens the chunked path takes.
@@ -48,11 +50,15 @@ _TRITON_DEFAULTS: dict[str, Any] = {
 }
 #: Tokens per chunk of the chunked backward that the Triton backend's gradient uses.
 DEFAULT_CHUNK = 4096
-#: The most float32 logits one chunk of the chunked backend may hold. The chunked path
-#: exists to bound memory: timed alone, the largest chunk wins (at 16384 tokens and a
-#: 128k vocabulary one chunk of 16384 held 8.1 GiB, half of plain JAX's 16.8 GiB), so
-#: the space stops where a chunk's logits pass this.
-CHUNK_LOGITS_BYTES = 1 << 30
+#: The most logits (in bytes, in their dtype) one chunk of the chunked backend may hold.
+#: The chunked path exists to bound memory: timed alone, the largest chunk wins (at
+#: 16384 tokens and a 128k vocabulary one chunk of 16384 held 8.1 GiB, half of plain
+#: JAX's 16.8 GiB), so the space stops where a chunk's logits pass this. A chunk also
+#: holds its 16-bit logit gradients and the float32 `d_W` accumulator (`K × V`): at
+#: this bound a 128k-vocabulary head's chunked step stays near 3 GiB.
+CHUNK_LOGITS_BYTES = 1 << 29
+#: Under a gradient the heuristic chunks a call whose float32 logits would pass this.
+CHUNK_ABOVE_BYTES = 1 << 28
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -64,14 +70,17 @@ class CrossEntropyConfig:
         or "triton" (the fused Pallas kernel). See the module docstring for the trade.
       chunk_size: tokens per chunk: the chunked forward's, and the chunked backward's
         that the "triton" backend uses under a gradient. None with "xla".
+      logits_dtype: ("xla", "chunked") "float32" (the default) or "input": the dtype
+        the matmul writes the logits in (see the module docstring). The "triton"
+        backend keeps its logits in float32 registers and takes None.
       block_m, block_v, block_k: ("triton") rows, vocabulary columns and shared-dim
         steps of one program's logit tile.
       num_warps, num_stages: ("triton") warps per program and pipelining depth.
 
     Example:
-      >>> CrossEntropyConfig(backend="chunked", chunk_size=2048)
-      CrossEntropyConfig(backend='chunked', chunk_size=2048, block_m=None, block_v=None, \
-block_k=None, num_warps=None, num_stages=None)
+      >>> CrossEntropyConfig(backend="chunked", chunk_size=2048, logits_dtype="input")
+      CrossEntropyConfig(backend='chunked', chunk_size=2048, logits_dtype='input', \
+block_m=None, block_v=None, block_k=None, num_warps=None, num_stages=None)
       >>> CrossEntropyConfig(backend="chunked", chunk_size=1000)
       Traceback (most recent call last):
       ...
@@ -80,6 +89,7 @@ block_k=None, num_warps=None, num_stages=None)
 
     backend: Backend = "xla"
     chunk_size: int | None = None
+    logits_dtype: LogitsDtype | None = None
     block_m: int | None = None
     block_v: int | None = None
     block_k: int | None = None
@@ -91,8 +101,22 @@ block_k=None, num_warps=None, num_stages=None)
         if self.backend not in BACKENDS:
             raise ValueError(f"{owner}.backend must be one of {BACKENDS}, got {self.backend!r}.")
         check_backend_fields(
-            self, owner, {"chunked": ("chunk_size",), "triton": ("chunk_size", *_TRITON_DEFAULTS)}
+            self,
+            owner,
+            {
+                "xla": ("logits_dtype",),
+                "chunked": ("chunk_size", "logits_dtype"),
+                "triton": ("chunk_size", *_TRITON_DEFAULTS),
+            },
         )
+        if self.backend != "triton":
+            if self.logits_dtype is None:
+                object.__setattr__(self, "logits_dtype", "float32")  # frozen: filled where built
+            if self.logits_dtype not in LOGITS_DTYPES:
+                raise ValueError(
+                    f"{owner}.logits_dtype must be one of {LOGITS_DTYPES}, got "
+                    f"{self.logits_dtype!r}."
+                )
         if self.backend == "xla":
             return
         if self.chunk_size is None:
@@ -131,19 +155,52 @@ class CrossEntropyProblem:
     def itemsize(self) -> int:
         return np.dtype(self.dtype).itemsize
 
+    def logits_bytes(self, rows: int, logits_dtype: str | None) -> int:
+        """Bytes of `rows` rows of logits written in `logits_dtype`."""
+        size = 4 if logits_dtype == "float32" else max(self.itemsize, 2)
+        return rows * self.v * size
+
 
 XLA = CrossEntropyConfig(backend="xla")
+#: Plain JAX's `x @ w` program: the logits in the inputs' dtype.
+XLA_INPUT_LOGITS = CrossEntropyConfig(backend="xla", logits_dtype="input")
 
 
-def chunked(chunk_size: int) -> CrossEntropyConfig:
-    return CrossEntropyConfig(backend="chunked", chunk_size=chunk_size)
+def chunked(chunk_size: int, logits_dtype: LogitsDtype = "float32") -> CrossEntropyConfig:
+    return CrossEntropyConfig(backend="chunked", chunk_size=chunk_size, logits_dtype=logits_dtype)
 
 
-def heuristic(p: CrossEntropyProblem) -> CrossEntropyConfig:
-    """Materialise the logits: on GPUs plain JAX's own program (cuBLAS and XLA's
-    fusions), so an untuned call is never slower than plain JAX; tuning may trade
-    speed for memory only where it loses none."""
-    return XLA
+def heuristic(p: CrossEntropyProblem, *, training: bool = False) -> CrossEntropyConfig:
+    """Plain JAX's program where the logits are small or nothing is differentiated:
+    the logits materialised in the inputs' dtype (cuBLAS and XLA's fusions), so an
+    untuned call is never slower than `x @ w` then `logsumexp`. Under a gradient,
+    where the float32 logits would pass `CHUNK_ABOVE_BYTES`, chunks of tokens in the
+    inputs' dtype: the same three matmuls, each chunk's gradients taken in the forward,
+    and a fraction of the memory.
+
+    Example:
+      >>> import numpy as np
+      >>> p = CrossEntropyProblem(16384, 2048, 128256, np.dtype("bfloat16"))
+      >>> heuristic(p).backend, heuristic(p, training=True).chunk_size
+      ('xla', 2048)
+    """
+    if not training or p.logits_bytes(p.m, "float32") <= CHUNK_ABOVE_BYTES:
+        return XLA_INPUT_LOGITS
+    chunk = largest_chunk(p, "input")
+    return XLA_INPUT_LOGITS if chunk is None else chunked(chunk, "input")
+
+
+def largest_chunk(p: CrossEntropyProblem, logits_dtype: LogitsDtype) -> int | None:
+    """The largest timed chunk smaller than the call whose logits stay within
+    `CHUNK_LOGITS_BYTES` (the smallest timed chunk whatever its size); None when even
+    that is not smaller than the call."""
+    fitting = [
+        c
+        for c in CHUNKS_TIMED
+        if c < p.m
+        and (c == CHUNKS_TIMED[0] or p.logits_bytes(c, logits_dtype) <= CHUNK_LOGITS_BYTES)
+    ]
+    return max(fitting) if fitting else None
 
 
 def triton_heuristic(p: CrossEntropyProblem) -> CrossEntropyConfig:
@@ -174,7 +231,8 @@ def candidate_space(p: CrossEntropyProblem, *, training: bool) -> list[CrossEntr
     """Every config considered before pruning: XLA, chunks of 1k to 16k tokens, and a
     modest set of fused-kernel tiles (fewer under a gradient, where the backward,
     not the tiles, decides the time)."""
-    space = [XLA, *(chunked(c) for c in CHUNKS_TIMED)]
+    space = [XLA_INPUT_LOGITS, XLA]
+    space += [chunked(c, d) for d in ("input", "float32") for c in CHUNKS_TIMED]
     tiles = ((64, 128, 64), (64, 256, 64), (128, 128, 64), (128, 256, 64), (64, 128, 128))
     warps = (4,) if training else (4, 8)
     stages = (3,) if training else (2, 3, 4)
@@ -197,6 +255,11 @@ def rules(p: CrossEntropyProblem, smem_limit: int | None = None):
     """The pruning rules for `p`: each returns None or why a config cannot run it."""
     limit = shared_memory_limit() if smem_limit is None else smem_limit
 
+    def logits_dtype_differs(c: CrossEntropyConfig) -> str | None:
+        if c.logits_dtype == "input" and p.itemsize >= 4:
+            return f"the inputs are {p.dtype}: the same program as logits_dtype='float32'"
+        return None
+
     def chunk_fits(c: CrossEntropyConfig) -> str | None:
         if c.backend != "chunked" or not c.chunk_size:
             return None
@@ -205,11 +268,12 @@ def rules(p: CrossEntropyProblem, smem_limit: int | None = None):
                 f"chunk_size={c.chunk_size} is not smaller than the {p.m} tokens: one chunk "
                 "holds every logit, as XLA's program does"
             )
-        logits = c.chunk_size * p.v * 4
+        logits = p.logits_bytes(c.chunk_size, c.logits_dtype)
         if logits > CHUNK_LOGITS_BYTES and c.chunk_size > CHUNKS_TIMED[0]:
+            dtype = "float32" if c.logits_dtype == "float32" else p.dtype
             return (
-                f"one chunk of {c.chunk_size} tokens holds {logits / 2**30:.1f} GiB of float32 "
-                f"logits (at most {CHUNK_LOGITS_BYTES / 2**30:.0f} GiB: the chunked path is "
+                f"one chunk of {c.chunk_size} tokens holds {logits / 2**30:.2f} GiB of {dtype} "
+                f"logits (at most {CHUNK_LOGITS_BYTES / 2**30:.2f} GiB: the chunked path is "
                 "there to bound memory)"
             )
         return None
@@ -250,14 +314,14 @@ def rules(p: CrossEntropyProblem, smem_limit: int | None = None):
             )
         return None
 
-    return [chunk_fits, tiles_fit, fits_smem, fits_registers]
+    return [logits_dtype_differs, chunk_fits, tiles_fit, fits_smem, fits_registers]
 
 
 def candidates(
     p: CrossEntropyProblem, *, training: bool = False, smem_limit: int | None = None
 ) -> tuple[list[CrossEntropyConfig], list[Pruned[CrossEntropyConfig]]]:
     """The GPU candidates for `p` that can run, and every pruned one with its reason;
-    XLA (the heuristic) always competes.
+    XLA (plain JAX's program) always competes.
 
     Example:
       >>> import numpy as np
@@ -283,6 +347,8 @@ def interpret_candidates(p: CrossEntropyProblem) -> list[CrossEntropyConfig]:
     for c in (16, 32):
         if c < p.m:
             out.append(chunked(c))
+    if p.itemsize < 4 and MIN_CHUNK * 2 < p.m:
+        out.append(chunked(MIN_CHUNK * 2, "input"))
     h = triton_heuristic(p)
     out.append(h)
     small = dataclasses.replace(h, block_m=MIN_BLOCK, block_v=32, chunk_size=MIN_CHUNK * 2)

@@ -32,10 +32,18 @@ def row_losses_of_logits(logits: jax.Array, labels: jax.Array, where: jax.Array)
 
 
 def cross_entropy_xla(
-    x: jax.Array, labels: jax.Array, w: jax.Array, where: jax.Array, *, reduction: str
+    x: jax.Array,
+    labels: jax.Array,
+    w: jax.Array,
+    where: jax.Array,
+    *,
+    reduction: str,
+    logits_dtype: jnp.dtype = jnp.float32,
 ) -> jax.Array:
-    """The loss with the `[M, V]` logits materialised in float32 (cuBLAS on GPUs)."""
-    logits = jnp.dot(x, w, preferred_element_type=jnp.float32)
+    """The loss with the `[M, V]` logits materialised (cuBLAS on GPUs), written in
+    `logits_dtype` and upcast to float32 for the log-sum-exp: float32 logits, or plain
+    JAX's `x @ w` program with the inputs' dtype."""
+    logits = jnp.dot(x, w, preferred_element_type=logits_dtype).astype(jnp.float32)
     return reduce_rows(row_losses_of_logits(logits, labels, where), where, reduction)
 
 
