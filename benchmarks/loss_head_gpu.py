@@ -290,6 +290,8 @@ def op_results(op: str, shape: tuple[int, int, int], st: Settings) -> list[Resul
         measure(result, fns, sets, st)
         if tuning is not None:
             result.tuned_backend = op_bench.backend_of(tuning.chosen)
+            for line in tuning.summary():
+                print(f"  tuning {op} {pass_} {result.shape}: {line}", file=sys.stderr, flush=True)
         out.append(result)
     return out
 

@@ -63,6 +63,24 @@ class Tuning:
 
     executor: kt.Executor
     chosen: list[tuple[str, Any]]
+    reports: list[Any] = dataclasses.field(default_factory=list)
+
+    def summary(self, best: int = 4) -> list[str]:
+        """Per tuned key: its fastest candidates and every failed one, one line each
+        (why a tuned column chose what it did)."""
+        lines = []
+        for report in self.reports:
+            if report is None:
+                continue
+            ok = sorted((c for c in report.candidates if c.time_s), key=lambda c: c.time_s)
+            lines.append(f"{getattr(report, 'op_id', '?')}: best {report.best}")
+            lines += [f"    {c.time_s * 1e3:.3f} ms  {c.cfg}" for c in ok[:best]]
+            lines += [
+                f"    {c.status}: {c.cfg}: {(c.error or '')[:160]}"
+                for c in report.candidates
+                if c.status != "ok"
+            ]
+        return lines
 
 
 def tuning_executor(budget_s: float | None = None, *, shipped: bool = False) -> Tuning:
@@ -70,10 +88,12 @@ def tuning_executor(budget_s: float | None = None, *, shipped: bool = False) -> 
     `shipped`, it also reads the tables shipped with kerneltune (exact hits, and warm
     starts near their shapes)."""
     chosen: list[tuple[str, Any]] = []
+    reports: list[Any] = []
 
     def on_event(event: str, **data: Any) -> None:
         if event == "autotune_finish":
             chosen.append((data["op_id"], data.get("cfg")))
+            reports.append(data.get("report"))
 
     cache: kt.PersistentCache[Any] = kt.PersistentCache(tempfile.mkdtemp(prefix="kt-bench-"))
     tuner = kt.Tuner(progress=False, time_budget_s=budget_s) if budget_s else None
@@ -84,7 +104,7 @@ def tuning_executor(budget_s: float | None = None, *, shipped: bool = False) -> 
         on_event=on_event,
         shipped=package_tables() if shipped else None,
     )
-    return Tuning(kt.Executor(chain), chosen)
+    return Tuning(kt.Executor(chain), chosen, reports)
 
 
 def backend_of(chosen: Sequence[tuple[str, Any]]) -> str:

@@ -164,7 +164,7 @@ def test_the_heuristic_is_plain_jax_unless_a_gradient_meets_large_logits():
     assert cc.heuristic(big) == cc.XLA_INPUT_LOGITS  # forward only: plain JAX's program
     # Under a gradient: the largest chunk within the bound, 16-bit logits.
     assert cc.heuristic(big, training=True) == cc.chunked(2048, "input")
-    small = cc.CrossEntropyProblem(1024, 2048, 32000, np.dtype("bfloat16"))  # 125 MiB
+    small = cc.CrossEntropyProblem(8192, 4096, 32000, np.dtype("bfloat16"))  # 1 GiB
     assert cc.heuristic(small, training=True) == cc.XLA_INPUT_LOGITS
     # Large logits, but no timed chunk is smaller than the call.
     few = cc.CrossEntropyProblem(1024, 2048, 1 << 20, np.dtype("bfloat16"))
