@@ -166,6 +166,12 @@ def test_the_heuristic_is_plain_jax_unless_a_gradient_meets_large_logits():
     assert cc.heuristic(big, training=True) == cc.chunked(2048, "input")
     small = cc.CrossEntropyProblem(8192, 4096, 32000, np.dtype("bfloat16"))  # 1 GiB
     assert cc.heuristic(small, training=True) == cc.XLA_INPUT_LOGITS
+    # Large logits, but the chunks that fit are too small to keep plain JAX's speed.
+    wide = cc.CrossEntropyProblem(8192, 4096, 256000, np.dtype("bfloat16"))
+    assert cc.largest_chunk(wide, "input") == 1024
+    assert cc.heuristic(wide, training=True) == cc.XLA_INPUT_LOGITS
+    model = cc.CrossEntropyProblem(8192, 2048, 128256, np.dtype("bfloat16"))
+    assert cc.heuristic(model, training=True) == cc.chunked(2048, "input")
     # Large logits, but no timed chunk is smaller than the call.
     few = cc.CrossEntropyProblem(1024, 2048, 1 << 20, np.dtype("bfloat16"))
     assert cc.heuristic(few, training=True) == cc.XLA_INPUT_LOGITS

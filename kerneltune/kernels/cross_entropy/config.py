@@ -57,12 +57,15 @@ DEFAULT_CHUNK = 4096
 #: holds its 16-bit logit gradients and the float32 `d_W` accumulator (`K × V`): at
 #: this bound a 128k-vocabulary head's chunked step stays near 3 GiB.
 CHUNK_LOGITS_BYTES = 1 << 29
-#: Under a gradient the heuristic chunks a call whose float32 logits would pass this.
+#: Under a gradient the heuristic chunks a call whose float32 logits would pass this,
+#: where a chunk of at least `MIN_HEURISTIC_CHUNK` tokens and `K` fits the bound above.
 #: On an H100 (forward + backward, bf16, against plain JAX's 16-bit logits) chunks of
-#: 16-bit logits were 1.07× at 16384 × 2048 → 128256 (8 GiB of float32 logits) and
-#: level at 8192 × 2048 → 128256 (4 GiB), at a fifth to a half of the memory; at
-#: 8192 × 4096 → 32000 (1 GiB) they were 0.95–0.98×.
+#: 2048 tokens were 1.05–1.08× at 16384 and 32768 × 2048 → 128256 and level at 8192
+#: × 2048 → 128256, at 12–48% of the memory. Smaller chunks lose: every chunk reads
+#: and writes the float32 `K × V` accumulator of `d_W` (at 8192 × 4096 → 256000 chunks
+#: of 1024 were 0.91×); at 8192 × 4096 → 32000 (1 GiB) chunks were 0.95–0.98×.
 CHUNK_ABOVE_BYTES = 2 << 30
+MIN_HEURISTIC_CHUNK = 2048
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -180,7 +183,8 @@ def heuristic(p: CrossEntropyProblem, *, training: bool = False) -> CrossEntropy
     untuned call is never slower than `x @ w` then `logsumexp`. Under a gradient,
     where the float32 logits would pass `CHUNK_ABOVE_BYTES`, chunks of tokens in the
     inputs' dtype: the same three matmuls, each chunk's gradients taken in the forward,
-    and a fraction of the memory.
+    and a fraction of the memory (only where chunks are large enough not to lose
+    speed: see `CHUNK_ABOVE_BYTES`).
 
     Example:
       >>> import numpy as np
@@ -191,7 +195,9 @@ def heuristic(p: CrossEntropyProblem, *, training: bool = False) -> CrossEntropy
     if not training or p.logits_bytes(p.m, "float32") <= CHUNK_ABOVE_BYTES:
         return XLA_INPUT_LOGITS
     chunk = largest_chunk(p, "input")
-    return XLA_INPUT_LOGITS if chunk is None else chunked(chunk, "input")
+    if chunk is None or chunk < max(MIN_HEURISTIC_CHUNK, p.k):
+        return XLA_INPUT_LOGITS
+    return chunked(chunk, "input")
 
 
 def largest_chunk(p: CrossEntropyProblem, logits_dtype: LogitsDtype) -> int | None:
