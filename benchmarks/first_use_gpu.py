@@ -3,6 +3,7 @@ wall (tracing, tuning, compiling), the peak device memory of the process (tuning
 included) and the step time, against plain JAX (cuDNN attention, XLA elsewhere).
 
     python -m benchmarks.first_use_gpu [--rows gpt,llama,...] [--variants plain,kt,kt_cold]
+    FIRST_USE_TRACE=1 python -m benchmarks.first_use_gpu ...   # also each tuned key's cost
 
 Run from the repository root on a GPU. Every (row, variant) runs in a fresh process, so
 its first call and its peak memory are its own: "kt" runs kerneltune's ops through the
@@ -84,11 +85,49 @@ def step_and_args(row: str, variant: str) -> tuple[Callable[..., Any], tuple[Any
     return _attention_step(_plain_attention if plain else _kt_attention), (q, k, v, do)
 
 
+def trace_keys(device: Any, keys: list[dict[str, Any]]) -> None:
+    """Has the default executor append, per tuned key, its op, signature, tuning wall
+    and how far it raised the process's peak memory (where the first call's time and
+    memory go)."""
+    import kerneltune as kt
+
+    chain = kt.default_executor().chooser
+    started: dict[Any, tuple[float, int]] = {}
+    inner = chain.on_event
+
+    def on_event(event: str, **data: Any) -> None:
+        if inner is not None:
+            inner(event, **data)
+        peak = (device.memory_stats() or {}).get("peak_bytes_in_use", 0)
+        key = data.get("call_key")
+        if event == "autotune_start":
+            started[key] = (time.perf_counter(), peak)
+        elif event == "autotune_finish" and key in started:
+            t0, peak0 = started.pop(key)
+            report = data.get("report")
+            keys.append(
+                {
+                    "op": data.get("op_id"),
+                    "key": str(key)[:120],
+                    "tune_s": round(time.perf_counter() - t0, 2),
+                    "peak_gib": round(peak / 2**30, 2),
+                    "raised_gib": round((peak - peak0) / 2**30, 2),
+                    "candidates": len(getattr(report, "candidates", ())),
+                    "best": str(data.get("cfg"))[:100],
+                }
+            )
+
+    chain.on_event = on_event
+
+
 def child(row: str, variant: str) -> dict[str, Any]:
     """One (row, variant) in this fresh process: first call, peak memory, step time."""
     device = jax.local_devices()[0]
     out: dict[str, Any] = {"row": row, "variant": variant, "device": device.device_kind}
     out["jax"] = jax.__version__
+    if variant != "plain" and os.environ.get("FIRST_USE_TRACE"):
+        out["keys"] = []
+        trace_keys(device, out["keys"])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         step, args = step_and_args(row, variant)
