@@ -25,10 +25,13 @@ CONFIGS = [
     ("ragged_dot@v1", RaggedDotConfig(backend="tokamax")),
     ("ragged_dot@v1", RaggedDotConfig(backend="mosaic", grid_block_n=4)),
     ("ragged_dot_drhs@v1", RaggedDotConfig(block_m=64, tile_order="n")),
-    ("linear_softmax_cross_entropy@v1", CrossEntropyConfig(backend="xla")),
-    ("linear_softmax_cross_entropy@v1", CrossEntropyConfig(backend="chunked", chunk_size=2048)),
+    ("linear_softmax_cross_entropy@v2", CrossEntropyConfig(backend="xla")),
     (
-        "linear_softmax_cross_entropy@v1",
+        "linear_softmax_cross_entropy@v2",
+        CrossEntropyConfig(backend="chunked", chunk_size=2048, logits_dtype="input"),
+    ),
+    (
+        "linear_softmax_cross_entropy@v2",
         CrossEntropyConfig(backend="triton", block_m=128, block_v=256, num_stages=3),
     ),
     ("gated_linear_unit@v1", GLUConfig(backend="tokamax")),

@@ -159,7 +159,20 @@ def test_the_heuristic_is_plain_jax_unless_a_gradient_meets_large_logits():
     inv = kt.Executor(kt.ConfigSelectorChain(kt.ConfigCache())).invocation(
         LinearSoftmaxCrossEntropy(), *problem(0, 64, 32, 128)[:3], jnp.ones(64, bool)
     )
-    assert LinearSoftmaxCrossEntropy().heuristic_cfg(inv) == cc.XLA_INPUT_LOGITS
+    # float32 inputs: "input" logits would be float32 ones; the space keeps that name.
+    assert LinearSoftmaxCrossEntropy().heuristic_cfg(inv) == cc.XLA
+    kernel = LinearSoftmaxCrossEntropyInterpret()
+    for dtype in (jnp.float32, BF16):
+        x, labels, w, where = problem(0, 64, 32, 128, dtype=dtype)
+        inv = kt.Executor(kt.ConfigSelectorChain(kt.ConfigCache())).invocation(
+            kernel, x, labels, w, where
+        )
+        assert kernel.heuristic_cfg(inv) in kernel.interpret_candidates(inv)
+    f32 = cc.CrossEntropyProblem(32768, 2048, 32000, np.dtype("float32"))
+    assert cc.heuristic(f32, training=True) == cc.chunked(4096, "float32")  # 500 MiB
+    assert cc.heuristic(f32, training=True) in cc.candidates(f32, training=True)[0]
+    wide_f32 = cc.CrossEntropyProblem(16384, 2048, 128256, np.dtype("float32"))
+    assert cc.heuristic(wide_f32, training=True) == cc.XLA  # 1024-token chunks: too small
     big = cc.CrossEntropyProblem(16384, 2048, 128256, np.dtype("bfloat16"))
     assert cc.heuristic(big) == cc.XLA_INPUT_LOGITS  # forward only: plain JAX's program
     # Under a gradient: the largest chunk within the bound, 16-bit logits.
@@ -177,6 +190,15 @@ def test_the_heuristic_is_plain_jax_unless_a_gradient_meets_large_logits():
     assert cc.heuristic(few, training=True) == cc.XLA_INPUT_LOGITS
     # The heuristic under a gradient is one of the candidates it competes with.
     assert cc.heuristic(big, training=True) in cc.candidates(big, training=True)[0]
+
+
+def test_a_config_stored_before_logits_dtype_reads_as_float32_logits():
+    from kerneltune._src.core.configs import config_from_dict
+
+    old = {"backend": "chunked", "chunk_size": 2048, "block_m": None, "block_v": None}
+    assert config_from_dict(old, CrossEntropyConfig) == cc.chunked(2048, "float32")
+    # ... and the op's version moved, so a v1 entry is tuned again, not reused.
+    assert LinearSoftmaxCrossEntropy().op_id_v == "linear_softmax_cross_entropy@v2"
 
 
 @pytest.mark.parametrize("bad", ["bfloat16", "f32", 32])

@@ -192,12 +192,15 @@ def heuristic(p: CrossEntropyProblem, *, training: bool = False) -> CrossEntropy
       >>> heuristic(p).backend, heuristic(p, training=True).chunk_size
       ('xla', 2048)
     """
+    # With float32 inputs "input" is "float32": name the one config the space keeps.
+    logits: LogitsDtype = "input" if p.itemsize < 4 else "float32"
+    plain = CrossEntropyConfig(backend="xla", logits_dtype=logits)
     if not training or p.logits_bytes(p.m, "float32") <= CHUNK_ABOVE_BYTES:
-        return XLA_INPUT_LOGITS
-    chunk = largest_chunk(p, "input")
+        return plain
+    chunk = largest_chunk(p, logits)
     if chunk is None or chunk < max(MIN_HEURISTIC_CHUNK, p.k):
-        return XLA_INPUT_LOGITS
-    return chunked(chunk, "input")
+        return plain
+    return chunked(chunk, logits)
 
 
 def largest_chunk(p: CrossEntropyProblem, logits_dtype: LogitsDtype) -> int | None:
@@ -351,9 +354,12 @@ def candidates(
 
 
 def interpret_candidates(p: CrossEntropyProblem) -> list[CrossEntropyConfig]:
-    """A few configs the Pallas interpreter runs in reasonable time: XLA, two chunk
-    sizes and two small fused-kernel tiles."""
+    """A few configs the Pallas interpreter runs in reasonable time: XLA (and the
+    heuristic, plain JAX's 16-bit logits, for 16-bit inputs), two chunk sizes and two
+    small fused-kernel tiles."""
     out = [XLA]
+    if p.itemsize < 4:
+        out.append(XLA_INPUT_LOGITS)  # the heuristic for 16-bit inputs
     for c in (16, 32):
         if c < p.m:
             out.append(chunked(c))
