@@ -149,8 +149,10 @@ def implementations(
     tuning = op_bench.tuning_executor(st.tune_budget_s, shipped=True) if st.tune else None
     if op == "loss_head":
 
-        def kt_loss(ex: Any) -> Callable[..., jax.Array]:
-            return lambda x, labels, w: ktk.linear_softmax_cross_entropy(x, labels, w, executor=ex)
+        def kt_loss(ex: Any, cfg: Any = None) -> Callable[..., jax.Array]:
+            return lambda x, labels, w: ktk.linear_softmax_cross_entropy(
+                x, labels, w, cfg=cfg, executor=ex
+            )
 
         out: dict[str, Callable[..., jax.Array]] = {
             "plain": plain_loss,
@@ -163,12 +165,7 @@ def implementations(
             out["kt_tuned"] = kt_loss(tuning.executor)
         if st.sweep:
             for name, cfg in sweep_configs().items():
-                out[name] = functools.partial(
-                    lambda x, labels, w, cfg: ktk.linear_softmax_cross_entropy(
-                        x, labels, w, cfg=cfg, executor=heuristic
-                    ),
-                    cfg=cfg,
-                )
+                out[name] = kt_loss(heuristic, cfg)
         return out, tuning
 
     def kt_glu(ex: Any) -> Callable[..., jax.Array]:

@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import inspect
 import logging
+import math
 import os
 import threading
 import time
@@ -163,10 +164,7 @@ def output_bytes(fn: Any) -> int | None:
         shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
         if shape is None or dtype is None:
             return None
-        size = 1
-        for d in shape:
-            size *= int(d)
-        total += size * np.dtype(dtype).itemsize
+        total += math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize
     return total
 
 

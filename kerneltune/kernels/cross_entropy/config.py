@@ -168,6 +168,26 @@ class CrossEntropyProblem:
         return rows * self.v * size
 
 
+def chunk_too_large(p: CrossEntropyProblem, chunk: int, logits_dtype: str | None) -> str | None:
+    """Why chunks of `chunk` tokens do not belong in `p`'s chunked space (None when
+    they do): not smaller than the call, or holding more than `CHUNK_LOGITS_BYTES` of
+    logits (the smallest timed chunk is kept whatever its size)."""
+    if chunk >= p.m:
+        return (
+            f"chunk_size={chunk} is not smaller than the {p.m} tokens: one chunk holds "
+            "every logit, as XLA's program does"
+        )
+    logits = p.logits_bytes(chunk, logits_dtype)
+    if logits > CHUNK_LOGITS_BYTES and chunk > CHUNKS_TIMED[0]:
+        dtype = "float32" if logits_dtype == "float32" else p.dtype
+        return (
+            f"one chunk of {chunk} tokens holds {logits / 2**30:.2f} GiB of {dtype} logits "
+            f"(at most {CHUNK_LOGITS_BYTES / 2**30:.2f} GiB: the chunked path is there to "
+            "bound memory)"
+        )
+    return None
+
+
 XLA = CrossEntropyConfig(backend="xla")
 #: Plain JAX's `x @ w` program: the logits in the inputs' dtype.
 XLA_INPUT_LOGITS = CrossEntropyConfig(backend="xla", logits_dtype="input")
@@ -207,12 +227,7 @@ def largest_chunk(p: CrossEntropyProblem, logits_dtype: LogitsDtype) -> int | No
     """The largest timed chunk smaller than the call whose logits stay within
     `CHUNK_LOGITS_BYTES` (the smallest timed chunk whatever its size); None when even
     that is not smaller than the call."""
-    fitting = [
-        c
-        for c in CHUNKS_TIMED
-        if c < p.m
-        and (c == CHUNKS_TIMED[0] or p.logits_bytes(c, logits_dtype) <= CHUNK_LOGITS_BYTES)
-    ]
+    fitting = [c for c in CHUNKS_TIMED if chunk_too_large(p, c, logits_dtype) is None]
     return max(fitting) if fitting else None
 
 
@@ -276,20 +291,7 @@ def rules(p: CrossEntropyProblem, smem_limit: int | None = None):
     def chunk_fits(c: CrossEntropyConfig) -> str | None:
         if c.backend != "chunked" or not c.chunk_size:
             return None
-        if c.chunk_size >= p.m:
-            return (
-                f"chunk_size={c.chunk_size} is not smaller than the {p.m} tokens: one chunk "
-                "holds every logit, as XLA's program does"
-            )
-        logits = p.logits_bytes(c.chunk_size, c.logits_dtype)
-        if logits > CHUNK_LOGITS_BYTES and c.chunk_size > CHUNKS_TIMED[0]:
-            dtype = "float32" if c.logits_dtype == "float32" else p.dtype
-            return (
-                f"one chunk of {c.chunk_size} tokens holds {logits / 2**30:.2f} GiB of {dtype} "
-                f"logits (at most {CHUNK_LOGITS_BYTES / 2**30:.2f} GiB: the chunked path is "
-                "there to bound memory)"
-            )
-        return None
+        return chunk_too_large(p, c.chunk_size, c.logits_dtype)
 
     def tiles_fit(c: CrossEntropyConfig) -> str | None:
         if c.backend != "triton":
@@ -357,14 +359,11 @@ def interpret_candidates(p: CrossEntropyProblem) -> list[CrossEntropyConfig]:
     """A few configs the Pallas interpreter runs in reasonable time: XLA (and the
     heuristic, plain JAX's 16-bit logits, for 16-bit inputs), two chunk sizes and two
     small fused-kernel tiles."""
-    out = [XLA]
-    if p.itemsize < 4:
-        out.append(XLA_INPUT_LOGITS)  # the heuristic for 16-bit inputs
-    for c in (16, 32):
-        if c < p.m:
-            out.append(chunked(c))
-    if p.itemsize < 4 and MIN_CHUNK * 2 < p.m:
-        out.append(chunked(MIN_CHUNK * 2, "input"))
+    out = [XLA, *(chunked(c) for c in (16, 32) if c < p.m)]
+    if p.itemsize < 4:  # 16-bit logits: the heuristic, and a chunk of them
+        out.append(XLA_INPUT_LOGITS)
+        if MIN_CHUNK * 2 < p.m:
+            out.append(chunked(MIN_CHUNK * 2, "input"))
     h = triton_heuristic(p)
     out.append(h)
     small = dataclasses.replace(h, block_m=MIN_BLOCK, block_v=32, chunk_size=MIN_CHUNK * 2)
