@@ -196,6 +196,40 @@ def test_public_function_flattens_leading_dims_under_jit_and_grad():
         assert relative_error(g, r) <= 2 * tolerance(jnp.float32)
 
 
+class _Always:
+    """A chooser that picks one config for every call."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def choose(self, inv, kernel):
+        return self.cfg
+
+
+@pytest.mark.parametrize("pair", [False, True], ids=["fused", "pair"])
+def test_xla_choice_compiles_plain_jaxs_program_on_nd_x(pair):
+    # Keyed by the flattened rows, XLA's choice ran on them, a different program from
+    # plain JAX's on [B, T, D] (its weight gradients laid out differently); under a
+    # trace it now runs on the N-D x, the program plain JAX compiles.
+    from benchmarks.harness import program_text
+    from kerneltune.kernels.gated_linear_unit.reference import glu_xla
+
+    a, b = jax.random.split(jax.random.PRNGKey(7))
+    x = jax.random.normal(a, (2, 3, 16), jnp.float32)
+    w = jax.random.normal(b, (16, 2, 8), jnp.float32) / 4
+    w = (w[:, 0], w[:, 1]) if pair else w
+    ex = kt.Executor(_Always(GLUConfig(backend="xla")))
+
+    def step(glu):
+        return jax.jit(jax.grad(lambda x, w: jnp.sum(jnp.tanh(glu(x, w))), argnums=(0, 1)))
+
+    ours = step(lambda x, w: gated_linear_unit(x, w, executor=ex))
+    plain = step(lambda x, w: glu_xla(x, w, jax.nn.silu))
+    assert program_text(ours, (x, w)) == program_text(plain, (x, w))
+    for g, r in zip(jax.tree.leaves(ours(x, w)), jax.tree.leaves(plain(x, w)), strict=True):
+        np.testing.assert_array_equal(g, r)
+
+
 @pytest.mark.parametrize("cfg", [None, FUSED], ids=["heuristic", "triton"])
 def test_vmap_of_values_and_gradients(cfg):
     xs = jax.random.normal(jax.random.PRNGKey(6), (3, 16, 16), jnp.float32)

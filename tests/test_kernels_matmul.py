@@ -16,6 +16,7 @@ from kerneltune.kernels._common import relative_error, tolerance
 from kerneltune.kernels.matmul import config as mc
 from kerneltune.kernels.matmul.pallas_triton import _grouped_tile, matmul_pallas
 from kerneltune.kernels.matmul.shapes import TEST_SHAPES
+from benchmarks.harness import program_text
 from tests.helpers import heuristics_executor
 
 BF16 = jnp.bfloat16
@@ -220,3 +221,71 @@ def test_cpu_xla_path_has_no_candidates_so_it_uses_the_heuristic(key):
 def test_bad_operands_are_rejected_with_a_clear_error(x, y, error):
     with pytest.raises(error, match="matmul"):
         heuristics_executor()(Matmul(), x, y)
+
+
+# --- XLA's choice on N-D operands ---------------------------------------------------------
+
+
+class _Always:
+    """A chooser that picks one config for every call."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.calls = 0
+
+    def choose(self, inv, kernel):
+        self.calls += 1
+        return self.cfg
+
+
+def _train_step(mm):
+    return jax.jit(jax.grad(lambda x, w: jnp.sum(jnp.tanh(mm(x, w))), argnums=(0, 1)))
+
+
+def test_xla_choice_compiles_plain_jaxs_program_on_nd_operands(key):
+    # A [B, T, D] @ [D, F] call keyed as the 2-D product ran jnp.dot on the flattened
+    # arrays, a different program from plain JAX's (XLA laid out the weight gradients
+    # differently: 0.977x plain in a GPT block's step on an H100). Under a trace, XLA's
+    # choice now runs on the N-D arrays: the same optimised program as `x @ w`.
+    x, w = operands(key, 6, 32, 16, jnp.float32)
+    x = x.reshape(2, 3, 32)
+    chooser = _Always(MatmulConfig(backend="xla"))
+    ex = kt.Executor(chooser)
+    ours = program_text(_train_step(lambda a, b: matmul(a, b, executor=ex)), (x, w))
+    assert ours == program_text(_train_step(jnp.matmul), (x, w))
+    assert chooser.calls == 1  # chosen once, for the 2-D key
+    g = _train_step(lambda a, b: matmul(a, b, executor=ex))(x, w)
+    for ours_g, plain_g in zip(g, _train_step(jnp.matmul)(x, w)):
+        np.testing.assert_array_equal(ours_g, plain_g)
+
+
+def test_other_choices_still_run_the_kernel_on_the_flattened_operands(key):
+    x, w = operands(key, 6, 32, 16, jnp.float32)
+    x = x.reshape(2, 3, 32)
+    ex = kt.Executor(_Always(MatmulConfig(bm=32, bn=32, bk=32)))
+    with options.scoped(platform="triton"):  # the Pallas kernel, in the interpreter
+        jaxpr = str(jax.make_jaxpr(lambda a: matmul(a, w, executor=ex))(x))
+        g = jax.jit(jax.grad(lambda a: jnp.sum(matmul(a, w, executor=ex) ** 2)))(x)
+    assert "reshape" in jaxpr and "pallas_call" in jaxpr
+    assert relative_error(g, jax.grad(lambda a: jnp.sum((a @ w) ** 2))(x)) <= 1e-5
+
+
+def test_nd_xla_calls_are_recorded_and_labelled_like_any_call(key):
+    from kerneltune._src.kernel import recording
+
+    x, w = operands(key, 6, 32, 16, jnp.float32)
+    x = x.reshape(2, 3, 32)
+    ex = kt.Executor(_Always(MatmulConfig(backend="xla")))
+    recording.clear_invocations()
+    with recording.record_calls():
+        text = jax.jit(lambda a, b: matmul(a, b, executor=ex)).lower(x, w).as_text()
+    records = recording.iter_records(recording.get_invocations())
+    assert [r.op_id_v.split("@")[0] for r in records] == ["matmul"]
+    assert "f32[6,32]" in records[0].signature  # keyed as the 2-D product
+    assert "kerneltune" in text  # the call's label is in the program
+
+
+def test_call_traced_refuses_concrete_arrays():
+    ex = kt.Executor(_Always(MatmulConfig(backend="xla")))
+    with pytest.raises(ValueError, match="call_traced is for calls under jit"):
+        ex.call_traced(Matmul(), jnp.ones((4, 4)), jnp.ones((4, 4)), own=lambda cfg: None)

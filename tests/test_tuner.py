@@ -339,6 +339,13 @@ def test_rotation_sets_are_distinct_buffers_with_equal_values():
     assert len(inputs.rotation_sets([x], min_bytes=0)) == 1
 
 
+def test_inputs_as_large_as_the_cache_are_not_copied():
+    x = rand((256, 256), 3)  # 256 KiB
+    assert len(inputs.rotation_sets([x], min_bytes=512 << 10)) == 1  # was 2: memory for nothing
+    assert len(inputs.rotation_sets([x, x], min_bytes=1 << 20)) == 1
+    assert len(inputs.rotation_sets([x], min_bytes=(512 << 10) + 1)) == 3
+
+
 def test_rotation_is_used_when_asked(ab):
     report = quick(rotate_bytes=1 << 20).tune(repeated_matmul, ab, {}, [Reps(k=3), Reps(k=1)])
     assert report.best == Reps(k=1)

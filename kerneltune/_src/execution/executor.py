@@ -238,12 +238,16 @@ class Executor(Generic[Cfg, Out]):
             fn = sharding.shard_map_function(kernel, cfg, inv)
         else:
             fn = dispatch.kernel_function(kernel, cfg)
+        return self._stamped(inv, cfg, lambda: fn(*args, **kwargs))
+
+    def _stamped(self, inv: Invocation[Any, Any], cfg: Any, trace: Callable[[], Any]) -> Any:
+        """`trace()` under the call's label (unless stamping is off)."""
         mode = options.STAMP.value
         if not inv.stamp or mode == "none":
-            return fn(*args, **kwargs)
+            return trace()
         text = labels.label_text(self.stamp_prefix, inv.op_id_v, inv.call_key, cfg, mode)
         with labels.stamped(text, f"{self.stamp_prefix}.{inv.op_id}"):
-            return fn(*args, **kwargs)
+            return trace()
 
     def _program(
         self,
@@ -276,6 +280,40 @@ class Executor(Generic[Cfg, Out]):
         return program
 
     # -- the rest of the public API ----------------------------------------------------------
+
+    def call_traced(
+        self,
+        kernel: Kernel[Cfg, Out],
+        *args: Any,
+        own: Callable[[Cfg], Callable[[], Any] | None],
+        **kwargs: Any,
+    ) -> Any:
+        """A call under a trace (jit, grad, vmap) whose caller may run the chosen
+        config's computation itself: the config is chosen (tuned if the policy says so),
+        recorded and labelled as for `__call__`, then `own(cfg)` is asked for a
+        function of no arguments; when it gives one, its result is the call's, else the
+        kernel runs as usual.
+
+        An op function uses it where a config is plain JAX on arguments the kernel
+        only sees reshaped: `matmul` keys `[..., m, k] @ [k, n]` as the 2-D product
+        (so every batch shape shares the tuned configs), but runs XLA's choice on the
+        N-D arrays, the program plain JAX compiles (XLA lays out the weight
+        gradients of the flattened form differently, 1-2% slower in a block's step).
+        """
+        if not tracing.is_tracing((args, kwargs)):
+            raise ValueError(
+                "call_traced is for calls under jit, grad or vmap (tracer arguments); "
+                "call the executor itself for concrete arrays."
+            )
+        call = CallOptions()
+        inv, p_args, p_kwargs = self._checked_invocation(kernel, args, kwargs, call)
+        chosen = self.chooser.choose(inv, kernel)
+        if options.RECORD.value:
+            recording.record_invocation(kernel, inv)
+        trace = own(chosen)
+        if trace is None:
+            return self._apply(kernel, inv, chosen, p_args, p_kwargs)
+        return self._stamped(inv, chosen, trace)
 
     def choose_config(
         self, kernel: Kernel[Cfg, Out], *args: Any, cfg: Cfg | None = None, **kwargs: Any

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kerneltune._src.core import tracing
 from kerneltune._src.execution.default import default_executor
 from kerneltune._src.kernel.base import Invocation, Kernel
 from kerneltune.kernels._args import as_array
@@ -188,6 +189,17 @@ def gated_linear_unit(
         raise TypeError(f"{op}: activation must be callable or None, got {activation!r}.")
     n = (w[0] if isinstance(w, tuple) else w).shape[-1]
     ex = executor if executor is not None else default_executor()
+    kernel = kernel_for(GatedLinearUnit, ex)
     rows = x.reshape((-1, x.shape[-1]))
-    out = ex(kernel_for(GatedLinearUnit, ex), rows, w, activation=act, cfg=cfg)
-    return out.reshape((*x.shape[:-1], n))  # type: ignore[no-any-return]
+    out_shape = (*x.shape[:-1], n)
+    if x.ndim > 2 and cfg is None and tracing.is_tracer(rows) and hasattr(ex, "call_traced"):
+        # Keyed by the rows; XLA's choice runs on the N-D x, plain JAX's program (see
+        # `Executor.call_traced`).
+        def own(chosen: GLUConfig) -> Any:
+            if chosen.backend != "xla":
+                return None
+            return lambda: glu_xla(x, w, act)
+
+        return ex.call_traced(kernel, rows, w, activation=act, own=own).reshape(out_shape)
+    out = ex(kernel, rows, w, activation=act, cfg=cfg)
+    return out.reshape(out_shape)  # type: ignore[no-any-return]

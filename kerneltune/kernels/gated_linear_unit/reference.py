@@ -20,12 +20,13 @@ def gate_and_up(w: Weights) -> tuple[jax.Array, jax.Array]:
 
 def glu_xla(x: jax.Array, w: Weights, activation: Callable[[jax.Array], jax.Array]) -> jax.Array:
     """`activation(x·W₀) ⊙ (x·W₁)` as plain JAX writes it, in x's dtype. The fused
-    weights go through one `dot_general` (one cuBLAS call for both projections)."""
+    weights go through one `dot_general` (one cuBLAS call for both projections). x may
+    have leading dimensions (`[..., K]`)."""
     if isinstance(w, (tuple, list)):
         gate, up = jnp.dot(x, w[0]), jnp.dot(x, w[1])
     else:
-        h = jnp.einsum("mk,kgn->mgn", x, w)
-        gate, up = h[:, 0, :], h[:, 1, :]
+        h = jnp.einsum("...k,kgn->...gn", x, w)
+        gate, up = h[..., 0, :], h[..., 1, :]
     return activation(gate) * up
 
 
