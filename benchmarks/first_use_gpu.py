@@ -113,6 +113,14 @@ def trace_keys(device: Any, keys: list[dict[str, Any]]) -> None:
                     "peak_gib": round(peak / 2**30, 2),
                     "raised_gib": round((peak - peak0) / 2**30, 2),
                     "candidates": len(getattr(report, "candidates", ())),
+                    "evaluated": sum(
+                        c.status != "pruned" for c in getattr(report, "candidates", ())
+                    ),
+                    "timed": sum(c.time_s is not None for c in getattr(report, "candidates", ())),
+                    "strategy": getattr(report, "strategy", None),
+                    "phases_s": {
+                        k: round(v, 2) for k, v in (getattr(report, "phases_s", None) or {}).items()
+                    },
                     "best": str(data.get("cfg"))[:100],
                 }
             )
