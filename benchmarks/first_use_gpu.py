@@ -118,6 +118,15 @@ def trace_keys(device: Any, keys: list[dict[str, Any]]) -> None:
                     ),
                     "timed": sum(c.time_s is not None for c in getattr(report, "candidates", ())),
                     "strategy": getattr(report, "strategy", None),
+                    "in_use_gib": round(
+                        (device.memory_stats() or {}).get("bytes_in_use", 0) / 2**30, 2
+                    ),
+                    "evaluations": [
+                        f"{str(c.cfg)[:60]} {c.status} lower {c.lower_s} compile {c.compile_s}"
+                        f" time {c.time_s}"
+                        for c in getattr(report, "candidates", ())
+                        if c.status != "pruned"
+                    ],
                     "phases_s": {
                         k: round(v, 2) for k, v in (getattr(report, "phases_s", None) or {}).items()
                     },

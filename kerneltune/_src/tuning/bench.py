@@ -64,8 +64,10 @@ class Bench:
     ) -> None:
         self._lower = lower
         self._finish = finish
-        self._arg_source = arg_sets
-        self._arg_sets: list[list[Any]] | None = arg_sets if isinstance(arg_sets, list) else None
+        # Shared with the sampler, not reached through `self`: a cycle through the bench
+        # kept its inputs and outputs on the device after tuning, until Python's cycle
+        # collector happened to run (a GPT block's step ran beside 1.2 GiB of them).
+        self._args = _LazyArgSets(arg_sets)
         self._settings = settings
         self._progress = progress
         self.cands = [Candidate(i, cfg) for i, cfg in enumerate(candidates)]
@@ -93,7 +95,7 @@ class Bench:
             timer,
             settings,
             progress,
-            lambda: self.arg_sets,
+            self._args,
             self._timed,
             self.reference,
             self.phases,
@@ -124,9 +126,7 @@ class Bench:
 
     @property
     def arg_sets(self) -> list[list[Any]]:
-        if self._arg_sets is None:
-            self._arg_sets = self._arg_source()  # type: ignore[operator]
-        return self._arg_sets
+        return self._args()
 
     # --- the Evaluator protocol -----------------------------------------------------
 
@@ -396,3 +396,16 @@ def _same(a: Any, b: Any) -> bool:
         return bool(a == b)
     except Exception:  # configs with odd __eq__ (e.g. arrays) differ.
         return False
+
+
+class _LazyArgSets:
+    """The argument sets, made on first use (or given)."""
+
+    def __init__(self, source: list[list[Any]] | Callable[[], list[list[Any]]]) -> None:
+        self._source = source
+        self._sets: list[list[Any]] | None = source if isinstance(source, list) else None
+
+    def __call__(self) -> list[list[Any]]:
+        if self._sets is None:
+            self._sets = self._source()  # type: ignore[operator]
+        return self._sets
