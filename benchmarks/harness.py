@@ -141,6 +141,7 @@ def program_text(fn: Callable[..., Any], args: Sequence[Any]) -> str:
     text = re.sub(r", metadata=\{[^}]*\}", "", text)
     # kerneltune's label on an instruction (`KERNELTUNE_STAMP`) changes no kernel.
     text = re.sub(r',?kerneltune_label="[^"]*"', "", text).replace(", frontend_attributes={}", "")
+    text = text.replace("frontend_attributes={,", "frontend_attributes={")
     return re.sub(r"(%?[A-Za-z_][\w-]*)\.\d+\b", r"\1", text)  # names, not numbers
 
 
