@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 import kerneltune as kt
+from benchmarks.harness import program_text
 from kerneltune._src.core import options
 from kerneltune.kernels import Matmul, MatmulConfig, MatmulInterpret, matmul
 from kerneltune.kernels._common import relative_error, tolerance
 from kerneltune.kernels.matmul import config as mc
 from kerneltune.kernels.matmul.pallas_triton import _grouped_tile, matmul_pallas
 from kerneltune.kernels.matmul.shapes import TEST_SHAPES
-from benchmarks.harness import program_text
 from tests.helpers import heuristics_executor
 
 BF16 = jnp.bfloat16

@@ -163,3 +163,43 @@ def test_bad_parameters_are_rejected():
         layer_norm(jnp.ones((2, 8)), jnp.ones(4), jnp.ones(8), executor=executor())
     with pytest.raises(TypeError, match="rms_norm-interpret takes x, weight"):
         executor()(RMSNormInterpret(), jnp.ones((2, 8)), jnp.ones(8), jnp.ones(8))
+
+
+class _Always:
+    """A chooser that picks one config for every call."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def choose(self, inv, kernel):
+        return self.cfg
+
+
+@pytest.mark.parametrize("norm", ["layer_norm", "rms_norm"])
+def test_xla_choice_compiles_plain_jaxs_program_on_nd_x(norm):
+    # Keyed by the flattened rows, XLA's norm ran on them: a different program from
+    # plain JAX's on [B, T, D] (the next matmul's weight gradient laid out differently
+    # in a GPT block on an H100). Under a trace it now runs on x as it is.
+    import kerneltune as kt
+    from benchmarks.harness import program_text
+    from kerneltune.kernels import layer_norm, rms_norm
+    from kerneltune.kernels.normalization.reference import layer_norm_xla, rms_norm_xla
+
+    a, b, c = jax.random.split(jax.random.PRNGKey(3), 3)
+    x = jax.random.normal(a, (2, 3, 16), jnp.float32)
+    w = jax.random.normal(b, (16, 8), jnp.float32)
+    scale, bias = jnp.full((16,), 1.5), jnp.full((16,), 0.25)
+    ex = kt.Executor(_Always(nc.XLA))
+    if norm == "layer_norm":
+        ours = lambda x, w: layer_norm(x, scale, bias, epsilon=1e-5, executor=ex) @ w  # noqa: E731
+        plain = lambda x, w: layer_norm_xla(x, scale, bias, eps=1e-5) @ w  # noqa: E731
+    else:
+        ours = lambda x, w: rms_norm(x, scale, epsilon=1e-5, executor=ex) @ w  # noqa: E731
+        plain = lambda x, w: rms_norm_xla(x, scale, eps=1e-5) @ w  # noqa: E731
+
+    def step(f):
+        return jax.jit(jax.grad(lambda x, w: jnp.sum(jnp.tanh(f(x, w))), argnums=(0, 1)))
+
+    assert program_text(step(ours), (x, w)) == program_text(step(plain), (x, w))
+    for g, r in zip(step(ours)(x, w), step(plain)(x, w), strict=True):
+        np.testing.assert_array_equal(g, r)

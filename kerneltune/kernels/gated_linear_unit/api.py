@@ -9,11 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kerneltune._src.core import tracing
 from kerneltune._src.execution.default import default_executor
 from kerneltune._src.kernel.base import Invocation, Kernel
 from kerneltune.kernels._args import as_array
 from kerneltune.kernels._common import BundledKernelMixin, Pruned, kernel_for
+from kerneltune.kernels._flattened import call_flattened
 from kerneltune.kernels.gated_linear_unit import config as config_lib
 from kerneltune.kernels.gated_linear_unit import tokamax_backend
 from kerneltune.kernels.gated_linear_unit.config import GLUConfig, GLUProblem
@@ -189,17 +189,15 @@ def gated_linear_unit(
         raise TypeError(f"{op}: activation must be callable or None, got {activation!r}.")
     n = (w[0] if isinstance(w, tuple) else w).shape[-1]
     ex = executor if executor is not None else default_executor()
-    kernel = kernel_for(GatedLinearUnit, ex)
     rows = x.reshape((-1, x.shape[-1]))
-    out_shape = (*x.shape[:-1], n)
-    if x.ndim > 2 and cfg is None and tracing.is_tracer(rows) and hasattr(ex, "call_traced"):
-        # Keyed by the rows; XLA's choice runs on the N-D x, plain JAX's program (see
-        # `Executor.call_traced`).
-        def own(chosen: GLUConfig) -> Any:
-            if chosen.backend != "xla":
-                return None
-            return lambda: glu_xla(x, w, act)
-
-        return ex.call_traced(kernel, rows, w, activation=act, own=own).reshape(out_shape)
-    out = ex(kernel, rows, w, activation=act, cfg=cfg)
-    return out.reshape(out_shape)  # type: ignore[no-any-return]
+    out = call_flattened(
+        ex,
+        kernel_for(GatedLinearUnit, ex),
+        rows,
+        w,
+        activation=act,
+        cfg=cfg,
+        flattened=x.ndim > 2,
+        unflattened_xla=lambda: glu_xla(x, w, act),
+    )
+    return out.reshape((*x.shape[:-1], n))  # type: ignore[no-any-return]

@@ -8,11 +8,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kerneltune._src.core import tracing
 from kerneltune._src.execution.default import default_executor
 from kerneltune._src.kernel.base import Invocation, Kernel
 from kerneltune.kernels._args import as_array
 from kerneltune.kernels._common import BundledKernelMixin, Pruned, is_hopper, kernel_for
+from kerneltune.kernels._flattened import call_flattened
 from kerneltune.kernels.matmul import config as config_lib
 from kerneltune.kernels.matmul import mosaic_space, pallas_mosaic
 from kerneltune.kernels.matmul.config import MatmulConfig, MatmulProblem
@@ -210,16 +210,14 @@ def matmul(
     if not tunable:
         return jnp.matmul(a, b, precision=precision, preferred_element_type=preferred_element_type)
     ex = executor if executor is not None else default_executor()
-    kernel = kernel_for(Matmul, ex)
     a2, b2 = a.astype(dtype).reshape((-1, k_a)), b.astype(dtype)
-    out_shape = (*a.shape[:-1], b.shape[-1])
-    if a.ndim > 2 and cfg is None and tracing.is_tracer(a2) and hasattr(ex, "call_traced"):
-        # Keyed as the 2-D product; XLA's choice runs on the N-D arrays, plain JAX's
-        # program (see `Executor.call_traced`).
-        def own(chosen: MatmulConfig) -> Any:
-            if chosen.backend != "xla":
-                return None
-            return lambda: jnp.matmul(a.astype(dtype), b2)
-
-        return ex.call_traced(kernel, a2, b2, own=own).reshape(out_shape)
-    return ex(kernel, a2, b2, cfg=cfg).reshape(out_shape)
+    out = call_flattened(
+        ex,
+        kernel_for(Matmul, ex),
+        a2,
+        b2,
+        cfg=cfg,
+        flattened=a.ndim > 2,
+        unflattened_xla=lambda: jnp.matmul(a.astype(dtype), b2),
+    )
+    return out.reshape((*a.shape[:-1], b.shape[-1]))

@@ -12,6 +12,7 @@ from kerneltune._src.execution.default import default_executor
 from kerneltune._src.kernel.base import Invocation, Kernel
 from kerneltune.kernels._args import as_array, feature_param, floating, normalize_axes, to_rows
 from kerneltune.kernels._common import BundledKernelMixin, kernel_for
+from kerneltune.kernels._flattened import call_flattened
 from kerneltune.kernels.normalization import config as config_lib
 from kerneltune.kernels.normalization.config import NormConfig, NormProblem
 from kerneltune.kernels.normalization.pallas_triton import (
@@ -187,7 +188,20 @@ def _normalize(
         p.astype(dtype) if p is not None else jnp.full((n,), fill, dtype) for _, p, fill in given
     ]
     ex = executor if executor is not None else default_executor()
-    return back(ex(kernel_for(kernel_cls, ex), rows, *arrays, eps=eps, cfg=cfg))
+    kernel = kernel_for(kernel_cls, ex)
+    xd = x.astype(dtype)
+    out = call_flattened(
+        ex,
+        kernel,
+        rows,
+        *arrays,
+        eps=eps,
+        cfg=cfg,
+        # Over the last axis alone the XLA code runs on `x` as it is.
+        flattened=x.ndim > 2 and axes == (x.ndim - 1,),
+        unflattened_xla=lambda: kernel.run_xla(xd, *arrays, cfg=config_lib.XLA, eps=eps),
+    )
+    return back(out)
 
 
 def layer_norm(
