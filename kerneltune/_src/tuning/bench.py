@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kerneltune._src.tuning import journal, run_bound, timing
+from kerneltune._src.tuning import inputs, journal, run_bound, timing
 from kerneltune._src.tuning.candidate import Candidate, describe, failure_status
 from kerneltune._src.tuning.compile_cost import CompileCostModel
 from kerneltune._src.tuning.compiling import CompileOutcome, CompilePool
@@ -67,7 +67,7 @@ class Bench:
         # Shared with the sampler, not reached through `self`: a cycle through the bench
         # kept its inputs and outputs on the device after tuning, until Python's cycle
         # collector happened to run (a GPT block's step ran beside 1.2 GiB of them).
-        self._args = _LazyArgSets(arg_sets)
+        self._args = inputs.LazyArgSets(arg_sets)
         self._settings = settings
         self._progress = progress
         self.cands = [Candidate(i, cfg) for i, cfg in enumerate(candidates)]
@@ -396,16 +396,3 @@ def _same(a: Any, b: Any) -> bool:
         return bool(a == b)
     except Exception:  # configs with odd __eq__ (e.g. arrays) differ.
         return False
-
-
-class _LazyArgSets:
-    """The argument sets, made on first use (or given)."""
-
-    def __init__(self, source: list[list[Any]] | Callable[[], list[list[Any]]]) -> None:
-        self._source = source
-        self._sets: list[list[Any]] | None = source if isinstance(source, list) else None
-
-    def __call__(self) -> list[list[Any]]:
-        if self._sets is None:
-            self._sets = self._source()  # type: ignore[operator]
-        return self._sets

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -124,3 +124,17 @@ def rotation_sets(
     for _ in range(count - 1):
         sets.append([jnp.copy(a) for a in arrays])
     return sets
+
+
+class LazyArgSets:
+    """Argument sets to time with, made on first use (or given): one object the bench
+    and its sampler share."""
+
+    def __init__(self, source: list[list[Any]] | Callable[[], list[list[Any]]]) -> None:
+        self._source = source
+        self._sets: list[list[Any]] | None = source if isinstance(source, list) else None
+
+    def __call__(self) -> list[list[Any]]:
+        if self._sets is None:
+            self._sets = self._source()  # type: ignore[operator]
+        return self._sets
