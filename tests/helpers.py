@@ -141,3 +141,15 @@ def rel_err(a, b):
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+class FixedChooser:
+    """A config chooser that picks `cfg` for every call and counts the calls."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.calls = 0
+
+    def choose(self, inv, kernel):
+        self.calls += 1
+        return self.cfg

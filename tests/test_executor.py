@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import kerneltune as kt
-from tests.helpers import CostKernel, RepCfg, events_recorder, names, rand
+from tests.helpers import CostKernel, FixedChooser, RepCfg, events_recorder, names, rand
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,16 +27,6 @@ class ScaleKernel(kt.Kernel):
 
     def heuristic_cfg(self, inv):
         return ScaleCfg(1.0)
-
-
-class CountingChooser:
-    def __init__(self, cfg):
-        self.cfg = cfg
-        self.calls = 0
-
-    def choose(self, inv, kernel):
-        self.calls += 1
-        return self.cfg
 
 
 def heuristics_executor():
@@ -95,7 +85,7 @@ def test_cache_change_invalidates_eager_table():
 
 
 def test_custom_chooser_is_asked_every_eager_call():
-    chooser = CountingChooser(ScaleCfg(2.0))
+    chooser = FixedChooser(ScaleCfg(2.0))
     ex = kt.Executor(chooser)
     x = rand((3,))
     for _ in range(3):
@@ -148,7 +138,7 @@ def test_compile_fixes_the_config_and_keeps_prepare():
         def prepare(self, x, **kw):
             return (x.reshape(-1),), kw
 
-    chooser = CountingChooser(ScaleCfg(2.0))
+    chooser = FixedChooser(ScaleCfg(2.0))
     ex = kt.Executor(chooser)
     fn = ex.compile(Prepared(), rand((2, 3)))
     assert fn.cfg == ScaleCfg(2.0)
@@ -159,7 +149,7 @@ def test_compile_fixes_the_config_and_keeps_prepare():
 
 
 def test_kernel_call_uses_default_executor():
-    kt.set_default_executor(kt.Executor(CountingChooser(ScaleCfg(4.0))))
+    kt.set_default_executor(kt.Executor(FixedChooser(ScaleCfg(4.0))))
     try:
         x = rand((3,))
         np.testing.assert_allclose(ScaleKernel()(x), 4.0 * x, rtol=1e-6)

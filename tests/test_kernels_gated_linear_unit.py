@@ -24,7 +24,7 @@ from kerneltune.kernels.gated_linear_unit import config as gc
 from kerneltune.kernels.gated_linear_unit import tokamax_backend
 from kerneltune.kernels.gated_linear_unit.reference import glu_reference
 from kerneltune.kernels.gated_linear_unit.shapes import TEST_SHAPES
-from tests.helpers import heuristics_executor
+from tests.helpers import FixedChooser, heuristics_executor
 
 BF16 = jnp.bfloat16
 FUSED = GLUConfig(backend="triton", bm=16, bn=16, bk=16, num_warps=4, num_stages=2)
@@ -196,16 +196,6 @@ def test_public_function_flattens_leading_dims_under_jit_and_grad():
         assert relative_error(g, r) <= 2 * tolerance(jnp.float32)
 
 
-class _Always:
-    """A chooser that picks one config for every call."""
-
-    def __init__(self, cfg):
-        self.cfg = cfg
-
-    def choose(self, inv, kernel):
-        return self.cfg
-
-
 @pytest.mark.parametrize("pair", [False, True], ids=["fused", "pair"])
 def test_xla_choice_compiles_plain_jaxs_program_on_nd_x(pair):
     # Keyed by the flattened rows, XLA's choice ran on them, a different program from
@@ -218,7 +208,7 @@ def test_xla_choice_compiles_plain_jaxs_program_on_nd_x(pair):
     x = jax.random.normal(a, (2, 3, 16), jnp.float32)
     w = jax.random.normal(b, (16, 2, 8), jnp.float32) / 4
     w = (w[:, 0], w[:, 1]) if pair else w
-    ex = kt.Executor(_Always(GLUConfig(backend="xla")))
+    ex = kt.Executor(FixedChooser(GLUConfig(backend="xla")))
 
     def step(glu):
         return jax.jit(jax.grad(lambda x, w: jnp.sum(jnp.tanh(glu(x, w))), argnums=(0, 1)))

@@ -17,7 +17,7 @@ from kerneltune.kernels._common import relative_error, tolerance
 from kerneltune.kernels.matmul import config as mc
 from kerneltune.kernels.matmul.pallas_triton import _grouped_tile, matmul_pallas
 from kerneltune.kernels.matmul.shapes import TEST_SHAPES
-from tests.helpers import heuristics_executor
+from tests.helpers import FixedChooser, heuristics_executor
 
 BF16 = jnp.bfloat16
 
@@ -226,18 +226,6 @@ def test_bad_operands_are_rejected_with_a_clear_error(x, y, error):
 # --- XLA's choice on N-D operands ---------------------------------------------------------
 
 
-class _Always:
-    """A chooser that picks one config for every call."""
-
-    def __init__(self, cfg):
-        self.cfg = cfg
-        self.calls = 0
-
-    def choose(self, inv, kernel):
-        self.calls += 1
-        return self.cfg
-
-
 def _train_step(mm):
     return jax.jit(jax.grad(lambda x, w: jnp.sum(jnp.tanh(mm(x, w))), argnums=(0, 1)))
 
@@ -249,7 +237,7 @@ def test_xla_choice_compiles_plain_jaxs_program_on_nd_operands(key):
     # choice now runs on the N-D arrays: the same optimised program as `x @ w`.
     x, w = operands(key, 6, 32, 16, jnp.float32)
     x = x.reshape(2, 3, 32)
-    chooser = _Always(MatmulConfig(backend="xla"))
+    chooser = FixedChooser(MatmulConfig(backend="xla"))
     ex = kt.Executor(chooser)
     ours = program_text(_train_step(lambda a, b: matmul(a, b, executor=ex)), (x, w))
     assert ours == program_text(_train_step(jnp.matmul), (x, w))
@@ -262,7 +250,7 @@ def test_xla_choice_compiles_plain_jaxs_program_on_nd_operands(key):
 def test_other_choices_still_run_the_kernel_on_the_flattened_operands(key):
     x, w = operands(key, 6, 32, 16, jnp.float32)
     x = x.reshape(2, 3, 32)
-    ex = kt.Executor(_Always(MatmulConfig(bm=32, bn=32, bk=32)))
+    ex = kt.Executor(FixedChooser(MatmulConfig(bm=32, bn=32, bk=32)))
     with options.scoped(platform="triton"):  # the Pallas kernel, in the interpreter
         jaxpr = str(jax.make_jaxpr(lambda a: matmul(a, w, executor=ex))(x))
         g = jax.jit(jax.grad(lambda a: jnp.sum(matmul(a, w, executor=ex) ** 2)))(x)
@@ -275,7 +263,7 @@ def test_nd_xla_calls_are_recorded_and_labelled_like_any_call(key):
 
     x, w = operands(key, 6, 32, 16, jnp.float32)
     x = x.reshape(2, 3, 32)
-    ex = kt.Executor(_Always(MatmulConfig(backend="xla")))
+    ex = kt.Executor(FixedChooser(MatmulConfig(backend="xla")))
     recording.clear_invocations()
     with recording.record_calls():
         text = jax.jit(lambda a, b: matmul(a, b, executor=ex)).lower(x, w).as_text()
@@ -286,6 +274,6 @@ def test_nd_xla_calls_are_recorded_and_labelled_like_any_call(key):
 
 
 def test_call_traced_refuses_concrete_arrays():
-    ex = kt.Executor(_Always(MatmulConfig(backend="xla")))
+    ex = kt.Executor(FixedChooser(MatmulConfig(backend="xla")))
     with pytest.raises(ValueError, match="call_traced is for calls under jit"):
         ex.call_traced(Matmul(), jnp.ones((4, 4)), jnp.ones((4, 4)), own=lambda cfg: None)

@@ -19,7 +19,7 @@ from kerneltune.kernels._common import relative_error, tolerance
 from kerneltune.kernels.normalization import config as nc
 from kerneltune.kernels.normalization.reference import layer_norm_reference, rms_norm_reference
 from kerneltune.kernels.normalization.shapes import TEST_SHAPES
-from tests.helpers import heuristics_executor
+from tests.helpers import FixedChooser, heuristics_executor
 
 BF16 = jnp.bfloat16
 
@@ -165,16 +165,6 @@ def test_bad_parameters_are_rejected():
         executor()(RMSNormInterpret(), jnp.ones((2, 8)), jnp.ones(8), jnp.ones(8))
 
 
-class _Always:
-    """A chooser that picks one config for every call."""
-
-    def __init__(self, cfg):
-        self.cfg = cfg
-
-    def choose(self, inv, kernel):
-        return self.cfg
-
-
 @pytest.mark.parametrize("norm", ["layer_norm", "rms_norm"])
 def test_xla_choice_compiles_plain_jaxs_program_on_nd_x(norm):
     # Keyed by the flattened rows, XLA's norm ran on them: a different program from
@@ -189,7 +179,7 @@ def test_xla_choice_compiles_plain_jaxs_program_on_nd_x(norm):
     x = jax.random.normal(a, (2, 3, 16), jnp.float32)
     w = jax.random.normal(b, (16, 8), jnp.float32)
     scale, bias = jnp.full((16,), 1.5), jnp.full((16,), 0.25)
-    ex = kt.Executor(_Always(nc.XLA))
+    ex = kt.Executor(FixedChooser(nc.XLA))
     if norm == "layer_norm":
         ours = lambda x, w: layer_norm(x, scale, bias, epsilon=1e-5, executor=ex) @ w  # noqa: E731
         plain = lambda x, w: layer_norm_xla(x, scale, bias, eps=1e-5) @ w  # noqa: E731
