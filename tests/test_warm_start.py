@@ -81,6 +81,33 @@ def test_ranked_keeps_the_winner_then_the_best_of_other_regions():
     assert tuned_neighbours.ranked(times, Tile(256, 64, 32, 4, 2))[0] == Tile(256, 64, 32, 4, 2)
 
 
+def test_ranked_tries_a_losing_backend_once():
+    # Two Mosaic runner-ups of an XLA winner each cost an H100 0.6-0.9 s of lowering
+    # and compiling at every new size (and neither won): the best of each other backend
+    # is kept, then other regions of the winner's backend.
+    def cfg(backend, bm, bn):
+        return {"backend": backend, "bm": bm, "bn": bn, "bk": 64}
+
+    times = [
+        (cfg("xla", 128, 128), 1.0),
+        (cfg("mosaic", 128, 256), 1.05),
+        (cfg("mosaic", 256, 128), 1.06),  # two fields from the first Mosaic one
+        (cfg("triton", 64, 64), 1.2),
+    ]
+    assert tuned_neighbours.ranked(times) == (
+        cfg("xla", 128, 128),
+        cfg("mosaic", 128, 256),
+        cfg("triton", 64, 64),
+    )
+    # Regions of the winner's own backend still count as before.
+    times = [
+        (cfg("triton", 128, 128), 1.0),
+        (cfg("triton", 64, 256), 1.1),
+        (cfg("mosaic", 64, 64), 1.2),
+    ]
+    assert len(tuned_neighbours.ranked(times)) == 3
+
+
 @pytest.mark.parametrize(
     "data",
     [
