@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -163,6 +164,7 @@ def _epsilon(op: str, epsilon: Any) -> float:
 
 def _normalize(
     kernel_cls: type[_Norm],
+    xla_fn: Callable[..., jax.Array],
     x: Any,
     params: tuple[tuple[str, Any, float], ...],
     axis: int | tuple[int, ...],
@@ -172,7 +174,8 @@ def _normalize(
 ) -> jax.Array:
     """Runs a row-wise norm kernel over `axis` of `x`: the normalised axes are moved
     last and flattened, missing parameters become their identity (`fill`), and the
-    computation runs in the result dtype of `x` and the given parameters (as flax)."""
+    computation runs in the result dtype of `x` and the given parameters (as flax).
+    `xla_fn(x, *params, eps=...)` is the kernel's XLA code."""
     op = kernel_cls.op_id
     x = as_array(op, "x", x)
     if x.ndim < 1:
@@ -182,24 +185,23 @@ def _normalize(
     axes = normalize_axes(op, axis, x.ndim)
     given = [(name, feature_param(op, name, v, x, axes), fill) for name, v, fill in params]
     dtype = jnp.result_type(x, *(p for _, p, _ in given if p is not None))
-    rows, back = to_rows(x.astype(dtype), axes)
+    xd = x.astype(dtype)
+    rows, back = to_rows(xd, axes)
     n = rows.shape[-1]
     arrays = [
         p.astype(dtype) if p is not None else jnp.full((n,), fill, dtype) for _, p, fill in given
     ]
     ex = executor if executor is not None else default_executor()
-    kernel = kernel_for(kernel_cls, ex)
-    xd = x.astype(dtype)
     out = call_flattened(
         ex,
-        kernel,
+        kernel_for(kernel_cls, ex),
         rows,
         *arrays,
         eps=eps,
         cfg=cfg,
         # Over the last axis alone the XLA code runs on `x` as it is.
         flattened=x.ndim > 2 and axes == (x.ndim - 1,),
-        unflattened_xla=lambda: kernel.run_xla(xd, *arrays, cfg=config_lib.XLA, eps=eps),
+        unflattened_xla=lambda: xla_fn(xd, *arrays, eps=eps),
     )
     return back(out)
 
@@ -238,7 +240,7 @@ def layer_norm(
       (-1.342, -0.447, 0.447, 1.342)
     """
     params = (("scale", scale, 1.0), ("bias", bias, 0.0))
-    return _normalize(LayerNorm, x, params, axis, epsilon, cfg, executor)
+    return _normalize(LayerNorm, layer_norm_xla, x, params, axis, epsilon, cfg, executor)
 
 
 def rms_norm(
@@ -259,4 +261,5 @@ def rms_norm(
       >>> rms_norm(jnp.full((2, 4), 3.0), jnp.ones(4)).round(3).tolist()
       [[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]]
     """
-    return _normalize(RMSNorm, x, (("scale", scale, 1.0),), axis, epsilon, cfg, executor)
+    params = (("scale", scale, 1.0),)
+    return _normalize(RMSNorm, rms_norm_xla, x, params, axis, epsilon, cfg, executor)
