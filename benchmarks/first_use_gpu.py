@@ -3,6 +3,7 @@ wall (tracing, tuning, compiling), the peak device memory of the process (tuning
 included) and the step time, against plain JAX (cuDNN attention, XLA elsewhere).
 
     python -m benchmarks.first_use_gpu [--rows gpt,llama,...] [--variants plain,kt,kt_cold]
+    python -m benchmarks.first_use_gpu --rows gpt_off --variants plain_labelled  # a control
     FIRST_USE_TRACE=1 python -m benchmarks.first_use_gpu ...   # also each tuned key's cost
 
 Run from the repository root on a GPU. Every (row, variant) runs in a fresh process, so
@@ -49,7 +50,9 @@ ROWS = (*BLOCKS, *LONG)
 # Tiny rows that run anywhere (a check of the benchmark itself, wall clock on a CPU).
 SMOKE_BLOCKS = {"gpt_smoke": ("gpt", mb.BlockShape(1, 64, 64, 2, 2, 128))}
 SMOKE_LONG = {"attn_smoke": 256}
-VARIANTS = ("plain", "kt", "kt_cold")
+# "plain_labelled": plain JAX's ops with kerneltune's labels on their instructions (a
+# control: the step of the same program, labelled, against plain's in one process).
+VARIANTS = ("plain", "kt", "kt_cold", "plain_labelled")
 ROUNDS = 5
 ROOT = pathlib.Path(__file__).resolve().parent.parent  # where `-m benchmarks...` imports
 
@@ -73,16 +76,23 @@ def _kt_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
 
 
 def step_and_args(row: str, variant: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    plain = variant == "plain"
+    plain = variant in ("plain", "plain_labelled")
     blocks = {**BLOCKS, **SMOKE_BLOCKS}
     if row in blocks:
         block, shape = blocks[row]
         ops = mb.plain_ops() if plain else mb.kerneltune_ops()
+        if variant == "plain_labelled":
+            ops = mb.labelled_ops(ops)
         return mb.train_step(block, ops, shape), mb.block_inputs(block, shape)
     t = {**LONG, **SMOKE_LONG}[row]
     q, do = (h.normal(s, (1, t, 16, 128)) for s in (0, 3))
     k, v = (h.normal(s, (1, t, 4, 128)) for s in (1, 2))
-    return _attention_step(_plain_attention if plain else _kt_attention), (q, k, v, do)
+    attention = _plain_attention if plain else _kt_attention
+    if variant == "plain_labelled":
+        import kerneltune
+
+        attention = kerneltune.label("plain.attention")(attention)
+    return _attention_step(attention), (q, k, v, do)
 
 
 def trace_keys(device: Any, keys: list[dict[str, Any]]) -> None:
@@ -216,7 +226,7 @@ def describe(rows: dict[str, dict[str, dict[str, Any]]], row: str) -> str:
 def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, dict[str, Any]]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated of {ROWS}")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"of {VARIANTS}")
+    parser.add_argument("--variants", default="plain,kt,kt_cold", help=f"of {VARIANTS}")
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds per process")
     parser.add_argument("--json", help="write every result here")
     parser.add_argument("--child", nargs=2, metavar=("ROW", "VARIANT"), help=argparse.SUPPRESS)

@@ -80,6 +80,20 @@ def plain_ops() -> Ops:
     )
 
 
+def labelled_ops(ops: Ops) -> Ops:
+    """`ops` with every op's instructions labelled as kerneltune labels its calls
+    (`kerneltune.label`, a frontend attribute): the same program with only the labels
+    added, a control for what labels alone do to XLA's compilation and autotuning."""
+    import kerneltune
+
+    fields = {
+        f.name: kerneltune.label(f"plain.{f.name}")(getattr(ops, f.name))
+        for f in dataclasses.fields(ops)
+        if f.name != "name"
+    }
+    return Ops(f"{ops.name}_labelled", **fields)
+
+
 def kerneltune_ops(executor: Any = None) -> Ops:
     """kerneltune's ops through `executor` (None: the default executor)."""
     ex = {"executor": executor}

@@ -212,3 +212,17 @@ def test_the_first_use_benchmark_runs_each_variant_in_a_fresh_process(tmp_path):
     assert json.loads(out.read_text())["attn_smoke"]["kt"]["row"] == "attn_smoke"
     with pytest.raises(SystemExit):
         first_use_gpu.main(["--rows", "attn_1m"])  # an unknown row names the allowed ones
+
+
+def test_labelled_plain_ops_are_plain_jaxs_values_with_kerneltunes_labels():
+    # The control for the step ratio: plain JAX's program with only labels added.
+    import kerneltune as kt
+    from benchmarks import first_use_gpu
+
+    step, args = first_use_gpu.step_and_args("gpt_smoke", "plain_labelled")
+    plain_step, _ = first_use_gpu.step_and_args("gpt_smoke", "plain")
+    labels = kt.find_labels_in_lowered(step.lower(*args))
+    assert {"plain.matmul", "plain.layer_norm", "plain.attention"} <= set(labels)
+    assert not kt.find_labels_in_lowered(plain_step.lower(*args))
+    for ours, plain in zip(jax.tree.leaves(step(*args)), jax.tree.leaves(plain_step(*args))):
+        np.testing.assert_allclose(np.asarray(ours), np.asarray(plain), rtol=1e-6)
