@@ -115,6 +115,7 @@ def trace_keys(device: Any, keys: list[dict[str, Any]]) -> None:
         elif event == "autotune_finish" and key in started:
             t0, peak0 = started.pop(key)
             report = data.get("report")
+            cands = getattr(report, "candidates", ())
             keys.append(
                 {
                     "op": data.get("op_id"),
@@ -122,11 +123,9 @@ def trace_keys(device: Any, keys: list[dict[str, Any]]) -> None:
                     "tune_s": round(time.perf_counter() - t0, 2),
                     "peak_gib": round(peak / 2**30, 2),
                     "raised_gib": round((peak - peak0) / 2**30, 2),
-                    "candidates": len(getattr(report, "candidates", ())),
-                    "evaluated": sum(
-                        c.status != "pruned" for c in getattr(report, "candidates", ())
-                    ),
-                    "timed": sum(c.time_s is not None for c in getattr(report, "candidates", ())),
+                    "candidates": len(cands),
+                    "evaluated": sum(c.status != "pruned" for c in cands),
+                    "timed": sum(c.time_s is not None for c in cands),
                     "strategy": getattr(report, "strategy", None),
                     "in_use_gib": round(
                         (device.memory_stats() or {}).get("bytes_in_use", 0) / 2**30, 2
@@ -134,7 +133,7 @@ def trace_keys(device: Any, keys: list[dict[str, Any]]) -> None:
                     "evaluations": [
                         f"{str(c.cfg)[:60]} {c.status} lower {c.lower_s} compile {c.compile_s}"
                         f" time {c.time_s}"
-                        for c in getattr(report, "candidates", ())
+                        for c in cands
                         if c.status != "pruned"
                     ],
                     "phases_s": {

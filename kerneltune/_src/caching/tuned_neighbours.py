@@ -45,22 +45,22 @@ def ranked(timings: Iterable[tuple[Any, float | None]], winner: Any = None) -> R
         ((t, i, c) for i, (c, t) in enumerate(timings) if t is not None), key=lambda x: x[:2]
     )
     picked: list[Any] = [] if winner is None else [winner]
+    points = [config_space.config_point(p) for p in picked]
+    losing_backends: set[Any] = set()  # of the runner-ups, other than the winner's
     for _, _, cfg in ok:
         point = config_space.config_point(cfg)
-        if any(config_space.distance(point, config_space.config_point(p)) < 2 for p in picked):
+        if any(config_space.distance(point, p) < 2 for p in points):
             continue
-        backend = _backend(cfg)
-        if picked and backend != _backend(picked[0]) and backend in map(_backend, picked[1:]):
-            continue
+        backend = dict(point).get("backend")
+        if points and backend != dict(points[0]).get("backend"):
+            if backend in losing_backends:
+                continue
+            losing_backends.add(backend)
         picked.append(cfg)
+        points.append(point)
         if len(picked) == MAX_REGIONS:
             break
     return tuple(picked)
-
-
-def _backend(cfg: Any) -> Any:
-    """A config's `backend` field (None for a config without one)."""
-    return dict(config_space.config_point(cfg)).get("backend")
 
 
 class LocalIndex:

@@ -144,6 +144,7 @@ class Executor(Generic[Cfg, Out]):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         call: CallOptions,
+        own: Callable[[Cfg], Callable[[], Any] | None] | None = None,
     ) -> Out:
         generation = self._generation
         inv, p_args, p_kwargs = self._checked_invocation(kernel, args, kwargs, call)
@@ -151,6 +152,9 @@ class Executor(Generic[Cfg, Out]):
         if options.RECORD.value:
             recording.record_invocation(kernel, inv)
         if tracing.is_tracing((args, kwargs)) or tracing.is_tracing((p_args, p_kwargs)):
+            trace = None if own is None else own(chosen)
+            if trace is not None:  # the caller runs the chosen config itself
+                return self._stamped(inv, chosen, trace)  # type: ignore[no-any-return]
             return self._apply(kernel, inv, chosen, p_args, p_kwargs)
 
         program = self._program(kernel, chosen, args, kwargs, inv)
@@ -305,15 +309,7 @@ class Executor(Generic[Cfg, Out]):
                 "call_traced is for calls under jit, grad or vmap (tracer arguments); "
                 "call the executor itself for concrete arrays."
             )
-        call = CallOptions()
-        inv, p_args, p_kwargs = self._checked_invocation(kernel, args, kwargs, call)
-        chosen = self.chooser.choose(inv, kernel)
-        if options.RECORD.value:
-            recording.record_invocation(kernel, inv)
-        trace = own(chosen)
-        if trace is None:
-            return self._apply(kernel, inv, chosen, p_args, p_kwargs)
-        return self._stamped(inv, chosen, trace)
+        return self._call(kernel, args, kwargs, CallOptions(), own=own)
 
     def choose_config(
         self, kernel: Kernel[Cfg, Out], *args: Any, cfg: Cfg | None = None, **kwargs: Any
