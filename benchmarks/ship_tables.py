@@ -6,6 +6,7 @@ replay of warm starts (`benchmarks/warm_replay.py`, `tests/test_warm_replay.py`)
 them. Run it on each GPU model the package supports:
 
     PYTHONPATH=. python -m benchmarks.ship_tables [--ops matmul,layer_norm,...,blocks]
+    PYTHONPATH=. python -m benchmarks.ship_tables --ops blocks --missing-only  # new keys only
 
 Entries are written to a cache directory as they finish (`--cache`), and the table is
 rewritten after every op, so an interrupted run keeps what it tuned.
@@ -29,7 +30,7 @@ import kerneltune as kt
 import kerneltune.kernels
 from benchmarks import harness as h
 from kerneltune._src.caching import storage
-from kerneltune._src.caching.shipped import PACKAGE_TABLES
+from kerneltune._src.caching.shipped import PACKAGE_TABLES, ShippedTables
 from kerneltune._src.core import devices
 
 Call = Callable[[kt.Executor], Any]
@@ -128,6 +129,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ops", default="matmul,layer_norm,rms_norm,softmax,attention")
     p.add_argument("--cache", default=None, help="cache directory (default: a new temporary one)")
     p.add_argument("--out", default=None, help="table file (default: the package's, for this GPU)")
+    p.add_argument(
+        "--missing-only",
+        action="store_true",
+        help="tune only the keys the table at --out does not hold (e.g. keys a new "
+        "version of an op asks for); the others are read from it",
+    )
     args = p.parse_args(argv)
     if not h.on_gpu():
         print("ship_tables: no GPU found; tables are only written on the GPU they describe.")
@@ -137,8 +144,12 @@ def main(argv: list[str] | None = None) -> None:
     cache: kt.PersistentCache[Any] = kt.PersistentCache(
         args.cache or tempfile.mkdtemp(prefix="kt-ship-")
     )
+    held = ShippedTables([out]) if args.missing_only and os.path.exists(out) else None
     chain: kt.ConfigSelectorChain[Any, Any] = kt.ConfigSelectorChain(
-        kt.ConfigCache(), tuner=kt.Tuner(strategy="exhaustive", progress=False), persistent=cache
+        kt.ConfigCache(),
+        tuner=kt.Tuner(strategy="exhaustive", progress=False),
+        persistent=cache,
+        shipped=held,
     )
     ex = kt.Executor(chain)
     print(f"{kind}: tuning into {cache.location}, table {out}", flush=True)
