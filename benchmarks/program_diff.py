@@ -4,7 +4,7 @@
 
 For each op of a block's training step (`model_blocks`), plain JAX's op is replaced by
 kerneltune's alone (default executor: the shipped tables, else the heuristic) and the
-optimised HLO of the two steps is compared (`harness.program_text`: kerneltune's labels
+optimised HLO of the two steps is compared, then every op at once ("all") (`harness.program_text`: kerneltune's labels
 and source locations left out). "same" means the step runs the same kernels as plain
 JAX's; otherwise the first differing lines are printed. Compiles only: no timing.
 """
@@ -33,8 +33,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         block, shape = first_use_gpu.BLOCKS[name]
         args = mb.block_inputs(block, shape)
         base = h.program_text(mb.train_step(block, plain, shape), args).splitlines()
-        for field in FIELDS:
-            mixed = dataclasses.replace(plain, **{field: getattr(kt_ops, field)})
+        for field in (*FIELDS, "all"):
+            fields = FIELDS if field == "all" else (field,)
+            mixed = dataclasses.replace(plain, **{f: getattr(kt_ops, f) for f in fields})
             text = h.program_text(mb.train_step(block, mixed, shape), args).splitlines()
             if text == base:
                 print(f"{name} {field}: same", flush=True)

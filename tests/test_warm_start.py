@@ -92,18 +92,22 @@ def test_ranked_tries_a_losing_backend_once():
         (cfg("xla", 128, 128), 1.0),
         (cfg("mosaic", 128, 256), 1.05),
         (cfg("mosaic", 256, 128), 1.06),  # two fields from the first Mosaic one
-        (cfg("triton", 64, 64), 1.2),
+        (cfg("triton", 64, 64), 1.08),
     ]
     assert tuned_neighbours.ranked(times) == (
         cfg("xla", 128, 128),
         cfg("mosaic", 128, 256),
         cfg("triton", 64, 64),
     )
+    # A backend that lost by more than LOSING_BACKEND_WITHIN (Triton's matmuls 22-24%
+    # behind cuBLAS on an H200) is not worth its compile at a new size.
+    times[3] = (cfg("triton", 64, 64), 1.2)
+    assert tuned_neighbours.ranked(times) == (cfg("xla", 128, 128), cfg("mosaic", 128, 256))
     # Regions of the winner's own backend still count as before.
     times = [
         (cfg("triton", 128, 128), 1.0),
         (cfg("triton", 64, 256), 1.1),
-        (cfg("mosaic", 64, 64), 1.2),
+        (cfg("mosaic", 64, 64), 1.09),
     ]
     assert len(tuned_neighbours.ranked(times)) == 3
 
