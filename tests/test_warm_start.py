@@ -92,22 +92,23 @@ def test_ranked_tries_a_losing_backend_once():
         (cfg("xla", 128, 128), 1.0),
         (cfg("mosaic", 128, 256), 1.05),
         (cfg("mosaic", 256, 128), 1.06),  # two fields from the first Mosaic one
-        (cfg("triton", 64, 64), 1.08),
+        (cfg("triton", 64, 64), 1.2),
     ]
     assert tuned_neighbours.ranked(times) == (
         cfg("xla", 128, 128),
         cfg("mosaic", 128, 256),
         cfg("triton", 64, 64),
     )
-    # A backend that lost by more than LOSING_BACKEND_WITHIN (Triton's matmuls 22-24%
-    # behind cuBLAS on an H200) is not worth its compile at a new size.
-    times[3] = (cfg("triton", 64, 64), 1.2)
-    assert tuned_neighbours.ranked(times) == (cfg("xla", 128, 128), cfg("mosaic", 128, 256))
+    # However far behind: on the H100 table attention's Pallas kernel, 27% behind
+    # cuDNN at B8 T2048, wins by 9% at B16 T1024 (dropping runner-ups more than 10%
+    # behind raised attention's p90 warm-start regret in the replay from 0% to 8.8%).
+    times[3] = (cfg("triton", 64, 64), 1.27)
+    assert cfg("triton", 64, 64) in tuned_neighbours.ranked(times)
     # Regions of the winner's own backend still count as before.
     times = [
         (cfg("triton", 128, 128), 1.0),
         (cfg("triton", 64, 256), 1.1),
-        (cfg("mosaic", 64, 64), 1.09),
+        (cfg("mosaic", 64, 64), 1.2),
     ]
     assert len(tuned_neighbours.ranked(times)) == 3
 

@@ -28,10 +28,6 @@ logger = logging.getLogger("kerneltune")
 MAX_NEIGHBOURS = 4
 #: How many of the nearest neighbour's best configs, in distinct regions, it gets.
 MAX_REGIONS = 3
-#: A backend that lost by more than this fraction of the winner's time is not tried
-#: at a new size: on an H200 the Triton matmuls 22-24% behind cuBLAS still cost every
-#: off-table matmul key a compile, while the Mosaic ones 2-7% behind can win nearby.
-LOSING_BACKEND_WITHIN = 0.10
 
 Ranked = tuple[Any, ...]  # a call's best configs, in distinct regions, the winner first
 
@@ -42,24 +38,22 @@ def ranked(timings: Iterable[tuple[Any, float | None]], winner: Any = None) -> R
     picked before it, and at most one of each backend that is not the winner's, up to
     `MAX_REGIONS`.
 
-    A backend that lost is worth one try at a new size, not several, and none when it
-    was slower than the fastest by more than `LOSING_BACKEND_WITHIN`: on an H100 each Mosaic runner-up cost an
-    off-table matmul key 0.6-0.9 s of lowering and compiling, and none of them won over
-    cuBLAS."""
+    A backend that lost is worth one try at a new size, not several: on an H100 each
+    Mosaic runner-up cost an off-table matmul key 0.6-0.9 s of lowering and compiling,
+    and none of them won over cuBLAS."""
     ok = sorted(
         ((t, i, c) for i, (c, t) in enumerate(timings) if t is not None), key=lambda x: x[:2]
     )
     picked: list[Any] = [] if winner is None else [winner]
     points = [config_space.config_point(p) for p in picked]
     losing_backends: set[Any] = set()  # of the runner-ups, other than the winner's
-    fastest = ok[0][0] if ok else 0.0
-    for t, _, cfg in ok:
+    for _, _, cfg in ok:
         point = config_space.config_point(cfg)
         if any(config_space.distance(point, p) < 2 for p in points):
             continue
         backend = dict(point).get("backend")
         if points and backend != dict(points[0]).get("backend"):
-            if backend in losing_backends or t > fastest * (1.0 + LOSING_BACKEND_WITHIN):
+            if backend in losing_backends:
                 continue
             losing_backends.add(backend)
         picked.append(cfg)
