@@ -11,7 +11,9 @@ its first call and its peak memory are its own: "kt" runs kerneltune's ops throu
 default executor with an empty cache directory and the shipped tables on, "kt_cold"
 with them off (`KERNELTUNE_SHIPPED=0`). The kerneltune processes then time their step
 against plain JAX's in interleaved rounds (CUPTI device time), so "× plain" is a ratio
-measured in one process. "consts" counts JAX's "constants were captured" warnings.
+measured in one process; plain's step is compiled twice there, and "plain again" (the
+ratio of the two, the same program) shows how far apart identical programs time in that
+process. "consts" counts JAX's "constants were captured" warnings.
 
 Rows: the GPT and Llama blocks of `model_gpu` (shapes in the shipped tables), the same
 blocks at sizes in no table ("_off"), and causal grouped-query attention forward +
@@ -166,13 +168,18 @@ def child(row: str, variant: str) -> dict[str, Any]:
     out["consts"] = sum("constants were captured" in str(w.message) for w in caught)
     sessions = {variant: h.session(step, [args])}
     if variant != "plain":
-        # Plain JAX's step timed in this process too, in interleaved rounds.
+        # Plain JAX's step timed in this process too, in interleaved rounds, and a
+        # second compilation of it: the same program, so plain/plain_again is how far
+        # apart two identical programs time in this process (the sample's noise floor).
         plain_step, _ = step_and_args(row, "plain")
+        again, _ = step_and_args(row, "plain")
         sessions["plain"] = h.session(plain_step, [args])
+        sessions["plain_again"] = h.session(again, [args])
     times = h.interleaved_times(sessions, rounds=ROUNDS)
     out["step_ms"] = times[variant] * 1e3
     if "plain" in times and variant != "plain":
         out["plain_step_ms"] = times["plain"] * 1e3
+        out["plain_again_ms"] = times["plain_again"] * 1e3
     return out
 
 
@@ -212,7 +219,10 @@ def describe(rows: dict[str, dict[str, dict[str, Any]]], row: str) -> str:
             f"peak {r['peak_gib']:.2f} GiB, consts {r['consts']}"
         )
         if "plain_step_ms" in r:
-            text += f", {r['plain_step_ms'] / r['step_ms']:.3f}× plain's step (same process)"
+            text += f", {r['plain_step_ms'] / r['step_ms']:.3f}× plain's step (same process"
+            if "plain_again_ms" in r:  # plain's program compiled twice: the noise floor
+                text += f"; plain again {r['plain_step_ms'] / r['plain_again_ms']:.3f}×"
+            text += ")"
         if variant != "plain" and "first_s" in plain:
             text += (
                 f", first {r['first_s'] / plain['first_s']:.2f}× plain's, "

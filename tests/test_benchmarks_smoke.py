@@ -209,6 +209,8 @@ def test_the_first_use_benchmark_runs_each_variant_in_a_fresh_process(tmp_path):
         assert _positive(r["step_ms"]) and _positive(r["first_s"]) and r["consts"] == 0
     # kerneltune's process also timed plain JAX's step, for a same-process ratio.
     assert _positive(row["kt"]["plain_step_ms"]) and "plain_step_ms" not in row["plain"]
+    # ... and plain's program compiled a second time: the process's noise floor.
+    assert _positive(row["kt"]["plain_again_ms"]) and "plain_again_ms" not in row["plain"]
     assert json.loads(out.read_text())["attn_smoke"]["kt"]["row"] == "attn_smoke"
     with pytest.raises(SystemExit):
         first_use_gpu.main(["--rows", "attn_1m"])  # an unknown row names the allowed ones
