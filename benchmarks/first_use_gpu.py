@@ -4,6 +4,7 @@ included) and the step time, against plain JAX (cuDNN attention, XLA elsewhere).
 
     python -m benchmarks.first_use_gpu [--rows gpt,llama,...] [--variants plain,kt,kt_cold]
     python -m benchmarks.first_use_gpu --rows gpt_off --variants plain_labelled  # a control
+    python -m benchmarks.first_use_gpu --rows gpt --variants plain,kt --repeat 5  # medians
     FIRST_USE_TRACE=1 python -m benchmarks.first_use_gpu ...   # also each tuned key's cost
 
 Run from the repository root on a GPU. Every (row, variant) runs in a fresh process, so
@@ -26,6 +27,7 @@ import argparse
 import json
 import os
 import pathlib
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -232,11 +234,41 @@ def describe(rows: dict[str, dict[str, dict[str, Any]]], row: str) -> str:
     return "\n  ".join(cells)
 
 
+def summarize(row: str, samples: dict[str, list[dict[str, Any]]]) -> str:
+    """Medians over repeated processes: a step ratio's spread between identical programs
+    reaches a few percent in one process, so a target needs several."""
+
+    def spread(values: list[float], fmt: str) -> str:
+        if not values:
+            return "-"
+        return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}–{max(values):{fmt}})"
+
+    plain_first = [r["first_s"] for r in samples.get("plain", ()) if "first_s" in r]
+    cells = [f"{row}, median (min–max) of {max(len(v) for v in samples.values())} processes:"]
+    for variant, rs in samples.items():
+        ok = [r for r in rs if "error" not in r]
+        ratios = [r["plain_step_ms"] / r["step_ms"] for r in ok if "plain_step_ms" in r]
+        again = [r["plain_step_ms"] / r["plain_again_ms"] for r in ok if "plain_again_ms" in r]
+        firsts = [r["first_s"] for r in ok]
+        text = f"{variant}: {len(ok)} of {len(rs)} finished, first {spread(firsts, '.1f')} s"
+        if ratios:
+            text += f", {spread(ratios, '.3f')}× plain's step, plain again {spread(again, '.3f')}×"
+        if variant != "plain" and plain_first and firsts:
+            text += (
+                f", first {statistics.median(firsts) / statistics.median(plain_first):.2f}× plain's"
+            )
+        cells.append(text)
+    return "\n  ".join(cells)
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, dict[str, Any]]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated of {ROWS}")
     parser.add_argument("--variants", default="plain,kt,kt_cold", help=f"of {VARIANTS}")
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds per process")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="processes per (row, variant), then medians"
+    )
     parser.add_argument("--json", help="write every result here")
     parser.add_argument("--child", nargs=2, metavar=("ROW", "VARIANT"), help=argparse.SUPPRESS)
     a = parser.parse_args(argv)
@@ -251,14 +283,25 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, dict[str, Any
             parser.error(f"unknown {unknown}; allowed: {', '.join(allowed)}")
     # This process never touches the device: each child needs all of its memory.
     results: dict[str, dict[str, dict[str, Any]]] = {}
+    if a.repeat < 1:
+        parser.error(f"--repeat must be at least 1, got {a.repeat}")
     for row in rows:
-        results[row] = {}
-        for variant in variants:
-            results[row][variant] = run_one(row, variant, a.timeout)
-        first = next(iter(results[row].values()))
-        if "device" in first:
-            print(f"({first['device']}, jax {first['jax']})", flush=True)
-        print(describe(results, row), flush=True)
+        samples: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+        for _ in range(a.repeat):  # repeats interleaved, so drift hits every variant
+            one: dict[str, dict[str, dict[str, Any]]] = {row: {}}
+            for variant in variants:
+                one[row][variant] = run_one(row, variant, a.timeout)
+                samples[variant].append(one[row][variant])
+            first = next(iter(one[row].values()))
+            if "device" in first:
+                print(f"({first['device']}, jax {first['jax']})", flush=True)
+            print(describe(one, row), flush=True)
+        # The first process's figures, and every process's under "samples".
+        results[row] = {
+            v: {**rs[0], "samples": rs} if a.repeat > 1 else rs[0] for v, rs in samples.items()
+        }
+        if a.repeat > 1:
+            print(summarize(row, samples), flush=True)
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(results, f, indent=1)

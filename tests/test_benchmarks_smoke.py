@@ -216,6 +216,24 @@ def test_the_first_use_benchmark_runs_each_variant_in_a_fresh_process(tmp_path):
         first_use_gpu.main(["--rows", "attn_1m"])  # an unknown row names the allowed ones
 
 
+def test_the_first_use_benchmark_repeats_processes_and_prints_medians(capsys):
+    # One sample's step ratio moved by up to 4% between identical programs on an H200:
+    # --repeat runs each (row, variant) in that many fresh processes and takes medians.
+    from benchmarks import first_use_gpu
+
+    results = first_use_gpu.main(
+        ["--rows", "attn_smoke", "--variants", "plain,kt", "--repeat", "2", "--timeout", "300"]
+    )
+    kt_runs = results["attn_smoke"]["kt"]["samples"]
+    assert len(kt_runs) == 2 and all(_positive(r["plain_again_ms"]) for r in kt_runs)
+    assert results["attn_smoke"]["kt"]["step_ms"] == kt_runs[0]["step_ms"]
+    printed = capsys.readouterr().out
+    assert "attn_smoke, median (min–max) of 2 processes:" in printed
+    assert "kt: 2 of 2 finished" in printed and "× plain's step, plain again" in printed
+    with pytest.raises(SystemExit):
+        first_use_gpu.main(["--rows", "attn_smoke", "--repeat", "0"])
+
+
 def test_labelled_plain_ops_are_plain_jaxs_values_with_kerneltunes_labels():
     # The control for the step ratio: plain JAX's program with only labels added.
     import kerneltune as kt
