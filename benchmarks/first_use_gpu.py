@@ -79,7 +79,8 @@ def _kt_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     return attention(q, k, v, is_causal=True)
 
 
-def step_and_args(row: str, variant: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+def step_for(row: str, variant: str) -> Callable[..., Any]:
+    """The row's jitted training step with the variant's ops (a new jit each call)."""
     plain = variant in ("plain", "plain_labelled")
     blocks = {**BLOCKS, **SMOKE_BLOCKS}
     if row in blocks:
@@ -87,16 +88,29 @@ def step_and_args(row: str, variant: str) -> tuple[Callable[..., Any], tuple[Any
         ops = mb.plain_ops() if plain else mb.kerneltune_ops()
         if variant == "plain_labelled":
             ops = mb.labelled_ops(ops)
-        return mb.train_step(block, ops, shape), mb.block_inputs(block, shape)
-    t = {**LONG, **SMOKE_LONG}[row]
-    q, do = (h.normal(s, (1, t, 16, 128)) for s in (0, 3))
-    k, v = (h.normal(s, (1, t, 4, 128)) for s in (1, 2))
+        return mb.train_step(block, ops, shape)
     attention = _plain_attention if plain else _kt_attention
     if variant == "plain_labelled":
         import kerneltune
 
         attention = kerneltune.label("plain.attention")(attention)
-    return _attention_step(attention), (q, k, v, do)
+    return _attention_step(attention)
+
+
+def args_for(row: str) -> tuple[Any, ...]:
+    """The row's inputs, on the device (every variant of a row takes the same)."""
+    blocks = {**BLOCKS, **SMOKE_BLOCKS}
+    if row in blocks:
+        block, shape = blocks[row]
+        return mb.block_inputs(block, shape)
+    t = {**LONG, **SMOKE_LONG}[row]
+    q, do = (h.normal(s, (1, t, 16, 128)) for s in (0, 3))
+    k, v = (h.normal(s, (1, t, 4, 128)) for s in (1, 2))
+    return q, k, v, do
+
+
+def step_and_args(row: str, variant: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    return step_for(row, variant), args_for(row)
 
 
 def trace_keys(device: Any, keys: list[dict[str, Any]]) -> None:
@@ -173,10 +187,8 @@ def child(row: str, variant: str) -> dict[str, Any]:
         # Plain JAX's step timed in this process too, in interleaved rounds, and a
         # second compilation of it: the same program, so plain/plain_again is how far
         # apart two identical programs time in this process (the sample's noise floor).
-        plain_step, _ = step_and_args(row, "plain")
-        again, _ = step_and_args(row, "plain")
-        sessions["plain"] = h.session(plain_step, [args])
-        sessions["plain_again"] = h.session(again, [args])
+        sessions["plain"] = h.session(step_for(row, "plain"), [args])
+        sessions["plain_again"] = h.session(step_for(row, "plain"), [args])
     times = h.interleaved_times(sessions, rounds=ROUNDS)
     out["step_ms"] = times[variant] * 1e3
     if "plain" in times and variant != "plain":
@@ -281,10 +293,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, dict[str, Any
         unknown = sorted(set(name) - set(allowed))
         if unknown:
             parser.error(f"unknown {unknown}; allowed: {', '.join(allowed)}")
-    # This process never touches the device: each child needs all of its memory.
-    results: dict[str, dict[str, dict[str, Any]]] = {}
     if a.repeat < 1:
         parser.error(f"--repeat must be at least 1, got {a.repeat}")
+    # This process never touches the device: each child needs all of its memory.
+    results: dict[str, dict[str, dict[str, Any]]] = {}
     for row in rows:
         samples: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
         for _ in range(a.repeat):  # repeats interleaved, so drift hits every variant

@@ -5,8 +5,9 @@
 For each op of a block's training step (`model_blocks`), plain JAX's op is replaced by
 kerneltune's alone (default executor: the shipped tables, else the heuristic), then every
 op at once ("all"), and the optimised HLO of the two steps is compared
-(`harness.program_text`: kerneltune's labels and source locations left out). "same" means the step runs the same kernels as plain
-JAX's; otherwise the first differing lines are printed. Compiles only: no timing.
+(`harness.program_text`: kerneltune's labels and source locations left out). "same"
+means the step runs the same kernels as plain JAX's; otherwise the first differing lines
+are printed. Compiles only: no timing.
 """
 
 from __future__ import annotations
