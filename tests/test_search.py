@@ -8,6 +8,7 @@ import heapq
 import itertools
 import math
 import random
+import threading
 import time
 
 import jax.numpy as jnp
@@ -333,18 +334,31 @@ class DeviceCostTimer(CostFromOutput):
 
 def test_pipelined_search_through_the_bench_with_compile_threads():
     """Real threads: compiles that sleep (releasing the GIL) as long as a made-up
-    compile time; the pipelined search finishes clearly sooner than batches do."""
+    compile time. Through the real bench, both searches keep several compiles in flight
+    at once and the pipelined one finds the best. How much sooner pipelining finishes is
+    asserted in simulated time (above): on a loaded 2-core machine the wall clock of
+    sleeping threads says more about the scheduler than about the search."""
     x = jnp.ones((4,), jnp.float32)
+    lock = threading.Lock()
+    in_flight = [0]
+    most_in_flight: dict[bool, int] = {}
 
     def compile_(cfg):
-        time.sleep(0.25 * compile_latency(cfg))
+        with lock:
+            in_flight[0] += 1
+            most_in_flight[pipelined] = max(most_in_flight.get(pipelined, 0), in_flight[0])
+        try:
+            time.sleep(0.25 * compile_latency(cfg))
+        finally:
+            with lock:
+                in_flight[0] -= 1
         cost = synthetic_cost(cfg)
         if cost is None:
             raise ValueError("shared memory exceeded")
         out = jnp.full((4,), cost, jnp.float32)
         return lambda *args: out
 
-    walls, best = {}, {}
+    best = {}
     for pipelined in (False, True):
         settings = BenchSettings(
             warmup=1,
@@ -368,15 +382,13 @@ def test_pipelined_search_through_the_bench_with_compile_threads():
             settings,
             Progress("", False),
         )
-        start = time.perf_counter()
         try:
             search.CoordinateDescent(pipelined=pipelined).search(bench)
             assert bench.pending == 0
         finally:
             bench.close()
-        walls[pipelined] = time.perf_counter() - start
         results = bench.results()
         assert sum(r.status != "pruned" for r in results) <= 0.4 * len(SPACE) + 1
         best[pipelined] = min(r.time_s for r in results if r.ok)
-    assert walls[True] <= 0.8 * walls[False], walls
+    assert min(most_in_flight.values()) >= 2, most_in_flight
     assert best[True] <= exhaustive_best(synthetic_cost) * 1.03
