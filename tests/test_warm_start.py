@@ -104,6 +104,11 @@ def test_ranked_tries_a_losing_backend_once():
     # behind raised attention's p90 warm-start regret in the replay from 0% to 8.8%).
     times[3] = (cfg("triton", 64, 64), 1.27)
     assert cfg("triton", 64, 64) in tuned_neighbours.ranked(times)
+    # Twice as slow or more is no hint: a Pallas norm's forward + backward 4.7x behind
+    # XLA's cost an H200 about 1 s at every new size of a training step.
+    times[3] = (cfg("triton", 64, 64), 2.01)
+    assert cfg("triton", 64, 64) not in tuned_neighbours.ranked(times)
+    assert cfg("triton", 64, 64) not in tuned_neighbours.ranked(times, cfg("mosaic", 128, 256))
     # Regions of the winner's own backend still count as before.
     times = [
         (cfg("triton", 128, 128), 1.0),

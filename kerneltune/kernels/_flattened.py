@@ -10,7 +10,7 @@ trace, such a call keeps its 2-D key and runs the XLA code on the unflattened ar
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kerneltune._src.core import tracing
@@ -22,18 +22,19 @@ def call_flattened(
     *args: Any,
     cfg: Any,
     flattened: bool,
-    unflattened_xla: Callable[[], Any],
+    unflattened: Mapping[str, Callable[[], Any]],
     **kwargs: Any,
 ) -> Any:
     """`ex(kernel, *args, cfg=cfg, **kwargs)`, where `args` are the caller's arrays
     flattened to rows; when `flattened` (the caller's arrays were not already 2-D),
-    under a trace, with no explicit `cfg`, and the chosen config's backend is "xla",
-    the call's result is `unflattened_xla()` instead (its output in the caller's
-    shape; the flattened call's output has the rows' shape, so callers reshape both)."""
+    under a trace, with no explicit `cfg`, and the chosen config's backend is one of
+    `unflattened`'s (the op's plain-XLA backends), the call's result is that backend's
+    `unflattened[backend]()` instead (its output in the caller's shape; the flattened
+    call's output has the rows' shape, so callers reshape both)."""
     if flattened and cfg is None and tracing.is_tracing(args) and hasattr(ex, "call_traced"):
 
         def own(chosen: Any) -> Callable[[], Any] | None:
-            return unflattened_xla if getattr(chosen, "backend", None) == "xla" else None
+            return unflattened.get(getattr(chosen, "backend", None))  # type: ignore[arg-type]
 
         return ex.call_traced(kernel, *args, own=own, **kwargs)
     return ex(kernel, *args, cfg=cfg, **kwargs)

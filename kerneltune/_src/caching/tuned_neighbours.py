@@ -28,6 +28,11 @@ logger = logging.getLogger("kerneltune")
 MAX_NEIGHBOURS = 4
 #: How many of the nearest neighbour's best configs, in distinct regions, it gets.
 MAX_REGIONS = 3
+#: A runner-up this many times slower than the fastest config is no hint. Backends
+#: trade places at nearby sizes by tens of percent (a Pallas attention 27% behind cuDNN
+#: at one shape on an H100 wins by 9% at the next), never by this much: a Pallas norm's
+#: training step 4.7-12.6x behind XLA's on an H200, XLA's attention 16x behind cuDNN's.
+FAR_BEHIND = 2.0
 
 Ranked = tuple[Any, ...]  # a call's best configs, in distinct regions, the winner first
 
@@ -40,14 +45,18 @@ def ranked(timings: Iterable[tuple[Any, float | None]], winner: Any = None) -> R
 
     A backend that lost is worth one try at a new size, not several: on an H100 each
     Mosaic runner-up cost an off-table matmul key 0.6-0.9 s of lowering and compiling,
-    and none of them won over cuBLAS."""
+    and none of them won over cuBLAS. A runner-up `FAR_BEHIND` the fastest is worth
+    none (a Pallas norm's forward + backward cost an off-table key about 1 s on an
+    H200, 4.7x behind XLA's)."""
     ok = sorted(
         ((t, i, c) for i, (c, t) in enumerate(timings) if t is not None), key=lambda x: x[:2]
     )
     picked: list[Any] = [] if winner is None else [winner]
     points = [config_space.config_point(p) for p in picked]
     losing_backends: set[Any] = set()  # of the runner-ups, other than the winner's
-    for _, _, cfg in ok:
+    for t, _, cfg in ok:
+        if t > FAR_BEHIND * ok[0][0]:
+            break  # sorted: every later one is as far behind
         point = config_space.config_point(cfg)
         if any(config_space.distance(point, p) < 2 for p in points):
             continue

@@ -56,8 +56,8 @@ def check_weights(op: str, x: Any, w: Any) -> None:
 
 class GatedLinearUnit(BundledKernelMixin, Kernel[GLUConfig, jax.Array]):
     """`activation(x·W₀) ⊙ (x·W₁)` for `x[M, K]` and weights `[K, 2, N]` (or a pair of
-    `[K, N]`), the activation a static argument. XLA by default; our fused Pallas
-    kernel and tokamax's are candidates on GPUs. Calls under a gradient are tuned
+    `[K, N]`), the activation a static argument. XLA by default; XLA's two-dot form of
+    fused weights, our fused Pallas kernel and tokamax's are candidates on GPUs. Calls under a gradient are tuned
     apart, on forward + backward time (the fused kernel's backward is XLA's)."""
 
     op_id = "gated_linear_unit"
@@ -93,6 +93,11 @@ class GatedLinearUnit(BundledKernelMixin, Kernel[GLUConfig, jax.Array]):
             pruned = [*pruned, *(Pruned(c, why) for c in kept[1:])]
             kept = first
         out = [config_lib.XLA]
+        if isinstance(inv.args[1], tuple):
+            why = "a pair of weights already runs as two dots under backend 'xla'"
+            pruned = [*pruned, Pruned(config_lib.XLA_SPLIT, why)]
+        else:
+            out.append(config_lib.XLA_SPLIT)
         reason = tokamax_backend.unsupported()
         if reason is None:
             out.append(config_lib.TOKAMAX)
@@ -113,8 +118,8 @@ class GatedLinearUnit(BundledKernelMixin, Kernel[GLUConfig, jax.Array]):
         return cfg.backend != "triton"
 
     def run(self, x: jax.Array, w: Weights, *, cfg: GLUConfig, activation) -> jax.Array:
-        if cfg.backend == "xla":
-            return glu_xla(x, w, activation)
+        if cfg.backend in config_lib.XLA_BACKENDS:
+            return glu_xla(x, w, activation, split=cfg.backend == "xla_split")
         if cfg.backend == "tokamax":
             return tokamax_backend.gated_linear_unit(x, w, activation)  # type: ignore[no-any-return]
         gate, up = gate_and_up(w)
@@ -198,6 +203,9 @@ def gated_linear_unit(
         activation=act,
         cfg=cfg,
         flattened=x.ndim > 2,
-        unflattened_xla=lambda: glu_xla(x, w, act),
+        unflattened={
+            "xla": lambda: glu_xla(x, w, act),
+            "xla_split": lambda: glu_xla(x, w, act, split=True),
+        },
     )
     return out.reshape((*x.shape[:-1], n))  # type: ignore[no-any-return]

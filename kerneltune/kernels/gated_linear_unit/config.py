@@ -1,7 +1,9 @@
 """The gated linear unit's config, its heuristic and its candidate space.
 
 Backends: "xla" (the two projections as one `dot_general` over the fused weights, the
-activation and product fused by XLA: plain JAX's program), "triton" (our Pallas kernel:
+activation and product fused by XLA: plain JAX's program), "xla_split" (the other
+program plain JAX users write for fused weights: two dots, one over each half; XLA
+runs a pair of weights so under "xla" already), "triton" (our Pallas kernel:
 both projections accumulate over one pass of `x` tiles and the activation and product
 run in its epilogue, so the `[M, 2N]` projections never reach memory) and "tokamax"
 (`tokamax.gated_linear_unit`, where tokamax is installed).
@@ -26,8 +28,10 @@ from kerneltune.kernels._common import (
     shared_memory_rule,
 )
 
-BACKENDS = ("xla", "triton", "tokamax")
-Backend = Literal["xla", "triton", "tokamax"]
+BACKENDS = ("xla", "xla_split", "triton", "tokamax")
+Backend = Literal["xla", "xla_split", "triton", "tokamax"]
+#: The backends that are plain JAX code (run on the caller's unflattened arrays).
+XLA_BACKENDS = ("xla", "xla_split")
 MIN_BLOCK = 16
 _TRITON_DEFAULTS: dict[str, Any] = {
     "bm": 64,
@@ -43,7 +47,7 @@ class GLUConfig:
     """How `gated_linear_unit` runs.
 
     Attributes:
-      backend: "xla", "triton" or "tokamax" (see the module docstring).
+      backend: "xla", "xla_split", "triton" or "tokamax" (see the module docstring).
       bm, bn: ("triton") the output tile one program computes; it accumulates two
         `bm × bn` float32 tiles (the gate and the up projection).
       bk: ("triton") shared-dimension step of the inner loop.
@@ -106,6 +110,7 @@ class GLUProblem:
 
 
 XLA = GLUConfig(backend="xla")
+XLA_SPLIT = GLUConfig(backend="xla_split")
 TOKAMAX = GLUConfig(backend="tokamax")
 
 

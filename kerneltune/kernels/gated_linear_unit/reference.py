@@ -1,4 +1,5 @@
-"""The gated linear unit in plain JAX: the "xla" backend and the tests' reference."""
+"""The gated linear unit in plain JAX: the "xla" and "xla_split" backends and the tests'
+reference."""
 
 from __future__ import annotations
 
@@ -18,12 +19,21 @@ def gate_and_up(w: Weights) -> tuple[jax.Array, jax.Array]:
     return w[:, 0, :], w[:, 1, :]
 
 
-def glu_xla(x: jax.Array, w: Weights, activation: Callable[[jax.Array], jax.Array]) -> jax.Array:
+def glu_xla(
+    x: jax.Array,
+    w: Weights,
+    activation: Callable[[jax.Array], jax.Array],
+    *,
+    split: bool = False,
+) -> jax.Array:
     """`activation(x·W₀) ⊙ (x·W₁)` as plain JAX writes it, in x's dtype. The fused
-    weights go through one `dot_general` (one cuBLAS call for both projections). x may
-    have leading dimensions (`[..., K]`)."""
-    if isinstance(w, (tuple, list)):
-        gate, up = jnp.dot(x, w[0]), jnp.dot(x, w[1])
+    weights go through one `dot_general` (one cuBLAS call for both projections), or with
+    `split` through two dots over their halves, the other form users write (in training
+    on an H200 one is faster at some shapes, the other at others). x may have leading
+    dimensions (`[..., K]`)."""
+    if split or isinstance(w, (tuple, list)):
+        w0, w1 = gate_and_up(w)
+        gate, up = jnp.dot(x, w0), jnp.dot(x, w1)
     else:
         h = jnp.einsum("...k,kgn->...gn", x, w)
         gate, up = h[..., 0, :], h[..., 1, :]

@@ -218,6 +218,6 @@ def matmul(
         b2,
         cfg=cfg,
         flattened=a.ndim > 2,
-        unflattened_xla=lambda: jnp.matmul(a.astype(dtype), b2),
+        unflattened={"xla": lambda: jnp.matmul(a.astype(dtype), b2)},
     )
     return out.reshape((*a.shape[:-1], b.shape[-1]))

@@ -205,7 +205,7 @@ def _normalize(
         cfg=cfg,
         # Over the last axis alone the XLA code runs on `x` as it is.
         flattened=x.ndim > 2 and axes == (x.ndim - 1,),
-        unflattened_xla=lambda: xla_fn(xd, *arrays, eps=eps),
+        unflattened={"xla": lambda: xla_fn(xd, *arrays, eps=eps)},
     )
     return back(out)
 
