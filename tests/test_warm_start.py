@@ -343,3 +343,74 @@ def test_the_package_ships_readable_tables_for_the_h100_and_the_h200():
     kinds = {shipped.device_kind_of(e.dev) for e in tables._index().values()}
     assert {"NVIDIA H100 80GB HBM3", "NVIDIA H200"} <= kinds
     assert len(tables._index()) >= 100
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendCfg:
+    backend: str
+    tile: int = 0
+
+
+class TwoBackendKernel(kt.Kernel):
+    """An XLA heuristic and two Pallas tiles, whose costs are written into the program:
+    the Pallas ones cost `pallas_cost` (XLA costs 10)."""
+
+    op_id = "two_backends"
+    pallas_cost = 40
+
+    def run(self, x, *, cfg):
+        cost = 10 if cfg.backend == "xla" else self.pallas_cost + cfg.tile
+        with jax.named_scope(f"ktcost_{cost}"):
+            return jnp.sin(x)
+
+    def heuristic_cfg(self, inv):
+        return BackendCfg("xla")
+
+    def candidate_cfgs(self, inv):
+        return [BackendCfg("xla"), BackendCfg("pallas", 1), BackendCfg("pallas", 2)]
+
+
+def shipped_neighbour(tmp_path, inv, pallas_ratio):
+    """A table whose one entry is `inv`'s family at half its rows, Pallas that many
+    times slower than XLA there."""
+    kind = shipped.device_kind_of(inv.device_fingerprint)
+    near = call_shapes.CallShape(inv.shape.family, (inv.shape.sizes[0] // 2, *inv.shape.sizes[1:]))
+    timings = (
+        {"cfg": {"backend": "xla", "tile": 0}, "status": "ok", "time_s": 1e-3},
+        {"cfg": {"backend": "pallas", "tile": 1}, "status": "ok", "time_s": pallas_ratio * 1e-3},
+        {"cfg": {"backend": "pallas", "tile": 2}, "status": "failed", "time_s": None},
+    )
+    entry = kt.CacheEntry(
+        inv.op_id_v, "another key", {"backend": "xla", "tile": 0}, dev=f"{kind}|v",
+        provenance="shipped", shape=near, timings=timings,
+    )  # fmt: skip
+    return write_table(tmp_path / "t.json", [entry])
+
+
+def test_a_key_whose_nearest_shipped_neighbour_has_every_other_backend_far_behind_is_not_tuned(
+    tmp_path,
+):
+    # A Pallas norm's training step 3.8x behind XLA's at the nearest shipped shape cost
+    # each new size of a GPT block 1.7-1.9 s of tuning on an H100, and never wins.
+    k = TwoBackendKernel()
+    inv = make_invocation(k, (rand((64, 8)),), {})
+    events = []
+    chain = chain_for(
+        shipped=shipped_neighbour(tmp_path, inv, 3.8),
+        on_event=lambda event, **data: events.append(event),
+    )
+    d = chain.decide(inv, k)
+    assert (d.tier, d.cfg, d.report) == ("shipped", BackendCfg("xla"), None)
+    assert "autotune_start" not in events
+    assert chain.decide(inv, k).tier == "memory"  # kept: the next call stops there
+
+
+@pytest.mark.parametrize("ratio", [1.5, 1.99])
+def test_a_contender_at_the_nearest_shipped_shape_is_still_tuned(tmp_path, ratio):
+    k = TwoBackendKernel()
+    k.pallas_cost = 5  # here the Pallas tiles are the faster
+    inv = make_invocation(k, (rand((64, 8)),), {})
+    chain = chain_for(shipped=shipped_neighbour(tmp_path, inv, ratio))
+    d = chain.decide(inv, k)
+    assert d.tier == "autotune" and d.cfg == BackendCfg("pallas", 1)
+    assert ("shipped", "at the nearest shipped shape another backend is a contender") in d.misses

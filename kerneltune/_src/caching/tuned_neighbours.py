@@ -72,6 +72,46 @@ def ranked(timings: Iterable[tuple[Any, float | None]], winner: Any = None) -> R
     return tuple(picked)
 
 
+Ratios = dict[Any, float]  # a tuned call's backends: each one's fastest over the fastest
+
+
+def backend_ratios(timings: Iterable[tuple[Any, float | None]]) -> Ratios:
+    """Each backend's fastest time over the fastest of all (1.0: the winner's backend);
+    configs without a backend count as one backend (None)."""
+    best: dict[Any, float] = {}
+    for cfg, t in timings:
+        if t is not None:
+            b = backend_of(cfg)
+            best[b] = min(t, best.get(b, t))
+    fastest = min(best.values(), default=0.0)
+    return {b: t / fastest for b, t in best.items()} if fastest > 0 else {}
+
+
+def nearest_ratios(shape: CallShape | None, entries: Iterable[CacheEntry]) -> Ratios:
+    """The backend ratios of the nearest of `entries` in `shape`'s family that timed
+    any config ({} when there is none)."""
+    if shape is None:
+        return {}
+    tuned = []
+    for e in entries:
+        if e.shape is not None and e.shape.family == shape.family:
+            timings = [
+                (c.get("cfg"), c.get("time_s")) for c in e.timings if c.get("status") == "ok"
+            ]
+            ratios = backend_ratios(timings)
+            if ratios:
+                tuned.append((e.shape, ratios))
+    found = call_shapes.nearest(shape, tuned, 1)
+    return found[0][1] if found else {}
+
+
+def backend_of(cfg: Any) -> Any:
+    """A config's backend (a stored config is a field dict), None where it has none."""
+    if isinstance(cfg, dict):
+        return cfg.get("backend")
+    return getattr(cfg, "backend", None)
+
+
 class LocalIndex:
     """The shapes and best configs of the calls tuned (or adopted) in this process."""
 

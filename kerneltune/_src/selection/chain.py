@@ -114,6 +114,8 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
         self._tuned: dict[CacheKey, Any] = {}
         # Stored configs that failed to trace, by key (see `tiers.Stored`).
         self._rejected: dict[CacheKey, Any] = {}
+        # Keys the shipped tables' nearest neighbours leave to tuning (NearShipped).
+        self._near_misses: dict[CacheKey, tiers.Miss] = {}
         self._reports: dict[CacheKey, TuningReport] = {}
         self._key_locks: dict[CacheKey, threading.Lock] = {}
         self._locks_guard = threading.Lock()
@@ -207,6 +209,8 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
                     rejected=self._rejected,
                 )
             )
+            if hasattr(self.shipped, "entries_of"):  # tables, not a bare `.get` source
+                found.append(tiers.NearShipped(self.shipped, cache, self._near_misses))
         if policy.cache_miss_fallback == "error":
             # Production mode forbids tuning, not determinism.
             return [*found, tiers.Heuristic(policy.allow_heuristics, only_if_untunable=True)]
