@@ -414,3 +414,15 @@ def test_a_contender_at_the_nearest_shipped_shape_is_still_tuned(tmp_path, ratio
     d = chain.decide(inv, k)
     assert d.tier == "autotune" and d.cfg == BackendCfg("pallas", 1)
     assert ("shipped", "at the nearest shipped shape another backend is a contender") in d.misses
+
+
+def test_ship_tables_missing_only_tunes_a_key_its_table_would_answer_from_a_neighbour(tmp_path):
+    # `ship_tables --missing-only` exists to add the keys a table lacks, exhaustive
+    # timings included; the chain's near answer would have left such a key out.
+    from benchmarks.ship_tables import ListedOnly
+
+    k = TwoBackendKernel()
+    inv = make_invocation(k, (rand((64, 8)),), {})
+    table = shipped_neighbour(tmp_path, inv, 3.8)
+    d = chain_for(shipped=ListedOnly(table)).decide(inv, k)
+    assert d.tier == "autotune" and d.cfg == BackendCfg("xla")
