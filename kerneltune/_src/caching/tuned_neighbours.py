@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from kerneltune._src.caching.cache_entry import CacheEntry
@@ -60,8 +60,8 @@ def ranked(timings: Iterable[tuple[Any, float | None]], winner: Any = None) -> R
         point = config_space.config_point(cfg)
         if any(config_space.distance(point, p) < 2 for p in points):
             continue
-        backend = dict(point).get("backend")
-        if points and backend != dict(points[0]).get("backend"):
+        backend = backend_of(cfg)
+        if picked and backend != backend_of(picked[0]):
             if backend in losing_backends:
                 continue
             losing_backends.add(backend)
@@ -92,24 +92,14 @@ def nearest_ratios(shape: CallShape | None, entries: Iterable[CacheEntry]) -> Ra
     any config ({} when there is none)."""
     if shape is None:
         return {}
-    tuned = []
-    for e in entries:
-        if e.shape is not None and e.shape.family == shape.family:
-            timings = [
-                (c.get("cfg"), c.get("time_s")) for c in e.timings if c.get("status") == "ok"
-            ]
-            ratios = backend_ratios(timings)
-            if ratios:
-                tuned.append((e.shape, ratios))
-    found = call_shapes.nearest(shape, tuned, 1)
+    tuned = [(at, backend_ratios(t)) for at, _, t in _in_family(shape, entries)]
+    found = call_shapes.nearest(shape, [(s, r) for s, r in tuned if r], 1)
     return found[0][1] if found else {}
 
 
 def backend_of(cfg: Any) -> Any:
     """A config's backend (a stored config is a field dict), None where it has none."""
-    if isinstance(cfg, dict):
-        return cfg.get("backend")
-    return getattr(cfg, "backend", None)
+    return dict(config_space.config_point(cfg)).get("backend")
 
 
 class LocalIndex:
@@ -178,13 +168,20 @@ def _from_entries(
 ) -> list[tuple[CallShape, Ranked]]:
     """The shapes and ranked best configs of the entries in `shape`'s family (the
     others are not ranked: a cache holds many)."""
-    out = []
+    return [(at, ranked(t, e.cfg)) for at, e, t in _in_family(shape, entries)]
+
+
+def _in_family(
+    shape: CallShape, entries: Iterable[CacheEntry]
+) -> Iterator[tuple[CallShape, CacheEntry, list[tuple[Any, float | None]]]]:
+    """The entries in `shape`'s family: each one's shape, the entry, and its timed
+    configs with their times."""
     for e in entries:
-        if e.shape is None or e.shape.family != shape.family:
-            continue
-        timings = ((c.get("cfg"), c.get("time_s")) for c in e.timings if c.get("status") == "ok")
-        out.append((e.shape, ranked(timings, e.cfg)))
-    return out
+        if e.shape is not None and e.shape.family == shape.family:
+            timings = [
+                (c.get("cfg"), c.get("time_s")) for c in e.timings if c.get("status") == "ok"
+            ]
+            yield e.shape, e, timings
 
 
 def _typed(cfg: Any, cfg_type: type[Any] | None) -> Any:

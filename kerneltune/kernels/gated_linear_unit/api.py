@@ -57,8 +57,9 @@ def check_weights(op: str, x: Any, w: Any) -> None:
 class GatedLinearUnit(BundledKernelMixin, Kernel[GLUConfig, jax.Array]):
     """`activation(x·W₀) ⊙ (x·W₁)` for `x[M, K]` and weights `[K, 2, N]` (or a pair of
     `[K, N]`), the activation a static argument. XLA by default; XLA's two-dot form of
-    fused weights, our fused Pallas kernel and tokamax's are candidates on GPUs. Calls under a gradient are tuned
-    apart, on forward + backward time (the fused kernel's backward is XLA's)."""
+    fused weights, our fused Pallas kernel and tokamax's are candidates on GPUs. Calls
+    under a gradient are tuned apart, on forward + backward time (the fused kernel's
+    backward is XLA's)."""
 
     op_id = "gated_linear_unit"
     version = "1"
