@@ -219,6 +219,10 @@ def compiled_session(compiled: Any, sets: Sequence[Any]) -> Callable[[], float]:
     calls_of = h._cupti_calls if h.on_gpu() else h._wall_calls
     first = statistics.median(calls_of(compiled, sets, 2))
     calls = min(max(round(h.SESSION_S / max(first, 1e-7)), h.MIN_CALLS), h.MAX_CALLS)
+    # A session keeps every call's outputs alive until it ends: a product writing 2 GiB
+    # of logits would otherwise fill the device in 40 calls.
+    out_bytes = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(compiled.out_info))
+    calls = min(calls, max(2, h.SESSION_OUTPUT_BYTES // max(out_bytes, 1)))
     return lambda: statistics.median(calls_of(compiled, sets, calls))
 
 
