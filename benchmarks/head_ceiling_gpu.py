@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -63,8 +62,10 @@ def head_rows(
         return h.normal(3 * seed, (m, k)), labels, h.normal(3 * seed + 1, (k, v)) * 0.05
 
     def make_products(seed: int) -> tuple[Any, ...]:
-        return h.normal(3 * seed, (m, k)), h.normal(3 * seed + 1, (k, v)), h.normal(
-            3 * seed + 2, (m, v)
+        return (
+            h.normal(3 * seed, (m, k)),
+            h.normal(3 * seed + 1, (k, v)),
+            h.normal(3 * seed + 2, (m, v)),
         )
 
     sets, product_sets = h.arg_sets(make), h.arg_sets(make_products)
@@ -158,14 +159,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     args = p.parse_args(argv)
     if args.kernels:
-        for shape in (SMOKE_SHAPES if args.smoke else SHAPES[:1]):
+        for shape in SMOKE_SHAPES if args.smoke else SHAPES[:1]:
             kernel_breakdown(shape, args.kernels)
         return {}
     shapes = (SMOKE_SHAPES if args.smoke else SHAPES)[: args.heads]
     chunks = [int(c) for c in args.chunks.split(",") if c]
     out: dict[str, Any] = {}
-    print("head M x K -> V | plain head ms | kt head ms (x plain) | 3 products ms | "
-          "logits product ms | plain's non-product share | head ceiling x plain")
+    print(
+        "head M x K -> V | plain head ms | kt head ms (x plain) | 3 products ms | "
+        "logits product ms | plain's non-product share | head ceiling x plain"
+    )
     for shape in shapes:
         t = head_rows(shape, args.rounds, chunks)
         out[shape] = t
@@ -186,15 +189,21 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         out["model"] = steps
         plain, kt = steps["plain step"], steps["kt step"]
         overhead = t["plain head"] - t["3 products"]
-        print(f"\nmodel {s}: plain step {plain * 1e3:.2f} ms, kt step {kt * 1e3:.2f} ms "
-              f"({plain / kt:.3f}x plain); plain head {t['plain head'] * 1e3:.2f} ms "
-              f"({t['plain head'] / plain:.0%} of the step), its non-product work "
-              f"{overhead * 1e3:.2f} ms; step ceiling with a head at its three products' "
-              f"time: {plain / (plain - overhead):.3f}x plain", flush=True)
+        print(
+            f"\nmodel {s}: plain step {plain * 1e3:.2f} ms, kt step {kt * 1e3:.2f} ms "
+            f"({plain / kt:.3f}x plain); plain head {t['plain head'] * 1e3:.2f} ms "
+            f"({t['plain head'] / plain:.0%} of the step), its non-product work "
+            f"{overhead * 1e3:.2f} ms; step ceiling with a head at its three products' "
+            f"time: {plain / (plain - overhead):.3f}x plain",
+            flush=True,
+        )
         for name, t_step in steps.items():
-            print(f"    {name}: {t_step * 1e3:.2f} ms ({plain / t_step:.3f}x plain), peak "
-                  f"{peaks[name] / 2**30:.2f} GiB ({peaks[name] / peaks['plain step']:.0%} of "
-                  "plain's)", flush=True)
+            print(
+                f"    {name}: {t_step * 1e3:.2f} ms ({plain / t_step:.3f}x plain), peak "
+                f"{peaks[name] / 2**30:.2f} GiB ({peaks[name] / peaks['plain step']:.0%} of "
+                "plain's)",
+                flush=True,
+            )
     return out
 
 

@@ -195,6 +195,22 @@ def test_loss_head_benchmark_smoke_run_times_every_implementation(tmp_path, caps
         assert f"{r['op']} " in printed
 
 
+@pytest.mark.timeout(120)
+def test_head_ceiling_benchmark_times_the_heads_the_products_and_the_model(capsys):
+    from benchmarks import head_ceiling_gpu
+
+    with standard_promotion():
+        out = head_ceiling_gpu.main(["--smoke", "--rounds", "1", "--chunks", "16"])
+    (shape,) = head_ceiling_gpu.SMOKE_SHAPES
+    head = out[shape]
+    for name in ("plain head", "kt head", "3 products", "logits product", "kt chunk 16"):
+        assert _positive(head[name]), name
+    assert set(out["model"]) == {"plain step", "kt step", "kt step chunk 16"}
+    assert all(_positive(t) for t in out["model"].values())
+    printed = capsys.readouterr().out
+    assert "step ceiling with a head at its three products' time" in printed
+
+
 def test_the_first_use_benchmark_runs_each_variant_in_a_fresh_process(tmp_path):
     from benchmarks import first_use_gpu
 

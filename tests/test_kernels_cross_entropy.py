@@ -409,3 +409,55 @@ def test_second_derivatives_come_from_the_reference(backend):
 
     got = jax.jit(jax.grad(grad_norm(kernel_loss)))(x)
     assert relative_error(got, jax.grad(grad_norm(reference_loss))(x)) <= 1e-4
+
+
+# --- the chunked path's pieces ----------------------------------------------------------
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rows=st.integers(1, 6),
+    cols=st.integers(1, 300),
+    scale=st.sampled_from([1e-3, 1.0, 30.0, 1e4]),
+    seed=st.integers(0, 2**16),
+)
+def test_online_logsumexp_equals_logsumexp(rows, cols, scale, seed):
+    from kerneltune.kernels.cross_entropy.chunked import online_logsumexp
+
+    x = jax.random.normal(jax.random.key(seed), (rows, cols)) * scale
+    np.testing.assert_allclose(
+        online_logsumexp(x), jax.nn.logsumexp(x, axis=-1), rtol=1e-6, atol=1e-6
+    )
+
+
+def test_online_logsumexp_keeps_infinities_and_nans_as_logsumexp():
+    from kerneltune.kernels.cross_entropy.chunked import online_logsumexp
+
+    x = jax.random.normal(jax.random.key(0), (5, 40)) * 50
+    x = x.at[0].set(-jnp.inf).at[1, 3].set(jnp.nan).at[2, 5].set(jnp.inf)
+    x = x.at[3, :20].set(-jnp.inf)  # half a row out of the softmax
+    got, want = online_logsumexp(x), jax.nn.logsumexp(x, axis=-1)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got[~np.isnan(want)], want[~np.isnan(want)], rtol=1e-6)
+    assert got[0] == -np.inf and got[2] == np.inf
+    # Under vmap too (a batch of chunks).
+    np.testing.assert_allclose(jax.vmap(online_logsumexp)(jnp.stack([x[3:], x[3:]]))[1], got[3:])
+
+
+def test_a_chunk_larger_than_the_call_is_one_chunk_not_padding():
+    from kerneltune.kernels.cross_entropy.chunked import _in_chunks
+
+    x = jnp.ones((100, 8))
+    (one,) = _in_chunks(4096, x)
+    assert one.shape == (1, 100, 8)  # was (1, 4096, 8): 40x the work, padded
+    assert _in_chunks(32, x)[0].shape == (4, 32, 8)
+    # The op at such a config still matches the reference, values and gradients.
+    x, labels, w, where = problem(3, 24, 16, 100)
+    cfg = cc.chunked(4096)
+    dout = jnp.float32(1.0)
+    (got, (gx, gw)), (want, (wx, ww)) = (
+        kernel_vjp(cfg, x, labels, w, where, "mean", dout),
+        reference_vjp(x, labels, w, where, "mean", dout),
+    )
+    for a, b in ((got, want), (gx, wx), (gw, ww)):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)

@@ -16,9 +16,6 @@ float32 either way.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -36,29 +33,6 @@ def _in_chunks(chunk: int, *rows: jax.Array) -> list[jax.Array]:
             a = jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1))
         out.append(a.reshape((-1, chunk, *a.shape[1:])))
     return out
-
-
-def _summing_over_chunks(
-    step: Callable[[tuple[jax.Array, ...]], tuple[jax.Array, Any]], chunks: tuple[jax.Array, ...]
-) -> tuple[jax.Array, Any]:
-    """`step` over the leading axis of `chunks`: the sum of its first outputs (each
-    chunk's `d_W`) and its second outputs stacked. The first chunk runs outside the
-    scan and its `d_W` starts the sum: no `K × V` float32 zeros written and read back
-    (a third of a millisecond at a 128k vocabulary), and one chunk needs no scan."""
-    if chunks[0].shape[0] == 0:  # no tokens: d_W is zeros, nothing is stacked
-        shapes = jax.eval_shape(step, tuple(jax.ShapeDtypeStruct(c.shape[1:], c.dtype) for c in chunks))
-        empty = jax.tree.map(lambda a: jnp.zeros((0, *a.shape), a.dtype), shapes[1])
-        return jnp.zeros(shapes[0].shape, shapes[0].dtype), empty
-    dw, first = step(tuple(c[0] for c in chunks))
-    if chunks[0].shape[0] == 1:
-        return dw, jax.tree.map(lambda a: a[None], first)
-
-    def body(total: jax.Array, c: tuple[jax.Array, ...]) -> tuple[jax.Array, Any]:
-        dw_c, ys = step(c)
-        return total + dw_c, ys
-
-    dw, rest = lax.scan(body, dw, tuple(c[1:] for c in chunks))
-    return dw, jax.tree.map(lambda a, b: jnp.concatenate([a[None], b]), first, rest)
 
 
 def _logits(xc: jax.Array, w: jax.Array, logits_dtype: jnp.dtype) -> jax.Array:
@@ -81,8 +55,9 @@ def _combine_max_and_sum(
 def online_logsumexp(logits: jax.Array) -> jax.Array:
     """`logsumexp(logits, axis=-1)` of a 2-D float32 array in one pass over it: a
     variadic reduction carrying each row's running max and rescaled sum. XLA's
-    `logsumexp` reads the logits twice (the max, then the sum), and at a 128k
-    vocabulary each read of a chunk's logits is most of the non-matmul time."""
+    `logsumexp` reads the logits twice (the max, then the sum). On an H100, for a
+    chunk of 2048 × 128256 bf16 logits: 0.325 ms against the two passes' 0.352 ms
+    (CUPTI, per kernel; the one pass is bound by its exponentials, not by memory)."""
     init = (jnp.array(-jnp.inf, logits.dtype), jnp.array(0.0, logits.dtype))
     mx, total = lax.reduce((logits, jnp.ones_like(logits)), init, _combine_max_and_sum, (1,))
     return mx + jnp.log(total)
@@ -147,14 +122,15 @@ def forward_with_grads(
     m, k = x.shape
     xs, ls, ws, rs = _in_chunks(chunk, x, labels, where, row_weight)
 
-    def step(c: tuple[jax.Array, ...]):
+    def step(dw: jax.Array, c: tuple[jax.Array, ...]):
         xc, lc, wc, rc = c
         logits = _logits(xc, w, logits_dtype)
         lse, picked = _lse_and_picked(logits, lc)
         dx_c, dw_c = _logit_grads(xc, lc, w, logits, lse, rc)
-        return dw_c, (jnp.where(wc, lse - picked, 0.0), dx_c)
+        return dw + dw_c, (jnp.where(wc, lse - picked, 0.0), dx_c)
 
-    dw, (losses, dx) = _summing_over_chunks(step, (xs, ls, ws, rs))
+    dw0 = jnp.zeros(w.shape, jnp.float32)
+    dw, (losses, dx) = lax.scan(step, dw0, (xs, ls, ws, rs))
     return losses.reshape(-1)[:m], dx.reshape(-1, k)[:m], dw
 
 
@@ -173,10 +149,11 @@ def backward_from_lse(
     m, k = x.shape
     xs, ls, es, rs = _in_chunks(chunk, x, labels, lse, row_scale)
 
-    def step(c: tuple[jax.Array, ...]):
+    def step(dw: jax.Array, c: tuple[jax.Array, ...]):
         xc, lc, ec, rc = c
         logits = _logits(xc, w, logits_dtype)
-        return _logit_grads(xc, lc, w, logits, ec, rc)[::-1]
+        dx_c, dw_c = _logit_grads(xc, lc, w, logits, ec, rc)
+        return dw + dw_c, dx_c
 
-    dw, dx = _summing_over_chunks(step, (xs, ls, es, rs))
+    dw, dx = lax.scan(step, jnp.zeros(w.shape, jnp.float32), (xs, ls, es, rs))
     return dx.reshape(-1, k)[:m].astype(x.dtype), dw.astype(w.dtype)
