@@ -78,11 +78,12 @@ def head_rows(
     for c in chunks:
         cfg = cc.chunked(min(c, m), "input")
         fns[f"kt chunk {cfg.chunk_size}"] = (lh.with_backward("loss_head", kt_loss(cfg)), sets)
-    sessions = {}
+    sessions, peaks = {}, {}
     for name, (fn, s) in fns.items():
         compiled, _ = lh.compile_and_run(fn, s[0])
         sessions[name] = lh.compiled_session(compiled, s)
-    return h.interleaved_times(sessions, rounds=rounds)
+        peaks[f"{name} peak"] = lh.peak_bytes(compiled)
+    return {**h.interleaved_times(sessions, rounds=rounds), **peaks}
 
 
 def kernel_breakdown(shape: tuple[int, int, int], out_dir: str) -> None:
@@ -179,8 +180,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             f"{(plain - products) / plain:.1%} | {plain / products:.3f}",
             flush=True,
         )
-        for name in (n for n in t if n.startswith("kt chunk")):
-            print(f"    {name}: {t[name] * 1e3:.2f} ms ({plain / t[name]:.3f}x plain)", flush=True)
+        for name in ("kt head", *(n for n in t if n.startswith("kt chunk") and "peak" not in n)):
+            print(
+                f"    {name}: {t[name] * 1e3:.2f} ms ({plain / t[name]:.3f}x plain), peak "
+                f"{t[name + ' peak'] / 2**30:.2f} GiB ({t[name + ' peak'] / t['plain head peak']:.0%}"
+                " of plain's)",
+                flush=True,
+            )
     if not args.no_model:
         s = lh.MODEL_SMOKE if args.smoke else lh.MODEL
         head = (s.block.batch * s.block.seq, s.block.dim, s.vocab)

@@ -204,7 +204,7 @@ def test_head_ceiling_benchmark_times_the_heads_the_products_and_the_model(capsy
     (shape,) = head_ceiling_gpu.SMOKE_SHAPES
     head = out[shape]
     for name in ("plain head", "kt head", "3 products", "logits product", "kt chunk 16"):
-        assert _positive(head[name]), name
+        assert _positive(head[name]) and head[f"{name} peak"] > 0, name
     assert set(out["model"]) == {"plain step", "kt step", "kt step chunk 16"}
     assert all(_positive(t) for t in out["model"].values())
     printed = capsys.readouterr().out

@@ -117,8 +117,12 @@ def test_gpu_candidates_are_pruned_with_reasons():
     assert all(cc.shared_memory_bytes(big, c) <= 64 * 1024 for c in kept if c.backend == "triton")
     small = cc.CrossEntropyProblem(512, 96, 1000, np.dtype("float32"))
     kept, pruned = cc.candidates(small)
-    assert not [c for c in kept if c.backend == "chunked"]
-    assert any("not smaller than the 512 tokens" in p.reason for p in pruned)
+    # Every chunk of 512 tokens or more is one chunk: the smallest stands for them.
+    assert [c.chunk_size for c in kept if c.backend == "chunked"] == [512]
+    assert any(
+        "is one chunk of the 512 tokens: the same program as chunk_size=512" in p.reason
+        for p in pruned
+    )
     assert any("not a multiple of block_k" in p.reason for p in pruned)
     # float32 inputs: 16-bit logits would be the same program
     assert not [c for c in kept if c.logits_dtype == "input"]
@@ -136,8 +140,9 @@ def test_chunks_stop_where_their_logits_pass_the_memory_bound():
         kept = cc.candidates(p)[0]
         return [c.chunk_size for c in kept if c.backend == "chunked" and c.logits_dtype == dtype]
 
-    assert chunks(big, "input") == [1024, 2048]  # 16-bit logits: twice the tokens a chunk
-    assert chunks(big, "float32") == [1024]
+    # 16-bit logits: twice the tokens a chunk; and the one chunk of every token.
+    assert chunks(big, "input") == [1024, 2048, 16384]
+    assert chunks(big, "float32") == [1024, 16384]
     pruned = cc.candidates(big)[1]
     reasons = {
         (p.cfg.chunk_size, p.cfg.logits_dtype): p.reason
@@ -146,13 +151,18 @@ def test_chunks_stop_where_their_logits_pass_the_memory_bound():
     }
     assert "holds 0.98 GiB of bfloat16 logits" in reasons[4096, "input"]
     assert "holds 0.98 GiB of float32 logits" in reasons[2048, "float32"]
-    assert "not smaller than the 16384 tokens" in reasons[16384, "input"]
     # A smaller vocabulary takes larger chunks; a huge one keeps the smallest chunk.
     mid = cc.CrossEntropyProblem(8192, 4096, 32000, np.dtype("bfloat16"))
-    assert chunks(mid, "float32") == [1024, 2048, 4096]
-    assert chunks(mid, "input") == [1024, 2048, 4096]  # 8192 is every token
+    assert chunks(mid, "float32") == [1024, 2048, 4096, 8192]
+    assert chunks(mid, "input") == [1024, 2048, 4096, 8192]  # 8192 is every token
+    assert "the same program as chunk_size=8192" in [
+        p.reason for p in cc.candidates(mid)[1] if p.cfg == cc.chunked(16384, "input")
+    ][0]
     huge = cc.CrossEntropyProblem(16384, 1024, 1 << 20, np.dtype("bfloat16"))
-    assert chunks(huge, "float32") == [1024]
+    assert chunks(huge, "float32") == [1024, 16384]
+    # A call of 10000 tokens is one chunk of 16384 (its tokens, not padded to it).
+    odd = cc.CrossEntropyProblem(10000, 2048, 32000, np.dtype("bfloat16"))
+    assert cc.one_chunk(odd) == 16384 and chunks(odd, "input")[-1] == 16384
 
 
 def test_the_heuristic_is_plain_jax_unless_a_gradient_meets_large_logits():
@@ -172,24 +182,27 @@ def test_the_heuristic_is_plain_jax_unless_a_gradient_meets_large_logits():
     assert cc.heuristic(f32, training=True) == cc.chunked(4096, "float32")  # 500 MiB
     assert cc.heuristic(f32, training=True) in cc.candidates(f32, training=True)[0]
     wide_f32 = cc.CrossEntropyProblem(16384, 2048, 128256, np.dtype("float32"))
-    assert cc.heuristic(wide_f32, training=True) == cc.XLA  # 1024-token chunks: too small
+    # 1024-token chunks would be too small: one chunk (no float32 [M, V] gradient).
+    assert cc.heuristic(wide_f32, training=True) == cc.chunked(16384, "float32")
     big = cc.CrossEntropyProblem(16384, 2048, 128256, np.dtype("bfloat16"))
     assert cc.heuristic(big) == cc.XLA_INPUT_LOGITS  # forward only: plain JAX's program
     # Under a gradient: the largest chunk within the bound, 16-bit logits.
     assert cc.heuristic(big, training=True) == cc.chunked(2048, "input")
-    small = cc.CrossEntropyProblem(8192, 4096, 32000, np.dtype("bfloat16"))  # 1 GiB
-    assert cc.heuristic(small, training=True) == cc.XLA_INPUT_LOGITS
+    # Logits of 2 GiB or less: one chunk, the fastest config where timed.
+    small = cc.CrossEntropyProblem(8192, 4096, 32000, np.dtype("bfloat16"))
+    assert cc.heuristic(small, training=True) == cc.chunked(8192, "input")
+    model = cc.CrossEntropyProblem(8192, 2048, 128256, np.dtype("bfloat16"))  # 1.96 GiB
+    assert cc.heuristic(model, training=True) == cc.chunked(8192, "input")
     # Large logits, but the chunks that fit are too small to keep plain JAX's speed.
     wide = cc.CrossEntropyProblem(8192, 4096, 256000, np.dtype("bfloat16"))
     assert cc.largest_chunk(wide, "input") == 1024
-    assert cc.heuristic(wide, training=True) == cc.XLA_INPUT_LOGITS
-    model = cc.CrossEntropyProblem(8192, 2048, 128256, np.dtype("bfloat16"))
-    assert cc.heuristic(model, training=True) == cc.chunked(2048, "input")
+    assert cc.heuristic(wide, training=True) == cc.chunked(8192, "input")
     # Large logits, but no timed chunk is smaller than the call.
-    few = cc.CrossEntropyProblem(1024, 2048, 1 << 20, np.dtype("bfloat16"))
-    assert cc.heuristic(few, training=True) == cc.XLA_INPUT_LOGITS
+    few = cc.CrossEntropyProblem(1000, 2048, 1 << 20, np.dtype("bfloat16"))
+    assert cc.heuristic(few, training=True) == cc.chunked(1024, "input")
     # The heuristic under a gradient is one of the candidates it competes with.
-    assert cc.heuristic(big, training=True) in cc.candidates(big, training=True)[0]
+    for p in (big, small, wide, few, wide_f32):
+        assert cc.heuristic(p, training=True) in cc.candidates(p, training=True)[0]
 
 
 def test_a_config_stored_before_logits_dtype_reads_as_float32_logits():
@@ -421,27 +434,31 @@ def test_second_derivatives_come_from_the_reference(backend):
     scale=st.sampled_from([1e-3, 1.0, 30.0, 1e4]),
     seed=st.integers(0, 2**16),
 )
-def test_online_logsumexp_equals_logsumexp(rows, cols, scale, seed):
-    from kerneltune.kernels.cross_entropy.chunked import online_logsumexp
+def test_one_pass_logsumexp_and_label_logit_equal_xlas(rows, cols, scale, seed):
+    from kerneltune.kernels.cross_entropy.chunked import lse_and_label_logit
 
     x = jax.random.normal(jax.random.key(seed), (rows, cols)) * scale
-    np.testing.assert_allclose(
-        online_logsumexp(x), jax.nn.logsumexp(x, axis=-1), rtol=1e-6, atol=1e-6
-    )
+    labels = jax.random.randint(jax.random.key(seed + 1), (rows,), -3, cols + 3)
+    lse, picked = lse_and_label_logit(x, labels)
+    np.testing.assert_allclose(lse, jax.nn.logsumexp(x, axis=-1), rtol=1e-6, atol=1e-6)
+    want = jnp.take_along_axis(x, labels[:, None], axis=-1, mode="clip")[:, 0]
+    np.testing.assert_array_equal(picked, want)  # out-of-range labels clipped alike
 
 
-def test_online_logsumexp_keeps_infinities_and_nans_as_logsumexp():
-    from kerneltune.kernels.cross_entropy.chunked import online_logsumexp
+def test_one_pass_logsumexp_keeps_infinities_and_nans_as_logsumexp():
+    from kerneltune.kernels.cross_entropy.chunked import lse_and_label_logit
 
     x = jax.random.normal(jax.random.key(0), (5, 40)) * 50
     x = x.at[0].set(-jnp.inf).at[1, 3].set(jnp.nan).at[2, 5].set(jnp.inf)
     x = x.at[3, :20].set(-jnp.inf)  # half a row out of the softmax
-    got, want = online_logsumexp(x), jax.nn.logsumexp(x, axis=-1)
+    labels = jnp.arange(5)
+    got, want = lse_and_label_logit(x, labels)[0], jax.nn.logsumexp(x, axis=-1)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_allclose(got[~np.isnan(want)], want[~np.isnan(want)], rtol=1e-6)
     assert got[0] == -np.inf and got[2] == np.inf
     # Under vmap too (a batch of chunks).
-    np.testing.assert_allclose(jax.vmap(online_logsumexp)(jnp.stack([x[3:], x[3:]]))[1], got[3:])
+    batched = jax.vmap(lse_and_label_logit)(jnp.stack([x[3:], x[3:]]), jnp.stack([labels[3:]] * 2))
+    np.testing.assert_allclose(batched[0][1], got[3:])
 
 
 def test_a_chunk_larger_than_the_call_is_one_chunk_not_padding():

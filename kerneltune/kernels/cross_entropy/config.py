@@ -57,13 +57,17 @@ DEFAULT_CHUNK = 4096
 #: holds its 16-bit logit gradients and the float32 `d_W` accumulator (`K × V`): at
 #: this bound a 128k-vocabulary head's chunked step stays near 3 GiB.
 CHUNK_LOGITS_BYTES = 1 << 29
-#: Under a gradient the heuristic chunks a call whose float32 logits would pass this,
-#: where a chunk of at least `MIN_HEURISTIC_CHUNK` tokens and `K` fits the bound above.
-#: On an H100 (forward + backward, bf16, against plain JAX's 16-bit logits) chunks of
-#: 2048 tokens were 1.05–1.08× at 16384 and 32768 × 2048 → 128256 and level at 8192
-#: × 2048 → 128256, at 12–48% of the memory. Smaller chunks lose: every chunk reads
-#: and writes the float32 `K × V` accumulator of `d_W` (at 8192 × 4096 → 256000 chunks
-#: of 1024 were 0.91×); at 8192 × 4096 → 32000 (1 GiB) chunks were 0.95–0.98×.
+#: Under a gradient the heuristic splits a call into chunks only where its logits (in
+#: the dtype they are written in) pass this, and a chunk of at least
+#: `MIN_HEURISTIC_CHUNK` tokens and `K` fits the bound above; otherwise the call is one
+#: chunk. On an H100 (forward + backward, bf16, against plain JAX's 16-bit logits), one
+#: chunk was the fastest config at every shape timed: 1.10× at 8192 × 2048 → 128256,
+#: 1.05× at 8192 × 4096 → 32000, 1.07× at 8192 × 4096 → 256000, 1.13× at 16384 × 2048
+#: → 128256, at 70–77% of plain JAX's memory (it writes no float32 `[M, V]` array).
+#: Chunks of 2048 tokens were 1.05–1.09× at 16384 and 32768 × 2048 → 128256 (12–21% of
+#: the memory) and level at 8192 tokens. Smaller chunks lose: every chunk reads and
+#: writes the float32 `K × V` accumulator of `d_W` (at 8192 × 4096 → 256000 chunks of
+#: 2048 were 0.985×, of 1024 0.91×).
 CHUNK_ABOVE_BYTES = 2 << 30
 MIN_HEURISTIC_CHUNK = 2048
 
@@ -168,14 +172,25 @@ class CrossEntropyProblem:
         return rows * self.v * size
 
 
+def one_chunk(p: CrossEntropyProblem) -> int:
+    """The chunk size that makes `p` one chunk: no scan, `d_W` written once in the
+    weights' dtype, every logit held (but no float32 `[M, V]` array, as XLA's
+    differentiated program writes)."""
+    return max(MIN_CHUNK, next_power_of_2(p.m))
+
+
 def chunk_too_large(p: CrossEntropyProblem, chunk: int, logits_dtype: str | None) -> str | None:
     """Why chunks of `chunk` tokens do not belong in `p`'s chunked space (None when
-    they do): not smaller than the call, or holding more than `CHUNK_LOGITS_BYTES` of
-    logits (the smallest timed chunk is kept whatever its size)."""
+    they do): larger than the one chunk that holds the call (the same program), or
+    smaller than the call and holding more than `CHUNK_LOGITS_BYTES` of logits (the
+    smallest timed chunk is kept whatever its size). The one chunk is the materialising
+    config and is kept whatever its size."""
     if chunk >= p.m:
+        if chunk == one_chunk(p):
+            return None
         return (
-            f"chunk_size={chunk} is not smaller than the {p.m} tokens: one chunk holds "
-            "every logit, as XLA's program does"
+            f"chunk_size={chunk} is one chunk of the {p.m} tokens: the same program as "
+            f"chunk_size={one_chunk(p)}"
         )
     logits = p.logits_bytes(chunk, logits_dtype)
     if logits > CHUNK_LOGITS_BYTES and chunk > CHUNKS_TIMED[0]:
@@ -198,36 +213,43 @@ def chunked(chunk_size: int, logits_dtype: LogitsDtype = "float32") -> CrossEntr
 
 
 def heuristic(p: CrossEntropyProblem, *, training: bool = False) -> CrossEntropyConfig:
-    """Plain JAX's program where the logits are small or nothing is differentiated:
-    the logits materialised in the inputs' dtype (cuBLAS and XLA's fusions), so an
-    untuned call is never slower than `x @ w` then `logsumexp`. Under a gradient,
-    where the float32 logits would pass `CHUNK_ABOVE_BYTES`, chunks of tokens in the
-    inputs' dtype: the same three matmuls, each chunk's gradients taken in the forward,
-    and a fraction of the memory (only where chunks are large enough not to lose
-    speed: see `CHUNK_ABOVE_BYTES`).
+    """Plain JAX's program where nothing is differentiated: the logits materialised in
+    the inputs' dtype (cuBLAS and XLA's fusions), so an untuned call is never slower
+    than `x @ w` then `logsumexp`. Under a gradient, the chunked path in the inputs'
+    dtype (the same three matmuls, the gradients taken in the forward): in chunks of
+    tokens where the logits pass `CHUNK_ABOVE_BYTES` and chunks large enough not to
+    lose speed fit the memory bound, otherwise as one chunk, which is faster than
+    plain JAX's differentiated program and holds less (see `CHUNK_ABOVE_BYTES`).
 
     Example:
       >>> import numpy as np
       >>> p = CrossEntropyProblem(16384, 2048, 128256, np.dtype("bfloat16"))
       >>> heuristic(p).backend, heuristic(p, training=True).chunk_size
       ('xla', 2048)
+      >>> heuristic(CrossEntropyProblem(8192, 2048, 128256, p.dtype), training=True).chunk_size
+      8192
     """
     # With float32 inputs "input" is "float32": name the one config the space keeps.
     logits: LogitsDtype = "input" if p.itemsize < 4 else "float32"
-    plain = CrossEntropyConfig(backend="xla", logits_dtype=logits)
-    if not training or p.logits_bytes(p.m, "float32") <= CHUNK_ABOVE_BYTES:
-        return plain
+    if not training:
+        return CrossEntropyConfig(backend="xla", logits_dtype=logits)
     chunk = largest_chunk(p, logits)
-    if chunk is None or chunk < max(MIN_HEURISTIC_CHUNK, p.k):
-        return plain
-    return chunked(chunk, logits)
+    if (
+        p.logits_bytes(p.m, logits) > CHUNK_ABOVE_BYTES
+        and chunk is not None
+        and chunk >= max(MIN_HEURISTIC_CHUNK, p.k)
+    ):
+        return chunked(chunk, logits)
+    return chunked(one_chunk(p), logits)
 
 
 def largest_chunk(p: CrossEntropyProblem, logits_dtype: LogitsDtype) -> int | None:
     """The largest timed chunk smaller than the call whose logits stay within
     `CHUNK_LOGITS_BYTES` (the smallest timed chunk whatever its size); None when even
     that is not smaller than the call."""
-    fitting = [c for c in CHUNKS_TIMED if chunk_too_large(p, c, logits_dtype) is None]
+    fitting = [
+        c for c in CHUNKS_TIMED if c < p.m and chunk_too_large(p, c, logits_dtype) is None
+    ]
     return max(fitting) if fitting else None
 
 
@@ -256,11 +278,12 @@ CHUNKS_TIMED = (1024, 2048, 4096, 8192, 16384)
 
 
 def candidate_space(p: CrossEntropyProblem, *, training: bool) -> list[CrossEntropyConfig]:
-    """Every config considered before pruning: XLA, chunks of 1k to 16k tokens, and a
-    modest set of fused-kernel tiles (fewer under a gradient, where the backward,
+    """Every config considered before pruning: XLA, chunks of 1k to 16k tokens and
+    the one chunk of every token, and a modest set of fused-kernel tiles (fewer under a gradient, where the backward,
     not the tiles, decides the time)."""
     space = [XLA_INPUT_LOGITS, XLA]
-    space += [chunked(c, d) for d in ("input", "float32") for c in CHUNKS_TIMED]
+    sizes = sorted({*CHUNKS_TIMED, one_chunk(p)})
+    space += [chunked(c, d) for d in ("input", "float32") for c in sizes]
     tiles = ((64, 128, 64), (64, 256, 64), (128, 128, 64), (128, 256, 64), (64, 128, 128))
     warps = (4,) if training else (4, 8)
     stages = (3,) if training else (2, 3, 4)
@@ -345,7 +368,7 @@ def candidates(
       ('xla', True)
       >>> kept, pruned = candidates(CrossEntropyProblem(512, 64, 1000, np.dtype("float32")))
       >>> [c.chunk_size for c in kept if c.backend == "chunked"], len(pruned) > 0
-      ([], True)
+      ([512], True)
     """
     kept, pruned = prune(
         candidate_space(p, training=training),
@@ -356,12 +379,12 @@ def candidates(
 
 
 def interpret_candidates(p: CrossEntropyProblem) -> list[CrossEntropyConfig]:
-    """A few configs the Pallas interpreter runs in reasonable time: XLA (and the
-    heuristic, plain JAX's 16-bit logits, for 16-bit inputs), two chunk sizes and two
-    small fused-kernel tiles."""
-    out = [XLA, *(chunked(c) for c in (16, 32) if c < p.m)]
-    if p.itemsize < 4:  # 16-bit logits: the heuristic, and a chunk of them
-        out.append(XLA_INPUT_LOGITS)
+    """A few configs the Pallas interpreter runs in reasonable time: XLA (and plain
+    JAX's 16-bit logits, for 16-bit inputs), two chunk sizes, the one chunk (the
+    heuristic under a gradient) and two small fused-kernel tiles."""
+    out = [XLA, *(chunked(c) for c in (16, 32) if c < p.m), chunked(one_chunk(p))]
+    if p.itemsize < 4:  # 16-bit logits: the heuristics, and a chunk of them
+        out += [XLA_INPUT_LOGITS, chunked(one_chunk(p), "input")]
         if MIN_CHUNK * 2 < p.m:
             out.append(chunked(MIN_CHUNK * 2, "input"))
     h = triton_heuristic(p)
