@@ -155,9 +155,9 @@ def test_chunks_stop_where_their_logits_pass_the_memory_bound():
     mid = cc.CrossEntropyProblem(8192, 4096, 32000, np.dtype("bfloat16"))
     assert chunks(mid, "float32") == [1024, 2048, 4096, 8192]
     assert chunks(mid, "input") == [1024, 2048, 4096, 8192]  # 8192 is every token
-    assert "the same program as chunk_size=8192" in [
+    assert "the same program as chunk_size=8192" in next(
         p.reason for p in cc.candidates(mid)[1] if p.cfg == cc.chunked(16384, "input")
-    ][0]
+    )
     huge = cc.CrossEntropyProblem(16384, 1024, 1 << 20, np.dtype("bfloat16"))
     assert chunks(huge, "float32") == [1024, 16384]
     # A call of 10000 tokens is one chunk of 16384 (its tokens, not padded to it).
