@@ -478,3 +478,30 @@ def test_a_chunk_larger_than_the_call_is_one_chunk_not_padding():
     )
     for a, b in ((got, want), (gx, wx), (gw, ww)):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize("m", [32, 30])  # 30: rows no step count divides, no loop
+def test_one_chunk_writes_the_gradient_over_the_logits(m, reduction):
+    from kerneltune.kernels.cross_entropy import chunked
+
+    x, labels, w, where = problem(21, m, 16, 100, dtype=BF16)
+    dout = cotangent(reduction, m)
+    cfg = cc.chunked(
+        cc.one_chunk(cc.CrossEntropyProblem(m, 16, 100, np.dtype("bfloat16"))), "input"
+    )
+    got = kernel_vjp(cfg, x, labels, w, where, reduction, dout)
+    assert_close(got, reference_vjp(x, labels, w, where, reduction, dout), BF16)
+    # The gradient is a loop over steps of rows whose carry is the 16-bit logits (what
+    # lets XLA reuse their buffer), where the steps divide the rows.
+    text = (
+        jax.jit(
+            lambda x, w: chunked.forward_with_grads(
+                x, labels, w, where, jnp.ones(m), chunk=cfg.chunk_size, logits_dtype=BF16
+            )
+        )
+        .lower(x, w)
+        .as_text()
+    )
+    carries_logits = re.search(rf"stablehlo.while\(.*tensor<{m}x100xbf16>", text) is not None
+    assert carries_logits == (m % chunked.GRADIENT_STEPS == 0)

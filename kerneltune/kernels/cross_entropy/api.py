@@ -165,7 +165,9 @@ class LinearSoftmaxCrossEntropy(BundledKernelMixin, Kernel[CrossEntropyConfig, j
         if self._grads_in_forward(cfg, reduction):
             dx, dw = residuals
             scale = dout.astype(jnp.float32)
-            return (scale * dx).astype(x.dtype), None, (scale * dw).astype(w.dtype), None
+            # d_W is float32, or already in w's dtype where the call was one chunk.
+            dw = (scale * dw.astype(jnp.float32)).astype(w.dtype)
+            return (scale * dx).astype(x.dtype), None, dw, None
         if reduction == "none":
             row_scale = dout.astype(jnp.float32) * where.astype(jnp.float32)
         else:

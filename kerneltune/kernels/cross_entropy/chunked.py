@@ -95,6 +95,40 @@ def _logit_grads(
     return dx, dw
 
 
+#: The one chunk's logits are turned into their gradient in this many steps of rows.
+GRADIENT_STEPS = 8
+
+
+def _one_chunk_grads(
+    x: jax.Array, labels: jax.Array, w: jax.Array, written: jax.Array, lse: jax.Array,
+    scale: jax.Array,
+) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+    """`(d_x f32, d_W in w's dtype)` of a call that is one chunk, from its logits as the
+    matmul `written` them. Where they are in the weights' dtype the gradient is written
+    over them, in `GRADIENT_STEPS` steps of rows (a loop whose carry is the logits: XLA
+    updates a loop's carried buffer in place): one `[M, V]` buffer instead of two, 2
+    GiB less at 8192 tokens and a 128k vocabulary."""
+    m = x.shape[0]
+    if written.dtype != w.dtype or m % GRADIENT_STEPS:
+        return _logit_grads(x, labels, w, written.astype(jnp.float32), lse, scale, dw_dtype=w.dtype)
+    rows = m // GRADIENT_STEPS
+
+    def step(i: jax.Array, buf: jax.Array) -> jax.Array:
+        r0 = i * rows
+        logits = lax.dynamic_slice_in_dim(buf, r0, rows).astype(jnp.float32)
+        probs = jnp.exp(logits - lax.dynamic_slice_in_dim(lse, r0, rows)[:, None])
+        cols = lax.broadcasted_iota(jnp.int32, probs.shape, 1)
+        one_hot = cols == lax.dynamic_slice_in_dim(labels, r0, rows)[:, None]
+        g = (probs - one_hot.astype(jnp.float32)) * lax.dynamic_slice_in_dim(scale, r0, rows)[
+            :, None
+        ]
+        return lax.dynamic_update_slice_in_dim(buf, g.astype(buf.dtype), r0, 0)
+
+    g = lax.fori_loop(0, GRADIENT_STEPS, step, written)
+    dx = jnp.dot(g, w.T, preferred_element_type=jnp.float32)
+    return dx, jnp.dot(x.T, g, preferred_element_type=w.dtype)
+
+
 def forward(
     x: jax.Array,
     labels: jax.Array,
@@ -135,9 +169,9 @@ def forward_with_grads(
     if m <= chunk:
         # One chunk: no scan, and d_W is written once, in the weights' dtype, as plain
         # JAX's backward writes it: no float32 `K × V` sum, nor its conversion after.
-        logits = _logits(x, w, logits_dtype)
-        lse, picked = lse_and_label_logit(logits, labels)
-        dx, dw = _logit_grads(x, labels, w, logits, lse, row_weight, dw_dtype=w.dtype)
+        written = jnp.dot(x, w, preferred_element_type=logits_dtype)
+        lse, picked = lse_and_label_logit(written.astype(jnp.float32), labels)
+        dx, dw = _one_chunk_grads(x, labels, w, written, lse, row_weight)
         return jnp.where(where, lse - picked, 0.0), dx, dw
     xs, ls, ws, rs = _in_chunks(chunk, x, labels, where, row_weight)
 
@@ -167,8 +201,8 @@ def backward_from_lse(
     recomputing each chunk's logits; `lse` is the forward's per-row log-sum-exp."""
     m, k = x.shape
     if m <= chunk:  # one chunk: no scan, d_W written once in w's dtype
-        logits = _logits(x, w, logits_dtype)
-        dx, dw = _logit_grads(x, labels, w, logits, lse, row_scale, dw_dtype=w.dtype)
+        written = jnp.dot(x, w, preferred_element_type=logits_dtype)
+        dx, dw = _one_chunk_grads(x, labels, w, written, lse, row_scale)
         return dx.astype(x.dtype), dw
     xs, ls, es, rs = _in_chunks(chunk, x, labels, lse, row_scale)
 

@@ -247,9 +247,7 @@ def largest_chunk(p: CrossEntropyProblem, logits_dtype: LogitsDtype) -> int | No
     """The largest timed chunk smaller than the call whose logits stay within
     `CHUNK_LOGITS_BYTES` (the smallest timed chunk whatever its size); None when even
     that is not smaller than the call."""
-    fitting = [
-        c for c in CHUNKS_TIMED if c < p.m and chunk_too_large(p, c, logits_dtype) is None
-    ]
+    fitting = [c for c in CHUNKS_TIMED if c < p.m and chunk_too_large(p, c, logits_dtype) is None]
     return max(fitting) if fitting else None
 
 
