@@ -61,13 +61,13 @@ CHUNK_LOGITS_BYTES = 1 << 29
 #: the dtype they are written in) pass this, and a chunk of at least
 #: `MIN_HEURISTIC_CHUNK` tokens and `K` fits the bound above; otherwise the call is one
 #: chunk. On an H100 (forward + backward, bf16, against plain JAX's 16-bit logits), one
-#: chunk was the fastest config at every shape timed: 1.10× at 8192 × 2048 → 128256,
-#: 1.05× at 8192 × 4096 → 32000, 1.07× at 8192 × 4096 → 256000, 1.13× at 16384 × 2048
-#: → 128256, at 70–77% of plain JAX's memory (it writes no float32 `[M, V]` array).
-#: Chunks of 2048 tokens were 1.05–1.09× at 16384 and 32768 × 2048 → 128256 (12–21% of
-#: the memory) and level at 8192 tokens. Smaller chunks lose: every chunk reads and
-#: writes the float32 `K × V` accumulator of `d_W` (at 8192 × 4096 → 256000 chunks of
-#: 2048 were 0.985×, of 1024 0.91×).
+#: chunk, its gradient written over its logits, ran 1.10× at 8192 × 2048 → 128256 with
+#: 44% of plain JAX's memory, 1.03× at 8192 × 4096 → 32000 (59%) and → 256000 (51%);
+#: chunks of 2048 tokens 0.99×, 0.91× and 0.99× there. Chunks of 2048 were 1.03–1.09×
+#: at 16384 and 32768 × 2048 → 128256 with 12–21% of the memory, where one chunk (1.13×
+#: before it was written in place) holds 70%. Smaller chunks lose: every chunk reads
+#: and writes the float32 `K × V` accumulator of `d_W` (at 8192 × 4096 → 256000 chunks
+#: of 1024 were 0.91×).
 CHUNK_ABOVE_BYTES = 2 << 30
 MIN_HEURISTIC_CHUNK = 2048
 
@@ -277,8 +277,8 @@ CHUNKS_TIMED = (1024, 2048, 4096, 8192, 16384)
 
 def candidate_space(p: CrossEntropyProblem, *, training: bool) -> list[CrossEntropyConfig]:
     """Every config considered before pruning: XLA, chunks of 1k to 16k tokens and
-    the one chunk of every token, and a modest set of fused-kernel tiles (fewer under a gradient, where the backward,
-    not the tiles, decides the time)."""
+    the one chunk of every token, and a modest set of fused-kernel tiles (fewer under
+    a gradient, where the backward, not the tiles, decides the time)."""
     space = [XLA_INPUT_LOGITS, XLA]
     sizes = sorted({*CHUNKS_TIMED, one_chunk(p)})
     space += [chunked(c, d) for d in ("input", "float32") for c in sizes]
