@@ -78,12 +78,12 @@ def head_rows(
     for c in chunks:
         cfg = cc.chunked(min(c, m), "input")
         fns[f"kt chunk {cfg.chunk_size}"] = (lh.with_backward("loss_head", kt_loss(cfg)), sets)
-    sessions, peaks = {}, {}
+    sessions, extra = {}, {}
     for name, (fn, s) in fns.items():
-        compiled, _ = lh.compile_and_run(fn, s[0])
+        compiled, extra[f"{name} first"] = lh.compile_and_run(fn, s[0])
         sessions[name] = lh.compiled_session(compiled, s)
-        peaks[f"{name} peak"] = lh.peak_bytes(compiled)
-    return {**h.interleaved_times(sessions, rounds=rounds), **peaks}
+        extra[f"{name} peak"] = lh.peak_bytes(compiled)
+    return {**h.interleaved_times(sessions, rounds=rounds), **extra}
 
 
 def kernel_breakdown(shape: tuple[int, int, int], out_dir: str) -> None:
@@ -116,9 +116,7 @@ def kernel_breakdown(shape: tuple[int, int, int], out_dir: str) -> None:
             print(f"  {ms:8.3f} ms  {kernel[:110]}")
 
 
-def model_rows(
-    s: lh.ModelShape, rounds: int, chunks: Sequence[int] = ()
-) -> tuple[dict[str, float], dict[str, int]]:
+def model_rows(s: lh.ModelShape, rounds: int, chunks: Sequence[int] = ()) -> dict[str, float]:
     tokens_shape = (s.block.batch, s.block.seq)
     tokens = jax.random.randint(jax.random.key(1), tokens_shape, 0, s.vocab)
     labels = jax.random.randint(jax.random.key(2), tokens_shape, 0, s.vocab)
@@ -137,12 +135,31 @@ def model_rows(
             mb.kerneltune_ops(heuristic),
             functools.partial(ktk.linear_softmax_cross_entropy, cfg=cfg, executor=heuristic),
         )
-    sessions, peaks = {}, {}
+    sessions, extra = {}, {}
     for name, (ops, loss) in variants.items():
-        compiled, _ = lh.compile_and_run(lh.model_step(ops, loss, s), args)
+        compiled, extra[f"{name} first"] = lh.compile_and_run(lh.model_step(ops, loss, s), args)
         sessions[name] = lh.compiled_session(compiled, [args])
-        peaks[name] = lh.peak_bytes(compiled)
-    return h.interleaved_times(sessions, rounds=rounds), peaks
+        extra[f"{name} peak"] = lh.peak_bytes(compiled)
+    return {**h.interleaved_times(sessions, rounds=rounds), **extra}
+
+
+def n_suffixed(name: str) -> bool:
+    """A first-call or peak entry, not a time."""
+    return name.endswith((" first", " peak"))
+
+
+def chunk_names(t: dict[str, float]) -> list[str]:
+    return [n for n in t if n.startswith("kt chunk") and not n_suffixed(n)]
+
+
+def variant_line(t: dict[str, float], name: str, plain: str) -> str:
+    """One variant's time, peak and first-call wall, each against plain's."""
+    ms, peak, first = t[name], t[f"{name} peak"], t[f"{name} first"]
+    return (
+        f"{name}: {ms * 1e3:.2f} ms ({t[plain] / ms:.3f}x plain), peak {peak / 2**30:.2f} "
+        f"GiB ({peak / max(t[f'{plain} peak'], 1):.0%} of plain's), first call {first:.1f} s "
+        f"({first / t[f'{plain} first']:.2f}x plain's)"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -180,18 +197,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             f"{(plain - products) / plain:.1%} | {plain / products:.3f}",
             flush=True,
         )
-        for name in ("kt head", *(n for n in t if n.startswith("kt chunk") and "peak" not in n)):
-            print(
-                f"    {name}: {t[name] * 1e3:.2f} ms ({plain / t[name]:.3f}x plain), peak "
-                f"{t[name + ' peak'] / 2**30:.2f} GiB ({t[name + ' peak'] / t['plain head peak']:.0%}"
-                " of plain's)",
-                flush=True,
-            )
+        for name in ("plain head", "kt head", *chunk_names(t)):
+            print(f"    {variant_line(t, name, 'plain head')}", flush=True)
     if not args.no_model:
         s = lh.MODEL_SMOKE if args.smoke else lh.MODEL
         head = (s.block.batch * s.block.seq, s.block.dim, s.vocab)
         t = out[head] if head in out else head_rows(head, args.rounds)
-        steps, peaks = model_rows(s, args.rounds, chunks)
+        steps = model_rows(s, args.rounds, chunks)
         out["model"] = steps
         plain, kt = steps["plain step"], steps["kt step"]
         overhead = t["plain head"] - t["3 products"]
@@ -203,13 +215,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             f"time: {plain / (plain - overhead):.3f}x plain",
             flush=True,
         )
-        for name, t_step in steps.items():
-            print(
-                f"    {name}: {t_step * 1e3:.2f} ms ({plain / t_step:.3f}x plain), peak "
-                f"{peaks[name] / 2**30:.2f} GiB ({peaks[name] / peaks['plain step']:.0%} of "
-                "plain's)",
-                flush=True,
-            )
+        for name in (n for n in steps if not n_suffixed(n)):
+            print(f"    {variant_line(steps, name, 'plain step')}", flush=True)
     return out
 
 

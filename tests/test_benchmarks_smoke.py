@@ -205,10 +205,13 @@ def test_head_ceiling_benchmark_times_the_heads_the_products_and_the_model(capsy
     head = out[shape]
     for name in ("plain head", "kt head", "3 products", "logits product", "kt chunk 16"):
         assert _positive(head[name]) and head[f"{name} peak"] > 0, name
-    assert set(out["model"]) == {"plain step", "kt step", "kt step chunk 16"}
+        assert _positive(head[f"{name} first"]), name
+    steps = {"plain step", "kt step", "kt step chunk 16"}
+    assert set(out["model"]) == {f"{n}{s}" for n in steps for s in ("", " first", " peak")}
     assert all(_positive(t) for t in out["model"].values())
     printed = capsys.readouterr().out
     assert "step ceiling with a head at its three products' time" in printed
+    assert "kt step chunk 16: " in printed and "x plain's)" in printed  # first-call ratio
 
 
 def test_the_first_use_benchmark_runs_each_variant_in_a_fresh_process(tmp_path):
