@@ -105,9 +105,17 @@ def session(fn: Callable[..., Any], sets: Sequence[Any]) -> Callable[[], float]:
     fn = fn if hasattr(fn, "lower") else jax.jit(fn)
     out = jax.block_until_ready(fn(*sets[0]))  # compiles; not timed
     calls_of = _cupti_calls if on_gpu() else _wall_calls
-    calls = round(SESSION_S / max(statistics.median(calls_of(fn, sets, 2)), 1e-7))
-    calls = min(max(calls, MIN_CALLS), MAX_CALLS, max(2, SESSION_OUTPUT_BYTES // nbytes(out)))
+    calls = session_calls(statistics.median(calls_of(fn, sets, 2)), nbytes(out))
     return lambda: statistics.median(calls_of(fn, sets, calls))
+
+
+def session_calls(call_s: float, out_bytes: int) -> int:
+    """Calls in one timing session of a function taking `call_s` a call: about
+    `SESSION_S` of them, within `MIN_CALLS` and `MAX_CALLS`, and no more than keep
+    `SESSION_OUTPUT_BYTES` of outputs alive (every call's outputs live until the session
+    ends: 2 GiB of logits a call would fill the device in 40 calls)."""
+    calls = min(max(round(SESSION_S / max(call_s, 1e-7)), MIN_CALLS), MAX_CALLS)
+    return min(calls, max(2, SESSION_OUTPUT_BYTES // max(out_bytes, 1)))
 
 
 def device_time(fn: Callable[..., Any], sets: Sequence[Any]) -> float:

@@ -117,10 +117,7 @@ def kernel_breakdown(shape: tuple[int, int, int], out_dir: str) -> None:
 
 
 def model_rows(s: lh.ModelShape, rounds: int, chunks: Sequence[int] = ()) -> dict[str, float]:
-    tokens_shape = (s.block.batch, s.block.seq)
-    tokens = jax.random.randint(jax.random.key(1), tokens_shape, 0, s.vocab)
-    labels = jax.random.randint(jax.random.key(2), tokens_shape, 0, s.vocab)
-    args = (lh.model_params(s), tokens, labels)
+    args = lh.model_args(s)
     heuristic = op_bench.heuristic_executor()
     variants = {
         "plain step": (mb.plain_ops(), lh.plain_loss_bf16_logits),

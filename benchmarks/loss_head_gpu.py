@@ -217,12 +217,8 @@ def compiled_session(compiled: Any, sets: Sequence[Any]) -> Callable[[], float]:
     """`harness.session` for an already compiled program: each call of the result runs
     one session and returns the median seconds per call (CUPTI on a GPU)."""
     calls_of = h._cupti_calls if h.on_gpu() else h._wall_calls
-    first = statistics.median(calls_of(compiled, sets, 2))
-    calls = min(max(round(h.SESSION_S / max(first, 1e-7)), h.MIN_CALLS), h.MAX_CALLS)
-    # A session keeps every call's outputs alive until it ends: a product writing 2 GiB
-    # of logits would otherwise fill the device in 40 calls.
     out_bytes = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(compiled.out_info))
-    calls = min(calls, max(2, h.SESSION_OUTPUT_BYTES // max(out_bytes, 1)))
+    calls = h.session_calls(statistics.median(calls_of(compiled, sets, 2)), out_bytes)
     return lambda: statistics.median(calls_of(compiled, sets, calls))
 
 
@@ -338,11 +334,16 @@ def model_step(ops: mb.Ops, loss: Callable[..., jax.Array], s: ModelShape) -> Ca
     return jax.jit(jax.value_and_grad(loss_fn))
 
 
-def model_result(s: ModelShape, st: Settings) -> Result:
+def model_args(s: ModelShape) -> tuple[dict[str, Any], jax.Array, jax.Array]:
+    """The model step's arguments: parameters, random tokens and labels."""
     tokens_shape = (s.block.batch, s.block.seq)
     tokens = jax.random.randint(jax.random.key(1), tokens_shape, 0, s.vocab)
     labels = jax.random.randint(jax.random.key(2), tokens_shape, 0, s.vocab)
-    args = (model_params(s), tokens, labels)
+    return model_params(s), tokens, labels
+
+
+def model_result(s: ModelShape, st: Settings) -> Result:
+    args = model_args(s)
     result = Result("model", "train", str(s))
     heuristic = op_bench.heuristic_executor()
     variants: dict[str, tuple[mb.Ops, Callable[..., jax.Array]]] = {

@@ -75,6 +75,26 @@ def lse_and_label_logit(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array
     return mx + jnp.log(total), picked
 
 
+def _softmax_grad(
+    logits: jax.Array, lse: jax.Array, labels: jax.Array, scale: jax.Array
+) -> jax.Array:
+    """The float32 logits' gradient for per-row loss weights `scale`:
+    `(softmax − one-hot) · scale`."""
+    probs = jnp.exp(logits - lse[:, None])
+    cols = lax.broadcasted_iota(jnp.int32, probs.shape, 1)
+    return (probs - (cols == labels[:, None]).astype(jnp.float32)) * scale[:, None]
+
+
+def _products(
+    xc: jax.Array, w: jax.Array, g: jax.Array, dw_dtype: jnp.dtype
+) -> tuple[jax.Array, jax.Array]:
+    """`(d_x f32, d_W in dw_dtype)` from the logits' gradient `g`. The products run in
+    the weights' dtype (tensor cores for bf16), accumulating in f32."""
+    g = g.astype(w.dtype)
+    dx = jnp.dot(g, w.T, preferred_element_type=jnp.float32)
+    return dx, jnp.dot(xc.T, g, preferred_element_type=dw_dtype)
+
+
 def _logit_grads(
     xc: jax.Array,
     lc: jax.Array,
@@ -84,16 +104,9 @@ def _logit_grads(
     scale: jax.Array,
     dw_dtype: jnp.dtype = jnp.float32,
 ) -> tuple[jax.Array, jax.Array]:
-    """One chunk's `(d_x [chunk, K] f32, d_W [K, V] in dw_dtype)` for per-row loss
-    weights `scale`: the logits' gradient is `(softmax − one-hot) · scale`."""
-    probs = jnp.exp(logits - lse[:, None])
-    cols = lax.broadcasted_iota(jnp.int32, probs.shape, 1)
-    g = (probs - (cols == lc[:, None]).astype(jnp.float32)) * scale[:, None]
-    # The products run in the weights' dtype (tensor cores for bf16), accumulating in f32.
-    g = g.astype(w.dtype)
-    dx = jnp.dot(g, w.T, preferred_element_type=jnp.float32)
-    dw = jnp.dot(xc.T, g, preferred_element_type=dw_dtype)
-    return dx, dw
+    """One chunk's `(d_x [chunk, K] f32, d_W [K, V] in dw_dtype)` from its float32
+    logits."""
+    return _products(xc, w, _softmax_grad(logits, lse, lc, scale), dw_dtype)
 
 
 #: The one chunk's logits are turned into their gradient in this many steps of rows.
@@ -120,18 +133,13 @@ def _one_chunk_grads(
 
     def step(i: jax.Array, buf: jax.Array) -> jax.Array:
         r0 = i * rows
-        logits = lax.dynamic_slice_in_dim(buf, r0, rows).astype(jnp.float32)
-        probs = jnp.exp(logits - lax.dynamic_slice_in_dim(lse, r0, rows)[:, None])
-        cols = lax.broadcasted_iota(jnp.int32, probs.shape, 1)
-        one_hot = cols == lax.dynamic_slice_in_dim(labels, r0, rows)[:, None]
-        g = (probs - one_hot.astype(jnp.float32)) * lax.dynamic_slice_in_dim(scale, r0, rows)[
-            :, None
-        ]
+        logits, row_lse, row_labels, row_scale = (
+            lax.dynamic_slice_in_dim(a, r0, rows) for a in (buf, lse, labels, scale)
+        )
+        g = _softmax_grad(logits.astype(jnp.float32), row_lse, row_labels, row_scale)
         return lax.dynamic_update_slice_in_dim(buf, g.astype(buf.dtype), r0, 0)
 
-    g = lax.fori_loop(0, GRADIENT_STEPS, step, written)
-    dx = jnp.dot(g, w.T, preferred_element_type=jnp.float32)
-    return dx, jnp.dot(x.T, g, preferred_element_type=w.dtype)
+    return _products(x, w, lax.fori_loop(0, GRADIENT_STEPS, step, written), w.dtype)
 
 
 def forward(
