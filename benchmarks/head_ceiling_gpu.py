@@ -46,8 +46,15 @@ def three_products(x: jax.Array, w: jax.Array, g: jax.Array) -> tuple[jax.Array,
     return jnp.dot(x, w), jnp.dot(g, w.T), jnp.dot(x.T, g)
 
 
+def xla_lse_cfg(m: int, k: int, v: int) -> cc.CrossEntropyConfig:
+    """The heuristic's config under a gradient with XLA's log-sum-exp reduction: the
+    head as it ran before the Pallas pass."""
+    p = cc.CrossEntropyProblem(m, k, v, jnp.dtype(jnp.bfloat16))
+    return cc.heuristic(p, training=True, lse_backend="xla")
+
+
 def head_rows(
-    shape: tuple[int, int, int], rounds: int, chunks: Sequence[int] = ()
+    shape: tuple[int, int, int], rounds: int, chunks: Sequence[int] = (), xla_lse: bool = False
 ) -> dict[str, float]:
     m, k, v = shape
     heuristic = op_bench.heuristic_executor()
@@ -78,6 +85,8 @@ def head_rows(
     for c in chunks:
         cfg = cc.chunked(min(c, m), "input")
         fns[f"kt chunk {cfg.chunk_size}"] = (lh.with_backward("loss_head", kt_loss(cfg)), sets)
+    if xla_lse:
+        fns["kt xla-lse"] = (lh.with_backward("loss_head", kt_loss(xla_lse_cfg(*shape))), sets)
     sessions, extra = {}, {}
     for name, (fn, s) in fns.items():
         compiled, extra[f"{name} first"] = lh.compile_and_run(fn, s[0])
@@ -116,7 +125,9 @@ def kernel_breakdown(shape: tuple[int, int, int], out_dir: str) -> None:
             print(f"  {ms:8.3f} ms  {kernel[:110]}")
 
 
-def model_rows(s: lh.ModelShape, rounds: int, chunks: Sequence[int] = ()) -> dict[str, float]:
+def model_rows(
+    s: lh.ModelShape, rounds: int, chunks: Sequence[int] = (), xla_lse: bool = False
+) -> dict[str, float]:
     args = lh.model_args(s)
     heuristic = op_bench.heuristic_executor()
     variants = {
@@ -129,6 +140,12 @@ def model_rows(s: lh.ModelShape, rounds: int, chunks: Sequence[int] = ()) -> dic
     for c in chunks:
         cfg = cc.chunked(min(c, s.block.batch * s.block.seq), "input")
         variants[f"kt step chunk {cfg.chunk_size}"] = (
+            mb.kerneltune_ops(heuristic),
+            functools.partial(ktk.linear_softmax_cross_entropy, cfg=cfg, executor=heuristic),
+        )
+    if xla_lse:
+        cfg = xla_lse_cfg(s.block.batch * s.block.seq, s.block.dim, s.vocab)
+        variants["kt step xla-lse"] = (
             mb.kerneltune_ops(heuristic),
             functools.partial(ktk.linear_softmax_cross_entropy, cfg=cfg, executor=heuristic),
         )
@@ -146,7 +163,8 @@ def n_suffixed(name: str) -> bool:
 
 
 def chunk_names(t: dict[str, float]) -> list[str]:
-    return [n for n in t if n.startswith("kt chunk") and not n_suffixed(n)]
+    """The extra variants' names: chunk sizes and XLA's log-sum-exp."""
+    return [n for n in t if n.startswith(("kt chunk", "kt xla-lse")) and not n_suffixed(n)]
 
 
 def variant_line(t: dict[str, float], name: str, plain: str) -> str:
@@ -172,6 +190,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         help="also time kerneltune's chunked head at these chunk sizes (comma-separated; "
         "one larger than the tokens is one chunk)",
     )
+    p.add_argument(
+        "--xla-lse",
+        action="store_true",
+        help="also time kerneltune's heuristic config with XLA's log-sum-exp reduction",
+    )
     args = p.parse_args(argv)
     if args.kernels:
         for shape in SMOKE_SHAPES if args.smoke else SHAPES[:1]:
@@ -185,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "logits product ms | plain's non-product share | head ceiling x plain"
     )
     for shape in shapes:
-        t = head_rows(shape, args.rounds, chunks)
+        t = head_rows(shape, args.rounds, chunks, args.xla_lse)
         out[shape] = t
         plain, kt, products = t["plain head"], t["kt head"], t["3 products"]
         print(
@@ -200,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         s = lh.MODEL_SMOKE if args.smoke else lh.MODEL
         head = (s.block.batch * s.block.seq, s.block.dim, s.vocab)
         t = out[head] if head in out else head_rows(head, args.rounds)
-        steps = model_rows(s, args.rounds, chunks)
+        steps = model_rows(s, args.rounds, chunks, args.xla_lse)
         out["model"] = steps
         plain, kt = steps["plain step"], steps["kt step"]
         overhead = t["plain head"] - t["3 products"]

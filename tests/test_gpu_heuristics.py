@@ -7,6 +7,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from kerneltune.kernels import (
@@ -120,6 +121,11 @@ def test_the_mosaic_matmul_matches_the_reference_on_hopper():
 LOSS_HEAD_CFGS = {
     "xla": CrossEntropyConfig(),
     "chunked": CrossEntropyConfig(backend="chunked", chunk_size=256),
+    "chunked lse": CrossEntropyConfig(backend="chunked", chunk_size=256, lse_backend="triton"),
+    # One chunk, 16-bit logits: the gradient written over them after the kernel's pass.
+    "one chunk lse": CrossEntropyConfig(
+        backend="chunked", chunk_size=1024, logits_dtype="input", lse_backend="triton"
+    ),
     "triton": CrossEntropyConfig(backend="triton", chunk_size=256),
     "triton wide": CrossEntropyConfig(
         backend="triton", chunk_size=512, block_m=128, block_v=256, block_k=64, num_stages=3
@@ -160,6 +166,17 @@ def test_every_loss_head_backend_matches_the_reference_on_a_gpu(backend, dtype):
         tol = tolerance(dtype)
         assert relative_error(out, r) <= tol, reduction
         assert max(relative_error(g, rg) for g, rg in zip(grads, r_grads)) <= 2 * tol, reduction
+
+
+def test_the_lse_kernel_equals_xlas_reduction_at_a_128k_vocabulary():
+    from kerneltune.kernels.cross_entropy import lse_triton, lse_xla
+
+    logits = normal(6, (96, 128256), BF16) * 4  # 62 blocks of 2048, then 1280 columns
+    labels = jax.random.randint(jax.random.PRNGKey(7), (96,), -10, 128300)
+    got = jax.jit(lse_triton.lse_and_label_logit)(logits, labels)
+    want = jax.jit(lse_xla.lse_and_label_logit)(logits, labels)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+    np.testing.assert_array_equal(got[1], want[1])
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

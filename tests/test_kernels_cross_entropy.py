@@ -29,7 +29,14 @@ from tests.helpers import heuristics_executor
 BF16 = jnp.bfloat16
 CHUNKED = CrossEntropyConfig(backend="chunked", chunk_size=16)
 FUSED = CrossEntropyConfig(backend="triton", chunk_size=16, block_m=16, block_v=32, block_k=16)
-BACKENDS = {"xla": CrossEntropyConfig(), "chunked": CHUNKED, "triton": FUSED}
+#: Chunks whose log-sum-exp is the Pallas kernel's (interpreted here).
+CHUNKED_LSE = CrossEntropyConfig(backend="chunked", chunk_size=16, lse_backend="triton")
+BACKENDS = {
+    "xla": CrossEntropyConfig(),
+    "chunked": CHUNKED,
+    "chunked-lse": CHUNKED_LSE,
+    "triton": FUSED,
+}
 #: The 16-bit-logits forms: plain JAX's `x @ w` program, and chunks of it.
 INPUT_LOGITS = {
     "xla": CrossEntropyConfig(logits_dtype="input"),
@@ -156,7 +163,7 @@ def test_chunks_stop_where_their_logits_pass_the_memory_bound():
     assert chunks(mid, "float32") == [1024, 2048, 4096, 8192]
     assert chunks(mid, "input") == [1024, 2048, 4096, 8192]  # 8192 is every token
     assert "the same program as chunk_size=8192" in next(
-        p.reason for p in cc.candidates(mid)[1] if p.cfg == cc.chunked(16384, "input")
+        p.reason for p in cc.candidates(mid)[1] if p.cfg == cc.chunked(16384, "input", "triton")
     )
     huge = cc.CrossEntropyProblem(16384, 1024, 1 << 20, np.dtype("bfloat16"))
     assert chunks(huge, "float32") == [1024, 16384]
@@ -210,8 +217,12 @@ def test_a_config_stored_before_logits_dtype_reads_as_float32_logits():
 
     old = {"backend": "chunked", "chunk_size": 2048, "block_m": None, "block_v": None}
     assert config_from_dict(old, CrossEntropyConfig) == cc.chunked(2048, "float32")
-    # ... and the op's version moved, so a v1 entry is tuned again, not reused.
-    assert LinearSoftmaxCrossEntropy().op_id_v == "linear_softmax_cross_entropy@v2"
+    # One stored before lse_backend takes XLA's reduction, as it ran then.
+    v2 = {"backend": "chunked", "chunk_size": 2048, "logits_dtype": "input"}
+    assert config_from_dict(v2, CrossEntropyConfig).lse_backend == "xla"
+    # ... and the op's version moved, so an entry of v1 or v2 (tuned without the
+    # log-sum-exp kernel in its space) is tuned again, not reused.
+    assert LinearSoftmaxCrossEntropy().op_id_v == "linear_softmax_cross_entropy@v3"
 
 
 @pytest.mark.parametrize("bad", ["bfloat16", "f32", 32])
@@ -261,7 +272,7 @@ def test_values_and_gradients_match_plain_jax(backend, reduction):
         assert np.all(np.asarray(got[0])[~np.asarray(where)] == 0.0)
 
 
-@pytest.mark.parametrize("backend", ["chunked", "triton"])
+@pytest.mark.parametrize("backend", ["chunked", "chunked-lse", "triton"])
 def test_bfloat16(backend):
     x, labels, w, where = problem(2, 32, 32, 64, dtype=BF16)
     dout = cotangent("mean", 32)
@@ -280,8 +291,9 @@ def test_bfloat16(backend):
 def test_drawn_shapes_chunked(m, k, v, reduction, seed):
     x, labels, w, where = problem(seed, m, k, v)
     dout = cotangent(reduction, m, seed)
-    got = kernel_vjp(CHUNKED, x, labels, w, where, reduction, dout)
-    assert_close(got, reference_vjp(x, labels, w, where, reduction, dout), jnp.float32)
+    want = reference_vjp(x, labels, w, where, reduction, dout)
+    for cfg in (CHUNKED, CHUNKED_LSE):
+        assert_close(kernel_vjp(cfg, x, labels, w, where, reduction, dout), want, jnp.float32)
 
 
 def test_masked_tokens_are_left_out_whatever_their_labels():
@@ -427,38 +439,102 @@ def test_second_derivatives_come_from_the_reference(backend):
 # --- the chunked path's pieces ----------------------------------------------------------
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def lse_passes():
+    """Both log-sum-exp passes over written logits: XLA's reduction and the Pallas
+    kernel (interpreted, with the tiles the op would take)."""
+    from kerneltune.kernels.cross_entropy import lse_triton, lse_xla
+
+    return {
+        "xla": lse_xla.lse_and_label_logit,
+        "triton": lambda x, labels: lse_triton.lse_and_label_logit(x, labels, interpret=True),
+    }
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     rows=st.integers(1, 6),
-    cols=st.integers(1, 300),
+    cols=st.integers(16, 300),
     scale=st.sampled_from([1e-3, 1.0, 30.0, 1e4]),
     seed=st.integers(0, 2**16),
+    backend=st.sampled_from(["xla", "triton"]),
 )
-def test_one_pass_logsumexp_and_label_logit_equal_xlas(rows, cols, scale, seed):
-    from kerneltune.kernels.cross_entropy.chunked import lse_and_label_logit
-
+def test_one_pass_logsumexp_and_label_logit_equal_xlas(rows, cols, scale, seed, backend):
     x = jax.random.normal(jax.random.key(seed), (rows, cols)) * scale
     labels = jax.random.randint(jax.random.key(seed + 1), (rows,), -3, cols + 3)
-    lse, picked = lse_and_label_logit(x, labels)
+    lse, picked = lse_passes()[backend](x, labels)
     np.testing.assert_allclose(lse, jax.nn.logsumexp(x, axis=-1), rtol=1e-6, atol=1e-6)
     want = jnp.take_along_axis(x, labels[:, None], axis=-1, mode="clip")[:, 0]
     np.testing.assert_array_equal(picked, want)  # out-of-range labels clipped alike
 
 
-def test_one_pass_logsumexp_keeps_infinities_and_nans_as_logsumexp():
-    from kerneltune.kernels.cross_entropy.chunked import lse_and_label_logit
-
-    x = jax.random.normal(jax.random.key(0), (5, 40)) * 50
+@pytest.mark.parametrize("backend", ["xla", "triton"])
+def test_one_pass_logsumexp_keeps_infinities_and_nans_as_logsumexp(backend):
+    lse_and_label_logit = lse_passes()[backend]
+    # 40 columns: the kernel's one block of 32, then 8 more folded in by XLA.
+    x = jax.random.normal(jax.random.key(0), (6, 40)) * 50
     x = x.at[0].set(-jnp.inf).at[1, 3].set(jnp.nan).at[2, 5].set(jnp.inf)
     x = x.at[3, :20].set(-jnp.inf)  # half a row out of the softmax
-    labels = jnp.arange(5)
+    x = x.at[4, 36].set(jnp.inf)  # +inf past the kernel's block
+    x = x.at[5, 32:].set(-jnp.inf)  # a tail of -inf
+    labels = jnp.arange(6)
     got, want = lse_and_label_logit(x, labels)[0], jax.nn.logsumexp(x, axis=-1)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_allclose(got[~np.isnan(want)], want[~np.isnan(want)], rtol=1e-6)
-    assert got[0] == -np.inf and got[2] == np.inf
+    assert got[0] == -np.inf and got[2] == np.inf and got[4] == np.inf
     # Under vmap too (a batch of chunks).
     batched = jax.vmap(lse_and_label_logit)(jnp.stack([x[3:], x[3:]]), jnp.stack([labels[3:]] * 2))
     np.testing.assert_allclose(batched[0][1], got[3:])
+
+
+def test_the_lse_kernel_reads_16_bit_logits_as_written():
+    from kerneltune.kernels.cross_entropy import lse_triton, lse_xla
+
+    x = (jax.random.normal(jax.random.key(1), (8, 2500)) * 4).astype(BF16)
+    labels = jax.random.randint(jax.random.key(2), (8,), 0, 2500)
+    got = lse_triton.lse_and_label_logit(x, labels, interpret=True)
+    want = lse_xla.lse_and_label_logit(x, labels)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+    np.testing.assert_array_equal(got[1], want[1])
+    # 2500 columns: one block of 2048 (the default), 452 folded in after.
+    assert lse_triton.tiles_for(2500) == lse_triton.DEFAULT_TILES
+    assert lse_triton.tiles_for(300).block_v == 256 and lse_triton.tiles_for(15) is None
+    with pytest.raises(ValueError, match=r"do not fit the tiles"):
+        lse_triton.lse_and_label_logit(x[:, :8], labels, interpret=True)
+
+
+def test_the_lse_kernel_is_the_gpu_heuristic_where_it_takes_the_vocabulary():
+    model = cc.CrossEntropyProblem(8192, 2048, 128256, np.dtype("bfloat16"))
+    assert cc.heuristic(model, training=True, lse_backend="triton") == cc.chunked(
+        8192, "input", "triton"
+    )
+    big = cc.CrossEntropyProblem(16384, 2048, 128256, np.dtype("bfloat16"))
+    assert cc.heuristic(big, training=True, lse_backend="triton") == cc.chunked(
+        2048, "input", "triton"
+    )
+    # Forward only: plain JAX's program, no chunks to take a log-sum-exp of.
+    assert cc.heuristic(big, lse_backend="triton") == cc.XLA_INPUT_LOGITS
+    # A vocabulary narrower than the kernel's narrowest block: XLA's reduction.
+    tiny = cc.CrossEntropyProblem(64, 32, 12, np.dtype("float32"))
+    assert cc.heuristic(tiny, training=True, lse_backend="triton").lse_backend == "xla"
+    kept, pruned = cc.candidates(tiny, training=True)
+    assert all(c.lse_backend == "xla" for c in kept if c.backend == "chunked")
+    assert any("narrowest block of 16 columns" in p.reason for p in pruned)
+    # Under a gradient the space holds the heuristic's chunks with either pass.
+    kept = cc.candidates(model, training=True)[0]
+    assert cc.chunked(8192, "input", "triton") in kept and cc.chunked(8192, "input") in kept
+    assert not any(c.lse_backend == "xla" and c.chunk_size != 8192 for c in kept if c.chunk_size)
+    # The kernel's GPU heuristic takes it; interpreted, XLA's reduction.
+    inv = kt.Executor(kt.ConfigSelectorChain(kt.ConfigCache())).invocation(
+        LinearSoftmaxCrossEntropyInterpret(), *problem(0, 64, 32, 128)[:3], jnp.ones(64, bool)
+    )
+    assert LinearSoftmaxCrossEntropyInterpret().heuristic_cfg_triton(inv) == cc.XLA
+    with pytest.raises(ValueError, match=r"lse_backend must be one of \('xla', 'triton'\)"):
+        CrossEntropyConfig(backend="chunked", lse_backend="pallas")
+    with pytest.raises(
+        ValueError,
+        match=r"lse_backend is a field of backend='chunked'; leave it None with backend='xla'",
+    ):
+        CrossEntropyConfig(backend="xla", lse_backend="triton")
 
 
 def test_a_chunk_larger_than_the_call_is_one_chunk_not_padding():

@@ -14,7 +14,7 @@ from kerneltune._src.kernel.base import Invocation, Kernel
 from kerneltune._src.tuning.inputs import random_like
 from kerneltune.kernels._args import as_array
 from kerneltune.kernels._common import BundledKernelMixin, Pruned, kernel_for
-from kerneltune.kernels.cross_entropy import chunked
+from kerneltune.kernels.cross_entropy import chunked, lse_triton, lse_xla
 from kerneltune.kernels.cross_entropy import config as config_lib
 from kerneltune.kernels.cross_entropy.config import CrossEntropyConfig, CrossEntropyProblem
 from kerneltune.kernels.cross_entropy.pallas_triton import lse_and_label_logit
@@ -66,6 +66,22 @@ def logits_dtype(cfg: CrossEntropyConfig, x: jax.Array) -> Any:
     return x.dtype if cfg.logits_dtype == "input" else jnp.float32
 
 
+def lse_pass(cfg: CrossEntropyConfig, *, interpret: bool) -> chunked.LsePass:
+    """The chunked backend's log-sum-exp pass that `cfg` names (the Pallas kernel
+    where it takes the chunk's logits, else XLA's reduction)."""
+    if cfg.lse_backend != "triton":
+        return lse_xla.lse_and_label_logit
+
+    def pass_(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
+        rows, vocab = logits.shape
+        tiles = lse_triton.tiles_for(vocab)
+        if tiles is None or not lse_triton.fits(rows, vocab, tiles):
+            return lse_xla.lse_and_label_logit(logits, labels)
+        return lse_triton.lse_and_label_logit(logits, labels, tiles, interpret=interpret)
+
+    return pass_
+
+
 def row_weights(where: jax.Array, reduction: str) -> jax.Array:
     """The derivative of the reduced loss with respect to each row's loss (float32)."""
     mask = where.astype(jnp.float32)
@@ -86,7 +102,8 @@ class LinearSoftmaxCrossEntropy(BundledKernelMixin, Kernel[CrossEntropyConfig, j
     op_id = "linear_softmax_cross_entropy"
     # 2: logits in the inputs' dtype joined the space and the heuristic (a config tuned
     # under v1 never competed with plain JAX's faster program: it is tuned again).
-    version = "2"
+    # 3: the Pallas log-sum-exp pass joined the chunked configs (`lse_backend`).
+    version = "3"
     config_type = CrossEntropyConfig
     tunes_training_apart = True
 
@@ -96,6 +113,14 @@ class LinearSoftmaxCrossEntropy(BundledKernelMixin, Kernel[CrossEntropyConfig, j
 
     def heuristic_cfg(self, inv: Invocation[Any, Any]) -> CrossEntropyConfig:
         return config_lib.heuristic(problem_of(inv), training=bool(inv.differentiated))
+
+    def heuristic_cfg_triton(self, inv: Invocation[Any, Any]) -> CrossEntropyConfig:
+        """On GPUs the chunked path's log-sum-exp is the Pallas kernel (interpreted
+        runs keep XLA's reduction: the interpreter is slow at full size)."""
+        lse: config_lib.LseBackend = "xla" if self.use_interpreter() else "triton"
+        return config_lib.heuristic(
+            problem_of(inv), training=bool(inv.differentiated), lse_backend=lse
+        )
 
     def search_space(
         self, inv: Invocation[Any, Any]
@@ -127,7 +152,13 @@ class LinearSoftmaxCrossEntropy(BundledKernelMixin, Kernel[CrossEntropyConfig, j
         if cfg.backend == "chunked":
             assert cfg.chunk_size is not None
             return chunked.forward(
-                x, labels, w, where, chunk=cfg.chunk_size, logits_dtype=logits_dtype(cfg, x)
+                x,
+                labels,
+                w,
+                where,
+                chunk=cfg.chunk_size,
+                logits_dtype=logits_dtype(cfg, x),
+                lse_pass=lse_pass(cfg, interpret=self.use_interpreter()),
             )
         lse, picked = lse_and_label_logit(x, labels, w, cfg, interpret=self.use_interpreter())
         return jnp.where(where, lse - picked, 0.0), lse
@@ -153,6 +184,7 @@ class LinearSoftmaxCrossEntropy(BundledKernelMixin, Kernel[CrossEntropyConfig, j
                 weights,
                 chunk=cfg.chunk_size,
                 logits_dtype=logits_dtype(cfg, x),
+                lse_pass=lse_pass(cfg, interpret=self.use_interpreter()),
             )
             return reduce_rows(losses, where, reduction), (dx, dw)
         losses, lse = self._rows(x, labels, w, where, cfg)

@@ -11,14 +11,23 @@ losses, whose cotangent is only known in the backward, and for the fused kernel)
 
 `logits_dtype` is the dtype each chunk's matmul writes its logits in (float32, or the
 inputs' dtype as plain JAX's `x @ w`); the log-sum-exp and the gradients are taken in
-float32 either way.
+float32 either way. `lse_pass` reads each chunk's logits as written for each row's
+log-sum-exp and label logit: XLA's reduction (`lse_xla`, the default) or the Pallas
+kernel (`lse_triton`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+from kerneltune.kernels.cross_entropy import lse_xla
+
+#: `(logits [rows, V] as written, labels [rows]) -> (log-sum-exp, label logit)`, float32.
+LsePass = Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 
 
 def _in_chunks(chunk: int, *rows: jax.Array) -> list[jax.Array]:
@@ -36,51 +45,17 @@ def _in_chunks(chunk: int, *rows: jax.Array) -> list[jax.Array]:
 
 
 def _logits(xc: jax.Array, w: jax.Array, logits_dtype: jnp.dtype) -> jax.Array:
-    """One chunk's logits as the matmul writes them, read back as float32 (XLA fuses
-    the upcast into each consumer)."""
-    return jnp.dot(xc, w, preferred_element_type=logits_dtype).astype(jnp.float32)
-
-
-def _combine(
-    a: tuple[jax.Array, jax.Array, jax.Array], b: tuple[jax.Array, jax.Array, jax.Array]
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Two partial `(max, sum of exp(logit − max), label's logit)` triples as one, with
-    one exponential: `exp(−|max_a − max_b|)` rescales the sum whose max is the lower.
-    Equal maxima (two identities at −inf included) need no rescaling; a NaN propagates.
-    The label's logit is the sum of a row that is 0 but at the label."""
-    (ma, sa, pa), (mb, sb, pb) = a, b
-    e = jnp.exp(jnp.where(ma == mb, 0.0, -jnp.abs(ma - mb)))
-    return jnp.maximum(ma, mb), jnp.where(mb > ma, sa * e + sb, sa + sb * e), pa + pb
-
-
-def lse_and_label_logit(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Each row's `logsumexp` and its label's logit, of 2-D float32 logits, in one pass
-    over them: a variadic reduction carrying the running max, the rescaled sum and the
-    label's logit. XLA's `logsumexp` reads the logits twice (the max, then the sum) and
-    a gather reads them again; here the gradient's pass is the logits' only other
-    reader, so the gradient can be written over them (`_one_chunk_grads`). On an H100,
-    over 8192 × 128256 bf16 logits: 1.55 ms, against XLA's two passes' 1.39 ms (CUPTI;
-    the one pass is bound by its exponentials, not by memory; without the label's
-    logit it took 1.30 ms).
-    A label outside `[0, V)` picks as the reference's gather (`take_along_axis`, clip
-    mode) does: a negative one counts from the end, then it is clipped into range."""
-    v = logits.shape[1]
-    cols = lax.broadcasted_iota(jnp.int32, logits.shape, 1)
-    label = labels.astype(jnp.int32)
-    label = jnp.clip(jnp.where(label < 0, label + v, label), 0, v - 1)
-    at_label = jnp.where(cols == label[:, None], logits, 0.0)
-    zero = jnp.array(0.0, logits.dtype)
-    init = (jnp.array(-jnp.inf, logits.dtype), zero, zero)
-    mx, total, picked = lax.reduce((logits, jnp.ones_like(logits), at_label), init, _combine, (1,))
-    return mx + jnp.log(total), picked
+    """One chunk's logits as the matmul writes them (read back as float32 by their
+    consumers: XLA fuses the upcast into each)."""
+    return jnp.dot(xc, w, preferred_element_type=logits_dtype)
 
 
 def _softmax_grad(
     logits: jax.Array, lse: jax.Array, labels: jax.Array, scale: jax.Array
 ) -> jax.Array:
-    """The float32 logits' gradient for per-row loss weights `scale`:
-    `(softmax − one-hot) · scale`."""
-    probs = jnp.exp(logits - lse[:, None])
+    """The logits' float32 gradient for per-row loss weights `scale`:
+    `(softmax − one-hot) · scale` (the logits read as float32)."""
+    probs = jnp.exp(logits.astype(jnp.float32) - lse[:, None])
     cols = lax.broadcasted_iota(jnp.int32, probs.shape, 1)
     return (probs - (cols == labels[:, None]).astype(jnp.float32)) * scale[:, None]
 
@@ -104,8 +79,7 @@ def _logit_grads(
     scale: jax.Array,
     dw_dtype: jnp.dtype = jnp.float32,
 ) -> tuple[jax.Array, jax.Array]:
-    """One chunk's `(d_x [chunk, K] f32, d_W [K, V] in dw_dtype)` from its float32
-    logits."""
+    """One chunk's `(d_x [chunk, K] f32, d_W [K, V] in dw_dtype)` from its logits."""
     return _products(xc, w, _softmax_grad(logits, lse, lc, scale), dw_dtype)
 
 
@@ -128,7 +102,7 @@ def _one_chunk_grads(
     GiB less at 8192 tokens and a 128k vocabulary."""
     m = x.shape[0]
     if written.dtype != w.dtype or m % GRADIENT_STEPS:
-        return _logit_grads(x, labels, w, written.astype(jnp.float32), lse, scale, dw_dtype=w.dtype)
+        return _logit_grads(x, labels, w, written, lse, scale, dw_dtype=w.dtype)
     rows = m // GRADIENT_STEPS
 
     def step(i: jax.Array, buf: jax.Array) -> jax.Array:
@@ -136,7 +110,7 @@ def _one_chunk_grads(
         logits, row_lse, row_labels, row_scale = (
             lax.dynamic_slice_in_dim(a, r0, rows) for a in (buf, lse, labels, scale)
         )
-        g = _softmax_grad(logits.astype(jnp.float32), row_lse, row_labels, row_scale)
+        g = _softmax_grad(logits, row_lse, row_labels, row_scale)
         return lax.dynamic_update_slice_in_dim(buf, g.astype(buf.dtype), r0, 0)
 
     return _products(x, w, lax.fori_loop(0, GRADIENT_STEPS, step, written), w.dtype)
@@ -150,6 +124,7 @@ def forward(
     *,
     chunk: int,
     logits_dtype: jnp.dtype = jnp.float32,
+    lse_pass: LsePass = lse_xla.lse_and_label_logit,
 ) -> tuple[jax.Array, jax.Array]:
     """Per-row float32 losses (0 where masked) and log-sum-exps, chunk by chunk."""
     m = x.shape[0]
@@ -157,8 +132,7 @@ def forward(
 
     def step(carry: None, c: tuple[jax.Array, ...]) -> tuple[None, tuple[jax.Array, jax.Array]]:
         xc, lc, wc = c
-        logits = _logits(xc, w, logits_dtype)
-        lse, picked = lse_and_label_logit(logits, lc)
+        lse, picked = lse_pass(_logits(xc, w, logits_dtype), lc)
         return None, (jnp.where(wc, lse - picked, 0.0), lse)
 
     _, (losses, lse) = lax.scan(step, None, (xs, ls, ws))
@@ -174,6 +148,7 @@ def forward_with_grads(
     *,
     chunk: int,
     logits_dtype: jnp.dtype = jnp.float32,
+    lse_pass: LsePass = lse_xla.lse_and_label_logit,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Per-row losses, and the gradients of `sum(row_weight · losses)` with respect to
     `x` (float32) and `w` (float32, or w's dtype when the call is one chunk), in one
@@ -183,7 +158,7 @@ def forward_with_grads(
         # One chunk: no scan, and d_W is written once, in the weights' dtype, as plain
         # JAX's backward writes it: no float32 `K × V` sum, nor its conversion after.
         written = jnp.dot(x, w, preferred_element_type=logits_dtype)
-        lse, picked = lse_and_label_logit(written.astype(jnp.float32), labels)
+        lse, picked = lse_pass(written, labels)
         dx, dw = _one_chunk_grads(x, labels, w, written, lse, row_weight)
         return jnp.where(where, lse - picked, 0.0), dx, dw
     xs, ls, ws, rs = _in_chunks(chunk, x, labels, where, row_weight)
@@ -191,7 +166,7 @@ def forward_with_grads(
     def step(dw: jax.Array, c: tuple[jax.Array, ...]):
         xc, lc, wc, rc = c
         logits = _logits(xc, w, logits_dtype)
-        lse, picked = lse_and_label_logit(logits, lc)
+        lse, picked = lse_pass(logits, lc)
         dx_c, dw_c = _logit_grads(xc, lc, w, logits, lse, rc)
         return dw + dw_c, (jnp.where(wc, lse - picked, 0.0), dx_c)
 
