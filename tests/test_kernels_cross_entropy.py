@@ -511,8 +511,15 @@ def test_the_lse_kernel_is_the_gpu_heuristic_where_it_takes_the_vocabulary():
     assert cc.heuristic(big, training=True, lse_backend="triton") == cc.chunked(
         2048, "input", "triton"
     )
-    # Forward only: plain JAX's program, no chunks to take a log-sum-exp of.
-    assert cc.heuristic(big, lse_backend="triton") == cc.XLA_INPUT_LOGITS
+    # Forward only: the same chunks with the kernel (off GPUs: plain JAX's program).
+    assert cc.heuristic(big, lse_backend="triton") == cc.chunked(2048, "input", "triton")
+    assert cc.heuristic(model, lse_backend="triton") == cc.chunked(8192, "input", "triton")
+    assert cc.heuristic(big) == cc.XLA_INPUT_LOGITS
+    for p, training in ((big, False), (big, True), (model, False), (model, True)):
+        assert (
+            cc.heuristic(p, training=training, lse_backend="triton")
+            in cc.candidates(p, training=training)[0]
+        )
     # A vocabulary narrower than the kernel's narrowest block: XLA's reduction.
     tiny = cc.CrossEntropyProblem(64, 32, 12, np.dtype("float32"))
     assert cc.heuristic(tiny, training=True, lse_backend="triton").lse_backend == "xla"

@@ -115,8 +115,9 @@ class LinearSoftmaxCrossEntropy(BundledKernelMixin, Kernel[CrossEntropyConfig, j
         return config_lib.heuristic(problem_of(inv), training=bool(inv.differentiated))
 
     def heuristic_cfg_triton(self, inv: Invocation[Any, Any]) -> CrossEntropyConfig:
-        """On GPUs the chunked path's log-sum-exp is the Pallas kernel (interpreted
-        runs keep XLA's reduction: the interpreter is slow at full size)."""
+        """On GPUs the chunked path, forward and under a gradient, its log-sum-exp
+        taken by the Pallas kernel (interpreted runs keep XLA's reduction and, for a
+        forward, plain JAX's program: the interpreter is slow at full size)."""
         lse: config_lib.LseBackend = "xla" if self.use_interpreter() else "triton"
         return config_lib.heuristic(
             problem_of(inv), training=bool(inv.differentiated), lse_backend=lse
@@ -250,10 +251,11 @@ def linear_softmax_cross_entropy(
     cross-entropy of each row against its integer label, in float32.
 
     Per row, `loss = logsumexp(x·W) − (x·W)[label]`. Memory-efficient configs never
-    hold the `[M, V]` logits (see `CrossEntropyConfig`). The heuristic materialises
-    them in x's dtype, as plain JAX's `x @ w` does, except under a gradient where they
-    would be large: there it walks chunks of tokens (the same three matmuls, a fraction
-    of the memory).
+    hold the `[M, V]` logits (see `CrossEntropyConfig`). The heuristic writes them in
+    x's dtype, as plain JAX's `x @ w` does, and walks chunks of tokens where they would
+    be large (the same three matmuls under a gradient, a fraction of the memory); on
+    GPUs a Pallas kernel takes each chunk's log-sum-exp. Off GPUs a call that is not
+    differentiated runs plain JAX's program.
 
     Args:
       x: `[M, K]` floating activations (one row per token).
