@@ -214,6 +214,21 @@ def test_head_ceiling_benchmark_times_the_heads_the_products_and_the_model(capsy
     assert "kt step chunk 16: " in printed and "x plain's)" in printed  # first-call ratio
 
 
+@pytest.mark.timeout(120)
+def test_lse_pass_benchmark_checks_then_times_each_pass(capsys):
+    from benchmarks import lse_pass_gpu
+
+    with standard_promotion():
+        out = lse_pass_gpu.main(["--smoke", "--rounds", "1"])
+    (shape,) = lse_pass_gpu.SMOKE_SHAPES
+    assert set(out[shape]) == {"xla 2-pass", "xla 1-pass", "triton 1x2048 w4 s2"}
+    assert all(_positive(t) for t in out[shape].values())
+    assert "x xla 1-pass" in capsys.readouterr().out
+    # The full grid: 32 tiles, the shipped one among them.
+    grid = lse_pass_gpu.tile_grid("all")
+    assert len(grid) == 32 and lse_pass_gpu.lt.DEFAULT_TILES in grid
+
+
 def test_the_first_use_benchmark_runs_each_variant_in_a_fresh_process(tmp_path):
     from benchmarks import first_use_gpu
 
