@@ -62,32 +62,53 @@ def fits(rows: int, vocab: int, tiles: LseTiles) -> bool:
     return rows % tiles.block_m == 0 and vocab >= tiles.block_v
 
 
+def empty_stats(rows: int) -> lse_xla.RowStats:
+    """Row stats before any column: a maximum of -inf, a sum and a label logit of 0."""
+    zeros = jnp.zeros((rows,), jnp.float32)
+    return jnp.full((rows,), -jnp.inf, jnp.float32), zeros, zeros
+
+
+def _shift(running_max: jax.Array) -> jax.Array:
+    """What a row's exponentials are taken relative to: its maximum where finite, else
+    0 (a row of -inf sums to 0 and a row holding +inf to +inf, where `logit − maximum`
+    would be NaN)."""
+    return jnp.where(jnp.isfinite(running_max), running_max, 0.0)
+
+
+def fold_tile(
+    stats: lse_xla.RowStats, tile: jax.Array, cols: jax.Array, labels: jax.Array
+) -> lse_xla.RowStats:
+    """`stats` with a float32 `[rows, block]` tile of logits folded in (an online
+    log-sum-exp: one exponential a logit, one more a row to rescale the sum); `cols`
+    are the tile's column numbers, `labels` each row's label. Shared with the fused
+    kernel (`pallas_triton`)."""
+    running_max, running_sum, picked = stats
+    new_max = jnp.maximum(running_max, jnp.max(tile, axis=1))
+    shift = _shift(new_max)
+    running_sum = running_sum * jnp.exp(_shift(running_max) - shift) + jnp.sum(
+        jnp.exp(tile - shift[:, None]), axis=1
+    )
+    picked = picked + jnp.sum(jnp.where(cols == labels[:, None], tile, 0.0), axis=1)
+    return new_max, running_sum, picked
+
+
+def finish(running_max: jax.Array, running_sum: jax.Array) -> jax.Array:
+    """Each row's log-sum-exp from its folded maximum and sum: an infinite maximum is
+    the log-sum-exp itself (its sum was taken relative to 0)."""
+    return jnp.where(jnp.isfinite(running_max), running_max + jnp.log(running_sum), running_max)
+
+
 def _kernel(logits_ref, labels_ref, max_ref, sum_ref, picked_ref, *, block_v: int, v_steps: int):
-    rows = logits_ref.shape[0]
     labels = labels_ref[...]
 
-    def step(j, carry):
-        running_max, running_sum, picked = carry
+    def step(j, stats):
         v0 = pl.multiple_of(j * block_v, block_v)
         tile = logits_ref[:, pl.ds(v0, block_v)].astype(jnp.float32)
-        new_max = jnp.maximum(running_max, jnp.max(tile, axis=1))
-        # An infinite maximum shifts by 0: a row of -inf sums to 0 and a row holding
-        # +inf to +inf, where `logit − maximum` would be NaN.
-        shift = jnp.where(jnp.isfinite(new_max), new_max, 0.0)
-        old_shift = jnp.where(jnp.isfinite(running_max), running_max, 0.0)
-        running_sum = running_sum * jnp.exp(old_shift - shift) + jnp.sum(
-            jnp.exp(tile - shift[:, None]), axis=1
-        )
         cols = v0 + lax.broadcasted_iota(jnp.int32, tile.shape, 1)
-        picked = picked + jnp.sum(jnp.where(cols == labels[:, None], tile, 0.0), axis=1)
-        return new_max, running_sum, picked
+        return fold_tile(stats, tile, cols, labels)
 
-    init = (
-        jnp.full((rows,), -jnp.inf, jnp.float32),
-        jnp.zeros((rows,), jnp.float32),
-        jnp.zeros((rows,), jnp.float32),
-    )
-    max_ref[...], sum_ref[...], picked_ref[...] = lax.fori_loop(0, v_steps, step, init)
+    stats = lax.fori_loop(0, v_steps, step, empty_stats(logits_ref.shape[0]))
+    max_ref[...], sum_ref[...], picked_ref[...] = stats
 
 
 def _whole_blocks(
@@ -143,5 +164,4 @@ def lse_and_label_logit(
         tail = lse_xla.row_stats(lax.slice_in_dim(logits, done, vocab, axis=1), labels, done)
         stats = lse_xla.combine(stats, tail)
     mx, total, picked = stats
-    # An infinite maximum is the log-sum-exp itself (its sum was taken relative to 0).
-    return jnp.where(jnp.isfinite(mx), mx + jnp.log(total), mx), picked
+    return finish(mx, total), picked

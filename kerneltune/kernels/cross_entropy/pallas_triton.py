@@ -3,8 +3,8 @@
 Each program owns `block_m` rows. It walks the vocabulary in blocks of `block_v`
 columns; for each it multiplies the rows' `x` by that block of `w` (stepping the shared
 dimension by `block_k`, accumulating in float32) and folds the logit tile into a running
-maximum and sum of exponentials per row (an online log-sum-exp), picking out each row's
-label logit on the way. Only two floats per row leave the kernel: the `[M, V]` logits
+maximum and sum of exponentials per row (an online log-sum-exp, `lse_triton.fold_tile`),
+picking out each row's label logit on the way. Only two floats per row leave the kernel: the `[M, V]` logits
 are never stored.
 """
 
@@ -18,6 +18,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from kerneltune.kernels._common import triton_compiler_params
+from kerneltune.kernels.cross_entropy import lse_triton
 from kerneltune.kernels.cross_entropy.config import CrossEntropyConfig
 
 
@@ -28,8 +29,7 @@ def _lse_kernel(
     rows = x_ref.shape[0]
     labels = labels_ref[...]
 
-    def vocab_step(j, carry):
-        running_max, running_sum, picked = carry
+    def vocab_step(j, stats):
         v0 = pl.multiple_of(j * block_v, block_v)
 
         def k_step(i, acc):
@@ -43,20 +43,11 @@ def _lse_kernel(
         logits = lax.fori_loop(0, k_steps, k_step, jnp.zeros((rows, block_v), jnp.float32))
         cols = v0 + lax.broadcasted_iota(jnp.int32, (rows, block_v), 1)
         logits = jnp.where(cols < vocab, logits, -jnp.inf)  # padded vocabulary columns
-        new_max = jnp.maximum(running_max, jnp.max(logits, axis=1))
-        running_sum = running_sum * jnp.exp(running_max - new_max) + jnp.sum(
-            jnp.exp(logits - new_max[:, None]), axis=1
-        )
-        picked = picked + jnp.sum(jnp.where(cols == labels[:, None], logits, 0.0), axis=1)
-        return new_max, running_sum, picked
+        return lse_triton.fold_tile(stats, logits, cols, labels)
 
-    init = (
-        jnp.full((rows,), -jnp.inf, jnp.float32),
-        jnp.zeros((rows,), jnp.float32),
-        jnp.zeros((rows,), jnp.float32),
-    )
-    running_max, running_sum, picked = lax.fori_loop(0, v_steps, vocab_step, init)
-    lse_ref[...] = running_max + jnp.log(running_sum)
+    stats = lax.fori_loop(0, v_steps, vocab_step, lse_triton.empty_stats(rows))
+    running_max, running_sum, picked = stats
+    lse_ref[...] = lse_triton.finish(running_max, running_sum)
     picked_ref[...] = picked
 
 
