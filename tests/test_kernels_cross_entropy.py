@@ -588,3 +588,16 @@ def test_one_chunk_writes_the_gradient_over_the_logits(m, reduction):
     )
     carries_logits = re.search(rf"stablehlo.while\(.*tensor<{m}x100xbf16>", text) is not None
     assert carries_logits == (m % chunked.GRADIENT_STEPS == 0)
+
+
+def test_the_fused_kernel_keeps_an_infinite_logit_as_logsumexp_does():
+    # A +inf logit made the fused kernel's sum exp(inf − inf) = NaN; logsumexp is +inf.
+    from kerneltune.kernels.cross_entropy import pallas_triton
+
+    x, labels, w, _ = problem(9, 16, 16, 64)
+    x = x.at[0, 0].set(jnp.inf)
+    w = w.at[0].set(jnp.abs(w[0]) + 0.1)  # row 0's logits all +inf, no inf · 0
+    lse, _ = pallas_triton.lse_and_label_logit(x, labels, w, FUSED, interpret=True)
+    want = jax.nn.logsumexp(x @ w, axis=-1)
+    assert lse[0] == np.inf == want[0]
+    np.testing.assert_allclose(lse[1:], want[1:], rtol=1e-5)
