@@ -49,7 +49,7 @@ def test_kernels_are_versioned_typed_and_have_distinct_op_ids(cls):
     assert isinstance(kernel, kt.Kernel)
     # Matmul is at v3: its configs gained the Mosaic GPU backend (v2), then XLA (v3).
     # The loss head is at v2: its configs gained `logits_dtype`.
-    moved = {kernels.Matmul: "3", kernels.LinearSoftmaxCrossEntropy: "2"}
+    moved = {kernels.Matmul: "3", kernels.LinearSoftmaxCrossEntropy: "3"}
     version = next((v for base, v in moved.items() if issubclass(cls, base)), "1")
     if cls is kernels.MatmulInterpret:
         version = "1"  # its configs and code did not change with the Mosaic backend
