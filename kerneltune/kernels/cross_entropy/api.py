@@ -73,9 +73,8 @@ def lse_pass(cfg: CrossEntropyConfig, *, interpret: bool) -> chunked.LsePass:
         return lse_xla.lse_and_label_logit
 
     def pass_(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
-        rows, vocab = logits.shape
-        tiles = lse_triton.tiles_for(vocab)
-        if tiles is None or not lse_triton.fits(rows, vocab, tiles):
+        tiles = lse_triton.tiles_taking(*logits.shape)
+        if tiles is None:
             return lse_xla.lse_and_label_logit(logits, labels)
         return lse_triton.lse_and_label_logit(logits, labels, tiles, interpret=interpret)
 

@@ -62,6 +62,13 @@ def fits(rows: int, vocab: int, tiles: LseTiles) -> bool:
     return rows % tiles.block_m == 0 and vocab >= tiles.block_v
 
 
+def tiles_taking(rows: int, vocab: int) -> LseTiles | None:
+    """`tiles_for(vocab)` where they fit `[rows, vocab]` logits, else None (the caller
+    then takes XLA's reduction)."""
+    tiles = tiles_for(vocab)
+    return tiles if tiles is not None and fits(rows, vocab, tiles) else None
+
+
 def empty_stats(rows: int) -> lse_xla.RowStats:
     """Row stats before any column: a maximum of -inf, a sum and a label logit of 0."""
     zeros = jnp.zeros((rows,), jnp.float32)
