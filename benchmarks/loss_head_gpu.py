@@ -81,6 +81,13 @@ class Result:
         b = self.times.get(name)
         return a / b if a and b else None
 
+    def peer_ratio(self, name: str) -> float | None:
+        """The fastest of plain JAX and tokamax ÷ `name`'s time: the issue's bar for a
+        kerneltune column (> 1: faster than whatever a user has)."""
+        peers = [self.times[p] for p in (*PLAINS, "tokamax") if self.times.get(p)]
+        b = self.times.get(name)
+        return min(peers) / b if peers and b else None
+
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
@@ -403,7 +410,8 @@ def table(results: Sequence[Result]) -> str:
     names += [n for r in results for n in r.times if n not in names]
     for name in names:
         head += [f"{name} ms", f"{name} ×best plain", f"{name} 1st s", f"{name} GiB"]
-    head += ["tuned backend"]
+    kts = [n for n in names if n.startswith("kt_")]
+    head += [f"{name} ×best peer" for name in kts] + ["tuned backend"]
     lines = [head]
     for r in results:
         cells = [r.op, r.pass_, r.shape]
@@ -417,6 +425,9 @@ def table(results: Sequence[Result]) -> str:
                 "-" if first is None else f"{first:.1f}",
                 "-" if peak is None else f"{peak / 2**30:.2f}",
             ]
+        for name in kts:
+            ratio = r.peer_ratio(name)
+            cells.append("-" if ratio is None else f"{ratio:.3f}")
         cells.append(r.tuned_backend)
         lines.append(cells)
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
@@ -437,14 +448,23 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
     p.add_argument("--tune-budget", type=float, default=None, help="tuner seconds per key")
     p.add_argument("--no-tokamax", action="store_true", help="do not import tokamax")
     p.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="interleaved timing rounds (default 3, --quick 2): under sustained load an "
+        "H100 runs at its power cap and one session's time spreads by ±5%%, so ratios of "
+        "near-identical programs need about 9",
+    )
+    p.add_argument(
         "--sweep", action="store_true", help="also time each loss-head memory config by itself"
     )
     args = p.parse_args(argv)
     tokamax = None if args.smoke or args.no_tokamax else mb.import_tokamax()
     budget = args.tune_budget or (3.0 if args.quick or args.smoke else 5.0)
-    st = Settings(
-        not args.no_tune, budget, 2 if args.quick or args.smoke else 3, tokamax, args.sweep
-    )
+    rounds = args.rounds if args.rounds is not None else 2 if args.quick or args.smoke else 3
+    if rounds < 1:
+        p.error(f"--rounds must be at least 1, got {rounds}")
+    st = Settings(not args.no_tune, budget, rounds, tokamax, args.sweep)
     count = 1 if args.smoke else 2 if args.quick else None
     shapes = {
         "loss_head": loss_shapes.SMOKE_SHAPES if args.smoke else loss_shapes.BENCH_SHAPES,

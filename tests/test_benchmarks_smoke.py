@@ -195,6 +195,26 @@ def test_loss_head_benchmark_smoke_run_times_every_implementation(tmp_path, caps
         assert f"{r['op']} " in printed
 
 
+def test_loss_head_benchmark_peer_ratio_is_against_the_fastest_of_plain_and_tokamax():
+    from benchmarks import loss_head_gpu
+
+    r = loss_head_gpu.Result("glu", "fwd", "1x1x1")
+    r.times = {"plain": 2.0, "plain_bf16": 1.8, "tokamax": 1.5, "kt_tuned": 1.6}
+    assert r.peer_ratio("kt_tuned") == pytest.approx(1.5 / 1.6)
+    assert r.ratio("kt_tuned") == pytest.approx(1.8 / 1.6)  # plain only
+    del r.times["tokamax"]
+    assert r.peer_ratio("kt_tuned") == pytest.approx(1.8 / 1.6)
+    assert r.peer_ratio("kt_heuristic") is None
+    assert "kt_tuned ×best peer" in loss_head_gpu.table([r]).splitlines()[0]
+
+
+def test_loss_head_benchmark_rejects_zero_rounds():
+    from benchmarks import loss_head_gpu
+
+    with pytest.raises(SystemExit):
+        loss_head_gpu.main(["--smoke", "--rounds", "0"])
+
+
 @pytest.mark.timeout(120)
 def test_head_ceiling_benchmark_times_the_heads_the_products_and_the_model(capsys):
     from benchmarks import head_ceiling_gpu
@@ -227,6 +247,23 @@ def test_lse_pass_benchmark_checks_then_times_each_pass(capsys):
     # The full grid: 32 tiles, the shipped one among them.
     grid = lse_pass_gpu.tile_grid("all")
     assert len(grid) == 32 and lse_pass_gpu.lt.DEFAULT_TILES in grid
+
+
+@pytest.mark.timeout(120)
+def test_duty_cycle_benchmark_times_each_program_in_both_regimes(capsys):
+    from benchmarks import duty_cycle_gpu
+
+    samples = duty_cycle_gpu.run_shape((64, 32, 64), "fwd", 2, None)
+    printed = capsys.readouterr().out
+    assert set(samples) == {
+        (regime, name)
+        for regime in ("burst", "sustained")
+        for name in ("plain", "xla", "xla_split")
+    }
+    assert all(len(v) == 2 and all(0 < t < 1 for t in v) for v in samples.values())
+    assert "| xla_split |" in printed and "(1.000×)" in printed  # plain against itself
+    with pytest.raises(SystemExit):
+        duty_cycle_gpu.main(["--rounds", "0"])
 
 
 def test_the_first_use_benchmark_runs_each_variant_in_a_fresh_process(tmp_path):
