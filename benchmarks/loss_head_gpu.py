@@ -46,7 +46,6 @@ import kerneltune as kt
 from benchmarks import harness as h
 from benchmarks import model_blocks as mb
 from benchmarks import op_bench
-from benchmarks.model_gpu import tune_function
 from kerneltune import kernels as ktk
 from kerneltune.kernels.cross_entropy import shapes as loss_shapes
 from kerneltune.kernels.gated_linear_unit import shapes as glu_shapes
@@ -380,7 +379,7 @@ def model_result(s: ModelShape, st: Settings) -> Result:
         kt.set_default_executor(tuning.executor)  # what `kt.autotune(f)` and the ops use
         try:
             step = model_step(mb.kerneltune_ops(), ktk.linear_softmax_cross_entropy, s)
-            context, tune_s, how = tune_function(step, args)
+            context, tune_s, how = op_bench.tune_function(step, args)
             print(f"  model kt_tuned: {how}", file=sys.stderr, flush=True)
             for op_id, cfg in tuning.chosen:
                 print(f"    tuned {op_id}: {cfg}", file=sys.stderr, flush=True)

@@ -11,6 +11,10 @@ backend the tuned configs name, best other ÷ tuned time (> 1: tuned is faster),
 for norms and softmax kerneltune's % of a copy's bandwidth measured in the run. Then a
 GPT-style and a Llama-style block's jitted `value_and_grad` training step: plain JAX
 (cuDNN attention), kerneltune heuristic and tuned, tokamax; "tune s" is the tuning wall.
+Then issue 29's ops, `linear_softmax_cross_entropy` and `gated_linear_unit` (forward,
+forward + backward), and its small model's training step (`small_model`), through
+`loss_head_gpu` (which runs them alone, with more columns); their notes give each
+implementation's peak device memory.
 benchmarks/README.md says what each column means and how to bring peers: nothing is
 installed here, e.g. `pip install --no-index --no-deps --target /tmp/site .whl/*.whl`,
 then `PYTHONPATH=/tmp/site python3 -m benchmarks.model_gpu`.
@@ -18,54 +22,23 @@ then `PYTHONPATH=/tmp/site python3 -m benchmarks.model_gpu`.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import kerneltune as kt
-from benchmarks import attention_gpu, matmul_gpu, op_bench, rowwise_gpu
+from benchmarks import attention_gpu, loss_head_gpu, matmul_gpu, op_bench, rowwise_gpu
 from benchmarks import harness as h
 from benchmarks import model_blocks as mb
 from benchmarks.op_bench import Settings, log
 from benchmarks.results import Row
+from kerneltune.kernels.cross_entropy import shapes as loss_shapes
+from kerneltune.kernels.gated_linear_unit import shapes as glu_shapes
 
 GPT = mb.BlockShape(batch=8, seq=2048, dim=2048, heads=16, kv_heads=16, hidden=8192)
 LLAMA = mb.BlockShape(batch=8, seq=2048, dim=2048, heads=16, kv_heads=4, hidden=5632)
 GPT_SMOKE = mb.BlockShape(1, 64, 64, 2, 2, 128)
 LLAMA_SMOKE = mb.BlockShape(1, 64, 64, 4, 2, 96)
-
-
-def tune_function(step: Callable[..., Any], args: Sequence[Any]) -> tuple[Any, float, str]:
-    """Tunes every kerneltune call in `step` from the default executor's (empty)
-    caches: through `kt.autotune(step, *args)` where this checkout takes a function,
-    else by its first call. Returns the context to run it in, the wall, and how."""
-    t0 = time.perf_counter()
-    try:
-        autotune: Any = kt.autotune  # its function form (SPEC §8b) may be missing here
-        result = autotune(step, *args)
-    except TypeError as e:
-        if "Kernel" not in str(e):  # only "this autotune takes kernels" means fall back
-            raise
-        return contextlib.nullcontext(), h.timed_first_call(step, args), "first call"
-    wall = time.perf_counter() - t0
-    return result, wall, f"kt.autotune(step, ...): {_what_was_kept(result)}"
-
-
-def _what_was_kept(result: Any) -> str:
-    """How many keys run a tuned config that differs from their heuristic (after the
-    whole-function check, which may have put the heuristic configs back)."""
-    from kerneltune._src.core.configs import config_to_dict
-
-    entries = list(result)
-    changed = 0
-    for e in entries:
-        try:
-            changed += e.heuristic_cfg is not None and config_to_dict(e.cfg) != e.heuristic_cfg
-        except TypeError:  # a config JSON cannot describe: count it as changed
-            changed += 1
-    return f"{changed} of {len(entries)} keys run a config other than their heuristic"
 
 
 def _within(context: Any, timed: Callable[[], float]) -> float:
@@ -101,7 +74,7 @@ def block_rows(block: str, s: mb.BlockShape, st: Settings) -> list[Row]:
         log(row, "kt_tuned")  # tuning a block takes a while
         try:
             step = mb.train_step(block, mb.kerneltune_ops(), s)
-            context, row.tune_s, row.note = tune_function(step, args)
+            context, row.tune_s, row.note = op_bench.tune_function(step, args)
             with context:
                 # The tuned configs are compiled into the program here, once.
                 tuned = h.session(step, [args])
@@ -123,12 +96,61 @@ def _block(block: str) -> Callable[[mb.BlockShape, Settings], list[Row]]:
     return functools.partial(block_rows, block)
 
 
+def as_row(r: loss_head_gpu.Result, op: str) -> Row:
+    """A `loss_head_gpu` result in this table as `op`'s row: "plain" is the faster of the plain-JAX
+    forms timed (float32 or 16-bit logits for the loss head); the note gives each
+    implementation's peak device memory; "tune s" is the tuned column's first call,
+    tuning included."""
+    row = Row(op, r.pass_, r.shape, backend=r.tuned_backend, errors=dict(r.errors))
+    row.tune_s = r.first_call_s.get("kt_tuned")
+    plains = [r.times[p] for p in loss_head_gpu.PLAINS if r.times.get(p)]
+    row.times["plain"] = min(plains) if plains else None
+    for name in ("tokamax", "kt_heuristic", "kt_tuned"):
+        row.times[name] = r.times.get(name)
+    row.first_call_s = dict(r.first_call_s)
+    peaks = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in r.peak_bytes.items())
+    row.note = f"peak GiB: {peaks}" if peaks else ""
+    return row
+
+
+def _loss_head_settings(st: Settings) -> loss_head_gpu.Settings:
+    budget = st.tune_budget_s if st.tune_budget_s is not None else 5.0
+    return loss_head_gpu.Settings(st.tune, budget, 3, st.tokamax)
+
+
+def _op_rows(op: str, name: str) -> Callable[[tuple[int, int, int], Settings], list[Row]]:
+    def rows(shape: tuple[int, int, int], st: Settings) -> list[Row]:
+        results = loss_head_gpu.op_results(op, shape, _loss_head_settings(st))
+        return [as_row(r, name) for r in results]
+
+    return rows
+
+
+def small_model_rows(s: loss_head_gpu.ModelShape, st: Settings) -> list[Row]:
+    """Issue 29's small model: embedding, Llama blocks with `gated_linear_unit` and a
+    128k-vocabulary `linear_softmax_cross_entropy` head, one training step."""
+    return [as_row(loss_head_gpu.model_result(s, _loss_head_settings(st)), "small_model")]
+
+
 FAMILIES = {
     **attention_gpu.FAMILY,
     **rowwise_gpu.FAMILY,
     **matmul_gpu.FAMILY,
     "gpt": op_bench.Family(_block("gpt"), [GPT], [GPT_SMOKE]),
     "llama": op_bench.Family(_block("llama"), [LLAMA], [LLAMA_SMOKE]),
+    # Issue 29's ops and model (also `python -m benchmarks.loss_head_gpu`, which adds
+    # plain JAX's 16-bit-logit form as its own column and `--rounds`).
+    "linear_softmax_cross_entropy": op_bench.Family(
+        _op_rows("loss_head", "linear_softmax_cross_entropy"),
+        loss_shapes.BENCH_SHAPES,
+        loss_shapes.SMOKE_SHAPES,
+    ),
+    "gated_linear_unit": op_bench.Family(
+        _op_rows("glu", "gated_linear_unit"), glu_shapes.BENCH_SHAPES, glu_shapes.SMOKE_SHAPES
+    ),
+    "small_model": op_bench.Family(
+        small_model_rows, [loss_head_gpu.MODEL], [loss_head_gpu.MODEL_SMOKE]
+    ),
 }
 OPS = tuple(FAMILIES)
 

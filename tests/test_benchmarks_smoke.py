@@ -29,7 +29,7 @@ def _positive(t):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_smoke_run_prints_and_writes_every_row_with_finite_positive_times(tmp_path, capsys):
     out = tmp_path / "model.json"
     with standard_promotion():
@@ -38,13 +38,17 @@ def test_smoke_run_prints_and_writes_every_row_with_finite_positive_times(tmp_pa
     doc = json.loads(out.read_text())
 
     smoke = {op: len(family.smoke) for op, family in model_gpu.FAMILIES.items()}
-    expected = {**smoke, "attention": 2 * smoke["attention"]}  # forward, training step
+    two_passes = ("attention", "linear_softmax_cross_entropy", "gated_linear_unit")
+    expected = {**smoke, **{op: 2 * smoke[op] for op in two_passes}}  # forward, training
     got: dict[str, int] = {}
     for row in doc["rows"]:
         got[row["op"]] = got.get(row["op"], 0) + 1
     assert got == expected
     assert len(rows) == len(doc["rows"])
-    assert {r["pass"] for r in doc["rows"] if r["op"] == "attention"} == {"fwd", "fwd+bwd"}
+    for op in two_passes:
+        assert {r["pass"] for r in doc["rows"] if r["op"] == op} == {"fwd", "fwd+bwd"}
+    for op in ("linear_softmax_cross_entropy", "gated_linear_unit", "small_model"):
+        assert f"{op} " in printed and "peak GiB: plain " in printed
 
     for row in doc["rows"]:
         where = f"{row['op']} {row['pass']} {row['shape']}"
