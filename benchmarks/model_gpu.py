@@ -109,7 +109,7 @@ def as_row(r: loss_head_gpu.Result, op: str) -> Row:
         row.times[name] = r.times.get(name)
     row.first_call_s = dict(r.first_call_s)
     peaks = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in r.peak_bytes.items())
-    row.note = f"peak GiB: {peaks}" if peaks else ""
+    row.note = f"{r.pass_} peak GiB: {peaks}" if peaks else ""
     return row
 
 
