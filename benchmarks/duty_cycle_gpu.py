@@ -30,14 +30,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from benchmarks import harness as h
-from benchmarks import op_bench
+from benchmarks import loss_head_gpu, op_bench
 from kerneltune import kernels as ktk
 from kerneltune.kernels.gated_linear_unit.config import GLUConfig
 
-F32 = jnp.float32
 IDLE_S = 0.05  # the idle gap before a burst sample
 BURST_CALLS = 3
 SUSTAIN_S = 0.5  # untimed calls before a sustained sample
@@ -50,17 +48,18 @@ def programs(tokamax: Any) -> dict[str, Callable[..., jax.Array]]:
         return lambda x, w: ktk.gated_linear_unit(x, w, cfg=cfg)
 
     out: dict[str, Callable[..., jax.Array]] = {
-        "plain": lambda x, w: jax.nn.silu(jnp.dot(x, w[:, 0])) * jnp.dot(x, w[:, 1]),
+        "plain": loss_head_gpu.plain_glu,
         "xla": kt_cfg("xla"),
         "xla_split": kt_cfg("xla_split"),
     }
     if tokamax is not None:
-        out["tokamax"] = lambda x, w: tokamax.gated_linear_unit(x, w, activation=jax.nn.silu)
+        out["tokamax"] = loss_head_gpu.tokamax_glu(tokamax)
     return out
 
 
 def training(f: Callable[..., jax.Array]) -> Callable[..., Any]:
-    return jax.value_and_grad(lambda x, w: f(x, w).astype(F32).sum(), argnums=(0, 1))
+    """The value and gradients of the output's sum (`loss_head_gpu`'s training form)."""
+    return loss_head_gpu.with_backward("glu", f)
 
 
 def _calls(compiled: Any, sets: Sequence[Any], calls: int) -> list[float]:
@@ -148,9 +147,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.smi:
         query = "timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active"
         with open(args.smi, "w") as f:
-            logger = subprocess.Popen(
-                ["nvidia-smi", f"--query-gpu={query}", "--format=csv", "-lms", "100"], stdout=f
-            )
+            try:
+                logger = subprocess.Popen(
+                    ["nvidia-smi", f"--query-gpu={query}", "--format=csv", "-lms", "100"],
+                    stdout=f,
+                )
+            except OSError as e:  # no nvidia-smi: time without the log
+                print(f"--smi: cannot run nvidia-smi ({e}); no clock log", file=sys.stderr)
     print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}", file=sys.stderr)
     try:
         for text in args.shapes.split(","):
