@@ -212,6 +212,21 @@ def test_loss_head_benchmark_peer_ratio_is_against_the_fastest_of_plain_and_toka
     assert "kt_tuned ×best peer" in loss_head_gpu.table([r]).splitlines()[0]
 
 
+def test_model_benchmark_rows_of_issue_29_take_the_faster_plain_form():
+    from benchmarks import loss_head_gpu
+
+    r = loss_head_gpu.Result("loss_head", "fwd+bwd", "8x4x16")
+    r.times = {"plain": 2.0, "plain_bf16": 1.5, "tokamax": 3.0, "kt_tuned": 1.4}
+    r.first_call_s = {"plain": 1.0, "kt_tuned": 6.0}
+    r.peak_bytes = {"plain": 2**30, "kt_tuned": 2**29}
+    row = model_gpu.as_row(r, "linear_softmax_cross_entropy")
+    assert row.op == "linear_softmax_cross_entropy" and row.pass_ == "fwd+bwd"
+    assert row.times["plain"] == 1.5 and row.times["tokamax"] == 3.0
+    assert row.times["kt_heuristic"] is None and row.tune_s == 6.0
+    assert row.vs_best_other == pytest.approx(1.5 / 1.4)
+    assert row.note == "fwd+bwd peak GiB: plain 1.00, kt_tuned 0.50"
+
+
 def test_loss_head_benchmark_rejects_zero_rounds():
     from benchmarks import loss_head_gpu
 
