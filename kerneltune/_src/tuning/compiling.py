@@ -15,7 +15,8 @@ lowers candidates one at a time, in priority order (the caller puts the slowest 
 compile first, so no long compile starts last), and hands each one to the compile lane.
 A lowering that stalls without using the GIL (a `make_fn` waiting on I/O, say) gets a
 helper thread, so the other candidates keep coming; the helper leaves when the stall is
-over.
+over. JAX's tracing itself still runs one at a time (`programs.lower_alone`): two
+threads tracing at once crashed the process.
 
 A thread cannot be killed: a stage that outlasts the timeout is abandoned (its result is
 ignored when it finally arrives) and a replacement thread takes over the lane's queue.

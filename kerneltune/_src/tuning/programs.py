@@ -1,9 +1,10 @@
 """The programs a tuning builds around a candidate: its arguments split into arrays and
-constants, the forward + backward program that validates gradients too, the compile
-stage, and advisory work run in the background."""
+constants, the forward + backward program that validates gradients too, the lowering
+and compile stages, and advisory work run in the background."""
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -63,6 +64,43 @@ def with_backward(call: Callable[..., Any]) -> Callable[..., Any]:
         return out, grads
 
     return forward_and_grads
+
+
+#: One JAX lowering at a time in this process (see `lower_alone`).
+_LOWERING = threading.Lock()
+#: Set in the context of the lowering that holds `_LOWERING` (and copied into the jobs
+#: it submits): a lowering nested in it goes ahead.
+_HOLDS_LOWERING = contextvars.ContextVar("kerneltune_holds_lowering", default=False)
+#: How long a lowering waits for another to finish before it fails.
+LOWERING_WAIT_S = 300.0
+
+
+def lower_alone(fn: Callable[..., Any], args: Sequence[Any], wait_s: float = LOWERING_WAIT_S):
+    """`jax.jit(fn).lower(*args)`, while no other tuning thread lowers.
+
+    Two threads tracing and lowering at once crashed the process. It was a segmentation
+    fault inside jax 0.10's Pallas interpreter lowering, in CI under load: a stalled
+    lowering lane gets a helper thread, and the reference is lowered on the caller's
+    thread while the lane works. Tracing holds the GIL, so taking turns costs no
+    parallelism; compiles still overlap.
+
+    A lowering nested in the holder's, such as a kernel that tunes another op while it
+    is traced, runs in a context copied from the holder. The holder is waiting on it, so
+    it goes ahead. Past `wait_s` of waiting, a `TimeoutError` fails this candidate and
+    keeps the tuning from hanging behind a lowering that never ends.
+    """
+    if _HOLDS_LOWERING.get():
+        return jax.jit(fn).lower(*args)
+    if not _LOWERING.acquire(timeout=wait_s):
+        raise TimeoutError(
+            f"another lowering held JAX's tracer for more than {wait_s:.0f} s; not lowered"
+        )
+    token = _HOLDS_LOWERING.set(True)
+    try:
+        return jax.jit(fn).lower(*args)
+    finally:
+        _HOLDS_LOWERING.reset(token)
+        _LOWERING.release()
 
 
 def compile_lowered(lowered: Any, what: str = "this candidate") -> Any:

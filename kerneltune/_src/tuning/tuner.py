@@ -140,7 +140,7 @@ class Tuner(Generic[Cfg]):
                 aa, kk = rebuild(a)
                 return fn(*aa, **kk)
 
-            compiled = jax.jit(call).lower(*arrays).compile()
+            compiled = programs.lower_alone(call, arrays).compile()
             timer, _ = timing.choose_timer(self.timer)
             bench = self._bench(
                 lambda _: compiled,
@@ -263,7 +263,7 @@ class Tuner(Generic[Cfg]):
                     return fn(*aa, **kk)
 
                 target = programs.with_backward(call) if backward else call
-                return jax.jit(target).lower(*arrays)
+                return programs.lower_alone(target, arrays)
 
             expected = None
             if reference_fn is not None:
@@ -277,7 +277,7 @@ class Tuner(Generic[Cfg]):
                     # Where the float32 reference would not fit (long sequences), the
                     # heuristic config's output is the bar instead.
                     compiled = programs.compile_lowered(
-                        jax.jit(target).lower(*sets[0]), "the reference implementation"
+                        programs.lower_alone(target, sets[0]), "the reference implementation"
                     )
                     return jax.block_until_ready(compiled(*sets[0]))
 

@@ -1,0 +1,117 @@
+"""Tuning lowers one program at a time: two threads tracing and lowering at once
+crashed the process (a segmentation fault in JAX's Pallas interpreter lowering)."""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from kerneltune._src.tuning import programs
+from kerneltune._src.tuning.tuner import Tuner
+from tests.helpers import CostInProgram
+
+
+class Overlap:
+    """Counts the traces in progress: `most` is the largest number seen at once."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.now = self.most = 0
+
+    def traced(self, hold_s: float):
+        def f(x):
+            with self.lock:
+                self.now += 1
+                self.most = max(self.most, self.now)
+            time.sleep(hold_s)  # a slow trace, without the GIL: what a stall looks like
+            with self.lock:
+                self.now -= 1
+            return x * 2.0
+
+        return f
+
+
+def test_lowerings_from_several_threads_take_turns():
+    overlap = Overlap()
+    x = jnp.ones((4,))
+    threads = [
+        threading.Thread(target=programs.lower_alone, args=(overlap.traced(0.1), [x]))
+        for _ in range(3)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert overlap.most == 1
+
+
+def test_the_tuner_never_traces_two_candidates_at_once():
+    # Each trace outlasts the lowering lane's stall threshold (0.25 s), which used to
+    # start a helper thread lowering the next candidate alongside it.
+    overlap = Overlap()
+    tuner = Tuner(iters=2, timer=CostInProgram(), progress=False, target_sample_s=5e-4)
+    report = tuner.tune(
+        lambda cfg: overlap.traced(0.35),
+        [jnp.ones((8,))],
+        {},
+        [1, 2, 3],
+        reference_cfg=1,
+    )
+    assert all(c.status == "ok" for c in report.candidates), report.candidates
+    assert overlap.most == 1
+
+
+def test_a_lowering_nested_in_the_holders_goes_ahead():
+    x = jnp.ones((4,))
+    seen = []
+
+    def inner(v):
+        return v + 1.0
+
+    def outer(v):
+        # Same thread, and a thread running in a copy of the holder's context (what
+        # the compile pool's jobs get): neither waits for the lock the holder has.
+        seen.append(programs.lower_alone(inner, [x], wait_s=5.0))
+        ctx = contextvars.copy_context()
+        t = threading.Thread(
+            target=ctx.run, args=(lambda: seen.append(programs.lower_alone(inner, [x], 5.0)),)
+        )
+        t.start()
+        t.join(10)
+        return v * 2.0
+
+    programs.lower_alone(outer, [x], wait_s=5.0)
+    assert len(seen) == 2 and all(hasattr(s, "compile") for s in seen)
+
+
+def test_a_lowering_that_waits_too_long_fails_instead_of_hanging():
+    release = threading.Event()
+    holding = threading.Event()
+
+    def stuck(v):
+        holding.set()
+        release.wait(10)
+        return v
+
+    holder = threading.Thread(target=programs.lower_alone, args=(stuck, [jnp.ones((2,))]))
+    holder.start()
+    assert holding.wait(10)
+    try:
+        with pytest.raises(TimeoutError, match="another lowering held JAX's tracer"):
+            programs.lower_alone(lambda v: v, [jnp.ones((2,))], wait_s=0.1)
+    finally:
+        release.set()
+        holder.join(10)
+    assert programs.lower_alone(lambda v: v, [jnp.ones((2,))], wait_s=1.0) is not None
+
+
+def test_jax_still_lowers_what_it_is_given():
+    lowered = programs.lower_alone(lambda a, b: a @ b, [jnp.ones((2, 3)), jnp.ones((3, 4))])
+    out = lowered.compile()(jnp.ones((2, 3)), jnp.ones((3, 4)))
+    assert out.shape == (2, 4) and float(out[0, 0]) == 3.0
+    assert jax.jit(lambda a: a).lower(jnp.ones(1)) is not None  # the lock is free again
