@@ -103,7 +103,13 @@ def test_a_lowering_that_waits_too_long_fails_instead_of_hanging():
     assert holding.wait(10)
     try:
         with pytest.raises(TimeoutError, match="another lowering held JAX's tracer"):
-            programs.lower_alone(lambda v: v, [jnp.ones((2,))], wait_s=0.1)
+            programs.lower_alone(lambda v: v, [jnp.ones((2,))], wait_s=0.3)
+        # The holder is past the wait already: the next candidates fail at once.
+        start = time.perf_counter()
+        for _ in range(3):
+            with pytest.raises(TimeoutError):
+                programs.lower_alone(lambda v: v, [jnp.ones((2,))], wait_s=0.3)
+        assert time.perf_counter() - start < 0.6  # waiting would take 0.9 s
     finally:
         release.set()
         holder.join(10)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -73,6 +74,8 @@ _LOWERING = threading.Lock()
 _HOLDS_LOWERING = contextvars.ContextVar("kerneltune_holds_lowering", default=False)
 #: How long a lowering waits for another to finish before it fails.
 LOWERING_WAIT_S = 300.0
+#: When the lowering holding `_LOWERING` took it (`time.monotonic()`; None: free).
+_held_since: float | None = None
 
 
 def lower_alone(fn: Callable[..., Any], args: Sequence[Any], wait_s: float = LOWERING_WAIT_S):
@@ -86,20 +89,27 @@ def lower_alone(fn: Callable[..., Any], args: Sequence[Any], wait_s: float = LOW
 
     A lowering nested in the holder's, such as a kernel that tunes another op while it
     is traced, runs in a context copied from the holder. The holder is waiting on it, so
-    it goes ahead. Past `wait_s` of waiting, a `TimeoutError` fails this candidate and
-    keeps the tuning from hanging behind a lowering that never ends.
+    it goes ahead. A `TimeoutError` fails this candidate once the holder has held the
+    lock for `wait_s`, so the tuning does not hang behind a lowering that never ends:
+    the first candidate behind it waits out the rest of `wait_s`, the next ones fail at
+    once.
     """
+    global _held_since
     if _HOLDS_LOWERING.get():
         return jax.jit(fn).lower(*args)
-    if not _LOWERING.acquire(timeout=wait_s):
+    since = _held_since  # read without the lock: only a holder writes it
+    left = wait_s if since is None else max(0.0, wait_s - (time.monotonic() - since))
+    if not _LOWERING.acquire(timeout=left):
         raise TimeoutError(
             f"another lowering held JAX's tracer for more than {wait_s:.0f} s; not lowered"
         )
+    _held_since = time.monotonic()
     token = _HOLDS_LOWERING.set(True)
     try:
         return jax.jit(fn).lower(*args)
     finally:
         _HOLDS_LOWERING.reset(token)
+        _held_since = None
         _LOWERING.release()
 
 
