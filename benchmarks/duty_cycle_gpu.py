@@ -62,14 +62,9 @@ def training(f: Callable[..., jax.Array]) -> Callable[..., Any]:
     return loss_head_gpu.with_backward("glu", f)
 
 
-def _calls(compiled: Any, sets: Sequence[Any], calls: int) -> list[float]:
-    calls_of = h._cupti_calls if h.on_gpu() else h._wall_calls
-    return calls_of(compiled, sets, calls)
-
-
 def burst(compiled: Any, sets: Sequence[Any], idle_s: float = IDLE_S) -> float:
     time.sleep(idle_s)
-    return statistics.median(_calls(compiled, sets, BURST_CALLS))
+    return statistics.median(h.call_times(compiled, sets, BURST_CALLS))
 
 
 def sustained(compiled: Any, sets: Sequence[Any], sustain_s: float = SUSTAIN_S) -> float:
@@ -80,7 +75,7 @@ def sustained(compiled: Any, sets: Sequence[Any], sustain_s: float = SUSTAIN_S) 
         if i % 8 == 0:
             jax.block_until_ready(out)  # keep the queue short
     jax.block_until_ready(out)
-    return statistics.median(_calls(compiled, sets, SUSTAINED_CALLS))
+    return statistics.median(h.call_times(compiled, sets, SUSTAINED_CALLS))
 
 
 def run_shape(

@@ -94,6 +94,12 @@ def _wall_calls(fn: Callable[..., Any], sets: Sequence[Any], calls: int) -> list
     return out
 
 
+def call_times(fn: Callable[..., Any], sets: Sequence[Any], calls: int) -> list[float]:
+    """Seconds of each of `calls` calls of `fn`, cycling through the argument sets:
+    CUPTI device time on a GPU, else host wall time."""
+    return (_cupti_calls if on_gpu() else _wall_calls)(fn, sets, calls)
+
+
 #: Timing rounds of `interleaved_times`: one session of every implementation per round.
 ROUNDS = 9
 
@@ -104,9 +110,8 @@ def session(fn: Callable[..., Any], sets: Sequence[Any]) -> Callable[[], float]:
     cycling through the argument sets; CUPTI device time on a GPU, else wall time."""
     fn = fn if hasattr(fn, "lower") else jax.jit(fn)
     out = jax.block_until_ready(fn(*sets[0]))  # compiles; not timed
-    calls_of = _cupti_calls if on_gpu() else _wall_calls
-    calls = session_calls(statistics.median(calls_of(fn, sets, 2)), nbytes(out))
-    return lambda: statistics.median(calls_of(fn, sets, calls))
+    calls = session_calls(statistics.median(call_times(fn, sets, 2)), nbytes(out))
+    return lambda: statistics.median(call_times(fn, sets, calls))
 
 
 def session_calls(call_s: float, out_bytes: int) -> int:

@@ -53,6 +53,10 @@ from kerneltune.kernels.gated_linear_unit import shapes as glu_shapes
 IMPLS = ("plain", "plain_bf16", "tokamax", "kt_heuristic", "kt_tuned")
 #: The plain-JAX variants a user may write; ratios are against the fastest of them.
 PLAINS = ("plain", "plain_bf16")
+#: The tuner's seconds per key and the interleaved timing rounds, by default and with
+#: `--quick` (or `--smoke`).
+TUNE_BUDGET_S, QUICK_TUNE_BUDGET_S = 5.0, 3.0
+ROUNDS, QUICK_ROUNDS = 3, 2
 F32 = jnp.float32
 
 
@@ -69,23 +73,23 @@ class Result:
     errors: dict[str, str] = dataclasses.field(default_factory=dict)
     tuned_backend: str = "-"
 
+    def fastest(self, names: Sequence[str]) -> float | None:
+        """The lowest time among `names` (those measured), or None."""
+        times = [self.times[n] for n in names if self.times.get(n)]
+        return min(times) if times else None
+
     def ratio(self, name: str, base: str | None = None) -> float | None:
         """`base`'s time ÷ `name`'s (> 1: `name` is faster); by default the fastest
         plain-JAX variant measured."""
-        if base is None:
-            plains = [self.times[p] for p in PLAINS if self.times.get(p)]
-            a = min(plains) if plains else None
-        else:
-            a = self.times.get(base)
+        a = self.fastest(PLAINS) if base is None else self.times.get(base)
         b = self.times.get(name)
         return a / b if a and b else None
 
     def peer_ratio(self, name: str) -> float | None:
         """The fastest of plain JAX and tokamax ÷ `name`'s time: the issue's bar for a
         kerneltune column (> 1: faster than whatever a user has)."""
-        peers = [self.times[p] for p in (*PLAINS, "tokamax") if self.times.get(p)]
-        b = self.times.get(name)
-        return min(peers) / b if peers and b else None
+        a, b = self.fastest((*PLAINS, "tokamax")), self.times.get(name)
+        return a / b if a and b else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,10 +226,9 @@ def compile_and_run(
 def compiled_session(compiled: Any, sets: Sequence[Any]) -> Callable[[], float]:
     """`harness.session` for an already compiled program: each call of the result runs
     one session and returns the median seconds per call (CUPTI on a GPU)."""
-    calls_of = h._cupti_calls if h.on_gpu() else h._wall_calls
     out_bytes = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(compiled.out_info))
-    calls = h.session_calls(statistics.median(calls_of(compiled, sets, 2)), out_bytes)
-    return lambda: statistics.median(calls_of(compiled, sets, calls))
+    calls = h.session_calls(statistics.median(h.call_times(compiled, sets, 2)), out_bytes)
+    return lambda: statistics.median(h.call_times(compiled, sets, calls))
 
 
 def measure(
@@ -459,8 +462,9 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
     )
     args = p.parse_args(argv)
     tokamax = None if args.smoke or args.no_tokamax else mb.import_tokamax()
-    budget = args.tune_budget or (3.0 if args.quick or args.smoke else 5.0)
-    rounds = args.rounds if args.rounds is not None else 2 if args.quick or args.smoke else 3
+    short = args.quick or args.smoke
+    budget = args.tune_budget or (QUICK_TUNE_BUDGET_S if short else TUNE_BUDGET_S)
+    rounds = args.rounds if args.rounds is not None else QUICK_ROUNDS if short else ROUNDS
     if rounds < 1:
         p.error(f"--rounds must be at least 1, got {rounds}")
     st = Settings(not args.no_tune, budget, rounds, tokamax, args.sweep)

@@ -103,8 +103,7 @@ def as_row(r: loss_head_gpu.Result, op: str) -> Row:
     tuning included."""
     row = Row(op, r.pass_, r.shape, backend=r.tuned_backend, errors=dict(r.errors))
     row.tune_s = r.first_call_s.get("kt_tuned")
-    plains = [r.times[p] for p in loss_head_gpu.PLAINS if r.times.get(p)]
-    row.times["plain"] = min(plains) if plains else None
+    row.times["plain"] = r.fastest(loss_head_gpu.PLAINS)
     for name in ("tokamax", "kt_heuristic", "kt_tuned"):
         row.times[name] = r.times.get(name)
     row.first_call_s = dict(r.first_call_s)
@@ -114,8 +113,9 @@ def as_row(r: loss_head_gpu.Result, op: str) -> Row:
 
 
 def _loss_head_settings(st: Settings) -> loss_head_gpu.Settings:
-    budget = st.tune_budget_s if st.tune_budget_s is not None else 5.0
-    return loss_head_gpu.Settings(st.tune, budget, 3, st.tokamax)
+    lh = loss_head_gpu
+    budget = st.tune_budget_s if st.tune_budget_s is not None else lh.TUNE_BUDGET_S
+    return lh.Settings(st.tune, budget, lh.ROUNDS, st.tokamax)
 
 
 def _op_rows(op: str, name: str) -> Callable[[tuple[int, int, int], Settings], list[Row]]:
