@@ -76,7 +76,7 @@ def sweep_mosaic(seconds: float, size: int = 4096) -> None:
     def make(cfg: Any) -> Callable[..., Any]:
         if cfg == CUBLAS:
             return lambda a, b: jnp.dot(a, b)
-        return functools.partial(kernel.run_triton, cfg=cfg)
+        return functools.partial(kernel.run, cfg=cfg)
 
     tuner = kt.Tuner(progress=False, strategy="exhaustive", time_budget_s=seconds)
     rep = tuner.tune(make, (x, y), {}, [CUBLAS, *cands], reference_cfg=CUBLAS)

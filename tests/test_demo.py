@@ -46,7 +46,7 @@ def test_demo_tunes_fills_the_cache_and_reads_it_back(tmp_path, monkeypatch, cap
     assert second.count("persistent") == 1 and " no " not in second
     assert max(len(line) for line in out.splitlines()) <= demo.TABLE_WIDTH
     entries = list(PersistentCache(str(tmp_path / "cache")).entries())
-    assert {e.op_id for e in entries} == {"matmul-interpret@v1"}
+    assert {e.op_id for e in entries} == {"matmul-interpret@v3"}
     assert all(e.candidates and e.provenance == "autotuned" for e in entries)
     # What the demo suggests next works on what it wrote.
     assert "kerneltune report" in out and "--out report.png" in out
@@ -70,7 +70,7 @@ def test_two_shapes_per_bundled_kernel(on_gpu):
     families = [j.op for j in jobs]
     for op in ("matmul", "attention", "layer_norm", "rms_norm", "softmax"):
         assert families.count(op) == 2
-    interpreted = [j.kernel_type.interpret for j in jobs]
+    interpreted = [j.kernel().interpret for j in jobs]
     assert all(interpreted) if not on_gpu else not any(interpreted)
     assert all(j.grad == (j.op == "attention") for j in jobs)
 

@@ -18,7 +18,7 @@ def test_an_op_call_is_explained_without_benchmarking(capsys, tmp_path):
         capsys, "matmul-interpret", "f32[32,64]", "f32[64,32]", "--cache-dir", str(tmp_path)
     )
     assert code == 0
-    assert "matmul-interpret@v1(f32[32,64], f32[64,32]) on cpu" in out
+    assert "matmul-interpret@v3(f32[32,64], f32[64,32]) on cpu" in out
     assert "from:     the kernel's heuristic" in out
     assert "autotune: not allowed by the policy" in out
     assert "pass --tune to benchmark this call now" in out

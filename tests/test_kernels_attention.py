@@ -125,8 +125,9 @@ def test_a_tokamax_config_is_refused_where_tokamax_cannot_run(monkeypatch):
     q = jnp.zeros((1, 128, 2, 64), BF16)
     inv = kt.default_executor().invocation(kernel, q, q, q, causal=True)
     tokamax = FwdParams(backend="tokamax")
-    assert "not installed" in kernel.config_unusable_triton(inv, tokamax)
-    assert kernel.config_unusable_triton(inv, FwdParams(backend="cudnn")) is None
+    assert "not installed" in kernel.backend_named("tokamax").unusable(kernel, inv, tokamax)
+    cudnn = FwdParams(backend="cudnn")
+    assert kernel.backend_named("cudnn").unusable(kernel, inv, cudnn) is None
     # On this CPU the XLA path runs whatever the config names: nothing to refuse.
     assert hooks.unusable_reason(kernel, inv, tokamax) is None
 

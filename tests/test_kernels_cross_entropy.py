@@ -534,7 +534,7 @@ def test_the_lse_kernel_is_the_gpu_heuristic_where_it_takes_the_vocabulary():
     inv = kt.Executor(kt.ConfigSelectorChain(kt.ConfigCache())).invocation(
         LinearSoftmaxCrossEntropyInterpret(), *problem(0, 64, 32, 128)[:3], jnp.ones(64, bool)
     )
-    assert LinearSoftmaxCrossEntropyInterpret().heuristic_cfg_triton(inv) == cc.XLA
+    assert LinearSoftmaxCrossEntropyInterpret().heuristic_cfg(inv) == cc.XLA
     with pytest.raises(ValueError, match=r"lse_backend must be one of \('xla', 'triton'\)"):
         CrossEntropyConfig(backend="chunked", lse_backend="pallas")
     with pytest.raises(

@@ -353,13 +353,13 @@ def test_the_mosaic_kernel_lowers_for_a_hopper_gpu_with_this_jax(monkeypatch):
 def test_off_hopper_the_space_is_unchanged():
     from kerneltune._src.kernel.base import make_invocation
 
-    kernel = Matmul()
+    kernel = Matmul(interpret=True)
     p = problem(256, 256, 256)
-    assert kernel._candidates(p) == mc.candidates(p)
     x = jnp.ones((256, 256), jnp.bfloat16)
     inv = make_invocation(kernel, (x, x), {})
+    assert kernel.search_space(inv) == ([api.XLA, *mc.candidates(p)[0]], mc.candidates(p)[1])
     assert kernel.pruned_cfgs(inv) == mc.candidates(p)[1]
-    assert kernel.candidate_cfgs_triton(inv) == mc.interpret_candidates(p)
+    assert kernel.candidate_cfgs(inv) == mc.interpret_candidates(p)
 
 
 def test_on_a_hopper_gpu_16_bit_problems_get_every_backend(monkeypatch):
@@ -367,15 +367,20 @@ def test_on_a_hopper_gpu_16_bit_problems_get_every_backend(monkeypatch):
     monkeypatch.setattr(Matmul, "use_interpreter", lambda self: False)
     monkeypatch.setattr(pm, "support", lambda: ms.MosaicSupport())
     kernel = Matmul()
+
+    def space(p):
+        x = jnp.ones((p.m, p.k), p.dtype)
+        return kernel.search_space(make_invocation(kernel, (x, jnp.ones((p.k, p.n), p.dtype)), {}))
+
     p = problem(4096, 4096, 4096)
-    kept, pruned = kernel._candidates(p)
+    kept, pruned = space(p)
     # cuBLAS (the XLA backend) first: the heuristic on GPUs, and a contender.
     assert kept == [api.XLA, *ms.candidates_with_mosaic(p)[0]]
     assert {c.backend for c in kept} == {"xla", "triton", "mosaic"}
     f32 = problem(4096, 4096, 4096, np.float32)
-    assert kernel._candidates(f32) == ([api.XLA, *mc.candidates(f32)[0]], mc.candidates(f32)[1])
+    assert space(f32) == ([api.XLA, *mc.candidates(f32)[0]], mc.candidates(f32)[1])
     monkeypatch.setattr(pm, "support", lambda: ms.MosaicSupport(reason="no module"))
-    kept, pruned = kernel._candidates(p)
+    kept, pruned = space(p)
     assert {c.backend for c in kept} == {"xla", "triton"}
     assert sum("no module" in x.reason for x in pruned) == 16
 
@@ -384,7 +389,7 @@ def test_a_mosaic_config_is_refused_by_the_interpreter_with_a_clear_error():
     x = jnp.ones((128, 64), jnp.bfloat16)
     y = jnp.ones((64, 256), jnp.bfloat16)
     with pytest.raises(ValueError, match="runs on Hopper GPUs, not in the Pallas interpreter"):
-        Matmul().run_triton(x, y, cfg=mosaic(bm=128, bn=256))
+        Matmul(interpret=True).run(x, y, cfg=mosaic(bm=128, bn=256))
 
 
 def test_the_mosaic_kernel_off_hopper_raises_a_runtime_error():

@@ -189,7 +189,7 @@ def test_unusable_configs_say_why():
         assert "not installed" in kernel.config_unusable(inv, rc.TOKAMAX)
     assert kernel.config_unusable(inv, SMALL) is None
     with pytest.raises(ValueError, match="not in the Pallas interpreter"):
-        kernel.run_triton(
+        kernel.run(
             lhs, rhs, sizes, cfg=RaggedDotConfig(backend="mosaic"), out_dtype="float32"
         )
 
@@ -473,8 +473,15 @@ def test_tuning_under_jit_picks_a_validated_candidate_for_each_product():
 
 def test_cpu_kernel_runs_xla_and_is_differentiated_by_jax():
     kernel = RaggedDot()
-    assert kernel.differentiated_by_jax(rc.XLA) and kernel.differentiated_by_jax(rc.TOKAMAX)
-    assert not kernel.differentiated_by_jax(SMALL)
+    # Off GPUs the portable XLA backend runs every config, and JAX differentiates it.
+    assert kernel.backend_of(SMALL).name == "xla"
+    assert kernel.differentiated_by_jax(rc.XLA) and kernel.differentiated_by_jax(SMALL)
+    # The interpreted kernel runs the config's own backend: the Pallas one has a
+    # custom gradient.
+    interpreted = RaggedDotInterpret()
+    assert interpreted.backend_of(SMALL).name == "triton"
+    assert not interpreted.differentiated_by_jax(SMALL)
+    assert interpreted.differentiated_by_jax(rc.XLA)
     lhs, rhs, _ = operands(10, 16, 8, 8, 2)
     inv = kt.Invocation(op_id="ragged_dot", args=(lhs, rhs, jnp.array([8, 8])), kwargs={})
     assert kernel.heuristic_cfg(inv) == rc.XLA

@@ -15,10 +15,12 @@ import inspect
 import logging
 import warnings
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import jax
 import numpy as np
+
+from kerneltune._src.kernel.backends import Pruned as Pruned
 
 logger = logging.getLogger("kerneltune")
 
@@ -191,14 +193,6 @@ def parameters(fn: Callable[..., Any]) -> tuple[str, ...] | None:
 # --- candidate spaces with reasons ---------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class Pruned(Generic[T]):
-    """A candidate left out of the search, and why."""
-
-    cfg: T
-    reason: str
-
-
 Rule = Callable[[T], "str | None"]
 
 
@@ -280,77 +274,32 @@ class RowsProblem:
 # --- kernels bound to an executor ------------------------------------------------------
 
 
-class BundledKernelMixin:
-    """What every bundled kernel shares: the executor its backward pass (or other
-    inner calls) runs through, and whether its Pallas code runs in the interpreter.
-
-    `interpret` is a class attribute: the `...Interpret` variants set it (and get
-    their own op ids, so their configs never mix with the GPU kernels' in a cache);
-    such a class runs its Pallas (Triton) hooks on every platform. Off GPUs the
-    Pallas code is always interpreted (e.g. `KERNELTUNE_PLATFORM=triton` on a CPU).
-    """
-
-    interpret: bool = False
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        if cls.__dict__.get("interpret"):
-            # The interpreter runs anywhere: the XLA platform (CPU included) takes the
-            # Triton hooks.
-            for hook in ("run", "fwd_with_residuals", "vjp", "candidate_cfgs"):
-                triton = getattr(cls, f"{hook}_triton", None)
-                if triton is not None and f"{hook}_xla" not in cls.__dict__:
-                    setattr(cls, f"{hook}_xla", triton)
-        super().__init_subclass__(**kwargs)
-
-    def __init__(
-        self, op_id: str | None = None, *, name: str | None = None, executor: Any = None
-    ) -> None:
-        super().__init__(op_id, name=name)  # type: ignore[call-arg]
-        self.executor = executor
-
-    def search_space(self, inv: Any) -> tuple[list[Any], list[Pruned[Any]]]:
-        """The GPU candidates for this call that can fit, and the pruned ones, each with
-        its reason (every bundled kernel defines it)."""
-        raise NotImplementedError
-
-    def interpret_candidates(self, inv: Any) -> list[Any]:
-        """A few candidates the Pallas interpreter can run in reasonable time."""
-        raise NotImplementedError
-
-    def candidate_cfgs_triton(self, inv: Any) -> list[Any]:
-        if self.use_interpreter():
-            return self.interpret_candidates(inv)
-        return self.search_space(inv)[0]
-
-    def pruned_cfgs(self, inv: Any) -> list[Pruned[Any]]:
-        """The configs left out of the search for this call, each with its reason."""
-        return self.search_space(inv)[1]
-
-    def inner_executor(self) -> Any:
-        """The executor for calls the kernel makes itself (e.g. its backward kernel):
-        the one it was bound to, else the default executor."""
-        if self.executor is not None:
-            return self.executor
-        from kerneltune._src.execution.default import default_executor
-
-        return default_executor()
-
-    def use_interpreter(self) -> bool:
-        return bool(self.interpret) or not on_gpu()
+_bound: dict[tuple[type, int | None, bool], Any] = {}
 
 
-_bound: dict[tuple[type, int | None], Any] = {}
-
-
-def kernel_for(cls: type[T], executor: Any) -> T:
+def kernel_for(cls: type[T], executor: Any, *, interpret: bool = False) -> T:
     """The instance of kernel class `cls` bound to `executor` (one per pair, so the
-    executor's per-kernel program caches keep working across calls)."""
-    key = (cls, getattr(executor, "uid", None) if executor is not None else None)
+    executor's per-kernel program caches keep working across calls); with `interpret`,
+    the one that runs its Pallas code in the interpreter."""
+    key = (cls, getattr(executor, "uid", None) if executor is not None else None, interpret)
     found = _bound.get(key)
     if found is None or found.executor is not executor:
-        found = cls(executor=executor)  # type: ignore[call-arg]
+        found = cls(executor=executor, interpret=interpret)  # type: ignore[call-arg]
         _bound[key] = found
     return found
+
+
+def interpreted(cls: type[T]) -> Callable[..., T]:
+    """`cls` run by the Pallas interpreter: `interpreted(Softmax)(executor=ex)` is
+    `Softmax(executor=ex, interpret=True)`, op id `"softmax-interpret"`. The kernels'
+    `...Interpret` names are these (for tests and the CPU demo)."""
+
+    def make(op_id: str | None = None, *, executor: Any = None, **kwargs: Any) -> T:
+        return cls(op_id, executor=executor, interpret=True, **kwargs)  # type: ignore[call-arg]
+
+    make.__name__ = make.__qualname__ = f"{cls.__name__}Interpret"
+    make.__doc__ = f"`{cls.__name__}` run by the Pallas interpreter on any device."
+    return make
 
 
 def jax_gpu_op(name: str) -> Any:

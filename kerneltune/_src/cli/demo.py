@@ -57,7 +57,7 @@ class _Recorder:
 def _run_job(ex: Any, job: DemoJob, key: jax.Array) -> None:
     from kerneltune.kernels._common import kernel_for
 
-    kernel: Any = kernel_for(job.kernel_type, ex)
+    kernel: Any = kernel_for(job.kernel_type, ex, interpret=job.interpret)
     args, kwargs = job.make_args(key)
     if not job.grad:
         jax.block_until_ready(ex(kernel, *args, **kwargs))
@@ -167,7 +167,7 @@ def _keys(job: DemoJob, key: jax.Array) -> list[tuple[str, str]]:
     alone (nothing runs): the kernel's key, and its backward kernel's for `grad` jobs."""
     from kerneltune._src.kernel.base import keys_training_apart, make_invocation
 
-    kernel = job.kernel_type()
+    kernel = job.kernel()
     args, kwargs = job.make_args(key)
     p_args, p_kwargs = kernel.prepare(*args, **kwargs)
     # Under a gradient, a kernel whose config picks its backward is keyed apart.

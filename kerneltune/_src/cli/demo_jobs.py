@@ -23,6 +23,12 @@ class DemoJob:
     dtype: str
     make_args: Callable[[jax.Array], Args]
     grad: bool = False
+    #: Run the kernel's Pallas code in the Pallas interpreter (the CPU demo).
+    interpret: bool = False
+
+    def kernel(self, executor: Any = None) -> Any:
+        """The job's kernel, bound to `executor`."""
+        return self.kernel_type(executor=executor, interpret=self.interpret)
 
 
 def _normal(key: jax.Array, shape: tuple[int, ...], dtype: Any, scale: float = 1.0) -> jax.Array:
@@ -41,18 +47,9 @@ def jobs_for(on_gpu: bool) -> list[DemoJob]:
     dtype = jnp.bfloat16 if on_gpu else jnp.float32
     dname = jnp.dtype(dtype).name
     pick = (lambda m: m.DEMO_SHAPES_GPU) if on_gpu else (lambda m: m.DEMO_SHAPES_CPU)
-    kinds = (
-        (kernels.Matmul, kernels.Attention, kernels.LayerNorm, kernels.RMSNorm, kernels.Softmax)
-        if on_gpu
-        else (
-            kernels.MatmulInterpret,
-            kernels.AttentionInterpret,
-            kernels.LayerNormInterpret,
-            kernels.RMSNormInterpret,
-            kernels.SoftmaxInterpret,
-        )
-    )
-    mm, att, ln, rms, sm = kinds
+    interpret = not on_gpu
+    mm, att, ln, rms = kernels.Matmul, kernels.Attention, kernels.LayerNorm, kernels.RMSNorm
+    sm = kernels.Softmax
     out: list[DemoJob] = []
     for m, k, n in pick(matmul_shapes):
 
@@ -60,7 +57,7 @@ def jobs_for(on_gpu: bool) -> list[DemoJob]:
             a, b = jax.random.split(key)
             return (_normal(a, (m, k), dtype), _normal(b, (k, n), dtype)), {}
 
-        out.append(DemoJob("matmul", mm, f"{m}x{k}x{n}", dname, mk))
+        out.append(DemoJob("matmul", mm, f"{m}x{k}x{n}", dname, mk, interpret=interpret))
     for b, t, h, d, causal in pick(attention_shapes):
 
         def ma(key, b=b, t=t, h=h, d=d, causal=causal):
@@ -75,6 +72,7 @@ def jobs_for(on_gpu: bool) -> list[DemoJob]:
                 dname,
                 ma,
                 grad=True,
+                interpret=interpret,
             )
         )
     for rows, n in pick(norm_shapes):
@@ -91,12 +89,12 @@ def jobs_for(on_gpu: bool) -> list[DemoJob]:
             a, b = jax.random.split(key)
             return (_normal(a, (rows, n), dtype), _normal(b, (n,), dtype, 0.1) + 1), {}
 
-        out.append(DemoJob("layer_norm", ln, f"{rows}x{n}", dname, mln))
-        out.append(DemoJob("rms_norm", rms, f"{rows}x{n}", dname, mrms))
+        out.append(DemoJob("layer_norm", ln, f"{rows}x{n}", dname, mln, interpret=interpret))
+        out.append(DemoJob("rms_norm", rms, f"{rows}x{n}", dname, mrms, interpret=interpret))
     for rows, n in pick(softmax_shapes):
 
         def ms(key, rows=rows, n=n):
             return (_normal(key, (rows, n), dtype),), {}
 
-        out.append(DemoJob("softmax", sm, f"{rows}x{n}", dname, ms))
+        out.append(DemoJob("softmax", sm, f"{rows}x{n}", dname, ms, interpret=interpret))
     return out

@@ -159,3 +159,51 @@ def differentiation_tracer_types() -> tuple[type, ...]:
 
     names = ("JVPTracer", "LinearizeTracer")
     return tuple(t for t in (getattr(ad, n, None) for n in names) if isinstance(t, type))
+
+
+#: The modules each Pallas lowering kerneltune uses lives in (JAX 0.10 to 0.12).
+_PALLAS_LOWERINGS = {
+    "triton": "jax._src.pallas.triton.pallas_call_registration",
+    "mosaic_gpu": "jax._src.pallas.mosaic_gpu.pallas_call_registration",
+}
+_lowering_missing: dict[str, str | None] = {}
+
+
+def pallas_lowering_missing(lowering: str) -> str | None:
+    """Why this JAX cannot lower a Pallas kernel with `lowering` ("triton" or
+    "mosaic_gpu"), or None when it can. JAX 0.12 deprecates the Triton lowering; a
+    release that removes it makes every Triton candidate unusable, with this reason."""
+    if lowering not in _lowering_missing:
+        import importlib.util
+
+        import jax
+
+        module = _PALLAS_LOWERINGS[lowering]
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        _lowering_missing[lowering] = (
+            None
+            if found
+            else f"JAX {jax.__version__} has no Pallas {lowering} lowering ({module} is gone)"
+        )
+    return _lowering_missing[lowering]
+
+
+#: The start of the warning JAX 0.12 gives on every Pallas Triton lowering.
+TRITON_DEPRECATION = "The Pallas Triton backend is deprecated"
+
+
+def show_triton_deprecation_once() -> None:
+    """Shows JAX's Pallas Triton deprecation at most once per process: kerneltune lowers
+    many Triton kernels while tuning, and one line says all a user needs to know."""
+    global _triton_filter_added
+    if not _triton_filter_added:
+        import warnings
+
+        warnings.filterwarnings("once", message=TRITON_DEPRECATION)
+        _triton_filter_added = True
+
+
+_triton_filter_added = False

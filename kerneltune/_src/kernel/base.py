@@ -116,6 +116,13 @@ class Kernel(Generic[Cfg, Out]):
 _default_executor: Callable[[], Any] | None = None
 
 
+def installed_default_executor() -> Any:
+    """The default executor (what `Kernel.__call__` runs through)."""
+    if _default_executor is None:
+        raise RuntimeError("no default executor is installed: import kerneltune first.")
+    return _default_executor()
+
+
 def install_default_executor(get: Callable[[], Any]) -> None:
     """Makes `Kernel.__call__` run through `get()`."""
     global _default_executor

@@ -30,7 +30,7 @@ def kernel_function(
     are treated as constants and get no cotangent)."""
     found = methods_of(kernel, context)
     run = _require_run(kernel, found)
-    native = getattr(kernel, "differentiated_by_jax", None)
+    native = bound(kernel, found.differentiated_by_jax)
     if native is not None and native(cfg):
         # The config picks an implementation JAX differentiates itself (e.g. a library
         # backend such as cuDNN or XLA): no custom VJP, so its own backward runs.

@@ -10,6 +10,7 @@ from typing import Any
 import jax
 
 from kerneltune._src.kernel import dispatch
+from kerneltune._src.kernel.backends import BackendKernel
 from kerneltune._src.kernel.base import Invocation, Kernel, key_builder_of
 from kerneltune._src.kernel.methods import bound, methods_of
 
@@ -39,6 +40,8 @@ def tunable_candidates(
     if hook is None:
         return [], "the kernel defines no candidate_cfgs/config_space on this platform"
     candidates = list(hook(inv))
+    if not candidates and isinstance(kernel, BackendKernel) and not kernel.runs_pallas():
+        return [], "only plain-JAX backends run on this platform (no Pallas)"
     if not candidates:
         return [], f"{type(kernel).__name__}.{hook.__name__} returned no candidates for this call"
     if all(c == candidates[0] for c in candidates) and candidates[0] == find_heuristic(kernel, inv):

@@ -1,74 +1,45 @@
-"""A kernel class's methods for one platform and calling context, found once.
+"""A kernel's hooks for one platform and calling context, found once.
 
-A kernel names its methods per platform and per context: `run_triton`, `run_xla`,
-`heuristic_cfg`, `run_shard_map`, ... `methods_of(kernel, context)` looks every hook up
-the first time a (kernel class, platform, context) is seen and keeps the answer in one
-frozen record, `KernelMethods`, which selection, tuning, dispatch and the bundled kernels
-read. The record holds method *names*, so one record serves every instance of the class;
-`bound(kernel, name)` binds one.
+`methods_of(kernel, context)` returns the kernel's `contract.KernelMethods` record,
+built the first time a (kernel class, platform, device, context) is seen:
+
+- a bundled kernel (`backends.BackendKernel`) names its hooks itself
+  (`BackendKernel.contract_methods`): one method per hook, which asks the config's
+  backend object;
+- any other kernel follows SPEC's naming convention, and the most specific method its
+  subclass defines is taken: `hook_{context}_{platform}`, `hook_{context}_{device}`,
+  `hook_{context}`, `hook_{platform}`, `hook_{device}`, `hook` (e.g. `run_triton` on a
+  GPU, `run` elsewhere).
+
+`bound(kernel, hook)` binds one of the record's functions to an instance.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from kerneltune._src.core import devices
+from kerneltune._src.kernel.backends import BackendKernel
 from kerneltune._src.kernel.base import Kernel
+from kerneltune._src.kernel.contract import HOOKS, KernelMethods
 
-#: The hooks a record holds, by field: the names a kernel defines them under (aliases,
-#: the first defined one wins).
-HOOKS: dict[str, tuple[str, ...]] = {
+#: The method names a user's kernel may define each hook under (aliases: the first one
+#: defined wins), before the platform and context suffixes.
+NAMED_HOOKS: dict[str, tuple[str, ...]] = {
     "run": ("run",),
     "heuristic_cfg": ("heuristic_cfg",),
     "candidates": ("candidate_cfgs", "config_space"),
     "fwd_with_residuals": ("fwd_with_residuals",),
     "vjp": ("vjp",),
     "custom_vjp": ("custom_vjp",),
+    "differentiated_by_jax": ("differentiated_by_jax",),
     "reference": ("reference",),
     "tuning_inputs": ("tuning_inputs",),
     "config_unusable": ("config_unusable",),
 }
-
-
-@dataclasses.dataclass(frozen=True)
-class KernelMethods:
-    """The names of a kernel class's methods on one platform in one calling context
-    (None where its subclass defines none), and its declared config type.
-
-    Attributes:
-      platform: the dispatch backend ("triton", "pallas" or "xla").
-      device: the device kind ("gpu", "tpu" or "cpu").
-      context: "shard_map" for the per-shard calls of `method="shard_map"`, else None.
-      run: runs the kernel with a config.
-      heuristic_cfg: the config to use without tuning.
-      candidates: `candidate_cfgs` or `config_space`. Found without a context: a shard
-        is tuned over the kernel's own candidates.
-      fwd_with_residuals: the forward of a custom gradient (with `vjp`).
-      vjp: the backward of a custom gradient.
-      custom_vjp: the short form of a custom gradient.
-      reference: the op's math in plain JAX (outputs are checked, and second
-        derivatives taken, against it).
-      tuning_inputs: builds inputs to tune on when the call is traced.
-      config_unusable: says why a config cannot run here.
-      config_type: the class's `config_type` (None: the type `heuristic_cfg` returns).
-    """
-
-    platform: str
-    device: str
-    context: str | None
-    run: str | None
-    heuristic_cfg: str | None
-    candidates: str | None
-    fwd_with_residuals: str | None
-    vjp: str | None
-    custom_vjp: str | None
-    reference: str | None
-    tuning_inputs: str | None
-    config_unusable: str | None
-    config_type: type | None
-
+assert tuple(NAMED_HOOKS) == HOOKS
 
 _records: dict[tuple[type, str, str, str | None], KernelMethods] = {}
 
@@ -82,29 +53,40 @@ def methods_of(kernel: Kernel[Any, Any], context: str | None = None) -> KernelMe
     key = (cls, platform, device, context)
     found = _records.get(key)
     if found is None:
-        found = _records.setdefault(key, _build(cls, platform, device, context))
+        if isinstance(kernel, BackendKernel):
+            built = kernel.contract_methods(platform, device, context)
+        else:
+            built = _named(cls, platform, device, context)
+        found = _records.setdefault(key, built)
     return found
 
 
-def bound(kernel: Kernel[Any, Any], name: str | None) -> Callable[..., Any] | None:
-    """`kernel`'s method called `name` (a field of its record), or None."""
-    return None if name is None else getattr(kernel, name)
+def bound(kernel: Kernel[Any, Any], hook: Callable[..., Any] | None) -> Callable[..., Any] | None:
+    """`hook` (a function of the kernel's record) bound to `kernel`, or None."""
+    if hook is None:
+        return None
+    get = getattr(hook, "__get__", None)
+    return hook if get is None else get(kernel, type(kernel))  # type: ignore[no-any-return]
 
 
-def method_names(hook: str, context: str | None, backend: str, device: str) -> list[str]:
+# --- SPEC's naming convention, for kernels that declare no backends ------------------
+
+
+def method_names(hook: str, context: str | None, platform: str, device: str) -> list[str]:
     """Candidate method names for `hook`, most specific first."""
     names = []
     if context:
-        names += [f"{hook}_{context}_{backend}", f"{hook}_{context}_{device}", f"{hook}_{context}"]
-    names += [f"{hook}_{backend}", f"{hook}_{device}", hook]
+        names += [f"{hook}_{context}_{platform}", f"{hook}_{context}_{device}", f"{hook}_{context}"]
+    names += [f"{hook}_{platform}", f"{hook}_{device}", hook]
     return names
 
 
-def _build(cls: type, platform: str, device: str, context: str | None) -> KernelMethods:
-    def find(field: str) -> str | None:
+def _named(cls: type, platform: str, device: str, context: str | None) -> KernelMethods:
+    def find(field: str) -> Callable[..., Any] | None:
         # A shard is tuned over the kernel's own candidates: found without a context.
         where = None if field == "candidates" else context
-        return _find_method(cls, HOOKS[field], where, platform, device)
+        name = _find_method(cls, NAMED_HOOKS[field], where, platform, device)
+        return None if name is None else inspect.getattr_static(cls, name)
 
     return KernelMethods(
         platform=platform,
@@ -116,17 +98,12 @@ def _build(cls: type, platform: str, device: str, context: str | None) -> Kernel
 
 
 def _find_method(
-    cls: type, hooks: Sequence[str], context: str | None, backend: str, device: str
+    cls: type, hooks: Sequence[str], context: str | None, platform: str, device: str
 ) -> str | None:
     """The name of the method for `hooks` that fits the platform, or None when the
-    kernel's subclass defines none (never a base-class stub).
-
-    Order: `hook_{context}_{backend}`, `hook_{context}_{device}`, `hook_{context}`,
-    `hook_{backend}`, `hook_{device}`, `hook`. Several hook names (e.g.
-    `("candidate_cfgs", "config_space")`) are aliases: at each level the first defined
-    one wins.
-    """
-    per_hook = [method_names(h, context, backend, device) for h in hooks]
+    kernel's subclass defines none (never a base-class stub). At each level of
+    `method_names` the first defined alias wins."""
+    per_hook = [method_names(h, context, platform, device) for h in hooks]
     for level in zip(*per_hook, strict=True):
         name = next((n for n in level if _defined_by_subclass(cls, n)), None)
         if name is not None:

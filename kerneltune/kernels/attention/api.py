@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, Literal, cast
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -11,22 +11,24 @@ import numpy as np
 
 from kerneltune._src.core import keys
 from kerneltune._src.execution.default import default_executor
-from kerneltune._src.kernel.base import Invocation, Kernel
-from kerneltune._src.kernel.methods import bound, methods_of
+from kerneltune._src.kernel.backends import BackendKernel
+from kerneltune._src.kernel.base import Invocation
 from kerneltune._src.params import BwdParams, FwdParams
 from kerneltune._src.tuning.inputs import random_like
 from kerneltune.kernels._args import as_array
-from kerneltune.kernels._common import BundledKernelMixin, kernel_for
+from kerneltune.kernels._common import interpreted, kernel_for
 from kerneltune.kernels.attention import config as config_lib
-from kerneltune.kernels.attention import tokamax_backend
+from kerneltune.kernels.attention.backward import every_head
 from kerneltune.kernels.attention.config import AttentionProblem
 from kerneltune.kernels.attention.features import attention_features_xla
-from kerneltune.kernels.attention.pallas_triton import mha_backward, mha_forward
+from kerneltune.kernels.attention.jax_nn import CudnnBackend, XlaBackend
+from kerneltune.kernels.attention.pallas_triton import TritonBackend, TritonBackwardBackend
 from kerneltune.kernels.attention.reference import (
-    attention_backward_xla,
+    ReferenceBackend,
+    XlaBackwardBackend,
     attention_forward_chunked,
-    attention_forward_xla,
 )
+from kerneltune.kernels.attention.tokamax_backend import TokamaxBackend
 
 
 def problem_of(inv: Invocation[Any, Any]) -> AttentionProblem:
@@ -67,18 +69,20 @@ def _check_qkv(op: str, q: Any, k: Any, v: Any, *, grouped: bool = False) -> Non
         )
 
 
-class Attention(BundledKernelMixin, Kernel[FwdParams, jax.Array]):
+class Attention(BackendKernel[FwdParams]):
     """Multi-head attention `softmax(q kᵀ · sm_scale) v` on `[batch, seq, heads,
-    head_dim]` arrays: JAX's Pallas `mha` on GPUs, XLA elsewhere.
+    head_dim]` arrays: JAX's Pallas `mha`, cuDNN, XLA or tokamax on GPUs (the config's
+    `backend`), XLA elsewhere.
 
-    Its config (`FwdParams`) is the forward's. The gradient runs `AttentionBackward`
-    (op "attention_bwd", config `BwdParams`) through the kernel's executor, so the
-    backward is tuned for itself.
+    Its config (`FwdParams`) is the forward's. The Pallas backend's gradient runs
+    `AttentionBackward` (op "attention_bwd", config `BwdParams`) through the kernel's
+    executor, so the backward is tuned for itself.
 
     Args:
       op_id: the op id (default "attention").
       executor: the executor the backward kernel runs through (default: the default
         executor).
+      interpret: run the Pallas code in the Pallas interpreter (tests, the CPU demo).
     """
 
     op_id = "attention"
@@ -88,13 +92,25 @@ class Attention(BundledKernelMixin, Kernel[FwdParams, jax.Array]):
     # backward speeds rank differently (tokamax's forward beats cuDNN's at some shapes,
     # its backward at none): a training call is tuned on forward + backward.
     tunes_training_apart = True
-    backward_type: ClassVar[type[AttentionBackward]]
+    backends = (
+        TritonBackend(),
+        CudnnBackend(),
+        XlaBackend(),
+        TokamaxBackend(),
+        ReferenceBackend(),
+    )
+    fallback = "reference"
 
     def __init__(
-        self, op_id: str | None = None, *, name: str | None = None, executor: Any = None
+        self,
+        op_id: str | None = None,
+        *,
+        name: str | None = None,
+        executor: Any = None,
+        interpret: bool = False,
     ) -> None:
-        super().__init__(op_id, name=name, executor=executor)
-        self.backward = self.backward_type(executor=executor)
+        super().__init__(op_id, name=name, executor=executor, interpret=interpret)
+        self.backward = AttentionBackward(executor=executor, interpret=interpret)
 
     def prepare(
         self, q: Any, k: Any, v: Any, *, causal: bool = False, sm_scale: float | None = None
@@ -104,12 +120,9 @@ class Attention(BundledKernelMixin, Kernel[FwdParams, jax.Array]):
         return (q, k, v), {"causal": bool(causal), "sm_scale": scale}
 
     def heuristic_cfg(self, inv: Invocation[Any, Any]) -> FwdParams:
+        if self.runs_pallas() and not self.use_interpreter():
+            return config_lib.gpu_heuristic(problem_of(inv))
         return config_lib.fwd_heuristic(problem_of(inv))
-
-    def heuristic_cfg_triton(self, inv: Invocation[Any, Any]) -> FwdParams:
-        if self.use_interpreter():
-            return config_lib.fwd_heuristic(problem_of(inv))
-        return config_lib.gpu_heuristic(problem_of(inv))
 
     def search_space(self, inv: Invocation[Any, Any]):
         p = problem_of(inv)
@@ -121,108 +134,31 @@ class Attention(BundledKernelMixin, Kernel[FwdParams, jax.Array]):
     def interpret_candidates(self, inv: Invocation[Any, Any]) -> list[FwdParams]:
         return config_lib.fwd_interpret_candidates(problem_of(inv))
 
-    @staticmethod
-    def _library(q, k, v, *, backend: str, causal: bool, sm_scale: float) -> jax.Array:
-        """The library backends: cuDNN's fused attention, JAX's XLA attention, or
-        tokamax's Mosaic kernel."""
-        if backend == "tokamax":
-            return tokamax_backend.attention(q, k, v, causal=causal, sm_scale=sm_scale)
-        implementation = cast(Literal["xla", "cudnn"], backend)
-        return jax.nn.dot_product_attention(
-            q, k, v, scale=sm_scale, is_causal=causal, implementation=implementation
-        )
-
-    def run_triton(self, q, k, v, *, cfg: FwdParams, causal: bool, sm_scale: float) -> jax.Array:
-        if cfg.backend != "pallas":  # they take grouped-query k and v as they are
-            return self._library(q, k, v, backend=cfg.backend, causal=causal, sm_scale=sm_scale)
-        k, v = _every_head(q, k), _every_head(q, v)
-        return mha_forward(
-            q,
-            k,
-            v,
-            cfg=cfg,
-            causal=causal,
-            sm_scale=sm_scale,
-            interpret=self.use_interpreter(),
-            return_residuals=False,
-        )
-
-    def config_unusable_triton(self, inv: Invocation[Any, Any], cfg: FwdParams) -> str | None:
-        """A "tokamax" config cannot run where tokamax is not installed (a config
-        tuned elsewhere and shared through a cache)."""
-        if cfg.backend != "tokamax":
-            return None
-        p = problem_of(inv)
-        return tokamax_backend.unsupported(p.dtype, p.head_dim)
-
-    def differentiated_by_jax(self, cfg: FwdParams) -> bool:
-        """Library backends bring their own backward (cuDNN's fused one, or XLA's):
-        JAX differentiates them, so no custom VJP wraps them."""
-        return cfg.backend != "pallas"
-
-    def fwd_with_residuals_triton(self, q, k, v, *, cfg: FwdParams, causal: bool, sm_scale: float):
-        k, v = _every_head(q, k), _every_head(q, v)
-        out, lse = mha_forward(
-            q,
-            k,
-            v,
-            cfg=cfg,
-            causal=causal,
-            sm_scale=sm_scale,
-            interpret=self.use_interpreter(),
-            return_residuals=True,
-        )
-        return out, lse
-
-    def run_xla(self, q, k, v, *, cfg: FwdParams, causal: bool, sm_scale: float) -> jax.Array:
-        k, v = _every_head(q, k), _every_head(q, v)
-        return attention_forward_xla(q, k, v, causal=causal, sm_scale=sm_scale)[0]
-
-    def fwd_with_residuals_xla(self, q, k, v, *, cfg: FwdParams, causal: bool, sm_scale: float):
-        k, v = _every_head(q, k), _every_head(q, v)
-        return attention_forward_xla(q, k, v, causal=causal, sm_scale=sm_scale)
-
-    # Any other platform (e.g. KERNELTUNE_PLATFORM=pallas off a TPU) runs the XLA code.
-    run = run_xla
-    fwd_with_residuals = fwd_with_residuals_xla
-
     def reference(self, q, k, v, *, causal: bool, sm_scale: float) -> jax.Array:
         """The op's math in plain JAX: second derivatives are taken from it, and tuning
         validates candidates against it (a chunk of queries at a time on long
         sequences, so it fits where the call does)."""
-        k, v = _every_head(q, k), _every_head(q, v)
+        k, v = every_head(q, k), every_head(q, v)
         return attention_forward_chunked(q, k, v, causal=causal, sm_scale=sm_scale)
 
-    def vjp(self, lse, out, dout, q, k, v, *, cfg: FwdParams, causal: bool, sm_scale: float):
-        # The backward kernel works on every query head; a group's k and v cotangents
-        # are the sums over its query heads.
-        dq, dk, dv = self.inner_executor()(
-            self.backward,
-            q,
-            _every_head(q, k),
-            _every_head(q, v),
-            out,
-            lse,
-            dout.astype(out.dtype),
-            causal=causal,
-            sm_scale=sm_scale,
-        )
-        return dq, _sum_over_groups(dk, k), _sum_over_groups(dv, v)
 
-
-class AttentionBackward(BundledKernelMixin, Kernel[BwdParams, tuple]):
+class AttentionBackward(BackendKernel[BwdParams]):
     """The attention backward pass: `(q, k, v, out, lse, dout) -> (dq, dk, dv)`, where
     `lse` is the forward's base-2 log-sum-exp `[batch, heads, q_len]` (float32).
 
     Tuned on its own inputs: when called under a trace, `tuning_inputs` draws random
     q, k, v and dout and runs the forward for `out` and `lse`, so the timed backward
-    sees consistent residuals.
+    sees consistent residuals. `BwdParams` has no backend field: its configs are the
+    Pallas kernel's; XLA runs where Pallas does not.
     """
 
     op_id = "attention_bwd"
     version = "1"
     config_type = BwdParams
-    forward_type: ClassVar[type[Attention]]
+    backends = (TritonBackwardBackend(), XlaBackwardBackend())
+
+    def config_backend(self, cfg: BwdParams) -> str:
+        return "pallas"
 
     def prepare(
         self, q, k, v, out, lse, dout, *, causal: bool = False, sm_scale: float | None = None
@@ -254,72 +190,17 @@ class AttentionBackward(BundledKernelMixin, Kernel[BwdParams, tuple]):
         seed = keys.seed_of(inv.call_key)  # a custom key builder's key need not be hex
         q, k, v, dout = random_like((q, k, v, dout), seed=seed)
         causal, sm_scale = inv.kwargs["causal"], inv.kwargs["sm_scale"]
-        forward = self.forward_type(executor=self.executor)
-        fwd = bound(forward, methods_of(forward).fwd_with_residuals)
-        assert fwd is not None
+        forward = Attention(executor=self.executor, interpret=self.interpret)
         fwd_cfg = config_lib.fwd_heuristic(problem_of(inv))
-        out, lse = fwd(q, k, v, cfg=fwd_cfg, causal=causal, sm_scale=sm_scale)
+        out, lse = forward.fwd_with_residuals(q, k, v, cfg=fwd_cfg, causal=causal, sm_scale=sm_scale)
         return (q, k, v, out, lse, dout), dict(inv.kwargs)
 
-    def run_triton(self, q, k, v, out, lse, dout, *, cfg: BwdParams, causal: bool, sm_scale: float):
-        return mha_backward(
-            q,
-            k,
-            v,
-            out,
-            lse,
-            dout,
-            cfg=cfg,
-            causal=causal,
-            sm_scale=sm_scale,
-            interpret=self.use_interpreter(),
-        )
 
-    def run_xla(self, q, k, v, out, lse, dout, *, cfg: BwdParams, causal: bool, sm_scale: float):
-        return attention_backward_xla(q, k, v, out, lse, dout, causal=causal, sm_scale=sm_scale)
-
-    # Any other platform (e.g. KERNELTUNE_PLATFORM=pallas off a TPU) runs the XLA code.
-    run = run_xla
-
-
-Attention.backward_type = AttentionBackward
-AttentionBackward.forward_type = Attention
-
-
-class AttentionInterpret(Attention):
-    """JAX's Pallas attention run by the Pallas interpreter on any device, with a few
-    block shapes as candidates: for tests and the CPU demo (timings measure the
-    interpreter, not a GPU)."""
-
-    op_id = "attention-interpret"
-    interpret = True
-
-
-class AttentionBackwardInterpret(AttentionBackward):
-    """The backward of `AttentionInterpret`, also interpreted."""
-
-    op_id = "attention_bwd-interpret"
-    interpret = True
-
-
-AttentionInterpret.backward_type = AttentionBackwardInterpret
-AttentionBackwardInterpret.forward_type = AttentionInterpret
-
-
-def _every_head(q: jax.Array, kv: jax.Array) -> jax.Array:
-    """Grouped-query k or v repeated for every query head (as is when they match)."""
-    groups = q.shape[2] // kv.shape[2]
-    return kv if groups == 1 else jnp.repeat(kv, groups, axis=2)
-
-
-def _sum_over_groups(d: jax.Array, kv: jax.Array) -> jax.Array:
-    """A cotangent for every query head, summed back to `kv`'s grouped heads."""
-    b, s, n, h = d.shape
-    kh = kv.shape[2]
-    if kh == n:
-        return d
-    total = d.reshape(b, s, kh, n // kh, h).sum(axis=3, dtype=jnp.float32)
-    return total.astype(kv.dtype)
+#: The Pallas attention and its backward run by the Pallas interpreter on any device,
+#: with a few block shapes as candidates: for tests and the CPU demo (timings measure
+#: the interpreter, not a GPU).
+AttentionInterpret = interpreted(Attention)
+AttentionBackwardInterpret = interpreted(AttentionBackward)
 
 
 def _check_inputs(query: Any, key: Any, value: Any) -> tuple[jax.Array, jax.Array, jax.Array]:

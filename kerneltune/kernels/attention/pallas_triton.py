@@ -19,8 +19,10 @@ from typing import Any
 import jax
 
 from kerneltune._src.core import jax_compat
+from kerneltune._src.kernel.backends import Backend
 from kerneltune._src.params import BwdParams, FwdParams
 from kerneltune.kernels._common import accepts, jax_gpu_op, parameters
+from kerneltune.kernels.attention.backward import BackwardKernelGradient, every_head
 
 logger = logging.getLogger("kerneltune")
 
@@ -154,3 +156,40 @@ def _warn_fallback_once(found: Any) -> None:
         "the backward pass differentiates mha instead, recomputing the forward.",
         found,
     )
+
+
+class TritonBackend(BackwardKernelGradient):
+    """JAX's Pallas `mha` forward with tuned blocks, lowered by Triton; the backward is
+    the `AttentionBackward` kernel (the config's backend is called "pallas")."""
+
+    name = "pallas"
+    lowering = "triton"
+    interprets = True
+
+    def run(self, kernel, q, k, v, *, cfg: FwdParams, causal: bool, sm_scale: float):
+        k, v = every_head(q, k), every_head(q, v)
+        return mha_forward(
+            q, k, v, cfg=cfg, causal=causal, sm_scale=sm_scale,
+            interpret=kernel.use_interpreter(), return_residuals=False,
+        )  # fmt: skip
+
+    def fwd_with_residuals(self, kernel, q, k, v, *, cfg: FwdParams, causal: bool, sm_scale: float):
+        k, v = every_head(q, k), every_head(q, v)
+        return mha_forward(
+            q, k, v, cfg=cfg, causal=causal, sm_scale=sm_scale,
+            interpret=kernel.use_interpreter(), return_residuals=True,
+        )  # fmt: skip
+
+
+class TritonBackwardBackend(Backend):
+    """JAX's Pallas `mha` backward with tuned blocks, lowered by Triton."""
+
+    name = "pallas"
+    lowering = "triton"
+    interprets = True
+
+    def run(self, kernel, q, k, v, out, lse, dout, *, cfg: BwdParams, causal: bool, sm_scale: float):
+        return mha_backward(
+            q, k, v, out, lse, dout, cfg=cfg, causal=causal, sm_scale=sm_scale,
+            interpret=kernel.use_interpreter(),
+        )  # fmt: skip

@@ -12,6 +12,9 @@ import math
 import jax
 import jax.numpy as jnp
 
+from kerneltune._src.kernel.backends import Backend
+from kerneltune.kernels.attention.backward import BackwardKernelGradient, every_head
+
 LOG2E = math.log2(math.e)
 # A large finite negative number rather than -inf: exp() of it is 0 without NaNs.
 _MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)
@@ -121,3 +124,29 @@ def attention_reference(
     hi = jax.lax.Precision.HIGHEST
     p = jax.nn.softmax(_scores(q, k, causal=causal, sm_scale=sm_scale, precision=hi), axis=-1)
     return jnp.einsum("bhqk,bkhd->bqhd", p, v, precision=hi)
+
+
+class ReferenceBackend(BackwardKernelGradient):
+    """The scores materialised in XLA, saving the log-sum-exp for the backward kernel:
+    what a CPU, a TPU or `KERNELTUNE_PLATFORM=xla` runs for a Pallas config (no config
+    names it)."""
+
+    name = "reference"
+    plain_jax = True
+
+    def run(self, kernel, q, k, v, *, cfg, causal: bool, sm_scale: float):
+        return self.fwd_with_residuals(kernel, q, k, v, cfg=cfg, causal=causal, sm_scale=sm_scale)[0]
+
+    def fwd_with_residuals(self, kernel, q, k, v, *, cfg, causal: bool, sm_scale: float):
+        k, v = every_head(q, k), every_head(q, v)
+        return attention_forward_xla(q, k, v, causal=causal, sm_scale=sm_scale)
+
+
+class XlaBackwardBackend(Backend):
+    """The backward pass in XLA, from the saved log-sum-exp."""
+
+    name = "xla"
+    plain_jax = True
+
+    def run(self, kernel, q, k, v, out, lse, dout, *, cfg, causal: bool, sm_scale: float):
+        return attention_backward_xla(q, k, v, out, lse, dout, causal=causal, sm_scale=sm_scale)

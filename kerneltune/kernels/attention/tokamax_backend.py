@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from kerneltune._src.kernel.backends import Backend
 from kerneltune.kernels._common import is_hopper, on_gpu
 
 #: The dtypes its kernel takes.
@@ -52,3 +53,18 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool, sm_scale: float) -> Any:
     return tokamax.dot_product_attention(
         q, k, v, scale=sm_scale, is_causal=causal, implementation="mosaic"
     )
+
+
+class TokamaxBackend(Backend):
+    """tokamax's Mosaic GPU attention (Hopper) where installed; it takes grouped-query
+    k and v as they are and brings its own backward, which JAX differentiates."""
+
+    name = "tokamax"
+    differentiated_by_jax = True
+
+    def unusable(self, kernel, inv, cfg) -> str | None:
+        q = inv.args[0]
+        return unsupported(np.dtype(q.dtype), int(q.shape[-1]))
+
+    def run(self, kernel, q, k, v, *, cfg, causal: bool, sm_scale: float):
+        return attention(q, k, v, causal=causal, sm_scale=sm_scale)

@@ -10,19 +10,16 @@ import numpy as np
 
 from kerneltune._src.core import keys
 from kerneltune._src.execution.default import default_executor
-from kerneltune._src.kernel.base import Invocation, Kernel
+from kerneltune._src.kernel.backends import BackendKernel
+from kerneltune._src.kernel.base import Invocation
 from kerneltune._src.tuning.inputs import random_like
 from kerneltune.kernels._args import as_array
-from kerneltune.kernels._common import BundledKernelMixin, Pruned, kernel_for
-from kerneltune.kernels.cross_entropy import chunked, lse_triton, lse_xla
+from kerneltune.kernels._common import Pruned, interpreted, kernel_for
 from kerneltune.kernels.cross_entropy import config as config_lib
+from kerneltune.kernels.cross_entropy.chunked_backend import ChunkedBackend
 from kerneltune.kernels.cross_entropy.config import CrossEntropyConfig, CrossEntropyProblem
-from kerneltune.kernels.cross_entropy.pallas_triton import lse_and_label_logit
-from kerneltune.kernels.cross_entropy.reference import (
-    REDUCTIONS,
-    cross_entropy_xla,
-    reduce_rows,
-)
+from kerneltune.kernels.cross_entropy.pallas_triton import TritonBackend
+from kerneltune.kernels.cross_entropy.reference import REDUCTIONS, XlaBackend, cross_entropy_xla
 
 
 def problem_of(inv: Invocation[Any, Any]) -> CrossEntropyProblem:
@@ -60,34 +57,7 @@ def check_inputs(op: str, x: Any, labels: Any, w: Any, where: Any, reduction: An
         )
 
 
-def logits_dtype(cfg: CrossEntropyConfig, x: jax.Array) -> Any:
-    """The dtype `cfg`'s matmuls write the logits in, for inputs like `x` (the fused
-    kernel's backward recomputes them in float32)."""
-    return x.dtype if cfg.logits_dtype == "input" else jnp.float32
-
-
-def lse_pass(cfg: CrossEntropyConfig, *, interpret: bool) -> chunked.LsePass:
-    """The chunked backend's log-sum-exp pass that `cfg` names (the Pallas kernel
-    where it takes the chunk's logits, else XLA's reduction)."""
-    if cfg.lse_backend != "triton":
-        return lse_xla.lse_and_label_logit
-
-    def pass_(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
-        tiles = lse_triton.tiles_taking(*logits.shape)
-        if tiles is None:
-            return lse_xla.lse_and_label_logit(logits, labels)
-        return lse_triton.lse_and_label_logit(logits, labels, tiles, interpret=interpret)
-
-    return pass_
-
-
-def row_weights(where: jax.Array, reduction: str) -> jax.Array:
-    """The derivative of the reduced loss with respect to each row's loss (float32)."""
-    mask = where.astype(jnp.float32)
-    return mask / jnp.sum(mask) if reduction == "mean" else mask
-
-
-class LinearSoftmaxCrossEntropy(BundledKernelMixin, Kernel[CrossEntropyConfig, jax.Array]):
+class LinearSoftmaxCrossEntropy(BackendKernel[CrossEntropyConfig]):
     """`x[M, K] @ w[K, V]` then a softmax cross-entropy against integer labels, with a
     mask, reduced by "sum", "mean" or "none" (float32 out).
 
@@ -105,19 +75,18 @@ class LinearSoftmaxCrossEntropy(BundledKernelMixin, Kernel[CrossEntropyConfig, j
     version = "3"
     config_type = CrossEntropyConfig
     tunes_training_apart = True
+    backends = (XlaBackend(), ChunkedBackend(), TritonBackend())
 
     def prepare(self, x: Any, labels: Any, w: Any, where: Any, *, reduction: str = "mean"):
         check_inputs(self.op_id, x, labels, w, where, reduction)
         return (x, labels, w, where), {"reduction": reduction}
 
     def heuristic_cfg(self, inv: Invocation[Any, Any]) -> CrossEntropyConfig:
-        return config_lib.heuristic(problem_of(inv), training=bool(inv.differentiated))
-
-    def heuristic_cfg_triton(self, inv: Invocation[Any, Any]) -> CrossEntropyConfig:
         """On GPUs the chunked path, forward and under a gradient, its log-sum-exp
-        taken by the Pallas kernel (interpreted runs keep XLA's reduction and, for a
-        forward, plain JAX's program: the interpreter is slow at full size)."""
-        lse: config_lib.LseBackend = "xla" if self.use_interpreter() else "triton"
+        taken by the Pallas kernel (interpreted runs and CPUs keep XLA's reduction and,
+        for a forward, plain JAX's program: the interpreter is slow at full size)."""
+        on_device = self.runs_pallas() and not self.use_interpreter()
+        lse: config_lib.LseBackend = "triton" if on_device else "xla"
         return config_lib.heuristic(
             problem_of(inv), training=bool(inv.differentiated), lse_backend=lse
         )
@@ -143,97 +112,15 @@ class LinearSoftmaxCrossEntropy(BundledKernelMixin, Kernel[CrossEntropyConfig, j
         drawn = jax.random.randint(jax.random.PRNGKey(seed), labels.shape, 0, vocab)
         return (x, drawn.astype(labels.dtype), w, jnp.ones(where.shape, bool)), dict(inv.kwargs)
 
-    def differentiated_by_jax(self, cfg: CrossEntropyConfig) -> bool:
-        """The materialised logits are differentiated by JAX: plain JAX's backward."""
-        return cfg.backend == "xla"
-
-    def _rows(self, x, labels, w, where, cfg: CrossEntropyConfig) -> tuple[jax.Array, jax.Array]:
-        """Per-row losses (0 where masked) and log-sum-exps, without materialising."""
-        if cfg.backend == "chunked":
-            assert cfg.chunk_size is not None
-            return chunked.forward(
-                x,
-                labels,
-                w,
-                where,
-                chunk=cfg.chunk_size,
-                logits_dtype=logits_dtype(cfg, x),
-                lse_pass=lse_pass(cfg, interpret=self.use_interpreter()),
-            )
-        lse, picked = lse_and_label_logit(x, labels, w, cfg, interpret=self.use_interpreter())
-        return jnp.where(where, lse - picked, 0.0), lse
-
-    def run(self, x, labels, w, where, *, cfg: CrossEntropyConfig, reduction: str) -> jax.Array:
-        if cfg.backend == "xla":
-            return cross_entropy_xla(
-                x, labels, w, where, reduction=reduction, logits_dtype=logits_dtype(cfg, x)
-            )
-        return reduce_rows(self._rows(x, labels, w, where, cfg)[0], where, reduction)
-
-    def fwd_with_residuals(
-        self, x, labels, w, where, *, cfg: CrossEntropyConfig, reduction: str
-    ) -> tuple[jax.Array, Any]:
-        assert cfg.chunk_size is not None
-        if self._grads_in_forward(cfg, reduction):
-            weights = row_weights(where, reduction)
-            losses, dx, dw = chunked.forward_with_grads(
-                x,
-                labels,
-                w,
-                where,
-                weights,
-                chunk=cfg.chunk_size,
-                logits_dtype=logits_dtype(cfg, x),
-                lse_pass=lse_pass(cfg, interpret=self.use_interpreter()),
-            )
-            return reduce_rows(losses, where, reduction), (dx, dw)
-        losses, lse = self._rows(x, labels, w, where, cfg)
-        return reduce_rows(losses, where, reduction), lse
-
-    def vjp(
-        self, residuals, out, dout, x, labels, w, where, *, cfg: CrossEntropyConfig, reduction: str
-    ):
-        assert cfg.chunk_size is not None
-        if self._grads_in_forward(cfg, reduction):
-            dx, dw = residuals
-            scale = dout.astype(jnp.float32)
-            # d_W is float32, or already in w's dtype where the call was one chunk.
-            dw = (scale * dw.astype(jnp.float32)).astype(w.dtype)
-            return (scale * dx).astype(x.dtype), None, dw, None
-        if reduction == "none":
-            row_scale = dout.astype(jnp.float32) * where.astype(jnp.float32)
-        else:
-            row_scale = dout.astype(jnp.float32) * row_weights(where, reduction)
-        dx, dw = chunked.backward_from_lse(
-            x,
-            labels,
-            w,
-            residuals,
-            row_scale,
-            chunk=cfg.chunk_size,
-            logits_dtype=logits_dtype(cfg, x),
-        )
-        return dx, None, dw, None
-
-    @staticmethod
-    def _grads_in_forward(cfg: CrossEntropyConfig, reduction: str) -> bool:
-        """The chunked path computes the gradients in its forward where the loss is one
-        number (its cotangent only scales them); per-token losses' cotangents are only
-        known in the backward, which then recomputes the logits."""
-        return cfg.backend == "chunked" and reduction != "none"
-
     def reference(self, x, labels, w, where, *, reduction: str) -> jax.Array:
         """The op's math in plain JAX: second derivatives are taken from it."""
         return cross_entropy_xla(x, labels, w, where, reduction=reduction)
 
 
-class LinearSoftmaxCrossEntropyInterpret(LinearSoftmaxCrossEntropy):
-    """The loss head with its fused Pallas kernel run by the Pallas interpreter on any
-    device, and a few small candidates: for tests and the CPU demo (timings measure
-    the interpreter, not a GPU)."""
-
-    op_id = "linear_softmax_cross_entropy-interpret"
-    interpret = True
+#: The loss head with its fused Pallas kernel run by the Pallas interpreter on any
+#: device, and a few small candidates: for tests and the CPU demo (timings measure the
+#: interpreter, not a GPU).
+LinearSoftmaxCrossEntropyInterpret = interpreted(LinearSoftmaxCrossEntropy)
 
 
 def linear_softmax_cross_entropy(

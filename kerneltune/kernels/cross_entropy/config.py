@@ -170,6 +170,12 @@ lse_backend='xla', block_m=None, block_v=None, block_k=None, num_warps=None, num
             check_positive(owner, "num_stages", self.num_stages)
 
 
+def logits_dtype(cfg: CrossEntropyConfig, x: Any) -> Any:
+    """The dtype `cfg`'s matmuls write the logits in, for inputs like `x` (the fused
+    kernel's backward recomputes them in float32)."""
+    return x.dtype if cfg.logits_dtype == "input" else np.dtype(np.float32)
+
+
 @dataclasses.dataclass(frozen=True)
 class CrossEntropyProblem:
     """`x[m, k] @ w[k, v]` then a softmax cross-entropy per row, in `dtype`."""

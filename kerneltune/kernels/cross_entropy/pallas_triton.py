@@ -19,6 +19,7 @@ from jax.experimental import pallas as pl
 
 from kerneltune.kernels._common import triton_compiler_params
 from kerneltune.kernels.cross_entropy import lse_triton
+from kerneltune.kernels.cross_entropy.chunked_backend import FromRows
 from kerneltune.kernels.cross_entropy.config import CrossEntropyConfig
 
 
@@ -107,3 +108,17 @@ def lse_and_label_logit(
         name="kerneltune_linear_softmax_cross_entropy",
     )(xp, wp, lp)
     return lse[:m], picked[:m]
+
+
+class TritonBackend(FromRows):
+    """The fused Pallas kernel: a running log-sum-exp per row over blocks of the
+    vocabulary, never a stored logit; its backward recomputes the logits chunk by chunk
+    from the saved log-sum-exp."""
+
+    name = "triton"
+    lowering = "triton"
+    interprets = True
+
+    def rows(self, kernel, x, labels, w, where, cfg: CrossEntropyConfig):
+        lse, picked = lse_and_label_logit(x, labels, w, cfg, interpret=kernel.use_interpreter())
+        return jnp.where(where, lse - picked, 0.0), lse

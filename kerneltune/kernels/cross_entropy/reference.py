@@ -8,6 +8,9 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
+from kerneltune._src.kernel.backends import Backend
+from kerneltune.kernels.cross_entropy.config import logits_dtype
+
 Reduction = Literal["sum", "mean", "none"]
 REDUCTIONS: tuple[str, ...] = ("sum", "mean", "none")
 
@@ -55,3 +58,17 @@ def cross_entropy_reference(
         x.astype(jnp.float32), w.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST
     )
     return reduce_rows(row_losses_of_logits(logits, labels, where), where, reduction)
+
+
+class XlaBackend(Backend):
+    """The `[M, V]` logits materialised (cuBLAS on GPUs) and differentiated by JAX:
+    plain JAX's program and its backward."""
+
+    name = "xla"
+    differentiated_by_jax = True
+    plain_jax = True
+
+    def run(self, kernel, x, labels, w, where, *, cfg, reduction: str):
+        return cross_entropy_xla(
+            x, labels, w, where, reduction=reduction, logits_dtype=logits_dtype(cfg, x)
+        )

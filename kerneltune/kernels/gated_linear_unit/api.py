@@ -10,15 +10,22 @@ import jax.numpy as jnp
 import numpy as np
 
 from kerneltune._src.execution.default import default_executor
-from kerneltune._src.kernel.base import Invocation, Kernel
+from kerneltune._src.kernel.backends import BackendKernel
+from kerneltune._src.kernel.base import Invocation
 from kerneltune.kernels._args import as_array
-from kerneltune.kernels._common import BundledKernelMixin, Pruned, kernel_for
+from kerneltune.kernels._common import Pruned, interpreted, kernel_for
 from kerneltune.kernels._flattened import call_flattened
 from kerneltune.kernels.gated_linear_unit import config as config_lib
 from kerneltune.kernels.gated_linear_unit import tokamax_backend
 from kerneltune.kernels.gated_linear_unit.config import GLUConfig, GLUProblem
-from kerneltune.kernels.gated_linear_unit.pallas_triton import glu_pallas
-from kerneltune.kernels.gated_linear_unit.reference import Weights, gate_and_up, glu_xla
+from kerneltune.kernels.gated_linear_unit.pallas_triton import TritonBackend
+from kerneltune.kernels.gated_linear_unit.reference import (
+    Weights,
+    XlaBackend,
+    XlaSplitBackend,
+    glu_xla,
+)
+from kerneltune.kernels.gated_linear_unit.tokamax_backend import TokamaxBackend
 
 
 def problem_of(inv: Invocation[Any, Any]) -> GLUProblem:
@@ -54,7 +61,7 @@ def check_weights(op: str, x: Any, w: Any) -> None:
         )
 
 
-class GatedLinearUnit(BundledKernelMixin, Kernel[GLUConfig, jax.Array]):
+class GatedLinearUnit(BackendKernel[GLUConfig]):
     """`activation(x·W₀) ⊙ (x·W₁)` for `x[M, K]` and weights `[K, 2, N]` (or a pair of
     `[K, N]`), the activation a static argument. XLA by default; XLA's two-dot form of
     fused weights, our fused Pallas kernel and tokamax's are candidates on GPUs. Calls
@@ -65,6 +72,7 @@ class GatedLinearUnit(BundledKernelMixin, Kernel[GLUConfig, jax.Array]):
     version = "1"
     config_type = GLUConfig
     tunes_training_apart = True
+    backends = (XlaBackend(), XlaSplitBackend(), TritonBackend(), TokamaxBackend())
 
     def prepare(self, x: Any, w: Any, *, activation: Callable[[Any], Any] = jax.nn.silu):
         if getattr(x, "ndim", None) != 2:
@@ -109,41 +117,14 @@ class GatedLinearUnit(BundledKernelMixin, Kernel[GLUConfig, jax.Array]):
     def interpret_candidates(self, inv: Invocation[Any, Any]) -> list[GLUConfig]:
         return config_lib.interpret_candidates(problem_of(inv))
 
-    def config_unusable(self, inv: Invocation[Any, Any], cfg: GLUConfig) -> str | None:
-        """A "tokamax" config cannot run where tokamax is not installed (a config tuned
-        elsewhere and shared through a cache)."""
-        return tokamax_backend.unsupported() if cfg.backend == "tokamax" else None
-
-    def differentiated_by_jax(self, cfg: GLUConfig) -> bool:
-        """XLA's and tokamax's are differentiated by JAX (tokamax brings its own VJP)."""
-        return cfg.backend != "triton"
-
-    def run(self, x: jax.Array, w: Weights, *, cfg: GLUConfig, activation) -> jax.Array:
-        if cfg.backend in config_lib.XLA_BACKENDS:
-            return glu_xla(x, w, activation, split=cfg.backend == "xla_split")
-        if cfg.backend == "tokamax":
-            return tokamax_backend.gated_linear_unit(x, w, activation)  # type: ignore[no-any-return]
-        gate, up = gate_and_up(w)
-        return glu_pallas(x, gate, up, cfg, activation, interpret=self.use_interpreter())
-
-    def fwd_with_residuals(self, x, w, *, cfg: GLUConfig, activation):
-        return self.run(x, w, cfg=cfg, activation=activation), None
-
-    def vjp(self, residuals, out, dout, x, w, *, cfg: GLUConfig, activation):
-        _, pullback = jax.vjp(lambda a, b: glu_xla(a, b, activation), x, w)
-        return pullback(dout.astype(out.dtype))
-
     def reference(self, x, w, *, activation) -> jax.Array:
         """The op's math in plain JAX: second derivatives are taken from it."""
         return glu_xla(x, w, activation)
 
 
-class GatedLinearUnitInterpret(GatedLinearUnit):
-    """The fused Pallas kernel run by the Pallas interpreter on any device, with a few
-    small tiles as candidates: for tests and the CPU demo."""
-
-    op_id = "gated_linear_unit-interpret"
-    interpret = True
+#: The fused Pallas kernel run by the Pallas interpreter on any device, with a few
+#: small tiles as candidates: for tests and the CPU demo.
+GatedLinearUnitInterpret = interpreted(GatedLinearUnit)
 
 
 def _identity(z: jax.Array) -> jax.Array:

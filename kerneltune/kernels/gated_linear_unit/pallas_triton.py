@@ -16,8 +16,10 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from kerneltune._src.kernel.backends import Backend
 from kerneltune.kernels._common import triton_compiler_params
 from kerneltune.kernels.gated_linear_unit.config import GLUConfig
+from kerneltune.kernels.gated_linear_unit.reference import gate_and_up, glu_xla
 
 
 def _glu_kernel(x_ref, g_ref, u_ref, o_ref, *, bk: int, steps: int, activation, upcast: bool):
@@ -81,3 +83,20 @@ def glu_pallas(
         name="kerneltune_gated_linear_unit",
     )(xp, gp, up_p)
     return out if (mp, np_) == (m, n) else out[:m, :n]
+
+
+class TritonBackend(Backend):
+    """Our fused Pallas GLU (both projections and the gate in one kernel), lowered by
+    Triton; its backward is XLA's, recomputing the projections."""
+
+    name = "triton"
+    lowering = "triton"
+    interprets = True
+
+    def run(self, kernel, x, w, *, cfg: GLUConfig, activation):
+        gate, up = gate_and_up(w)
+        return glu_pallas(x, gate, up, cfg, activation, interpret=kernel.use_interpreter())
+
+    def vjp(self, kernel, residuals, out, dout, x, w, *, cfg: GLUConfig, activation):
+        _, pullback = jax.vjp(lambda a, b: glu_xla(a, b, activation), x, w)
+        return pullback(dout.astype(out.dtype))

@@ -9,6 +9,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from kerneltune._src.kernel.backends import Backend
+
 Weights = Any  # a `[K, 2, N]` array, or a pair of `[K, N]` arrays
 
 
@@ -50,3 +52,26 @@ def glu_reference(
     return activation(jnp.dot(x, gate.astype(jnp.float32), precision=hi)) * jnp.dot(
         x, up.astype(jnp.float32), precision=hi
     )
+
+
+class XlaBackend(Backend):
+    """XLA's GLU: one dot over the fused `[K, 2N]` weights (or two over a pair),
+    differentiated by JAX. The CPU path and the untuned config."""
+
+    name = "xla"
+    differentiated_by_jax = True
+    plain_jax = True
+
+    def run(self, kernel, x, w, *, cfg, activation):
+        return glu_xla(x, w, activation)
+
+
+class XlaSplitBackend(Backend):
+    """XLA's GLU as two dots over the fused weights' halves (another fusion)."""
+
+    name = "xla_split"
+    differentiated_by_jax = True
+    plain_jax = True
+
+    def run(self, kernel, x, w, *, cfg, activation):
+        return glu_xla(x, w, activation, split=True)

@@ -15,6 +15,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from kerneltune._src.kernel.backends import Backend
 from kerneltune.kernels._common import on_gpu
 
 
@@ -38,3 +39,17 @@ def gated_linear_unit(x: Any, w: Any, activation: Callable[[Any], Any]) -> Any:
     tokamax = importlib.import_module("tokamax")
     fused = jnp.stack(w, axis=1) if isinstance(w, (tuple, list)) else w
     return tokamax.gated_linear_unit(x, fused, activation=activation)
+
+
+class TokamaxBackend(Backend):
+    """tokamax's `gated_linear_unit` where installed; it brings its own VJP, which JAX
+    differentiates."""
+
+    name = "tokamax"
+    differentiated_by_jax = True
+
+    def unusable(self, kernel, inv, cfg) -> str | None:
+        return unsupported()
+
+    def run(self, kernel, x, w, *, cfg, activation):
+        return gated_linear_unit(x, w, activation)

@@ -9,16 +9,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from kerneltune._src.execution.default import default_executor
-from kerneltune._src.kernel.base import Invocation, Kernel
+from kerneltune._src.kernel.backends import BackendKernel
+from kerneltune._src.kernel.base import Invocation
 from kerneltune.kernels._args import as_array
-from kerneltune.kernels._common import BundledKernelMixin, Pruned, is_hopper, kernel_for
+from kerneltune.kernels._common import Pruned, interpreted, is_hopper, kernel_for
 from kerneltune.kernels._flattened import call_flattened
 from kerneltune.kernels.matmul import config as config_lib
 from kerneltune.kernels.matmul import mosaic_space, pallas_mosaic
 from kerneltune.kernels.matmul.config import MatmulConfig, MatmulProblem
-from kerneltune.kernels.matmul.pallas_mosaic import matmul_mosaic
-from kerneltune.kernels.matmul.pallas_triton import matmul_pallas
-from kerneltune.kernels.matmul.reference import matmul_xla
+from kerneltune.kernels.matmul.pallas_mosaic import MosaicBackend
+from kerneltune.kernels.matmul.pallas_triton import TritonBackend
+from kerneltune.kernels.matmul.reference import XlaBackend, matmul_xla
 
 #: `jnp.dot` through XLA: cuBLAS on GPUs.
 XLA = MatmulConfig(backend="xla")
@@ -31,23 +32,26 @@ def problem_of(inv: Invocation[Any, Any]) -> MatmulProblem:
     )
 
 
-class Matmul(BundledKernelMixin, Kernel[MatmulConfig, jax.Array]):
+class Matmul(BackendKernel[MatmulConfig]):
     """`x[m, k] @ y[k, n]`: our Pallas tiled matmul on GPUs (Triton), `jnp.dot` on
     CPUs. On Hopper GPUs with 16-bit inputs the candidates also include JAX's Mosaic
     GPU Hopper matmul (`MatmulConfig(backend="mosaic")`), so tuning picks the faster
-    backend per shape; the heuristic stays the Triton kernel. Its gradient runs the
-    same kernel on the transposed problems, each tuned for its own shapes.
+    backend per shape; the untuned config is XLA's (cuBLAS). The Pallas backends'
+    gradient runs the same kernel on the transposed problems, each tuned for its own
+    shapes.
 
     Args:
       op_id: the op id (default "matmul").
       executor: the executor the backward pass's matmuls run through (default: the
         default executor).
+      interpret: run the Pallas code in the Pallas interpreter (tests, the CPU demo).
     """
 
     op_id = "matmul"
     # 2: configs gained a backend and the Mosaic GPU fields; 3: the XLA backend.
     version = "3"
     config_type = MatmulConfig
+    backends = (XlaBackend(), TritonBackend(), MosaicBackend())
 
     def prepare(self, x: Any, y: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
         if getattr(x, "ndim", None) != 2 or getattr(y, "ndim", None) != 2:
@@ -68,18 +72,11 @@ class Matmul(BundledKernelMixin, Kernel[MatmulConfig, jax.Array]):
         return (x, y), {}
 
     def heuristic_cfg(self, inv: Invocation[Any, Any]) -> MatmulConfig:
-        return config_lib.heuristic(problem_of(inv))
-
-    def heuristic_cfg_triton(self, inv: Invocation[Any, Any]) -> MatmulConfig:
-        # cuBLAS (through XLA) is what an untuned call must not lose to.
-        if self.use_interpreter():
+        # The interpreter runs our tiles; on GPUs cuBLAS (through XLA) is what an
+        # untuned call must not lose to; elsewhere XLA runs.
+        if self.runs_pallas() and self.use_interpreter():
             return config_lib.heuristic(problem_of(inv))
         return XLA
-
-    def differentiated_by_jax(self, cfg: MatmulConfig) -> bool:
-        """`jnp.dot` is differentiated by JAX (dot_general dimension numbers, no
-        materialised transposes)."""
-        return cfg.backend == "xla"
 
     def interpret_candidates(self, inv: Invocation[Any, Any]) -> list[MatmulConfig]:
         return config_lib.interpret_candidates(problem_of(inv))
@@ -87,70 +84,21 @@ class Matmul(BundledKernelMixin, Kernel[MatmulConfig, jax.Array]):
     def search_space(
         self, inv: Invocation[Any, Any]
     ) -> tuple[list[MatmulConfig], list[Pruned[MatmulConfig]]]:
-        return self._candidates(problem_of(inv))
-
-    def _candidates(
-        self, p: MatmulProblem
-    ) -> tuple[list[MatmulConfig], list[Pruned[MatmulConfig]]]:
-        if self.use_interpreter():
-            return config_lib.candidates(p)
+        p = problem_of(inv)
         if mosaic_space.offered(p, hopper=is_hopper()):
             kept, pruned = mosaic_space.candidates_with_mosaic(p, support=pallas_mosaic.support())
         else:
             kept, pruned = config_lib.candidates(p)
         return [XLA, *kept], pruned
 
-    def run_triton(self, x: jax.Array, y: jax.Array, *, cfg: MatmulConfig) -> jax.Array:
-        if cfg.backend == "xla":
-            return jnp.dot(x, y)  # exactly what plain JAX runs: cuBLAS, no f32 round trip
-        if cfg.backend == "mosaic":
-            if self.use_interpreter():
-                raise ValueError(
-                    f"{self.op_id}: MatmulConfig(backend='mosaic') runs on Hopper GPUs, not "
-                    "in the Pallas interpreter; use a backend='triton' config."
-                )
-            return matmul_mosaic(x, y, cfg)
-        return matmul_pallas(x, y, cfg, interpret=self.use_interpreter())
-
-    def fwd_with_residuals_triton(
-        self, x: jax.Array, y: jax.Array, *, cfg: MatmulConfig
-    ) -> tuple[jax.Array, None]:
-        return self.run_triton(x, y, cfg=cfg), None
-
-    def vjp_triton(
-        self,
-        residuals: None,
-        out: jax.Array,
-        dout: jax.Array,
-        x: jax.Array,
-        y: jax.Array,
-        *,
-        cfg: MatmulConfig,
-    ) -> tuple[jax.Array, jax.Array]:
-        ex = self.inner_executor()
-        dout = dout.astype(x.dtype)
-        return ex(self, dout, y.T), ex(self, x.T, dout)
-
-    def run_xla(self, x: jax.Array, y: jax.Array, *, cfg: MatmulConfig) -> jax.Array:
-        return matmul_xla(x, y)
-
-    # Any other platform (e.g. KERNELTUNE_PLATFORM=pallas off a TPU) runs the XLA code.
-    run = run_xla
-
     def reference(self, x: jax.Array, y: jax.Array) -> jax.Array:
         """The op's math in plain JAX: second derivatives are taken from it."""
         return matmul_xla(x, y)
 
 
-class MatmulInterpret(Matmul):
-    """The Pallas matmul run by the Pallas interpreter on any device, with a few tile
-    shapes as candidates: for tests and the CPU demo. Its timings measure the
-    interpreter, not a GPU."""
-
-    op_id = "matmul-interpret"
-    # Its configs and code did not change with the Mosaic backend (v2 of `Matmul`).
-    version = "1"
-    interpret = True
+#: `Matmul` run by the Pallas interpreter on any device, with a few tile shapes as
+#: candidates: for tests and the CPU demo (its timings measure the interpreter).
+MatmulInterpret = interpreted(Matmul)
 
 
 def matmul(

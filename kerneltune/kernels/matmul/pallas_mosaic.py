@@ -23,6 +23,7 @@ import jax
 from kerneltune.kernels._common import device_kind_name, is_hopper, logger
 from kerneltune.kernels.matmul.config import MatmulConfig
 from kerneltune.kernels.matmul.mosaic_space import TUNING_FIELDS, MosaicSupport
+from kerneltune.kernels.matmul.pallas_backward import PallasGradient
 from kerneltune.kernels.matmul.pallas_triton import pad_to
 
 MODULE = "jax.experimental.pallas.ops.gpu.hopper_matmul_mgpu"
@@ -178,3 +179,18 @@ def matmul_mosaic(x: jax.Array, y: jax.Array, cfg: MatmulConfig) -> jax.Array:
         kwargs["c"] = None  # no `+ c` epilogue
     out = loaded.fn(xp, yp, **kwargs)
     return out if out.shape == (m, n) else out[:m, :n]
+
+
+class MosaicBackend(PallasGradient):
+    """JAX's Mosaic GPU Hopper matmul (16-bit inputs)."""
+
+    name = "mosaic"
+    lowering = "mosaic_gpu"
+
+    def run(self, kernel, x, y, *, cfg: MatmulConfig):
+        if kernel.use_interpreter():
+            raise ValueError(
+                f"{kernel.op_id}: MatmulConfig(backend='mosaic') runs on Hopper GPUs, not "
+                "in the Pallas interpreter; use a backend='triton' config."
+            )
+        return matmul_mosaic(x, y, cfg)

@@ -19,6 +19,7 @@ from jax.experimental import pallas as pl
 
 from kerneltune.kernels._common import triton_compiler_params
 from kerneltune.kernels.matmul.config import MatmulConfig, triton_params
+from kerneltune.kernels.matmul.pallas_backward import PallasGradient
 
 
 def _tile_kernel(x_ref, y_ref, o_ref, *, bk: int, steps: int, upcast: bool):
@@ -95,3 +96,14 @@ def matmul_pallas(
         name="kerneltune_matmul",
     )(xp, yp)
     return out if (mp, np_) == (m, n) else out[:m, :n]
+
+
+class TritonBackend(PallasGradient):
+    """Our Pallas tiled matmul, lowered by Triton (the interpreter runs it anywhere)."""
+
+    name = "triton"
+    lowering = "triton"
+    interprets = True
+
+    def run(self, kernel, x, y, *, cfg: MatmulConfig):
+        return matmul_pallas(x, y, cfg, interpret=kernel.use_interpreter())

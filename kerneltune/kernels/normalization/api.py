@@ -3,41 +3,41 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from kerneltune._src.execution.default import default_executor
-from kerneltune._src.kernel.base import Invocation, Kernel
+from kerneltune._src.kernel.backends import BackendKernel
+from kerneltune._src.kernel.base import Invocation
 from kerneltune.kernels._args import as_array, feature_param, floating, normalize_axes, to_rows
-from kerneltune.kernels._common import BundledKernelMixin, kernel_for
+from kerneltune.kernels._common import interpreted, kernel_for
 from kerneltune.kernels._flattened import call_flattened
 from kerneltune.kernels.normalization import config as config_lib
 from kerneltune.kernels.normalization.config import NormConfig, NormProblem
-from kerneltune.kernels.normalization.pallas_triton import (
-    layer_norm_backward_pallas,
-    layer_norm_pallas,
-    rms_norm_backward_pallas,
-    rms_norm_pallas,
-)
-from kerneltune.kernels.normalization.reference import layer_norm_xla, rms_norm_xla
+from kerneltune.kernels.normalization.pallas_triton import TritonBackend
+from kerneltune.kernels.normalization.reference import XlaBackend, layer_norm_xla, rms_norm_xla
 
 
 def problem_of(inv: Invocation[Any, Any]) -> NormProblem:
     return NormProblem.of(inv.args[0])
 
 
-class _Norm(BundledKernelMixin, Kernel[NormConfig, jax.Array]):
-    """What layer norm and RMS norm share: config, candidates, argument checks."""
+class _Norm(BackendKernel[NormConfig]):
+    """What layer norm and RMS norm share: config, backends, candidates, argument
+    checks."""
 
     version = "1"
     config_type = NormConfig
+    backends = (XlaBackend(), TritonBackend())
     # A Pallas norm brings JAX's Pallas backward, which the forward's time does not
     # show: on an H200 a layer norm 6% faster forward made a GPT block's training
     # step 9% slower. A call under a gradient is tuned on forward + backward.
     tunes_training_apart = True
+    #: Which norm the backends compute: "layer_norm" or "rms_norm".
+    which: ClassVar[str] = ""
     _params: tuple[str, ...] = ()
 
     def prepare(self, x: Any, *params: Any, eps: float = 1e-5):
@@ -57,16 +57,11 @@ class _Norm(BundledKernelMixin, Kernel[NormConfig, jax.Array]):
         return (x, *params), {"eps": float(eps)}
 
     def heuristic_cfg(self, inv: Invocation[Any, Any]) -> NormConfig:
-        return config_lib.heuristic(problem_of(inv))
-
-    def heuristic_cfg_triton(self, inv: Invocation[Any, Any]) -> NormConfig:
-        if self.use_interpreter():
+        # The interpreter runs JAX's tiles; elsewhere XLA's fusion is the untuned
+        # choice (on GPUs, what an untuned call must not lose to).
+        if self.runs_pallas() and self.use_interpreter():
             return config_lib.heuristic(problem_of(inv))
         return config_lib.XLA
-
-    def differentiated_by_jax(self, cfg: NormConfig) -> bool:
-        """XLA's norm is differentiated (and fused) by JAX itself."""
-        return cfg.backend == "xla"
 
     def search_space(self, inv: Invocation[Any, Any]):
         return config_lib.candidates(problem_of(inv))
@@ -74,40 +69,18 @@ class _Norm(BundledKernelMixin, Kernel[NormConfig, jax.Array]):
     def interpret_candidates(self, inv: Invocation[Any, Any]) -> list[NormConfig]:
         return config_lib.interpret_candidates(problem_of(inv))
 
+    def reference(self, x, *params, eps: float):
+        """The op's math in plain JAX: second derivatives are taken from it."""
+        return self.backend_named("xla").run(self, x, *params, cfg=config_lib.XLA, eps=eps)
+
 
 class LayerNorm(_Norm):
     """Layer norm over the last axis: JAX's Pallas GPU kernel with a tuned block size
     and warp count on GPUs (JAX's Pallas backward), XLA elsewhere."""
 
     op_id = "layer_norm"
+    which = "layer_norm"
     _params = ("weight", "bias")
-
-    def run_triton(self, x, weight, bias, *, cfg: NormConfig, eps: float):
-        if cfg.backend == "xla":
-            return layer_norm_xla(x, weight, bias, eps=eps)
-        return layer_norm_pallas(
-            x, weight, bias, cfg=cfg, eps=eps, interpret=self.use_interpreter()
-        )
-
-    def fwd_with_residuals_triton(self, x, weight, bias, *, cfg: NormConfig, eps: float):
-        return layer_norm_pallas(
-            x, weight, bias, cfg=cfg, eps=eps, interpret=self.use_interpreter(), with_stats=True
-        )
-
-    def vjp_triton(self, stats, out, dout, x, weight, bias, *, cfg: NormConfig, eps: float):
-        return layer_norm_backward_pallas(
-            x, weight, bias, stats, dout.astype(x.dtype), eps=eps, interpret=self.use_interpreter()
-        )
-
-    def run_xla(self, x, weight, bias, *, cfg: NormConfig, eps: float):
-        return layer_norm_xla(x, weight, bias, eps=eps)
-
-    # Any other platform (e.g. KERNELTUNE_PLATFORM=pallas off a TPU) runs the XLA code.
-    run = run_xla
-
-    def reference(self, x, weight, bias, *, eps: float):
-        """The op's math in plain JAX: second derivatives are taken from it."""
-        return layer_norm_xla(x, weight, bias, eps=eps)
 
 
 class RMSNorm(_Norm):
@@ -115,47 +88,14 @@ class RMSNorm(_Norm):
     with a tuned block size and warp count on GPUs, XLA elsewhere."""
 
     op_id = "rms_norm"
+    which = "rms_norm"
     _params = ("weight",)
 
-    def run_triton(self, x, weight, *, cfg: NormConfig, eps: float):
-        if cfg.backend == "xla":
-            return rms_norm_xla(x, weight, eps=eps)
-        return rms_norm_pallas(x, weight, cfg=cfg, eps=eps, interpret=self.use_interpreter())
 
-    def fwd_with_residuals_triton(self, x, weight, *, cfg: NormConfig, eps: float):
-        return rms_norm_pallas(
-            x, weight, cfg=cfg, eps=eps, interpret=self.use_interpreter(), with_stats=True
-        )
-
-    def vjp_triton(self, stats, out, dout, x, weight, *, cfg: NormConfig, eps: float):
-        return rms_norm_backward_pallas(
-            x, weight, stats, dout.astype(x.dtype), eps=eps, interpret=self.use_interpreter()
-        )
-
-    def run_xla(self, x, weight, *, cfg: NormConfig, eps: float):
-        return rms_norm_xla(x, weight, eps=eps)
-
-    # Any other platform (e.g. KERNELTUNE_PLATFORM=pallas off a TPU) runs the XLA code.
-    run = run_xla
-
-    def reference(self, x, weight, *, eps: float):
-        """The op's math in plain JAX: second derivatives are taken from it."""
-        return rms_norm_xla(x, weight, eps=eps)
-
-
-class LayerNormInterpret(LayerNorm):
-    """`LayerNorm`'s Pallas path run by the Pallas interpreter on any device (tests,
-    the CPU demo; timings measure the interpreter)."""
-
-    op_id = "layer_norm-interpret"
-    interpret = True
-
-
-class RMSNormInterpret(RMSNorm):
-    """`RMSNorm`'s Pallas path run by the Pallas interpreter on any device."""
-
-    op_id = "rms_norm-interpret"
-    interpret = True
+#: The norms' Pallas paths run by the Pallas interpreter on any device (tests, the
+#: CPU demo; timings measure the interpreter).
+LayerNormInterpret = interpreted(LayerNorm)
+RMSNormInterpret = interpreted(RMSNorm)
 
 
 def _epsilon(op: str, epsilon: Any) -> float:

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from kerneltune._src.kernel.backends import Backend
 from kerneltune.kernels._common import jax_gpu_op, parameters, triton_compiler_params
 from kerneltune.kernels.normalization.config import NormConfig
 from kerneltune.kernels.normalization.reference import layer_norm_xla, rms_norm_xla
@@ -145,3 +146,41 @@ def _warn_fallback_once(which: str, found: Any) -> None:
         which,
         found,
     )
+
+
+class TritonBackend(Backend):
+    """JAX's Pallas norm kernels with a tuned block size and warp count, and JAX's
+    Pallas backward (the config's backend is called "pallas")."""
+
+    name = "pallas"
+    lowering = "triton"
+    interprets = True
+
+    def run(self, kernel, x, *params, cfg: NormConfig, eps: float):
+        interpret = kernel.use_interpreter()
+        if kernel.which == "layer_norm":
+            weight, bias = params
+            return layer_norm_pallas(x, weight, bias, cfg=cfg, eps=eps, interpret=interpret)
+        (weight,) = params
+        return rms_norm_pallas(x, weight, cfg=cfg, eps=eps, interpret=interpret)
+
+    def fwd_with_residuals(self, kernel, x, *params, cfg: NormConfig, eps: float):
+        interpret = kernel.use_interpreter()
+        if kernel.which == "layer_norm":
+            weight, bias = params
+            return layer_norm_pallas(
+                x, weight, bias, cfg=cfg, eps=eps, interpret=interpret, with_stats=True
+            )
+        (weight,) = params
+        return rms_norm_pallas(x, weight, cfg=cfg, eps=eps, interpret=interpret, with_stats=True)
+
+    def vjp(self, kernel, stats, out, dout, x, *params, cfg: NormConfig, eps: float):
+        interpret = kernel.use_interpreter()
+        dout = dout.astype(x.dtype)
+        if kernel.which == "layer_norm":
+            weight, bias = params
+            return layer_norm_backward_pallas(
+                x, weight, bias, stats, dout, eps=eps, interpret=interpret
+            )
+        (weight,) = params
+        return rms_norm_backward_pallas(x, weight, stats, dout, eps=eps, interpret=interpret)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from kerneltune._src.kernel.backends import Backend
+
 
 def layer_norm_xla(x: jax.Array, weight: jax.Array, bias: jax.Array, *, eps: float) -> jax.Array:
     """`(x − mean) / sqrt(var + eps) · weight + bias` over the last axis."""
@@ -32,3 +34,19 @@ def rms_norm_reference(x, weight, *, eps: float = 1e-5):
     """RMS norm in float32 (differentiable by JAX): what tests compare with."""
     f32 = jnp.float32
     return rms_norm_xla(x.astype(f32), weight.astype(f32), eps=eps)
+
+
+class XlaBackend(Backend):
+    """XLA's norm, differentiated (and fused) by JAX itself: the CPU path, and a GPU
+    candidate."""
+
+    name = "xla"
+    differentiated_by_jax = True
+    plain_jax = True
+
+    def run(self, kernel, x, *params, cfg, eps: float):
+        if kernel.which == "layer_norm":
+            weight, bias = params
+            return layer_norm_xla(x, weight, bias, eps=eps)
+        (weight,) = params
+        return rms_norm_xla(x, weight, eps=eps)

@@ -10,20 +10,19 @@ import numpy as np
 
 from kerneltune._src.core import keys
 from kerneltune._src.execution.default import default_executor
-from kerneltune._src.kernel.base import Invocation, Kernel
+from kerneltune._src.kernel.backends import BackendKernel
+from kerneltune._src.kernel.base import Invocation
 from kerneltune._src.tuning.inputs import random_like
 from kerneltune.kernels._args import as_array
-from kerneltune.kernels._common import BundledKernelMixin, Pruned, kernel_for
+from kerneltune.kernels._common import Pruned, interpreted, kernel_for
 from kerneltune.kernels.ragged_dot import config as config_lib
 from kerneltune.kernels.ragged_dot import pallas_mosaic, tokamax_backend
 from kerneltune.kernels.ragged_dot.config import XLA, Product, RaggedDotConfig, RaggedDotProblem
-from kerneltune.kernels.ragged_dot.pallas_triton import grouped_matmul, grouped_transposed_matmul
-from kerneltune.kernels.ragged_dot.reference import (
-    ragged_dot_dlhs_xla,
-    ragged_dot_drhs_xla,
-    ragged_dot_xla,
-)
+from kerneltune.kernels.ragged_dot.pallas_mosaic import MosaicBackend
+from kerneltune.kernels.ragged_dot.pallas_triton import TritonBackend
+from kerneltune.kernels.ragged_dot.reference import XlaBackend, ragged_dot_xla
 from kerneltune.kernels.ragged_dot.shapes import balanced
+from kerneltune.kernels.ragged_dot.tokamax_backend import TokamaxBackend
 
 
 def _shape(x: Any) -> tuple[int, ...]:
@@ -82,7 +81,7 @@ def balanced_tuning_inputs(inv: Invocation[Any, Any]) -> tuple[tuple[Any, ...], 
     return (a, b, routing), dict(inv.kwargs)
 
 
-class _RaggedDotKernel(BundledKernelMixin, Kernel[RaggedDotConfig, jax.Array]):
+class _RaggedDotKernel(BackendKernel[RaggedDotConfig]):
     """What the three grouped-matmul kernels share: problem, heuristics, candidates,
     and the balanced tuning inputs."""
 
@@ -106,15 +105,10 @@ class _RaggedDotKernel(BundledKernelMixin, Kernel[RaggedDotConfig, jax.Array]):
         return RaggedDotProblem(self.product, m, k, n, g, dtype, out)
 
     def heuristic_cfg(self, inv: Invocation[Any, Any]) -> RaggedDotConfig:
-        # Off GPUs only the interpreted kernels run Pallas; the others run XLA.
-        if self.interpret:
-            return config_lib.triton_heuristic(self.problem(inv))
-        return XLA
-
-    def heuristic_cfg_triton(self, inv: Invocation[Any, Any]) -> RaggedDotConfig:
         p = self.problem(inv)
         if self.use_interpreter():
-            return config_lib.triton_heuristic(p)
+            # Off GPUs only the interpreter runs Pallas; elsewhere XLA runs.
+            return config_lib.triton_heuristic(p) if self.runs_pallas() else XLA
         # Plain `jax.lax.ragged_dot` is 16–40× slower on GPUs: never the heuristic.
         if pallas_mosaic.unsupported(self.product) is None:
             mosaic = config_lib.mosaic_heuristic(p)
@@ -138,41 +132,20 @@ class _RaggedDotKernel(BundledKernelMixin, Kernel[RaggedDotConfig, jax.Array]):
     def tuning_inputs(self, inv: Invocation[Any, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return balanced_tuning_inputs(inv)
 
-    def config_unusable(self, inv: Invocation[Any, Any], cfg: RaggedDotConfig) -> str | None:
-        """A config tuned elsewhere (shared through a cache) that cannot run here: a
-        Mosaic config off Hopper, a tokamax one where tokamax is missing."""
-        if cfg.backend == "mosaic":
-            if self.use_interpreter():
-                return "Mosaic GPU kernels do not run in the Pallas interpreter"
-            return pallas_mosaic.unsupported(self.product)
-        if cfg.backend == "tokamax":
-            if self.product != "fwd":
-                return "tokamax is offered for the forward only (it brings its own backward)"
-            p = self.problem(inv)
-            return tokamax_backend.unsupported(p.dtype, p.out_dtype)
-        return None
-
-    def _check_runnable(self, cfg: RaggedDotConfig) -> None:
-        if cfg.backend == "mosaic" and self.use_interpreter():
-            raise ValueError(
-                f"{self.op_id}: RaggedDotConfig(backend='mosaic') runs on Hopper GPUs, not in "
-                "the Pallas interpreter; use a backend='triton' config."
-            )
-
 
 class RaggedDot(_RaggedDotKernel):
     """The grouped matmul of mixture-of-experts layers, `jax.lax.ragged_dot`'s
     semantics: `lhs[M, K]` (rows sorted by group), `rhs[G, K, N]`, `group_sizes[G]`;
     rows after the last group give zeros.
 
-    Backends (the config's `backend`): "xla" (`jax.lax.ragged_dot`, the CPU path),
-    "triton" (our Pallas grouped GEMM), "mosaic" (JAX's Mosaic GPU kernels, Hopper,
-    16-bit) and "tokamax" (`tokamax.ragged_dot`, where installed). The Pallas
-    backends' gradient runs two kernels of their own, each tuned for itself through
-    the kernel's executor: `RaggedDotGradLhs` (op "ragged_dot_dlhs") and
-    `RaggedDotGradRhs` (op "ragged_dot_drhs"). XLA and tokamax bring their own
-    backward, so a call under a gradient is keyed and tuned apart, on forward +
-    backward time.
+    Backends (the config's `backend`, objects in `backends`): "xla"
+    (`jax.lax.ragged_dot`, the CPU path), "triton" (our Pallas grouped GEMM), "mosaic"
+    (JAX's Mosaic GPU kernels, Hopper, 16-bit) and "tokamax" (`tokamax.ragged_dot`,
+    where installed). The Pallas backends' gradient runs two kernels of their own,
+    each tuned for itself through the kernel's executor: `RaggedDotGradLhs` (op
+    "ragged_dot_dlhs") and `RaggedDotGradRhs` (op "ragged_dot_drhs"). XLA and tokamax
+    bring their own backward, so a call under a gradient is keyed and tuned apart, on
+    forward + backward time.
 
     Keys hold the shapes and dtypes (M, K, N, G), never the group sizes: a traced call
     is tuned on a balanced routing (`balanced_tuning_inputs`); an eager call on its
@@ -182,21 +155,26 @@ class RaggedDot(_RaggedDotKernel):
       op_id: the op id (default "ragged_dot").
       executor: the executor the backward kernels run through (default: the default
         executor).
+      interpret: run the Pallas code in the Pallas interpreter (tests, the CPU demo).
     """
 
     op_id = "ragged_dot"
     version = "1"
     product = "fwd"
     tunes_training_apart = True
-    grad_lhs_type: ClassVar[type[RaggedDotGradLhs]]
-    grad_rhs_type: ClassVar[type[RaggedDotGradRhs]]
+    backends = (XlaBackend(), TritonBackend(), MosaicBackend(), TokamaxBackend())
 
     def __init__(
-        self, op_id: str | None = None, *, name: str | None = None, executor: Any = None
+        self,
+        op_id: str | None = None,
+        *,
+        name: str | None = None,
+        executor: Any = None,
+        interpret: bool = False,
     ) -> None:
-        super().__init__(op_id, name=name, executor=executor)
-        self.grad_lhs = self.grad_lhs_type(executor=executor)
-        self.grad_rhs = self.grad_rhs_type(executor=executor)
+        super().__init__(op_id, name=name, executor=executor, interpret=interpret)
+        self.grad_lhs = RaggedDotGradLhs(executor=executor, interpret=interpret)
+        self.grad_rhs = RaggedDotGradRhs(executor=executor, interpret=interpret)
 
     def prepare(
         self, lhs: Any, rhs: Any, group_sizes: Any, *, out_dtype: Any = None
@@ -204,40 +182,6 @@ class RaggedDot(_RaggedDotKernel):
         check_operands(self.op_id, self.operand_names, lhs, rhs, group_sizes)
         _check_floats(self.op_id, ("lhs", "rhs"), lhs, rhs)
         return (lhs, rhs, group_sizes), {"out_dtype": _out_dtype(out_dtype, lhs.dtype)}
-
-    def differentiated_by_jax(self, cfg: RaggedDotConfig) -> bool:
-        """XLA and tokamax bring their own backward; JAX differentiates them."""
-        return cfg.backend in ("xla", "tokamax")
-
-    def run_triton(self, lhs, rhs, group_sizes, *, cfg: RaggedDotConfig, out_dtype: str):
-        self._check_runnable(cfg)
-        if cfg.backend == "xla":
-            return ragged_dot_xla(lhs, rhs, group_sizes, out_dtype=out_dtype)
-        if cfg.backend == "tokamax":
-            return tokamax_backend.ragged_dot(lhs, rhs, group_sizes, out_dtype=out_dtype)
-        if cfg.backend == "mosaic":
-            out = pallas_mosaic.ragged_dot_mosaic(lhs, rhs, group_sizes, cfg, transpose_rhs=False)
-            return out.astype(out_dtype)
-        return grouped_matmul(
-            lhs, rhs, group_sizes, cfg, out_dtype=np.dtype(out_dtype),
-            interpret=self.use_interpreter(),
-        )  # fmt: skip
-
-    def fwd_with_residuals_triton(self, lhs, rhs, group_sizes, *, cfg, out_dtype):
-        return self.run_triton(lhs, rhs, group_sizes, cfg=cfg, out_dtype=out_dtype), None
-
-    def vjp_triton(self, residuals, out, dout, lhs, rhs, group_sizes, *, cfg, out_dtype):
-        ex = self.inner_executor()
-        dout = dout.astype(lhs.dtype)
-        d_lhs = ex(self.grad_lhs, dout, rhs, group_sizes, out_dtype=np.dtype(lhs.dtype).name)
-        d_rhs = ex(self.grad_rhs, lhs, dout, group_sizes, out_dtype=np.dtype(rhs.dtype).name)
-        return d_lhs, d_rhs, None
-
-    def run_xla(self, lhs, rhs, group_sizes, *, cfg: RaggedDotConfig, out_dtype: str):
-        return ragged_dot_xla(lhs, rhs, group_sizes, out_dtype=out_dtype)
-
-    # Any other platform (e.g. KERNELTUNE_PLATFORM=pallas off a TPU) runs the XLA code.
-    run = run_xla
 
     def reference(self, lhs, rhs, group_sizes, *, out_dtype: str) -> jax.Array:
         """The op's math in plain JAX: second derivatives are taken from it."""
@@ -253,6 +197,7 @@ class RaggedDotGradLhs(_RaggedDotKernel):
     version = "1"
     product = "dlhs"
     operand_names = ("d_out", "rhs", "group_sizes")
+    backends = (XlaBackend(), TritonBackend(), MosaicBackend())
 
     def prepare(self, dout: Any, rhs: Any, group_sizes: Any, *, out_dtype: Any = None):
         if getattr(dout, "ndim", None) != 2 or getattr(rhs, "ndim", None) != 3:
@@ -268,23 +213,6 @@ class RaggedDotGradLhs(_RaggedDotKernel):
         _check_floats(self.op_id, ("d_out", "rhs"), dout, rhs)
         return (dout, rhs, group_sizes), {"out_dtype": _out_dtype(out_dtype, rhs.dtype)}
 
-    def run_triton(self, dout, rhs, group_sizes, *, cfg: RaggedDotConfig, out_dtype: str):
-        self._check_runnable(cfg)
-        if cfg.backend in ("xla", "tokamax"):
-            return ragged_dot_dlhs_xla(dout, rhs, group_sizes, out_dtype=out_dtype)
-        if cfg.backend == "mosaic":
-            out = pallas_mosaic.ragged_dot_mosaic(dout, rhs, group_sizes, cfg, transpose_rhs=True)
-            return out.astype(out_dtype)
-        return grouped_matmul(
-            dout, rhs, group_sizes, cfg, out_dtype=np.dtype(out_dtype), transpose_w=True,
-            interpret=self.use_interpreter(),
-        )  # fmt: skip
-
-    def run_xla(self, dout, rhs, group_sizes, *, cfg: RaggedDotConfig, out_dtype: str):
-        return ragged_dot_dlhs_xla(dout, rhs, group_sizes, out_dtype=out_dtype)
-
-    run = run_xla
-
 
 class RaggedDotGradRhs(_RaggedDotKernel):
     """d_rhs of the grouped matmul: `(lhs[M, K], d_out[M, N], group_sizes) ->
@@ -295,6 +223,7 @@ class RaggedDotGradRhs(_RaggedDotKernel):
     version = "1"
     product = "drhs"
     operand_names = ("lhs", "d_out", "group_sizes")
+    backends = (XlaBackend(), TritonBackend(), MosaicBackend())
 
     def prepare(self, lhs: Any, dout: Any, group_sizes: Any, *, out_dtype: Any = None):
         if getattr(lhs, "ndim", None) != 2 or getattr(dout, "ndim", None) != 2:
@@ -310,53 +239,11 @@ class RaggedDotGradRhs(_RaggedDotKernel):
         _check_floats(self.op_id, ("lhs", "d_out"), lhs, dout)
         return (lhs, dout, group_sizes), {"out_dtype": _out_dtype(out_dtype, lhs.dtype)}
 
-    def run_triton(self, lhs, dout, group_sizes, *, cfg: RaggedDotConfig, out_dtype: str):
-        self._check_runnable(cfg)
-        if cfg.backend in ("xla", "tokamax"):
-            return ragged_dot_drhs_xla(lhs, dout, group_sizes, out_dtype=out_dtype)
-        if cfg.backend == "mosaic":
-            out = pallas_mosaic.transposed_ragged_dot_mosaic(lhs, dout, group_sizes, cfg)
-            return out.astype(out_dtype)
-        return grouped_transposed_matmul(
-            lhs, dout, group_sizes, cfg, out_dtype=np.dtype(out_dtype),
-            interpret=self.use_interpreter(),
-        )  # fmt: skip
 
-    def run_xla(self, lhs, dout, group_sizes, *, cfg: RaggedDotConfig, out_dtype: str):
-        return ragged_dot_drhs_xla(lhs, dout, group_sizes, out_dtype=out_dtype)
-
-    run = run_xla
-
-
-RaggedDot.grad_lhs_type = RaggedDotGradLhs
-RaggedDot.grad_rhs_type = RaggedDotGradRhs
-
-
-class RaggedDotInterpret(RaggedDot):
-    """The Pallas grouped matmul run by the Pallas interpreter on any device, with a
-    few tile shapes as candidates: for tests and the CPU demo (timings measure the
-    interpreter, not a GPU)."""
-
-    op_id = "ragged_dot-interpret"
-    interpret = True
-
-
-class RaggedDotGradLhsInterpret(RaggedDotGradLhs):
-    """d_lhs of `RaggedDotInterpret`, also interpreted."""
-
-    op_id = "ragged_dot_dlhs-interpret"
-    interpret = True
-
-
-class RaggedDotGradRhsInterpret(RaggedDotGradRhs):
-    """d_rhs of `RaggedDotInterpret`, also interpreted."""
-
-    op_id = "ragged_dot_drhs-interpret"
-    interpret = True
-
-
-RaggedDotInterpret.grad_lhs_type = RaggedDotGradLhsInterpret
-RaggedDotInterpret.grad_rhs_type = RaggedDotGradRhsInterpret
+#: The kernels run in the Pallas interpreter (kept names: tests and the CPU demo).
+RaggedDotInterpret = interpreted(RaggedDot)
+RaggedDotGradLhsInterpret = interpreted(RaggedDotGradLhs)
+RaggedDotGradRhsInterpret = interpreted(RaggedDotGradRhs)
 
 
 def _preferred(op: str, value: Any) -> np.dtype | None:

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from kerneltune.kernels._common import device_kind_name, is_hopper, jax_gpu_op, logger
 from kerneltune.kernels.ragged_dot.config import RaggedDotConfig
+from kerneltune.kernels.ragged_dot.pallas_backward import PallasGradient
 from kerneltune.kernels.ragged_dot.reference import rows_after_groups_zeroed
 
 FORWARD = ("ragged_dot_mgpu", "ragged_dot")
@@ -143,3 +144,25 @@ def transposed_ragged_dot_mosaic(
     """d_rhs `[G, K, N]`: `lhs[rows of g]ᵀ · dout[rows of g]` per group."""
     found = _require("drhs")
     return found.fn(lhs, dout, **_kwargs(cfg, group_sizes))
+
+
+class MosaicBackend(PallasGradient):
+    """JAX's Mosaic GPU grouped matmuls (Hopper, 16-bit inputs)."""
+
+    name = "mosaic"
+    lowering = "mosaic_gpu"
+
+    def unusable(self, kernel, inv, cfg) -> str | None:
+        return super().unusable(kernel, inv, cfg) or unsupported(kernel.product)
+
+    def run(self, kernel, a, b, group_sizes, *, cfg: RaggedDotConfig, out_dtype: str):
+        if kernel.use_interpreter():
+            raise ValueError(
+                f"{kernel.op_id}: RaggedDotConfig(backend='mosaic') runs on Hopper GPUs, not "
+                "in the Pallas interpreter; use a backend='triton' config."
+            )
+        if kernel.product == "drhs":
+            out = transposed_ragged_dot_mosaic(a, b, group_sizes, cfg)
+        else:
+            out = ragged_dot_mosaic(a, b, group_sizes, cfg, transpose_rhs=kernel.product == "dlhs")
+        return out.astype(out_dtype)

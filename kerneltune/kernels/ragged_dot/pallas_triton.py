@@ -22,13 +22,14 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plt
 
 from kerneltune.kernels._common import triton_compiler_params
 from kerneltune.kernels.matmul.pallas_triton import pad_to
 from kerneltune.kernels.ragged_dot.config import RaggedDotConfig
+from kerneltune.kernels.ragged_dot.pallas_backward import PallasGradient
 
 
 def group_bounds(group_sizes: jax.Array, m: int) -> tuple[jax.Array, jax.Array]:
@@ -108,11 +109,19 @@ def _grouped_kernel(
 
     acc = lax.fori_loop(0, n_steps, step, jnp.zeros((block_m, block_n), jnp.float32))
     rows = row0 + lax.broadcasted_iota(jnp.int32, (block_m, block_n), 0)
-    plt.store(
+    _triton_store(
         o_ref.at[pl.ds(row0, block_m), pl.ds(col0, block_n)],
         acc.astype(o_ref.dtype),
         mask=(rows >= lo) & (rows < hi),
     )
+
+
+def _triton_store(*args, **kwargs):
+    # Imported at trace time: a JAX without the Pallas Triton lowering still imports
+    # kerneltune (its Triton candidates are pruned with a reason instead).
+    from jax.experimental.pallas import triton as plt
+
+    return plt.store(*args, **kwargs)
 
 
 def _launch(cfg: RaggedDotConfig, interpret: bool):
@@ -242,3 +251,23 @@ def grouped_transposed_matmul(
         name="kerneltune_ragged_dot_drhs",
     )(lo, hi, ap, bp)
     return out if (pp, qp) == (p, q) else out[:, :p, :q]
+
+
+class TritonBackend(PallasGradient):
+    """Our Pallas grouped matmul, lowered by Triton (any NVIDIA GPU; the interpreter
+    runs it anywhere)."""
+
+    name = "triton"
+    lowering = "triton"
+    interprets = True
+
+    def run(self, kernel, a, b, group_sizes, *, cfg: RaggedDotConfig, out_dtype: str):
+        interpret = kernel.use_interpreter()
+        dtype = np.dtype(out_dtype)
+        if kernel.product == "fwd":
+            return grouped_matmul(a, b, group_sizes, cfg, out_dtype=dtype, interpret=interpret)
+        if kernel.product == "dlhs":
+            return grouped_matmul(
+                a, b, group_sizes, cfg, out_dtype=dtype, transpose_w=True, interpret=interpret
+            )
+        return grouped_transposed_matmul(a, b, group_sizes, cfg, out_dtype=dtype, interpret=interpret)

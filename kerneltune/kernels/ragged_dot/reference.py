@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kerneltune._src.kernel.backends import Backend
+
 
 def rows_after_groups_zeroed(out: jax.Array, group_sizes: jax.Array) -> jax.Array:
     """`out` with the rows after the last group zeroed, as `jax.lax.ragged_dot` gives
@@ -60,3 +62,19 @@ def ragged_dot_reference(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array)
         group_sizes,
         precision=jax.lax.Precision.HIGHEST,
     )
+
+
+class XlaBackend(Backend):
+    """`jax.lax.ragged_dot` and its gradient's two products in plain JAX: the CPU path,
+    and a GPU candidate JAX differentiates itself."""
+
+    name = "xla"
+    differentiated_by_jax = True
+    plain_jax = True
+
+    def run(self, kernel, a, b, group_sizes, *, cfg, out_dtype: str):
+        if kernel.product == "fwd":
+            return ragged_dot_xla(a, b, group_sizes, out_dtype=out_dtype)
+        if kernel.product == "dlhs":
+            return ragged_dot_dlhs_xla(a, b, group_sizes, out_dtype=out_dtype)
+        return ragged_dot_drhs_xla(a, b, group_sizes, out_dtype=out_dtype)

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from kerneltune._src.kernel.backends import Backend
 from kerneltune.kernels._common import on_gpu
 
 
@@ -56,3 +57,20 @@ def ragged_dot(lhs: Any, rhs: Any, group_sizes: Any, *, out_dtype: str) -> Any:
     # `jax.lax.ragged_dot`'s zeros, forward and backward.
     lhs = rows_after_groups_zeroed(lhs, group_sizes)
     return rows_after_groups_zeroed(tokamax.ragged_dot(lhs, rhs, group_sizes), group_sizes)
+
+
+class TokamaxBackend(Backend):
+    """tokamax's default `ragged_dot`, forward only (JAX differentiates it: tokamax
+    brings its own backward)."""
+
+    name = "tokamax"
+    differentiated_by_jax = True
+
+    def unusable(self, kernel, inv, cfg) -> str | None:
+        if kernel.product != "fwd":
+            return "tokamax is offered for the forward only (it brings its own backward)"
+        p = kernel.problem(inv)
+        return unsupported(p.dtype, p.out_dtype)
+
+    def run(self, kernel, lhs, rhs, group_sizes, *, cfg, out_dtype: str):
+        return ragged_dot(lhs, rhs, group_sizes, out_dtype=out_dtype)

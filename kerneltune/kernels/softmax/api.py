@@ -8,26 +8,35 @@ import jax
 import jax.numpy as jnp
 
 from kerneltune._src.execution.default import default_executor
-from kerneltune._src.kernel.base import Invocation, Kernel
+from kerneltune._src.kernel.backends import BackendKernel
+from kerneltune._src.kernel.base import Invocation
 from kerneltune.kernels._args import as_array, floating, normalize_axes, to_rows
-from kerneltune.kernels._common import BundledKernelMixin, kernel_for
+from kerneltune.kernels._common import interpreted, kernel_for
 from kerneltune.kernels.softmax import config as config_lib
 from kerneltune.kernels.softmax.config import SoftmaxConfig, SoftmaxProblem
-from kerneltune.kernels.softmax.pallas_triton import softmax_pallas
-from kerneltune.kernels.softmax.reference import softmax_backward, softmax_xla
+from kerneltune.kernels.softmax.pallas_triton import TritonBackend
+from kerneltune.kernels.softmax.reference import XlaBackend, softmax_xla
 
 
 def problem_of(inv: Invocation[Any, Any]) -> SoftmaxProblem:
     return SoftmaxProblem.of(inv.args[0])
 
 
-class Softmax(BundledKernelMixin, Kernel[SoftmaxConfig, jax.Array]):
+class Softmax(BackendKernel[SoftmaxConfig]):
     """Softmax over the last axis: JAX's Pallas GPU kernel with a tuned warp count on
-    GPUs, XLA elsewhere. Its gradient is computed from the output (`p · (g − Σ g·p)`)."""
+    GPUs, XLA elsewhere. Its gradient is computed from the output (`p · (g − Σ g·p)`).
+
+    `SoftmaxConfig` has no backend field: its configs are the Triton kernel's; XLA
+    runs where Pallas does not (CPUs, TPUs, `KERNELTUNE_PLATFORM=xla`).
+    """
 
     op_id = "softmax"
     version = "1"
     config_type = SoftmaxConfig
+    backends = (XlaBackend(), TritonBackend())
+
+    def config_backend(self, cfg: SoftmaxConfig) -> str:
+        return "triton"
 
     def prepare(self, x: Any):
         if getattr(x, "ndim", 0) < 1 or not jnp.issubdtype(x.dtype, jnp.floating):
@@ -45,36 +54,14 @@ class Softmax(BundledKernelMixin, Kernel[SoftmaxConfig, jax.Array]):
     def interpret_candidates(self, inv: Invocation[Any, Any]) -> list[SoftmaxConfig]:
         return config_lib.interpret_candidates(problem_of(inv))
 
-    def run_triton(self, x, *, cfg: SoftmaxConfig):
-        return softmax_pallas(x, cfg=cfg, interpret=self.use_interpreter())
-
-    def run_xla(self, x, *, cfg: SoftmaxConfig):
-        return softmax_xla(x)
-
-    def fwd_with_residuals_triton(self, x, *, cfg: SoftmaxConfig):
-        return self.run_triton(x, cfg=cfg), None
-
-    def fwd_with_residuals_xla(self, x, *, cfg: SoftmaxConfig):
-        return self.run_xla(x, cfg=cfg), None
-
-    # Any other platform (e.g. KERNELTUNE_PLATFORM=pallas off a TPU) runs the XLA code.
-    run = run_xla
-    fwd_with_residuals = fwd_with_residuals_xla
-
-    def vjp(self, residuals, out, dout, x, *, cfg: SoftmaxConfig):
-        return (softmax_backward(out, dout),)
-
     def reference(self, x):
         """The op's math in plain JAX: second derivatives are taken from it."""
         return softmax_xla(x)
 
 
-class SoftmaxInterpret(Softmax):
-    """`Softmax`'s Pallas path run by the Pallas interpreter on any device (tests, the
-    CPU demo; timings measure the interpreter)."""
-
-    op_id = "softmax-interpret"
-    interpret = True
+#: `Softmax`'s Pallas path run by the Pallas interpreter on any device (tests, the
+#: CPU demo; timings measure the interpreter).
+SoftmaxInterpret = interpreted(Softmax)
 
 
 def softmax(

@@ -7,6 +7,7 @@ import jax
 
 from kerneltune.kernels._common import accepts, jax_gpu_op
 from kerneltune.kernels.softmax.config import SoftmaxConfig
+from kerneltune.kernels.softmax.reference import SoftmaxGradient
 
 
 def softmax_pallas(x: jax.Array, *, cfg: SoftmaxConfig, interpret: bool) -> jax.Array:
@@ -17,3 +18,14 @@ def softmax_pallas(x: jax.Array, *, cfg: SoftmaxConfig, interpret: bool) -> jax.
     if accepts(module.softmax, "num_warps"):
         kwargs["num_warps"] = cfg.num_warps
     return module.softmax(x, **kwargs)
+
+
+class TritonBackend(SoftmaxGradient):
+    """JAX's Pallas softmax with a tuned warp count, lowered by Triton."""
+
+    name = "triton"
+    lowering = "triton"
+    interprets = True
+
+    def run(self, kernel, x, *, cfg: SoftmaxConfig):
+        return softmax_pallas(x, cfg=cfg, interpret=kernel.use_interpreter())

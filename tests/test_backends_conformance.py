@@ -1,0 +1,196 @@
+"""Every backend of every bundled op: its values and gradients match the op's reference
+(`Kernel.reference`), eagerly and under jit.
+
+Each op declares its backends (`BackendKernel.backends`); this suite runs each one it
+declares with a config that names it. On a CPU the Pallas backends run in the Pallas
+interpreter and the fallback (what a CPU runs for a Pallas config) under
+`KERNELTUNE_PLATFORM=xla`; on a GPU (`JAX_PLATFORMS=cuda`) everything runs on the
+device. A backend that cannot run in this process (Mosaic GPU in the interpreter,
+cuDNN off GPUs, tokamax where it is not installed) is skipped with the backend's own
+reason, the same one tuning prunes it with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import kerneltune as kt
+from kerneltune import kernels
+from kerneltune._src.kernel.backends import BackendKernel
+from kerneltune._src.kernel.base import make_invocation
+from kerneltune.kernels._common import on_gpu, relative_error
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    """One public op's kernel, arguments, and which of them are differentiated."""
+
+    kernel: type[BackendKernel[Any]]
+    make_args: Callable[[jax.Array, Any], tuple[Any, ...]]
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Positions of the arguments gradients are taken with respect to.
+    wrt: tuple[int, ...] = (0,)
+    dtype: Any = jnp.float32
+
+
+def normal(key, shape, dtype):
+    return jax.random.normal(key, shape, jnp.float32).astype(dtype)
+
+
+def _mm(key, dt):
+    a, b = jax.random.split(key)
+    return normal(a, (32, 32), dt), normal(b, (32, 32), dt)
+
+
+def _ln(key, dt):
+    a, b, c = jax.random.split(key, 3)
+    return normal(a, (8, 128), dt), 1 + 0.1 * normal(b, (128,), dt), 0.1 * normal(c, (128,), dt)
+
+
+def _rms(key, dt):
+    a, b = jax.random.split(key)
+    return normal(a, (8, 128), dt), 1 + 0.1 * normal(b, (128,), dt)
+
+
+def _sm(key, dt):
+    return (normal(key, (8, 128), dt),)
+
+
+def _att(key, dt):
+    a, b, c = jax.random.split(key, 3)
+    # Grouped-query: 4 query heads share 2 key/value heads.
+    return normal(a, (1, 64, 4, 64), dt), normal(b, (1, 64, 2, 64), dt), normal(c, (1, 64, 2, 64), dt)
+
+
+def _rd(key, dt):
+    a, b = jax.random.split(key)
+    # Rows after the last group (60 of 64 are routed) and an empty expert.
+    return normal(a, (64, 32), dt), normal(b, (4, 32, 32), dt), jnp.array([20, 0, 24, 16], jnp.int32)
+
+
+def _ce(key, dt):
+    a, b, c = jax.random.split(key, 3)
+    x, w = normal(a, (64, 32), dt), 0.2 * normal(b, (32, 128), dt)
+    labels = jax.random.randint(c, (64,), 0, 128)
+    where = jnp.arange(64) % 5 != 0
+    return x, labels, w, where
+
+
+def _glu(key, dt):
+    a, b = jax.random.split(key)
+    return normal(a, (32, 64), dt), 0.2 * normal(b, (64, 2, 32), dt)
+
+
+#: The eight public ops (attention's and ragged_dot's backward kernels run under their
+#: gradients).
+OPS = {
+    "matmul": Op(kernels.Matmul, _mm, wrt=(0, 1)),
+    "attention": Op(kernels.Attention, _att, {"causal": True}, wrt=(0, 1, 2)),
+    "layer_norm": Op(kernels.LayerNorm, _ln, wrt=(0, 1, 2)),
+    "rms_norm": Op(kernels.RMSNorm, _rms, wrt=(0, 1)),
+    "softmax": Op(kernels.Softmax, _sm),
+    "ragged_dot": Op(kernels.RaggedDot, _rd, wrt=(0, 1)),
+    "linear_softmax_cross_entropy": Op(
+        kernels.LinearSoftmaxCrossEntropy, _ce, {"reduction": "mean"}, wrt=(0, 2)
+    ),
+    "gated_linear_unit": Op(kernels.GatedLinearUnit, _glu, wrt=(0, 1)),
+}
+#: On a GPU the 16-bit path is the one users run; 16-bit kernels (Mosaic GPU) need it.
+DTYPE = jnp.bfloat16 if on_gpu() else jnp.float32
+TOLERANCE = 3e-2 if on_gpu() else 1e-4
+
+PAIRS = [(op, b.name) for op, case in OPS.items() for b in case.kernel.backends]
+
+
+def executor():
+    return kt.Executor(
+        kt.ConfigSelectorChain(
+            kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback="heuristics")
+        )
+    )
+
+
+def config_naming(kernel: BackendKernel[Any], inv: Any, backend: str) -> Any:
+    """A config whose backend is `backend`: one of the interpreter's candidates (small
+    tiles), else the config type's defaults for that backend; None when no config
+    names it (a fallback)."""
+    for cfg in [*kernel.interpret_candidates(inv), kernel.heuristic_cfg(inv)]:
+        if kernel.config_backend(cfg) == backend:
+            return cfg
+    fields = {f.name for f in dataclasses.fields(kernel.config_type)}
+    if backend == kernel.fallback or "backend" not in fields:
+        return None
+    return kernel.config_type(backend=backend)
+
+
+def setup(op: str, backend: str, monkeypatch: pytest.MonkeyPatch):
+    """The kernel to run `backend` with, its config, the arguments, and the reference."""
+    case = OPS[op]
+    ex = executor()
+    args = case.make_args(jax.random.PRNGKey(len(op)), DTYPE)
+    probe = case.kernel(executor=ex, interpret=not on_gpu())
+    p_args, p_kwargs = probe.prepare(*args, **case.kwargs)
+    inv = make_invocation(probe, p_args, p_kwargs)
+    cfg = config_naming(probe, inv, backend)
+    if cfg is None:
+        # The fallback: what a platform without Pallas runs for the op's own configs.
+        assert backend == probe.fallback, (op, backend)
+        monkeypatch.setenv("KERNELTUNE_PLATFORM", "xla")
+        kernel = case.kernel(executor=ex)
+        cfg = kernel.heuristic_cfg(inv)
+    else:
+        kernel = probe
+        reason = kernel.config_unusable(inv, cfg)
+        if reason is not None:
+            pytest.skip(f"{op} backend={backend!r}: {reason}")
+    assert kernel.backend_of(cfg).name == backend
+
+    def ours(*a):
+        return ex(kernel, *a, cfg=cfg, **case.kwargs)
+
+    def reference(*a):
+        prepared, kw = kernel.prepare(*a, **case.kwargs)
+        upcast = [x.astype(jnp.float32) if x.dtype == DTYPE else x for x in prepared]
+        return kernel.reference(*upcast, **kw)
+
+    return case, args, ours, reference
+
+
+def test_every_op_declares_backends_the_suite_runs():
+    assert len(OPS) == 8
+    for op, case in OPS.items():
+        names = [b.name for b in case.kernel.backends]
+        assert "xla" in names or case.kernel.fallback in names, op
+        assert case.kernel.fallback in names, op
+    # 25 (op, backend) pairs today: a new backend joins the suite by being declared.
+    assert len(PAIRS) >= 25
+
+
+@pytest.mark.parametrize(("op", "backend"), PAIRS, ids=[f"{o}-{b}" for o, b in PAIRS])
+def test_values_match_the_reference(op, backend, monkeypatch):
+    _, args, ours, reference = setup(op, backend, monkeypatch)
+    want = reference(*args)
+    assert relative_error(ours(*args), want) <= TOLERANCE
+    assert relative_error(jax.jit(ours)(*args), want) <= TOLERANCE
+
+
+@pytest.mark.parametrize(("op", "backend"), PAIRS, ids=[f"{o}-{b}" for o, b in PAIRS])
+def test_gradients_match_the_reference(op, backend, monkeypatch):
+    case, args, ours, reference = setup(op, backend, monkeypatch)
+    shape = jax.eval_shape(reference, *args).shape
+    cot = jax.random.normal(jax.random.PRNGKey(7), shape, jnp.float32)
+
+    def grads(fn):
+        def loss(*a):
+            return jnp.sum(fn(*a).astype(jnp.float32) * cot)
+
+        return jax.jit(jax.grad(loss, argnums=case.wrt))(*args)
+
+    for mine, theirs in zip(grads(ours), grads(reference), strict=True):
+        assert relative_error(mine, theirs) <= TOLERANCE
