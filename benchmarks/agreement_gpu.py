@@ -206,7 +206,7 @@ def _invocation(kernel, x, y):
 
 
 def _short(cfg) -> str:
-    return f"bm{cfg.bm} bn{cfg.bn} bk{cfg.bk} w{cfg.num_warps} s{cfg.num_stages} g{cfg.group_m}"
+    return f"bm{cfg.block_m} bn{cfg.block_n} bk{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages} g{cfg.group_m}"
 
 
 def main() -> int:

@@ -49,11 +49,11 @@ def wide_mosaic_space(p: MatmulProblem) -> list[MatmulConfig]:
     """The sweep's configs, pruned by the tuner's own rules."""
     out = []
     tiles = (*mosaic_space.TILES, (128, 128, "n"), (256, 64, "m"))
-    for (bm, bn, wg), cluster, (minor, width) in itertools.product(
+    for (block_m, block_n, wg), cluster, (minor, width) in itertools.product(
         tiles, (None, "m", "n"), (("n", 1), ("n", 8), ("m", 8), ("n", 16))
     ):
         base = MatmulConfig(
-            backend="mosaic", bm=bm, bn=bn, bk=mosaic_space.BK, wg_dimension=wg,
+            backend="mosaic", block_m=block_m, block_n=block_n, block_k=mosaic_space.BK, wg_dimension=wg,
             cluster_dimension=cluster, grid_minor_dim=minor, grid_tile_width=width,
             max_concurrent_steps=1,
         )  # fmt: skip

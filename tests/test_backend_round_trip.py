@@ -21,7 +21,7 @@ CONFIGS = [
     ("layer_norm@v1", NormConfig(backend="xla")),
     ("layer_norm@v1", NormConfig(block_size=2048, num_warps=8)),
     ("matmul@v3", MatmulConfig(backend="xla")),
-    ("matmul@v3", MatmulConfig(backend="mosaic", bm=128, bn=256, bk=64)),
+    ("matmul@v3", MatmulConfig(backend="mosaic", block_m=128, block_n=256, block_k=64)),
     ("ragged_dot@v1", RaggedDotConfig(backend="tokamax")),
     ("ragged_dot@v1", RaggedDotConfig(backend="mosaic", grid_block_n=4)),
     ("ragged_dot_drhs@v1", RaggedDotConfig(block_m=64, tile_order="n")),
@@ -35,7 +35,7 @@ CONFIGS = [
         CrossEntropyConfig(backend="triton", block_m=128, block_v=256, num_stages=3),
     ),
     ("gated_linear_unit@v1", GLUConfig(backend="tokamax")),
-    ("gated_linear_unit@v1", GLUConfig(backend="triton", bm=128, bn=128, bk=64, num_warps=8)),
+    ("gated_linear_unit@v1", GLUConfig(backend="triton", block_m=128, block_n=128, block_k=64, num_warps=8)),
 ]
 
 

@@ -182,12 +182,12 @@ def test_the_lse_kernel_equals_xlas_reduction_at_a_128k_vocabulary():
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize(
     "cfg",
-    [GLUConfig(), GLUConfig(backend="triton"), GLUConfig(backend="triton", bm=128, bn=128, bk=64)],
+    [GLUConfig(), GLUConfig(backend="triton"), GLUConfig(backend="triton", block_m=128, block_n=128, block_k=64)],
     ids=["xla", "triton", "triton wide"],
 )
 def test_every_glu_backend_matches_the_reference_on_a_gpu(cfg, dtype):
     dtype = jnp.dtype(dtype)
-    if cfg.bm == 128 and dtype == jnp.float32:
+    if cfg.block_m == 128 and dtype == jnp.float32:
         # Tuning never runs it (288 KiB of shared memory), and an explicit cfg= that
         # cannot fit fails to launch: check that it is pruned.
         from kerneltune.kernels.gated_linear_unit import config as glu_config

@@ -75,7 +75,7 @@ CASES = {
         (64, 256),
     ),
     "matmul": (
-        lambda x: matmul(x, x.T, cfg=MatmulConfig(bm=64, bn=64, bk=32)),
+        lambda x: matmul(x, x.T, cfg=MatmulConfig(block_m=64, block_n=64, block_k=32)),
         lambda x: x @ x.T,
         (128, 128),
     ),

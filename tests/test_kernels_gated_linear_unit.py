@@ -27,7 +27,7 @@ from kerneltune.kernels.gated_linear_unit.shapes import TEST_SHAPES
 from tests.helpers import FixedChooser, heuristics_executor
 
 BF16 = jnp.bfloat16
-FUSED = GLUConfig(backend="triton", bm=16, bn=16, bk=16, num_warps=4, num_stages=2)
+FUSED = GLUConfig(backend="triton", block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=2)
 EX = heuristics_executor()
 KERNEL = GatedLinearUnitInterpret(executor=EX)
 
@@ -71,9 +71,9 @@ def check(fn, x, w, dout, activation, dtype):
     ("fields", "message"),
     [
         ({"backend": "cublas"}, r"backend must be one of"),
-        ({"backend": "xla", "bm": 64}, r"bm is a field of backend='triton'"),
-        ({"backend": "triton", "bn": 48}, r"bn must be a positive power of two"),
-        ({"backend": "triton", "bk": 8}, r"bk must be at least 16"),
+        ({"backend": "xla", "block_m": 64}, r"block_m is a field of backend='triton'"),
+        ({"backend": "triton", "block_n": 48}, r"block_n must be a positive power of two"),
+        ({"backend": "triton", "block_k": 8}, r"block_k must be at least 16"),
     ],
 )
 def test_config_is_validated_where_it_is_built(fields, message):
@@ -88,7 +88,7 @@ def test_candidates_are_pruned_with_reasons():
     reasons = " ".join(x.reason for x in pruned)
     assert "shared memory" in reasons
     _, pruned = gc.triton_candidates(gc.GLUProblem(4096, 2048, 1000, np.dtype("bfloat16")))
-    assert any("N=1000 is not a multiple of bn=64" in x.reason for x in pruned)
+    assert any("N=1000 is not a multiple of block_n=64" in x.reason for x in pruned)
     assert gc.heuristic(p) == gc.XLA
 
 

@@ -47,8 +47,8 @@ def reference(x, y):
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"bm": 96}, "MatmulConfig.bm must be a positive power of two, got 96"),
-        ({"bk": 8}, "MatmulConfig.bk must be at least 16"),
+        ({"block_m": 96}, "MatmulConfig.block_m must be a positive power of two, got 96"),
+        ({"block_k": 8}, "MatmulConfig.block_k must be at least 16"),
         ({"num_warps": 3}, "MatmulConfig.num_warps must be a positive power of two"),
         ({"num_stages": 0}, "MatmulConfig.num_stages must be a positive integer"),
     ],
@@ -59,11 +59,11 @@ def test_config_is_validated_where_it_is_built(fields, message):
 
 
 def test_config_is_frozen_keyword_only_and_round_trips_json():
-    cfg = MatmulConfig(bm=64, bn=128, bk=32, num_warps=8, num_stages=4)
+    cfg = MatmulConfig(block_m=64, block_n=128, block_k=32, num_warps=8, num_stages=4)
     assert kt.from_json(kt.to_json(cfg), MatmulConfig) == cfg
     with pytest.raises(TypeError):
         MatmulConfig(64)  # type: ignore[misc]
-    assert hash(cfg) == hash(MatmulConfig(bm=64, bn=128, bk=32, num_warps=8, num_stages=4))
+    assert hash(cfg) == hash(MatmulConfig(block_m=64, block_n=128, block_k=32, num_warps=8, num_stages=4))
 
 
 def test_large_problem_keeps_only_configs_that_fit():
@@ -74,7 +74,7 @@ def test_large_problem_keeps_only_configs_that_fit():
     for c in kept:
         assert mc.shared_memory_bytes(p, c) <= 227 * 1024
         assert mc.accumulator_registers(c) <= 255
-        assert p.m % c.bm == 0 and p.n % c.bn == 0 and p.k % c.bk == 0
+        assert p.m % c.block_m == 0 and p.n % c.block_n == 0 and p.k % c.block_k == 0
     reasons = " ".join(x.reason for x in pruned)
     assert "shared memory" in reasons and "registers per thread" in reasons
     assert not set(kept) & {x.cfg for x in pruned}
@@ -123,7 +123,7 @@ def test_grouped_tile_order_visits_every_tile_once():
 @pytest.mark.parametrize(("m", "k", "n"), TEST_SHAPES)
 def test_pallas_matches_reference(key, m, k, n, dtype):
     x, y = operands(key, m, k, n, dtype)
-    cfg = MatmulConfig(bm=32, bn=32, bk=32, group_m=2)
+    cfg = MatmulConfig(block_m=32, block_n=32, block_k=32, group_m=2)
     out = matmul_pallas(x, y, cfg, interpret=True)
     assert out.shape == (m, n) and out.dtype == dtype
     assert relative_error(out, reference(x, y)) <= tolerance(dtype)
@@ -170,7 +170,7 @@ def test_forcing_the_triton_backend_on_a_cpu_runs_the_interpreter(key):
     x, y = operands(key, 64, 32, 32, jnp.float32)
     ex = heuristics_executor()
     with options.scoped(platform="triton"):
-        out = ex(Matmul(executor=ex), x, y, cfg=MatmulConfig(bm=32, bn=32, bk=32))
+        out = ex(Matmul(executor=ex), x, y, cfg=MatmulConfig(block_m=32, block_n=32, block_k=32))
     assert relative_error(out, reference(x, y)) <= tolerance(jnp.float32)
 
 
@@ -250,7 +250,7 @@ def test_xla_choice_compiles_plain_jaxs_program_on_nd_operands(key):
 def test_other_choices_still_run_the_kernel_on_the_flattened_operands(key):
     x, w = operands(key, 6, 32, 16, jnp.float32)
     x = x.reshape(2, 3, 32)
-    ex = kt.Executor(FixedChooser(MatmulConfig(bm=32, bn=32, bk=32)))
+    ex = kt.Executor(FixedChooser(MatmulConfig(block_m=32, block_n=32, block_k=32)))
     with options.scoped(platform="triton"):  # the Pallas kernel, in the interpreter
         jaxpr = str(jax.make_jaxpr(lambda a: matmul(a, w, executor=ex))(x))
         g = jax.jit(jax.grad(lambda a: jnp.sum(matmul(a, w, executor=ex) ** 2)))(x)

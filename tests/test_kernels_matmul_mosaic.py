@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import kerneltune as kt
+from kerneltune._src.kernel.base import make_invocation
 from kerneltune.kernels import Matmul, MatmulConfig
 from kerneltune.kernels.matmul import api
 from kerneltune.kernels.matmul import config as mc
@@ -83,13 +84,13 @@ def test_each_backend_fills_in_its_own_defaults_and_leaves_the_others_none():
             "max_concurrent_steps must be a positive",
         ),
         ({"backend": "mosaic", "grid_tile_width": -1}, "grid_tile_width must be a positive"),
-        ({"backend": "mosaic", "bn": 96}, "MatmulConfig.bn must be a positive power of two"),
+        ({"backend": "mosaic", "block_n": 96}, "MatmulConfig.block_n must be a positive power of two"),
         (
-            {"backend": "mosaic", "bm": 64, "wg_dimension": "m"},
+            {"backend": "mosaic", "block_m": 64, "wg_dimension": "m"},
             r"each compute warpgroup gets a 32×128 tile .* multiple of 64",
         ),
         (
-            {"backend": "mosaic", "bm": 64, "bn": 64, "epi_tile_n": 64},
+            {"backend": "mosaic", "block_m": 64, "block_n": 64, "epi_tile_n": 64},
             r"epi_tile_n=64 is larger than the warpgroup tile's width \(32",
         ),
         ({"backend": "mosaic", "epi_tile_m": 48}, "epi_tile_m must be a positive power of two"),
@@ -103,9 +104,9 @@ def test_config_is_validated_where_it_is_built(fields, message):
 @pytest.mark.parametrize(
     "cfg",
     [
-        MatmulConfig(bm=64, bn=128, bk=32, num_warps=8, num_stages=4),
-        mosaic(bm=128, bn=256, cluster_dimension="m", grid_tile_width=8),
-        mosaic(bm=256, bn=128, wg_dimension="m", cluster_dimension="n", max_concurrent_steps=3),
+        MatmulConfig(block_m=64, block_n=128, block_k=32, num_warps=8, num_stages=4),
+        mosaic(block_m=128, block_n=256, cluster_dimension="m", grid_tile_width=8),
+        mosaic(block_m=256, block_n=128, wg_dimension="m", cluster_dimension="n", max_concurrent_steps=3),
     ],
     ids=["triton", "mosaic", "mosaic-m"],
 )
@@ -114,31 +115,31 @@ def test_configs_round_trip_json_and_hash(cfg):
     back = kt.from_json(text, MatmulConfig)
     assert back == cfg and hash(back) == hash(cfg) and kt.to_json(back) == text
     with pytest.raises(dataclasses.FrozenInstanceError):
-        cfg.bm = 64  # type: ignore[misc]
+        cfg.block_m = 64  # type: ignore[misc]
 
 
 def test_json_written_before_the_backend_field_reads_as_a_triton_config():
-    old = '{"bk":32,"bm":64,"bn":128,"group_m":8,"num_stages":4,"num_warps":8}'
+    old = '{"block_k":32,"block_m":64,"block_n":128,"group_m":8,"num_stages":4,"num_warps":8}'
     assert kt.from_json(old, MatmulConfig) == MatmulConfig(
-        bm=64, bn=128, bk=32, num_warps=8, num_stages=4
+        block_m=64, block_n=128, block_k=32, num_warps=8, num_stages=4
     )
 
 
 def test_repr_shows_the_chosen_backends_fields_only():
     assert repr(MatmulConfig()) == (
-        "MatmulConfig(bm=128, bn=128, bk=64, num_warps=4, num_stages=3, group_m=8)"
+        "MatmulConfig(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=3, group_m=8)"
     )
-    text = repr(mosaic(bm=128, bn=256, cluster_dimension="m"))
-    assert text.startswith("MatmulConfig(backend='mosaic', bm=128, bn=256, bk=64,")
+    text = repr(mosaic(block_m=128, block_n=256, cluster_dimension="m"))
+    assert text.startswith("MatmulConfig(backend='mosaic', block_m=128, block_n=256, block_k=64,")
     assert "cluster_dimension='m'" in text and "num_warps" not in text
 
 
 def test_tiles_of_warpgroups_and_clusters():
-    c = mosaic(bm=128, bn=256, wg_dimension="n", cluster_dimension="m")
+    c = mosaic(block_m=128, block_n=256, wg_dimension="n", cluster_dimension="m")
     assert c.warpgroup_tile == (128, 128) and c.cluster_tile == (256, 256) and c.cluster_size == 2
-    c = mosaic(bm=256, bn=128, wg_dimension="m")
+    c = mosaic(block_m=256, block_n=128, wg_dimension="m")
     assert c.warpgroup_tile == (128, 128) and c.cluster_tile == (256, 128) and c.cluster_size == 1
-    assert MatmulConfig(bm=64, bn=32).cluster_tile == (64, 32)
+    assert MatmulConfig(block_m=64, block_n=32).cluster_tile == (64, 32)
 
 
 def test_triton_helpers_reject_mosaic_configs():
@@ -155,24 +156,24 @@ def test_large_aligned_problem_keeps_the_whole_curated_space():
     assert len(kept) == 16 and not pruned
     assert len(set(kept)) == 16
     for c in kept:
-        assert c.backend == "mosaic" and c.bk == ms.BK
+        assert c.backend == "mosaic" and c.block_k == ms.BK
         assert ms.shared_memory_bytes(p, c) <= HOPPER_SMEM
         cm, cn = c.cluster_tile
-        assert p.m % cm == 0 and p.n % cn == 0 and p.k % c.bk == 0
+        assert p.m % cm == 0 and p.n % cn == 0 and p.k % c.block_k == 0
         assert ms.accumulator_registers(c) <= ms.MAX_ACCUMULATOR_REGISTERS
     # Each tile and cluster comes at the deepest pipeline that fits, and one shallower.
-    for bm, bn, _ in ms.TILES:
-        depths = sorted(c.max_concurrent_steps for c in kept if (c.bm, c.bn) == (bm, bn))
+    for block_m, block_n, _ in ms.TILES:
+        depths = sorted(c.max_concurrent_steps for c in kept if (c.block_m, c.block_n) == (block_m, block_n))
         assert len(depths) == 4 and depths[0] == depths[-1] - 1
         deeper = dataclasses.replace(
-            next(c for c in kept if (c.bm, c.bn) == (bm, bn)), max_concurrent_steps=depths[-1] + 1
+            next(c for c in kept if (c.block_m, c.block_n) == (block_m, block_n)), max_concurrent_steps=depths[-1] + 1
         )
         assert ms.shared_memory_bytes(p, deeper) > HOPPER_SMEM or depths[-1] == ms.MAX_STEPS
 
 
 def test_the_shared_memory_estimate_matches_the_kernels_buffers():
     # 4 steps of (128×64 + 64×256) bf16, two warpgroups × two 64×64 output slots, slack.
-    c = mosaic(bm=128, bn=256, max_concurrent_steps=4)
+    c = mosaic(block_m=128, block_n=256, max_concurrent_steps=4)
     expected = 4 * (128 * 64 + 64 * 256) * 2 + 2 * 2 * 64 * 64 * 2 + ms.SMEM_SLACK_BYTES
     assert ms.shared_memory_bytes(problem(4096, 4096, 4096), c) == expected
 
@@ -189,23 +190,23 @@ def test_a_short_k_caps_the_pipeline_depth():
     p = problem(4096, 128, 4096)  # two K steps of 64
     kept, _ = ms.candidates(p, smem_limit=HOPPER_SMEM)
     assert kept and {c.max_concurrent_steps for c in kept} <= {1, 2}
-    deep = mosaic(bm=128, bn=256, max_concurrent_steps=4)
+    deep = mosaic(block_m=128, block_n=256, max_concurrent_steps=4)
     _, pruned = ms.candidates(p, smem_limit=HOPPER_SMEM, configs=[deep])
     assert "max_concurrent_steps=4 is more than the 2 K steps" in pruned[0].reason
 
 
 def test_skinny_problem_keeps_the_short_tile_and_says_why_the_others_are_out():
     kept, pruned = ms.candidates(problem(64, 8192, 8192), smem_limit=HOPPER_SMEM)
-    assert {(c.bm, c.bn, c.cluster_dimension) for c in kept} == {(64, 256, None)}
+    assert {(c.block_m, c.block_n, c.cluster_dimension) for c in kept} == {(64, 256, None)}
     reasons = [x.reason for x in pruned]
-    assert "M=64 is not a multiple of 128 (bm=128; would need padding)" in reasons
-    assert any("bm=64 × 2 blocks of a cluster along m" in r for r in reasons)
+    assert "M=64 is not a multiple of 128 (block_m=128; would need padding)" in reasons
+    assert any("block_m=64 × 2 blocks of a cluster along m" in r for r in reasons)
 
 
 def test_too_much_shared_memory_or_too_many_registers_are_pruned_with_reasons():
     p = problem(4096, 4096, 4096)
-    deep = mosaic(bm=128, bn=256, max_concurrent_steps=6)
-    wide = mosaic(bm=256, bn=256, wg_dimension="m", max_concurrent_steps=2)  # 128×256 each
+    deep = mosaic(block_m=128, block_n=256, max_concurrent_steps=6)
+    wide = mosaic(block_m=256, block_n=256, wg_dimension="m", max_concurrent_steps=2)  # 128×256 each
     kept, pruned = ms.candidates(p, smem_limit=HOPPER_SMEM, configs=[deep, wide])
     assert not kept
     assert re.search(r"needs \d+ KiB of shared memory .* more than the 227 KiB", pruned[0].reason)
@@ -304,7 +305,7 @@ def test_a_required_tuning_field_kerneltune_does_not_set_is_a_reason():
 def test_configs_map_onto_the_modules_per_warpgroup_tiles():
     module = fake_module(lambda a, b, config: a)
     tc = pm.tuning_config(
-        mosaic(bm=256, bn=128, wg_dimension="m", cluster_dimension="n", grid_tile_width=8),
+        mosaic(block_m=256, block_n=128, wg_dimension="m", cluster_dimension="n", grid_tile_width=8),
         module,
     )
     assert (tc.tile_m, tc.tile_n, tc.tile_k, tc.max_concurrent_steps) == (128, 128, 64, 4)
@@ -351,8 +352,6 @@ def test_the_mosaic_kernel_lowers_for_a_hopper_gpu_with_this_jax(monkeypatch):
 
 
 def test_off_hopper_the_space_is_unchanged():
-    from kerneltune._src.kernel.base import make_invocation
-
     kernel = Matmul(interpret=True)
     p = problem(256, 256, 256)
     x = jnp.ones((256, 256), jnp.bfloat16)
@@ -389,14 +388,14 @@ def test_a_mosaic_config_is_refused_by_the_interpreter_with_a_clear_error():
     x = jnp.ones((128, 64), jnp.bfloat16)
     y = jnp.ones((64, 256), jnp.bfloat16)
     with pytest.raises(ValueError, match="runs on Hopper GPUs, not in the Pallas interpreter"):
-        Matmul(interpret=True).run(x, y, cfg=mosaic(bm=128, bn=256))
+        Matmul(interpret=True).run(x, y, cfg=mosaic(block_m=128, block_n=256))
 
 
 def test_the_mosaic_kernel_off_hopper_raises_a_runtime_error():
     x = jnp.ones((128, 64), jnp.bfloat16)
     y = jnp.ones((64, 256), jnp.bfloat16)
     with pytest.raises(RuntimeError, match="MatmulConfig\\(backend='mosaic'\\)"):
-        pm.matmul_mosaic(x, y, mosaic(bm=128, bn=256))
+        pm.matmul_mosaic(x, y, mosaic(block_m=128, block_n=256))
 
 
 def test_a_mosaic_config_on_the_cpu_xla_path_computes_the_product():
@@ -409,5 +408,5 @@ def test_a_mosaic_config_on_the_cpu_xla_path_computes_the_product():
             kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback="heuristics")
         )
     )
-    out = ex(Matmul(executor=ex), x, y, cfg=mosaic(bm=128, bn=256))
+    out = ex(Matmul(executor=ex), x, y, cfg=mosaic(block_m=128, block_n=256))
     np.testing.assert_allclose(out, np.asarray(x) @ np.asarray(y), rtol=1e-5, atol=1e-4)

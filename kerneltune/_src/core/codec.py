@@ -232,7 +232,9 @@ def decode(data: Any, lookup: Callable[[str], Any]) -> Any:
         cls = lookup(str(data["__dataclass__"]))
         if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
             raise TypeError(f"{data['__dataclass__']} is not a dataclass")
-        return cls(**{str(k): dec(v) for k, v in dict(data["fields"]).items()})
+        renamed = getattr(cls, "renamed_fields", {})  # a config stored before a rename
+        fields = dict(data["fields"]).items()
+        return cls(**{renamed.get(str(k), str(k)): dec(v) for k, v in fields})
     if "__ref__" in data:
         return lookup(str(data["__ref__"]))
     raise TypeError(f"unknown tagged value {sorted(data)}")

@@ -82,6 +82,15 @@ def from_json(s: str | bytes, cls: type[T]) -> T:
     return config_from_dict(files.loads(s), cls)
 
 
+def with_current_names(cls: type, data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`data` with the fields `cls` renamed since it was stored under their names now
+    (`cls.renamed_fields`, `{old: new}`), so configs stored before a rename load."""
+    renamed: Mapping[str, str] = getattr(cls, "renamed_fields", {})
+    if not renamed or not any(k in renamed for k in data):
+        return data
+    return {renamed.get(k, k): v for k, v in data.items()}
+
+
 def config_from_dict(data: Mapping[str, Any], cls: type[T]) -> T:
     """Builds `cls` from plain data, checking every field against its annotation and
     recursing into nested dataclass fields.
@@ -98,6 +107,7 @@ def config_from_dict(data: Mapping[str, Any], cls: type[T]) -> T:
     if not isinstance(data, Mapping):
         raise InvalidConfig(f"expected a JSON object for {name}, got {type(data).__name__}.")
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    data = with_current_names(cls, data)
     unknown = sorted(set(data) - set(fields))
     if unknown:
         raise InvalidConfig(f"{name} has no field(s) {unknown}; its fields are {sorted(fields)}.")

@@ -158,11 +158,17 @@ class BackendKernel(Kernel[Cfg, Any]):
 
     def backend_of(self, cfg: Any) -> Backend:
         """The backend that runs `cfg` here: the one its `backend` field names, or the
-        fallback where that one is not plain JAX and Pallas does not run."""
+        fallback where that one is not plain JAX and Pallas does not run, or where this
+        JAX lacks the Pallas lowering it needs (JAX 0.12 deprecates Triton's)."""
         named = self.backend_named(self.config_backend(cfg))
-        if named.plain_jax or self.runs_pallas():
+        if named.plain_jax or (self.runs_pallas() and not self._lowering_missing(named)):
             return named
         return self.backend_named(self.fallback)
+
+    def _lowering_missing(self, backend: Backend) -> bool:
+        if backend.lowering is None or self.use_interpreter():
+            return False
+        return jax_compat.pallas_lowering_missing(backend.lowering) is not None
 
     def config_backend(self, cfg: Any) -> str:
         """The name of the backend `cfg` asks for (its `backend` field)."""
@@ -191,10 +197,12 @@ class BackendKernel(Kernel[Cfg, Any]):
 
     def config_unusable(self, inv: Invocation[Any, Any], cfg: Any) -> str | None:
         try:
-            backend = self.backend_of(cfg)
+            named = self.backend_named(self.config_backend(cfg))
         except ValueError as e:  # a backend this op does not declare
             return str(e)
-        return backend.unusable(self, inv, cfg)
+        if not (named.plain_jax or self.runs_pallas()):
+            return None  # the fallback runs every config here
+        return named.unusable(self, inv, cfg)
 
     def heuristic_cfg(self, inv: Invocation[Any, Any]) -> Cfg:
         raise NotImplementedError(f"{type(self).__qualname__} defines no heuristic_cfg")

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
@@ -27,12 +28,12 @@ from kerneltune._src.params import check_positive, check_positive_power_of_two
 from kerneltune.kernels._common import (
     MAX_REGISTERS_PER_THREAD,
     Pruned,
-    check_backend_fields,
     next_power_of_2,
     prune,
     shared_memory_limit,
     shared_memory_rule,
 )
+from kerneltune.kernels._config import BackendConfig
 from kerneltune.kernels.cross_entropy import lse_triton
 
 BACKENDS = ("xla", "chunked", "triton")
@@ -77,8 +78,8 @@ CHUNK_ABOVE_BYTES = 2 << 30
 MIN_HEURISTIC_CHUNK = 2048
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class CrossEntropyConfig:
+@dataclasses.dataclass(frozen=True, kw_only=True, repr=False)
+class CrossEntropyConfig(BackendConfig):
     """How `linear_softmax_cross_entropy` runs.
 
     Attributes:
@@ -100,7 +101,7 @@ class CrossEntropyConfig:
     Example:
       >>> CrossEntropyConfig(backend="chunked", chunk_size=2048, logits_dtype="input")
       CrossEntropyConfig(backend='chunked', chunk_size=2048, logits_dtype='input', \
-lse_backend='xla', block_m=None, block_v=None, block_k=None, num_warps=None, num_stages=None)
+lse_backend='xla')
       >>> CrossEntropyConfig(backend="chunked", chunk_size=1000)
       Traceback (most recent call last):
       ...
@@ -117,38 +118,24 @@ lse_backend='xla', block_m=None, block_v=None, block_k=None, num_warps=None, num
     num_warps: int | None = None
     num_stages: int | None = None
 
-    def __post_init__(self) -> None:
+    backend_fields: ClassVar[Mapping[str, Mapping[str, Any]]] = {
+        "xla": {"logits_dtype": "float32"},
+        "chunked": {"chunk_size": DEFAULT_CHUNK, "logits_dtype": "float32", "lse_backend": "xla"},
+        "triton": {"chunk_size": DEFAULT_CHUNK, **_TRITON_DEFAULTS},
+    }
+
+    def check(self) -> None:
         owner = "CrossEntropyConfig"
-        if self.backend not in BACKENDS:
-            raise ValueError(f"{owner}.backend must be one of {BACKENDS}, got {self.backend!r}.")
-        check_backend_fields(
-            self,
-            owner,
-            {
-                "xla": ("logits_dtype",),
-                "chunked": ("chunk_size", "logits_dtype", "lse_backend"),
-                "triton": ("chunk_size", *_TRITON_DEFAULTS),
-            },
-        )
-        if self.backend != "triton":
-            if self.logits_dtype is None:
-                object.__setattr__(self, "logits_dtype", "float32")  # frozen: filled where built
-            if self.logits_dtype not in LOGITS_DTYPES:
-                raise ValueError(
-                    f"{owner}.logits_dtype must be one of {LOGITS_DTYPES}, got "
-                    f"{self.logits_dtype!r}."
-                )
+        if self.backend != "triton" and self.logits_dtype not in LOGITS_DTYPES:
+            raise ValueError(
+                f"{owner}.logits_dtype must be one of {LOGITS_DTYPES}, got {self.logits_dtype!r}."
+            )
         if self.backend == "xla":
             return
-        if self.backend == "chunked":
-            if self.lse_backend is None:
-                object.__setattr__(self, "lse_backend", "xla")  # frozen: filled where built
-            if self.lse_backend not in LSE_BACKENDS:
-                raise ValueError(
-                    f"{owner}.lse_backend must be one of {LSE_BACKENDS}, got {self.lse_backend!r}."
-                )
-        if self.chunk_size is None:
-            object.__setattr__(self, "chunk_size", DEFAULT_CHUNK)
+        if self.backend == "chunked" and self.lse_backend not in LSE_BACKENDS:
+            raise ValueError(
+                f"{owner}.lse_backend must be one of {LSE_BACKENDS}, got {self.lse_backend!r}."
+            )
         check_positive_power_of_two(owner, "chunk_size", self.chunk_size)
         assert self.chunk_size is not None
         if self.chunk_size < MIN_CHUNK:
@@ -156,9 +143,6 @@ lse_backend='xla', block_m=None, block_v=None, block_k=None, num_warps=None, num
                 f"{owner}.chunk_size must be at least {MIN_CHUNK}, got {self.chunk_size}."
             )
         if self.backend == "triton":
-            for name, default in _TRITON_DEFAULTS.items():
-                if getattr(self, name) is None:
-                    object.__setattr__(self, name, default)  # frozen: filled where built
             for name in ("block_m", "block_v", "block_k"):
                 check_positive_power_of_two(owner, name, getattr(self, name))
                 if getattr(self, name) < MIN_BLOCK:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
@@ -21,12 +22,12 @@ from kerneltune._src.params import check_positive, check_positive_power_of_two
 from kerneltune.kernels._common import (
     MAX_REGISTERS_PER_THREAD,
     Pruned,
-    check_backend_fields,
     next_power_of_2,
     prune,
     shared_memory_limit,
     shared_memory_rule,
 )
+from kerneltune.kernels._config import BackendConfig
 
 BACKENDS = ("xla", "xla_split", "triton", "tokamax")
 Backend = Literal["xla", "xla_split", "triton", "tokamax"]
@@ -34,51 +35,53 @@ Backend = Literal["xla", "xla_split", "triton", "tokamax"]
 XLA_BACKENDS = ("xla", "xla_split")
 MIN_BLOCK = 16
 _TRITON_DEFAULTS: dict[str, Any] = {
-    "bm": 64,
-    "bn": 64,
-    "bk": 32,
+    "block_m": 64,
+    "block_n": 64,
+    "block_k": 32,
     "num_warps": 4,
     "num_stages": 3,
 }
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class GLUConfig:
+@dataclasses.dataclass(frozen=True, kw_only=True, repr=False)
+class GLUConfig(BackendConfig):
     """How `gated_linear_unit` runs.
 
     Attributes:
       backend: "xla", "xla_split", "triton" or "tokamax" (see the module docstring).
-      bm, bn: ("triton") the output tile one program computes; it accumulates two
-        `bm × bn` float32 tiles (the gate and the up projection).
-      bk: ("triton") shared-dimension step of the inner loop.
+      block_m, block_n: ("triton") the output tile one program computes; it accumulates two
+        `block_m × block_n` float32 tiles (the gate and the up projection).
+      block_k: ("triton") shared-dimension step of the inner loop.
       num_warps, num_stages: ("triton") warps per program, pipelining depth.
 
     Example:
-      >>> GLUConfig(backend="triton", bm=128)
-      GLUConfig(backend='triton', bm=128, bn=64, bk=32, num_warps=4, num_stages=3)
-      >>> GLUConfig(bm=64)
+      >>> GLUConfig(backend="triton", block_m=128)
+      GLUConfig(backend='triton', block_m=128, block_n=64, block_k=32, num_warps=4, num_stages=3)
+      >>> GLUConfig(block_m=64)
       Traceback (most recent call last):
       ...
-      ValueError: GLUConfig.bm is a field of backend='triton'; leave it None with backend='xla' (got 64).
+      ValueError: GLUConfig.block_m is a field of backend='triton'; leave it None with backend='xla' (got 64).
     """
 
     backend: Backend = "xla"
-    bm: int | None = None
-    bn: int | None = None
-    bk: int | None = None
+    block_m: int | None = None
+    block_n: int | None = None
+    block_k: int | None = None
     num_warps: int | None = None
     num_stages: int | None = None
 
-    def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ValueError(f"GLUConfig.backend must be one of {BACKENDS}, got {self.backend!r}.")
-        check_backend_fields(self, "GLUConfig", {"triton": tuple(_TRITON_DEFAULTS)})
+    #: Stored before the block fields took one name across ops (2026-11-26).
+    renamed_fields: ClassVar[Mapping[str, str]] = {
+        "bm": "block_m",
+        "bn": "block_n",
+        "bk": "block_k",
+    }
+    backend_fields: ClassVar[Mapping[str, Mapping[str, Any]]] = {"xla": {}, "xla_split": {}, "triton": _TRITON_DEFAULTS, "tokamax": {}}
+
+    def check(self) -> None:
         if self.backend != "triton":
             return
-        for name, default in _TRITON_DEFAULTS.items():
-            if getattr(self, name) is None:
-                object.__setattr__(self, name, default)  # frozen: filled where built
-        for name in ("bm", "bn", "bk"):
+        for name in ("block_m", "block_n", "block_k"):
             check_positive_power_of_two("GLUConfig", name, getattr(self, name))
             if getattr(self, name) < MIN_BLOCK:
                 raise ValueError(
@@ -87,12 +90,6 @@ class GLUConfig:
                 )
         check_positive_power_of_two("GLUConfig", "num_warps", self.num_warps)
         check_positive("GLUConfig", "num_stages", self.num_stages)
-
-    def __repr__(self) -> str:
-        if self.backend != "triton":
-            return f"GLUConfig(backend={self.backend!r})"
-        fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in _TRITON_DEFAULTS)
-        return f"GLUConfig(backend='triton', {fields})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,9 +122,9 @@ def triton_heuristic(p: GLUProblem) -> GLUConfig:
     """A fused-kernel config that fits any shape."""
     return GLUConfig(
         backend="triton",
-        bm=max(MIN_BLOCK, min(64, next_power_of_2(p.m))),
-        bn=max(MIN_BLOCK, min(64, next_power_of_2(p.n))),
-        bk=max(MIN_BLOCK, min(32, next_power_of_2(p.k))),
+        block_m=max(MIN_BLOCK, min(64, next_power_of_2(p.m))),
+        block_n=max(MIN_BLOCK, min(64, next_power_of_2(p.n))),
+        block_k=max(MIN_BLOCK, min(32, next_power_of_2(p.k))),
         num_warps=4,
         num_stages=3,
     )
@@ -135,15 +132,15 @@ def triton_heuristic(p: GLUProblem) -> GLUConfig:
 
 def shared_memory_bytes(p: GLUProblem, c: GLUConfig) -> int:
     """Per stage: one `x` tile and two weight tiles (gate and up)."""
-    assert c.bm and c.bn and c.bk and c.num_stages
-    return c.num_stages * (c.bm * c.bk + 2 * c.bk * c.bn) * p.itemsize
+    assert c.block_m and c.block_n and c.block_k and c.num_stages
+    return c.num_stages * (c.block_m * c.block_k + 2 * c.block_k * c.block_n) * p.itemsize
 
 
 def rules(p: GLUProblem, smem_limit: int | None = None):
     limit = shared_memory_limit() if smem_limit is None else smem_limit
 
     def fits_dims(c: GLUConfig) -> str | None:
-        for name, block, dim in (("bm", c.bm, p.m), ("bn", c.bn, p.n), ("bk", c.bk, p.k)):
+        for name, block, dim in (("block_m", c.block_m, p.m), ("block_n", c.block_n, p.n), ("block_k", c.block_k, p.k)):
             assert block is not None
             if block > max(MIN_BLOCK, next_power_of_2(dim)):
                 return f"{name}={block} is larger than the dimension ({dim})"
@@ -151,9 +148,9 @@ def rules(p: GLUProblem, smem_limit: int | None = None):
 
     def divides(c: GLUConfig) -> str | None:
         for name, block, dim, axis in (
-            ("bm", c.bm, p.m, "M"),
-            ("bn", c.bn, p.n, "N"),
-            ("bk", c.bk, p.k, "K"),
+            ("block_m", c.block_m, p.m, "M"),
+            ("block_n", c.block_n, p.n, "N"),
+            ("block_k", c.block_k, p.k, "K"),
         ):
             assert block is not None
             if dim % block:
@@ -161,15 +158,15 @@ def rules(p: GLUProblem, smem_limit: int | None = None):
         return None
 
     def fits_smem(c: GLUConfig) -> str | None:
-        tiles = f"{c.num_stages} stages × ({c.bm}×{c.bk} + 2 × {c.bk}×{c.bn}) × {p.itemsize} B"
+        tiles = f"{c.num_stages} stages × ({c.block_m}×{c.block_k} + 2 × {c.block_k}×{c.block_n}) × {p.itemsize} B"
         return shared_memory_rule(shared_memory_bytes(p, c), limit, tiles)
 
     def fits_registers(c: GLUConfig) -> str | None:
-        assert c.bm and c.bn and c.num_warps
-        regs = 2 * c.bm * c.bn // (32 * c.num_warps)
+        assert c.block_m and c.block_n and c.num_warps
+        regs = 2 * c.block_m * c.block_n // (32 * c.num_warps)
         if regs > MAX_REGISTERS_PER_THREAD:
             return (
-                f"the two {c.bm}×{c.bn} float32 accumulators need {regs} registers per "
+                f"the two {c.block_m}×{c.block_n} float32 accumulators need {regs} registers per "
                 f"thread with {c.num_warps} warps (at most {MAX_REGISTERS_PER_THREAD}): they would spill"
             )
         return None
@@ -189,8 +186,8 @@ def triton_candidates(
       (True, True)
     """
     space = [
-        GLUConfig(backend="triton", bm=bm, bn=bn, bk=bk, num_warps=w, num_stages=s)
-        for bm, bn, bk, w, s in itertools.product(
+        GLUConfig(backend="triton", block_m=block_m, block_n=block_n, block_k=block_k, num_warps=w, num_stages=s)
+        for block_m, block_n, block_k, w, s in itertools.product(
             (64, 128), (64, 128, 256), (32, 64), (4, 8), (2, 3, 4)
         )
     ]
@@ -200,7 +197,7 @@ def triton_candidates(
 def interpret_candidates(p: GLUProblem) -> list[GLUConfig]:
     """XLA and two small fused-kernel tiles, for the Pallas interpreter."""
     out = [XLA, triton_heuristic(p)]
-    small = GLUConfig(backend="triton", bm=16, bn=16, bk=16, num_warps=4, num_stages=2)
+    small = GLUConfig(backend="triton", block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=2)
     if small not in out:
         out.append(small)
     return out

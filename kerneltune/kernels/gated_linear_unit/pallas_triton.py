@@ -1,7 +1,7 @@
 """The fused gated linear unit in Pallas, lowered through Triton on GPUs.
 
-Each program computes one `bm × bn` output tile: it walks the shared dimension in steps
-of `bk`, multiplying one `x` tile by the matching gate and up weight tiles into two
+Each program computes one `block_m × block_n` output tile: it walks the shared dimension in steps
+of `block_k`, multiplying one `x` tile by the matching gate and up weight tiles into two
 float32 accumulators (one pass over `x` serves both projections), then applies the
 activation to the gate and multiplies by the up projection before the single store.
 """
@@ -22,13 +22,13 @@ from kerneltune.kernels.gated_linear_unit.config import GLUConfig
 from kerneltune.kernels.gated_linear_unit.reference import gate_and_up, glu_xla
 
 
-def _glu_kernel(x_ref, g_ref, u_ref, o_ref, *, bk: int, steps: int, activation, upcast: bool):
+def _glu_kernel(x_ref, g_ref, u_ref, o_ref, *, block_k: int, steps: int, activation, upcast: bool):
     def step(i, accs):
         acc_g, acc_u = accs
-        start = pl.multiple_of(i * bk, bk)
-        x = x_ref[:, pl.ds(start, bk)]
-        g = g_ref[pl.ds(start, bk), :]
-        u = u_ref[pl.ds(start, bk), :]
+        start = pl.multiple_of(i * block_k, block_k)
+        x = x_ref[:, pl.ds(start, block_k)]
+        g = g_ref[pl.ds(start, block_k), :]
+        u = u_ref[pl.ds(start, block_k), :]
         if upcast:  # the interpreter on CPUs: XLA:CPU has no bf16 x bf16 -> f32 dot
             x, g, u = x.astype(jnp.float32), g.astype(jnp.float32), u.astype(jnp.float32)
         acc_g = acc_g + jnp.dot(x, g, preferred_element_type=jnp.float32)
@@ -56,26 +56,26 @@ def glu_pallas(
 ) -> jax.Array:
     """`activation(x @ gate) * (x @ up)` for 2-D `x[m, k]` and `[k, n]` weights of
     x's dtype. Dimensions the tiles do not divide are zero-padded."""
-    assert cfg.bm and cfg.bn and cfg.bk
+    assert cfg.block_m and cfg.block_n and cfg.block_k
     m, _ = x.shape
     n = gate.shape[1]
-    xp = _pad(x, (cfg.bm, cfg.bk))
-    gp = _pad(gate, (cfg.bk, cfg.bn))
-    up_p = _pad(up, (cfg.bk, cfg.bn))
+    xp = _pad(x, (cfg.block_m, cfg.block_k))
+    gp = _pad(gate, (cfg.block_k, cfg.block_n))
+    up_p = _pad(up, (cfg.block_k, cfg.block_n))
     mp, kp = xp.shape
     np_ = gp.shape[1]
     out = pl.pallas_call(
         functools.partial(
-            _glu_kernel, bk=cfg.bk, steps=kp // cfg.bk, activation=activation, upcast=interpret
+            _glu_kernel, block_k=cfg.block_k, steps=kp // cfg.block_k, activation=activation, upcast=interpret
         ),
         out_shape=jax.ShapeDtypeStruct((mp, np_), x.dtype),
-        grid=(mp // cfg.bm, np_ // cfg.bn),
+        grid=(mp // cfg.block_m, np_ // cfg.block_n),
         in_specs=[
-            pl.BlockSpec((cfg.bm, kp), lambda i, j: (i, 0)),
-            pl.BlockSpec((kp, cfg.bn), lambda i, j: (0, j)),
-            pl.BlockSpec((kp, cfg.bn), lambda i, j: (0, j)),
+            pl.BlockSpec((cfg.block_m, kp), lambda i, j: (i, 0)),
+            pl.BlockSpec((kp, cfg.block_n), lambda i, j: (0, j)),
+            pl.BlockSpec((kp, cfg.block_n), lambda i, j: (0, j)),
         ],
-        out_specs=pl.BlockSpec((cfg.bm, cfg.bn), lambda i, j: (i, j)),
+        out_specs=pl.BlockSpec((cfg.block_m, cfg.block_n), lambda i, j: (i, j)),
         compiler_params=None
         if interpret
         else triton_compiler_params(num_warps=cfg.num_warps, num_stages=cfg.num_stages),

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
@@ -12,12 +13,12 @@ from kerneltune._src.params import check_positive, check_positive_power_of_two
 from kerneltune.kernels._common import (
     MAX_REGISTERS_PER_THREAD,
     Pruned,
-    check_backend_fields,
     next_power_of_2,
     prune,
     shared_memory_limit,
     shared_memory_rule,
 )
+from kerneltune.kernels._config import BackendConfig
 
 #: The smallest tile side Triton's `dot` accepts.
 MIN_BLOCK = 16
@@ -50,7 +51,7 @@ _MOSAIC_DEFAULTS: dict[str, Any] = {
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, repr=False)
-class MatmulConfig:
+class MatmulConfig(BackendConfig):
     """Launch parameters of the matmul on a GPU, for one of two backends.
 
     `backend="triton"` (the default) is our Pallas kernel lowered through Triton;
@@ -61,15 +62,15 @@ class MatmulConfig:
 
     Attributes:
       backend: "triton" or "mosaic".
-      bm, bn: the output tile one program (Triton) or one thread block (Mosaic)
+      block_m, block_n: the output tile one program (Triton) or one thread block (Mosaic)
         computes: rows, columns.
-      bk: how many columns of `x` (rows of `y`) one step of the inner loop multiplies.
+      block_k: how many columns of `x` (rows of `y`) one step of the inner loop multiplies.
       num_warps: (Triton) warps per program; default 4.
       num_stages: (Triton) software-pipelining depth of the inner loop; default 3.
       group_m: (Triton) output tiles are visited in groups of this many tile rows, so
         that programs running at the same time share rows of `x` and columns of `y`
         in L2; 1 visits tiles row by row. Default 8.
-      max_concurrent_steps: (Mosaic) pipeline depth: `bk`-steps whose `x` and `y`
+      max_concurrent_steps: (Mosaic) pipeline depth: `block_k`-steps whose `x` and `y`
         tiles are in flight in shared memory at once; default 4.
       wg_dimension: (Mosaic) "m" or "n": the block's tile is split in two along this
         dimension, one half per compute warpgroup; default "n".
@@ -83,16 +84,16 @@ class MatmulConfig:
         pieces of this shape; default 64×64.
 
     Example:
-      >>> MatmulConfig(bm=128, bn=128, bk=64, num_warps=4, num_stages=3)
-      MatmulConfig(bm=128, bn=128, bk=64, num_warps=4, num_stages=3, group_m=8)
-      >>> MatmulConfig(backend="mosaic", bm=128, bn=256, bk=64, cluster_dimension="m")
-      MatmulConfig(backend='mosaic', bm=128, bn=256, bk=64, max_concurrent_steps=4, \
+      >>> MatmulConfig(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=3)
+      MatmulConfig(block_m=128, block_n=128, block_k=64, num_warps=4, num_stages=3, group_m=8)
+      >>> MatmulConfig(backend="mosaic", block_m=128, block_n=256, block_k=64, cluster_dimension="m")
+      MatmulConfig(backend='mosaic', block_m=128, block_n=256, block_k=64, max_concurrent_steps=4, \
 wg_dimension='n', cluster_dimension='m', grid_minor_dim='n', grid_tile_width=1, \
 epi_tile_m=64, epi_tile_n=64)
-      >>> MatmulConfig(bm=96)
+      >>> MatmulConfig(block_m=96)
       Traceback (most recent call last):
       ...
-      ValueError: MatmulConfig.bm must be a positive power of two, got 96.
+      ValueError: MatmulConfig.block_m must be a positive power of two, got 96.
       >>> MatmulConfig(num_warps=8, max_concurrent_steps=4)
       Traceback (most recent call last):
       ...
@@ -101,9 +102,9 @@ leave it None with backend='triton' (got 4).
     """
 
     backend: Backend = "triton"
-    bm: int = 128
-    bn: int = 128
-    bk: int = 64
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 64
     # Triton
     num_warps: int | None = None
     num_stages: int | None = None
@@ -117,12 +118,17 @@ leave it None with backend='triton' (got 4).
     epi_tile_m: int | None = None
     epi_tile_n: int | None = None
 
-    def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ValueError(
-                f"MatmulConfig.backend must be one of {BACKENDS}, got {self.backend!r}."
-            )
-        for name in ("bm", "bn", "bk"):
+    shared_fields: ClassVar[tuple[str, ...]] = ("block_m", "block_n", "block_k")
+    #: Stored before the block fields took one name across ops (2026-11-26).
+    renamed_fields: ClassVar[Mapping[str, str]] = {
+        "bm": "block_m",
+        "bn": "block_n",
+        "bk": "block_k",
+    }
+    backend_fields: ClassVar[Mapping[str, Mapping[str, Any]]] = {"triton": _TRITON_DEFAULTS, "mosaic": _MOSAIC_DEFAULTS, "xla": {}}
+
+    def check(self) -> None:
+        for name in ("block_m", "block_n", "block_k"):
             value = getattr(self, name)
             check_positive_power_of_two("MatmulConfig", name, value)
             if value < MIN_BLOCK:
@@ -130,21 +136,11 @@ leave it None with backend='triton' (got 4).
                     f"MatmulConfig.{name} must be at least {MIN_BLOCK} (the smallest tile "
                     f"Triton's dot accepts), got {value}."
                 )
-        check_backend_fields(
-            self, "MatmulConfig", {"triton": _TRITON_DEFAULTS, "mosaic": _MOSAIC_DEFAULTS}
-        )
-        if self.backend == "xla":
-            return
-        mine = _TRITON_DEFAULTS if self.backend == "triton" else _MOSAIC_DEFAULTS
-        for name, default in mine.items():
-            if getattr(self, name) is None:
-                # Frozen: fill the backend's defaults in once, where the config is built.
-                object.__setattr__(self, name, default)
         if self.backend == "triton":
             check_positive_power_of_two("MatmulConfig", "num_warps", self.num_warps)
             check_positive_power_of_two("MatmulConfig", "group_m", self.group_m)
             check_positive("MatmulConfig", "num_stages", self.num_stages)
-        else:
+        elif self.backend == "mosaic":
             self._check_mosaic()
 
     def _check_mosaic(self) -> None:
@@ -164,7 +160,7 @@ leave it None with backend='triton' (got 4).
         if wg_m % WGMMA_ROWS:
             raise ValueError(
                 f"MatmulConfig(backend='mosaic'): each compute warpgroup gets a {wg_m}×{wg_n} "
-                f"tile (bm={self.bm}, bn={self.bn} split along {self.wg_dimension!r}); its "
+                f"tile (block_m={self.block_m}, block_n={self.block_n} split along {self.wg_dimension!r}); its "
                 f"height must be a multiple of {WGMMA_ROWS} (wgmma's rows)."
             )
         for name, value, side, full in (
@@ -176,7 +172,7 @@ leave it None with backend='triton' (got 4).
             if value > full:
                 raise ValueError(
                     f"MatmulConfig.{name}={value} is larger than the warpgroup tile's "
-                    f"{side} ({full}: bm={self.bm}, bn={self.bn} split along "
+                    f"{side} ({full}: block_m={self.block_m}, block_n={self.block_n} split along "
                     f"{self.wg_dimension!r}); it must divide it."
                 )
 
@@ -184,8 +180,8 @@ leave it None with backend='triton' (got 4).
     def warpgroup_tile(self) -> tuple[int, int]:
         """(Mosaic) the output tile each of the two compute warpgroups accumulates."""
         if self.wg_dimension == "m":
-            return self.bm // 2, self.bn
-        return self.bm, self.bn // 2
+            return self.block_m // 2, self.block_n
+        return self.block_m, self.block_n // 2
 
     @property
     def cluster_size(self) -> int:
@@ -197,17 +193,9 @@ leave it None with backend='triton' (got 4).
         """The output tile one cluster covers (the block's tile for Triton): the
         multiples of it that the problem's M and N must be to need no padding."""
         return (
-            self.bm * (2 if self.cluster_dimension == "m" else 1),
-            self.bn * (2 if self.cluster_dimension == "n" else 1),
+            self.block_m * (2 if self.cluster_dimension == "m" else 1),
+            self.block_n * (2 if self.cluster_dimension == "n" else 1),
         )
-
-    def __repr__(self) -> str:
-        # The chosen backend's fields only: the other backend's are always None.
-        triton = self.backend == "triton"
-        names = ["bm", "bn", "bk", *(_TRITON_DEFAULTS if triton else _MOSAIC_DEFAULTS)]
-        shown = [] if triton else [f"backend={self.backend!r}"]
-        shown += [f"{name}={getattr(self, name)!r}" for name in names]
-        return f"MatmulConfig({', '.join(shown)})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,25 +232,25 @@ def shared_memory_bytes(p: MatmulProblem, cfg: MatmulConfig) -> int:
     """Shared memory the pipelined inner loop holds: one `x` tile and one `y` tile per
     stage. (Triton reuses those buffers for the epilogue.)"""
     stages = triton_params(cfg)[1]
-    return stages * (cfg.bm * cfg.bk + cfg.bk * cfg.bn) * p.itemsize
+    return stages * (cfg.block_m * cfg.block_k + cfg.block_k * cfg.block_n) * p.itemsize
 
 
 def accumulator_registers(cfg: MatmulConfig) -> int:
     """32-bit registers per thread that the float32 accumulator tile alone needs."""
-    return cfg.bm * cfg.bn // (32 * triton_params(cfg)[0])
+    return cfg.block_m * cfg.block_n // (32 * triton_params(cfg)[0])
 
 
 def heuristic(p: MatmulProblem) -> MatmulConfig:
     """A config that fits and is reasonable for any shape: 128×128 tiles (256 wide
-    for large bf16 problems, where they pay off), bk=64 for 16-bit inputs and 32 for
+    for large bf16 problems, where they pay off), block_k=64 for 16-bit inputs and 32 for
     32-bit ones, 3 stages (fewer if they would not fit)."""
     wide = p.itemsize <= 2 and p.m >= 2048 and p.n >= 2048
-    bm = _block_for(p.m, 128)
-    bn = _block_for(p.n, 256 if wide else 128)
-    bk = _block_for(p.k, 64 if p.itemsize <= 2 else 32)
-    num_warps = 8 if bm * bn >= 128 * 256 else 4
+    block_m = _block_for(p.m, 128)
+    block_n = _block_for(p.n, 256 if wide else 128)
+    block_k = _block_for(p.k, 64 if p.itemsize <= 2 else 32)
+    num_warps = 8 if block_m * block_n >= 128 * 256 else 4
     stages = 3
-    cfg = MatmulConfig(bm=bm, bn=bn, bk=bk, num_warps=num_warps, num_stages=stages)
+    cfg = MatmulConfig(block_m=block_m, block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=stages)
     while stages > 1 and shared_memory_bytes(p, cfg) > shared_memory_limit():
         stages -= 1
         cfg = dataclasses.replace(cfg, num_stages=stages)
@@ -276,8 +264,8 @@ def candidate_space(p: MatmulProblem) -> list[MatmulConfig]:
     bns = [b for b in (32, 64, 128, 256) if b >= 64 or p.n <= 256]
     bks = (32, 64, 128)
     return [
-        MatmulConfig(bm=bm, bn=bn, bk=bk, num_warps=w, num_stages=s)
-        for bm, bn, bk, w, s in itertools.product(bms, bns, bks, (4, 8), (2, 3, 4))
+        MatmulConfig(block_m=block_m, block_n=block_n, block_k=block_k, num_warps=w, num_stages=s)
+        for block_m, block_n, block_k, w, s in itertools.product(bms, bns, bks, (4, 8), (2, 3, 4))
     ]
 
 
@@ -286,34 +274,34 @@ def rules(p: MatmulProblem, smem_limit: int | None = None):
     limit = shared_memory_limit() if smem_limit is None else smem_limit
 
     def fits_dims(c: MatmulConfig) -> str | None:
-        for name, block, dim in (("bm", c.bm, p.m), ("bn", c.bn, p.n), ("bk", c.bk, p.k)):
+        for name, block, dim in (("block_m", c.block_m, p.m), ("block_n", c.block_n, p.n), ("block_k", c.block_k, p.k)):
             if block > max(dim, MIN_BLOCK) and block > next_power_of_2(dim):
                 return f"{name}={block} is larger than the dimension ({dim})"
         return None
 
     def divides(c: MatmulConfig) -> str | None:
         for name, block, dim, axis in (
-            ("bm", c.bm, p.m, "M"),
-            ("bn", c.bn, p.n, "N"),
-            ("bk", c.bk, p.k, "K"),
+            ("block_m", c.block_m, p.m, "M"),
+            ("block_n", c.block_n, p.n, "N"),
+            ("block_k", c.block_k, p.k, "K"),
         ):
             if dim % block:
                 return f"{axis}={dim} is not a multiple of {name}={block} (would need padding)"
         return None
 
     def fits_smem(c: MatmulConfig) -> str | None:
-        tiles = f"{c.num_stages} stages × ({c.bm}×{c.bk} + {c.bk}×{c.bn}) × {p.itemsize} B"
+        tiles = f"{c.num_stages} stages × ({c.block_m}×{c.block_k} + {c.block_k}×{c.block_n}) × {p.itemsize} B"
         return shared_memory_rule(shared_memory_bytes(p, c), limit, tiles)
 
     def fits_registers(c: MatmulConfig) -> str | None:
         regs = accumulator_registers(c)
         if regs > MAX_REGISTERS_PER_THREAD:
             return (
-                f"the {c.bm}×{c.bn} float32 accumulator needs {regs} registers per thread "
+                f"the {c.block_m}×{c.block_n} float32 accumulator needs {regs} registers per thread "
                 f"with {c.num_warps} warps (at most {MAX_REGISTERS_PER_THREAD}): it would spill"
             )
         if regs < 8:
-            return f"{c.num_warps} warps are too many for a {c.bm}×{c.bn} tile ({regs} values per thread)"
+            return f"{c.num_warps} warps are too many for a {c.block_m}×{c.block_n} tile ({regs} values per thread)"
         return None
 
     return [fits_dims, divides, fits_smem, fits_registers]
@@ -348,8 +336,8 @@ def interpret_candidates(p: MatmulProblem) -> list[MatmulConfig]:
     """A handful of configs for the Pallas interpreter (tests and the CPU demo): tile
     shapes only, since warps and stages mean nothing there."""
     out = [heuristic(p)]
-    for bm, bn, bk in ((32, 32, 32), (64, 64, 64), (128, 64, 128)):
-        cfg = MatmulConfig(bm=bm, bn=bn, bk=bk, num_warps=4, num_stages=2)
-        if p.m % bm == 0 and p.n % bn == 0 and p.k % bk == 0 and cfg not in out:
+    for block_m, block_n, block_k in ((32, 32, 32), (64, 64, 64), (128, 64, 128)):
+        cfg = MatmulConfig(block_m=block_m, block_n=block_n, block_k=block_k, num_warps=4, num_stages=2)
+        if p.m % block_m == 0 and p.n % block_n == 0 and p.k % block_k == 0 and cfg not in out:
             out.append(cfg)
     return out

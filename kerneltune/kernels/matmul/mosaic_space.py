@@ -24,7 +24,7 @@ from kerneltune.kernels._common import Pruned, prune, shared_memory_limit, share
 from kerneltune.kernels.matmul import config as config_lib
 from kerneltune.kernels.matmul.config import MatmulConfig, MatmulProblem
 
-#: Block tiles (bm, bn) and the dimension the two compute warpgroups split them along:
+#: Block tiles (block_m, block_n) and the dimension the two compute warpgroups split them along:
 #: each warpgroup accumulates 128×128 (the first two) or 64×128 (the last two).
 TILES: tuple[tuple[int, int, str], ...] = (
     (128, 256, "n"),
@@ -35,7 +35,7 @@ TILES: tuple[tuple[int, int, str], ...] = (
 #: Input dtypes the Mosaic kernel is offered for (its `wgmma` path; float32 would
 #: run as TF32, and bfloat16's numpy kind is not "f").
 MOSAIC_DTYPES = ("bfloat16", "float16")
-#: `bk` for 16-bit inputs: one 128-byte row, the widest shared-memory swizzle.
+#: `block_k` for 16-bit inputs: one 128-byte row, the widest shared-memory swizzle.
 BK = 64
 #: Deepest pipeline offered: past it, more stages only take shared memory.
 MAX_STEPS = 6
@@ -92,7 +92,7 @@ def shared_memory_bytes(p: MatmulProblem, cfg: MatmulConfig) -> int:
     block tiles, the two warpgroups' output staging buffers, and a fixed slack."""
     assert cfg.max_concurrent_steps is not None
     assert cfg.epi_tile_m is not None and cfg.epi_tile_n is not None
-    pipeline = cfg.max_concurrent_steps * (cfg.bm * cfg.bk + cfg.bk * cfg.bn) * p.itemsize
+    pipeline = cfg.max_concurrent_steps * (cfg.block_m * cfg.block_k + cfg.block_k * cfg.block_n) * p.itemsize
     wg_m, wg_n = cfg.warpgroup_tile
     slots = min(2, (wg_m * wg_n) // (cfg.epi_tile_m * cfg.epi_tile_n))
     epilogue = 2 * slots * cfg.epi_tile_m * cfg.epi_tile_n * p.itemsize
@@ -105,18 +105,18 @@ def accumulator_registers(cfg: MatmulConfig) -> int:
     return wg_m * wg_n // WARPGROUP_THREADS
 
 
-def _multicast_dimension(bm: int, bn: int) -> str:
+def _multicast_dimension(block_m: int, block_n: int) -> str:
     """The cluster dimension that shares the larger operand tile: side by side along M,
-    two blocks need the same `bk × bn` tile of `y`; along N, the same `bm × bk` of `x`."""
-    return "m" if bn >= bm else "n"
+    two blocks need the same `block_k × block_n` tile of `y`; along N, the same `block_m × block_k` of `x`."""
+    return "m" if block_n >= block_m else "n"
 
 
-def _config(bm: int, bn: int, wg: str, cluster: str | None, steps: int) -> MatmulConfig:
+def _config(block_m: int, block_n: int, wg: str, cluster: str | None, steps: int) -> MatmulConfig:
     return MatmulConfig(
         backend="mosaic",
-        bm=bm,
-        bn=bn,
-        bk=BK,
+        block_m=block_m,
+        block_n=block_n,
+        block_k=BK,
         max_concurrent_steps=steps,
         wg_dimension=wg,  # type: ignore[arg-type]
         cluster_dimension=cluster,  # type: ignore[arg-type]
@@ -128,7 +128,7 @@ def _config(bm: int, bn: int, wg: str, cluster: str | None, steps: int) -> Matmu
 def deepest_steps(p: MatmulProblem, cfg: MatmulConfig, smem_limit: int) -> int:
     """The deepest pipeline (at most `MAX_STEPS` and the number of K steps, at least 1)
     with which `cfg`'s tiles fit `smem_limit`."""
-    k_steps = max(1, -(-p.k // cfg.bk))
+    k_steps = max(1, -(-p.k // cfg.block_k))
     for steps in range(min(MAX_STEPS, k_steps), 1, -1):
         if shared_memory_bytes(p, dataclasses.replace(cfg, max_concurrent_steps=steps)) <= (
             smem_limit
@@ -141,9 +141,9 @@ def space(p: MatmulProblem, smem_limit: int | None = None) -> list[MatmulConfig]
     """The curated Mosaic configs for `p` before pruning (see the module docstring)."""
     limit = shared_memory_limit() if smem_limit is None else smem_limit
     out = []
-    for bm, bn, wg in TILES:
-        for cluster in (None, _multicast_dimension(bm, bn)):
-            base = _config(bm, bn, wg, cluster, 1)
+    for block_m, block_n, wg in TILES:
+        for cluster in (None, _multicast_dimension(block_m, block_n)):
+            base = _config(block_m, block_n, wg, cluster, 1)
             deepest = deepest_steps(p, base, limit)
             for steps in sorted({deepest, max(1, deepest - 1)}, reverse=True):
                 out.append(dataclasses.replace(base, max_concurrent_steps=steps))
@@ -180,9 +180,9 @@ def rules(
     def divides(c: MatmulConfig) -> str | None:
         cm, cn = c.cluster_tile
         for axis, dim, tile, name, block in (
-            ("M", p.m, cm, "bm", c.bm),
-            ("N", p.n, cn, "bn", c.bn),
-            ("K", p.k, c.bk, "bk", c.bk),
+            ("M", p.m, cm, "block_m", c.block_m),
+            ("N", p.n, cn, "block_n", c.block_n),
+            ("K", p.k, c.block_k, "block_k", c.block_k),
         ):
             if dim % tile:
                 what = f"{name}={block}"
@@ -193,17 +193,17 @@ def rules(
 
     def steps(c: MatmulConfig) -> str | None:
         assert c.max_concurrent_steps is not None
-        k_steps = -(-p.k // c.bk)
+        k_steps = -(-p.k // c.block_k)
         if c.max_concurrent_steps > k_steps:
             return (
                 f"max_concurrent_steps={c.max_concurrent_steps} is more than the {k_steps} "
-                f"K steps (K={p.k}, bk={c.bk})"
+                f"K steps (K={p.k}, block_k={c.block_k})"
             )
         return None
 
     def fits_smem(c: MatmulConfig) -> str | None:
         tiles = (
-            f"{c.max_concurrent_steps} steps × ({c.bm}×{c.bk} + {c.bk}×{c.bn}) × "
+            f"{c.max_concurrent_steps} steps × ({c.block_m}×{c.block_k} + {c.block_k}×{c.block_n}) × "
             f"{p.itemsize} B + output staging"
         )
         return shared_memory_rule(shared_memory_bytes(p, c), limit, tiles)
@@ -241,7 +241,7 @@ def candidates(
       >>> len(kept), {c.backend for c in kept}
       (16, {'mosaic'})
       >>> kept, pruned = candidates(MatmulProblem(64, 8192, 8192, np.dtype("bfloat16")))
-      >>> sorted({(c.bm, c.bn, c.cluster_dimension) for c in kept})
+      >>> sorted({(c.block_m, c.block_n, c.cluster_dimension) for c in kept})
       [(64, 256, None)]
     """
     limit = shared_memory_limit() if smem_limit is None else smem_limit

@@ -123,7 +123,7 @@ def tuning_config(cfg: MatmulConfig, module: Any = None) -> Any:
     return module.TuningConfig(
         tile_m=wg_m,
         tile_n=wg_n,
-        tile_k=cfg.bk,
+        tile_k=cfg.block_k,
         max_concurrent_steps=cfg.max_concurrent_steps,
         epi_tile_m=cfg.epi_tile_m,
         epi_tile_n=cfg.epi_tile_n,
@@ -150,7 +150,7 @@ def matmul_mosaic(x: jax.Array, y: jax.Array, cfg: MatmulConfig) -> jax.Array:
     """`x @ y` for 2-D 16-bit `x[m, k]` and `y[k, n]` through JAX's Hopper Mosaic GPU
     matmul with `cfg`'s tiles (float32 accumulation, output in `x`'s dtype).
 
-    Dimensions that a cluster's tile (M, N) or `bk` (K) does not divide are
+    Dimensions that a cluster's tile (M, N) or `block_k` (K) does not divide are
     zero-padded: correct, but wasted work (the candidate space avoids such configs).
 
     Raises:
@@ -172,8 +172,8 @@ def matmul_mosaic(x: jax.Array, y: jax.Array, cfg: MatmulConfig) -> jax.Array:
     m, _ = x.shape
     n = y.shape[1]
     cm, cn = cfg.cluster_tile
-    xp = pad_to(x, (cm, cfg.bk))
-    yp = pad_to(y, (cfg.bk, cn))
+    xp = pad_to(x, (cm, cfg.block_k))
+    yp = pad_to(y, (cfg.block_k, cn))
     kwargs: dict[str, Any] = {"config": tuning_config(cfg, loaded.module)}
     if loaded.passes_c:
         kwargs["c"] = None  # no `+ c` epilogue

@@ -1,7 +1,7 @@
 """The tiled matmul written in Pallas, lowered through Triton on GPUs.
 
-Each program computes one `bm × bn` tile of the output: it walks the shared dimension
-in steps of `bk`, multiplying a `bm × bk` slice of `x` by a `bk × bn` slice of `y` into
+Each program computes one `block_m × block_n` tile of the output: it walks the shared dimension
+in steps of `block_k`, multiplying a `block_m × block_k` slice of `x` by a `block_k × block_n` slice of `y` into
 a float32 accumulator (Triton pipelines those loads over `num_stages` buffers), and
 writes the tile once. Programs are numbered along one grid axis and mapped to tiles in
 groups of `group_m` tile rows, so that programs in flight together reuse the same rows
@@ -22,11 +22,11 @@ from kerneltune.kernels.matmul.config import MatmulConfig, triton_params
 from kerneltune.kernels.matmul.pallas_backward import PallasGradient
 
 
-def _tile_kernel(x_ref, y_ref, o_ref, *, bk: int, steps: int, upcast: bool):
+def _tile_kernel(x_ref, y_ref, o_ref, *, block_k: int, steps: int, upcast: bool):
     def step(i, acc):
-        start = pl.multiple_of(i * bk, bk)
-        x = x_ref[:, pl.ds(start, bk)]
-        y = y_ref[pl.ds(start, bk), :]
+        start = pl.multiple_of(i * block_k, block_k)
+        x = x_ref[:, pl.ds(start, block_k)]
+        y = y_ref[pl.ds(start, block_k), :]
         if upcast:  # the interpreter on CPUs: XLA:CPU has no bf16 x bf16 -> f32 dot.
             x, y = x.astype(jnp.float32), y.astype(jnp.float32)
         # jnp.dot, not pl.dot: the latter is deprecated in JAX 0.11 and gone in 0.12.
@@ -65,11 +65,11 @@ def matmul_pallas(
     num_warps, num_stages, group_m = triton_params(cfg)
     m, k = x.shape
     n = y.shape[1]
-    xp = pad_to(x, (cfg.bm, cfg.bk))
-    yp = pad_to(y, (cfg.bk, cfg.bn))
+    xp = pad_to(x, (cfg.block_m, cfg.block_k))
+    yp = pad_to(y, (cfg.block_k, cfg.block_n))
     mp, kp = xp.shape
     np_ = yp.shape[1]
-    tiles_m, tiles_n = mp // cfg.bm, np_ // cfg.bn
+    tiles_m, tiles_n = mp // cfg.block_m, np_ // cfg.block_n
     group_m = min(group_m, tiles_m)
 
     def x_map(pid):
@@ -84,11 +84,11 @@ def matmul_pallas(
         return _grouped_tile(pid, tiles_m, tiles_n, group_m)
 
     out = pl.pallas_call(
-        functools.partial(_tile_kernel, bk=cfg.bk, steps=kp // cfg.bk, upcast=interpret),
+        functools.partial(_tile_kernel, block_k=cfg.block_k, steps=kp // cfg.block_k, upcast=interpret),
         out_shape=jax.ShapeDtypeStruct((mp, np_), x.dtype),
         grid=(tiles_m * tiles_n,),
-        in_specs=[pl.BlockSpec((cfg.bm, kp), x_map), pl.BlockSpec((kp, cfg.bn), y_map)],
-        out_specs=pl.BlockSpec((cfg.bm, cfg.bn), o_map),
+        in_specs=[pl.BlockSpec((cfg.block_m, kp), x_map), pl.BlockSpec((kp, cfg.block_n), y_map)],
+        out_specs=pl.BlockSpec((cfg.block_m, cfg.block_n), o_map),
         compiler_params=None
         if interpret
         else triton_compiler_params(num_warps=num_warps, num_stages=num_stages),

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
@@ -24,12 +25,12 @@ from kerneltune._src.params import check_positive, check_positive_power_of_two
 from kerneltune.kernels._common import (
     MAX_REGISTERS_PER_THREAD,
     Pruned,
-    check_backend_fields,
     next_power_of_2,
     prune,
     shared_memory_limit,
     shared_memory_rule,
 )
+from kerneltune.kernels._config import BackendConfig
 
 Backend = Literal["triton", "mosaic", "xla", "tokamax"]
 TileOrder = Literal["m", "n"]
@@ -49,13 +50,12 @@ MOSAIC_DTYPES = ("bfloat16", "float16")
 MOSAIC_ROW_TILING = 8
 
 
-_TRITON_DEFAULTS: dict[str, Any] = {"num_warps": 4, "num_stages": 3, "tile_order": "m"}
-_MOSAIC_DEFAULTS: dict[str, Any] = {"max_concurrent_steps": 4, "grid_block_n": 1}
 _BLOCKS = ("block_m", "block_n", "block_k")
+_BLOCK_DEFAULTS: dict[str, Any] = {"block_m": 128, "block_n": 128, "block_k": 64}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, repr=False)
-class RaggedDotConfig:
+class RaggedDotConfig(BackendConfig):
     """Launch parameters of one grouped-matmul product, for one of four backends.
 
     For the forward and d_lhs products, `block_m × block_n` is the output tile one
@@ -105,26 +105,17 @@ max_concurrent_steps=4, grid_block_n=4)
     max_concurrent_steps: int | None = None
     grid_block_n: int | None = None
 
-    def __post_init__(self) -> None:
+    backend_fields: ClassVar[Mapping[str, Mapping[str, Any]]] = {
+        "triton": {**_BLOCK_DEFAULTS, "num_warps": 4, "num_stages": 3, "tile_order": "m"},
+        "mosaic": {**_BLOCK_DEFAULTS, "max_concurrent_steps": 4, "grid_block_n": 1},
+        "xla": {},
+        "tokamax": {},
+    }
+
+    def check(self) -> None:
         owner = "RaggedDotConfig"
-        if self.backend not in BACKENDS:
-            raise ValueError(f"{owner}.backend must be one of {BACKENDS}, got {self.backend!r}.")
-        check_backend_fields(
-            self,
-            owner,
-            {
-                "triton": (*_BLOCKS, *_TRITON_DEFAULTS),
-                "mosaic": (*_BLOCKS, *_MOSAIC_DEFAULTS),
-            },
-        )
         if self.backend in ("xla", "tokamax"):
             return
-        mine = _TRITON_DEFAULTS if self.backend == "triton" else _MOSAIC_DEFAULTS
-        # Frozen: the backend's defaults are filled in once, where the config is built.
-        defaults = {"block_m": 128, "block_n": 128, "block_k": 64, **mine}
-        for name, default in defaults.items():
-            if getattr(self, name) is None:
-                object.__setattr__(self, name, default)
         for name in _BLOCKS:
             value = getattr(self, name)
             check_positive_power_of_two(owner, name, value)
@@ -150,15 +141,6 @@ max_concurrent_steps=4, grid_block_n=4)
         if self.block_m is None or self.block_n is None or self.block_k is None:
             raise ValueError(f"a backend={self.backend!r} config has no tiles: {self!r}.")
         return self.block_m, self.block_n, self.block_k
-
-    def __repr__(self) -> str:
-        if self.backend in ("xla", "tokamax"):
-            return f"RaggedDotConfig(backend={self.backend!r})"
-        triton = self.backend == "triton"
-        names = [*_BLOCKS, *(_TRITON_DEFAULTS if triton else _MOSAIC_DEFAULTS)]
-        shown = [] if triton else [f"backend={self.backend!r}"]
-        shown += [f"{name}={getattr(self, name)!r}" for name in names]
-        return f"RaggedDotConfig({', '.join(shown)})"
 
 
 #: The library backends' configs.
