@@ -24,8 +24,8 @@ def _tiny_jobs(on_gpu):
         return (jax.random.normal(key, (8, 128)),), {}
 
     return [
-        demo.DemoJob("matmul", kernels.MatmulInterpret, "64x32x64", "float32", mm),
-        demo.DemoJob("softmax", kernels.SoftmaxInterpret, "8x128", "float32", sm),
+        demo.DemoJob("matmul", kernels.Matmul, "64x32x64", "float32", mm, interpret=True),
+        demo.DemoJob("softmax", kernels.Softmax, "8x128", "float32", sm, interpret=True),
     ]
 
 

@@ -4,6 +4,7 @@ with an XLA path; values and gradients against a float32 reference."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -218,24 +219,26 @@ def test_pallas_bf16_forward(key):
 
 
 class _TwoFwd(Attention):
+    """Two forward configs to tune on this CPU (where the fallback runs them)."""
+
     op_id = "attention-test"
 
-    def candidate_cfgs_xla(self, inv):
+    def candidate_cfgs(self, inv):
         return [
             FwdParams(q_blocksize=16, kv_blocksize=16, num_warps=4, num_stages=1),
             self.heuristic_cfg(inv),
         ]
 
+    @functools.cached_property
+    def backward(self):
+        return _TwoBwd(executor=self.executor)
+
 
 class _TwoBwd(AttentionBackward):
     op_id = "attention_bwd-test"
 
-    def candidate_cfgs_xla(self, inv):
+    def candidate_cfgs(self, inv):
         return [BwdParams(q_blocksize=16, kv_blocksize=16, num_warps=4), self.heuristic_cfg(inv)]
-
-
-_TwoFwd.backward_type = _TwoBwd
-_TwoBwd.forward_type = _TwoFwd
 
 
 def test_forward_and_backward_are_tuned_separately_under_jit(key):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -101,16 +102,10 @@ class Attention(BackendKernel[FwdParams]):
     )
     fallback = "reference"
 
-    def __init__(
-        self,
-        op_id: str | None = None,
-        *,
-        name: str | None = None,
-        executor: Any = None,
-        interpret: bool = False,
-    ) -> None:
-        super().__init__(op_id, name=name, executor=executor, interpret=interpret)
-        self.backward = AttentionBackward(executor=executor, interpret=interpret)
+    @functools.cached_property
+    def backward(self) -> AttentionBackward:
+        """The backward kernel, bound to this kernel's executor (and interpreter)."""
+        return AttentionBackward(executor=self.executor, interpret=self.interpret)
 
     def prepare(
         self, q: Any, k: Any, v: Any, *, causal: bool = False, sm_scale: float | None = None

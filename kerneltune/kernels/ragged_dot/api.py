@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, ClassVar
 
 import jax
@@ -164,17 +165,15 @@ class RaggedDot(_RaggedDotKernel):
     tunes_training_apart = True
     backends = (XlaBackend(), TritonBackend(), MosaicBackend(), TokamaxBackend())
 
-    def __init__(
-        self,
-        op_id: str | None = None,
-        *,
-        name: str | None = None,
-        executor: Any = None,
-        interpret: bool = False,
-    ) -> None:
-        super().__init__(op_id, name=name, executor=executor, interpret=interpret)
-        self.grad_lhs = RaggedDotGradLhs(executor=executor, interpret=interpret)
-        self.grad_rhs = RaggedDotGradRhs(executor=executor, interpret=interpret)
+    @functools.cached_property
+    def grad_lhs(self) -> RaggedDotGradLhs:
+        """The d_lhs kernel, bound to this kernel's executor (and interpreter)."""
+        return RaggedDotGradLhs(executor=self.executor, interpret=self.interpret)
+
+    @functools.cached_property
+    def grad_rhs(self) -> RaggedDotGradRhs:
+        """The d_rhs kernel, bound to this kernel's executor (and interpreter)."""
+        return RaggedDotGradRhs(executor=self.executor, interpret=self.interpret)
 
     def prepare(
         self, lhs: Any, rhs: Any, group_sizes: Any, *, out_dtype: Any = None
