@@ -33,6 +33,9 @@ class XlaBackend(Backend):
     plain_jax = True
 
     def run(self, kernel, q, k, v, *, cfg, causal: bool, sm_scale: float):
-        return jax.nn.dot_product_attention(
-            q, k, v, scale=sm_scale, is_causal=causal, implementation="xla"
-        )
+        # JAX's XLA attention promotes 16-bit inputs against float32 inside: under a
+        # caller's strict dtype promotion it would fail where cuDNN's runs.
+        with jax.numpy_dtype_promotion("standard"):
+            return jax.nn.dot_product_attention(
+                q, k, v, scale=sm_scale, is_causal=causal, implementation="xla"
+            )
