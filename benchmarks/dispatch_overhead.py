@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 import kerneltune as kt
+from kerneltune.kernels import Softmax
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,12 +66,17 @@ def main() -> None:
     jax.block_until_ready(plain(x))
     jax.block_until_ready(executor(kernel, x, alpha=2.0))
 
+    # A bundled op (its backends declared as objects) on the same path.
+    rows = jax.random.normal(jax.random.PRNGKey(1), (4, 32), jnp.float32)
+    softmax = Softmax()
     cases = [
         ("plain jax.jit", lambda: plain(x)),
         ("executor(kernel, x, alpha=2.0)", lambda: executor(kernel, x, alpha=2.0)),
         ("executor(kernel, x)", lambda: executor(kernel, x)),
+        ("executor(Softmax(), rows)", lambda: executor(softmax, rows)),
     ]
     jax.block_until_ready(executor(kernel, x))
+    jax.block_until_ready(executor(softmax, rows))
     results = {name: per_call_us(fn, args.calls, args.repeats) for name, fn in cases}
     base = results["plain jax.jit"][0]
     print(f"device: {kt.device_fingerprint()}   jax {jax.__version__}   calls/repeat {args.calls}")
