@@ -159,7 +159,8 @@ def test_new_ops_backends_survive_a_manifest_and_tuning(tmp_path, kernel_name):
     from kerneltune._src.kernel import recording
 
     cls = getattr(kernels, kernel_name)
-    cfg_type = cls.config_type
+    kernel = cls()
+    cfg_type = kernel.config_type
     x = jax.random.normal(jax.random.PRNGKey(0), (16, 16), jnp.float32)
     if cls is kernels.LinearSoftmaxCrossEntropyInterpret:
         args = (x, jnp.arange(16) % 32, jnp.ones((16, 32)) / 4, jnp.ones(16, bool))
@@ -174,7 +175,7 @@ def test_new_ops_backends_survive_a_manifest_and_tuning(tmp_path, kernel_name):
         )
     )
     with recording.record_calls():
-        heuristics(cls(), *args, **kwargs)
+        heuristics(kernel, *args, **kwargs)
     assert kt.save_manifest(tmp_path / "calls.json") == 1
     recording.clear_invocations()
     chain = kt.ConfigSelectorChain(
@@ -182,7 +183,7 @@ def test_new_ops_backends_survive_a_manifest_and_tuning(tmp_path, kernel_name):
     )
     result = kt.autotune_recorded(kt.load_manifest(tmp_path / "calls.json"), selector=chain)
     result.save(tmp_path / "tuned.json")
-    (entry,) = kt.AutotuningResult.load(tmp_path / "tuned.json", {cls.op_id: cfg_type})
+    (entry,) = kt.AutotuningResult.load(tmp_path / "tuned.json", {kernel.op_id: cfg_type})
     assert isinstance(entry.cfg, cfg_type) and entry.cfg == result.entries[0].cfg
     assert entry.cfg.backend in {"xla", "chunked", "triton"}
     timed = {c["cfg"]["backend"] for c in result.entries[0].candidates if c["status"] == "ok"}

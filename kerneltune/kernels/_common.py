@@ -127,6 +127,23 @@ def powers_of_2(lo: int, hi: int) -> list[int]:
     return out
 
 
+def pad_to(a: jax.Array, multiples: tuple[int, ...]) -> jax.Array:
+    """`a` zero-padded at the end of each dimension to a multiple of `multiples` (as
+    is when they divide it)."""
+    pads = [(0, (-d) % m) for d, m in zip(a.shape, multiples, strict=False)]
+    return jax.numpy.pad(a, pads) if any(p for _, p in pads) else a
+
+
+def blocks_not_dividing(blocks: Sequence[tuple[str, int | None, int, str]]) -> str | None:
+    """Why tiles need padding: the first `(name, block, dim, axis)` whose block does not
+    divide its dimension, as a reason; None when every one divides."""
+    for name, block, dim, axis in blocks:
+        assert block is not None
+        if dim % block:
+            return f"{axis}={dim} is not a multiple of {name}={block} (would need padding)"
+    return None
+
+
 # --- Pallas across JAX versions ----------------------------------------------------------
 
 

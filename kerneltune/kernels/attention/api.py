@@ -187,7 +187,9 @@ class AttentionBackward(BackendKernel[BwdParams]):
         causal, sm_scale = inv.kwargs["causal"], inv.kwargs["sm_scale"]
         forward = Attention(executor=self.executor, interpret=self.interpret)
         fwd_cfg = config_lib.fwd_heuristic(problem_of(inv))
-        out, lse = forward.fwd_with_residuals(q, k, v, cfg=fwd_cfg, causal=causal, sm_scale=sm_scale)
+        out, lse = forward.fwd_with_residuals(
+            q, k, v, cfg=fwd_cfg, causal=causal, sm_scale=sm_scale
+        )
         return (q, k, v, out, lse, dout), dict(inv.kwargs)
 
 

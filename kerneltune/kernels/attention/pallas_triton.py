@@ -188,7 +188,9 @@ class TritonBackwardBackend(Backend):
     lowering = "triton"
     interprets = True
 
-    def run(self, kernel, q, k, v, out, lse, dout, *, cfg: BwdParams, causal: bool, sm_scale: float):
+    def run(
+        self, kernel, q, k, v, out, lse, dout, *, cfg: BwdParams, causal: bool, sm_scale: float
+    ):
         return mha_backward(
             q, k, v, out, lse, dout, cfg=cfg, causal=causal, sm_scale=sm_scale,
             interpret=kernel.use_interpreter(),

@@ -135,7 +135,9 @@ class ReferenceBackend(BackwardKernelGradient):
     plain_jax = True
 
     def run(self, kernel, q, k, v, *, cfg, causal: bool, sm_scale: float):
-        return self.fwd_with_residuals(kernel, q, k, v, cfg=cfg, causal=causal, sm_scale=sm_scale)[0]
+        return self.fwd_with_residuals(kernel, q, k, v, cfg=cfg, causal=causal, sm_scale=sm_scale)[
+            0
+        ]
 
     def fwd_with_residuals(self, kernel, q, k, v, *, cfg, causal: bool, sm_scale: float):
         k, v = every_head(q, k), every_head(q, v)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kerneltune.kernels._common import triton_compiler_params
+from kerneltune.kernels._common import pad_to, triton_compiler_params
 from kerneltune.kernels.cross_entropy import lse_triton
 from kerneltune.kernels.cross_entropy.chunked_backend import FromRows
 from kerneltune.kernels.cross_entropy.config import CrossEntropyConfig
@@ -52,11 +52,6 @@ def _lse_kernel(
     picked_ref[...] = picked
 
 
-def _pad(a: jax.Array, multiples: tuple[int, ...]) -> jax.Array:
-    pads = [(0, (-d) % m) for d, m in zip(a.shape, multiples)]
-    return jnp.pad(a, pads) if any(p for _, p in pads) else a
-
-
 def lse_and_label_logit(
     x: jax.Array,
     labels: jax.Array,
@@ -73,9 +68,9 @@ def lse_and_label_logit(
     assert cfg.block_m and cfg.block_v and cfg.block_k
     m, k = x.shape
     vocab = w.shape[1]
-    xp = _pad(x, (cfg.block_m, cfg.block_k))
-    wp = _pad(w, (cfg.block_k, cfg.block_v))
-    lp = _pad(labels.astype(jnp.int32), (cfg.block_m,))
+    xp = pad_to(x, (cfg.block_m, cfg.block_k))
+    wp = pad_to(w, (cfg.block_k, cfg.block_v))
+    lp = pad_to(labels.astype(jnp.int32), (cfg.block_m,))
     mp, kp = xp.shape
     vp = wp.shape[1]
     kernel = functools.partial(

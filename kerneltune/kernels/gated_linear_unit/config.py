@@ -22,6 +22,7 @@ from kerneltune._src.params import check_positive, check_positive_power_of_two
 from kerneltune.kernels._common import (
     MAX_REGISTERS_PER_THREAD,
     Pruned,
+    blocks_not_dividing,
     next_power_of_2,
     prune,
     shared_memory_limit,
@@ -76,7 +77,12 @@ class GLUConfig(BackendConfig):
         "bn": "block_n",
         "bk": "block_k",
     }
-    backend_fields: ClassVar[Mapping[str, Mapping[str, Any]]] = {"xla": {}, "xla_split": {}, "triton": _TRITON_DEFAULTS, "tokamax": {}}
+    backend_fields: ClassVar[Mapping[str, Mapping[str, Any]]] = {
+        "xla": {},
+        "xla_split": {},
+        "triton": _TRITON_DEFAULTS,
+        "tokamax": {},
+    }
 
     def check(self) -> None:
         if self.backend != "triton":
@@ -140,22 +146,24 @@ def rules(p: GLUProblem, smem_limit: int | None = None):
     limit = shared_memory_limit() if smem_limit is None else smem_limit
 
     def fits_dims(c: GLUConfig) -> str | None:
-        for name, block, dim in (("block_m", c.block_m, p.m), ("block_n", c.block_n, p.n), ("block_k", c.block_k, p.k)):
+        for name, block, dim in (
+            ("block_m", c.block_m, p.m),
+            ("block_n", c.block_n, p.n),
+            ("block_k", c.block_k, p.k),
+        ):
             assert block is not None
             if block > max(MIN_BLOCK, next_power_of_2(dim)):
                 return f"{name}={block} is larger than the dimension ({dim})"
         return None
 
     def divides(c: GLUConfig) -> str | None:
-        for name, block, dim, axis in (
-            ("block_m", c.block_m, p.m, "M"),
-            ("block_n", c.block_n, p.n, "N"),
-            ("block_k", c.block_k, p.k, "K"),
-        ):
-            assert block is not None
-            if dim % block:
-                return f"{axis}={dim} is not a multiple of {name}={block} (would need padding)"
-        return None
+        return blocks_not_dividing(
+            (
+                ("block_m", c.block_m, p.m, "M"),
+                ("block_n", c.block_n, p.n, "N"),
+                ("block_k", c.block_k, p.k, "K"),
+            )
+        )
 
     def fits_smem(c: GLUConfig) -> str | None:
         tiles = f"{c.num_stages} stages × ({c.block_m}×{c.block_k} + 2 × {c.block_k}×{c.block_n}) × {p.itemsize} B"
@@ -186,7 +194,14 @@ def triton_candidates(
       (True, True)
     """
     space = [
-        GLUConfig(backend="triton", block_m=block_m, block_n=block_n, block_k=block_k, num_warps=w, num_stages=s)
+        GLUConfig(
+            backend="triton",
+            block_m=block_m,
+            block_n=block_n,
+            block_k=block_k,
+            num_warps=w,
+            num_stages=s,
+        )
         for block_m, block_n, block_k, w, s in itertools.product(
             (64, 128), (64, 128, 256), (32, 64), (4, 8), (2, 3, 4)
         )
@@ -197,7 +212,9 @@ def triton_candidates(
 def interpret_candidates(p: GLUProblem) -> list[GLUConfig]:
     """XLA and two small fused-kernel tiles, for the Pallas interpreter."""
     out = [XLA, triton_heuristic(p)]
-    small = GLUConfig(backend="triton", block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=2)
+    small = GLUConfig(
+        backend="triton", block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=2
+    )
     if small not in out:
         out.append(small)
     return out

@@ -17,7 +17,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from kerneltune._src.kernel.backends import Backend
-from kerneltune.kernels._common import triton_compiler_params
+from kerneltune.kernels._common import pad_to, triton_compiler_params
 from kerneltune.kernels.gated_linear_unit.config import GLUConfig
 from kerneltune.kernels.gated_linear_unit.reference import gate_and_up, glu_xla
 
@@ -40,11 +40,6 @@ def _glu_kernel(x_ref, g_ref, u_ref, o_ref, *, block_k: int, steps: int, activat
     o_ref[...] = (activation(acc_g) * acc_u).astype(o_ref.dtype)
 
 
-def _pad(a: jax.Array, multiples: tuple[int, ...]) -> jax.Array:
-    pads = [(0, (-d) % m) for d, m in zip(a.shape, multiples)]
-    return jnp.pad(a, pads) if any(p for _, p in pads) else a
-
-
 def glu_pallas(
     x: jax.Array,
     gate: jax.Array,
@@ -59,14 +54,18 @@ def glu_pallas(
     assert cfg.block_m and cfg.block_n and cfg.block_k
     m, _ = x.shape
     n = gate.shape[1]
-    xp = _pad(x, (cfg.block_m, cfg.block_k))
-    gp = _pad(gate, (cfg.block_k, cfg.block_n))
-    up_p = _pad(up, (cfg.block_k, cfg.block_n))
+    xp = pad_to(x, (cfg.block_m, cfg.block_k))
+    gp = pad_to(gate, (cfg.block_k, cfg.block_n))
+    up_p = pad_to(up, (cfg.block_k, cfg.block_n))
     mp, kp = xp.shape
     np_ = gp.shape[1]
     out = pl.pallas_call(
         functools.partial(
-            _glu_kernel, block_k=cfg.block_k, steps=kp // cfg.block_k, activation=activation, upcast=interpret
+            _glu_kernel,
+            block_k=cfg.block_k,
+            steps=kp // cfg.block_k,
+            activation=activation,
+            upcast=interpret,
         ),
         out_shape=jax.ShapeDtypeStruct((mp, np_), x.dtype),
         grid=(mp // cfg.block_m, np_ // cfg.block_n),

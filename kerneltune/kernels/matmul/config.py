@@ -13,6 +13,7 @@ from kerneltune._src.params import check_positive, check_positive_power_of_two
 from kerneltune.kernels._common import (
     MAX_REGISTERS_PER_THREAD,
     Pruned,
+    blocks_not_dividing,
     next_power_of_2,
     prune,
     shared_memory_limit,
@@ -125,7 +126,11 @@ leave it None with backend='triton' (got 4).
         "bn": "block_n",
         "bk": "block_k",
     }
-    backend_fields: ClassVar[Mapping[str, Mapping[str, Any]]] = {"triton": _TRITON_DEFAULTS, "mosaic": _MOSAIC_DEFAULTS, "xla": {}}
+    backend_fields: ClassVar[Mapping[str, Mapping[str, Any]]] = {
+        "triton": _TRITON_DEFAULTS,
+        "mosaic": _MOSAIC_DEFAULTS,
+        "xla": {},
+    }
 
     def check(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
@@ -250,7 +255,9 @@ def heuristic(p: MatmulProblem) -> MatmulConfig:
     block_k = _block_for(p.k, 64 if p.itemsize <= 2 else 32)
     num_warps = 8 if block_m * block_n >= 128 * 256 else 4
     stages = 3
-    cfg = MatmulConfig(block_m=block_m, block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=stages)
+    cfg = MatmulConfig(
+        block_m=block_m, block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=stages
+    )
     while stages > 1 and shared_memory_bytes(p, cfg) > shared_memory_limit():
         stages -= 1
         cfg = dataclasses.replace(cfg, num_stages=stages)
@@ -274,20 +281,23 @@ def rules(p: MatmulProblem, smem_limit: int | None = None):
     limit = shared_memory_limit() if smem_limit is None else smem_limit
 
     def fits_dims(c: MatmulConfig) -> str | None:
-        for name, block, dim in (("block_m", c.block_m, p.m), ("block_n", c.block_n, p.n), ("block_k", c.block_k, p.k)):
+        for name, block, dim in (
+            ("block_m", c.block_m, p.m),
+            ("block_n", c.block_n, p.n),
+            ("block_k", c.block_k, p.k),
+        ):
             if block > max(dim, MIN_BLOCK) and block > next_power_of_2(dim):
                 return f"{name}={block} is larger than the dimension ({dim})"
         return None
 
     def divides(c: MatmulConfig) -> str | None:
-        for name, block, dim, axis in (
-            ("block_m", c.block_m, p.m, "M"),
-            ("block_n", c.block_n, p.n, "N"),
-            ("block_k", c.block_k, p.k, "K"),
-        ):
-            if dim % block:
-                return f"{axis}={dim} is not a multiple of {name}={block} (would need padding)"
-        return None
+        return blocks_not_dividing(
+            (
+                ("block_m", c.block_m, p.m, "M"),
+                ("block_n", c.block_n, p.n, "N"),
+                ("block_k", c.block_k, p.k, "K"),
+            )
+        )
 
     def fits_smem(c: MatmulConfig) -> str | None:
         tiles = f"{c.num_stages} stages × ({c.block_m}×{c.block_k} + {c.block_k}×{c.block_n}) × {p.itemsize} B"
@@ -337,7 +347,9 @@ def interpret_candidates(p: MatmulProblem) -> list[MatmulConfig]:
     shapes only, since warps and stages mean nothing there."""
     out = [heuristic(p)]
     for block_m, block_n, block_k in ((32, 32, 32), (64, 64, 64), (128, 64, 128)):
-        cfg = MatmulConfig(block_m=block_m, block_n=block_n, block_k=block_k, num_warps=4, num_stages=2)
+        cfg = MatmulConfig(
+            block_m=block_m, block_n=block_n, block_k=block_k, num_warps=4, num_stages=2
+        )
         if p.m % block_m == 0 and p.n % block_n == 0 and p.k % block_k == 0 and cfg not in out:
             out.append(cfg)
     return out

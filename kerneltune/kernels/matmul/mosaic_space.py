@@ -92,7 +92,11 @@ def shared_memory_bytes(p: MatmulProblem, cfg: MatmulConfig) -> int:
     block tiles, the two warpgroups' output staging buffers, and a fixed slack."""
     assert cfg.max_concurrent_steps is not None
     assert cfg.epi_tile_m is not None and cfg.epi_tile_n is not None
-    pipeline = cfg.max_concurrent_steps * (cfg.block_m * cfg.block_k + cfg.block_k * cfg.block_n) * p.itemsize
+    pipeline = (
+        cfg.max_concurrent_steps
+        * (cfg.block_m * cfg.block_k + cfg.block_k * cfg.block_n)
+        * p.itemsize
+    )
     wg_m, wg_n = cfg.warpgroup_tile
     slots = min(2, (wg_m * wg_n) // (cfg.epi_tile_m * cfg.epi_tile_n))
     epilogue = 2 * slots * cfg.epi_tile_m * cfg.epi_tile_n * p.itemsize

@@ -20,11 +20,10 @@ from typing import Any
 
 import jax
 
-from kerneltune.kernels._common import device_kind_name, is_hopper, logger
+from kerneltune.kernels._common import device_kind_name, is_hopper, logger, pad_to
 from kerneltune.kernels.matmul.config import MatmulConfig
 from kerneltune.kernels.matmul.mosaic_space import TUNING_FIELDS, MosaicSupport
 from kerneltune.kernels.matmul.pallas_backward import PallasGradient
-from kerneltune.kernels.matmul.pallas_triton import pad_to
 
 MODULE = "jax.experimental.pallas.ops.gpu.hopper_matmul_mgpu"
 

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kerneltune.kernels._common import triton_compiler_params
+from kerneltune.kernels._common import pad_to, triton_compiler_params
 from kerneltune.kernels.matmul.config import MatmulConfig, triton_params
 from kerneltune.kernels.matmul.pallas_backward import PallasGradient
 
@@ -46,12 +46,6 @@ def _grouped_tile(pid, tiles_m: int, tiles_n: int, group_m: int):
     rows_here = jnp.minimum(tiles_m - first_row, group_m)
     within = pid % per_group
     return first_row + within % rows_here, within // rows_here
-
-
-def pad_to(a: jax.Array, multiples: tuple[int, int]) -> jax.Array:
-    """`a` zero-padded at the end of each dimension to a multiple of `multiples`."""
-    pads = [(0, (-d) % m) for d, m in zip(a.shape, multiples)]
-    return jnp.pad(a, pads) if any(p for _, p in pads) else a
 
 
 def matmul_pallas(
@@ -84,7 +78,9 @@ def matmul_pallas(
         return _grouped_tile(pid, tiles_m, tiles_n, group_m)
 
     out = pl.pallas_call(
-        functools.partial(_tile_kernel, block_k=cfg.block_k, steps=kp // cfg.block_k, upcast=interpret),
+        functools.partial(
+            _tile_kernel, block_k=cfg.block_k, steps=kp // cfg.block_k, upcast=interpret
+        ),
         out_shape=jax.ShapeDtypeStruct((mp, np_), x.dtype),
         grid=(tiles_m * tiles_n,),
         in_specs=[pl.BlockSpec((cfg.block_m, kp), x_map), pl.BlockSpec((kp, cfg.block_n), y_map)],

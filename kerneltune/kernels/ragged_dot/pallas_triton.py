@@ -26,8 +26,7 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kerneltune.kernels._common import triton_compiler_params
-from kerneltune.kernels.matmul.pallas_triton import pad_to
+from kerneltune.kernels._common import pad_to, triton_compiler_params
 from kerneltune.kernels.ragged_dot.config import RaggedDotConfig
 from kerneltune.kernels.ragged_dot.pallas_backward import PallasGradient
 
@@ -270,4 +269,6 @@ class TritonBackend(PallasGradient):
             return grouped_matmul(
                 a, b, group_sizes, cfg, out_dtype=dtype, transpose_w=True, interpret=interpret
             )
-        return grouped_transposed_matmul(a, b, group_sizes, cfg, out_dtype=dtype, interpret=interpret)
+        return grouped_transposed_matmul(
+            a, b, group_sizes, cfg, out_dtype=dtype, interpret=interpret
+        )
