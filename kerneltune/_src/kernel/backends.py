@@ -17,7 +17,7 @@ class: it runs the Pallas backends' code on any device, under the op id
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Generic, TypeVar
 
 from kerneltune._src.core import devices, jax_compat
@@ -34,6 +34,22 @@ class Pruned(Generic[T]):
 
     cfg: T
     reason: str
+
+
+# The defaults of `Backend`'s gradient hooks.
+
+
+def _run_and_no_residuals(
+    self: Any, kernel: Any, *args: Any, cfg: Any, **kwargs: Any
+) -> tuple[Any, None]:
+    return self.run(kernel, *args, cfg=cfg, **kwargs), None
+
+
+def _no_custom_gradient(self: Any, kernel: Any, *args: Any, **kwargs: Any) -> Any:
+    raise NotImplementedError(
+        f"{type(self).__name__} ({kernel.op_id}, backend={self.name!r}) has no custom "
+        "gradient; set differentiated_by_jax = True or define vjp."
+    )
 
 
 class Backend:
@@ -59,24 +75,15 @@ class Backend:
     interprets: ClassVar[bool] = False
     plain_jax: ClassVar[bool] = False
 
-    def run(self, kernel: Any, *args: Any, cfg: Any, **kwargs: Any) -> Any:
-        """The op's output for `args` with `cfg`."""
-        raise NotImplementedError(f"{type(self).__name__} defines no run")
-
-    def fwd_with_residuals(self, kernel: Any, *args: Any, cfg: Any, **kwargs: Any) -> Any:
-        """The forward of the custom gradient: `(out, residuals)`; by default `run`'s
-        output and no residuals."""
-        return self.run(kernel, *args, cfg=cfg, **kwargs), None
-
-    def vjp(
-        self, kernel: Any, residuals: Any, out: Any, dout: Any, *args: Any, cfg: Any, **kwargs: Any
-    ) -> tuple[Any, ...]:
-        """The input cotangents of the custom gradient (a backend JAX differentiates
-        needs none)."""
-        raise NotImplementedError(
-            f"{type(self).__name__} ({kernel.op_id}, backend={self.name!r}) has no custom "
-            "gradient; set differentiated_by_jax = True or define vjp."
-        )
+    #: `run(kernel, *args, cfg, **kwargs) -> out`: the op's output for `args` with
+    #: `cfg` (each backend takes the op's own arguments, hence the loose type).
+    run: Callable[..., Any]
+    #: `fwd_with_residuals(kernel, *args, cfg, **kwargs) -> (out, residuals)`: the
+    #: forward of the custom gradient; by default `run`'s output and no residuals.
+    fwd_with_residuals: Callable[..., Any] = _run_and_no_residuals
+    #: `vjp(kernel, residuals, out, dout, *args, cfg, **kwargs) -> cotangents`: the
+    #: backward of the custom gradient (a backend JAX differentiates needs none).
+    vjp: Callable[..., Any] = _no_custom_gradient
 
     def unusable(self, kernel: Any, inv: Invocation[Any, Any], cfg: Any) -> str | None:
         """Why this backend cannot run `inv` with `cfg` in this process (None: it can).
