@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import pathlib
 import re
 
 import jax
@@ -11,6 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 
 import kerneltune as kt
+
+#: This folder, and the checkout's root: what a worker process needs on `PYTHONPATH` to
+#: import this checkout's `kerneltune` and `tests` (not an installed copy's).
+TESTS = pathlib.Path(__file__).resolve().parent
+ROOT = TESTS.parent
 
 
 class Layout(enum.Enum):

@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 from kerneltune._src.caching.persistent import PersistentCache
+from tests.helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEV, OP, KEY = "cpu|cpu", "race@v1", "same-key"
 PROCESSES = 8
 
@@ -29,7 +29,7 @@ def _worker(path: str, me: int) -> None:
 
 
 def test_eight_processes_end_with_one_config(tmp_path):
-    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
     procs = [
         subprocess.Popen(
             [sys.executable, __file__, str(tmp_path), str(i)],

@@ -12,7 +12,8 @@ import textwrap
 import jax
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT
+
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 BLOCK = re.compile(r"^( *)```python\n(.*?)^\1```", re.M | re.S)
 

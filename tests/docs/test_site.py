@@ -2,13 +2,11 @@
 every public name, the command-line page every command, and the nav every page."""
 
 import importlib.util
-import pathlib
 import re
 
 import kerneltune
 import kerneltune.kernels
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT
 
 
 def hook(name):

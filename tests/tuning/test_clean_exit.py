@@ -78,9 +78,10 @@ def test_a_search_strategy_that_raises_is_a_normal_error(tmp_path):
 
 def test_ctrl_c_in_tune_exits_130_and_keeps_what_finished(tmp_path):
     import kerneltune as kt
+    from tests.helpers import ROOT, TESTS
     from tests.offline_kernels import LoopCfg
-    from tests.test_tune_workers import ROOT, TESTS, record_manifest
     from tests.worker_kernels import SLEEP, SleepyKernel, SteadyKernel
+    from tests.workflows.test_tune_workers import record_manifest
 
     manifest, out = tmp_path / "calls.json", tmp_path / "result.json"
     record_manifest(manifest, [(SteadyKernel(), 64), (SleepyKernel(), 64)])

@@ -1,7 +1,6 @@
 """`kerneltune tune --workers N`: keys dealt by cost, one process each, results merged."""
 
 import os
-import pathlib
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -13,11 +12,10 @@ import kerneltune as kt
 from kerneltune._src.caching import manifest as manifests
 from kerneltune._src.kernel import recording
 from kerneltune._src.workflows.tune_workers import deal_by_cost, read_keys, visible_gpus, write_keys
+from tests.helpers import ROOT, TESTS
 from tests.offline_kernels import CHEAPEST, LoopCfg
 from tests.worker_kernels import COST_TIMER, DIE, DyingKernel, SteadyKernel
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-TESTS = pathlib.Path(__file__).resolve().parent
 TYPES = {"aaa_steady": LoopCfg, "zzz_dying": LoopCfg}
 
 

@@ -4,7 +4,7 @@ hit: the keys, the entry format and the configs' stored type names did not move.
 `tests/data/cache_before_layers/` is a persistent cache written by commit 74d4119 (the
 last one with the flat `_src/`), with this file run as a script:
 
-    PYTHONPATH=<checkout of 74d4119> python tests/test_caches_from_before_the_layers.py DIR
+    PYTHONPATH=<checkout of 74d4119> python tests/caching/test_persistent_from_before_the_layers.py DIR
 
 It uses only the public API, so it runs on either layout.
 """
@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import kerneltune as kt
 import kerneltune.kernels as ops
 
-DATA = pathlib.Path(__file__).resolve().parent / "data" / "cache_before_layers"
+DATA = pathlib.Path(__file__).resolve().parents[1] / "data" / "cache_before_layers"
 
 
 def calls(executor):

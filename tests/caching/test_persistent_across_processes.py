@@ -4,10 +4,9 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import kerneltune as kt
-from tests.helpers import CostKernel, RepCfg, events_recorder, rand
+from tests.helpers import ROOT, CostKernel, RepCfg, events_recorder, rand
 
 SECOND_PROCESS = textwrap.dedent(
     """
@@ -35,10 +34,9 @@ def test_second_process_gets_a_persistent_hit_of_the_tuned_type(tmp_path):
     assert isinstance(tuned, RepCfg) and events[-1][0] == "autotune_finish"
     script = tmp_path / "second.py"
     script.write_text(SECOND_PROCESS)
-    tests_dir = Path(__file__).parent
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(tests_dir), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
     out = subprocess.run(
         [sys.executable, str(script), str(tmp_path)],

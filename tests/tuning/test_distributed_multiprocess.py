@@ -15,11 +15,11 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT
+
 # Candidate cost in matrix products; a candidate named in KT_TEST_SLOW costs SLOW× more.
 BASE = {"a": 1, "b": 1, "c": 6}
 SLOW = 40

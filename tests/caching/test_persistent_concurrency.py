@@ -22,8 +22,8 @@ import pytest
 from kerneltune._src.caching.cache_entry import entry_from_document
 from kerneltune._src.caching.persistent import PersistentCache
 from kerneltune._src.tuning.report import CandidateResult, TuningReport
+from tests.helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEV = "cpu|cpu"
 OP = "burst@v1"
 NUM_SHARED = 25
@@ -109,7 +109,7 @@ def _burst(path: str, writer: int, started) -> None:
 
 def _spawn(role: str, path, *args, stderr=subprocess.PIPE) -> subprocess.Popen:
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     return subprocess.Popen(
         [sys.executable, os.path.abspath(__file__), role, str(path), *map(str, args)],
         stdin=subprocess.PIPE,

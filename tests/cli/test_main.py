@@ -11,8 +11,8 @@ import pytest
 from kerneltune._src.caching.persistent import PersistentCache
 from kerneltune._src.tuning.report import CandidateResult, TuningReport
 from kerneltune.cli import main
+from tests.helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEV = "cpu|cpu"
 
 
@@ -184,7 +184,7 @@ def test_help_and_version(capsys):
 
 def test_python_dash_m(cache_dir):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     command = [sys.executable, "-m", "kerneltune", "--cache-dir", cache_dir, "cache", "ls"]
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     assert done.returncode == 0 and "softmax@v2" in done.stdout, done.stderr

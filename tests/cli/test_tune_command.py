@@ -3,7 +3,6 @@
 import argparse
 import json
 import os
-import pathlib
 import subprocess
 import sys
 
@@ -16,10 +15,8 @@ from kerneltune._src.caching import manifest as manifests
 from kerneltune._src.caching.persistent import PersistentCache
 from kerneltune._src.cli.tune_command import parse_shard, shard_records
 from kerneltune._src.kernel import recording
+from tests.helpers import ROOT, TESTS
 from tests.offline_kernels import CANDIDATES, LoopCfg, LoopKernel, ScaledKernel
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-TESTS = pathlib.Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="module")

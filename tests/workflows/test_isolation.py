@@ -6,8 +6,8 @@ import pytest
 
 import kerneltune as kt
 from tests.offline_kernels import LoopCfg
-from tests.test_tune_workers import record_manifest, tune
 from tests.worker_kernels import CrashingKernel, HangingKernel, SteadyKernel
+from tests.workflows.test_tune_workers import record_manifest, tune
 
 TYPES = {"crashing": LoopCfg, "hanging": LoopCfg, "aaa_steady": LoopCfg}
 
