@@ -19,6 +19,7 @@ from kerneltune.kernels.attention import config as ac
 from kerneltune.kernels.attention.pallas_triton import block_sizes
 from kerneltune.kernels.attention.reference import attention_reference
 from kerneltune.kernels.attention.shapes import TEST_SHAPES
+from tests.helpers import value_and_grads
 
 BF16 = jnp.bfloat16
 
@@ -37,14 +38,6 @@ def executor(events=None, policy=None):
         on_event=None if events is None else (lambda e, **d: events.append((e, d))),
     )
     return kt.Executor(chain)
-
-
-def value_and_grads(fn, args, dout):
-    def both(args, dout):
-        out, pullback = jax.vjp(fn, *args)
-        return out, pullback(dout)
-
-    return jax.jit(both)(args, dout)
 
 
 def reference_value_and_grads(q, k, v, do, causal):

@@ -21,23 +21,17 @@ from kerneltune.kernels import (
     rms_norm,
     softmax,
 )
+from tests.helpers import close, rand
 
 pytestmark = pytest.mark.gpu
 
 F32 = jnp.float32
-
-
-def rand(seed, shape):
-    return jax.random.normal(jax.random.PRNGKey(seed), shape, F32)
-
-
-def close(a, b, tol=2e-2):
-    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-    np.testing.assert_allclose(a, b, rtol=tol, atol=tol * max(1.0, float(np.abs(b).max())))
+#: The tolerance of `close` where a test names none.
+TOL = 2e-2
 
 
 def second(fn, x):
-    w = rand(99, x.shape)
+    w = rand(x.shape, seed=99)
     return jax.grad(lambda x: (jax.grad(lambda x: (fn(x) ** 2).sum())(x) * w).sum())(x)
 
 
@@ -85,19 +79,20 @@ CASES = {
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_pallas_values_gradients_and_second_derivatives(name):
     ours, ref, shape = CASES[name]
-    x = rand(0, shape)
+    x = rand(shape, seed=0)
     ref = with_highest(ref)
-    close(jax.jit(ours)(x), ref(x))
+    close(jax.jit(ours)(x), ref(x), tol=TOL)
     close(
         jax.jit(jax.grad(lambda x: (ours(x) ** 2).sum()))(x),
         jax.grad(lambda x: (ref(x) ** 2).sum())(x),
+        tol=TOL,
     )
     close(jax.jit(lambda x: second(ours, x))(x), second(ref, x), tol=5e-2)
 
 
 def test_a_pallas_kernel_under_shard_map():
     mesh = Mesh(np.array(jax.devices()[:1]), ("x",))
-    x = rand(0, (64, 256))
+    x = rand((64, 256), seed=0)
     y = layer_norm(x, cfg=NormConfig(block_size=256, num_warps=4))
     from kerneltune.kernels.normalization import LayerNorm
 
@@ -105,11 +100,11 @@ def test_a_pallas_kernel_under_shard_map():
     got = ex(LayerNorm(), x, jnp.ones(256), jnp.zeros(256), eps=1e-6,
              cfg=NormConfig(block_size=256, num_warps=4),
              method="shard_map", mesh=mesh, in_specs=(P("x"), P(), P()), out_specs=P("x"))  # fmt: skip
-    close(got, y)
+    close(got, y, tol=TOL)
 
 
 def test_autotune_a_whole_step_on_the_gpu(tmp_path):
-    q = rand(1, (2, 256, 4, 64)).astype(jnp.bfloat16)
+    q = rand((2, 256, 4, 64), seed=1).astype(jnp.bfloat16)
 
     def loss(q):
         h = rms_norm(q)
@@ -135,19 +130,19 @@ def test_the_tokamax_backend_matches_jax_values_and_gradients(causal, kv_heads):
     reason = tokamax_backend.unsupported(np.dtype(jnp.bfloat16), 64)
     if reason is not None:
         pytest.skip(reason)
-    q = rand(1, (2, 256, 4, 64)).astype(jnp.bfloat16)
-    k = rand(2, (2, 256, kv_heads, 64)).astype(jnp.bfloat16)
-    v = rand(3, (2, 256, kv_heads, 64)).astype(jnp.bfloat16)
+    q = rand((2, 256, 4, 64), seed=1).astype(jnp.bfloat16)
+    k = rand((2, 256, kv_heads, 64), seed=2).astype(jnp.bfloat16)
+    v = rand((2, 256, kv_heads, 64), seed=3).astype(jnp.bfloat16)
     cfg = FwdParams(backend="tokamax")
 
     def loss(fn):
-        return lambda q, k, v: (fn(q, k, v).astype(F32) * rand(4, q.shape)).sum()
+        return lambda q, k, v: (fn(q, k, v).astype(F32) * rand(q.shape, seed=4)).sum()
 
     ours = lambda q, k, v: attention(q, k, v, is_causal=causal, cfg=cfg)  # noqa: E731
     theirs = lambda q, k, v: jax.nn.dot_product_attention(  # noqa: E731
         q.astype(F32), k.astype(F32), v.astype(F32), is_causal=causal
     )
-    close(jax.jit(ours)(q, k, v), theirs(q, k, v))
+    close(jax.jit(ours)(q, k, v), theirs(q, k, v), tol=TOL)
     got = jax.jit(jax.grad(loss(ours), argnums=(0, 1, 2)))(q, k, v)
     want = jax.grad(loss(theirs), argnums=(0, 1, 2))(q, k, v)
     for g, w in zip(got, want, strict=True):

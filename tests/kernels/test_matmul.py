@@ -17,7 +17,7 @@ from kerneltune.kernels._common import relative_error, tolerance
 from kerneltune.kernels.matmul import config as mc
 from kerneltune.kernels.matmul.pallas_triton import _grouped_tile, matmul_pallas
 from kerneltune.kernels.matmul.shapes import TEST_SHAPES
-from tests.helpers import FixedChooser, heuristics_executor
+from tests.helpers import FixedChooser, heuristics_executor, value_and_grads
 
 BF16 = jnp.bfloat16
 
@@ -136,11 +136,7 @@ def test_gradients_run_the_kernel_on_transposed_problems(key):
     x, y = operands(key, 64, 32, 48, jnp.float32)
     dout = jax.random.normal(jax.random.fold_in(key, 1), (64, 48), jnp.float32)
 
-    def value_and_grads(x, y, dout):
-        out, pullback = jax.vjp(lambda a, b: ex(kernel, a, b), x, y)
-        return out, pullback(dout)
-
-    out, (dx, dy) = jax.jit(value_and_grads)(x, y, dout)
+    out, (dx, dy) = value_and_grads(lambda a, b: ex(kernel, a, b), (x, y), dout)
     assert relative_error(out, reference(x, y)) <= tolerance(jnp.float32)
     assert relative_error(dx, np.asarray(dout, np.float64) @ np.asarray(y, np.float64).T) <= 1e-5
     assert relative_error(dy, np.asarray(x, np.float64).T @ np.asarray(dout, np.float64)) <= 1e-5

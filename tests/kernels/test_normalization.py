@@ -19,7 +19,7 @@ from kerneltune.kernels._common import relative_error, tolerance
 from kerneltune.kernels.normalization import config as nc
 from kerneltune.kernels.normalization.reference import layer_norm_reference, rms_norm_reference
 from kerneltune.kernels.normalization.shapes import TEST_SHAPES
-from tests.helpers import FixedChooser, heuristics_executor
+from tests.helpers import FixedChooser, heuristics_executor, value_and_grads
 
 BF16 = jnp.bfloat16
 
@@ -37,14 +37,6 @@ def inputs(key, shape, dtype):
     bias = (0.2 * jax.random.normal(c, (n,), jnp.float32)).astype(dtype)
     dout = jax.random.normal(d, shape, jnp.float32).astype(dtype)
     return x, w, bias, dout
-
-
-def value_and_grads(fn, args, dout):
-    def both(args, dout):
-        out, pullback = jax.vjp(fn, *args)
-        return out, pullback(dout)
-
-    return jax.jit(both)(args, dout)
 
 
 def check(fn, ref, args, dout, dtype):

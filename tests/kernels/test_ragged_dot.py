@@ -28,7 +28,7 @@ from kerneltune.kernels.ragged_dot import pallas_mosaic, tokamax_backend
 from kerneltune.kernels.ragged_dot.api import balanced_tuning_inputs
 from kerneltune.kernels.ragged_dot.pallas_triton import tile_schedule
 from kerneltune.kernels.ragged_dot.shapes import balanced, skewed
-from tests.helpers import executor, heuristics_executor
+from tests.helpers import executor, heuristics_executor, value_and_grads
 
 BF16 = jnp.bfloat16
 F32 = jnp.float32
@@ -51,15 +51,6 @@ def reference_value_and_grads(lhs, rhs, sizes, dout, preferred=None):
 
     def loss(a, b):
         out = jax.lax.ragged_dot(a, b, sizes, preferred_element_type=preferred)
-        return jnp.sum(out.astype(F32) * dout), out
-
-    (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(lhs, rhs)
-    return out, grads
-
-
-def value_and_grads(fn, lhs, rhs, dout):
-    def loss(a, b):
-        out = fn(a, b)
         return jnp.sum(out.astype(F32) * dout), out
 
     (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(lhs, rhs)
@@ -238,7 +229,9 @@ def test_pallas_values_and_gradients_match_jax_for_drawn_shapes(shape, seed):
     cut = np.sort(np.random.default_rng(seed).integers(0, m + 1, g))  # may leave rows over
     sizes = jnp.asarray(np.diff(np.concatenate([[0], cut])), jnp.int32)
     ex, kernel = interpreted()
-    out, grads = value_and_grads(lambda a, b: ex(kernel, a, b, sizes, cfg=SMALL), lhs, rhs, dout)
+    out, grads = value_and_grads(
+        lambda a, b: ex(kernel, a, b, sizes, cfg=SMALL), (lhs, rhs), dout, jit=False
+    )
     want, want_grads = reference_value_and_grads(lhs, rhs, sizes, dout)
     assert_close(out, want, F32)
     for got, ref in zip(grads, want_grads, strict=True):
@@ -253,7 +246,7 @@ def test_empty_groups_and_rows_after_the_last_group():
         block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=2, tile_order="n"
     )
     out, (d_lhs, d_rhs) = value_and_grads(
-        lambda a, b: ex(kernel, a, b, sizes, cfg=cfg), lhs, rhs, dout
+        lambda a, b: ex(kernel, a, b, sizes, cfg=cfg), (lhs, rhs), dout, jit=False
     )
     want, (w_lhs, w_rhs) = reference_value_and_grads(lhs, rhs, sizes, dout)
     assert not bool(jnp.any(out[47:])) and bool(jnp.all(jnp.any(out[:47] != 0, axis=1)))
@@ -266,7 +259,7 @@ def test_bfloat16_values_and_gradients():
     lhs, rhs, dout = operands(2, 48, 32, 32, 3, dtype=BF16)
     sizes = jnp.array([10, 30, 8], jnp.int32)
     ex, kernel = interpreted()
-    out, grads = value_and_grads(lambda a, b: ex(kernel, a, b, sizes), lhs, rhs, dout)
+    out, grads = value_and_grads(lambda a, b: ex(kernel, a, b, sizes), (lhs, rhs), dout, jit=False)
     want, want_grads = reference_value_and_grads(lhs, rhs, sizes, dout)
     assert out.dtype == BF16 and grads[0].dtype == BF16 and grads[1].dtype == BF16
     assert_close(out, want, BF16)
@@ -279,7 +272,7 @@ def test_preferred_element_type_float32_from_bfloat16():
     sizes = jnp.array([12, 20], jnp.int32)
     ex, kernel = interpreted()
     fn = lambda a, b: ex(kernel, a, b, sizes, out_dtype=F32, cfg=SMALL)  # noqa: E731
-    out, grads = value_and_grads(fn, lhs, rhs, dout)
+    out, grads = value_and_grads(fn, (lhs, rhs), dout, jit=False)
     want, want_grads = reference_value_and_grads(lhs, rhs, sizes, dout, preferred=F32)
     assert out.dtype == F32
     assert relative_error(out, want) <= 1e-5  # float32 accumulation, float32 output
@@ -297,7 +290,7 @@ def test_the_public_function_is_jax_ragged_dot(dtype, preferred):
     def fn(a, b):
         return ragged_dot(a, b, sizes, preferred_element_type=preferred, executor=ex)
 
-    out, grads = value_and_grads(fn, lhs, rhs, dout)
+    out, grads = value_and_grads(fn, (lhs, rhs), dout, jit=False)
     want, want_grads = reference_value_and_grads(lhs, rhs, sizes, dout, preferred)
     np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(want, np.float32))
     assert out.dtype == want.dtype
@@ -362,7 +355,7 @@ def test_shard_map_over_tokens_with_per_shard_routing():
         fn = shard_map(per_shard, check_vma=False, **specs)
     except TypeError:  # older spelling
         fn = shard_map(per_shard, check_rep=False, **specs)
-    out, grads = value_and_grads(lambda a, b: jax.jit(fn)(a, b, sizes), lhs, rhs, dout)
+    out, grads = value_and_grads(lambda a, b: jax.jit(fn)(a, b, sizes), (lhs, rhs), dout, jit=False)
     for i in range(2):
         rows = slice(32 * i, 32 * i + 32)
         assert_close(out[rows], jax.lax.ragged_dot(lhs[rows], rhs, sizes[i]), F32)
@@ -371,7 +364,7 @@ def test_shard_map_over_tokens_with_per_shard_routing():
         halves = [jax.lax.ragged_dot(a[32 * i : 32 * i + 32], b, sizes[i]) for i in range(2)]
         return jnp.concatenate(halves)
 
-    _, want = value_and_grads(ref, lhs, rhs, dout)
+    _, want = value_and_grads(ref, (lhs, rhs), dout, jit=False)
     assert_close(grads[0], want[0], F32)
     assert_close(grads[1], want[1], F32)
 
@@ -455,7 +448,9 @@ def test_tuning_under_jit_picks_a_validated_candidate_for_each_product():
     kernel = RaggedDotInterpret(executor=ex)
     lhs, rhs, dout = operands(9, 32, 16, 16, 2)
     sizes = jnp.array([5, 20], jnp.int32)
-    out, grads = value_and_grads(jax.jit(lambda a, b: ex(kernel, a, b, sizes)), lhs, rhs, dout)
+    out, grads = value_and_grads(
+        jax.jit(lambda a, b: ex(kernel, a, b, sizes)), (lhs, rhs), dout, jit=False
+    )
     want, want_grads = reference_value_and_grads(lhs, rhs, sizes, dout)
     assert_close(out, want, F32)
     for got, ref in zip(grads, want_grads, strict=True):

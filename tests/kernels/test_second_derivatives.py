@@ -18,24 +18,16 @@ from kerneltune.kernels.attention import AttentionInterpret
 from kerneltune.kernels.matmul import MatmulInterpret
 from kerneltune.kernels.normalization import LayerNormInterpret, RMSNormInterpret
 from kerneltune.kernels.softmax import SoftmaxInterpret
-from tests.helpers import heuristics_executor
-from tests.helpers import rand as _rand
+from tests.helpers import close, heuristics_executor, rand
 
 EX = heuristics_executor()
-
-
-def rand(seed, shape):
-    return _rand(shape, seed=seed)
-
-
-def close(a, b, tol=2e-4):
-    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-    np.testing.assert_allclose(a, b, rtol=tol, atol=tol * max(1.0, float(np.abs(b).max())))
+#: The tolerance of every `close` here.
+TOL = 2e-4
 
 
 def grad_of_grad(fn, *args):
     """d/dargs of sum(w · d/dx0 loss): a reverse-over-reverse second derivative."""
-    w = rand(99, args[0].shape)
+    w = rand(args[0].shape, seed=99)
 
     def inner(*a):
         return (jax.grad(lambda *b: (fn(*b) ** 2).sum())(*a) * w).sum()
@@ -60,27 +52,31 @@ CASES = {
     "attention": (
         lambda q, k, v: EX(AttentionInterpret(executor=EX), q, k, v, causal=True, sm_scale=0.25),
         attention_ref,
-        lambda: (rand(0, (1, 16, 2, 16)), rand(1, (1, 16, 2, 16)), rand(2, (1, 16, 2, 16))),
+        lambda: (
+            rand((1, 16, 2, 16), seed=0),
+            rand((1, 16, 2, 16), seed=1),
+            rand((1, 16, 2, 16), seed=2),
+        ),
     ),
     "layer_norm": (
         lambda x, w, b: EX(LayerNormInterpret(), x, w, b, eps=1e-6),
         layer_norm_ref,
-        lambda: (rand(0, (6, 32)), 1 + rand(1, (32,)), rand(2, (32,))),
+        lambda: (rand((6, 32), seed=0), 1 + rand((32,), seed=1), rand((32,), seed=2)),
     ),
     "rms_norm": (
         lambda x, w: EX(RMSNormInterpret(), x, w, eps=1e-6),
         rms_norm_ref,
-        lambda: (rand(0, (6, 32)), 1 + rand(1, (32,))),
+        lambda: (rand((6, 32), seed=0), 1 + rand((32,), seed=1)),
     ),
     "softmax": (
         lambda x: EX(SoftmaxInterpret(), x),
         lambda x: jax.nn.softmax(x, axis=-1),
-        lambda: (rand(0, (6, 32)),),
+        lambda: (rand((6, 32), seed=0),),
     ),
     "matmul": (
         lambda x, y: EX(MatmulInterpret(executor=EX), x, y),
         lambda x, y: x @ y,
-        lambda: (rand(0, (16, 32)), rand(1, (32, 16))),
+        lambda: (rand((16, 32), seed=0), rand((32, 16), seed=1)),
     ),
 }
 
@@ -89,9 +85,9 @@ CASES = {
 def test_grad_of_grad_through_the_pallas_interpreter_matches_jax(name):
     ours, ref, make = CASES[name]
     args = make()
-    close(ours(*args), ref(*args))
+    close(ours(*args), ref(*args), tol=TOL)
     for got, want in zip(grad_of_grad(ours, *args), grad_of_grad(ref, *args), strict=True):
-        close(got, want)
+        close(got, want, tol=TOL)
 
 
 def test_hessian_through_the_pallas_interpreter_matches_jax():
@@ -100,7 +96,7 @@ def test_hessian_through_the_pallas_interpreter_matches_jax():
     x = x[:2, :8]
     w, b = w[:8], b[:8]
     h = jax.hessian(lambda x: (ours(x, w, b) ** 3).sum())(x)
-    close(h, jax.hessian(lambda x: (ref(x, w, b) ** 3).sum())(x))
+    close(h, jax.hessian(lambda x: (ref(x, w, b) ** 3).sum())(x), tol=TOL)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,14 +135,16 @@ class CallbackCube(PlainJaxCube):
 
 
 def test_a_plain_jax_kernel_is_still_differentiated_through_its_own_code():
-    x = rand(0, (5,))
+    x = rand((5,), seed=0)
     got = jax.grad(lambda x: jax.grad(lambda x: EX(PlainJaxCube(), x).sum())(x).sum())(x)
-    close(got, 6 * x)
+    close(got, 6 * x, tol=TOL)
 
 
 def test_a_kernel_jax_cannot_differentiate_twice_gets_one_clear_error():
-    x = rand(0, (5,))
-    close(jax.grad(lambda x: EX(CallbackCube(), x).sum())(x), 3 * x * x)  # first order works
+    x = rand((5,), seed=0)
+    close(
+        jax.grad(lambda x: EX(CallbackCube(), x).sum())(x), 3 * x * x, tol=TOL
+    )  # first order works
     with pytest.raises(TypeError, match=r"'test_callback_cube': second derivatives .* "
                        r"Define `reference\(self"):  # fmt: skip
         jax.grad(lambda x: jax.grad(lambda x: EX(CallbackCube(), x).sum())(x).sum())(x)
@@ -159,7 +157,7 @@ def test_a_user_reference_gives_second_derivatives_to_an_opaque_kernel():
         def reference(self, x):
             return x**3
 
-    x = rand(0, (5,))
+    x = rand((5,), seed=0)
     got = jax.grad(lambda x: jax.grad(lambda x: EX(WithReference(), x).sum())(x).sum())(x)
-    close(got, 6 * x)
-    close(jax.jit(jax.hessian(lambda x: EX(WithReference(), x).sum()))(x), jnp.diag(6 * x))
+    close(got, 6 * x, tol=TOL)
+    close(jax.jit(jax.hessian(lambda x: EX(WithReference(), x).sum()))(x), jnp.diag(6 * x), tol=TOL)

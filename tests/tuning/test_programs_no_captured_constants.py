@@ -20,6 +20,7 @@ from kerneltune import kernels
 from kerneltune._src.caching.cache import ConfigCache
 from kerneltune._src.execution.executor import Executor
 from kerneltune._src.selection.chain import AutotunePolicy, ConfigSelectorChain
+from tests.helpers import rand
 
 WARN_BYTES = 4096
 
@@ -39,18 +40,14 @@ def fresh_executor():
     return Executor(chain), chain
 
 
-def rand(i, shape):
-    return jax.random.normal(jax.random.PRNGKey(i), shape, jnp.float32)
-
-
-X = rand(0, (64, 256))
-Q = rand(1, (1, 128, 2, 32))
+X = rand((64, 256), seed=0)
+Q = rand((1, 128, 2, 32), seed=1)
 CALLS = {
-    "matmul": (kernels.MatmulInterpret, (X, rand(2, (256, 64)))),
-    "layer_norm": (kernels.LayerNormInterpret, (X, rand(3, (256,)), rand(4, (256,)))),
-    "rms_norm": (kernels.RMSNormInterpret, (X, rand(3, (256,)))),
+    "matmul": (kernels.MatmulInterpret, (X, rand((256, 64), seed=2))),
+    "layer_norm": (kernels.LayerNormInterpret, (X, rand((256,), seed=3), rand((256,), seed=4))),
+    "rms_norm": (kernels.RMSNormInterpret, (X, rand((256,), seed=3))),
     "softmax": (kernels.SoftmaxInterpret, (X,)),
-    "attention": (kernels.AttentionInterpret, (Q, rand(5, Q.shape), rand(6, Q.shape))),
+    "attention": (kernels.AttentionInterpret, (Q, rand(Q.shape, seed=5), rand(Q.shape, seed=6))),
 }
 
 

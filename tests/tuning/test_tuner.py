@@ -17,7 +17,7 @@ from kerneltune._src.tuning import candidate, compile_cost, config_space, inputs
 from kerneltune._src.tuning.compiling import CompilePool
 from kerneltune._src.tuning.report import TuningReport
 from kerneltune._src.tuning.tuner import Tuner, fastest
-from tests.helpers import CostInProgram
+from tests.helpers import CostInProgram, rand
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -40,13 +40,9 @@ def repeated_matmul(cfg: Reps):
     return f
 
 
-def rand(shape, seed):
-    return jax.random.normal(jax.random.PRNGKey(seed), shape, jnp.float32)
-
-
 @pytest.fixture
 def ab():
-    return rand((96, 96), 0), rand((96, 96), 1)
+    return rand((96, 96), seed=0), rand((96, 96), seed=1)
 
 
 def quick(**kw) -> Tuner:
@@ -330,7 +326,7 @@ def test_empty_candidates_are_refused(ab):
 
 
 def test_rotation_sets_are_distinct_buffers_with_equal_values():
-    x = rand((256, 256), 3)  # 256 KiB
+    x = rand((256, 256), seed=3)  # 256 KiB
     sets = inputs.rotation_sets([x], min_bytes=1 << 20)
     assert len(sets) == 4
     assert len({s[0].unsafe_buffer_pointer() for s in sets}) == 4
@@ -340,7 +336,7 @@ def test_rotation_sets_are_distinct_buffers_with_equal_values():
 
 
 def test_inputs_as_large_as_the_cache_are_not_copied():
-    x = rand((256, 256), 3)  # 256 KiB
+    x = rand((256, 256), seed=3)  # 256 KiB
     assert len(inputs.rotation_sets([x], min_bytes=512 << 10)) == 1  # was 2: memory for nothing
     assert len(inputs.rotation_sets([x, x], min_bytes=1 << 20)) == 1
     assert len(inputs.rotation_sets([x], min_bytes=(512 << 10) + 1)) == 3

@@ -8,15 +8,12 @@ import numpy as np
 import pytest
 
 from kerneltune._src.tuning import validate
-
-
-def rand(shape, seed, dtype=jnp.float32):
-    return jax.random.normal(jax.random.PRNGKey(seed), shape, jnp.float32).astype(dtype)
+from tests.helpers import rand
 
 
 @pytest.mark.parametrize("block", [8, 64, 512])
 def test_blocked_float32_sum_matches_a_plain_one(block):
-    x = rand((32, 4096), 0)
+    x = rand((32, 4096), seed=0)
     plain = jnp.sum(x, axis=1)
     blocked = jnp.sum(x.reshape(32, -1, block).sum(axis=2), axis=1)
     sequential = jax.lax.fori_loop(
@@ -29,7 +26,7 @@ def test_blocked_float32_sum_matches_a_plain_one(block):
 
 
 def test_blocked_bf16_matmul_with_f32_accumulation_passes():
-    a, b = rand((128, 512), 1, jnp.bfloat16), rand((512, 128), 2, jnp.bfloat16)
+    a, b = rand((128, 512), jnp.bfloat16, seed=1), rand((512, 128), jnp.bfloat16, seed=2)
     plain = jnp.dot(a, b, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
     parts = [
         jnp.dot(a[:, i : i + 64], b[i : i + 64], preferred_element_type=jnp.float32)
@@ -40,7 +37,7 @@ def test_blocked_bf16_matmul_with_f32_accumulation_passes():
 
 
 def test_wrong_values_fail():
-    x = rand((64, 64), 3)
+    x = rand((64, 64), seed=3)
     ref = x @ x
     assert not validate.compare(ref.at[:, 0].set(0.0), ref).ok  # a missed column
     assert not validate.compare(ref * 1.01, ref).ok
@@ -48,7 +45,7 @@ def test_wrong_values_fail():
 
 
 def test_nan_never_passes_and_infinities_must_match():
-    ref = rand((16,), 4)
+    ref = rand((16,), seed=4)
     assert validate.compare(ref.at[3].set(jnp.nan), ref).reason == "output 0 contains NaN"
     assert not validate.compare(ref, ref.at[3].set(jnp.nan)).ok
     both_nan = ref.at[3].set(jnp.nan)
@@ -59,12 +56,12 @@ def test_nan_never_passes_and_infinities_must_match():
 
 
 def test_structure_dtype_integer_and_large_values():
-    ref = (rand((8,), 5), jnp.arange(8))
+    ref = (rand((8,), seed=5), jnp.arange(8))
     assert validate.compare(ref, ref).ok
     assert "differ" in validate.compare((ref[0], ref[1].at[0].set(9)), ref).reason
     assert "structure" in validate.compare(ref[0], ref).reason
     assert "reference" in validate.compare(ref[0].astype(jnp.bfloat16), ref[0]).reason
-    big = rand((1024,), 6) * 1e30  # squares overflow float32 without scaling
+    big = rand((1024,), seed=6) * 1e30  # squares overflow float32 without scaling
     assert validate.compare(big * (1 + 1e-6), big).ok
     assert validate.compare(jnp.zeros(4), jnp.zeros(4)).ok
     assert not validate.compare(jnp.ones(4), jnp.zeros(4)).ok
@@ -86,6 +83,6 @@ def test_tolerances_by_dtype_and_overrides():
         )
         == validate.LOW_PRECISION_RTOL
     )
-    ref = rand((64,), 7)
+    ref = rand((64,), seed=7)
     assert not validate.compare(ref * 1.01, ref).ok
     assert validate.compare(ref * 1.01, ref, rtol=0.05).ok
