@@ -19,7 +19,7 @@ demo: $(STAMP)
 	$(PY) -m kerneltune demo
 
 test: $(STAMP)
-	$(VENV)/bin/ruff check kerneltune tests benchmarks examples
+	$(VENV)/bin/ruff check kerneltune tests benchmarks examples tools
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
 
@@ -65,8 +65,8 @@ docs: $(DOCS_STAMP)
 	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check kerneltune tests benchmarks examples
-	$(VENV)/bin/ruff format --check kerneltune tests benchmarks examples
+	$(VENV)/bin/ruff check kerneltune tests benchmarks examples tools
+	$(VENV)/bin/ruff format --check kerneltune tests benchmarks examples tools
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy

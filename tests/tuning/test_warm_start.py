@@ -419,7 +419,7 @@ def test_a_contender_at_the_nearest_shipped_shape_is_still_tuned(tmp_path, ratio
 def test_ship_tables_missing_only_tunes_a_key_its_table_would_answer_from_a_neighbour(tmp_path):
     # `ship_tables --missing-only` exists to add the keys a table lacks, exhaustive
     # timings included; the chain's near answer would have left such a key out.
-    from benchmarks.ship_tables import ListedOnly
+    from tools.ship_tables import ListedOnly
 
     k = TwoBackendKernel()
     inv = make_invocation(k, (rand((64, 8)),), {})

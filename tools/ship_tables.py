@@ -2,11 +2,12 @@
 kerneltune ships for its device kind (`kerneltune/kernels/tables/<device kind>.json`).
 
 Every key is tuned exhaustively, so each entry also records every candidate's time: the
-replay of warm starts (`benchmarks/warm_replay.py`, `tests/test_warm_replay.py`) reads
-them. Run it on each GPU model the package supports:
+replay of warm starts (`benchmarks/warm_replay.py`,
+`tests/tuning/test_warm_start_replay.py`) reads them. A release tool, not a benchmark:
+run it on each GPU model the package supports, from the repository root:
 
-    PYTHONPATH=. python -m benchmarks.ship_tables [--ops matmul,layer_norm,...,blocks]
-    PYTHONPATH=. python -m benchmarks.ship_tables --ops blocks --missing-only  # new keys only
+    PYTHONPATH=. python -m tools.ship_tables [--ops matmul,layer_norm,...,blocks]
+    PYTHONPATH=. python -m tools.ship_tables --ops blocks --missing-only  # new keys only
 
 Entries are written to a cache directory as they finish (`--cache`), and the table is
 rewritten after every op, so an interrupted run keeps what it tuned.
