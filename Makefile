@@ -19,7 +19,7 @@ demo: $(STAMP)
 	$(PY) -m kerneltune demo
 
 test: $(STAMP)
-	$(VENV)/bin/ruff check kerneltune tests benchmarks examples
+	$(VENV)/bin/ruff check kerneltune tests benchmarks examples tools
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
 
@@ -29,10 +29,11 @@ test: $(STAMP)
 OLDEST_VENV ?= .venv-oldest-jax
 OLDEST_JAX := $(shell sed -n 's/.*"jax>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 OLDEST_STAMP := $(OLDEST_VENV)/.kerneltune-installed-$(OLDEST_JAX)
-OLDEST_JAX_TESTS := tests/test_conformance.py tests/test_backend_round_trip.py \
-	tests/test_selection.py tests/test_offline.py tests/test_tune_function.py \
-	tests/test_recording.py tests/test_sharding.py tests/test_layers.py \
-	tests/test_warm_start.py tests/test_import_side_effects.py tests/test_tuner.py
+OLDEST_JAX_TESTS := tests/kernels/test_conformance.py tests/kernels/test_backend_round_trip.py \
+	tests/selection/test_chain.py tests/workflows/test_offline.py \
+	tests/workflows/test_tune_function.py tests/kernel/test_recording.py \
+	tests/kernel/test_sharding.py tests/test_layers.py tests/tuning/test_warm_start.py \
+	tests/test_import_side_effects.py tests/tuning/test_tuner.py
 
 $(OLDEST_STAMP): pyproject.toml
 	test -x $(OLDEST_VENV)/bin/python || python3 -m venv $(OLDEST_VENV)
@@ -64,8 +65,8 @@ docs: $(DOCS_STAMP)
 	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check kerneltune tests benchmarks examples
-	$(VENV)/bin/ruff format --check kerneltune tests benchmarks examples
+	$(VENV)/bin/ruff check kerneltune tests benchmarks examples tools
+	$(VENV)/bin/ruff format --check kerneltune tests benchmarks examples tools
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy

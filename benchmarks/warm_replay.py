@@ -1,6 +1,6 @@
 """Replays warm starts over exhaustive timings recorded on a GPU, on any machine.
 
-A shipped table (`benchmarks/ship_tables.py`) records every candidate's time for each
+A shipped table (`tools/ship_tables.py`) records every candidate's time for each
 shape of a grid. For each shape, held out in turn, the replay warm-starts a search
 from the winners of the other shapes of its family (the nearest first, as the tuner
 does), answering each evaluation with the recorded time times a random measurement

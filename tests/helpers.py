@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import pathlib
 import re
 
 import jax
@@ -11,6 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 
 import kerneltune as kt
+
+#: This folder, and the checkout's root: what a worker process needs on `PYTHONPATH` to
+#: import this checkout's `kerneltune` and `tests` (not an installed copy's).
+TESTS = pathlib.Path(__file__).resolve().parent
+ROOT = TESTS.parent
 
 
 class Layout(enum.Enum):
@@ -132,15 +138,34 @@ def names(events):
     return [e for e, _ in events]
 
 
-def rand(shape, dtype=jnp.float32, seed=None):
+def rand(shape, dtype=jnp.float32, *, seed=None):
+    """Standard normal values drawn in float32, then cast to `dtype`; a fresh seed unless
+    one is given."""
     seed = np.random.randint(0, 2**31 - 1) if seed is None else seed
     return jax.random.normal(jax.random.PRNGKey(seed), shape, dtype=jnp.float32).astype(dtype)
 
 
-def rel_err(a, b):
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+def close(actual, expected, *, tol):
+    """Asserts that `actual` has `expected`'s shape and matches it element-wise, in
+    float32, within `tol` relative to each element and `tol` times the largest
+    magnitude of `expected` (at least 1) absolute."""
+    actual = np.asarray(jnp.asarray(actual, jnp.float32))
+    expected = np.asarray(jnp.asarray(expected, jnp.float32))
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    scale = max(1.0, float(np.abs(expected).max(initial=0)))
+    np.testing.assert_allclose(actual, expected, rtol=tol, atol=tol * scale)
+
+
+def value_and_grads(fn, args, dout, *, jit=True):
+    """`fn(*args)` and the gradients of `sum(fn(*args) * dout)` with respect to every
+    argument (`dout` is cast to the output's dtype), traced as one jitted program, or
+    run op by op with `jit=False`."""
+
+    def both(args, dout):
+        out, pullback = jax.vjp(fn, *args)
+        return out, pullback(dout.astype(out.dtype))
+
+    return (jax.jit(both) if jit else both)(tuple(args), dout)
 
 
 class FixedChooser:

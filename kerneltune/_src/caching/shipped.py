@@ -1,7 +1,7 @@
 """Tuned configs shipped inside the package, one table per GPU model.
 
 A table is a cache export file (`kerneltune cache export`) written by
-`benchmarks/ship_tables.py` on that GPU. It is read-only and keyed by *device kind*
+`tools/ship_tables.py` on that GPU. It is read-only and keyed by *device kind*
 ("NVIDIA H100 80GB HBM3"), not by the full fingerprint: a config tuned under one CUDA
 version is a good config under another, while the user's own caches, consulted first,
 stay exact. Its entries also seed warm starts (`tuned_neighbours.py`) for calls near the

@@ -141,7 +141,7 @@ def fwd_candidates(
 
 
 #: The longest sequence the shipped tables and the benchmarks cover (`ATTENTION` in
-#: `benchmarks/ship_tables.py`): beyond it nothing was measured to favour a tuned Pallas
+#: `tools/ship_tables.py`): beyond it nothing was measured to favour a tuned Pallas
 #: block over the libraries.
 LONGEST_MEASURED_SEQUENCE = 8192
 

@@ -1,0 +1,1 @@
+"""Tests of `kerneltune/_src/caching`: the persistent cache and manifests."""

@@ -1,0 +1,1 @@
+"""Tests of `kerneltune/_src/cli`: the `kerneltune` command and its subcommands."""

@@ -1,0 +1,1 @@
+"""The README, docs/, examples/ and benchmarks/ run as written."""

@@ -1,0 +1,1 @@
+"""Tests of `kerneltune/_src/execution`: the executor."""

@@ -1,0 +1,2 @@
+"""Tests of `kerneltune/_src/kernel`: dispatch, methods, custom VJPs, recording,
+sharding."""

@@ -1,0 +1,400 @@
+"""Attention: JAX's Pallas mha made tunable, forward and backward tuned separately,
+with an XLA path; values and gradients against a float32 reference."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import kerneltune as kt
+from kerneltune import BwdParams, FwdParams
+from kerneltune.kernels import Attention, AttentionBackward, AttentionInterpret, attention
+from kerneltune.kernels._common import relative_error, tolerance
+from kerneltune.kernels.attention import config as ac
+from kerneltune.kernels.attention.pallas_triton import block_sizes
+from kerneltune.kernels.attention.reference import attention_reference
+from kerneltune.kernels.attention.shapes import TEST_SHAPES
+from tests.helpers import value_and_grads
+
+BF16 = jnp.bfloat16
+
+
+def qkv(key, b, t, h, d, dtype=jnp.float32):
+    keys = jax.random.split(key, 4)
+    q, k, v, do = (jax.random.normal(kk, (b, t, h, d), jnp.float32).astype(dtype) for kk in keys)
+    return q, k, v, do
+
+
+def executor(events=None, policy=None):
+    chain = kt.ConfigSelectorChain(
+        kt.ConfigCache(),
+        policy=policy or kt.AutotunePolicy(cache_miss_fallback="heuristics"),
+        tuner=kt.Tuner(progress=False),
+        on_event=None if events is None else (lambda e, **d: events.append((e, d))),
+    )
+    return kt.Executor(chain)
+
+
+def reference_value_and_grads(q, k, v, do, causal):
+    f32 = [a.astype(jnp.float32) for a in (q, k, v)]
+    return value_and_grads(
+        lambda *a: attention_reference(*a, causal=causal), f32, do.astype(jnp.float32)
+    )
+
+
+def assert_matches(out, grads, ref, ref_grads, dtype):
+    assert relative_error(out, ref) <= tolerance(dtype)
+    for g, r in zip(grads, ref_grads):
+        assert relative_error(g, r) <= 2 * tolerance(dtype)
+
+
+# --- configs ------------------------------------------------------------------------
+
+
+def test_heuristics_are_jax_defaults():
+    p = ac.AttentionProblem(2, 2048, 2048, 8, 64, np.dtype(BF16), True)
+    assert ac.fwd_heuristic(p) == FwdParams(
+        q_blocksize=128, kv_blocksize=128, num_warps=4, num_stages=2
+    )
+    assert ac.fwd_heuristic(dataclasses.replace(p, head_dim=128)).num_warps == 8
+    assert ac.bwd_heuristic(p) == BwdParams(q_blocksize=32, kv_blocksize=32, num_warps=4)
+    short = dataclasses.replace(p, q_len=64, kv_len=64)
+    assert ac.fwd_heuristic(short).q_blocksize == 64
+
+
+def test_candidate_spaces_are_pruned_with_reasons():
+    p = ac.AttentionProblem(4, 4096, 4096, 16, 128, np.dtype(BF16), True)
+    fwd, fwd_pruned = ac.fwd_candidates(p)
+    bwd, bwd_pruned = ac.bwd_candidates(p)
+    assert ac.fwd_heuristic(p) in fwd and ac.bwd_heuristic(p) in bwd
+    for c in fwd:
+        if c.backend == "pallas":
+            assert ac.fwd_shared_memory_bytes(p, c) <= 227 * 1024
+    assert all(x.reason for x in fwd_pruned + bwd_pruned)
+    # The library backends are candidates too: XLA always, cuDNN only on GPUs.
+    assert FwdParams(backend="xla") in fwd
+    assert [x.reason for x in fwd_pruned if x.cfg.backend == "cudnn"] == [
+        "cuDNN attention runs on NVIDIA GPUs only"
+    ]
+    # tokamax's kernel joins where tokamax is installed and the GPU is a Hopper.
+    (tokamax,) = [x.reason for x in fwd_pruned if x.cfg.backend == "tokamax"]
+    assert "tokamax" in tokamax and ("not installed" in tokamax or "Hopper" in tokamax)
+    odd = dataclasses.replace(p, q_len=96, kv_len=96)
+    _, pruned = ac.fwd_candidates(odd)
+    assert any("not a multiple of" in x.reason for x in pruned)
+
+
+def test_the_tokamax_backend_says_why_it_cannot_run(monkeypatch):
+    from kerneltune.kernels.attention import tokamax_backend as tb
+
+    monkeypatch.setattr(tb, "installed", lambda: False)
+    assert tb.unsupported(np.dtype(BF16), 128) == "tokamax is not installed (pip install tokamax)"
+    monkeypatch.setattr(tb, "installed", lambda: True)
+    monkeypatch.setattr(tb, "on_gpu", lambda: True)
+    monkeypatch.setattr(tb, "is_hopper", lambda: False)
+    assert "Hopper" in tb.unsupported(np.dtype(BF16), 128)
+    monkeypatch.setattr(tb, "is_hopper", lambda: True)
+    assert tb.unsupported(np.dtype(BF16), 128) is None
+    assert tb.unsupported(np.dtype("float16"), 64) is None
+    assert "not float32" in tb.unsupported(np.dtype("float32"), 128)
+    assert "not 96" in tb.unsupported(np.dtype(BF16), 96)
+
+
+def test_a_tokamax_config_is_refused_where_tokamax_cannot_run(monkeypatch):
+    # A config tuned on a machine with tokamax (a shared cache) names it; here, the
+    # kernel's hook says why it cannot run, so the stored tiers miss and an explicit
+    # cfg= fails with that reason instead of an ImportError deep in a trace.
+    import kerneltune as kt
+    from kerneltune._src.kernel import hooks
+    from kerneltune.kernels.attention import tokamax_backend as tb
+
+    monkeypatch.setattr(tb, "installed", lambda: False)
+    kernel = Attention()
+    q = jnp.zeros((1, 128, 2, 64), BF16)
+    inv = kt.default_executor().invocation(kernel, q, q, q, causal=True)
+    tokamax = FwdParams(backend="tokamax")
+    assert "not installed" in kernel.backend_named("tokamax").unusable(kernel, inv, tokamax)
+    cudnn = FwdParams(backend="cudnn")
+    assert kernel.backend_named("cudnn").unusable(kernel, inv, cudnn) is None
+    # On this CPU the XLA path runs whatever the config names: nothing to refuse.
+    assert hooks.unusable_reason(kernel, inv, tokamax) is None
+
+
+def test_the_backend_is_part_of_the_config_and_round_trips():
+    import kerneltune as kt
+
+    for backend in ("cudnn", "tokamax"):
+        cfg = FwdParams(backend=backend)
+        assert kt.from_json(kt.to_json(cfg), FwdParams) == cfg
+        assert cfg != FwdParams(backend="xla")
+    with pytest.raises(ValueError, match=r"FwdParams.backend must be one of .*'tpu'"):
+        FwdParams(backend="tpu")
+
+
+def test_params_map_onto_jax_block_sizes():
+    sizes = block_sizes(
+        FwdParams(q_blocksize=64, kv_blocksize=32), BwdParams(q_blocksize=16, kv_blocksize=64)
+    )
+    assert (sizes.block_q, sizes.block_k) == (64, 32)
+    # kv_blocksize is the block each program owns (dK/dV for keys, dQ for queries).
+    assert (sizes.block_kv_dkv, sizes.block_q_dq) == (64, 64)
+    assert (sizes.block_q_dkv, sizes.block_kv_dq) == (16, 16)
+
+
+# --- the XLA path -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, BF16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape", TEST_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_xla_path_values_and_gradients(key, shape, dtype):
+    *dims, causal = shape
+    q, k, v, do = qkv(key, *dims, dtype=dtype)
+    ex = executor()
+    out, grads = value_and_grads(
+        lambda *a: attention(*a, is_causal=causal, executor=ex), (q, k, v), do
+    )
+    assert out.dtype == dtype and all(g.dtype == dtype for g in grads)
+    assert_matches(out, grads, *reference_value_and_grads(q, k, v, do, causal), dtype)
+
+
+def test_gradients_go_through_the_backward_kernel(key):
+    events: list = []
+    ex = executor(events)
+    q, k, v, do = qkv(key, 1, 32, 2, 16)
+    value_and_grads(lambda *a: attention(*a, is_causal=True, executor=ex), (q, k, v), do)
+    ops = {d["op_id"] for _, d in events}
+    assert ops == {"attention@v1", "attention_bwd@v1"}
+
+
+def test_sm_scale_and_causal_are_part_of_the_key(key):
+    q, k, v, _ = qkv(key, 1, 16, 1, 8)
+    kernel = Attention()
+    inv = {}
+    for causal in (False, True):
+        for scale in (None, 0.5):
+            args, kwargs = kernel.prepare(q, k, v, causal=causal, sm_scale=scale)
+            inv[(causal, scale)] = kt.Invocation(
+                op_id="attention", args=args, kwargs=kwargs
+            ).call_key
+    assert len(set(inv.values())) == 4
+    out = attention(q, k, v, scale=0.5, executor=executor())
+    ref = attention_reference(q, k, v, sm_scale=0.5)
+    assert relative_error(out, ref) <= tolerance(jnp.float32)
+
+
+# --- the Pallas kernel in the interpreter -------------------------------------------
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_pallas_values_and_gradients(key, causal):
+    q, k, v, do = qkv(key, 1, 64, 2, 16)
+    ex = executor()
+    kernel = AttentionInterpret(executor=ex)
+    cfg = FwdParams(q_blocksize=32, kv_blocksize=32, num_warps=4, num_stages=2)
+    out, grads = value_and_grads(lambda *a: ex(kernel, *a, causal=causal, cfg=cfg), (q, k, v), do)
+    assert_matches(out, grads, *reference_value_and_grads(q, k, v, do, causal), jnp.float32)
+
+
+def test_pallas_bf16_forward(key):
+    q, k, v, _ = qkv(key, 1, 64, 1, 32, dtype=BF16)
+    out = executor()(AttentionInterpret(), q, k, v, causal=True)
+    assert out.dtype == BF16
+    assert relative_error(out, attention_reference(q, k, v, causal=True)) <= tolerance(BF16)
+
+
+# --- separate tuning of the two passes ---------------------------------------------
+
+
+class _TwoFwd(Attention):
+    """Two forward configs to tune on this CPU (where the fallback runs them)."""
+
+    op_id = "attention-test"
+
+    def candidate_cfgs(self, inv):
+        return [
+            FwdParams(q_blocksize=16, kv_blocksize=16, num_warps=4, num_stages=1),
+            self.heuristic_cfg(inv),
+        ]
+
+    @functools.cached_property
+    def backward(self):
+        return _TwoBwd(executor=self.executor)
+
+
+class _TwoBwd(AttentionBackward):
+    op_id = "attention_bwd-test"
+
+    def candidate_cfgs(self, inv):
+        return [BwdParams(q_blocksize=16, kv_blocksize=16, num_warps=4), self.heuristic_cfg(inv)]
+
+
+def test_forward_and_backward_are_tuned_separately_under_jit(key):
+    events: list = []
+    ex = executor(events, policy=kt.AutotunePolicy())
+    q, k, v, do = qkv(key, 1, 32, 2, 16)
+    out, grads = value_and_grads(
+        lambda *a: ex(_TwoFwd(executor=ex), *a, causal=True), (q, k, v), do
+    )
+    assert_matches(out, grads, *reference_value_and_grads(q, k, v, do, True), jnp.float32)
+    tuned = {d["op_id"]: d["report"] for e, d in events if e == "autotune_finish"}
+    assert set(tuned) == {"attention-test@v1", "attention_bwd-test@v1"}
+    assert isinstance(tuned["attention-test@v1"].best, FwdParams)
+    assert isinstance(tuned["attention_bwd-test@v1"].best, BwdParams)
+    # The backward was tuned while traced: on inputs from tuning_inputs, validated.
+    assert tuned["attention_bwd-test@v1"].validated
+
+
+def test_backward_tuning_inputs_are_consistent_residuals(key):
+    kernel = AttentionBackward()
+    q, k, v, _ = qkv(key, 1, 32, 2, 16)
+    lse = jax.ShapeDtypeStruct((1, 2, 32), jnp.float32)
+    args, kwargs = kernel.prepare(q, k, v, q, lse, q, causal=True)
+    inv = kt.Invocation(op_id=kernel.op_id, args=args, kwargs=kwargs)
+    (tq, tk, tv, out, tlse, dout), kw = kernel.tuning_inputs(inv)
+    assert not bool(jnp.all(dout == 0))
+    ref = attention_reference(tq, tk, tv, causal=True, sm_scale=kw["sm_scale"])
+    assert relative_error(out, ref) <= 1e-5
+    assert tlse.shape == (1, 2, 32) and tlse.dtype == jnp.float32
+
+
+@pytest.mark.parametrize(
+    "shapes",
+    [((1, 16, 2, 8), (1, 16, 2, 4), (1, 16, 2, 4)), ((1, 16, 2, 8), (16, 2, 8), (16, 2, 8))],
+)
+def test_bad_shapes_are_rejected(shapes):
+    arrays = [jnp.ones(s) for s in shapes]
+    with pytest.raises(ValueError, match="attention"):
+        attention(*arrays, executor=executor())
+
+
+def test_default_scale_is_inverse_sqrt_head_dim(key):
+    q, k, v, _ = qkv(key, 1, 16, 1, 64)
+    _, kwargs = Attention().prepare(q, k, v)
+    assert kwargs["sm_scale"] == pytest.approx(1 / math.sqrt(64))
+
+
+# --- grouped-query attention ----------------------------------------------------------
+
+
+def grouped_qkv(key, dtype=jnp.float32):
+    kq, kk, kv_, kd = jax.random.split(key, 4)
+    q = jax.random.normal(kq, (1, 32, 4, 16), jnp.float32).astype(dtype)
+    k, v = (jax.random.normal(x, (1, 32, 2, 16), jnp.float32).astype(dtype) for x in (kk, kv_))
+    do = jax.random.normal(kd, q.shape, jnp.float32).astype(dtype)
+    return q, k, v, do
+
+
+def grouped_reference(q, k, v, do, causal):
+    def ref(q, k, v):
+        k, v = jnp.repeat(k, 2, axis=2), jnp.repeat(v, 2, axis=2)
+        return attention_reference(q, k, v, causal=causal)
+
+    return value_and_grads(ref, [a.astype(jnp.float32) for a in (q, k, v)], do)
+
+
+def test_grouped_kv_reach_the_kernel_unrepeated(key):
+    # Before: the op repeated k and v for every query head, so cuDNN (which takes
+    # grouped heads natively) read 2x the data and its backward summed them back.
+    from kerneltune._src.kernel import recording
+
+    q, k, v, _ = grouped_qkv(key)
+    recording.clear_invocations()
+    with recording.record_calls():
+        attention(q, k, v, executor=executor())
+    (record,) = recording.iter_records(recording.get_invocations())
+    recording.clear_invocations()
+    assert [tuple(a.shape) for a in record.args] == [q.shape, k.shape, v.shape]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("interpret", [False, True], ids=["xla", "pallas-interpret"])
+def test_grouped_query_values_and_gradients(key, causal, interpret):
+    q, k, v, do = grouped_qkv(key)
+    ex = executor()
+    if interpret:
+        kernel = AttentionInterpret(executor=ex)
+        cfg = FwdParams(q_blocksize=16, kv_blocksize=16, num_warps=4, num_stages=2)
+
+        def fn(*a):
+            return ex(kernel, *a, causal=causal, cfg=cfg)
+    else:
+
+        def fn(*a):
+            return attention(*a, is_causal=causal, executor=ex)
+
+    out, grads = value_and_grads(fn, (q, k, v), do)
+    assert grads[1].shape == k.shape and grads[2].shape == v.shape
+    assert_matches(out, grads, *grouped_reference(q, k, v, do, causal), jnp.float32)
+
+
+def test_the_backward_kernel_still_wants_every_head(key):
+    q, k, v, do = grouped_qkv(key)
+    with pytest.raises(ValueError, match="kv_heads q's heads"):
+        AttentionBackward().prepare(q, k, v, q, jnp.zeros((1, 4, 32)), do)
+
+
+def test_under_a_gradient_the_pallas_path_is_one_candidate_or_none(monkeypatch):
+    p = ac.AttentionProblem(2, 1024, 1024, 8, 64, np.dtype(BF16), True)
+    kept, pruned = ac.fwd_candidates(p)
+    train, train_pruned = ac.for_training(p, kept, pruned)
+    assert [c for c in train if c.backend == "pallas"] == [ac.fwd_heuristic(p)]
+    assert FwdParams(backend="xla") in train
+    assert len(train_pruned) == len(pruned) + len(kept) - len(train)
+    monkeypatch.setattr(ac, "cudnn_unsupported", lambda p: None)  # as on a GPU
+    on_gpu = [ac.CUDNN, ac.TOKAMAX, *kept]
+    train, train_pruned = ac.for_training(p, on_gpu, pruned)
+    # cuDNN alone: tokamax's training step never beat it (0.87-0.99x), and timing it
+    # cost 18 s and 4x plain JAX's memory at 32k tokens.
+    assert train == [ac.CUDNN]
+    assert any(x.cfg == ac.TOKAMAX and "cuDNN runs this call" in x.reason for x in train_pruned)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_chunked_reference_matches_the_whole_one_in_values_and_gradients(causal):
+    # Long sequences validate against the reference a chunk of queries at a time (at
+    # T=128k the whole float32 score matrix is 1 TiB): same values, same gradients.
+    from kerneltune.kernels.attention.reference import (
+        attention_forward_chunked,
+        attention_forward_xla,
+    )
+
+    q, k, v, do = qkv(jax.random.PRNGKey(3), 2, 48, 2, 16)
+    scale = 0.25
+    # 2·2·48 float32 scores per query row: 768 bytes, so 12 rows (4 chunks) fit in 9216.
+    whole = lambda q, k, v: attention_forward_xla(q, k, v, causal=causal, sm_scale=scale)[0]  # noqa: E731
+
+    def chunked(q, k, v):
+        return attention_forward_chunked(q, k, v, causal=causal, sm_scale=scale, score_bytes=9216)
+
+    assert "scan[" in jax.make_jaxpr(chunked)(q, k, v).pretty_print()  # it is chunked
+    np.testing.assert_allclose(chunked(q, k, v), whole(q, k, v), rtol=1e-5, atol=1e-5)
+    grads = [jax.vjp(f, q, k, v)[1](do) for f in (chunked, whole)]
+    for a, b in zip(*grads, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+    # Rows that do not divide the sequence: the largest divisor that fits is used.
+    odd = attention_forward_chunked(q, k, v, causal=causal, sm_scale=scale, score_bytes=768 * 7)
+    np.testing.assert_allclose(odd, whole(q, k, v), rtol=1e-5, atol=1e-5)
+
+
+def test_a_forward_longer_than_any_measured_times_the_libraries_and_default_blocks(monkeypatch):
+    monkeypatch.setattr(ac, "cudnn_unsupported", lambda p: None)  # as on a GPU
+    long = ac.AttentionProblem(1, 131072, 131072, 16, 128, np.dtype(BF16), True)
+    kept, pruned = ac.fwd_candidates(long)
+    assert len(kept) > 10  # the full block search
+    out, out_pruned = ac.for_long_sequences(long, kept, pruned)
+    assert out == [ac.CUDNN, ac.TOKAMAX, ac.fwd_heuristic(long)] or out == [
+        ac.CUDNN,
+        ac.fwd_heuristic(long),
+    ]
+    assert FwdParams(backend="xla") not in out
+    assert any("131072 tokens" in x.reason for x in out_pruned)
+    # At a measured length the search is whole.
+    short = ac.AttentionProblem(2, 8192, 8192, 16, 128, np.dtype(BF16), True)
+    kept, pruned = ac.fwd_candidates(short)
+    assert ac.for_long_sequences(short, kept, pruned) == (kept, pruned)

@@ -1,0 +1,1 @@
+"""Tests of `kerneltune/_src/selection`: the selection chain and its keys."""

@@ -1,0 +1,2 @@
+"""Tests of `kerneltune/_src/tuning`: the tuner, validation, search, timers, warm start,
+multi-process agreement."""

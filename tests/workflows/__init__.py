@@ -1,0 +1,2 @@
+"""Tests of `kerneltune/_src/workflows`: offline and whole-function tuning, batches,
+explain, worker processes."""

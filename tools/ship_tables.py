@@ -1,0 +1,183 @@
+"""Tunes the bundled ops over a grid of common shapes on this GPU and writes the table
+kerneltune ships for its device kind (`kerneltune/kernels/tables/<device kind>.json`).
+
+Every key is tuned exhaustively, so each entry also records every candidate's time: the
+replay of warm starts (`benchmarks/warm_replay.py`,
+`tests/tuning/test_warm_start_replay.py`) reads them. A release tool, not a benchmark:
+run it on each GPU model the package supports, from the repository root:
+
+    PYTHONPATH=. python -m tools.ship_tables [--ops matmul,layer_norm,...,blocks]
+    PYTHONPATH=. python -m tools.ship_tables --ops blocks --missing-only  # new keys only
+
+Entries are written to a cache directory as they finish (`--cache`), and the table is
+rewritten after every op, so an interrupted run keeps what it tuned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+
+import kerneltune as kt
+import kerneltune.kernels
+from benchmarks import harness as h
+from kerneltune._src.caching import storage
+from kerneltune._src.caching.shipped import PACKAGE_TABLES, ShippedTables
+from kerneltune._src.core import devices
+
+Call = Callable[[kt.Executor], Any]
+
+#: Matmul: rows from 512 to 8192 against three weight shapes (k, n).
+MATMUL = [
+    (m, k, n)
+    for k, n in ((4096, 4096), (4096, 1024), (1024, 4096))
+    for m in (512, 1024, 2048, 4096, 8192)
+]
+#: Norms and softmax: rows × width.
+ROWS = [(r, w) for w in (1024, 2048, 4096, 8192, 16384) for r in (4096, 16384)]
+#: Attention: (batch, sequence, heads, head dim, causal), batch × sequence = 16k tokens.
+ATTENTION = [
+    (16384 // t, t, 16, d, c)
+    for t in (1024, 2048, 4096, 8192)
+    for d in (64, 128)
+    for c in (False, True)
+]
+
+
+def grid(op: str) -> Iterator[tuple[str, Call]]:
+    if op == "matmul":
+        for m, k, n in MATMUL:
+            a, b = h.normal(0, (m, k)), h.normal(1, (k, n))
+            yield f"{m}x{k}x{n}", lambda ex, a=a, b=b: kt.kernels.matmul(a, b, executor=ex)
+    elif op in ("layer_norm", "rms_norm", "softmax"):
+        fn = getattr(kt.kernels, op)
+        for r, w in ROWS:
+            x = h.normal(0, (r, w))
+            yield f"{r}x{w}", lambda ex, x=x, fn=fn: fn(x, executor=ex)
+    elif op in ("attention", "attention_grad"):
+        for b, t, n, d, causal in ATTENTION[:: 1 if op == "attention" else 2]:
+            q, k, v = (h.normal(i, (b, t, n, d)) for i in range(3))
+
+            def call(ex: kt.Executor, q=q, k=k, v=v, causal=causal) -> Any:
+                f = lambda q, k, v: kt.kernels.attention(q, k, v, is_causal=causal, executor=ex)  # noqa: E731
+                if op == "attention":
+                    return f(q, k, v)
+                return jax.grad(lambda *a: f(*a).astype("float32").sum(), argnums=(0, 1, 2))(
+                    q, k, v
+                )
+
+            yield f"B{b} T{t} N{n} H{d}{' causal' if causal else ''}", call
+    elif op == "blocks":
+        # The training steps of the model benchmarks' blocks (`first_use_gpu`,
+        # `model_gpu`): every key a user's first step at these sizes looks up.
+        from benchmarks import first_use_gpu
+        from benchmarks import model_blocks as mb
+
+        for name in ("gpt", "llama"):
+            block, shape = first_use_gpu.BLOCKS[name]
+            args = mb.block_inputs(block, shape)
+
+            def step(ex: kt.Executor, block=block, shape=shape, args=args) -> Any:
+                return mb.train_step(block, mb.kerneltune_ops(ex), shape)(*args)
+
+            yield f"{name} {shape}", step
+    else:
+        raise SystemExit(f"--ops: unknown op {op!r}")
+
+
+def table_path(kind: str) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", kind.lower()).strip("-")
+    return str(PACKAGE_TABLES / f"{slug}.json")
+
+
+def _identity(doc: dict[str, Any]) -> tuple[Any, ...]:
+    return doc["op_id"], doc["call_key"], doc["dev"]
+
+
+def write_table(cache: kt.PersistentCache[Any], path: str) -> int:
+    """The cache's entries as a shipped table: provenance "shipped", each candidate's
+    median time kept and its samples left out (the file stays small). Entries of the
+    table already at `path` that this run did not tune again are kept."""
+    docs = []
+    for entry in sorted(cache.entries(), key=lambda e: (e.op_id_v, e.signature)):
+        doc = entry.to_document()
+        doc["provenance"] = "shipped"
+        doc["candidates"] = [
+            {k: v for k, v in c.items() if k != "samples_s"} for c in doc["candidates"]
+        ]
+        docs.append(doc)
+    if os.path.exists(path):
+        with open(path) as f:
+            kept = json.load(f).get("entries", [])
+        tuned = {_identity(d) for d in docs}
+        docs = [d for d in kept if _identity(d) not in tuned] + docs
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    storage.write_export_file(path, docs, exported=time.time())
+    return len(docs)
+
+
+class ListedOnly:
+    """A table's own keys and nothing near them. With `--missing-only` every key the
+    table lacks is tuned and added, even one its nearest entry would answer: a chain
+    given the tables themselves answers a key near one whose other backends were 2x
+    behind, untuned (`tiers.NearShipped`), and the table would never record it."""
+
+    def __init__(self, table: ShippedTables) -> None:
+        self._table = table
+
+    def get(self, dev: str, op_id_v: str, call_key: str, cfg_type: type[Any] | None) -> Any:
+        return self._table.get(dev, op_id_v, call_key, cfg_type)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ops", default="matmul,layer_norm,rms_norm,softmax,attention")
+    p.add_argument("--cache", default=None, help="cache directory (default: a new temporary one)")
+    p.add_argument("--out", default=None, help="table file (default: the package's, for this GPU)")
+    p.add_argument(
+        "--missing-only",
+        action="store_true",
+        help="tune only the keys the table at --out does not hold (e.g. keys a new "
+        "version of an op asks for); the others are read from it",
+    )
+    args = p.parse_args(argv)
+    if not h.on_gpu():
+        print("ship_tables: no GPU found; tables are only written on the GPU they describe.")
+        return
+    kind = devices.device_fingerprint().partition("|")[0]
+    out = args.out or table_path(kind)
+    cache: kt.PersistentCache[Any] = kt.PersistentCache(
+        args.cache or tempfile.mkdtemp(prefix="kt-ship-")
+    )
+    held = ListedOnly(ShippedTables([out])) if args.missing_only and os.path.exists(out) else None
+    chain: kt.ConfigSelectorChain[Any, Any] = kt.ConfigSelectorChain(
+        kt.ConfigCache(),
+        tuner=kt.Tuner(strategy="exhaustive", progress=False),
+        persistent=cache,
+        shipped=held,
+    )
+    ex = kt.Executor(chain)
+    print(f"{kind}: tuning into {cache.location}, table {out}", flush=True)
+    for op in args.ops.split(","):
+        for label, call in grid(op):
+            start = time.perf_counter()
+            try:
+                jax.block_until_ready(call(ex))
+                note = ""
+            except Exception as e:  # one shape failing keeps the rest
+                note = f"  FAILED: {h.error_text(e)}"
+            print(f"{op:14s} {label:28s} {time.perf_counter() - start:6.1f} s{note}", flush=True)
+        print(f"{write_table(cache, out)} entries in {out}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
