@@ -28,6 +28,7 @@ from kerneltune._src.kernel.base import Invocation, Kernel
 from kerneltune._src.selection import key_tuning, tiers
 from kerneltune._src.selection.policy import AutotunePolicy as AutotunePolicy
 from kerneltune._src.selection.policy import CacheMissError as CacheMissError
+from kerneltune._src.selection.policy import FirstCallBudget as FirstCallBudget
 from kerneltune._src.selection.policy import forward_autotune_only as forward_autotune_only
 from kerneltune._src.selection.policy import forward_only_active as forward_only_active
 from kerneltune._src.selection.policy import policy_override as policy_override
