@@ -49,9 +49,7 @@ class FirstCallBudget:
         if isinstance(self.candidates, bool) or not isinstance(self.candidates, int):
             raise TypeError(f"FirstCallBudget.candidates must be an int, got {self.candidates!r}.")
         if self.candidates < 0:
-            raise ValueError(
-                f"FirstCallBudget.candidates must be >= 0, got {self.candidates!r}."
-            )
+            raise ValueError(f"FirstCallBudget.candidates must be >= 0, got {self.candidates!r}.")
         for name in ("key_s", "process_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
