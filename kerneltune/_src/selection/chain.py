@@ -364,6 +364,7 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
                 backward=policy.validate_backward or bool(inv.differentiated),
                 hints=[],
                 emit=self._emit,
+                space=len(plan.space),
             )
         finally:
             self._first_calls.add(time.perf_counter() - start)
@@ -384,7 +385,6 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
             return self._use_prediction(
                 inv, kernel, key, dataclasses.replace(plan, why_untimed=why)
             )
-        report = dataclasses.replace(report, budgeted=plan.partial or late > 0)
         cfg = self.store(
             key,
             report.best,
