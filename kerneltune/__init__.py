@@ -49,6 +49,7 @@ from kerneltune._src.params import FwdParams as FwdParams
 from kerneltune._src.selection.chain import AutotunePolicy as AutotunePolicy
 from kerneltune._src.selection.chain import CacheMissError as CacheMissError
 from kerneltune._src.selection.chain import ConfigSelectorChain as ConfigSelectorChain
+from kerneltune._src.selection.chain import FirstCallBudget as FirstCallBudget
 from kerneltune._src.selection.chain import forward_autotune_only as forward_autotune_only
 from kerneltune._src.selection.chain import policy_override as policy_override
 from kerneltune._src.tuning.report import CandidateResult as CandidateResult
@@ -94,6 +95,7 @@ __all__ = [
     "Executor",
     "Exhaustive",
     "Explanation",
+    "FirstCallBudget",
     "FwdParams",
     "Invocation",
     "Kernel",

@@ -480,6 +480,38 @@ def test_merge_keeps_the_newer_entry(tmp_path, monkeypatch):
     assert c.get_entry(DEV, OP, "shared").provenance == "autotuned"
 
 
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def test_a_budgeted_entry_says_so_and_gives_way_to_a_full_one(tmp_path, monkeypatch):
+    # A first call tuned under a budget timed a few candidates only: a full search's
+    # entry replaces it, whether published exclusively, merged or imported, and
+    # whatever the ages; a budgeted entry never replaces a full one.
+    clock = iter(range(100, 200))
+    monkeypatch.setattr(persistent, "_now", lambda: float(next(clock)))
+    budgeted = dataclasses.replace(make_report(Cfg(block=(8,))), budgeted=True)
+    a = PersistentCache(tmp_path / "a")
+    a.put(DEV, OP, "k", Cfg(block=(8,)), report=budgeted)
+    entry = a.get_entry(DEV, OP, "k")
+    assert entry.budgeted and read_json(entry.path)["budgeted"] is True
+    # A full entry written without `budgeted` reads as before budgets existed.
+    a.put(DEV, OP, "full", Cfg(block=(8,)), report=make_report(Cfg(block=(8,))))
+    assert "budgeted" not in read_json(a.get_entry(DEV, OP, "full").path)
+    assert not a.get_entry(DEV, OP, "full").budgeted
+    # Exclusive: the budgeted entry gives way; a full one does not.
+    assert a.put(DEV, OP, "k", Cfg(block=(16,)), exclusive=True) == Cfg(block=(16,))
+    assert a.get(DEV, OP, "k", Cfg) == Cfg(block=(16,)) and not a.get_entry(DEV, OP, "k").budgeted
+    again = a.put(DEV, OP, "k", Cfg(block=(32,)), report=budgeted, exclusive=True)
+    assert again == Cfg(block=(16,))
+    # Merges: full beats budgeted even when older.
+    b = PersistentCache(tmp_path / "b")
+    b.put(DEV, OP, "k", Cfg(block=(64,)), report=budgeted)  # newer, budgeted
+    assert b.merge(a) == 2 and b.get(DEV, OP, "k", Cfg) == Cfg(block=(16,))
+    assert a.merge(b) == 0 and a.get(DEV, OP, "k", Cfg) == Cfg(block=(16,))
+
+
 def test_merge_refuses_a_missing_directory(tmp_path, cache):
     with pytest.raises(FileNotFoundError, match="no cache directory"):
         cache.merge(tmp_path / "typo")

@@ -28,6 +28,9 @@ class ConfigCache(Generic[Cfg]):
 
     def __init__(self) -> None:
         self._data: dict[CacheKey, Cfg] = {}
+        # Keys whose config was tuned under a first-call budget (a full search completes
+        # them): kept here so that every chain sharing the cache knows.
+        self._budgeted: set[CacheKey] = set()
         self._lock = threading.Lock()
         # Told of every change, so holders of derived state (the executor's eager
         # dispatch table) know when to drop it.
@@ -44,17 +47,32 @@ class ConfigCache(Generic[Cfg]):
     def get(self, dev: str, op_id: str, call_key: str) -> Cfg | None:
         return self._data.get((dev, op_id, call_key))
 
-    def put(self, dev: str, op_id: str, call_key: str, cfg: Cfg) -> None:
+    def put(self, dev: str, op_id: str, call_key: str, cfg: Cfg, *, budgeted: bool = False) -> None:
+        """Caches `cfg` for the key; `budgeted`: it was tuned under a first-call budget
+        (`FirstCallBudget`), so a full search of the key still has work to do."""
         if cfg is None:
             raise ValueError("ConfigCache.put got cfg=None; a cached config must be a value.")
+        key = (dev, op_id, call_key)
         with self._lock:
-            self._data[(dev, op_id, call_key)] = cfg
-        scope.settled((dev, op_id, call_key))
+            self._data[key] = cfg
+            if budgeted:
+                self._budgeted.add(key)
+            else:
+                self._budgeted.discard(key)
+        scope.settled(key)
+        if budgeted:
+            # Traces that use it must give way to the full search's config, when it comes.
+            scope.chose_provisionally(key)
         self._changed()
+
+    def is_budgeted(self, dev: str, op_id: str, call_key: str) -> bool:
+        """Whether the key's cached config was tuned under a first-call budget."""
+        return (dev, op_id, call_key) in self._budgeted
 
     def clear(self) -> None:
         with self._lock:
             self._data.clear()
+            self._budgeted.clear()
         self._changed()
 
     def size(self) -> int:

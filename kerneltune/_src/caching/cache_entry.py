@@ -98,6 +98,9 @@ class Entry:
       shape: the call's sizes and size-free family (`call_shapes.py`): what warm
         start uses to find the tuned neighbours of a new call. None in entries
         written before it was stored.
+      budgeted: tuned on the first call under a budget (`FirstCallBudget`): only the
+        few configs a prediction ranked best were timed. A lookup that asks for a full
+        search treats it as a miss, and the full search's entry replaces it.
       dev: the device fingerprint it was tuned on (where it is stored).
       provenance: "autotuned", "imported" or "shipped".
       versions: kerneltune, jax and jaxlib versions that wrote it.
@@ -118,6 +121,7 @@ class Entry:
     strategy: str | None = None
     wall_s: float | None = None
     shape: CallShape | None = None
+    budgeted: bool = False
     # Where and by whom it is stored: not part of what the entry says about the call.
     dev: str = dataclasses.field(default="", compare=False)
     provenance: str = dataclasses.field(default="autotuned", compare=False)
@@ -168,6 +172,8 @@ class Entry:
             "versions": dict(self.versions) or runtime_versions(),
             "cfg_type": self.cfg_type
             or (None if isinstance(self.cfg, Mapping) else type_name(self.cfg)),
+            # Written only when set: a fully tuned entry reads as it did before budgets.
+            **({"budgeted": True} if self.budgeted else {}),
         }
 
     @property
@@ -235,6 +241,9 @@ def entry_from_document(doc: Any, path: str) -> CacheEntry:
     if not isinstance(versions, dict):
         raise BadEntry("field 'versions' is not an object")
     number = (int, float)
+    budgeted = doc.get("budgeted", False)
+    if not isinstance(budgeted, bool):
+        raise BadEntry("field 'budgeted' is not a bool")
     return Entry(
         doc["op_id"],
         doc["call_key"],
@@ -253,6 +262,7 @@ def entry_from_document(doc: Any, path: str) -> CacheEntry:
         created=float(_optional(doc, "created", number) or 0.0),
         versions={str(k): str(v) for k, v in versions.items()},
         cfg_type=_optional(doc, "cfg_type", str) or "",
+        budgeted=budgeted,
         path=path,
     )
 
@@ -293,6 +303,7 @@ def report_fields(report: TuningReport | None) -> dict[str, Any]:
         "best_time_s": _finite(report.best_time_s),
         "strategy": report.strategy,
         "wall_s": _finite(report.wall_s),
+        "budgeted": bool(getattr(report, "budgeted", False)),
     }
 
 

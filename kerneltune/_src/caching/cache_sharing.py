@@ -118,8 +118,9 @@ class CacheSharing:
 
     def import_(self, file: str | os.PathLike[str], *, provenance: Provenance = "imported") -> int:
         """Adds the entries of an export file, marked with `provenance`. Where this
-        cache already holds a newer entry for a key, that one is kept. Returns how many
-        entries were written.
+        cache already holds a newer entry for a key, that one is kept (and a fully tuned
+        one over one tuned under a first-call budget). Returns how many entries were
+        written.
 
         Raises:
           OSError: the file cannot be read.
@@ -135,8 +136,9 @@ class CacheSharing:
 
     def merge(self, *sources: str | os.PathLike[str] | CacheSharing) -> int:
         """Adds the entries of other caches: directories, URLs, export files (`*.json`)
-        or `PersistentCache`s. On a conflict the newer entry wins. Returns how many
-        entries were written.
+        or `PersistentCache`s. On a conflict the newer entry wins (a fully tuned one
+        over one tuned under a first-call budget, whatever their ages). Returns how
+        many entries were written.
 
         Raises:
           OSError: an export file cannot be read, or a local directory does not exist.
@@ -161,8 +163,11 @@ class CacheSharing:
         rel = entry_relpath(*entry.key)
         data = self._read(self._store, rel)
         current = None if data is None else self._decode(self._store, rel, data)
-        if current is not None and current.created >= entry.created:
-            return 0
+        if current is not None:
+            # A full search beats a first-call budget's, whatever their ages; among
+            # equals, the newer one wins.
+            if (current.budgeted, -current.created) <= (entry.budgeted, -entry.created):
+                return 0
         self._write(entry)
         return 1
 

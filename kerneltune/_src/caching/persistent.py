@@ -292,8 +292,9 @@ class PersistentCache(cache_sharing.CacheSharing, Generic[Cfg]):
           provenance: "autotuned", "imported" or "shipped".
           signature: a readable description of the call, shown by `kerneltune cache ls`.
           exclusive: publish only when the writable layer holds no valid entry for the
-            key yet. Processes that missed the same key and tuned it at once then agree
-            on the first one's config: the one returned.
+            key yet (an entry tuned under a first-call budget gives way to a full one).
+            Processes that missed the same key and tuned it at once then agree on the
+            first one's config: the one returned.
           shape: the call's sizes and size-free family (`Invocation.shape`), which
             warm start reads to find the tuned neighbours of a new call.
 
@@ -337,9 +338,10 @@ class PersistentCache(cache_sharing.CacheSharing, Generic[Cfg]):
             rel, key = entry_relpath(dev, op_id, call_key), (dev, op_id, call_key)
             data = self._read(self._store, rel)
             found = None if data is None else self._usable(self._store, rel, data, key, cfg_type)
-            if found is not None:
+            if found is not None and not (found[0].budgeted and not entry.budgeted):
                 return found[1]
-            # The entry there is unusable (corrupt, or does not fit the type): replace it.
+            # The entry there is unusable (corrupt, or does not fit the type) or was tuned
+            # under a first-call budget, which a full search completes: replace it.
         self._write(entry)
         return cfg
 

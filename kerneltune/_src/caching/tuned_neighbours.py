@@ -1,4 +1,4 @@
-"""Where a warm start comes from: the best configs of tuned calls near a new one.
+"""Where a warm start and a prediction come from: tuned calls near a new one.
 
 When a key misses every cache, the calls of the same op, dtypes and static values
 tuned at other sizes (in this process, in the persistent cache, in the shipped tables)
@@ -6,14 +6,17 @@ say where the new call's best config probably is. `hints` returns the winners of
 nearest calls (`call_shapes.distance`), nearest first, then the nearest call's best
 configs in other regions of the space (say, its fastest config of another backend):
 the best config of a new size is sometimes the runner-up of the last one. The tuner
-starts its search there (`tuning/warm_start.py`).
+starts its search there (`tuning/warm_start.py`). `timed_calls` returns the same
+neighbours with every candidate's outcome, from which the selection layer predicts a
+config before anything is timed (`selection/prediction.py`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from kerneltune._src.caching.cache_entry import CacheEntry
@@ -102,22 +105,113 @@ def backend_of(cfg: Any) -> Any:
     return dict(config_space.config_point(cfg)).get("backend")
 
 
+Outcomes = tuple[tuple[Any, "float | None"], ...]  # (config, median seconds; None: failed)
+
+
+@dataclasses.dataclass(frozen=True)
+class TimedCall:
+    """A tuned call: its shape, the config it uses, and every measured candidate's
+    outcome (none when only the winner is known, as in a hand-written entry).
+
+    Attributes:
+      shape: the call's sizes and family.
+      winner: the config the call uses (a config, or its fields as read from a file).
+      outcomes: (config, median seconds) per candidate measured; None where it failed.
+    """
+
+    shape: CallShape
+    winner: Any
+    outcomes: Outcomes = ()
+
+
 class LocalIndex:
-    """The shapes and best configs of the calls tuned (or adopted) in this process."""
+    """The shapes, best configs and outcomes of the calls tuned (or adopted) in this
+    process."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._tuned: dict[tuple[str, str], dict[CallShape, Ranked]] = {}
+        self._timed: dict[tuple[str, str], dict[CallShape, TimedCall]] = {}
 
-    def add(self, dev: str, op_id_v: str, shape: CallShape | None, best: Ranked) -> None:
+    def add(
+        self,
+        dev: str,
+        op_id_v: str,
+        shape: CallShape | None,
+        best: Ranked,
+        outcomes: Outcomes = (),
+    ) -> None:
         if shape is None or not best:
             return
         with self._lock:
             self._tuned.setdefault((dev, op_id_v), {})[shape] = best
+            self._timed.setdefault((dev, op_id_v), {})[shape] = TimedCall(
+                shape, best[0], tuple(outcomes)
+            )
 
     def of(self, dev: str, op_id_v: str) -> list[tuple[CallShape, Ranked]]:
         with self._lock:
             return list(self._tuned.get((dev, op_id_v), {}).items())
+
+    def timed(self, dev: str, op_id_v: str) -> list[TimedCall]:
+        with self._lock:
+            return list(self._timed.get((dev, op_id_v), {}).values())
+
+
+def outcomes_of(timings: Iterable[Mapping[str, Any]]) -> Outcomes:
+    """The outcomes stored in an entry's candidate timings: the measured ones with their
+    time, the failed ones with None; those a search skipped ("pruned") are left out."""
+    out: list[tuple[Any, float | None]] = []
+    for c in timings:
+        status, t = c.get("status"), c.get("time_s")
+        if status == "ok" and isinstance(t, (int, float)) and t > 0:
+            out.append((c.get("cfg"), float(t)))
+        elif status not in ("ok", "pruned", None):
+            out.append((c.get("cfg"), None))
+    return tuple(out)
+
+
+def timed_calls(
+    shape: CallShape | None,
+    dev: str,
+    op_id_v: str,
+    *,
+    local: LocalIndex | None = None,
+    persistent: Any = None,
+    shipped: Any = None,
+) -> list[TimedCall]:
+    """The tuned calls in `shape`'s family known here: this process's, the persistent
+    cache's (of this device, read-only layers included), then the shipped tables' (of
+    this device kind); one per size, from the first of those that has it. [] when the
+    call has no shape. A cache that cannot be read adds nothing (a prediction is an
+    optimisation)."""
+    if shape is None:
+        return []
+    found: dict[tuple[int, ...], TimedCall] = {}
+
+    def add(calls: Iterable[TimedCall]) -> None:
+        for call in calls:
+            same = call.shape.family == shape.family and len(call.shape.sizes) == len(shape.sizes)
+            if same:
+                found.setdefault(call.shape.sizes, call)
+
+    if local is not None:
+        add(local.timed(dev, op_id_v))
+    if persistent is not None:
+        try:
+            stored = persistent.entries(readonly_layers=True, op_id=op_id_v)
+            add(_timed_entries(e for e in stored if e.dev == dev))
+        except Exception as e:
+            logger.warning("kerneltune: no prediction from the persistent cache: %s", e)
+    if shipped is not None:
+        add(_timed_entries(shipped.entries_of(dev, op_id_v)))
+    return list(found.values())
+
+
+def _timed_entries(entries: Iterable[CacheEntry]) -> Iterator[TimedCall]:
+    for e in entries:
+        if e.shape is not None:
+            yield TimedCall(e.shape, e.cfg, outcomes_of(e.timings))
 
 
 def hints(

@@ -116,6 +116,16 @@ def _positive_float(raw: str) -> float:
     return value
 
 
+def _count_or_all(raw: str) -> int | None:
+    value = raw.strip().lower()
+    if value == "all":
+        return None
+    count = int(value)
+    if count < 0:
+        raise ValueError(raw)
+    return count
+
+
 Platform = Literal["triton", "pallas", "xla"]
 Fallback = Literal["autotune", "heuristics", "error"]
 
@@ -183,6 +193,37 @@ SHIPPED: Option[bool] = Option(
     help="Use the tuned tables shipped with kerneltune (and warm-start from them).",
 )
 
+FIRST_CALL_CANDIDATES: Option[int | None] = Option(
+    name="first_call_candidates",
+    default=3,
+    parse=_count_or_all,
+    allowed="a whole number >= 0, or all",
+    help=(
+        "How many of the candidates predicted fastest the first call of a new key times "
+        "beside the heuristic (0: none, the prediction is used untimed; all: the full "
+        "search, as before the budget existed)."
+    ),
+)
+
+FIRST_CALL_KEY_S: Option[float] = Option(
+    name="first_call_key_s",
+    default=5.0,
+    parse=_positive_float,
+    allowed="a positive number of seconds",
+    help="How long the first call's tuning of one key may take (then it stops).",
+)
+
+FIRST_CALL_PROCESS_S: Option[float] = Option(
+    name="first_call_process_s",
+    default=20.0,
+    parse=_positive_float,
+    allowed="a positive number of seconds",
+    help=(
+        "How long first calls may spend tuning in one process, all keys together; "
+        "after that, new keys use their predicted config untimed."
+    ),
+)
+
 _OPTIONS: dict[str, Option[Any]] = {
     o.name: o
     for o in (
@@ -194,6 +235,9 @@ _OPTIONS: dict[str, Option[Any]] = {
         CACHE_READONLY,
         AGREE_TIMEOUT,
         SHIPPED,
+        FIRST_CALL_CANDIDATES,
+        FIRST_CALL_KEY_S,
+        FIRST_CALL_PROCESS_S,
     )
 }
 

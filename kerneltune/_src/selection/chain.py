@@ -5,6 +5,10 @@
 - Heuristic configs are never cached (a later call that may autotune still tunes).
 - With `forbid_reautotune`, a key is benchmarked at most once per process (a later
   miss reuses that result); threads that miss the same key at once tune it once.
+- Under a policy with a `FirstCallBudget`, a miss times only the configs a prediction
+  ranks best (`first_call.py`), or none; the result is cached as *budgeted*, and a
+  policy without a budget (a full tuning) treats such a key as a miss and completes
+  its search. A predicted config used untimed is never cached.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import dataclasses
 import itertools
 import logging
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, Generic
@@ -25,9 +30,10 @@ from kerneltune._src.core.call_shapes import CallShape
 from kerneltune._src.core.kernel_types import Cfg, Out
 from kerneltune._src.kernel import hooks, sharding
 from kerneltune._src.kernel.base import Invocation, Kernel
-from kerneltune._src.selection import key_tuning, tiers
+from kerneltune._src.selection import first_call, key_tuning, tiers
 from kerneltune._src.selection.policy import AutotunePolicy as AutotunePolicy
 from kerneltune._src.selection.policy import CacheMissError as CacheMissError
+from kerneltune._src.selection.policy import FirstCallBudget as FirstCallBudget
 from kerneltune._src.selection.policy import forward_autotune_only as forward_autotune_only
 from kerneltune._src.selection.policy import forward_only_active as forward_only_active
 from kerneltune._src.selection.policy import policy_override as policy_override
@@ -49,6 +55,8 @@ class Decision:
     signature: str
     misses: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     report: TuningReport | None = None
+    #: How a first-call budget shaped the config (None when it did not).
+    budget: str | None = None
 
 
 class ConfigSelectorChain(Generic[Cfg, Out]):
@@ -61,9 +69,11 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
       persistent: a `PersistentCache` consulted after memory, or None.
       persist_autotune: write tuned configs to `persistent`.
       on_event: `on_event(event, **data)`, called for "override", "overlay_hit",
-        "cache_hit" (level="memory"|"persistent"), "autotune_start",
-        "autotune_finish", "heuristics", "error"; `data` has `device`, `op_id`,
-        `call_key` and `cfg` where one was chosen. Its exceptions are logged.
+        "cache_hit" (level="memory"|"persistent"|"shipped"), "autotune_start",
+        "autotune_finish", "predicted" (a config predicted from tuned neighbours,
+        used untimed under a first-call budget), "heuristics", "error"; `data` has
+        `device`, `op_id`, `call_key` and `cfg` where one was chosen. Its exceptions
+        are logged.
       forbid_reautotune: benchmark a key at most once per process.
       shipped: read-only tuned tables keyed by device kind (`shipped.ShippedTables`),
         consulted after `persistent`; the default executor passes the package's own.
@@ -117,6 +127,9 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
         # Keys the shipped tables' nearest neighbours leave to tuning (NearShipped).
         self._near_misses: dict[CacheKey, tiers.Miss] = {}
         self._reports: dict[CacheKey, TuningReport] = {}
+        # Keys whose predicted config is used untimed (first-call budget), with the hit.
+        self._predicted: dict[CacheKey, tiers.Hit] = {}
+        self._first_calls = first_call.Ledger()
         self._key_locks: dict[CacheKey, threading.Lock] = {}
         self._locks_guard = threading.Lock()
 
@@ -178,6 +191,7 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
                 continue
             decision.misses.extend(found.misses)
             decision.tier, decision.cfg, decision.report = found.tier, found.cfg, found.report
+            decision.budget = found.budget
             if found.event is not None:
                 self._emit(found.event, key, cfg=found.cfg, **found.data)
             return decision
@@ -186,10 +200,11 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
     def _tiers(self, policy: AutotunePolicy) -> list[tiers.Tier]:
         """The tiers in the order the policy asks them."""
         cache = self.cache
+        complete = completes_budgeted(policy)
         found: list[tiers.Tier] = [
             tiers.Override(),
             tiers.Overlay(),
-            tiers.Memory(cache),
+            tiers.Memory(cache, complete_budgeted=complete),
             tiers.Stored(
                 "persistent",
                 self.persistent,
@@ -197,6 +212,7 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
                 missing="not in the persistent cache",
                 absent="no persistent cache configured",
                 rejected=self._rejected,
+                complete_budgeted=complete,
             ),
         ]
         if self.shipped is not None:
@@ -255,18 +271,26 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
             return tiers.Miss(untunable)
         if not policy.allow_autotune:
             return tiers.Miss("not allowed by the policy")
+        complete = completes_budgeted(policy)
         with self._lock_for(key):
             # Another thread may have tuned this key while we waited for the lock.
             cfg = self.cache.get(*key)
-            if cfg is not None:
-                return tiers.Hit(cfg, "memory", "cache_hit", {"level": "memory"})
-            if self.forbid_reautotune and key in self._tuned:
+            budgeted = cfg is not None and self.cache.is_budgeted(*key)
+            if cfg is not None and not (budgeted and complete):
+                budget = tiers.BUDGETED if budgeted else None
+                return tiers.Hit(cfg, "memory", "cache_hit", {"level": "memory"}, budget=budget)
+            earlier = self._reports.get(key)
+            budgeted = earlier is not None and earlier.budgeted
+            if self.forbid_reautotune and key in self._tuned and not (budgeted and complete):
                 cfg = self._tuned[key]
-                self.cache.put(*key, cfg)
+                self.cache.put(*key, cfg, budgeted=budgeted)
                 data = {"level": "memory", "reused": True}
-                return tiers.Hit(cfg, "reuse", "cache_hit", data, report=self._reports.get(key))
+                budget = tiers.BUDGETED if budgeted else None
+                return tiers.Hit(cfg, "reuse", "cache_hit", data, report=earlier, budget=budget)
             for i, cand in enumerate(candidates):
                 hooks.check_config_type(kernel, inv, cand, f"candidate #{i}")
+            if policy.budget is not None:
+                return self._first_call(inv, kernel, key, candidates, policy, policy.budget)
             report = key_tuning.tune_key(
                 inv,
                 kernel,
@@ -302,6 +326,100 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
             self._reports[key] = report
             return tiers.Hit(cfg, "autotune", None, report=report)
 
+    def _first_call(
+        self,
+        inv: Invocation[Cfg, Out],
+        kernel: Kernel[Cfg, Out],
+        key: CacheKey,
+        candidates: list[Any],
+        policy: AutotunePolicy,
+        budget: FirstCallBudget,
+    ) -> tiers.Found:
+        """The autotune tier under a first-call budget (the key's lock held): times the
+        shortlist the prediction ranks best, or uses the predicted config untimed."""
+        known = self._predicted.get(key)
+        if known is not None:
+            return known
+        predicted = first_call.predict_call(
+            inv,
+            kernel,
+            key,
+            candidates,
+            local=self._neighbours,
+            persistent=self.persistent,
+            shipped=self.shipped,
+        )
+        mine = first_call.plan(predicted, candidates, budget, self._first_calls.spent_s)
+        plan = first_call.agreed(key, mine, what=f"{inv.op_id_v}({inv.signature})")
+        if not plan.shortlist:
+            return self._use_prediction(inv, kernel, key, plan)
+        start = time.perf_counter()
+        try:
+            report = key_tuning.tune_key(
+                inv,
+                kernel,
+                key,
+                list(plan.shortlist),
+                tuner=first_call.budget_tuner(self.tuner, budget),
+                backward=policy.validate_backward or bool(inv.differentiated),
+                hints=[],
+                emit=self._emit,
+                space=len(plan.space),
+            )
+        finally:
+            self._first_calls.add(time.perf_counter() - start)
+        late = sum(1 for c in report.candidates if c.status == "pruned")
+        if report.best is None:
+            failed = report.num_failed
+            why = (
+                f"none of the {len(plan.shortlist)} timed candidates ran within the "
+                f"first-call budget ({failed} failed, {late} not run in time)"
+            )
+            if failed:
+                warnings.warn(
+                    f"autotuning {inv.op_id_v} ({inv.signature}) under the first-call budget "
+                    f"found no config: {report.describe_failures()}; using the predicted one.",
+                    RuntimeWarning,
+                    stacklevel=6,
+                )
+            return self._use_prediction(
+                inv, kernel, key, dataclasses.replace(plan, why_untimed=why)
+            )
+        cfg = self.store(
+            key,
+            report.best,
+            report=report,
+            signature=inv.signature,
+            shape=inv.shape,
+            exclusive=True,
+        )
+        self._tuned[key] = cfg
+        self._reports[key] = report
+        note = first_call.tuned_note(plan, budget, late) if report.budgeted else None
+        return tiers.Hit(cfg, "autotune", None, report=report, budget=note)
+
+    def _use_prediction(
+        self,
+        inv: Invocation[Any, Any],
+        kernel: Kernel[Any, Any],
+        key: CacheKey,
+        plan: first_call.Plan,
+    ) -> tiers.Hit:
+        """The predicted config, untimed: the first of `plan.untimed` that traces (the
+        heuristic last). Kept for the key in this process, never cached: a later tuning
+        still tunes."""
+        heuristic = plan.prediction.heuristic
+        cfg = plan.untimed[-1]
+        for option in plan.untimed:
+            if option == heuristic or hooks.trace_failure(kernel, inv, option) is None:
+                cfg = option
+                break
+        note = first_call.predicted_note(plan)
+        hit = tiers.Hit(cfg, "predicted", "predicted", {"budget": note}, budget=note)
+        self._predicted[key] = hit
+        scope.chose_provisionally(key)
+        return hit
+
     def store(
         self,
         key: CacheKey,
@@ -333,9 +451,14 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
                 cfg = cfg if stored is None else stored
             except Exception as e:  # a cache write must not fail the run.
                 logger.warning("could not write %s to the persistent cache: %s", key, e)
-        self.cache.put(*key, cfg)
+        budgeted = report is not None and report.budgeted
+        self.cache.put(*key, cfg, budgeted=budgeted)
+        self._predicted.pop(key, None)
         timings = [] if report is None else [(c.cfg, c.time_s) for c in report.candidates]
-        self._neighbours.add(key[0], key[1], shape, tuned_neighbours.ranked(timings, cfg))
+        outcomes = [] if report is None else _outcomes(report)
+        self._neighbours.add(
+            key[0], key[1], shape, tuned_neighbours.ranked(timings, cfg), tuple(outcomes)
+        )
         return cfg
 
     def _hints(
@@ -369,6 +492,26 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
             self.on_event(event, device=key[0], op_id=key[1], call_key=key[2], **data)
         except Exception:
             logger.exception("kerneltune on_event listener raised for event %r", event)
+
+
+def completes_budgeted(policy: AutotunePolicy) -> bool:
+    """Whether the policy searches in full on a miss, so that a config tuned under a
+    first-call budget is a miss to complete (not a hit)."""
+    return (
+        policy.budget is None and policy.allow_autotune and policy.cache_miss_fallback == "autotune"
+    )
+
+
+def _outcomes(report: TuningReport) -> list[tuple[Any, float | None]]:
+    """The report's measured candidates with their times, and the failed ones with None
+    (the ones the search skipped left out): what a prediction reads."""
+    out: list[tuple[Any, float | None]] = []
+    for c in report.candidates:
+        if c.ok:
+            out.append((c.cfg, c.time_s))
+        elif c.status != "pruned":
+            out.append((c.cfg, None))
+    return out
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,6 +3,7 @@ outside any trace, a warm start from tuned neighbours, every process agreeing.""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -26,9 +27,14 @@ def tune_key(
     backward: bool,
     hints: list[Any],
     emit: Callable[..., None],
+    space: int | None = None,
 ) -> TuningReport:
     """Benchmarks `candidates` for `inv` and returns the report every process agrees
-    on; `emit(event, key, **data)` reports "autotune_start" and "autotune_finish"."""
+    on; `emit(event, key, **data)` reports "autotune_start" and "autotune_finish".
+
+    `space`: under a first-call budget, how many configs a full search would time
+    (`candidates` are the shortlist): the report is marked `budgeted` when the
+    shortlist is smaller, or some of it did not run in time."""
     heuristic = hooks.find_heuristic(kernel, inv)
     if heuristic is not None:
         # Never worse than not tuning: the heuristic is a contender, first in line,
@@ -59,6 +65,9 @@ def tune_key(
         )
     # With several processes, every one must end with the same winner (SPMD).
     report = distributed.agree(key, report)
+    if space is not None:
+        late = any(c.status == "pruned" for c in report.candidates)
+        report = dataclasses.replace(report, budgeted=len(candidates) < space or late)
     emit(
         "autotune_finish",
         key,

@@ -1,6 +1,6 @@
-"""What selection may do on a cache miss (`AutotunePolicy`), and the scoped ways to
-change it: `policy_override` and `forward_autotune_only` (context-local, part of JAX's
-trace cache key)."""
+"""What selection may do on a cache miss (`AutotunePolicy`, with its `FirstCallBudget`),
+and the scoped ways to change it: `policy_override` and `forward_autotune_only`
+(context-local, part of JAX's trace cache key)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,58 @@ class CacheMissError(LookupError):
     """No cached config for a call under `cache_miss_fallback="error"`."""
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FirstCallBudget:
+    """How much tuning the first call of a new key may do at run time.
+
+    Instead of searching the whole space, the first call times the kernel's heuristic
+    and the `candidates` configs that a prediction from tuned neighbours (the shipped
+    tables, the persistent cache, this process) ranks fastest, for at most `key_s`
+    seconds; once the process has spent `process_s` seconds that way, new keys take
+    their predicted config untimed. A key tuned this way is marked *budgeted* in the
+    caches: a full tuning (`kt.autotune`, `autotune_lowered`, `kerneltune tune`)
+    completes its search.
+
+    Attributes:
+      candidates: predicted-fastest configs timed beside the heuristic (0: none, the
+        prediction is used untimed).
+      key_s: seconds one key's tuning may take: candidates still building then are
+        abandoned and timing stops (making the inputs and the reference output come
+        on top).
+      process_s: seconds of such tuning per process (per selector chain; the default
+        executor's is the process's), all keys together.
+    """
+
+    candidates: int = 3
+    key_s: float = 5.0
+    process_s: float = 20.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.candidates, bool) or not isinstance(self.candidates, int):
+            raise TypeError(f"FirstCallBudget.candidates must be an int, got {self.candidates!r}.")
+        if self.candidates < 0:
+            raise ValueError(f"FirstCallBudget.candidates must be >= 0, got {self.candidates!r}.")
+        for name in ("key_s", "process_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(
+                    f"FirstCallBudget.{name} must be a positive number of seconds, got {value!r}."
+                )
+
+    @classmethod
+    def from_env(cls) -> FirstCallBudget | None:
+        """The budget the `KERNELTUNE_FIRST_CALL_*` options ask for; None when
+        `KERNELTUNE_FIRST_CALL_CANDIDATES=all` (the full search on the first call)."""
+        candidates = options.FIRST_CALL_CANDIDATES.value
+        if candidates is None:
+            return None
+        return cls(
+            candidates=candidates,
+            key_s=options.FIRST_CALL_KEY_S.value,
+            process_s=options.FIRST_CALL_PROCESS_S.value,
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class AutotunePolicy:
     """What selection may do on a cache miss.
@@ -30,18 +82,27 @@ class AutotunePolicy:
         (heuristics, else tune), or "error" (raise `CacheMissError`: production mode,
         never tune at run time).
       validate_backward: time forward + backward when tuning.
+      budget: a `FirstCallBudget`: a miss is tuned on the few candidates a prediction
+        ranks best, within seconds, and marked budgeted; None (the default): the full
+        search, which also completes keys tuned under a budget. The default executor's
+        policy (`from_env`) has one unless `KERNELTUNE_FIRST_CALL_CANDIDATES=all`.
     """
 
     allow_autotune: bool = True
     allow_heuristics: bool = True
     cache_miss_fallback: Fallback = "autotune"
     validate_backward: bool = False
+    budget: FirstCallBudget | None = None
 
     def __post_init__(self) -> None:
         for name in ("allow_autotune", "allow_heuristics", "validate_backward"):
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise TypeError(f"AutotunePolicy.{name} must be a bool, got {value!r}.")
+        if self.budget is not None and not isinstance(self.budget, FirstCallBudget):
+            raise TypeError(
+                f"AutotunePolicy.budget must be a FirstCallBudget or None, got {self.budget!r}."
+            )
         if self.cache_miss_fallback not in _FALLBACKS:
             raise ValueError(
                 f"AutotunePolicy.cache_miss_fallback must be one of {_FALLBACKS}, got "
@@ -50,8 +111,9 @@ class AutotunePolicy:
 
     @classmethod
     def from_env(cls) -> AutotunePolicy:
-        """The policy `KERNELTUNE_AUTOTUNE` asks for (autotune, heuristics or error)."""
-        return cls(cache_miss_fallback=options.AUTOTUNE.value)
+        """The policy `KERNELTUNE_AUTOTUNE` asks for (autotune, heuristics or error),
+        with the first-call budget of the `KERNELTUNE_FIRST_CALL_*` options."""
+        return cls(cache_miss_fallback=options.AUTOTUNE.value, budget=FirstCallBudget.from_env())
 
 
 def normalise_policy_updates(updates: dict[str, Any]) -> dict[str, Any]:

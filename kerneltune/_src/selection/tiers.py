@@ -21,8 +21,24 @@ from kerneltune._src.kernel.base import Invocation, Kernel
 from kerneltune._src.tuning.report import TuningReport
 
 TierName = Literal[
-    "override", "overlay", "memory", "persistent", "shipped", "autotune", "reuse", "heuristics"
+    "override",
+    "overlay",
+    "memory",
+    "persistent",
+    "shipped",
+    "autotune",
+    "reuse",
+    "predicted",
+    "heuristics",
 ]
+
+#: What `explain` says of a config tuned under a first-call budget.
+BUDGETED = (
+    "tuned under the first-call budget (only the candidates predicted fastest were "
+    "timed); a full tuning (kt.autotune, autotune_lowered, kerneltune tune) completes it"
+)
+#: Why a cache's budgeted config does not answer a full search.
+COMPLETING = "tuned under a first-call budget: a full search completes it"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +53,8 @@ class Hit:
     """A tier's config. `tier` names where it came from (tuning can end in a hit of the
     memory cache, when another thread tuned the key first); `event` and `data` are the
     `on_event` call that announces it; `misses` are noted before it (e.g. why a
-    production-mode heuristic stood in for tuning)."""
+    production-mode heuristic stood in for tuning); `budget` says how a first-call
+    budget shaped the config (None when it did not)."""
 
     cfg: Any
     tier: TierName
@@ -45,6 +62,7 @@ class Hit:
     data: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     report: TuningReport | None = None
     misses: tuple[tuple[str, str], ...] = ()
+    budget: str | None = None
 
 
 Found = Hit | Miss
@@ -97,16 +115,24 @@ class Overlay:
 
 @dataclasses.dataclass(frozen=True)
 class Memory:
-    """The chain's in-memory cache."""
+    """The chain's in-memory cache. With `complete_budgeted` (the policy searches in
+    full), a config tuned under a first-call budget is a miss."""
 
     cache: ConfigCache[Any]
+    complete_budgeted: bool = False
     name: TierName = "memory"
 
     def lookup(self, inv: Invocation[Any, Any], kernel: Kernel[Any, Any], key: CacheKey) -> Found:
         cfg = self.cache.get(*key)
         if cfg is None:
             return Miss("not in the memory cache")
-        return Hit(cfg, "memory", "cache_hit", {"level": "memory"})
+        if not self.cache.is_budgeted(*key):
+            return Hit(cfg, "memory", "cache_hit", {"level": "memory"})
+        if self.complete_budgeted:
+            return Miss(COMPLETING)
+        return Hit(
+            cfg, "memory", "cache_hit", {"level": "memory", "budgeted": True}, budget=BUDGETED
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +148,8 @@ class Stored:
     # Stored configs that failed to trace, by key (shared with the chain, whose next
     # store for the key replaces them): each is warned about once.
     rejected: dict[CacheKey, Any] = dataclasses.field(default_factory=dict)
+    # The policy searches in full: a config tuned under a first-call budget is a miss.
+    complete_budgeted: bool = False
 
     def lookup(self, inv: Invocation[Any, Any], kernel: Kernel[Any, Any], key: CacheKey) -> Found:
         if self.source is None:
@@ -147,8 +175,25 @@ class Stored:
                     stacklevel=2,
                 )
             return Miss(f"its config {cfg!r} fails to trace: {failure}")
-        self.cache.put(*key, cfg)
-        return Hit(cfg, self.name, "cache_hit", {"level": self.name})
+        if not self._budgeted(key):
+            self.cache.put(*key, cfg)
+            return Hit(cfg, self.name, "cache_hit", {"level": self.name})
+        if self.complete_budgeted:
+            return Miss(COMPLETING)
+        self.cache.put(*key, cfg, budgeted=True)
+        data = {"level": self.name, "budgeted": True}
+        return Hit(cfg, self.name, "cache_hit", data, budget=BUDGETED)
+
+    def _budgeted(self, key: CacheKey) -> bool:
+        """Whether the source's entry for `key` was tuned under a first-call budget."""
+        get_entry = getattr(self.source, "get_entry", None)
+        if get_entry is None:
+            return False
+        try:
+            entry = get_entry(*key)
+        except Exception:  # the config was read: its provenance is a detail.
+            return False
+        return getattr(entry, "budgeted", False) is True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -239,6 +239,7 @@ class Bench:
         `wait_s` for a compile when no sample is due. False when there was nothing to
         do or wait for."""
         t0 = time.perf_counter()
+        self._abandon_late()
         compiling = self._pool.pending > 0
         due = self._due()
         if compiling:
@@ -251,6 +252,21 @@ class Bench:
             self.sampler.drop_clearly_slow(due)
         self.phases["compile" if compiling else "timing"] += time.perf_counter() - t0
         return compiling or due is not None
+
+    def _abandon_late(self) -> None:
+        """With `abandon_late`, once the deadline has passed, the candidates that have
+        not run yet (building, or waiting for the reference's output) are given up:
+        "pruned", as a search skips a candidate, so that processes that agree on a
+        winner do not count them as failures. A build cannot be stopped: its thread
+        runs on and its result is dropped."""
+        s = self._settings
+        if not s.abandon_late or s.deadline is None or time.perf_counter() < s.deadline:
+            return
+        waiting, self._waiting = self._waiting, []
+        late = [c for c in self._timed if c.submitted and c.status is None] + waiting
+        for c in late:
+            self._pool.cancel(c.index)
+            c.fail("pruned", "not run before the tuning's time budget ran out")
 
     def _candidate(self, index: int) -> Candidate:
         return self.cands[index] if index < len(self.cands) else self.reference  # type: ignore[return-value]

@@ -245,6 +245,43 @@ def agree(
     return dataclasses.replace(report, best=best)
 
 
+def share(
+    key: tuple[str, str, str],
+    kind: str,
+    value: Mapping[str, Any],
+    *,
+    what: str,
+    peers: Peers | None = None,
+    timeout_s: float | None = None,
+) -> dict[int, Mapping[str, Any]]:
+    """Every process's `value` about `key`, by process id: an exchange through the
+    coordination service, so that processes can decide together what to do before
+    tuning (e.g. which candidates a first call times). With one process, or inside
+    `tuning_alone`, just this process's.
+
+    Raises:
+      AgreementTimeoutError: a process did not arrive in time.
+      AgreementError: the coordination service failed.
+    """
+    if _alone.get():
+        return {0: value}
+    if peers is None:
+        peers = current_peers()
+        if peers is None:
+            return {0: value}
+    _, op_id_v, call_key = key
+    raw = exchange_round(
+        peers,
+        kind,
+        op_id_v,
+        call_key,
+        value=json.dumps(dict(value), sort_keys=True, allow_nan=False),
+        timeout_s=timeout_seconds(timeout_s),
+        what=what,
+    )
+    return {pid: files.loads(text) for pid, text in sorted(raw.items())}
+
+
 def _log(
     agreement: Agreement,
     payloads: Mapping[int, Mapping[str, Any]],

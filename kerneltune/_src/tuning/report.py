@@ -70,6 +70,9 @@ class TuningReport:
         "compile" (while candidates compiled; with a device timer, samples were taken
         meanwhile), "timing" (samples after the compiles, the re-measurement of the best
         few included), "finish" (deciding and cleaning up), "total".
+      budgeted: the search was cut short by a first-call budget (`FirstCallBudget`):
+        only the configs a prediction ranked best were timed, or the time ran out
+        before every candidate was. A full tuning of the key completes it.
     """
 
     best: Any
@@ -84,6 +87,7 @@ class TuningReport:
     validated: bool = False
     validated_by: str = ""
     phases_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    budgeted: bool = False
 
     @property
     def best_time_s(self) -> float | None:

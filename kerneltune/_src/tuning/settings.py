@@ -24,6 +24,7 @@ class BenchSettings:
     seed: int
     drop_factor: float | None = None  # None: DEFAULT_DROP_FACTOR for the timer
     run_timeout_s: float | None = None  # None: from the heuristic's first run
+    abandon_late: bool = False  # at the deadline, abandon candidates not yet run
 
 
 def check_tuner_arguments(

@@ -63,6 +63,9 @@ class Tuner(Generic[Cfg]):
         candidates that fit `max_evals` and coordinate descent otherwise.
       max_evals: at most this many candidates are compiled and timed.
       time_budget_s: no new candidate is started after this many seconds.
+      abandon_late: at `time_budget_s`, also give up the candidates that have not run
+        yet (status "pruned"), so that the budget bounds building them too (a build
+        cannot be stopped: its thread runs on, its result unused).
       compile_timeout_s: a candidate still compiling after this long is abandoned
         (status "timeout"); None waits forever.
       run_timeout_s: a candidate whose first run takes longer is abandoned (status
@@ -96,6 +99,7 @@ class Tuner(Generic[Cfg]):
     strategy: str | search.SearchStrategy = "auto"
     max_evals: int | None = None
     time_budget_s: float | None = None
+    abandon_late: bool = False
     compile_timeout_s: float | None = 300.0
     run_timeout_s: float | None = None
     max_workers: int | None = None
@@ -386,6 +390,7 @@ class Tuner(Generic[Cfg]):
             seed=self.seed,
             drop_factor=self.drop_factor,
             run_timeout_s=self.run_timeout_s,
+            abandon_late=self.abandon_late,
         )
         return Bench(
             lower, finish, arg_sets, candidates, reference_cfg, timer, settings, progress,

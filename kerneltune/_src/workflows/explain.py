@@ -19,6 +19,7 @@ _TIER_TEXT = {
     "persistent": "the persistent cache",
     "autotune": "autotuning just now",
     "reuse": "an earlier autotuning of the same key in this process",
+    "predicted": "a prediction from tuned calls nearby (untimed)",
     "heuristics": "the kernel's heuristic",
     "chooser": "a custom chooser",
 }
@@ -38,6 +39,15 @@ class Explanation:
     report: TuningReport | None = None
     #: The persistent cache's entry, when the config came from it: its stored timings.
     stored: CacheEntry | None = None
+    #: How a first-call budget shaped the config: tuned on a shortlist the prediction
+    #: ranked best, or predicted and used untimed (None when no budget played a part).
+    budget: str | None = None
+
+    @property
+    def budgeted(self) -> bool:
+        """Whether the config was tuned under a first-call budget or predicted untimed
+        (so a full tuning, `kt.autotune` or `kerneltune tune`, would still search)."""
+        return self.budget is not None
 
     def __str__(self) -> str:
         lines = [
@@ -46,6 +56,8 @@ class Explanation:
             f"  config:   {self.cfg!r}",
             f"  from:     {_TIER_TEXT.get(self.tier, self.tier)}",
         ]
+        if self.budget is not None:
+            lines.append(f"  budget:   {self.budget}")
         if self.misses:
             lines.append("  tiers before it:")
             lines += [f"    {tier}: {why}" for tier, why in self.misses]
@@ -88,7 +100,8 @@ def stored_timings(entry: CacheEntry) -> list[str]:
     took = f" in {e.wall_s:.2f} s" if e.wall_s else ""
     lines = [
         f"  stored {time.strftime('%Y-%m-%d %H:%M', time.localtime(e.created))} "
-        f"({e.provenance}), tuned with the {e.timer or '?'} timer{took}, at {e.path}:"
+        f"({e.provenance}{', under a first-call budget' if e.budgeted else ''}), tuned with "
+        f"the {e.timer or '?'} timer{took}, at {e.path}:"
     ]
     ranked = sorted(e.candidates, key=lambda c: (c.get("time_s") is None, c.get("time_s") or 0))
     for c in ranked:
@@ -139,6 +152,7 @@ def explain(
         misses=tuple(decision.misses),
         report=report if decision.tier in ("autotune", "reuse", "memory") else None,
         stored=_stored_entry(chooser, decision) if decision.tier == "persistent" else None,
+        budget=decision.budget,
     )
 
 

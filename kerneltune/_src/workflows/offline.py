@@ -166,12 +166,13 @@ def _tune_one(record: Record, chain: ConfigSelectorChain[Any, Any], force: bool)
         inv = record.invocation(kernel)
         tuner_chain = _fresh_chain(chain) if force else chain
         # Active overlays (e.g. an applied AutotuningResult) must not stand in for
-        # tuning, and the policy must allow it.
+        # tuning, and the policy must allow it: a full search, which also completes the
+        # keys a first call tuned under a budget.
         no_overlays = scope.entered(dataclasses.replace(scope.current(), overlays=()))
-        with (
-            no_overlays,
-            policy_override(tuner_chain, allow_autotune=True, cache_miss_fallback="autotune"),
-        ):
+        full = policy_override(
+            tuner_chain, allow_autotune=True, cache_miss_fallback="autotune", budget=None
+        )
+        with no_overlays, full:
             decision = tuner_chain.decide(inv, kernel)
     except Exception as e:  # one bad record must not stop the others.
         return finish("failed", error=f"{type(e).__name__}: {e}")

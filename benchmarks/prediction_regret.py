@@ -1,0 +1,206 @@
+"""Leave-one-out regret of the config kerneltune predicts for a shape no table holds.
+
+Each shipped table (`benchmarks/ship_tables.py`) tuned every key exhaustively, so each
+entry records the time of every candidate at its shape. Each key is held out in turn
+and predicted from the other keys of its op and family in the same table, exactly as
+the selection chain predicts a new call from its tuned neighbours
+(`kerneltune/_src/selection/prediction.py`), over the held-out key's own candidates.
+Because the held-out key's table entry times every candidate, each figure is a real
+regret (the recorded time of the config chosen over the best recorded time, minus 1),
+not an estimate:
+
+- "predicted": the predicted config, used untimed (a first call once the process's
+  budget is spent, or `KERNELTUNE_FIRST_CALL_CANDIDATES=0`);
+- "first call": the fastest (by the recorded times) of the heuristic and the 3
+  candidates predicted fastest, which the first call under the default budget times;
+- "heuristic": the kernel's heuristic config (no tuning, no prediction).
+
+A key whose family has no other key in the table ("alone") is predicted with no
+neighbour, which gives the heuristic, and its first call times the configs nearest the
+heuristic; such keys count in the figures like the others. The weights of
+the prediction were chosen on this same replay (seven variants), so these figures are
+optimistic by that much; `benchmarks/first_call_gpu.py` measures the regret at shapes
+in no table.
+
+    python -m benchmarks.prediction_regret [TABLE ...] [--shortlist 3] [--json out.json]
+
+CPU only: it reads the tables and times nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from kerneltune._src.caching import storage
+from kerneltune._src.caching.cache_entry import CacheEntry, entry_from_document
+from kerneltune._src.caching.shipped import PACKAGE_TABLES
+from kerneltune._src.caching.tuned_neighbours import TimedCall, outcomes_of
+from kerneltune._src.selection import prediction
+
+METHODS = ("predicted", "first call", "heuristic")
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """One held-out key.
+
+    Attributes:
+      table: the table's name.
+      op: the op with its version.
+      signature: the key's shapes.
+      neighbours: how many other keys of its family informed the prediction.
+      regret: per method, the recorded time of its config over the best, minus 1
+        (None: that config failed at the key, or was not timed there).
+      exact: the predicted config is the table's winner at the key.
+    """
+
+    table: str
+    op: str
+    signature: str
+    neighbours: int
+    regret: dict[str, float | None]
+    exact: bool
+
+
+def load(path: str) -> list[CacheEntry]:
+    return [
+        entry_from_document(doc, f"{path}#{i}")
+        for i, doc in enumerate(storage.read_export_file(path))
+    ]
+
+
+def _times(entry: CacheEntry) -> dict[str, float]:
+    return {prediction.config_id(cfg): t for cfg, t in outcomes_of(entry.timings) if t is not None}
+
+
+def held_out(
+    entry: CacheEntry, others: Sequence[CacheEntry], table: str, shortlist: int
+) -> Outcome:
+    """Predicts `entry`'s key from `others` (its family's other keys) and scores it."""
+    calls = [TimedCall(o.shape, o.cfg, outcomes_of(o.timings)) for o in others if o.shape]
+    candidates = [c["cfg"] for c in entry.timings]
+    heuristic = entry.heuristic_cfg if isinstance(entry.heuristic_cfg, dict) else None
+    assert entry.shape is not None
+    pred = prediction.predict(entry.shape.sizes, candidates, heuristic, calls)
+    times = _times(entry)
+    best = min(times.values())
+
+    def regret(cfg: Any) -> float | None:
+        t = times.get(prediction.config_id(cfg))
+        return None if t is None else t / best - 1
+
+    timed = [r for r in map(regret, pred.shortlist(shortlist)) if r is not None]
+    return Outcome(
+        table=table,
+        op=entry.op_id_v,
+        signature=entry.signature,
+        neighbours=len(pred.neighbours),
+        regret={
+            "predicted": regret(pred.best),
+            "first call": min(timed) if timed else None,
+            "heuristic": None if heuristic is None else regret(heuristic),
+        },
+        exact=prediction.config_id(pred.best) == prediction.config_id(entry.cfg),
+    )
+
+
+def replay(entries: Sequence[CacheEntry], table: str, shortlist: int = 3) -> list[Outcome]:
+    """Every key of the table held out in turn."""
+    out = []
+    for i, e in enumerate(entries):
+        if e.shape is None or not _times(e):
+            continue
+        family = [
+            o
+            for j, o in enumerate(entries)
+            if j != i and o.op_id_v == e.op_id_v and o.shape and o.shape.family == e.shape.family
+        ]
+        out.append(held_out(e, family, table, shortlist))
+    return out
+
+
+def summary(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
+    """Per table and op: keys (and how many had no neighbour), exact matches with the
+    table's winner, and per method the median and worst regret and how often its config
+    failed at the key (a failure is not in the median; it is the worst)."""
+    groups: dict[tuple[str, str], list[Outcome]] = {}
+    for o in outcomes:
+        groups.setdefault((o.table, o.op), []).append(o)
+    rows = []
+    for (table, op), group in sorted(groups.items()):
+        row: dict[str, Any] = {
+            "table": table,
+            "op": op,
+            "keys": len(group),
+            "alone": sum(not o.neighbours for o in group),
+            "exact": sum(o.exact for o in group) / len(group),
+        }
+        for m in METHODS:
+            known = [o.regret[m] for o in group if o.regret[m] is not None]
+            failed = sum(o.regret[m] is None for o in group)
+            row[m] = {
+                "median": statistics.median(known) if known else None,
+                "worst": float("inf") if failed else max(known, default=None),
+                "failed": failed,
+            }
+        rows.append(row)
+    return rows
+
+
+def _pct(x: float | None) -> str:
+    if x == float("inf"):
+        return "failed"
+    return "-" if x is None else f"{x:.1%}"
+
+
+def markdown(rows: Sequence[dict[str, Any]]) -> str:
+    head = (
+        "| table | op | keys (alone) | exact | predicted: median / worst | first call: "
+        "median / worst | heuristic: median / worst |\n| --- | --- | --- | --- | --- | --- | --- |"
+    )
+    lines = [head]
+    for r in rows:
+        cells = [f"{_pct(r[m]['median'])} / {_pct(r[m]['worst'])}" for m in METHODS]
+        failed = sum(r[m]["failed"] for m in METHODS)
+        note = f" ({failed} failed)" if failed else ""
+        lines.append(
+            f"| {r['table']} | {r['op']} | {r['keys']} ({r['alone']}) | {_pct(r['exact'])} | "
+            + " | ".join(cells)
+            + f" |{note}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    default = [str(t) for t in sorted(PACKAGE_TABLES.glob("*.json"))]
+    p.add_argument("tables", nargs="*", default=default)
+    p.add_argument("--shortlist", type=int, default=3, help="candidates a first call times")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    outcomes: list[Outcome] = []
+    for path in args.tables:
+        name = path.rsplit("/", 1)[-1].removesuffix(".json")
+        outcomes += replay(load(path), name, args.shortlist)
+    rows = summary(outcomes)
+    print(
+        "Leave-one-out over the shipped tables: every candidate of every key is timed in "
+        "the table, so these regrets are exact. 'alone': keys whose family has no other "
+        "key (predicted with no neighbour: the heuristic)."
+    )
+    print(markdown(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {"rows": rows, "keys": [dataclasses.asdict(o) for o in outcomes]}, f, indent=1
+            )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

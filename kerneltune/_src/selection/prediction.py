@@ -1,0 +1,181 @@
+"""A config predicted for a call before anything is timed, from tuned calls near it.
+
+The tuned calls of the same op, dtypes and static arguments at other sizes (this
+process's, the persistent cache's, the shipped tables'; `tuned_neighbours.timed_calls`)
+recorded how much slower than their best each candidate ran. A candidate's predicted
+slowdown at a new size is the average of its slowdowns at the `NEIGHBOURS` nearest of
+those calls, each weighted by `DECAY` to the power of minus its distance (the summed
+|log2| ratio of the sizes: a call twice as long in one dimension counts a quarter of
+one of the same size), shrunk towards a prior (`PRIOR_SLOWDOWN`, with the weight of a
+call `PRIOR_DISTANCE` away) so that one far call cannot carry a candidate alone. A
+candidate that failed at a neighbour counts as `FAILED_SLOWDOWN` times slower there.
+A candidate no neighbour measured is predicted at the prior alone: after the measured
+ones expected to be faster than that, before the ones measured slower; among such
+candidates the heuristic comes first, then the configs nearest it (fewest fields
+changed). With no neighbour at all, the prediction is the heuristic, and the configs
+one field from it are next.
+
+Everything here is a pure function of the candidates, the heuristic and the tuned
+calls, in an order fixed by their contents (never by the order a cache lists them), so
+processes given the same data predict the same config.
+
+The weights were chosen on the leave-one-out replay of the shipped tables
+(`benchmarks/prediction_regret.py`): 4 neighbours, a decay of 4 and a prior of 1.5x at
+distance 1 gave the lowest worst-case regret of the seven variants tried there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kerneltune._src.caching.cache_entry import plain
+from kerneltune._src.caching.tuned_neighbours import TimedCall
+from kerneltune._src.core import call_shapes
+from kerneltune._src.core.configs import config_to_dict
+from kerneltune._src.tuning import config_space
+
+#: How many of the nearest tuned calls inform a prediction.
+NEIGHBOURS = 4
+#: A tuned call's weight is `DECAY ** -distance`.
+DECAY = 4.0
+#: Before any evidence, a candidate is taken to be this much slower than the best...
+PRIOR_SLOWDOWN = 1.5
+#: ...with the weight of a tuned call this far away.
+PRIOR_DISTANCE = 1.0
+#: A candidate that failed at a tuned call counts as this much slower than the best there.
+FAILED_SLOWDOWN = 4.0
+
+
+def config_id(cfg: Any) -> str:
+    """A config's identity across types: its fields as sorted JSON (so a config and
+    the field dict a cache file holds for it match); its repr when it has no fields."""
+    try:
+        return json.dumps(plain(config_to_dict(cfg)), sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError):
+        return repr(cfg)
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """The candidates of one call, predicted fastest first.
+
+    Attributes:
+      ranked: every candidate, predicted fastest first.
+      slowdowns: for each of `ranked`, its predicted time over the best one's at the
+        tuned calls nearby (None: no tuned call measured it).
+      heuristic: the kernel's heuristic config (None when it has none).
+      neighbours: the sizes of the tuned calls the prediction drew on, nearest first.
+    """
+
+    ranked: tuple[Any, ...]
+    slowdowns: tuple[float | None, ...]
+    heuristic: Any
+    neighbours: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def best(self) -> Any:
+        """The config to use untimed: the first ranked one when some tuned call measured
+        it, else the heuristic (which is what the kernel would have used)."""
+        return self.usable()[0]
+
+    def usable(self) -> list[Any]:
+        """The configs worth using untimed, in order: those some tuned call measured,
+        predicted fastest first, up to the heuristic; then the heuristic."""
+        out: list[Any] = []
+        for cfg, slowdown in zip(self.ranked, self.slowdowns, strict=True):
+            if self.heuristic is not None and cfg == self.heuristic:
+                break
+            if slowdown is not None:
+                out.append(cfg)
+        if self.heuristic is not None:
+            out.append(self.heuristic)
+        return out or list(self.ranked[:1])
+
+    def shortlist(self, k: int) -> list[Any]:
+        """What a first call times: the heuristic, then the `k` other candidates
+        predicted fastest."""
+        head = [] if self.heuristic is None else [self.heuristic]
+        return head + [c for c in self.ranked if self.heuristic is None or c != self.heuristic][:k]
+
+    def describe(self) -> str:
+        """One line: what the prediction drew on."""
+        if not self.neighbours:
+            return "no tuned call of this op and dtypes nearby: the heuristic first"
+        sizes = ", ".join("x".join(map(str, s)) for s in self.neighbours)
+        return (
+            f"predicted from {len(self.neighbours)} tuned call(s) nearest in size ({sizes}): "
+            f"{self.best!r}"
+        )
+
+
+def predict(
+    sizes: Sequence[int] | None,
+    candidates: Sequence[Any],
+    heuristic: Any,
+    calls: Sequence[TimedCall],
+) -> Prediction:
+    """Ranks `candidates` for a call of `sizes` from the tuned `calls` of its family.
+
+    Args:
+      sizes: the call's sizes (`CallShape.sizes`); None: no neighbour can be near.
+      candidates: the call's candidate configs.
+      heuristic: the kernel's heuristic config, or None.
+      calls: tuned calls of the same family (`tuned_neighbours.timed_calls`).
+    """
+    near = [(d, call, _log_slowdowns(call)) for d, call in _nearest(sizes, calls)]
+    near = [(d, call, slow) for d, call, slow in near if slow]
+    evidence = [(DECAY**-d, slow) for d, _, slow in near]
+    prior_w = DECAY**-PRIOR_DISTANCE
+    here = config_space.config_point(heuristic) if heuristic is not None else None
+    rows = []
+    for i, cfg in enumerate(candidates):
+        cid = config_id(cfg)
+        num, den, seen = prior_w * math.log(PRIOR_SLOWDOWN), prior_w, False
+        for w, slow in evidence:
+            if cid in slow:
+                num, den, seen = num + w * slow[cid], den + w, True
+        score = num / den
+        moved = 0 if here is None else config_space.distance(config_space.config_point(cfg), here)
+        is_heuristic = heuristic is not None and cfg == heuristic
+        order = (score, not seen, moved, not is_heuristic, i)
+        rows.append((order, cfg, math.exp(score) if seen else None))
+    rows.sort(key=lambda r: r[0])
+    return Prediction(
+        ranked=tuple(r[1] for r in rows),
+        slowdowns=tuple(r[2] for r in rows),
+        heuristic=heuristic,
+        neighbours=tuple(call.shape.sizes for _, call, _ in near),
+    )
+
+
+def _nearest(
+    sizes: Sequence[int] | None, calls: Sequence[TimedCall]
+) -> list[tuple[float, TimedCall]]:
+    """The `NEIGHBOURS` nearest calls of the same rank, nearest first (ties by size)."""
+    if sizes is None:
+        return []
+    found = [
+        (call_shapes.distance(sizes, c.shape.sizes), c.shape.sizes, c)
+        for c in calls
+        if len(c.shape.sizes) == len(sizes)
+    ]
+    found.sort(key=lambda t: (t[0], t[1]))
+    return [(d, c) for d, _, c in found[:NEIGHBOURS]]
+
+
+def _log_slowdowns(call: TimedCall) -> Mapping[str, float]:
+    """log(time / best time) of each candidate the call measured (failures at
+    `FAILED_SLOWDOWN`); only its winner, at 0, when no time is known."""
+    times = [t for _, t in call.outcomes if t is not None]
+    if not times:
+        return {config_id(call.winner): 0.0} if call.winner is not None else {}
+    best = min(times)
+    out: dict[str, float] = {}
+    for cfg, t in call.outcomes:
+        slow = math.log(FAILED_SLOWDOWN) if t is None else math.log(t / best)
+        out.setdefault(config_id(cfg), slow)
+    return out

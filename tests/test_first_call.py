@@ -1,0 +1,328 @@
+"""The first call of a key under a `FirstCallBudget` (`selection/first_call.py`): it
+times only the candidates the prediction ranks best, within its seconds, records the
+key as budgeted, and a later full tuning completes the search."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import kerneltune as kt
+from kerneltune._src.caching.tuned_neighbours import TimedCall
+from kerneltune._src.core.call_shapes import CallShape
+from kerneltune._src.selection import first_call, prediction, tiers
+from kerneltune._src.tuning import distributed
+from tests.helpers import RepCfg, cost_tuner
+from tests.test_distributed import FakeKV, run_as_processes
+
+pytestmark = pytest.mark.usefixtures("empty_registry")
+
+
+class Reps(kt.Kernel):
+    """Ten candidates whose cost (read by the cost timer) is `reps`; the heuristic (6)
+    is neither the cheapest nor next to it in the candidates' order, so a shortlist
+    made without neighbours misses the cheapest. Counts the configs it is traced with."""
+
+    op_id = "first_call_reps"
+
+    def __init__(self, sleep_s=0.0):
+        super().__init__()
+        self.sleep_s = sleep_s
+        self.traced = collections.Counter()
+
+    def run(self, x, *, cfg):
+        self.traced[cfg.reps] += 1
+        if cfg != self.heuristic_cfg(None):
+            time.sleep(self.sleep_s)  # a slow build; the heuristic's is quick
+        with jax.named_scope(f"ktcost_{cfg.reps}"):  # what the cost timer reads
+            return x + 0.0 * jnp.sin(x)
+
+    def heuristic_cfg(self, inv):
+        return RepCfg(reps=6)
+
+    def candidate_cfgs(self, inv):
+        return [RepCfg(reps=r) for r in range(10, 0, -1)]
+
+
+def budgeted_executor(events=None, persistent=None, **budget):
+    budget = {"candidates": 2, "key_s": 600.0, "process_s": 600.0, **budget}
+    on_event = None if events is None else (lambda e, **d: events.append((e, d)))
+    chain = kt.ConfigSelectorChain(
+        kt.ConfigCache(),
+        policy=kt.AutotunePolicy(budget=kt.FirstCallBudget(**budget)),
+        tuner=cost_tuner(progress=False),
+        persistent=persistent,
+        on_event=on_event,
+    )
+    return kt.Executor(chain)
+
+
+def test_the_first_call_times_only_the_heuristic_and_the_shortlist():
+    kernel, ex = Reps(), budgeted_executor()
+    why = kt.explain(kernel, jnp.ones((8, 8)), executor=ex)
+    assert why.tier == "autotune" and why.budgeted
+    # No tuned neighbour: the heuristic and the 2 configs first in the candidates' order
+    # (each one field from it); the 7 others are never built.
+    assert [c.cfg for c in why.report.candidates] == [RepCfg(reps=r) for r in (6, 10, 9)]
+    assert set(kernel.traced) == {6, 10, 9}
+    assert why.cfg == RepCfg(reps=6) and why.report.budgeted
+    assert "tuned under the first-call budget: timed the heuristic and the 2 other" in str(why)
+
+
+def test_the_budget_bounds_the_first_call():
+    # Each config but the heuristic takes 2 s to build (JAX lowers one at a time): the
+    # shortlist alone would take 3 x 2 s, the whole space 9 x 2 s.
+    kernel = Reps(sleep_s=2.0)
+    ex = budgeted_executor(candidates=3, key_s=1.5)
+    start = time.perf_counter()
+    why = kt.explain(kernel, jnp.ones((8, 8)), executor=ex)
+    took = time.perf_counter() - start
+    report = why.report
+    assert took < 1.5 + 2.5, took
+    assert report.wall_s < 1.5 + 1.0, report.wall_s
+    assert why.tier == "autotune" and why.cfg == RepCfg(reps=6) and why.budgeted
+    late = [c for c in report.candidates if c.status == "pruned"]
+    assert late and all("time budget ran out" in c.error for c in late)
+    assert "not run within 1.50 s" in why.budget
+    # What ran in time is cached as budgeted, and served from memory from then on.
+    assert ex.chooser.cache.is_budgeted(why.device, why.op_id_v, why.call_key)
+    assert kt.explain(kernel, jnp.ones((8, 8)), executor=ex).tier == "memory"
+
+
+def test_once_the_process_budget_is_spent_new_keys_use_their_prediction_untimed():
+    events = []
+    kernel = Reps()
+    ex = budgeted_executor(events, candidates=3, process_s=1e-6)
+    first = kt.explain(kernel, jnp.ones((8, 8)), executor=ex)
+    assert first.tier == "autotune"
+    # Timed there: the heuristic (6) and 10, 9, 8; 6 was the fastest of them.
+    kernel.traced.clear()
+    events.clear()
+    second = kt.explain(kernel, jnp.ones((8, 16)), executor=ex)
+    assert second.tier == "predicted" and second.cfg == RepCfg(reps=6)
+    assert "this process has spent its first-call tuning budget" in second.budget
+    assert "predicted from 1 tuned call(s) nearest in size (8x8)" in second.budget
+    assert [e for e, _ in events] == ["predicted"]  # nothing timed
+    assert not ex.chooser.cache.get(second.device, second.op_id_v, second.call_key)
+    assert "from:     a prediction from tuned calls nearby (untimed)" in str(second)
+    # The same key again: the same prediction, still untimed and uncached.
+    again = kt.explain(kernel, jnp.ones((8, 16)), executor=ex)
+    assert again.tier == "predicted" and again.cfg == second.cfg
+    assert set(kernel.traced) <= {6}  # traced to check it, never benchmarked
+
+
+class Faster(Reps):
+    """Reps whose cheapest config was recorded at a neighbouring size."""
+
+    op_id = "first_call_faster"
+
+
+def test_an_untimed_prediction_follows_the_tuned_neighbours(tmp_path):
+    cache = kt.PersistentCache(tmp_path)
+    dev = kt.device_fingerprint()
+    inv = kt.Executor(kt.ConfigSelectorChain()).invocation(Faster(), jnp.ones((8, 8)))
+    times = {3: 1e-3, 6: 2e-3, 1: None}
+    report = kt.TuningReport(
+        best=RepCfg(reps=3),
+        candidates=tuple(
+            kt.CandidateResult(
+                cfg=RepCfg(reps=r),
+                status="ok" if t else "run_error",
+                time_s=t,
+                error=None if t else "boom",
+            )
+            for r, t in times.items()
+        ),
+        timer="cost-in-program",
+    )
+    cache.put(dev, inv.op_id_v, inv.call_key, RepCfg(reps=3), report=report, shape=inv.shape)
+    ex = budgeted_executor(persistent=cache, candidates=0)
+    why = kt.explain(Faster(), jnp.ones((8, 32)), executor=ex)
+    assert why.tier == "predicted" and why.cfg == RepCfg(reps=3)
+    assert "KERNELTUNE_FIRST_CALL_CANDIDATES=0" in why.budget
+
+
+class Untraceable(Reps):
+    """Its config 3 cannot be traced at this size (a block too large, say)."""
+
+    op_id = "first_call_untraceable"
+
+    def run(self, x, *, cfg):
+        if cfg.reps == 3:
+            raise ValueError("block larger than the array")
+        return super().run(x, cfg=cfg)
+
+
+def test_an_untimed_prediction_that_fails_to_trace_gives_way(tmp_path):
+    cache = kt.PersistentCache(tmp_path)
+    dev = kt.device_fingerprint()
+    inv = kt.Executor(kt.ConfigSelectorChain()).invocation(Untraceable(), jnp.ones((8, 8)))
+    report = kt.TuningReport(
+        best=RepCfg(reps=3),
+        candidates=(
+            kt.CandidateResult(cfg=RepCfg(reps=3), time_s=1e-3),
+            kt.CandidateResult(cfg=RepCfg(reps=5), time_s=1.5e-3),
+            kt.CandidateResult(cfg=RepCfg(reps=6), time_s=3e-3),
+        ),
+        timer="cost-in-program",
+    )
+    cache.put(dev, inv.op_id_v, inv.call_key, RepCfg(reps=3), report=report, shape=inv.shape)
+    ex = budgeted_executor(persistent=cache, candidates=0)
+    why = kt.explain(Untraceable(), jnp.ones((8, 32)), executor=ex)
+    assert why.tier == "predicted" and why.cfg == RepCfg(reps=5)
+
+
+def test_a_budgeted_key_is_completed_by_a_later_full_tune(tmp_path):
+    kernel = Reps()
+    cache = kt.PersistentCache(tmp_path)
+    ex = budgeted_executor(persistent=cache)
+    x = jnp.ones((8, 8))
+    first = kt.explain(kernel, x, executor=ex)
+    key = (first.device, first.op_id_v, first.call_key)
+    assert first.cfg == RepCfg(reps=6) and first.budgeted
+    entry = cache.get_entry(*key)
+    assert entry.budgeted and len(entry.candidates) == 3
+    # A budget policy does not tune it again: its memory and persistent caches hold it.
+    ex.chooser.cache.clear()
+    again = kt.explain(kernel, x, executor=ex)
+    assert again.tier == "persistent" and again.budgeted and again.cfg == RepCfg(reps=6)
+    # A full tuning of a function calling the kernel (`kt.autotune(step)`) searches the
+    # whole space for the key, in memory and on disk.
+    kt.set_default_executor(ex)
+    try:
+        result = kt.autotune(lambda x: kernel(x) * 2.0, x)
+    finally:
+        kt.set_default_executor(None)
+    (tuned,) = list(result)
+    assert tuned.cfg == RepCfg(reps=1) and len(tuned.timings) == 10
+    assert ex.chooser.cache.get(*key) == RepCfg(reps=1)
+    assert not ex.chooser.cache.is_budgeted(*key)
+    entry = cache.get_entry(*key)
+    assert not entry.budgeted and entry.cfg == {"reps": 1} and len(entry.candidates) == 10
+    after = kt.explain(kernel, x, executor=ex)
+    assert after.tier == "memory" and after.cfg == RepCfg(reps=1) and not after.budgeted
+
+
+def test_a_full_search_policy_completes_a_budgeted_entry_of_the_persistent_cache(tmp_path):
+    kernel = Reps()
+    cache = kt.PersistentCache(tmp_path)
+    x = jnp.ones((8, 8))
+    assert kt.explain(kernel, x, executor=budgeted_executor(persistent=cache)).budgeted
+    # Another process with the budget reads the budgeted entry as it is...
+    same = kt.explain(kernel, x, executor=budgeted_executor(persistent=cache))
+    assert same.tier == "persistent" and same.budgeted and "budget:" in str(same)
+    assert "under a first-call budget" in str(same)
+    # ...one that searches in full (KERNELTUNE_FIRST_CALL_CANDIDATES=all, `kerneltune
+    # tune`) completes it, and its entry replaces the budgeted one.
+    full = kt.Executor(
+        kt.ConfigSelectorChain(kt.ConfigCache(), tuner=cost_tuner(progress=False), persistent=cache)
+    )
+    why = kt.explain(kernel, x, executor=full)
+    assert why.tier == "autotune" and why.cfg == RepCfg(reps=1) and not why.budgeted
+    assert ("persistent", tiers.COMPLETING) in why.misses
+    entry = cache.get_entry(why.device, why.op_id_v, why.call_key)
+    assert not entry.budgeted and entry.cfg == {"reps": 1}
+    # A budget policy now finds a full entry.
+    later = kt.explain(kernel, x, executor=budgeted_executor(persistent=cache))
+    assert later.tier == "persistent" and later.cfg == RepCfg(reps=1) and not later.budgeted
+
+
+def test_a_space_the_shortlist_covers_is_not_budgeted():
+    class Small(Reps):
+        op_id = "first_call_small"
+
+        def candidate_cfgs(self, inv):
+            return [RepCfg(reps=r) for r in (9, 6, 2)]
+
+    why = kt.explain(Small(), jnp.ones((8, 8)), executor=budgeted_executor(candidates=3))
+    assert why.tier == "autotune" and why.cfg == RepCfg(reps=2)
+    assert not why.budgeted and not why.report.budgeted and "budget:" not in str(why)
+
+
+def test_the_default_policy_takes_its_budget_from_the_options(monkeypatch):
+    for name in ("CANDIDATES", "KEY_S", "PROCESS_S"):
+        monkeypatch.delenv(f"KERNELTUNE_FIRST_CALL_{name}", raising=False)
+    assert kt.AutotunePolicy.from_env().budget == kt.FirstCallBudget(
+        candidates=3, key_s=5.0, process_s=20.0
+    )
+    assert kt.AutotunePolicy().budget is None  # a chain built by hand searches in full
+    monkeypatch.setenv("KERNELTUNE_FIRST_CALL_CANDIDATES", "1")
+    monkeypatch.setenv("KERNELTUNE_FIRST_CALL_KEY_S", "2.5")
+    monkeypatch.setenv("KERNELTUNE_FIRST_CALL_PROCESS_S", "inf")
+    budget = kt.AutotunePolicy.from_env().budget
+    assert budget == kt.FirstCallBudget(candidates=1, key_s=2.5, process_s=float("inf"))
+    monkeypatch.setenv("KERNELTUNE_FIRST_CALL_CANDIDATES", "all")
+    assert kt.AutotunePolicy.from_env().budget is None
+    monkeypatch.setenv("KERNELTUNE_FIRST_CALL_CANDIDATES", "-1")
+    with pytest.raises(ValueError, match=r"KERNELTUNE_FIRST_CALL_CANDIDATES='-1'.*or all"):
+        kt.AutotunePolicy.from_env()
+    with pytest.raises(ValueError, match="key_s must be a positive number"):
+        kt.FirstCallBudget(key_s=0)
+    with pytest.raises(TypeError, match="budget must be a FirstCallBudget"):
+        kt.AutotunePolicy(budget=3)
+
+
+def test_a_policy_override_can_lift_the_budget():
+    ex = budgeted_executor()
+    with kt.policy_override(ex, budget=None):
+        why = kt.explain(Reps(), jnp.ones((8, 8)), executor=ex)
+    assert why.tier == "autotune" and why.cfg == RepCfg(reps=1) and not why.budgeted
+
+
+# -- every process of a job follows one plan ---------------------------------------------
+
+
+def plan_of(sizes_fast, spent_s=0.0, process_s=100.0):
+    """A plan for one key whose nearest tuned call found `sizes_fast` fastest."""
+    space = [RepCfg(reps=r) for r in range(1, 9)]
+    calls = [
+        TimedCall(CallShape("f", (8, 8)), {"reps": sizes_fast}, (({"reps": sizes_fast}, 1e-3),))
+    ]
+    predicted = prediction.predict((8, 16), space, RepCfg(reps=6), calls)
+    budget = kt.FirstCallBudget(candidates=2, process_s=process_s)
+    return first_call.plan(predicted, space, budget, spent_s)
+
+
+def test_processes_time_process_zeros_shortlist(monkeypatch):
+    # Their persistent caches differ, so their predictions do; they must still time
+    # the same candidates (or agreeing on a winner fails) and use the same config.
+    local = threading.local()
+    monkeypatch.setattr(distributed, "current_peers", lambda: local.peers)
+    key = ("cpu|cpu", "op@v0", "k")
+
+    def body(peers):
+        local.peers = peers
+        mine = plan_of(sizes_fast=2 if peers.process_id == 0 else 7)
+        return first_call.agreed(key, mine, what="op")
+
+    plans = run_as_processes(2, body, FakeKV())
+    assert [p.shortlist for p in plans] == [(RepCfg(reps=6), RepCfg(reps=2), RepCfg(reps=1))] * 2
+    assert plans[0].untimed == plans[1].untimed and not plans[1].why_untimed
+
+
+def test_no_process_times_when_one_has_spent_its_budget(monkeypatch):
+    local = threading.local()
+    monkeypatch.setattr(distributed, "current_peers", lambda: local.peers)
+    key = ("cpu|cpu", "op@v0", "k2")
+
+    def body(peers):
+        local.peers = peers
+        spent = 200.0 if peers.process_id == 1 else 0.0
+        return first_call.agreed(key, plan_of(sizes_fast=2, spent_s=spent), what="op")
+
+    plans = run_as_processes(2, body, FakeKV())
+    assert all(p.shortlist == () for p in plans)
+    assert all("spent its first-call tuning budget" in p.why_untimed for p in plans)
+    assert plans[0].untimed[0] == plans[1].untimed[0] == RepCfg(reps=2)
+
+
+def test_one_process_keeps_its_own_plan():
+    mine = plan_of(sizes_fast=2)
+    assert first_call.agreed(("cpu|cpu", "op@v0", "k3"), mine, what="op") is mine
+    assert dataclasses.replace(mine, shortlist=mine.space).partial is False

@@ -1,0 +1,66 @@
+"""The held-out regret benchmark (`benchmarks/first_call_gpu.py`) on a CPU: its rows and
+its regret arithmetic, with a kernel that has something to tune here (the bundled ops
+have one config each on a CPU)."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import kerneltune as kt
+from benchmarks import first_call_gpu
+from tests.helpers import RepCfg
+
+pytestmark = pytest.mark.usefixtures("empty_registry")
+
+
+class Ten(kt.Kernel):
+    """Ten configs of different real cost (matrix products), the heuristic in the middle."""
+
+    op_id = "first_call_gpu_ten"
+
+    def run(self, x, *, cfg):
+        y = x
+        for _ in range(cfg.reps):
+            y = y + 0.0 * jnp.tanh(y @ x)
+        return y
+
+    def heuristic_cfg(self, inv):
+        return RepCfg(reps=6)
+
+    def candidate_cfgs(self, inv):
+        return [RepCfg(reps=r) for r in range(10, 0, -1)]
+
+
+def test_a_row_reports_each_configs_regret_against_the_full_search(monkeypatch):
+    monkeypatch.setenv("KERNELTUNE_FIRST_CALL_CANDIDATES", "2")
+    x = jax.random.normal(jax.random.PRNGKey(0), (96, 96))
+    (row,) = first_call_gpu.measure("ten", "96x96", lambda ex: ex(Ten(), x))
+    assert row["key"] == "first_call_gpu_ten@v0" and not row["errors"]
+    # The first call timed the heuristic and 2 others of 10 (no table, no neighbour).
+    assert row["first_call_how"] == "budgeted"
+    regrets = row["regret"]
+    assert regrets["predicted"] == regrets["heuristic"]  # no neighbour: the heuristic
+    for value in regrets.values():
+        assert value is not None and math.isfinite(value) and value >= 0
+    assert row["full_search_s"] > 0 and row["first_call_s"] > 0
+    table = first_call_gpu.summary([row])
+    assert "| first_call_gpu_ten@v0 | 1 |" in table
+
+
+def test_regret_is_against_the_fastest_and_a_failure_says_so():
+    report = kt.TuningReport(
+        best=RepCfg(reps=1),
+        candidates=(
+            kt.CandidateResult(cfg=RepCfg(reps=1), time_s=1e-3),
+            kt.CandidateResult(cfg=RepCfg(reps=2), time_s=1.5e-3),
+            kt.CandidateResult(cfg=RepCfg(reps=3), status="compile_error", error="x"),
+        ),
+        timer="cupti",
+    )
+    assert first_call_gpu.regret(report, RepCfg(reps=2)) == pytest.approx(0.5)
+    assert first_call_gpu.regret(report, RepCfg(reps=3)) == math.inf
+    assert first_call_gpu.regret(None, RepCfg(reps=1)) is None
