@@ -19,7 +19,7 @@ from kerneltune._src.core.call_shapes import CallShape
 from kerneltune._src.selection import first_call, prediction, tiers
 from kerneltune._src.tuning import distributed
 from tests.helpers import RepCfg, cost_tuner
-from tests.test_distributed import FakeKV, run_as_processes
+from tests.tuning.test_distributed import FakeKV, run_as_processes
 
 pytestmark = pytest.mark.usefixtures("empty_registry")
 
