@@ -66,6 +66,22 @@ class FwdParams(_BlockParams):
         super().__post_init__()
 
 
+#: The implementations a `BwdParams` can choose.
+BWD_BACKENDS = ("pallas", "xla")
+
+
 @dataclasses.dataclass(frozen=True)
 class BwdParams(_BlockParams):
     """Backward-pass launch parameters; `None` lets the kernel choose."""
+
+    #: "pallas" (JAX's fused Pallas backward; the block sizes above apply) or "xla"
+    #: (the backward in XLA from the saved log-sum-exp, for lengths the fused kernel
+    #: cannot split alike).
+    backend: str = "pallas"
+
+    def __post_init__(self) -> None:
+        if self.backend not in BWD_BACKENDS:
+            raise ValueError(
+                f"BwdParams.backend must be one of {BWD_BACKENDS}, got {self.backend!r}."
+            )
+        super().__post_init__()

@@ -121,8 +121,8 @@ def test_a_tokamax_config_is_refused_where_tokamax_cannot_run(monkeypatch):
     tokamax = FwdParams(backend="tokamax")
     assert "not installed" in kernel.backend_named("tokamax").unusable(kernel, inv, tokamax)
     cudnn = FwdParams(backend="cudnn")
-    assert kernel.backend_named("cudnn").unusable(kernel, inv, cudnn) is None
-    # On this CPU the XLA path runs whatever the config names: nothing to refuse.
+    assert "NVIDIA GPUs" in kernel.backend_named("cudnn").unusable(kernel, inv, cudnn)
+    # On this CPU the XLA fallback runs whatever the config names: nothing to refuse.
     assert hooks.unusable_reason(kernel, inv, tokamax) is None
 
 
@@ -398,3 +398,38 @@ def test_a_forward_longer_than_any_measured_times_the_libraries_and_default_bloc
     short = ac.AttentionProblem(2, 8192, 8192, 16, 128, np.dtype(BF16), True)
     kept, pruned = ac.fwd_candidates(short)
     assert ac.for_long_sequences(short, kept, pruned) == (kept, pruned)
+
+
+# --- unequal lengths in the fused backward -------------------------------------------
+
+
+def test_unequal_lengths_take_a_backward_that_splits_them_alike():
+    # JAX's fused backward cuts queries and keys with one outer block and needs as
+    # many blocks of each: 32 queries and 16 keys used to fail ("q_seq_len and
+    # kv_seq_len must be divided into the same number of blocks").
+    key = jax.random.PRNGKey(3)
+    q = jax.random.normal(key, (1, 32, 2, 16))
+    k, v = (jax.random.normal(jax.random.fold_in(key, i), (1, 16, 2, 16)) for i in (1, 2))
+    ex = executor()
+    kernel = AttentionInterpret(executor=ex)
+
+    def loss(fn):
+        return lambda *a: jnp.sum(fn(*a) ** 2)
+
+    def ours(q, k, v):
+        return ex(kernel, q, k, v, causal=False)
+
+    def ref(q, k, v):
+        return attention_reference(q, k, v, causal=False, sm_scale=1 / math.sqrt(16))
+
+    got = jax.jit(jax.grad(loss(ours), (0, 1, 2)))(q, k, v)
+    for g, r in zip(got, jax.grad(loss(ref), (0, 1, 2))(q, k, v), strict=True):
+        assert relative_error(g, r) <= 1e-4
+
+    short = ac.AttentionProblem(1, 32, 16, 2, 16, np.dtype("float32"), causal=False)
+    heuristic = ac.bwd_heuristic(short)
+    assert heuristic.backend == "pallas" and ac.bwd_splits_alike(32, 16, heuristic)
+    long = dataclasses.replace(short, q_len=4096, kv_len=1024)
+    assert ac.bwd_heuristic(long) == ac.BWD_XLA
+    kept, pruned = ac.bwd_candidates(long)
+    assert kept == [ac.BWD_XLA] and any("different numbers of blocks" in p.reason for p in pruned)

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from kerneltune._src.core import options
@@ -447,14 +447,6 @@ INTERPRETER = settings(
 )
 
 
-# The draws this test made before its helpers moved to tests/helpers.py (a derandomized
-# test is seeded from its source). Other draws include (32, 16) without a causal mask,
-# whose gradient the attention kernel rejects today ("q_seq_len and kv_seq_len must be
-# divided into the same number of blocks for the fused backward pass"): drop this seed
-# once that is fixed.
-@seed(
-    17135497308322104862229024752955700335721583455664462872605165549652280309009990417170384357130758674448761326309607
-)
 @INTERPRETER
 @given(
     st.sampled_from([(16, 16), (16, 32), (32, 16)]),  # the flash kernel tiles >= 16

@@ -143,8 +143,9 @@ class AttentionBackward(BackendKernel[BwdParams]):
 
     Tuned on its own inputs: when called under a trace, `tuning_inputs` draws random
     q, k, v and dout and runs the forward for `out` and `lse`, so the timed backward
-    sees consistent residuals. `BwdParams` has no backend field: its configs are the
-    Pallas kernel's; XLA runs where Pallas does not.
+    sees consistent residuals. `BwdParams.backend` is "pallas" (JAX's fused backward)
+    or "xla" (where the fused kernel cannot split the lengths alike, and where Pallas
+    does not run).
     """
 
     op_id = "attention_bwd"
@@ -152,8 +153,6 @@ class AttentionBackward(BackendKernel[BwdParams]):
     config_type = BwdParams
     backends = (TritonBackwardBackend(), XlaBackwardBackend())
 
-    def config_backend(self, cfg: BwdParams) -> str:
-        return "pallas"
 
     def prepare(
         self, q, k, v, out, lse, dout, *, causal: bool = False, sm_scale: float | None = None

@@ -231,14 +231,34 @@ def fwd_interpret_candidates(p: AttentionProblem) -> list[FwdParams]:
 # --- backward ----------------------------------------------------------------------
 
 
+#: The backward in XLA, for lengths JAX's fused backward cannot split alike.
+BWD_XLA = BwdParams(backend="xla")
+
+
+def bwd_splits_alike(q_len: int, kv_len: int, c: BwdParams) -> bool:
+    """Whether JAX's fused backward can run `c` at these lengths: its outer block
+    (`kv_blocksize`) must cut the queries and the keys into as many blocks each."""
+    assert c.kv_blocksize is not None
+    block = c.kv_blocksize
+    return q_len // min(block, q_len) == kv_len // min(block, kv_len)
+
+
 def bwd_heuristic(p: AttentionProblem) -> BwdParams:
-    """JAX's defaults for `mha`'s backward: 32×32 blocks and 4 warps."""
-    return BwdParams(
+    """JAX's defaults for `mha`'s backward: 32×32 blocks and 4 warps; one outer block
+    for short unequal lengths (32 queries, 16 keys), and XLA's backward where no
+    block of at most 128 splits the lengths alike."""
+    c = BwdParams(
         q_blocksize=min(32, next_power_of_2(p.q_len)),
         kv_blocksize=min(32, next_power_of_2(p.kv_len)),
         num_warps=4,
         num_stages=None,
     )
+    if bwd_splits_alike(p.q_len, p.kv_len, c):
+        return c
+    whole = next_power_of_2(max(p.q_len, p.kv_len))
+    if whole <= 128:
+        return dataclasses.replace(c, kv_blocksize=whole)
+    return BWD_XLA
 
 
 def bwd_shared_memory_bytes(p: AttentionProblem, c: BwdParams) -> int:
@@ -254,6 +274,11 @@ def bwd_rules(p: AttentionProblem, smem_limit: int | None = None):
     d = p.padded_head_dim
 
     def divides(c: BwdParams) -> str | None:
+        if not bwd_splits_alike(p.q_len, p.kv_len, c):
+            return (
+                f"kv_blocksize={c.kv_blocksize} cuts the sequences ({p.q_len}, {p.kv_len}) "
+                "into different numbers of blocks; JAX's fused backward needs as many"
+            )
         if p.kv_len % c.kv_blocksize or p.q_len % c.kv_blocksize:  # type: ignore[operator]
             return f"the sequences ({p.q_len}, {p.kv_len}) are not multiples of kv_blocksize={c.kv_blocksize}"
         if p.q_len % c.q_blocksize or p.kv_len % c.q_blocksize:  # type: ignore[operator]
@@ -297,6 +322,7 @@ def bwd_interpret_candidates(p: AttentionProblem) -> list[BwdParams]:
     out = [bwd_heuristic(p)]
     for bq, bk in ((16, 32), (32, 64)):
         c = BwdParams(q_blocksize=bq, kv_blocksize=bk, num_warps=4)
-        if p.q_len % bk == 0 and p.kv_len % bk == 0 and c not in out:
+        fits = p.q_len % bk == 0 and p.kv_len % bk == 0 and bwd_splits_alike(p.q_len, p.kv_len, c)
+        if fits and c not in out:
             out.append(c)
     return out

@@ -23,6 +23,7 @@ from kerneltune._src.kernel.backends import Backend
 from kerneltune._src.params import BwdParams, FwdParams
 from kerneltune.kernels._common import accepts, jax_gpu_op, parameters
 from kerneltune.kernels.attention.backward import BackwardKernelGradient, every_head
+from kerneltune.kernels.attention.config import bwd_splits_alike
 
 logger = logging.getLogger("kerneltune")
 
@@ -187,6 +188,15 @@ class TritonBackwardBackend(Backend):
     name = "pallas"
     lowering = "triton"
     interprets = True
+
+    def unusable(self, kernel, inv, cfg: BwdParams) -> str | None:
+        q_len, kv_len = int(inv.args[0].shape[1]), int(inv.args[1].shape[1])
+        if cfg.kv_blocksize is not None and not bwd_splits_alike(q_len, kv_len, cfg):
+            return (
+                f"kv_blocksize={cfg.kv_blocksize} cuts the sequences ({q_len}, {kv_len}) "
+                "into different numbers of blocks"
+            )
+        return super().unusable(kernel, inv, cfg)
 
     def run(
         self, kernel, q, k, v, out, lse, dout, *, cfg: BwdParams, causal: bool, sm_scale: float
