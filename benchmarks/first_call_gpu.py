@@ -22,6 +22,7 @@ prediction is its heuristic and its first call times the configs nearest it.
 
     python -m benchmarks.first_call_gpu                          # every op (tens of minutes)
     python -m benchmarks.first_call_gpu --ops ragged_dot,matmul --json first_call.json
+    python -m benchmarks.first_call_gpu --ops ragged_dot,attention --grad  # backward keys too
     python -m benchmarks.first_call_gpu --smoke                  # tiny shapes, any device
 
 Run from the repository root. The rows run one after another in one process, each
@@ -72,36 +73,61 @@ SMOKE = {
 }
 
 
-def rows(op: str, smoke: bool) -> Iterator[tuple[str, Call]]:
-    """(label, call) for each held-out shape of `op`."""
+def rows(op: str, smoke: bool) -> Iterator[tuple[str, Callable[..., Any], tuple[Any, ...]]]:
+    """(label, fn, args) for each held-out shape of `op`: `fn(ex, *args)` calls it."""
     if op == "matmul":
         for m, k, n in SMOKE["matmul"] if smoke else MATMUL:
-            a, b = h.normal(0, (m, k)), h.normal(1, (k, n))
-            yield f"{m}x{k}x{n}", lambda ex, a=a, b=b: kt.kernels.matmul(a, b, executor=ex)
+
+            def mm(ex: kt.Executor, a: Any, b: Any) -> Any:
+                return kt.kernels.matmul(a, b, executor=ex)
+
+            yield f"{m}x{k}x{n}", mm, (h.normal(0, (m, k)), h.normal(1, (k, n)))
     elif op in ("layer_norm", "rms_norm", "softmax"):
-        fn = getattr(kt.kernels, op)
+        op_fn = getattr(kt.kernels, op)
         for r, w in SMOKE["rows"] if smoke else ROWS:
-            x = h.normal(0, (r, w))
-            yield f"{r}x{w}", lambda ex, x=x, fn=fn: fn(x, executor=ex)
+
+            def rowwise(ex: kt.Executor, x: Any, fn: Any = op_fn) -> Any:
+                return fn(x, executor=ex)
+
+            yield f"{r}x{w}", rowwise, (h.normal(0, (r, w)),)
     elif op == "attention":
         for b, t, n, d, causal in SMOKE["attention"] if smoke else ATTENTION:
-            q, k, v = (h.normal(i, (b, t, n, d)) for i in range(3))
 
-            def attend(ex: kt.Executor, q=q, k=k, v=v, causal=causal) -> Any:
+            def attend(ex: kt.Executor, q: Any, k: Any, v: Any, causal: bool = causal) -> Any:
                 return kt.kernels.attention(q, k, v, is_causal=causal, executor=ex)
 
-            yield f"B{b} T{t} N{n} H{d}{' causal' if causal else ''}", attend
+            qkv = tuple(h.normal(i, (b, t, n, d)) for i in range(3))
+            yield f"B{b} T{t} N{n} H{d}{' causal' if causal else ''}", attend, qkv
     elif op == "ragged_dot":
         for m, k, n, g in SMOKE["ragged_dot"] if smoke else RAGGED:
-            lhs, rhs = h.normal(0, (m, k)), h.normal(1, (g, k, n))
-            sizes = jnp.asarray(ragged_shapes.skewed(m, g, empty=1), jnp.int32)
 
-            def grouped(ex: kt.Executor, lhs=lhs, rhs=rhs, sizes=sizes) -> Any:
+            def grouped(ex: kt.Executor, lhs: Any, rhs: Any, sizes: Any) -> Any:
                 return kt.kernels.ragged_dot(lhs, rhs, sizes, executor=ex)
 
-            yield f"{m}x{k}x{n} E{g}", grouped
+            sizes = jnp.asarray(ragged_shapes.skewed(m, g, empty=1), jnp.int32)
+            yield f"{m}x{k}x{n} E{g}", grouped, (h.normal(0, (m, k)), h.normal(1, (g, k, n)), sizes)
     else:
         raise SystemExit(f"--ops: unknown op {op!r}; known: {', '.join(OPS)}")
+
+
+def as_call(fn: Callable[..., Any], args: tuple[Any, ...], grad: bool) -> Call:
+    """The row's call on an executor: forward, or (`grad`) the gradient of the sum of
+    its output with respect to every float input, so the backward kernels' keys are
+    chosen too."""
+    if not grad:
+        return lambda ex: fn(ex, *args)
+    floats = tuple(i for i, a in enumerate(args) if jnp.issubdtype(a.dtype, jnp.floating))
+
+    def step(ex: kt.Executor) -> Any:
+        def loss(*wrt: Any) -> Any:
+            full = list(args)
+            for i, a in zip(floats, wrt, strict=True):
+                full[i] = a
+            return fn(ex, *full).astype(jnp.float32).sum()
+
+        return jax.grad(loss, argnums=tuple(range(len(floats))))(*(args[i] for i in floats))
+
+    return step
 
 
 @dataclasses.dataclass
@@ -239,6 +265,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument("--ops", default=",".join(OPS))
     p.add_argument("--json", default=None)
     p.add_argument("--smoke", action="store_true", help="tiny shapes: a check of the script")
+    p.add_argument(
+        "--grad", action="store_true", help="forward + backward: the backward kernels' keys too"
+    )
     args = p.parse_args(argv)
     if not h.on_gpu() and not args.smoke:
         print("first_call_gpu: no GPU found (use --smoke to check the script on a CPU).")
@@ -247,8 +276,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     print(f"{device}, jax {jax.__version__}, budget {kt.AutotunePolicy.from_env().budget}")
     results: list[dict[str, Any]] = []
     for op in args.ops.split(","):
-        for label, call in rows(op, args.smoke):
-            for r in measure(op, label, call):
+        for label, fn, fn_args in rows(op, args.smoke):
+            for r in measure(op, label, as_call(fn, fn_args, args.grad)):
                 results.append(r)
                 reg = r["regret"]
                 print(

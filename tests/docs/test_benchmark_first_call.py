@@ -64,3 +64,11 @@ def test_regret_is_against_the_fastest_and_a_failure_says_so():
     assert first_call_gpu.regret(report, RepCfg(reps=2)) == pytest.approx(0.5)
     assert first_call_gpu.regret(report, RepCfg(reps=3)) == math.inf
     assert first_call_gpu.regret(None, RepCfg(reps=1)) is None
+
+
+def test_a_gradient_row_chooses_the_configs_of_the_differentiated_call():
+    x = jax.random.normal(jax.random.PRNGKey(1), (32, 32))
+    call = first_call_gpu.as_call(lambda ex, x: ex(Ten(), x), (x,), grad=True)
+    (row,) = first_call_gpu.measure("ten", "32x32 grad", call)
+    assert row["key"] == "first_call_gpu_ten@v0" and not row["errors"]
+    assert all(v is not None and v >= 0 for v in row["regret"].values())

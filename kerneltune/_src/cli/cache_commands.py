@@ -161,7 +161,7 @@ def ls(args: argparse.Namespace) -> int:
             format_time(e.best_time_s),
             "-" if speedup is None else f"{speedup:.2f}x",
             format_age(e.created, now),
-            e.provenance,
+            f"{e.provenance}, budgeted" if e.budgeted else e.provenance,
             e.call_key[:12],
         ]
         if many_devices:
@@ -203,7 +203,12 @@ def _print_entry(e: CacheEntry) -> None:
         ("shapes", e.signature or "?"),
         ("config", format_cfg(e.cfg)),
         ("config type", e.cfg_type or "?"),
-        ("provenance", e.provenance),
+        (
+            "provenance",
+            f"{e.provenance}, tuned under a first-call budget (a full tuning completes it)"
+            if e.budgeted
+            else e.provenance,
+        ),
         ("created", f"{created} ({format_age(e.created, time.time())} ago)"),
         ("versions", versions or "?"),
         ("timer", f"{e.timer or '?'}, strategy {e.strategy or '?'}, took {format_time(e.wall_s)}"),
