@@ -160,3 +160,23 @@ def test_a_backend_config_refuses_another_backends_fields_and_shows_its_own():
     assert repr(GLUConfig(backend="xla_split")) == "GLUConfig(backend='xla_split')"
     assert repr(kernels.RaggedDotConfig(backend="tokamax")) == "RaggedDotConfig(backend='tokamax')"
     assert kernels.CrossEntropyConfig(backend="chunked").lse_backend == "xla"
+
+
+def test_jaxs_triton_deprecation_reaches_the_log_once(monkeypatch, caplog):
+    # JAX warns on every Pallas Triton lowering, and a `catch_warnings` anywhere makes
+    # Python show a warning again: kerneltune says it once and silences JAX's.
+    import warnings
+
+    monkeypatch.setattr(jax_compat, "_triton_notice_shown", False)
+    shown = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        monkeypatch.setattr(warnings, "showwarning", lambda *a, **k: shown.append(a[0]))
+        for _ in range(4):
+            jax_compat.show_triton_deprecation_once()
+            with warnings.catch_warnings():  # as JAX and libraries do
+                pass
+            warnings.warn(jax_compat.TRITON_DEPRECATION + " and will be removed", DeprecationWarning)
+    assert shown == []
+    notices = [r for r in caplog.records if "deprecates Pallas's Triton" in r.getMessage()]
+    assert len(notices) == 1

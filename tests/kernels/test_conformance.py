@@ -236,6 +236,10 @@ def chosen(op: str, interpret: bool):
 
 @pytest.mark.parametrize(("op", "interpret"), MODES, ids=[f"{o}-{i}" for o, i in MODES])
 def test_vmap_over_a_leading_axis_matches_the_reference(op, interpret):
+    if op == "ragged_dot" and on_gpu():
+        # Seen on an H200 (jax 0.11.2): JAX's Mosaic GPU ragged_dot, the GPU heuristic,
+        # cannot be batched ("object of type 'TransformedRef' has no len()").
+        pytest.xfail("JAX's Mosaic GPU ragged_dot kernel has no batching rule")
     _, _, _, args, ours, reference = chosen(op, interpret)
     # A batch of two over the first argument; JAX's ragged_dot batches only with
     # every operand batched (a batch of experts and routings too).

@@ -191,19 +191,30 @@ def pallas_lowering_missing(lowering: str) -> str | None:
     return _lowering_missing[lowering]
 
 
-#: The start of the warning JAX 0.12 gives on every Pallas Triton lowering.
+#: The start of the warning JAX (0.11 and later) gives on every Pallas Triton lowering.
 TRITON_DEPRECATION = "The Pallas Triton backend is deprecated"
+_TRITON_NOTICE = (
+    "JAX deprecates Pallas's Triton lowering, which kerneltune's Triton kernels use; "
+    "JAX's own warning is silenced after this notice. Where a JAX release has removed "
+    "it, those candidates are pruned with that reason and every op still runs."
+)
+_triton_notice_shown = False
 
 
 def show_triton_deprecation_once() -> None:
-    """Shows JAX's Pallas Triton deprecation at most once per process: kerneltune lowers
-    many Triton kernels while tuning, and one line says all a user needs to know."""
-    global _triton_filter_added
-    if not _triton_filter_added:
-        import warnings
+    """Says once per process, in kerneltune's log, that JAX deprecates the Pallas
+    Triton lowering, and keeps JAX's own warning (given on every lowering, and shown
+    again each time any code enters `warnings.catch_warnings`) out of the user's log.
+    Called before each Triton kernel is traced: a filter a caller's
+    `catch_warnings` dropped is put back."""
+    import logging
+    import warnings
 
-        warnings.filterwarnings("once", message=TRITON_DEPRECATION)
-        _triton_filter_added = True
-
-
-_triton_filter_added = False
+    global _triton_notice_shown
+    if not _triton_notice_shown:
+        _triton_notice_shown = True
+        logging.getLogger("kerneltune").warning(_TRITON_NOTICE)
+    for action, message, *_ in warnings.filters:
+        if action == "ignore" and getattr(message, "pattern", None) == TRITON_DEPRECATION:
+            return
+    warnings.filterwarnings("ignore", message=TRITON_DEPRECATION)
