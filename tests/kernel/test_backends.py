@@ -176,7 +176,8 @@ def test_jaxs_triton_deprecation_reaches_the_log_once(monkeypatch, caplog):
             jax_compat.show_triton_deprecation_once()
             with warnings.catch_warnings():  # as JAX and libraries do
                 pass
-            warnings.warn(jax_compat.TRITON_DEPRECATION + " and will be removed", DeprecationWarning)
+            message = jax_compat.TRITON_DEPRECATION + " and will be removed"
+            warnings.warn(message, DeprecationWarning, stacklevel=1)
     assert shown == []
     notices = [r for r in caplog.records if "deprecates Pallas's Triton" in r.getMessage()]
     assert len(notices) == 1
