@@ -50,18 +50,18 @@ def run(args: argparse.Namespace) -> int:
     from kerneltune._src.cli import tune_command
 
     tune_command._import_kernels(args.imports)
-    kernel_cls = _kernel_class(args.target)
-    if kernel_cls is None:
+    found = _kernel_class(args.target)
+    if found is None:
         if args.arguments or args.kw:
             raise CommandError(
                 f"no kernel has the op id {args.target!r} (bundled: {_bundled_ops()}; "
                 "import your own with --import MODULE)."
             )
         return _explain_key(args)
-    return _explain_call(args, kernel_cls)
+    return _explain_call(args, *found)
 
 
-def _explain_call(args: argparse.Namespace, kernel_cls: type) -> int:
+def _explain_call(args: argparse.Namespace, kernel_cls: type, init: dict[str, Any]) -> int:
     from kerneltune._src.cli import tune_command
     from kerneltune._src.execution.executor import Executor
     from kerneltune._src.selection.chain import policy_override
@@ -71,7 +71,7 @@ def _explain_call(args: argparse.Namespace, kernel_cls: type) -> int:
     kwargs = dict(parse_keyword(k) for k in args.kw)
     chain = tune_command._selector(args)
     try:
-        kernel = kernel_cls()
+        kernel = kernel_cls(**init)
     except TypeError as e:
         raise CommandError(f"cannot build {kernel_cls.__qualname__}(): {e}") from None
     with policy_override(chain, allow_autotune=bool(args.tune)):
@@ -140,15 +140,24 @@ def parse_keyword(text: str) -> tuple[str, Any]:
     return name, parse_argument(value)
 
 
-def _kernel_class(op: str) -> type | None:
+def _kernel_class(op: str) -> tuple[type, dict[str, Any]] | None:
+    """The kernel class with this op id and what to build it with; an op id ending in
+    "-interpret" names a bundled kernel run by the Pallas interpreter."""
+    from kerneltune._src.kernel.backends import BackendKernel
     from kerneltune._src.kernel.base import registered_kernels
 
     op_id = op.partition("@")[0]
-    matches = {cls for cls in registered_kernels().values() if cls.op_id == op_id}
+    classes = registered_kernels().values()
+    matches = {cls for cls in classes if cls.op_id == op_id}
+    init: dict[str, Any] = {}
+    base = op_id.removesuffix("-interpret")
+    if not matches and base != op_id:
+        matches = {c for c in classes if c.op_id == base and issubclass(c, BackendKernel)}
+        init = {"interpret": True}
     if len(matches) > 1:
         names = ", ".join(sorted(f"{c.__module__}:{c.__qualname__}" for c in matches))
         raise CommandError(f"several kernel classes have the op id {op_id!r}: {names}.")
-    return next(iter(matches), None)
+    return None if not matches else (next(iter(matches)), init)
 
 
 def _bundled_ops() -> str:
