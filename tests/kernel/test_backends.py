@@ -181,3 +181,15 @@ def test_jaxs_triton_deprecation_reaches_the_log_once(monkeypatch, caplog):
     assert shown == []
     notices = [r for r in caplog.records if "deprecates Pallas's Triton" in r.getMessage()]
     assert len(notices) == 1
+
+
+def test_interpreted_op_ids_still_name_their_config_type():
+    # Stored entries of "matmul-interpret@v3" are typed like the class's own (`cache
+    # prune`, a lowered program's configs, `kerneltune explain matmul-interpret`).
+    from kerneltune._src.cli.cache_commands import _config_types
+    from kerneltune._src.kernel.backends import served_op_ids
+    from kerneltune._src.workflows.lowered_configs import _config_type_of
+
+    assert served_op_ids(kernels.Matmul) == ("matmul", "matmul-interpret")
+    assert _config_type_of("matmul-interpret@v3") is MatmulConfig
+    assert _config_types()["ragged_dot_dlhs-interpret@v1"] is kernels.RaggedDotConfig

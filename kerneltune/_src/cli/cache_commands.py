@@ -17,6 +17,7 @@ from kerneltune._src.caching.cache_entry import CacheEntry, op_matches, runtime_
 from kerneltune._src.caching.persistent import PersistentCache, default_cache_dir
 from kerneltune._src.cli.errors import CommandError
 from kerneltune._src.core import options
+from kerneltune._src.kernel.backends import served_op_ids
 from kerneltune._src.kernel.base import registered_kernels
 from kerneltune._src.tuning.report import format_seconds
 
@@ -55,7 +56,8 @@ def _config_types() -> dict[str, type]:
     types: dict[str, type] = {}
     for cls in registered_kernels().values():
         if cls.config_type is not None:
-            types[f"{cls.op_id or cls.__name__}@v{cls.version}"] = cls.config_type
+            for op_id in served_op_ids(cls):
+                types[f"{op_id}@v{cls.version}"] = cls.config_type
     return types
 
 

@@ -143,17 +143,14 @@ def parse_keyword(text: str) -> tuple[str, Any]:
 def _kernel_class(op: str) -> tuple[type, dict[str, Any]] | None:
     """The kernel class with this op id and what to build it with; an op id ending in
     "-interpret" names a bundled kernel run by the Pallas interpreter."""
-    from kerneltune._src.kernel.backends import BackendKernel
+    from kerneltune._src.kernel.backends import served_op_ids
     from kerneltune._src.kernel.base import registered_kernels
 
     op_id = op.partition("@")[0]
-    classes = registered_kernels().values()
-    matches = {cls for cls in classes if cls.op_id == op_id}
-    init: dict[str, Any] = {}
-    base = op_id.removesuffix("-interpret")
-    if not matches and base != op_id:
-        matches = {c for c in classes if c.op_id == base and issubclass(c, BackendKernel)}
-        init = {"interpret": True}
+    matches = {c for c in registered_kernels().values() if op_id in served_op_ids(c)}
+    own = {c for c in matches if c.op_id == op_id}
+    init: dict[str, Any] = {} if own else {"interpret": True}
+    matches = own or matches
     if len(matches) > 1:
         names = ", ".join(sorted(f"{c.__module__}:{c.__qualname__}" for c in matches))
         raise CommandError(f"several kernel classes have the op id {op_id!r}: {names}.")

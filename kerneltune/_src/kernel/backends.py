@@ -280,6 +280,13 @@ class BackendKernel(Kernel[Cfg, Any]):
         return installed_default_executor()
 
 
+def served_op_ids(cls: type) -> tuple[str, ...]:
+    """The op ids a kernel class's instances use: its own, and for a `BackendKernel`
+    the interpreted one (`"<op_id>-interpret"`)."""
+    own = str(getattr(cls, "op_id", "") or cls.__name__)
+    return (own, f"{own}-interpret") if issubclass(cls, BackendKernel) else (own,)
+
+
 def without_unusable(
     kept: Iterable[T], pruned: list[Pruned[T]], reason_of: Any
 ) -> tuple[list[T], list[Pruned[T]]]:

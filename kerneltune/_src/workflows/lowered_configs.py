@@ -7,6 +7,7 @@ from typing import Any
 
 from kerneltune._src.core import devices, labels
 from kerneltune._src.execution.default import selector_of
+from kerneltune._src.kernel.backends import served_op_ids
 from kerneltune._src.kernel.base import registered_kernels
 
 
@@ -37,6 +38,8 @@ def _config_type_of(op_id_v: str) -> type | None:
     types = {
         cls.config_type
         for cls in registered_kernels().values()
-        if cls.op_id == op_id and str(cls.version) == version and cls.config_type is not None
+        if op_id in served_op_ids(cls)
+        and str(cls.version) == version
+        and cls.config_type is not None
     }
     return types.pop() if len(types) == 1 else None
