@@ -21,20 +21,9 @@ from kerneltune._src.kernel.base import make_invocation
 from kerneltune.kernels import GLUConfig, MatmulConfig, SoftmaxConfig
 from kerneltune.kernels._common import relative_error
 from kerneltune.kernels.matmul import api as matmul_api
+from tests.kernels.test_api import KERNELS
 
-PUBLIC = [
-    kernels.Matmul,
-    kernels.Attention,
-    kernels.AttentionBackward,
-    kernels.LayerNorm,
-    kernels.RMSNorm,
-    kernels.Softmax,
-    kernels.RaggedDot,
-    kernels.RaggedDotGradLhs,
-    kernels.RaggedDotGradRhs,
-    kernels.LinearSoftmaxCrossEntropy,
-    kernels.GatedLinearUnit,
-]
+PUBLIC = KERNELS  # every bundled kernel class
 
 
 @pytest.mark.parametrize("cls", PUBLIC, ids=lambda c: c.__name__)
