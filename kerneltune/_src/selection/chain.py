@@ -313,17 +313,7 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
                     stacklevel=5,
                 )
                 return tiers.Miss("every candidate failed")
-            # Exclusive: another process's earlier config wins, so all use the same one.
-            cfg = self.store(
-                key,
-                report.best,
-                report=report,
-                signature=inv.signature,
-                shape=inv.shape,
-                exclusive=True,
-            )
-            self._tuned[key] = cfg
-            self._reports[key] = report
+            cfg = self._keep_winner(inv, key, report)
             return tiers.Hit(cfg, "autotune", None, report=report)
 
     def _first_call(
@@ -385,6 +375,13 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
             return self._use_prediction(
                 inv, kernel, key, dataclasses.replace(plan, why_untimed=why)
             )
+        cfg = self._keep_winner(inv, key, report)
+        note = first_call.tuned_note(plan, budget, late) if report.budgeted else None
+        return tiers.Hit(cfg, "autotune", None, report=report, budget=note)
+
+    def _keep_winner(self, inv: Invocation[Any, Any], key: CacheKey, report: Any) -> Any:
+        """Stores a tuning's winner and remembers it (and its report) for the key.
+        Exclusive: another process's earlier config wins, so all use the same one."""
         cfg = self.store(
             key,
             report.best,
@@ -395,8 +392,7 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
         )
         self._tuned[key] = cfg
         self._reports[key] = report
-        note = first_call.tuned_note(plan, budget, late) if report.budgeted else None
-        return tiers.Hit(cfg, "autotune", None, report=report, budget=note)
+        return cfg
 
     def _use_prediction(
         self,
