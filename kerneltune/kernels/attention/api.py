@@ -21,8 +21,8 @@ from kerneltune.kernels._common import interpreted, kernel_for
 from kerneltune.kernels.attention import config as config_lib
 from kerneltune.kernels.attention.backward import every_head
 from kerneltune.kernels.attention.config import AttentionProblem
-from kerneltune.kernels.attention.features import attention_features_xla
 from kerneltune.kernels.attention.jax_nn import CudnnBackend, XlaBackend
+from kerneltune.kernels.attention.masking import Masks
 from kerneltune.kernels.attention.pallas_triton import TritonBackend, TritonBackwardBackend
 from kerneltune.kernels.attention.reference import (
     ReferenceBackend,
@@ -30,6 +30,7 @@ from kerneltune.kernels.attention.reference import (
     attention_forward_chunked,
 )
 from kerneltune.kernels.attention.tokamax_backend import TokamaxBackend
+from kerneltune.kernels.attention.variants import AttentionVariants, VariantConfig
 
 
 def problem_of(inv: Invocation[Any, Any]) -> AttentionProblem:
@@ -260,6 +261,34 @@ def _check_lengths(name: str, x: Any, batch: int) -> Any:
     return a.astype(jnp.int32)
 
 
+def _check_segments(query_segment_ids: Any, kv_segment_ids: Any, q_shape, k_shape, unbatched: bool):
+    """Both segment id arrays or neither, `[B, T]` and `[B, S]` integers (`[T]`, `[S]`
+    for an unbatched call), as int32."""
+    if (query_segment_ids is None) != (kv_segment_ids is None):
+        raise ValueError(
+            "attention: pass both query_segment_ids and kv_segment_ids or neither, got "
+            f"query_segment_ids={'None' if query_segment_ids is None else 'an array'} and "
+            f"kv_segment_ids={'None' if kv_segment_ids is None else 'an array'}."
+        )
+    if query_segment_ids is None:
+        return None, None
+    out = []
+    for name, x, (b, length) in (
+        ("query_segment_ids", query_segment_ids, q_shape[:2]),
+        ("kv_segment_ids", kv_segment_ids, k_shape[:2]),
+    ):
+        given = as_array("attention", name, x)
+        a = given[None] if unbatched and given.ndim == 1 else given
+        if a.shape != (b, length) or not jnp.issubdtype(a.dtype, jnp.integer):
+            want = f"({length},)" if unbatched else f"({b}, {length})"
+            raise ValueError(
+                f"attention: {name} must be an integer array of shape {want}, got "
+                f"{given.dtype}{list(given.shape)}."
+            )
+        out.append(a.astype(jnp.int32))
+    return out[0], out[1]
+
+
 def _check_window(window: Any) -> tuple[int, int] | None:
     if window is None:
         return None
@@ -292,16 +321,21 @@ def attention(
     key_value_seq_lengths: jax.Array | None = None,
     local_window_size: int | tuple[int, int] | None = None,
     logits_soft_cap: float | None = None,
-    cfg: FwdParams | None = None,
+    query_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    cfg: FwdParams | VariantConfig | None = None,
     executor: Any = None,
 ) -> jax.Array:
-    """`jax.nn.dot_product_attention` with tuned configs, plus a logits soft cap.
+    """`jax.nn.dot_product_attention` with tuned configs, plus a logits soft cap and
+    segment ids (packed documents).
 
     Plain attention (causal or not, grouped-query included, any scale, sequences the
-    flash kernel's blocks tile) runs through the tuned kernels: JAX's Pallas flash
-    attention on GPUs with its forward and backward tuned, XLA on CPUs. Calls with a
-    bias, a mask, sequence lengths, a local window or a soft cap compute exactly what
-    `jax.nn.dot_product_attention` computes, through XLA.
+    flash kernel's blocks tile) runs through the `Attention` kernel: cuDNN, JAX's Pallas
+    flash attention or tokamax on GPUs, tuned forward and backward; XLA on CPUs. A call
+    with a bias, a mask, sequence lengths, segment ids, a local window or a soft cap
+    runs through `AttentionVariants`: cuDNN or tokamax where they take it, else XLA a
+    block of queries at a time, so the `[B, N, T, S]` logits are never whole unless the
+    caller passed a bias or mask of that size (or they are small).
 
     Args:
       query: `[batch, q_len, heads, head_dim]`, or `[q_len, heads, head_dim]`.
@@ -314,7 +348,11 @@ def attention(
       query_seq_lengths, key_value_seq_lengths: `[batch]` valid lengths (padding after).
       local_window_size: `w` or `(left, right)`: query i attends to keys i−left..i+right.
       logits_soft_cap: `cap`: logits become `cap · tanh(logits / cap)` before masking.
-      cfg: a `FwdParams` to use instead of the chosen forward config.
+      query_segment_ids, kv_segment_ids: (a kerneltune extension) `[batch, q_len]` and
+        `[batch, kv_len]` integers, both or neither: a query attends only to keys of
+        its own segment (packed documents); combines with every other argument.
+      cfg: a config to use instead of the chosen one: `FwdParams` for plain attention,
+        `VariantConfig` for a variant.
       executor: the executor to run through (default: `kerneltune.default_executor()`).
 
     Returns:
@@ -327,6 +365,10 @@ def attention(
       >>> kv = jnp.ones((1, 16, 2, 8))
       >>> attention(q, kv, kv, is_causal=True).shape
       (1, 16, 4, 8)
+      >>> docs = jnp.array([[0] * 8 + [1] * 8])
+      >>> attention(q, kv, kv, is_causal=True, query_segment_ids=docs,
+      ...           kv_segment_ids=docs).shape
+      (1, 16, 4, 8)
     """
     unbatched = getattr(query, "ndim", 0) == 3
     q, k, v = _check_inputs(query, key, value)
@@ -335,42 +377,46 @@ def attention(
     full = (b, n, t, s)
     bias = _check_logits_operand("bias", bias, full, None)
     mask = _check_logits_operand("mask", mask, full, np.dtype(bool))
-    q_lengths = _check_lengths("query_seq_lengths", query_seq_lengths, b)
-    kv_lengths = _check_lengths("key_value_seq_lengths", key_value_seq_lengths, b)
+    q_segments, kv_segments = _check_segments(
+        query_segment_ids, kv_segment_ids, q.shape, k.shape, unbatched
+    )
+    masks = Masks(
+        mask=mask,
+        q_lengths=_check_lengths("query_seq_lengths", query_seq_lengths, b),
+        kv_lengths=_check_lengths("key_value_seq_lengths", key_value_seq_lengths, b),
+        q_segments=q_segments,
+        kv_segments=kv_segments,
+    )
     window = _check_window(local_window_size)
     if logits_soft_cap is not None and not (
-        isinstance(logits_soft_cap, (int, float)) and logits_soft_cap > 0
+        isinstance(logits_soft_cap, (int, float))
+        and not isinstance(logits_soft_cap, bool)
+        and logits_soft_cap > 0
     ):
         raise ValueError(
             f"attention: logits_soft_cap must be a positive number or None, got {logits_soft_cap!r}."
         )
     if not isinstance(is_causal, (bool, np.bool_)):
         raise TypeError(f"attention: is_causal must be a bool, got {is_causal!r}.")
-    default_scale = 1.0 / math.sqrt(h)
+    if scale is None or isinstance(scale, (int, float, np.number)):
+        sm_scale = 1.0 / math.sqrt(h) if scale is None else float(scale)
+    else:  # a traced scale: fold it into the queries, keep the kernels' static
+        q, sm_scale = (q * jnp.asarray(scale, q.dtype)).astype(q.dtype), 1.0
     plain = (
         bias is None
-        and mask is None
-        and q_lengths is None
-        and kv_lengths is None
+        and all(m is None for m in masks)
         and window is None
         and logits_soft_cap is None
         and _kernel_can_tile(t)
         and _kernel_can_tile(s)
     )
-    if not plain:
-        out = attention_features_xla(
-            q, k, v, bias, mask,
-            scale=default_scale if scale is None else scale,
-            is_causal=bool(is_causal), query_seq_lengths=q_lengths,
-            key_value_seq_lengths=kv_lengths, local_window_size=window,
-            logits_soft_cap=logits_soft_cap,
-        )  # fmt: skip
-    else:
-        if scale is None or isinstance(scale, (int, float, np.number)):
-            sm_scale = default_scale if scale is None else float(scale)
-        else:  # a traced scale: fold it into the queries, keep the kernel's static
-            q, sm_scale = (q * jnp.asarray(scale, q.dtype)).astype(q.dtype), 1.0
-        ex = executor if executor is not None else default_executor()
+    ex = executor if executor is not None else default_executor()
+    if plain:
         out = ex(kernel_for(Attention, ex), q, k, v, causal=bool(is_causal),
                  sm_scale=sm_scale, cfg=cfg)  # fmt: skip
+    else:
+        soft_cap = None if logits_soft_cap is None else float(logits_soft_cap)
+        out = ex(kernel_for(AttentionVariants, ex), q, k, v, bias, masks,
+                 causal=bool(is_causal), sm_scale=sm_scale, window=window,
+                 soft_cap=soft_cap, cfg=cfg)  # fmt: skip
     return out[0] if unbatched else out

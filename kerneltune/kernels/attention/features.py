@@ -1,11 +1,13 @@
 """Attention with every feature of `jax.nn.dot_product_attention`, plus a logits soft
-cap, through XLA: the path for calls the tuned kernels cannot run.
+cap and segment ids, through XLA with the whole `[B, N, T, S]` logits at once: the
+reference of the variants, and their fastest path where the logits are small.
 
 The math follows JAX's XLA implementation step for step (logits in float32, scaled,
 biased, masked with a large negative number, softmax in float32, padded query rows
 zeroed), so a call without a soft cap computes what `jax.nn.dot_product_attention`
 computes. The soft cap `cap · tanh(logits / cap)` applies to the biased logits,
-before masking (as Gemma 2 does).
+before masking (as Gemma 2 does). `attend` is one block of that math; the chunked
+path (`chunked.py`) runs it a block of queries at a time.
 """
 
 from __future__ import annotations
@@ -16,43 +18,47 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-
-def _large_negative(dtype: Any) -> jax.Array:
-    limit = min(float(jnp.finfo(dtype).max), float(jnp.finfo(np.float32).max))
-    return jnp.asarray(-0.7 * limit, dtype=dtype)
+from kerneltune._src.kernel.backends import Backend
+from kerneltune.kernels.attention.masking import Masks, keep, large_negative
 
 
-def _keep_mask(
-    t: int,
-    s: int,
-    mask: jax.Array | None,
-    is_causal: bool,
-    q_lengths: jax.Array | None,
-    kv_lengths: jax.Array | None,
-    window: tuple[int, int] | None,
-) -> jax.Array | None:
-    """Which logits `[B|1, N|1, T, S]` take part, or None when all do."""
-    keep = None if mask is None else mask
+def attend(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    bias: jax.Array | None,
+    keep_mask: jax.Array | None,
+    *,
+    scale: Any,
+    soft_cap: float | None,
+) -> jax.Array:
+    """`[B, t, N, H]` queries against `[B, s, K, H]` keys and values (`K` divides `N`):
+    `bias` and `keep_mask` broadcast to `[B, N, t, s]`."""
+    b, t, n, h = q.shape
+    s, kh = k.shape[1], k.shape[2]
+    g = n // kh
+    logits_dtype = jnp.promote_types(q.dtype, np.float32)
+    qg = q.reshape(b, t, kh, g, h)
+    logits = jnp.einsum("btkgh,bskh->bkgts", qg, k, preferred_element_type=logits_dtype)
+    logits = logits.reshape(b, n, t, s) * jnp.asarray(scale, dtype=logits_dtype)
+    if bias is not None:
+        logits = (logits + bias).astype(logits_dtype)
+    if soft_cap is not None:
+        cap = jnp.asarray(soft_cap, dtype=logits_dtype)
+        logits = cap * jnp.tanh(logits / cap)
+    if keep_mask is not None:
+        logits = jnp.where(keep_mask, logits, large_negative(logits_dtype))
+    probs = jax.nn.softmax(logits.astype(np.float32), axis=-1).astype(k.dtype)
+    out = jnp.einsum("bkgts,bskh->btkgh", probs.reshape(b, kh, g, t, s), v)
+    return out.reshape(b, t, n, v.shape[-1])
 
-    def both(m: jax.Array) -> jax.Array:
-        return m if keep is None else jnp.logical_and(keep, m)
 
-    q_pos = jnp.arange(t)[:, None]
-    k_pos = jnp.arange(s)[None, :]
-    if is_causal:
-        keep = both((q_pos >= k_pos)[None, None])
-    if window is not None:
-        left, right = window
-        keep = both(((q_pos <= k_pos + left) & (q_pos >= k_pos - right))[None, None])
-    if q_lengths is not None or kv_lengths is not None:
-        rows = (
-            True if q_lengths is None else jnp.arange(t)[None, :, None] < q_lengths[:, None, None]
-        )
-        cols = (
-            True if kv_lengths is None else jnp.arange(s)[None, None, :] < kv_lengths[:, None, None]
-        )
-        keep = both(jnp.logical_and(rows, cols)[:, None])
-    return keep
+def zero_padded_rows(out: jax.Array, q_pos: jax.Array, q_lengths: jax.Array | None) -> jax.Array:
+    """Query rows past a batch row's length are zero (as in `jax.nn`)."""
+    if q_lengths is None:
+        return out
+    valid = q_pos[None, :] < q_lengths[:, None]
+    return out * valid[:, :, None, None].astype(out.dtype)
 
 
 def attention_features_xla(
@@ -60,39 +66,33 @@ def attention_features_xla(
     key: jax.Array,
     value: jax.Array,
     bias: jax.Array | None,
-    mask: jax.Array | None,
+    masks: Masks,
     *,
     scale: Any,
     is_causal: bool,
-    query_seq_lengths: jax.Array | None,
-    key_value_seq_lengths: jax.Array | None,
     local_window_size: tuple[int, int] | None,
     logits_soft_cap: float | None,
 ) -> jax.Array:
-    """Attention over `[B, T, N, H]` queries and `[B, S, K, H]` keys and values
-    (`K` divides `N`); `bias` and `mask` are 4-D and broadcast to `[B, N, T, S]`."""
-    b, t, n, h = query.shape
-    s, k = key.shape[1], key.shape[2]
-    g = n // k
-    logits_dtype = jnp.promote_types(query.dtype, np.float32)
-    qg = query.reshape(b, t, k, g, h)
-    logits = jnp.einsum("btkgh,bskh->bkgts", qg, key, preferred_element_type=logits_dtype).reshape(
-        b, n, t, s
-    )
-    logits = logits * jnp.asarray(scale, dtype=logits_dtype)
-    if bias is not None:
-        logits = (logits + bias).astype(logits_dtype)
-    if logits_soft_cap is not None:
-        cap = jnp.asarray(logits_soft_cap, dtype=logits_dtype)
-        logits = cap * jnp.tanh(logits / cap)
-    keep = _keep_mask(t, s, mask, is_causal, query_seq_lengths, key_value_seq_lengths,
-                      local_window_size)  # fmt: skip
-    if keep is not None:
-        logits = jnp.where(keep, logits, _large_negative(logits_dtype))
-    probs = jax.nn.softmax(logits.astype(np.float32), axis=-1).astype(key.dtype)
-    out = jnp.einsum("bkgts,bskh->btkgh", probs.reshape(b, k, g, t, s), value)
-    out = out.reshape(b, t, n, value.shape[-1])
-    if query_seq_lengths is not None:
-        valid = jnp.arange(t)[None, :] < query_seq_lengths[:, None]
-        out = out * valid[:, :, None, None].astype(out.dtype)
-    return out
+    """Attention over `[B, T, N, H]` queries and `[B, S, K, H]` keys and values with the
+    whole logits at once; `bias` and `masks.mask` are 4-D and broadcast to
+    `[B, N, T, S]`."""
+    t, s = query.shape[1], key.shape[1]
+    q_pos = jnp.arange(t)
+    keep_mask = keep(q_pos, jnp.arange(s), masks, causal=is_causal, window=local_window_size)
+    out = attend(query, key, value, bias, keep_mask, scale=scale, soft_cap=logits_soft_cap)
+    return zero_padded_rows(out, q_pos, masks.q_lengths)
+
+
+class MaterialisingBackend(Backend):
+    """Every variant with the whole logits in memory: exact, and the fastest where
+    they are small; JAX differentiates it."""
+
+    name = "xla"
+    differentiated_by_jax = True
+    plain_jax = True
+
+    def run(self, kernel, q, k, v, bias, masks, *, cfg, causal, sm_scale, window, soft_cap):
+        return attention_features_xla(
+            q, k, v, bias, masks, scale=sm_scale, is_causal=causal,
+            local_window_size=window, logits_soft_cap=soft_cap,
+        )  # fmt: skip

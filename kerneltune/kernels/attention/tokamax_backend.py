@@ -21,6 +21,7 @@ import numpy as np
 
 from kerneltune._src.kernel.backends import Backend
 from kerneltune.kernels._common import is_hopper, on_gpu
+from kerneltune.kernels.attention.masking import segments_as_mask
 
 #: The dtypes its kernel takes.
 DTYPES = (np.dtype("float16"), np.dtype("bfloat16"))
@@ -68,3 +69,31 @@ class TokamaxBackend(Backend):
 
     def run(self, kernel, q, k, v, *, cfg, causal: bool, sm_scale: float):
         return attention(q, k, v, causal=causal, sm_scale=sm_scale)
+
+
+def attention_variant(q, k, v, bias, masks, *, causal, sm_scale, window, soft_cap) -> Any:
+    """Any variant by tokamax's Mosaic kernel (it takes every one, soft cap included);
+    segment ids go in as a mask."""
+    tokamax = importlib.import_module("tokamax")
+    return tokamax.dot_product_attention(
+        q, k, v, bias, segments_as_mask(masks), scale=sm_scale, is_causal=causal,
+        query_seq_lengths=masks.q_lengths, key_value_seq_lengths=masks.kv_lengths,
+        local_window_size=window, logits_soft_cap=soft_cap, implementation="mosaic",
+    )  # fmt: skip
+
+
+class TokamaxVariantBackend(Backend):
+    """tokamax's Mosaic GPU attention (Hopper) for every variant, where installed."""
+
+    name = "tokamax"
+    differentiated_by_jax = True
+
+    def unusable(self, kernel, inv, cfg) -> str | None:
+        q = inv.args[0]
+        return unsupported(np.dtype(q.dtype), int(q.shape[-1]))
+
+    def run(self, kernel, q, k, v, bias, masks, *, cfg, causal, sm_scale, window, soft_cap):
+        return attention_variant(
+            q, k, v, bias, masks, causal=causal, sm_scale=sm_scale, window=window,
+            soft_cap=soft_cap,
+        )  # fmt: skip

@@ -1,0 +1,129 @@
+"""Every attention variant through XLA a block of queries at a time: the logits are
+never whole, so memory grows with the sequence, not with its square.
+
+One block of `block_q` queries meets every key (or, under a local window, the band of
+keys the window lets it see), through `features.attend`, the reference's own math. The
+blocks run one after another (`lax.map`), each under `jax.checkpoint`: the backward
+recomputes a block's logits rather than keeping them, so a training step holds one
+block's logits too. This is the path for CPUs, for calls no library kernel takes (a
+soft cap without tokamax), and the reference that tuning checks long calls against.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from kerneltune._src.kernel.backends import Backend
+from kerneltune.kernels.attention.features import attend, zero_padded_rows
+from kerneltune.kernels.attention.masking import Masks, keep
+
+
+def _pad_rows(x: jax.Array | None, axis: int, to: int) -> jax.Array | None:
+    """`x` padded with zeros along `axis` to `to` (unchanged where that axis is 1: it
+    broadcasts)."""
+    if x is None or x.shape[axis] in (1, to):
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, to - x.shape[axis])
+    return jnp.pad(x, widths)
+
+
+def _cut(x: jax.Array | None, axis: int, start: Any, size: int) -> jax.Array | None:
+    """`size` entries of `x` from `start` along `axis` (all of a broadcast axis)."""
+    if x is None or x.shape[axis] == 1:
+        return x
+    return jax.lax.dynamic_slice_in_dim(x, start, size, axis)
+
+
+def key_band(s: int, block_q: int, window: tuple[int, int] | None, causal: bool) -> int:
+    """How many keys one block of queries can see: all `s`, or under a local window
+    the block's width plus the window's reach (to the left only when causal)."""
+    if window is None:
+        return s
+    left, right = window
+    return min(s, block_q + left + (0 if causal else right))
+
+
+def attention_chunked(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    bias: jax.Array | None,
+    masks: Masks,
+    *,
+    scale: Any,
+    causal: bool,
+    window: tuple[int, int] | None,
+    soft_cap: float | None,
+    block_q: int,
+) -> jax.Array:
+    """What `features.attention_features_xla` computes, `block_q` queries at a time."""
+    b, t, n, h = q.shape
+    s = k.shape[1]
+    bq = min(block_q, t)
+    blocks = -(-t // bq)
+    tp = blocks * bq
+    band = key_band(s, bq, window, causal)
+    qp = _pad_rows(q, 1, tp)
+    bias_p = _pad_rows(bias, 2, tp)
+    mask_p = _pad_rows(masks.mask, 2, tp)
+    q_seg_p = _pad_rows(masks.q_segments, 1, tp)
+
+    groups = n // k.shape[2]
+    every_key_alike = jnp.repeat(jnp.mean(v, axis=1, dtype=jnp.float32), groups, axis=1)
+    every_key_alike = every_key_alike.astype(v.dtype)
+
+    def one_block(i: jax.Array, q_blk: jax.Array) -> jax.Array:
+        q_start = i * bq
+        q_pos = q_start + jnp.arange(bq)
+        if band == s:
+            k_start: Any = 0
+        else:  # the band starts where the window's reach from the block's first query does
+            k_start = jnp.clip(q_start - window[0], 0, s - band)  # type: ignore[index]
+        k_pos = k_start + jnp.arange(band)
+        cut_keys = functools.partial(_cut, start=k_start, size=band)
+        cut_rows = functools.partial(_cut, start=q_start, size=bq)
+        blk_bias = cut_keys(cut_rows(bias_p, 2), axis=3)
+        blk_masks = Masks(
+            mask=cut_keys(cut_rows(mask_p, 2), axis=3),
+            q_lengths=masks.q_lengths,
+            kv_lengths=masks.kv_lengths,
+            q_segments=cut_rows(q_seg_p, 1),
+            kv_segments=cut_keys(masks.kv_segments, axis=1),
+        )
+        keep_mask = keep(q_pos, k_pos, blk_masks, causal=causal, window=window)
+        out = attend(
+            q_blk, cut_keys(k, axis=1), cut_keys(v, axis=1), blk_bias, keep_mask,
+            scale=scale, soft_cap=soft_cap,
+        )  # fmt: skip
+        if band != s and keep_mask is not None:
+            # A query that keeps no key of its band keeps none at all (the window hides
+            # the rest): like `jax.nn` it weighs every key alike, not just the band's.
+            kept_any = jnp.moveaxis(jnp.any(keep_mask, axis=-1), 1, 2)[..., None]
+            out = jnp.where(kept_any, out, every_key_alike[:, None])
+        return zero_padded_rows(out, q_pos, masks.q_lengths)
+
+    q_blocks = jnp.moveaxis(qp.reshape(b, blocks, bq, n, h), 1, 0)
+    body = jax.checkpoint(lambda xs: one_block(*xs))
+    out = jax.lax.map(body, (jnp.arange(blocks), q_blocks))
+    out = jnp.moveaxis(out, 0, 1).reshape(b, tp, n, v.shape[-1])
+    return out[:, :t]
+
+
+class ChunkedBackend(Backend):
+    """`attention_chunked`: every variant, on every platform, in memory that grows with
+    the sequence; JAX differentiates it (a block's logits recomputed)."""
+
+    name = "chunked"
+    differentiated_by_jax = True
+    plain_jax = True
+
+    def run(self, kernel, q, k, v, bias, masks, *, cfg, causal, sm_scale, window, soft_cap):
+        return attention_chunked(
+            q, k, v, bias, masks, scale=sm_scale, causal=causal, window=window,
+            soft_cap=soft_cap, block_q=cfg.block_q,
+        )  # fmt: skip

@@ -1,0 +1,86 @@
+"""Which logits of an attention call take part, for any block of queries and keys.
+
+Every variant of attention is plain attention with some logits left out: a causal
+mask, a local window, padding (sequence lengths), packed documents (segment ids) or a
+boolean mask of the user's. `keep` says which, for the queries at `q_pos` and the keys
+at `k_pos`, so the materialising reference and the chunked path (which sees one block
+of queries, and under a window one band of keys, at a time) share one definition.
+
+`Masks` carries the arrays of a call that decide it; the static parts (causal, the
+window) are arguments.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class Masks(NamedTuple):
+    """The arrays of a call that leave logits out (each None when absent).
+
+    Attributes:
+      mask: boolean `[B|1, N|1, T|1, S|1]`, True where a query may attend.
+      q_lengths, kv_lengths: `[B]` int32 valid lengths (padding after).
+      q_segments, kv_segments: `[B, T]` and `[B, S]` int32 document ids: a query
+        attends to the keys of its own document.
+    """
+
+    mask: jax.Array | None = None
+    q_lengths: jax.Array | None = None
+    kv_lengths: jax.Array | None = None
+    q_segments: jax.Array | None = None
+    kv_segments: jax.Array | None = None
+
+
+def large_negative(dtype: Any) -> jax.Array:
+    """What a left-out logit becomes: finite, so a row with every logit left out gives
+    equal weights (as `jax.nn.dot_product_attention` does) rather than NaNs."""
+    limit = min(float(jnp.finfo(dtype).max), float(jnp.finfo(np.float32).max))
+    return jnp.asarray(-0.7 * limit, dtype=dtype)
+
+
+def keep(
+    q_pos: jax.Array,
+    k_pos: jax.Array,
+    masks: Masks,
+    *,
+    causal: bool,
+    window: tuple[int, int] | None,
+) -> jax.Array | None:
+    """Which logits `[B|1, 1|N, len(q_pos), len(k_pos)]` take part, or None when all do.
+
+    `masks.mask` and the segment ids must already be cut to these positions (the
+    queries' rows and the keys' columns); the lengths are per batch row.
+    """
+    out: jax.Array | None = masks.mask
+
+    def both(m: jax.Array) -> jax.Array:
+        return m if out is None else jnp.logical_and(out, m)
+
+    rows, cols = q_pos[:, None], k_pos[None, :]
+    if causal:
+        out = both((rows >= cols)[None, None])
+    if window is not None:
+        left, right = window
+        out = both(((rows <= cols + left) & (rows >= cols - right))[None, None])
+    if masks.q_lengths is not None:
+        out = both((q_pos[None, :, None] < masks.q_lengths[:, None, None])[:, None])
+    if masks.kv_lengths is not None:
+        out = both((k_pos[None, None, :] < masks.kv_lengths[:, None, None])[:, None])
+    if masks.q_segments is not None and masks.kv_segments is not None:
+        same = masks.q_segments[:, :, None] == masks.kv_segments[:, None, :]
+        out = both(same[:, None])
+    return out
+
+
+def segments_as_mask(masks: Masks) -> jax.Array | None:
+    """The user's mask and the segment ids as one boolean `[B|1, N|1, T, S]` mask, for
+    the libraries that take a mask but not segment ids (cuDNN, tokamax)."""
+    if masks.q_segments is None or masks.kv_segments is None:
+        return masks.mask
+    same = (masks.q_segments[:, :, None] == masks.kv_segments[:, None, :])[:, None]
+    return same if masks.mask is None else jnp.logical_and(masks.mask, same)

@@ -1,0 +1,194 @@
+"""`AttentionVariants`: attention with a bias, a mask, padding, a local window, a soft
+cap or packed documents, chosen per shape among memory-bounded backends.
+
+Plain attention (`api.Attention`) has a flash kernel of its own; a call with any of
+these features runs here instead, on one of:
+
+- "cudnn": cuDNN's fused attention through `jax.nn` (GPUs; no soft cap, a window open
+  to the left only);
+- "tokamax": tokamax's Mosaic GPU kernel (Hopper, where installed; every variant);
+- "chunked": XLA a block of queries at a time (every platform; memory grows with the
+  sequence);
+- "xla": XLA with the whole logits (exact, fastest where they are small).
+
+Segment ids go to the libraries as a mask. Every backend is differentiated by JAX, so
+one config serves the forward and a training step (tuned on forward + backward).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import jax.numpy as jnp
+import numpy as np
+
+from kerneltune._src.core import keys
+from kerneltune._src.kernel.backends import BackendKernel, Pruned
+from kerneltune._src.kernel.base import Invocation
+from kerneltune._src.tuning.inputs import random_like
+from kerneltune.kernels._common import next_power_of_2
+from kerneltune.kernels._config import BackendConfig
+from kerneltune.kernels.attention.chunked import ChunkedBackend, attention_chunked, key_band
+from kerneltune.kernels.attention.features import MaterialisingBackend
+from kerneltune.kernels.attention.jax_nn import CudnnVariantBackend
+from kerneltune.kernels.attention.masking import Masks
+from kerneltune.kernels.attention.tokamax_backend import TokamaxVariantBackend
+
+#: The float32 logits one block of queries of the chunked path may hold by default.
+BLOCK_LOGITS_BYTES = 1 << 28
+#: The whole logits the "xla" backend may hold on a GPU before it is left out.
+WHOLE_LOGITS_BYTES = 1 << 31
+#: Below this many bytes of logits the heuristic materialises them (CPUs).
+SMALL_LOGITS_BYTES = 1 << 26
+#: The query blocks tuning tries for the chunked path.
+BLOCK_Q_CANDIDATES = (128, 256, 512, 1024)
+#: Documents the tuning inputs pack a traced call's segment ids into (their count is
+#: data, not shape: tuning sees an even split).
+TUNING_DOCUMENTS = 4
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, repr=False)
+class VariantConfig(BackendConfig):
+    """How an attention variant runs.
+
+    Attributes:
+      backend: "cudnn", "tokamax", "chunked" or "xla" (see the module docstring).
+      block_q: ("chunked") queries per block; a power of two.
+
+    Example:
+      >>> VariantConfig(backend="chunked", block_q=256)
+      VariantConfig(backend='chunked', block_q=256)
+    """
+
+    backend: str = "chunked"
+    block_q: int | None = None
+
+    backend_fields: ClassVar[Mapping[str, Mapping[str, Any]]] = {
+        "cudnn": {},
+        "tokamax": {},
+        "chunked": {"block_q": 512},
+        "xla": {},
+    }
+
+    def check(self) -> None:
+        b = self.block_q
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b <= 0 or b & (b - 1)):
+            raise ValueError(f"VariantConfig.block_q must be a positive power of two, got {b!r}.")
+
+
+def _logits_bytes(inv: Invocation[Any, Any], rows: int | None = None) -> int:
+    """float32 logits of `rows` queries (all of them by default) against the keys."""
+    q, k = inv.args[0], inv.args[1]
+    b, t, n, _ = q.shape
+    return 4 * b * n * (t if rows is None else rows) * int(k.shape[1])
+
+
+def chunked_block_q(inv: Invocation[Any, Any], budget: int = BLOCK_LOGITS_BYTES) -> int:
+    """The largest block of queries (16 to 1024) whose logits fit `budget`."""
+    return chunked_block_q_for(inv.args[0], inv.args[1], inv.kwargs["window"], inv.kwargs["causal"], budget)
+
+
+class AttentionVariants(BackendKernel[VariantConfig]):
+    """Attention with any of bias, mask, sequence lengths, segment ids, a local window
+    and a soft cap: `(q, k, v, bias, masks)` with `masks` a `masking.Masks`, keyword
+    arguments `causal`, `sm_scale`, `window` (a `(left, right)` pair or None) and
+    `soft_cap`. The public `attention` function builds the call.
+    """
+
+    op_id = "attention_variants"
+    version = "1"
+    config_type = VariantConfig
+    tunes_training_apart = True
+    backends = (
+        CudnnVariantBackend(),
+        TokamaxVariantBackend(),
+        ChunkedBackend(),
+        MaterialisingBackend(),
+    )
+    fallback = "chunked"
+
+    def heuristic_cfg(self, inv: Invocation[Any, Any]) -> VariantConfig:
+        """tokamax for a soft cap, a mask or segment ids (it beats cuDNN on masks and is
+        the only library with a soft cap), else cuDNN, where they run; else XLA: whole
+        when the logits are small, a block of queries at a time when not."""
+        usable = {
+            name: self.backend_named(name).unusable(self, inv, None) is None
+            for name in ("cudnn", "tokamax")
+        }
+        _, _, _, _, masks = inv.args
+        masked = masks.mask is not None or masks.q_segments is not None
+        if usable["tokamax"] and (masked or inv.kwargs["soft_cap"] is not None):
+            return VariantConfig(backend="tokamax")
+        if usable["cudnn"]:
+            return VariantConfig(backend="cudnn")
+        if usable["tokamax"]:
+            return VariantConfig(backend="tokamax")
+        if _logits_bytes(inv) <= SMALL_LOGITS_BYTES:
+            return VariantConfig(backend="xla")
+        return VariantConfig(backend="chunked", block_q=chunked_block_q(inv))
+
+    def search_space(self, inv: Invocation[Any, Any]):
+        kept: list[VariantConfig] = [VariantConfig(backend="cudnn"), VariantConfig(backend="tokamax")]
+        pruned: list[Pruned[VariantConfig]] = []
+        whole = VariantConfig(backend="xla")
+        if _logits_bytes(inv) <= WHOLE_LOGITS_BYTES:
+            kept.append(whole)
+        else:
+            why = f"the whole logits would take {_logits_bytes(inv) / 2**30:.1f} GiB"
+            pruned.append(Pruned(whole, why))
+        for bq in BLOCK_Q_CANDIDATES:
+            c = VariantConfig(backend="chunked", block_q=bq)
+            if bq <= max(16, next_power_of_2(int(inv.args[0].shape[1]))) and (
+                _logits_bytes(inv, bq) <= 4 * BLOCK_LOGITS_BYTES
+            ):
+                kept.append(c)
+            else:
+                pruned.append(Pruned(c, "a block beyond the sequence or the memory budget"))
+        return kept, pruned
+
+    def interpret_candidates(self, inv: Invocation[Any, Any]) -> list[VariantConfig]:
+        return [VariantConfig(backend="xla"), VariantConfig(backend="chunked", block_q=16)]
+
+    def reference(self, q, k, v, bias, masks, *, causal, sm_scale, window, soft_cap):
+        """The variant's math a block of queries at a time (it fits where the call does)."""
+        return attention_chunked(
+            q, k, v, bias, masks, scale=sm_scale, causal=causal, window=window,
+            soft_cap=soft_cap, block_q=chunked_block_q_for(q, k, window, causal),
+        )  # fmt: skip
+
+    def tuning_inputs(self, inv: Invocation[Any, Any]):
+        """Random queries, keys, values and bias; a traced mask lets every logit take
+        part, traced lengths are full and traced segment ids split the sequence into
+        `TUNING_DOCUMENTS` even documents (their real count is data)."""
+        q, k, v, bias, masks = inv.args
+        seed = keys.seed_of(inv.call_key)
+        q, k, v, bias = random_like((q, k, v, bias), seed=seed)
+        b, t = q.shape[0], q.shape[1]
+        s = k.shape[1]
+
+        def even_documents(length: int) -> Any:
+            docs = np.arange(length) * TUNING_DOCUMENTS // max(length, 1)
+            return jnp.broadcast_to(jnp.asarray(docs, jnp.int32), (b, length))
+
+        masks = Masks(
+            mask=None if masks.mask is None else jnp.ones(masks.mask.shape, bool),
+            q_lengths=None if masks.q_lengths is None else jnp.full((b,), t, jnp.int32),
+            kv_lengths=None if masks.kv_lengths is None else jnp.full((b,), s, jnp.int32),
+            q_segments=None if masks.q_segments is None else even_documents(t),
+            kv_segments=None if masks.kv_segments is None else even_documents(s),
+        )
+        return (q, k, v, bias, masks), dict(inv.kwargs)
+
+
+def chunked_block_q_for(
+    q: Any, k: Any, window: Any, causal: bool, budget: int = BLOCK_LOGITS_BYTES
+) -> int:
+    """`chunked_block_q` for arrays rather than a call."""
+    b, t, n, _ = q.shape
+    bq = min(1024, next_power_of_2(int(t)))
+    while bq > 16 and 4 * b * n * bq * key_band(int(k.shape[1]), bq, window, causal) > budget:
+        bq //= 2
+    return bq
+
