@@ -154,7 +154,6 @@ class AttentionBackward(BackendKernel[BwdParams]):
     config_type = BwdParams
     backends = (TritonBackwardBackend(), XlaBackwardBackend())
 
-
     def prepare(
         self, q, k, v, out, lse, dout, *, causal: bool = False, sm_scale: float | None = None
     ):

@@ -74,7 +74,9 @@ class VariantConfig(BackendConfig):
 
     def check(self) -> None:
         b = self.block_q
-        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b <= 0 or b & (b - 1)):
+        if b is not None and (
+            isinstance(b, bool) or not isinstance(b, int) or b <= 0 or b & (b - 1)
+        ):
             raise ValueError(f"VariantConfig.block_q must be a positive power of two, got {b!r}.")
 
 
@@ -87,7 +89,9 @@ def _logits_bytes(inv: Invocation[Any, Any], rows: int | None = None) -> int:
 
 def chunked_block_q(inv: Invocation[Any, Any], budget: int = BLOCK_LOGITS_BYTES) -> int:
     """The largest block of queries (16 to 1024) whose logits fit `budget`."""
-    return chunked_block_q_for(inv.args[0], inv.args[1], inv.kwargs["window"], inv.kwargs["causal"], budget)
+    return chunked_block_q_for(
+        inv.args[0], inv.args[1], inv.kwargs["window"], inv.kwargs["causal"], budget
+    )
 
 
 class AttentionVariants(BackendKernel[VariantConfig]):
@@ -130,7 +134,10 @@ class AttentionVariants(BackendKernel[VariantConfig]):
         return VariantConfig(backend="chunked", block_q=chunked_block_q(inv))
 
     def search_space(self, inv: Invocation[Any, Any]):
-        kept: list[VariantConfig] = [VariantConfig(backend="cudnn"), VariantConfig(backend="tokamax")]
+        kept: list[VariantConfig] = [
+            VariantConfig(backend="cudnn"),
+            VariantConfig(backend="tokamax"),
+        ]
         pruned: list[Pruned[VariantConfig]] = []
         whole = VariantConfig(backend="xla")
         if _logits_bytes(inv) <= WHOLE_LOGITS_BYTES:
@@ -191,4 +198,3 @@ def chunked_block_q_for(
     while bq > 16 and 4 * b * n * bq * key_band(int(k.shape[1]), bq, window, causal) > budget:
         bq //= 2
     return bq
-
