@@ -1,0 +1,265 @@
+"""Attention variants (bias, mask, padding, window, soft cap, segment ids) through
+`AttentionVariants`: the chunked path against the whole-logits reference, segment ids
+against the equivalent mask in `jax.nn`, bad input, the memory the chunked path
+compiles to, and which backend a call gets."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kerneltune._src.kernel.base import Invocation
+from kerneltune.kernels import attention
+from kerneltune.kernels.attention.chunked import attention_chunked, key_band
+from kerneltune.kernels.attention.features import attention_features_xla
+from kerneltune.kernels.attention.masking import Masks
+from kerneltune.kernels.attention.variants import AttentionVariants, VariantConfig
+from tests.helpers import close, heuristics_executor, rand
+
+EX = heuristics_executor()
+B, T, S, N, K, H = 2, 40, 48, 4, 2, 8
+
+
+def _qkv(seed=0, t=T, s=S):
+    return (
+        rand((B, t, N, H), seed=seed),
+        rand((B, s, K, H), seed=seed + 1),
+        rand((B, s, K, H), seed=seed + 2),
+    )
+
+
+def _documents(lengths, total):
+    ids = np.repeat(np.arange(len(lengths)), lengths)
+    assert ids.size == total
+    return ids
+
+
+Q_DOCS = jnp.asarray(np.stack([_documents([20, 20], T), _documents([10, 30], T)]))
+KV_DOCS = jnp.asarray(np.stack([_documents([24, 24], S), _documents([12, 36], S)]))
+
+VARIANTS = {
+    "window": dict(causal=False, window=(5, 3), soft_cap=None, parts=()),
+    "causal+window+segments": dict(causal=True, window=(6, 0), soft_cap=None, parts=("segments",)),
+    "soft_cap+bias+lengths": dict(
+        causal=True, window=None, soft_cap=10.0, parts=("bias", "lengths")
+    ),
+    "mask+segments+window": dict(
+        causal=False, window=(4, 4), soft_cap=5.0, parts=("mask", "segments")
+    ),
+    "everything": dict(
+        causal=True, window=(7, 2), soft_cap=3.0, parts=("bias", "mask", "lengths", "segments")
+    ),
+}
+
+
+def _call_parts(parts):
+    bias = rand((1, N, T, S), seed=7) if "bias" in parts else None
+    masks = Masks(
+        mask=jax.random.bernoulli(jax.random.key(3), 0.8, (B, 1, T, S))
+        if "mask" in parts
+        else None,
+        q_lengths=jnp.array([30, 40], jnp.int32) if "lengths" in parts else None,
+        kv_lengths=jnp.array([48, 20], jnp.int32) if "lengths" in parts else None,
+        q_segments=Q_DOCS if "segments" in parts else None,
+        kv_segments=KV_DOCS if "segments" in parts else None,
+    )
+    return bias, masks
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+@pytest.mark.parametrize("block_q", [8])
+def test_the_chunked_path_matches_the_whole_logits_in_values_and_gradients(name, block_q):
+    v_ = VARIANTS[name]
+    bias, masks = _call_parts(v_["parts"])
+    q, k, v = _qkv()
+    kw = dict(causal=v_["causal"], window=v_["window"], soft_cap=v_["soft_cap"])
+
+    def chunked(q, k, v, bias):
+        return attention_chunked(q, k, v, bias, masks, scale=0.3, block_q=block_q, **kw)
+
+    def whole(q, k, v, bias):
+        return attention_features_xla(
+            q, k, v, bias, masks, scale=0.3, is_causal=kw["causal"],
+            local_window_size=kw["window"], logits_soft_cap=kw["soft_cap"],
+        )  # fmt: skip
+
+    close(jax.jit(chunked)(q, k, v, bias), whole(q, k, v, bias), tol=1e-5)
+    argnums = (0, 1, 2, 3) if bias is not None else (0, 1, 2)
+    w = rand((B, T, N, H), seed=11)
+    grads = [
+        jax.grad(lambda *a, f=f: (f(*a) * w).sum(), argnums)(q, k, v, bias)
+        for f in (chunked, whole)
+    ]
+    for got, want in zip(*grads):
+        close(got, want, tol=1e-4)
+
+
+def test_a_window_band_holds_only_the_keys_a_block_can_see():
+    assert key_band(4096, 128, None, True) == 4096
+    assert key_band(4096, 128, (256, 64), False) == 128 + 256 + 64
+    assert key_band(4096, 128, (256, 64), True) == 128 + 256  # causal: nothing to the right
+    assert key_band(300, 128, (256, 64), False) == 300
+
+
+def _dense_segment_mask(q_ids, kv_ids):
+    return (q_ids[:, :, None] == kv_ids[:, None, :])[:, None]
+
+
+@pytest.mark.parametrize(
+    "causal,window,cap", [(True, None, None), (False, (6, 3), None), (True, None, 20.0)]
+)
+def test_segment_ids_equal_jax_nn_with_the_equivalent_mask(causal, window, cap):
+    q, k, v = _qkv(seed=20, s=T)
+    ids = Q_DOCS
+    kwargs = dict(is_causal=causal, local_window_size=window)
+
+    def ours(q, k, v):
+        return attention(q, k, v, query_segment_ids=ids, kv_segment_ids=ids,
+                         logits_soft_cap=cap, executor=EX, **kwargs)  # fmt: skip
+
+    def theirs(q, k, v):
+        mask = _dense_segment_mask(ids, ids)
+        if cap is None:
+            return jax.nn.dot_product_attention(q, k, v, mask=mask, **kwargs)
+        return attention_features_xla(
+            q, k, v, None, Masks(mask=mask), scale=1 / np.sqrt(H), is_causal=causal,
+            local_window_size=window, logits_soft_cap=cap,
+        )  # fmt: skip
+
+    close(jax.jit(ours)(q, k, v), theirs(q, k, v), tol=1e-5)
+    w = rand(q.shape, seed=5)
+    got = jax.grad(lambda *a: (ours(*a) * w).sum(), (0, 1, 2))(q, k, v)
+    want = jax.grad(lambda *a: (theirs(*a) * w).sum(), (0, 1, 2))(q, k, v)
+    for g, e in zip(got, want):
+        close(g, e, tol=1e-4)
+
+
+def test_unbatched_segment_ids_and_vmap_over_the_batch():
+    q, k, v = _qkv(seed=30, s=T)
+    ids = Q_DOCS
+
+    def one(q, k, v, ids):
+        return attention(
+            q, k, v, is_causal=True, query_segment_ids=ids, kv_segment_ids=ids, executor=EX
+        )
+
+    batched = one(q, k, v, ids)
+    close(jax.vmap(one)(q, k, v, ids), batched, tol=1e-5)
+    close(one(q[1], k[1], v[1], ids[1]), batched[1], tol=1e-5)
+
+
+def test_a_window_wider_than_the_sequence_is_no_window_as_in_jax_nn():
+    q, k, v = _qkv(seed=40, s=T)
+    got = attention(q, k, v, local_window_size=(10 * T, 10 * T), executor=EX)
+    close(got, jax.nn.dot_product_attention(q, k, v), tol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        (dict(query_segment_ids=Q_DOCS), ValueError, "both query_segment_ids and kv_segment_ids"),
+        (dict(query_segment_ids=Q_DOCS[:, :10], kv_segment_ids=KV_DOCS), ValueError,
+         r"query_segment_ids must be an integer array of shape \(2, 40\), got int32\[2, 10\]"),
+        (dict(query_segment_ids=Q_DOCS, kv_segment_ids=KV_DOCS.astype(jnp.float32)), ValueError,
+         r"kv_segment_ids must be an integer array of shape \(2, 48\), got float32"),
+        (dict(logits_soft_cap=0.0), ValueError, "logits_soft_cap must be a positive number"),
+        (dict(logits_soft_cap=-3), ValueError, "logits_soft_cap must be a positive number"),
+        (dict(logits_soft_cap=True), ValueError, "logits_soft_cap must be a positive number"),
+        (dict(local_window_size=(-1, 2)), ValueError, "local_window_size must be a non-negative"),
+    ],
+)  # fmt: skip
+def test_bad_variant_arguments_are_named(kwargs, error, match):
+    q, k, v = _qkv()
+    with pytest.raises(error, match=match):
+        attention(q, k, v, executor=EX, **kwargs)
+
+
+def _temp_bytes(fn, *shapes):
+    compiled = jax.jit(fn).lower(*shapes).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
+
+
+def test_the_chunked_path_compiles_to_under_a_quarter_of_the_whole_logits_memory():
+    """T 8192: the whole float32 logits are 2 heads × 8192² × 4 B = 512 MiB; a block of
+    512 queries holds 32 MiB of them (forward and a training step)."""
+    t, n, h = 8192, 2, 16
+    q = jax.ShapeDtypeStruct((1, t, n, h), jnp.float32)
+    masks = Masks(q_lengths=jnp.array([t - 100], jnp.int32))
+
+    def whole(q, k, v):
+        return attention_features_xla(q, k, v, None, masks, scale=0.25, is_causal=True,
+                                      local_window_size=None, logits_soft_cap=30.0)  # fmt: skip
+
+    def chunked(q, k, v):
+        return attention_chunked(q, k, v, None, masks, scale=0.25, causal=True, window=None,
+                                 soft_cap=30.0, block_q=512)  # fmt: skip
+
+    for make in (lambda f: f, lambda f: jax.grad(lambda *a: f(*a).sum(), (0, 1, 2))):
+        assert _temp_bytes(make(chunked), q, q, q) < _temp_bytes(make(whole), q, q, q) / 4
+
+
+def _inv(t, s, *, soft_cap=None, parts=(), window=None, dtype=jnp.float32, n=N):
+    q = jax.ShapeDtypeStruct((1, t, n, 128), dtype)
+    k = jax.ShapeDtypeStruct((1, s, 2, 128), dtype)
+    masks = Masks(
+        mask=jax.ShapeDtypeStruct((1, 1, t, s), bool) if "mask" in parts else None,
+        q_segments=jax.ShapeDtypeStruct((1, t), jnp.int32) if "segments" in parts else None,
+        kv_segments=jax.ShapeDtypeStruct((1, s), jnp.int32) if "segments" in parts else None,
+        q_lengths=jax.ShapeDtypeStruct((1,), jnp.int32) if "lengths" in parts else None,
+    )
+    kwargs = dict(causal=True, sm_scale=0.1, window=window, soft_cap=soft_cap)
+    return Invocation(op_id="attention_variants", args=(q, k, k, None, masks), kwargs=kwargs)
+
+
+def test_on_a_cpu_small_calls_take_the_whole_logits_and_long_ones_the_chunked_path():
+    kernel = AttentionVariants()
+    assert kernel.heuristic_cfg(_inv(256, 256)) == VariantConfig(backend="xla")
+    long = kernel.heuristic_cfg(_inv(16384, 16384, soft_cap=50.0))
+    assert long.backend == "chunked"
+    assert 4 * N * long.block_q * 16384 <= 1 << 28  # one block's logits within budget
+
+
+def test_on_a_gpu_the_libraries_are_chosen_for_what_they_take(monkeypatch):
+    from kerneltune.kernels.attention import jax_nn, tokamax_backend
+
+    monkeypatch.setattr(jax_nn, "on_gpu", lambda: True)
+    monkeypatch.setattr(tokamax_backend, "unsupported", lambda dtype, head_dim: None)
+    kernel = AttentionVariants()
+    bf16 = jnp.bfloat16
+    assert kernel.heuristic_cfg(_inv(4096, 4096, window=(512, 0), dtype=bf16)).backend == "cudnn"
+    assert kernel.heuristic_cfg(_inv(4096, 4096, soft_cap=50.0, dtype=bf16)).backend == "tokamax"
+    assert (
+        kernel.heuristic_cfg(_inv(4096, 4096, parts=("segments",), dtype=bf16)).backend == "tokamax"
+    )
+    cudnn = kernel.backend_named("cudnn")
+    why = cudnn.unusable(kernel, _inv(64, 64, soft_cap=5.0, dtype=bf16), None)
+    assert why == "cuDNN's attention has no logits soft cap"
+    why = cudnn.unusable(kernel, _inv(64, 64, window=(4, 4), dtype=bf16), None)
+    assert why is None  # causal: the right reach is moot
+    monkeypatch.setattr(tokamax_backend, "unsupported", lambda dtype, head_dim: "not installed")
+    assert kernel.heuristic_cfg(_inv(4096, 4096, soft_cap=50.0, dtype=bf16)).backend == "chunked"
+
+
+def test_the_search_space_leaves_out_whole_logits_too_large_with_the_reason():
+    kept, pruned = AttentionVariants().search_space(_inv(32768, 32768, n=16))
+    assert VariantConfig(backend="xla") not in kept
+    assert any(p.cfg.backend == "xla" and "GiB" in p.reason for p in pruned)
+    assert {c.backend for c in kept} == {"cudnn", "tokamax", "chunked"}
+
+
+def test_traced_calls_are_tuned_on_even_documents_and_full_lengths():
+    inv = _inv(64, 48, parts=("segments", "lengths", "mask"))
+    (q, _, _, _, masks), _ = AttentionVariants().tuning_inputs(inv)
+    assert isinstance(q, jax.Array) and q.shape == (1, 64, N, 128)
+    assert np.asarray(masks.q_segments)[0].tolist() == [i * 4 // 64 for i in range(64)]
+    assert np.asarray(masks.kv_segments).max() == 3
+    assert np.asarray(masks.q_lengths).tolist() == [64]
+    assert bool(np.asarray(masks.mask).all())
+
+
+def test_a_variant_config_names_its_fields():
+    assert VariantConfig(backend="chunked").block_q == 512
+    with pytest.raises(ValueError, match="block_q must be a positive power of two, got 100"):
+        VariantConfig(backend="chunked", block_q=100)
+    with pytest.raises(ValueError, match="block_q is a field of backend='chunked'"):
+        VariantConfig(backend="cudnn", block_q=128)
