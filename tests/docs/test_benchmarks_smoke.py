@@ -340,3 +340,22 @@ def test_labelled_plain_ops_are_plain_jaxs_values_with_kerneltunes_labels():
     assert {"plain.matmul", "plain.layer_norm", "plain.attention"} <= set(labels)
     for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(plain), strict=True):
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=1e-6)
+
+
+@pytest.mark.timeout(600)
+def test_attention_variants_smoke_run_times_kerneltune_and_the_peers_that_run(tmp_path, capsys):
+    from benchmarks import attention_variants_gpu
+
+    out = tmp_path / "variants.json"
+    with standard_promotion():
+        rows = attention_variants_gpu.main(["--smoke", "--json", str(out)])
+    assert [(r["variant"], r["pass"]) for r in rows] == [
+        ("causal", "fwd"), ("causal", "fwd+bwd"), ("docs4", "fwd"), ("docs4", "fwd+bwd")
+    ]  # fmt: skip
+    for r in rows:
+        ours = r["kerneltune"]
+        assert ours["status"] == "ok" and ours["ms"] > 0 and ours["first_s"] > 0
+        assert r["xla"]["status"] == "ok"
+        assert r["cudnn"]["status"] == "failed"  # no cuDNN on a CPU
+    assert json.loads(out.read_text())[0]["shape"] == "B1 T256 N16/4"
+    assert "| B1 T256 N16/4 | docs4 | fwd+bwd |" in capsys.readouterr().out

@@ -1,0 +1,212 @@
+"""Attention variants at long context: kerneltune against cuDNN, XLA and tokamax.
+
+    python -m benchmarks.attention_variants_gpu [--lengths 8192,16384] [--variants causal,docs4]
+        [--passes fwd,fwd+bwd] [--heads 16/4] [--batch 1] [--json OUT.json] [--smoke]
+
+Each row is one variant of grouped-query attention (head dim 128, bf16) at one length:
+
+- causal: plain causal attention;
+- softcap: causal with a logits soft cap of 50 (Gemma 2);
+- window: causal with a local window of 4096 keys to the left;
+- padded: causal, every sequence valid to 70% of T (`query_seq_lengths`,
+  `key_value_seq_lengths`);
+- bias: causal with a `[1, N, T, T]` bf16 bias;
+- docs2, docs4, docs16: T packed into 2, 4 or 16 equal documents, causal inside each.
+  The peers get the equivalent dense `[B, 1, T, T]` boolean mask (they take no
+  segment ids); kerneltune gets `query_segment_ids` / `kv_segment_ids`.
+
+Columns: each implementation's median device time (CUPTI on a GPU), "oom" or "n/a"
+where it cannot run the call; `peer` is the best of cuDNN and tokamax (cuDNN alone
+where tokamax is not installed) and `x peer` kerneltune's speed over it (>1: faster).
+`first s` is kerneltune's first call (tuning included, default policy) and the best
+peer's; `GiB` is the compiled program's memory (arguments, outputs and temporaries,
+`memory_analysis`) of kerneltune's chosen program and of the best peer's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import statistics
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks import harness as h
+from kerneltune.kernels import attention
+
+VARIANTS = ("causal", "softcap", "window", "padded", "bias", "docs2", "docs4", "docs16")
+PEERS = ("xla", "cudnn", "tokamax")
+WINDOW = 4096
+SOFT_CAP = 50.0
+
+
+def _tokamax() -> Any:
+    try:
+        return importlib.import_module("tokamax")
+    except ImportError:
+        return None
+
+
+def call_parts(variant: str, b: int, t: int, n: int) -> dict[str, Any]:
+    """The arrays and options of `variant`, in `jax.nn`'s terms plus `docs` (the
+    segment ids) where the variant packs documents."""
+    parts: dict[str, Any] = {"is_causal": True}
+    if variant == "softcap":
+        parts["logits_soft_cap"] = SOFT_CAP
+    elif variant == "window":
+        parts["local_window_size"] = (min(WINDOW, t), 0)
+    elif variant == "padded":
+        valid = jnp.full((b,), int(0.7 * t), jnp.int32)
+        parts["query_seq_lengths"] = parts["key_value_seq_lengths"] = valid
+    elif variant == "bias":
+        parts["bias"] = h.normal(99, (1, n, t, t))
+    elif variant.startswith("docs"):
+        count = int(variant[4:])
+        parts["docs"] = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32) * count // t, (b, t))
+    return parts
+
+
+def implementations(parts: dict[str, Any]) -> dict[str, Callable[..., Any] | None]:
+    """`fn(q, k, v)` per implementation, None where it does not take the variant."""
+    kw = {k: v for k, v in parts.items() if k not in ("docs", "logits_soft_cap")}
+    docs = parts.get("docs")
+    if docs is not None:
+        kw["mask"] = (docs[:, :, None] == docs[:, None, :])[:, None]
+    cap = parts.get("logits_soft_cap")
+    out: dict[str, Callable[..., Any] | None] = {}
+    for name in ("xla", "cudnn"):
+        out[name] = (
+            None
+            if cap is not None
+            else lambda q, k, v, name=name: jax.nn.dot_product_attention(
+                q, k, v, implementation=name, **kw
+            )
+        )
+    tokamax = _tokamax()
+    out["tokamax"] = (
+        None
+        if tokamax is None
+        else lambda q, k, v: tokamax.dot_product_attention(q, k, v, logits_soft_cap=cap, **kw)
+    )
+    ours = {k: v for k, v in parts.items() if k != "docs"}
+    if docs is not None:
+        ours.update(query_segment_ids=docs, kv_segment_ids=docs)
+    out["kerneltune"] = lambda q, k, v: attention(q, k, v, **ours)
+    return out
+
+
+def training(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The gradient of a sum of the output with respect to q, k and v."""
+    return jax.grad(lambda q, k, v: fn(q, k, v).astype(jnp.float32).sum(), (0, 1, 2))
+
+
+def program_gib(fn: Callable[..., Any], args: Sequence[Any]) -> float:
+    m = jax.jit(fn).lower(*args).compile().memory_analysis()
+    total = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+    return total / 2**30
+
+
+def measure(fn: Callable[..., Any] | None, sets: list[Any]) -> dict[str, Any]:
+    """First call wall, median device time and program memory, or why it failed."""
+    if fn is None:
+        return {"status": "n/a"}
+    jitted = jax.jit(fn)
+    try:
+        first = h.timed_first_call(jitted, sets[0])
+        gib = program_gib(fn, sets[0])
+        ms = h.device_time(jitted, sets) * 1e3
+    except Exception as e:  # out of memory, or a shape the library refuses
+        text = h.error_text(e)
+        oom = "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
+        return {"status": "oom" if oom else "failed", "error": text}
+    return {"status": "ok", "ms": ms, "first_s": first, "gib": gib}
+
+
+def row(b: int, t: int, n: int, kv: int, variant: str, pass_: str) -> dict[str, Any]:
+    d = 128
+    parts = call_parts(variant, b, t, n)
+    sets = h.arg_sets(
+        lambda seed: (
+            h.normal(3 * seed, (b, t, n, d)),
+            h.normal(3 * seed + 1, (b, t, kv, d)),
+            h.normal(3 * seed + 2, (b, t, kv, d)),
+        )
+    )
+    results = {}
+    for name, fn in implementations(parts).items():
+        fn = fn if fn is None or pass_ == "fwd" else training(fn)
+        results[name] = measure(fn, sets)
+        jax.clear_caches()
+    return {"shape": f"B{b} T{t} N{n}/{kv}", "variant": variant, "pass": pass_, **results}
+
+
+def best_peer(r: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    ran = [(p, r[p]) for p in ("cudnn", "tokamax") if r[p]["status"] == "ok"]
+    return min(ran, key=lambda pr: pr[1]["ms"]) if ran else None
+
+
+def cell(m: dict[str, Any]) -> str:
+    return f"{m['ms']:.2f}" if m["status"] == "ok" else m["status"]
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = "| shape | variant | pass | xla ms | cuDNN ms | tokamax ms | kerneltune ms | x peer | first s (kt / peer) | GiB (kt / peer) |"
+    lines = [head, "|" + "---|" * 10]
+    for r in rows:
+        peer = best_peer(r)
+        ours = r["kerneltune"]
+        ratio = first = gib = "-"
+        if peer is not None and ours["status"] == "ok":
+            ratio = f"{peer[1]['ms'] / ours['ms']:.2f}x"
+            first = f"{ours['first_s']:.1f} / {peer[1]['first_s']:.1f}"
+            gib = f"{ours['gib']:.2f} / {peer[1]['gib']:.2f}"
+        elif ours["status"] == "ok":
+            first, gib = f"{ours['first_s']:.1f} / -", f"{ours['gib']:.2f} / -"
+        cells = [r["shape"], r["variant"], r["pass"], *(cell(r[p]) for p in (*PEERS, "kerneltune"))]
+        lines.append("| " + " | ".join([*cells, ratio, first, gib]) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--lengths", default="8192,16384,32768")
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--passes", default="fwd,fwd+bwd")
+    p.add_argument("--heads", default="16/4", help="query/kv heads, comma-separated pairs")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--json")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes (any device)")
+    a = p.parse_args(argv)
+    lengths = [256] if a.smoke else [int(x) for x in a.lengths.split(",")]
+    heads = [tuple(int(x) for x in pair.split("/")) for pair in a.heads.split(",")]
+    variants = ["causal", "docs4"] if a.smoke else a.variants.split(",")
+    rows = []
+    for t in lengths:
+        for n, kv in heads:
+            for variant in variants:
+                for pass_ in a.passes.split(","):
+                    r = row(a.batch, t, n, kv, variant, pass_)
+                    rows.append(r)
+                    print(table([r]).splitlines()[-1], flush=True)
+    print()
+    print(table(rows))
+    wins = [r for r in rows if best_peer(r) and r["kerneltune"]["status"] == "ok"]
+    if wins:
+        ratios = [best_peer(r)[1]["ms"] / r["kerneltune"]["ms"] for r in wins]  # type: ignore[index]
+        print(f"\nkerneltune / best peer: median {statistics.median(ratios):.2f}x, "
+              f"min {min(ratios):.2f}x over {len(ratios)} rows")  # fmt: skip
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1, default=lambda x: np.asarray(x).tolist())
+    return rows
+
+
+if __name__ == "__main__":
+    main()

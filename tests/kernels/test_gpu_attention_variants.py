@@ -1,0 +1,110 @@
+"""On a GPU: every attention variant through each backend of `AttentionVariants`
+(cuDNN, tokamax where installed, chunked XLA, whole-logits XLA) against the
+whole-logits reference in float32, values and gradients. Skipped without a GPU."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kerneltune.kernels import attention
+from kerneltune.kernels.attention import tokamax_backend
+from kerneltune.kernels.attention.features import attention_features_xla
+from kerneltune.kernels.attention.masking import Masks
+from kerneltune.kernels.attention.variants import VariantConfig
+from tests.helpers import close, rand
+
+pytestmark = pytest.mark.gpu
+
+B, T, N, K, H = 2, 512, 8, 2, 128
+DOCS = jnp.asarray(np.stack([np.arange(T) * 4 // T, np.arange(T) * 3 // T]), jnp.int32)
+LENGTHS = jnp.array([T * 7 // 10, T], jnp.int32)
+
+#: variant: (public keyword arguments, the reference's keyword arguments)
+VARIANTS = {
+    "softcap": dict(is_causal=True, logits_soft_cap=30.0),
+    "window": dict(is_causal=True, local_window_size=(128, 0)),
+    "padded": dict(is_causal=True, query_seq_lengths=LENGTHS, key_value_seq_lengths=LENGTHS),
+    "bias": dict(is_causal=True, bias="bias"),
+    "docs": dict(is_causal=True, query_segment_ids=DOCS, kv_segment_ids=DOCS),
+    "mask": dict(is_causal=False, mask="mask"),
+}
+#: The variants each library takes (the chunked and whole paths take all).
+TAKES = {
+    "cudnn": {"window", "padded", "bias", "docs", "mask"},
+    "tokamax": set(VARIANTS),
+    "chunked": set(VARIANTS),
+    "xla": set(VARIANTS),
+}
+
+
+def _arrays():
+    q = rand((B, T, N, H), seed=1).astype(jnp.bfloat16)
+    k = rand((B, T, K, H), seed=2).astype(jnp.bfloat16)
+    v = rand((B, T, K, H), seed=3).astype(jnp.bfloat16)
+    bias = rand((1, N, T, T), seed=4).astype(jnp.bfloat16)
+    mask = jax.random.bernoulli(jax.random.key(5), 0.7, (B, 1, T, T))
+    return q, k, v, bias, mask
+
+
+def _reference(q, k, v, bias, mask, kw):
+    masks = Masks(
+        mask=mask if kw.get("mask") else None,
+        q_lengths=kw.get("query_seq_lengths"),
+        kv_lengths=kw.get("key_value_seq_lengths"),
+        q_segments=kw.get("query_segment_ids"),
+        kv_segments=kw.get("kv_segment_ids"),
+    )
+    f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+    with jax.default_matmul_precision("highest"):
+        return attention_features_xla(
+            *f32, bias.astype(jnp.float32) if kw.get("bias") else None, masks,
+            scale=1 / np.sqrt(H), is_causal=kw["is_causal"],
+            local_window_size=kw.get("local_window_size"),
+            logits_soft_cap=kw.get("logits_soft_cap"),
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", list(TAKES))
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_every_variant_through_every_backend_matches_the_reference(backend, variant):
+    if variant not in TAKES[backend]:
+        pytest.skip(f"{backend} does not take {variant}")
+    if backend == "tokamax" and tokamax_backend.unsupported(np.dtype(jnp.bfloat16), H):
+        pytest.skip(tokamax_backend.unsupported(np.dtype(jnp.bfloat16), H))
+    q, k, v, bias, mask = _arrays()
+    kw = dict(VARIANTS[variant])
+    call_kw = {
+        **kw,
+        "bias": bias if kw.get("bias") else None,
+        "mask": mask if kw.get("mask") else None,
+    }
+    cfg = VariantConfig(backend=backend)
+
+    def ours(q, k, v):
+        return attention(q, k, v, cfg=cfg, **call_kw)
+
+    def ref(q, k, v):
+        return _reference(q, k, v, bias, mask, kw)
+
+    close(jax.jit(ours)(q, k, v), ref(q, k, v), tol=3e-2)
+    w = rand((B, T, N, H), seed=9)
+    got = jax.grad(lambda *a: (ours(*a).astype(jnp.float32) * w).sum(), (0, 1, 2))(q, k, v)
+    want = jax.grad(lambda *a: (ref(*a) * w).sum(), (0, 1, 2))(q, k, v)
+    for g, e in zip(got, want):
+        close(g, e, tol=5e-2)
+
+
+def test_a_long_soft_capped_call_runs_without_the_whole_logits():
+    """T 16384 with a soft cap: the whole float32 logits would be 16 GiB; the chosen
+    program (tokamax, or the chunked path without it) holds far less."""
+    t = 16384
+    q = jax.ShapeDtypeStruct((1, t, 16, H), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((1, t, 4, H), jnp.bfloat16)
+
+    def step(q, k, v):
+        return attention(q, k, v, is_causal=True, logits_soft_cap=50.0).astype(jnp.float32).sum()
+
+    arrays = [rand(s.shape, seed=i).astype(s.dtype) for i, s in enumerate((q, kv, kv))]
+    compiled = jax.jit(jax.grad(step, (0, 1, 2))).lower(*arrays).compile()
+    assert compiled.memory_analysis().temp_size_in_bytes < 4 * 2**30
