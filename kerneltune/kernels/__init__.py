@@ -14,6 +14,8 @@ from kerneltune.kernels.attention import Attention as Attention
 from kerneltune.kernels.attention import AttentionBackward as AttentionBackward
 from kerneltune.kernels.attention import AttentionBackwardInterpret as AttentionBackwardInterpret
 from kerneltune.kernels.attention import AttentionInterpret as AttentionInterpret
+from kerneltune.kernels.attention import AttentionVariants as AttentionVariants
+from kerneltune.kernels.attention import VariantConfig as VariantConfig
 from kerneltune.kernels.attention import attention as attention
 from kerneltune.kernels.cross_entropy import CrossEntropyConfig as CrossEntropyConfig
 from kerneltune.kernels.cross_entropy import LinearSoftmaxCrossEntropy as LinearSoftmaxCrossEntropy
@@ -58,6 +60,7 @@ __all__ = [
     "AttentionBackward",
     "AttentionBackwardInterpret",
     "AttentionInterpret",
+    "AttentionVariants",
     "BwdParams",
     "CrossEntropyConfig",
     "FwdParams",
@@ -84,6 +87,7 @@ __all__ = [
     "Softmax",
     "SoftmaxConfig",
     "SoftmaxInterpret",
+    "VariantConfig",
     "attention",
     "gated_linear_unit",
     "layer_norm",

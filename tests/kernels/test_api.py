@@ -13,6 +13,7 @@ KERNELS = [
     kernels.Matmul,
     kernels.Attention,
     kernels.AttentionBackward,
+    kernels.AttentionVariants,
     kernels.LayerNorm,
     kernels.RMSNorm,
     kernels.Softmax,

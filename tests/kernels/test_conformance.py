@@ -28,6 +28,7 @@ from kerneltune import kernels
 from kerneltune._src.kernel.backends import BackendKernel
 from kerneltune._src.kernel.base import make_invocation
 from kerneltune.kernels._common import on_gpu, relative_error
+from kerneltune.kernels.attention.masking import Masks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +73,19 @@ def _sm(key, dt):
 def _att(key, dt):
     a, b, c = jax.random.split(key, 3)
     # Grouped-query: 4 query heads share 2 key/value heads.
-    return normal(a, (1, 64, 4, 64), dt), normal(b, (1, 64, 2, 64), dt), normal(c, (1, 64, 2, 64), dt)
+    return (
+        normal(a, (1, 64, 4, 64), dt),
+        normal(b, (1, 64, 2, 64), dt),
+        normal(c, (1, 64, 2, 64), dt),
+    )
+
+
+def _att_variant(key, dt):
+    q, k, v = _att(key, dt)
+    bias = 0.5 * normal(jax.random.fold_in(key, 1), (1, 4, 64, 64), dt)
+    docs = jnp.repeat(jnp.arange(4, dtype=jnp.int32), 16)[None]
+    masks = Masks(q_lengths=jnp.array([56], jnp.int32), q_segments=docs, kv_segments=docs)
+    return q, k, v, bias, masks
 
 
 def _rd(key, dt):
@@ -95,11 +108,18 @@ def _glu(key, dt):
     return normal(a, (32, 64), dt), 0.2 * normal(b, (64, 2, 32), dt)
 
 
-#: The eight public ops (attention's and ragged_dot's backward kernels run under their
-#: gradients).
+#: The eight public ops, attention twice: plain and its variants (bias, padding, segment
+#: ids, a window and a soft cap at once); attention's and ragged_dot's backward kernels
+#: run under their gradients.
 OPS = {
     "matmul": Op(kernels.Matmul, _mm, wrt=(0, 1)),
     "attention": Op(kernels.Attention, _att, {"causal": True}, wrt=(0, 1, 2)),
+    "attention_variants": Op(
+        kernels.AttentionVariants,
+        _att_variant,
+        {"causal": True, "sm_scale": 0.125, "window": (24, 0), "soft_cap": 5.0},
+        wrt=(0, 1, 2, 3),
+    ),
     "layer_norm": Op(kernels.LayerNorm, _ln, wrt=(0, 1, 2)),
     "rms_norm": Op(kernels.RMSNorm, _rms, wrt=(0, 1)),
     "softmax": Op(kernels.Softmax, _sm),
@@ -169,20 +189,22 @@ def setup(op: str, backend: str, monkeypatch: pytest.MonkeyPatch):
 
     def reference(*a):
         prepared, kw = kernel.prepare(*a, **case.kwargs)
-        upcast = [x.astype(jnp.float32) if x.dtype == DTYPE else x for x in prepared]
+        upcast = [
+            x.astype(jnp.float32) if getattr(x, "dtype", None) == DTYPE else x for x in prepared
+        ]
         return kernel.reference(*upcast, **kw)
 
     return case, args, ours, reference, promotion
 
 
 def test_every_op_declares_backends_the_suite_runs():
-    assert len(OPS) == 8
+    assert len(OPS) == 9
     for op, case in OPS.items():
         names = [b.name for b in case.kernel.backends]
         assert "xla" in names or case.kernel.fallback in names, op
         assert case.kernel.fallback in names, op
-    # 25 (op, backend) pairs today: a new backend joins the suite by being declared.
-    assert len(PAIRS) >= 25
+    # 29 (op, backend) pairs today: a new backend joins the suite by being declared.
+    assert len(PAIRS) >= 29
 
 
 @pytest.mark.parametrize(("op", "backend"), PAIRS, ids=[f"{o}-{b}" for o, b in PAIRS])
@@ -228,7 +250,9 @@ def chosen(op: str, interpret: bool):
 
     def reference(*a):
         prepared, kw = kernel.prepare(*a, **case.kwargs)
-        upcast = [x.astype(jnp.float32) if x.dtype == DTYPE else x for x in prepared]
+        upcast = [
+            x.astype(jnp.float32) if getattr(x, "dtype", None) == DTYPE else x for x in prepared
+        ]
         return kernel.reference(*upcast, **kw)
 
     return ex, kernel, case, args, ours, reference

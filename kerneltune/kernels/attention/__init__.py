@@ -1,5 +1,6 @@
-"""JAX's Pallas GPU attention made tunable: forward and backward configs tuned
-separately (`FwdParams`, `BwdParams`), XLA on CPUs."""
+"""Attention made tunable: plain attention (`Attention`, forward and backward configs
+tuned separately, `FwdParams`, `BwdParams`) and its variants (`AttentionVariants`:
+bias, mask, padding, window, soft cap, segment ids; `VariantConfig`)."""
 
 from kerneltune.kernels.attention.api import Attention as Attention
 from kerneltune.kernels.attention.api import AttentionBackward as AttentionBackward
@@ -8,3 +9,5 @@ from kerneltune.kernels.attention.api import (
 )
 from kerneltune.kernels.attention.api import AttentionInterpret as AttentionInterpret
 from kerneltune.kernels.attention.api import attention as attention
+from kerneltune.kernels.attention.variants import AttentionVariants as AttentionVariants
+from kerneltune.kernels.attention.variants import VariantConfig as VariantConfig
