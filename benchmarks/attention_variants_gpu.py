@@ -52,57 +52,73 @@ def _tokamax() -> Any:
         return None
 
 
-def call_parts(variant: str, b: int, t: int, n: int) -> dict[str, Any]:
-    """The arrays and options of `variant`, in `jax.nn`'s terms plus `docs` (the
-    segment ids) where the variant packs documents."""
-    parts: dict[str, Any] = {"is_causal": True}
+def call_parts(variant: str, b: int, t: int, n: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The static options and the arrays of `variant`, in `jax.nn`'s terms plus `docs`
+    (the segment ids) where the variant packs documents. The arrays are arguments of
+    the timed programs, never constants captured in them."""
+    static: dict[str, Any] = {"is_causal": True}
+    arrays: dict[str, Any] = {}
     if variant == "softcap":
-        parts["logits_soft_cap"] = SOFT_CAP
+        static["logits_soft_cap"] = SOFT_CAP
     elif variant == "window":
-        parts["local_window_size"] = (min(WINDOW, t), 0)
+        static["local_window_size"] = (min(WINDOW, t), 0)
     elif variant == "padded":
         valid = jnp.full((b,), int(0.7 * t), jnp.int32)
-        parts["query_seq_lengths"] = parts["key_value_seq_lengths"] = valid
+        arrays["query_seq_lengths"] = arrays["key_value_seq_lengths"] = valid
     elif variant == "bias":
-        parts["bias"] = h.normal(99, (1, n, t, t))
+        arrays["bias"] = h.normal(99, (1, n, t, t))
     elif variant.startswith("docs"):
         count = int(variant[4:])
-        parts["docs"] = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32) * count // t, (b, t))
-    return parts
+        arrays["docs"] = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32) * count // t, (b, t))
+    return static, arrays
 
 
-def implementations(parts: dict[str, Any]) -> dict[str, Callable[..., Any] | None]:
-    """`fn(q, k, v)` per implementation, None where it does not take the variant."""
-    kw = {k: v for k, v in parts.items() if k not in ("docs", "logits_soft_cap")}
-    docs = parts.get("docs")
-    if docs is not None:
-        kw["mask"] = (docs[:, :, None] == docs[:, None, :])[:, None]
-    cap = parts.get("logits_soft_cap")
+def implementations(static: dict[str, Any]) -> dict[str, Callable[..., Any] | None]:
+    """`fn(q, k, v, arrays)` per implementation, None where it does not take the
+    variant; the peers get segment ids as the equivalent dense mask."""
+    cap = static.get("logits_soft_cap")
+    peer_static = {k: v for k, v in static.items() if k != "logits_soft_cap"}
+
+    def peer_arrays(arrays: dict[str, Any]) -> dict[str, Any]:
+        out = {k: v for k, v in arrays.items() if k != "docs"}
+        if "docs" in arrays:
+            docs = arrays["docs"]
+            out["mask"] = (docs[:, :, None] == docs[:, None, :])[:, None]
+        return out
+
     out: dict[str, Callable[..., Any] | None] = {}
     for name in ("xla", "cudnn"):
         out[name] = (
             None
             if cap is not None
-            else lambda q, k, v, name=name: jax.nn.dot_product_attention(
-                q, k, v, implementation=name, **kw
+            else lambda q, k, v, arrays, name=name: jax.nn.dot_product_attention(
+                q, k, v, implementation=name, **peer_static, **peer_arrays(arrays)
             )
         )
     tokamax = _tokamax()
     out["tokamax"] = (
         None
         if tokamax is None
-        else lambda q, k, v: tokamax.dot_product_attention(q, k, v, logits_soft_cap=cap, **kw)
+        else lambda q, k, v, arrays: tokamax.dot_product_attention(
+            q, k, v, logits_soft_cap=cap, **peer_static, **peer_arrays(arrays)
+        )
     )
-    ours = {k: v for k, v in parts.items() if k != "docs"}
-    if docs is not None:
-        ours.update(query_segment_ids=docs, kv_segment_ids=docs)
-    out["kerneltune"] = lambda q, k, v: attention(q, k, v, **ours)
+
+    def ours(q, k, v, arrays):
+        kw = {k: v for k, v in arrays.items() if k != "docs"}
+        if "docs" in arrays:
+            kw.update(query_segment_ids=arrays["docs"], kv_segment_ids=arrays["docs"])
+        return attention(q, k, v, **static, **kw)
+
+    out["kerneltune"] = ours
     return out
 
 
 def training(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The gradient of a sum of the output with respect to q, k and v."""
-    return jax.grad(lambda q, k, v: fn(q, k, v).astype(jnp.float32).sum(), (0, 1, 2))
+    return jax.grad(
+        lambda q, k, v, arrays: fn(q, k, v, arrays).astype(jnp.float32).sum(), (0, 1, 2)
+    )
 
 
 def program_gib(fn: Callable[..., Any], args: Sequence[Any]) -> float:
@@ -129,16 +145,17 @@ def measure(fn: Callable[..., Any] | None, sets: list[Any]) -> dict[str, Any]:
 
 def row(b: int, t: int, n: int, kv: int, variant: str, pass_: str) -> dict[str, Any]:
     d = 128
-    parts = call_parts(variant, b, t, n)
+    static, arrays = call_parts(variant, b, t, n)
     sets = h.arg_sets(
         lambda seed: (
             h.normal(3 * seed, (b, t, n, d)),
             h.normal(3 * seed + 1, (b, t, kv, d)),
             h.normal(3 * seed + 2, (b, t, kv, d)),
+            arrays,
         )
     )
     results = {}
-    for name, fn in implementations(parts).items():
+    for name, fn in implementations(static).items():
         fn = fn if fn is None or pass_ == "fwd" else training(fn)
         results[name] = measure(fn, sets)
         jax.clear_caches()

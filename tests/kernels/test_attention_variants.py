@@ -244,7 +244,23 @@ def test_the_search_space_leaves_out_whole_logits_too_large_with_the_reason():
     kept, pruned = AttentionVariants().search_space(_inv(32768, 32768, n=16))
     assert VariantConfig(backend="xla") not in kept
     assert any(p.cfg.backend == "xla" and "GiB" in p.reason for p in pruned)
-    assert {c.backend for c in kept} == {"cudnn", "tokamax", "chunked"}
+    assert {c.backend for c in kept} == {"chunked"}
+
+
+def test_where_a_library_runs_the_call_only_the_libraries_are_timed(monkeypatch):
+    from kerneltune.kernels.attention import jax_nn, tokamax_backend
+
+    monkeypatch.setattr(jax_nn, "on_gpu", lambda: True)
+    monkeypatch.setattr(tokamax_backend, "unsupported", lambda dtype, head_dim: "not installed")
+    kernel = AttentionVariants()
+    monkeypatch.setattr(kernel, "runs_pallas", lambda: True)
+    kept, pruned = kernel.search_space(_inv(8192, 8192, window=(512, 0), dtype=jnp.bfloat16))
+    assert kept == [VariantConfig(backend="cudnn")]
+    assert {p.cfg.backend for p in pruned} == {"xla", "chunked"}
+    assert all("cuDNN or tokamax runs this call" in p.reason for p in pruned)
+    # A soft cap without tokamax: nothing but XLA runs it.
+    kept, _ = kernel.search_space(_inv(8192, 8192, soft_cap=30.0, dtype=jnp.bfloat16))
+    assert {c.backend for c in kept} == {"xla", "chunked"}
 
 
 def test_traced_calls_are_tuned_on_even_documents_and_full_lengths():

@@ -35,7 +35,10 @@ CONFIGS = [
         CrossEntropyConfig(backend="triton", block_m=128, block_v=256, num_stages=3),
     ),
     ("gated_linear_unit@v1", GLUConfig(backend="tokamax")),
-    ("gated_linear_unit@v1", GLUConfig(backend="triton", block_m=128, block_n=128, block_k=64, num_warps=8)),
+    (
+        "gated_linear_unit@v1",
+        GLUConfig(backend="triton", block_m=128, block_n=128, block_k=64, num_warps=8),
+    ),
 ]
 
 

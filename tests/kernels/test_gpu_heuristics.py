@@ -182,7 +182,11 @@ def test_the_lse_kernel_equals_xlas_reduction_at_a_128k_vocabulary():
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize(
     "cfg",
-    [GLUConfig(), GLUConfig(backend="triton"), GLUConfig(backend="triton", block_m=128, block_n=128, block_k=64)],
+    [
+        GLUConfig(),
+        GLUConfig(backend="triton"),
+        GLUConfig(backend="triton", block_m=128, block_n=128, block_k=64),
+    ],
     ids=["xla", "triton", "triton wide"],
 )
 def test_every_glu_backend_matches_the_reference_on_a_gpu(cfg, dtype):

@@ -63,7 +63,9 @@ def test_config_is_frozen_keyword_only_and_round_trips_json():
     assert kt.from_json(kt.to_json(cfg), MatmulConfig) == cfg
     with pytest.raises(TypeError):
         MatmulConfig(64)  # type: ignore[misc]
-    assert hash(cfg) == hash(MatmulConfig(block_m=64, block_n=128, block_k=32, num_warps=8, num_stages=4))
+    assert hash(cfg) == hash(
+        MatmulConfig(block_m=64, block_n=128, block_k=32, num_warps=8, num_stages=4)
+    )
 
 
 def test_large_problem_keeps_only_configs_that_fit():

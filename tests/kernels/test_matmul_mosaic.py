@@ -84,7 +84,10 @@ def test_each_backend_fills_in_its_own_defaults_and_leaves_the_others_none():
             "max_concurrent_steps must be a positive",
         ),
         ({"backend": "mosaic", "grid_tile_width": -1}, "grid_tile_width must be a positive"),
-        ({"backend": "mosaic", "block_n": 96}, "MatmulConfig.block_n must be a positive power of two"),
+        (
+            {"backend": "mosaic", "block_n": 96},
+            "MatmulConfig.block_n must be a positive power of two",
+        ),
         (
             {"backend": "mosaic", "block_m": 64, "wg_dimension": "m"},
             r"each compute warpgroup gets a 32×128 tile .* multiple of 64",
@@ -106,7 +109,13 @@ def test_config_is_validated_where_it_is_built(fields, message):
     [
         MatmulConfig(block_m=64, block_n=128, block_k=32, num_warps=8, num_stages=4),
         mosaic(block_m=128, block_n=256, cluster_dimension="m", grid_tile_width=8),
-        mosaic(block_m=256, block_n=128, wg_dimension="m", cluster_dimension="n", max_concurrent_steps=3),
+        mosaic(
+            block_m=256,
+            block_n=128,
+            wg_dimension="m",
+            cluster_dimension="n",
+            max_concurrent_steps=3,
+        ),
     ],
     ids=["triton", "mosaic", "mosaic-m"],
 )
@@ -163,10 +172,13 @@ def test_large_aligned_problem_keeps_the_whole_curated_space():
         assert ms.accumulator_registers(c) <= ms.MAX_ACCUMULATOR_REGISTERS
     # Each tile and cluster comes at the deepest pipeline that fits, and one shallower.
     for block_m, block_n, _ in ms.TILES:
-        depths = sorted(c.max_concurrent_steps for c in kept if (c.block_m, c.block_n) == (block_m, block_n))
+        depths = sorted(
+            c.max_concurrent_steps for c in kept if (c.block_m, c.block_n) == (block_m, block_n)
+        )
         assert len(depths) == 4 and depths[0] == depths[-1] - 1
         deeper = dataclasses.replace(
-            next(c for c in kept if (c.block_m, c.block_n) == (block_m, block_n)), max_concurrent_steps=depths[-1] + 1
+            next(c for c in kept if (c.block_m, c.block_n) == (block_m, block_n)),
+            max_concurrent_steps=depths[-1] + 1,
         )
         assert ms.shared_memory_bytes(p, deeper) > HOPPER_SMEM or depths[-1] == ms.MAX_STEPS
 
@@ -206,7 +218,9 @@ def test_skinny_problem_keeps_the_short_tile_and_says_why_the_others_are_out():
 def test_too_much_shared_memory_or_too_many_registers_are_pruned_with_reasons():
     p = problem(4096, 4096, 4096)
     deep = mosaic(block_m=128, block_n=256, max_concurrent_steps=6)
-    wide = mosaic(block_m=256, block_n=256, wg_dimension="m", max_concurrent_steps=2)  # 128×256 each
+    wide = mosaic(
+        block_m=256, block_n=256, wg_dimension="m", max_concurrent_steps=2
+    )  # 128×256 each
     kept, pruned = ms.candidates(p, smem_limit=HOPPER_SMEM, configs=[deep, wide])
     assert not kept
     assert re.search(r"needs \d+ KiB of shared memory .* more than the 227 KiB", pruned[0].reason)
@@ -305,7 +319,9 @@ def test_a_required_tuning_field_kerneltune_does_not_set_is_a_reason():
 def test_configs_map_onto_the_modules_per_warpgroup_tiles():
     module = fake_module(lambda a, b, config: a)
     tc = pm.tuning_config(
-        mosaic(block_m=256, block_n=128, wg_dimension="m", cluster_dimension="n", grid_tile_width=8),
+        mosaic(
+            block_m=256, block_n=128, wg_dimension="m", cluster_dimension="n", grid_tile_width=8
+        ),
         module,
     )
     assert (tc.tile_m, tc.tile_n, tc.tile_k, tc.max_concurrent_steps) == (128, 128, 64, 4)

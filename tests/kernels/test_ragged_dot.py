@@ -180,9 +180,7 @@ def test_unusable_configs_say_why():
         assert "not installed" in kernel.config_unusable(inv, rc.TOKAMAX)
     assert kernel.config_unusable(inv, SMALL) is None
     with pytest.raises(ValueError, match="not in the Pallas interpreter"):
-        kernel.run(
-            lhs, rhs, sizes, cfg=RaggedDotConfig(backend="mosaic"), out_dtype="float32"
-        )
+        kernel.run(lhs, rhs, sizes, cfg=RaggedDotConfig(backend="mosaic"), out_dtype="float32")
 
 
 # --- the tile schedule ---------------------------------------------------------------

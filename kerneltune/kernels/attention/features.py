@@ -37,12 +37,12 @@ def attend(
     b, t, n, h = q.shape
     s, kh = k.shape[1], k.shape[2]
     g = n // kh
-    logits_dtype = jnp.promote_types(q.dtype, np.float32)
+    logits_dtype = np.dtype(np.float64 if q.dtype == np.float64 else np.float32)
     qg = q.reshape(b, t, kh, g, h)
     logits = jnp.einsum("btkgh,bskh->bkgts", qg, k, preferred_element_type=logits_dtype)
     logits = logits.reshape(b, n, t, s) * jnp.asarray(scale, dtype=logits_dtype)
     if bias is not None:
-        logits = (logits + bias).astype(logits_dtype)
+        logits = logits + bias.astype(logits_dtype)
     if soft_cap is not None:
         cap = jnp.asarray(soft_cap, dtype=logits_dtype)
         logits = cap * jnp.tanh(logits / cap)

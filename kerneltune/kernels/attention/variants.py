@@ -134,25 +134,33 @@ class AttentionVariants(BackendKernel[VariantConfig]):
         return VariantConfig(backend="chunked", block_q=chunked_block_q(inv))
 
     def search_space(self, inv: Invocation[Any, Any]):
-        kept: list[VariantConfig] = [
-            VariantConfig(backend="cudnn"),
-            VariantConfig(backend="tokamax"),
+        """cuDNN and tokamax where either runs the call: XLA's paths measured 8-16x
+        slower at 16k tokens on an H200 (BENCHMARKS.md, 2026-11-27), so timing them
+        would only lengthen the first call. Elsewhere the whole logits where they fit
+        and the chunked path's query blocks."""
+        libraries = [VariantConfig(backend="cudnn"), VariantConfig(backend="tokamax")]
+        runs = [
+            c for c in libraries if self.backend_named(c.backend).unusable(self, inv, c) is None
         ]
+        xla = [VariantConfig(backend="xla")] + [
+            VariantConfig(backend="chunked", block_q=bq) for bq in BLOCK_Q_CANDIDATES
+        ]
+        if runs:
+            why = "cuDNN or tokamax runs this call (XLA's paths measured 8-16x slower)"
+            return runs, [Pruned(c, why) for c in xla]
+        kept: list[VariantConfig] = []
         pruned: list[Pruned[VariantConfig]] = []
-        whole = VariantConfig(backend="xla")
-        if _logits_bytes(inv) <= WHOLE_LOGITS_BYTES:
-            kept.append(whole)
-        else:
-            why = f"the whole logits would take {_logits_bytes(inv) / 2**30:.1f} GiB"
-            pruned.append(Pruned(whole, why))
-        for bq in BLOCK_Q_CANDIDATES:
-            c = VariantConfig(backend="chunked", block_q=bq)
-            if bq <= max(16, next_power_of_2(int(inv.args[0].shape[1]))) and (
-                _logits_bytes(inv, bq) <= 4 * BLOCK_LOGITS_BYTES
+        longest = max(16, next_power_of_2(int(inv.args[0].shape[1])))
+        for c in xla:
+            if c.backend == "xla" and _logits_bytes(inv) > WHOLE_LOGITS_BYTES:
+                why = f"the whole logits would take {_logits_bytes(inv) / 2**30:.1f} GiB"
+                pruned.append(Pruned(c, why))
+            elif c.backend == "chunked" and (
+                c.block_q > longest or _logits_bytes(inv, c.block_q) > 4 * BLOCK_LOGITS_BYTES
             ):
-                kept.append(c)
-            else:
                 pruned.append(Pruned(c, "a block beyond the sequence or the memory budget"))
+            else:
+                kept.append(c)
         return kept, pruned
 
     def interpret_candidates(self, inv: Invocation[Any, Any]) -> list[VariantConfig]:
