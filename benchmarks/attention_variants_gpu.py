@@ -143,7 +143,9 @@ def measure(fn: Callable[..., Any] | None, sets: list[Any]) -> dict[str, Any]:
     return {"status": "ok", "ms": ms, "first_s": first, "gib": gib}
 
 
-def row(b: int, t: int, n: int, kv: int, variant: str, pass_: str) -> dict[str, Any]:
+def row(
+    b: int, t: int, n: int, kv: int, variant: str, pass_: str, skip: Sequence[str] = ()
+) -> dict[str, Any]:
     d = 128
     static, arrays = call_parts(variant, b, t, n)
     sets = h.arg_sets(
@@ -156,6 +158,9 @@ def row(b: int, t: int, n: int, kv: int, variant: str, pass_: str) -> dict[str, 
     )
     results = {}
     for name, fn in implementations(static).items():
+        if name in skip:
+            results[name] = {"status": "skipped"}
+            continue
         fn = fn if fn is None or pass_ == "fwd" else training(fn)
         results[name] = measure(fn, sets)
         jax.clear_caches()
@@ -198,6 +203,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument("--passes", default="fwd,fwd+bwd")
     p.add_argument("--heads", default="16/4", help="query/kv heads, comma-separated pairs")
     p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--skip", default="", help="implementations not to time, e.g. xla")
     p.add_argument("--json")
     p.add_argument("--smoke", action="store_true", help="tiny shapes (any device)")
     a = p.parse_args(argv)
@@ -209,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         for n, kv in heads:
             for variant in variants:
                 for pass_ in a.passes.split(","):
-                    r = row(a.batch, t, n, kv, variant, pass_)
+                    r = row(a.batch, t, n, kv, variant, pass_, skip=a.skip.split(","))
                     rows.append(r)
                     print(table([r]).splitlines()[-1], flush=True)
     print()
