@@ -114,16 +114,19 @@ class AttentionVariants(BackendKernel[VariantConfig]):
     fallback = "chunked"
 
     def heuristic_cfg(self, inv: Invocation[Any, Any]) -> VariantConfig:
-        """tokamax for a soft cap, a mask or segment ids (it beats cuDNN on masks and is
-        the only library with a soft cap), else cuDNN, where they run; else XLA: whole
-        when the logits are small, a block of queries at a time when not."""
+        """tokamax for a soft cap, a bias, a mask or segment ids, else cuDNN, where they
+        run; else XLA: whole when the logits are small, a block of queries at a time
+        when not. On an H200 at 8k-32k tokens (BENCHMARKS.md, 2026-11-27) tokamax's
+        training step took 0.58-0.71x cuDNN's time with a bias or a mask and is the only
+        library with a soft cap; cuDNN's took 0.25-0.33x tokamax's with a window or
+        padding."""
         usable = {
             name: self.backend_named(name).unusable(self, inv, None) is None
             for name in ("cudnn", "tokamax")
         }
-        _, _, _, _, masks = inv.args
-        masked = masks.mask is not None or masks.q_segments is not None
-        if usable["tokamax"] and (masked or inv.kwargs["soft_cap"] is not None):
+        _, _, _, bias, masks = inv.args
+        dense = bias is not None or masks.mask is not None or masks.q_segments is not None
+        if usable["tokamax"] and (dense or inv.kwargs["soft_cap"] is not None):
             return VariantConfig(backend="tokamax")
         if usable["cudnn"]:
             return VariantConfig(backend="cudnn")
