@@ -231,6 +231,8 @@ def test_on_a_gpu_the_libraries_are_chosen_for_what_they_take(monkeypatch):
     assert (
         kernel.heuristic_cfg(_inv(4096, 4096, parts=("segments",), dtype=bf16)).backend == "tokamax"
     )
+    for parts, backend in ((("mask",), "tokamax"), (("lengths",), "cudnn")):
+        assert kernel.heuristic_cfg(_inv(4096, 4096, parts=parts, dtype=bf16)).backend == backend
     cudnn = kernel.backend_named("cudnn")
     why = cudnn.unusable(kernel, _inv(64, 64, soft_cap=5.0, dtype=bf16), None)
     assert why == "cuDNN's attention has no logits soft cap"
