@@ -168,17 +168,18 @@ class TritonBackend(BackwardKernelGradient):
     interprets = True
 
     def run(self, kernel, q, k, v, *, cfg: FwdParams, causal: bool, sm_scale: float):
-        k, v = every_head(q, k), every_head(q, v)
-        return mha_forward(
-            q, k, v, cfg=cfg, causal=causal, sm_scale=sm_scale,
-            interpret=kernel.use_interpreter(), return_residuals=False,
-        )  # fmt: skip
+        return self._forward(kernel, q, k, v, cfg, causal, sm_scale, residuals=False)
 
     def fwd_with_residuals(self, kernel, q, k, v, *, cfg: FwdParams, causal: bool, sm_scale: float):
+        return self._forward(kernel, q, k, v, cfg, causal, sm_scale, residuals=True)
+
+    @staticmethod
+    def _forward(kernel, q, k, v, cfg, causal, sm_scale, *, residuals: bool):
+        # JAX's kernel wants k and v for every query head.
         k, v = every_head(q, k), every_head(q, v)
         return mha_forward(
             q, k, v, cfg=cfg, causal=causal, sm_scale=sm_scale,
-            interpret=kernel.use_interpreter(), return_residuals=True,
+            interpret=kernel.use_interpreter(), return_residuals=residuals,
         )  # fmt: skip
 
 
