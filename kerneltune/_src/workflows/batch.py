@@ -16,7 +16,7 @@ import numpy as np
 
 from kerneltune._src.core import jax_compat, keys, options, scope
 from kerneltune._src.execution.default import default_executor
-from kerneltune._src.execution.executor import Executor
+from kerneltune._src.execution.executor import CallOptions, Executor
 from kerneltune._src.kernel.base import Kernel
 
 _ARRAY_IMPL = jax_compat.array_impl_type()
@@ -135,7 +135,7 @@ class _Batched:
         kernel = self.kernel
 
         def one(*example: Any) -> Any:
-            inv, p_args, p_kwargs = ex._invocation(kernel, example, kwargs, override_cfg=cfg)
+            inv, p_args, p_kwargs = ex._invocation(kernel, example, kwargs, CallOptions(cfg=cfg))
             return ex._apply(kernel, inv, cfg, p_args, p_kwargs)
 
         if self.how == "vmap":
