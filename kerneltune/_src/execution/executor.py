@@ -11,7 +11,6 @@ Under a trace (jit, grad, vmap, shard_map), the kernel is traced inline.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import operator
 import threading
@@ -21,6 +20,7 @@ from typing import Any, Generic, Protocol, runtime_checkable
 from kerneltune._src.core import jax_compat, labels, options, scope, tracing
 from kerneltune._src.core.kernel_types import Cfg, Out
 from kerneltune._src.execution import eager_programs
+from kerneltune._src.execution.eager_programs import CallOptions
 from kerneltune._src.kernel import dispatch, recording, sharding
 from kerneltune._src.kernel.base import Invocation, Kernel, keys_training_apart, make_invocation
 
@@ -54,30 +54,6 @@ def _eager_key(kernel: Any, stamp: bool, args: tuple[Any, ...], kwargs: dict[str
 
 
 _uids = itertools.count()
-
-
-@dataclasses.dataclass(frozen=True)
-class CallOptions:
-    """How a call asked to run: the executor's own keyword arguments
-    (`Executor.__call__`'s `cfg`, `stamp`, `method`, `mesh`, `in_specs`, `out_specs`)."""
-
-    cfg: Any = None
-    stamp: bool = True
-    method: str | None = None
-    mesh: Any = None
-    in_specs: Any = None
-    out_specs: Any = None
-
-    def invocation_fields(self) -> dict[str, Any]:
-        """The `Invocation` fields these options set."""
-        return {
-            "override_cfg": self.cfg,
-            "stamp": self.stamp,
-            "method": self.method,
-            "mesh": self.mesh,
-            "in_specs": self.in_specs,
-            "out_specs": self.out_specs,
-        }
 
 
 #: A call that passed none of the executor's own keyword arguments.
@@ -173,7 +149,7 @@ class Executor(Generic[Cfg, Out]):
                 return self._stamped(inv, chosen, trace)  # type: ignore[no-any-return]
             return self._apply(kernel, inv, chosen, p_args, p_kwargs)
 
-        program = self._program(kernel, chosen, args, kwargs, inv, call)
+        program = self._program(kernel, chosen, args, kwargs, call)
         out = program(*args, **kwargs)
         # Remember the program for this signature, unless the chooser's state changed
         # while choosing (then the next call chooses again).
@@ -259,13 +235,12 @@ class Executor(Generic[Cfg, Out]):
         cfg: Cfg,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        inv: Invocation[Cfg, Out],
         call: CallOptions,
     ) -> eager_programs.Program:
         """The jitted program running `kernel` with `cfg` for calls shaped like
-        (args, kwargs) and made with `call`'s options (`inv` is one): one per
-        (kernel, config, static arguments)."""
-        sig = eager_programs.signature(kernel, cfg, args, kwargs, inv, options.STAMP.value)
+        (args, kwargs) with `call`'s options: one per (kernel, config, static
+        arguments)."""
+        sig = eager_programs.signature(kernel, cfg, args, kwargs, call, options.STAMP.value)
         program = self._programs.get(sig.key)
         if program is None:
 
@@ -346,7 +321,7 @@ class Executor(Generic[Cfg, Out]):
             inv, p_args, p_kwargs = self._invocation(kernel, args, kwargs, call)
             if tracing.is_tracing((args, kwargs)) or tracing.is_tracing((p_args, p_kwargs)):
                 return self._apply(kernel, inv, chosen, p_args, p_kwargs)
-            program = self._program(kernel, chosen, args, kwargs, inv, call)
+            program = self._program(kernel, chosen, args, kwargs, call)
             return program(*args, **kwargs)
 
         compiled.cfg = chosen  # type: ignore[attr-defined]

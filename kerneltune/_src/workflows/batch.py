@@ -16,7 +16,8 @@ import numpy as np
 
 from kerneltune._src.core import jax_compat, keys, options, scope
 from kerneltune._src.execution.default import default_executor
-from kerneltune._src.execution.executor import CallOptions, Executor
+from kerneltune._src.execution.eager_programs import CallOptions
+from kerneltune._src.execution.executor import Executor
 from kerneltune._src.kernel.base import Kernel
 
 _ARRAY_IMPL = jax_compat.array_impl_type()

@@ -8,7 +8,7 @@ from typing import Any
 
 from kerneltune._src.caching.cache_entry import CacheEntry
 from kerneltune._src.core.configs import config_to_dict
-from kerneltune._src.execution.executor import CallOptions
+from kerneltune._src.execution.eager_programs import CallOptions
 from kerneltune._src.kernel.base import Kernel
 from kerneltune._src.selection.chain import ConfigSelectorChain, Decision
 from kerneltune._src.tuning.report import TuningReport
