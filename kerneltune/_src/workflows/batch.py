@@ -39,19 +39,11 @@ def vmap_with_config(
       would use.
 
     Example:
-      >>> import dataclasses, jax.numpy as jnp, kerneltune
-      >>> @dataclasses.dataclass(frozen=True)
-      ... class Cfg:
-      ...     block: int = 8
-      >>> class Double(kerneltune.Kernel):
-      ...     op_id = "double"
-      ...     def run(self, x, *, cfg):
-      ...         return 2 * x
-      ...     def heuristic_cfg(self, inv):
-      ...         return Cfg()
+      >>> import jax.numpy as jnp, kerneltune
+      >>> from kerneltune.kernels import Softmax
       >>> ex = kerneltune.Executor(kerneltune.ConfigSelectorChain(kerneltune.ConfigCache()))
-      >>> vmap_with_config(Double(), executor=ex)(jnp.ones((3, 2))).shape
-      (3, 2)
+      >>> vmap_with_config(Softmax(), executor=ex)(jnp.ones((3, 2, 4))).shape
+      (3, 2, 4)
     """
     return _Batched(kernel, in_axes, executor, "vmap", None)
 
