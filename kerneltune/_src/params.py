@@ -4,6 +4,7 @@ BwdParams): frozen, hashable, validated, and round-trip through JSON."""
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 
 def check_positive_power_of_two(owner: str, name: str, value: int | None) -> None:
@@ -27,7 +28,10 @@ FWD_BACKENDS = ("pallas", "cudnn", "xla", "tokamax")
 
 @dataclasses.dataclass(frozen=True)
 class _BlockParams:
-    """The launch parameters both passes share; `None` lets the kernel choose."""
+    """The launch parameters both passes share; `None` lets the kernel choose. Each
+    pass declares its `backend` field and the implementations it may name."""
+
+    backends: ClassVar[tuple[str, ...]] = ()
 
     q_blocksize: int | None = None
     kv_blocksize: int | None = None
@@ -36,6 +40,9 @@ class _BlockParams:
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
+        backend = getattr(self, "backend")  # noqa: B009 - declared by the subclass
+        if backend not in self.backends:
+            raise ValueError(f"{owner}.backend must be one of {self.backends}, got {backend!r}.")
         check_positive_power_of_two(owner, "q_blocksize", self.q_blocksize)
         check_positive_power_of_two(owner, "kv_blocksize", self.kv_blocksize)
         check_positive_power_of_two(owner, "num_warps", self.num_warps)
@@ -57,13 +64,7 @@ class FwdParams(_BlockParams):
     #: (`jax.nn.dot_product_attention(implementation="cudnn")`), "xla", or "tokamax"
     #: (tokamax's Mosaic GPU kernel, where tokamax is installed).
     backend: str = "pallas"
-
-    def __post_init__(self) -> None:
-        if self.backend not in FWD_BACKENDS:
-            raise ValueError(
-                f"FwdParams.backend must be one of {FWD_BACKENDS}, got {self.backend!r}."
-            )
-        super().__post_init__()
+    backends: ClassVar[tuple[str, ...]] = FWD_BACKENDS
 
 
 #: The implementations a `BwdParams` can choose.
@@ -78,10 +79,4 @@ class BwdParams(_BlockParams):
     #: (the backward in XLA from the saved log-sum-exp, for lengths the fused kernel
     #: cannot split alike).
     backend: str = "pallas"
-
-    def __post_init__(self) -> None:
-        if self.backend not in BWD_BACKENDS:
-            raise ValueError(
-                f"BwdParams.backend must be one of {BWD_BACKENDS}, got {self.backend!r}."
-            )
-        super().__post_init__()
+    backends: ClassVar[tuple[str, ...]] = BWD_BACKENDS

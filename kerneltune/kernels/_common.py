@@ -134,16 +134,6 @@ def pad_to(a: jax.Array, multiples: tuple[int, ...]) -> jax.Array:
     return jax.numpy.pad(a, pads) if any(p for _, p in pads) else a
 
 
-def blocks_not_dividing(blocks: Sequence[tuple[str, int | None, int, str]]) -> str | None:
-    """Why tiles need padding: the first `(name, block, dim, axis)` whose block does not
-    divide its dimension, as a reason; None when every one divides."""
-    for name, block, dim, axis in blocks:
-        assert block is not None
-        if dim % block:
-            return f"{axis}={dim} is not a multiple of {name}={block} (would need padding)"
-    return None
-
-
 # --- Pallas across JAX versions ----------------------------------------------------------
 
 
@@ -163,6 +153,14 @@ def triton_compiler_params(**fields: Any) -> Any:
     if dropped:
         logger.debug("%s does not take %s; left out", cls.__qualname__, dropped)
     return cls(**{k: v for k, v in fields.items() if k in accepted and v is not None})
+
+
+def launch_params(cfg: Any, *, interpret: bool) -> Any:
+    """`pallas_call`'s `compiler_params` for a config with `num_warps` and
+    `num_stages`: None in the interpreter, which takes no Triton parameters."""
+    if interpret:
+        return None
+    return triton_compiler_params(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 @functools.cache
@@ -271,6 +269,17 @@ def relative_error(out: Any, ref: Any) -> float:
         return float("inf")
     denom = float(np.linalg.norm(b)) or 1.0
     return float(np.linalg.norm(a - b)) / denom
+
+
+class WithItemsize:
+    """`itemsize` for a problem dataclass with a `dtype` field."""
+
+    dtype: np.dtype
+
+    @property
+    def itemsize(self) -> int:
+        """The bytes of one element."""
+        return np.dtype(self.dtype).itemsize
 
 
 @dataclasses.dataclass(frozen=True)

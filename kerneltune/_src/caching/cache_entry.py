@@ -33,6 +33,15 @@ ENTRY_KIND = "kerneltune.cache_entry"
 PROVENANCES: tuple[str, ...] = ("autotuned", "imported", "shipped")
 
 
+def check_provenance(provenance: str) -> None:
+    """Raises ValueError unless `provenance` is one an entry may have."""
+    if provenance not in PROVENANCES:
+        raise ValueError(
+            f"provenance must be one of {list(PROVENANCES)}, got {provenance!r} "
+            "(heuristic configs are never stored as tuned)."
+        )
+
+
 @functools.cache
 def runtime_versions() -> dict[str, str]:
     """The versions stored with every entry: kerneltune, jax and jaxlib."""

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kerneltune._src.caching import storage
 from kerneltune._src.caching.cache_entry import (
-    PROVENANCES,
     BadEntry,
     CacheEntry,
     Provenance,
+    check_provenance,
     entry_from_document,
     entry_relpath,
     op_matches,
@@ -127,8 +127,7 @@ class CacheSharing:
           ValueError: it is not a kerneltune export (or breaks the limits of
             `files.read_json`), or `provenance` is not allowed.
         """
-        if provenance not in PROVENANCES:
-            raise ValueError(f"provenance must be one of {list(PROVENANCES)}, got {provenance!r}.")
+        check_provenance(provenance)
         entries = entries_of_file(os.fspath(file), self._warn)
         return sum(
             self._add_if_newer(dataclasses.replace(e, provenance=provenance)) for e in entries

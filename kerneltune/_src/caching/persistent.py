@@ -19,15 +19,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic
 
 from kerneltune._src.caching import cache_entry, cache_sharing, storage
-from kerneltune._src.caching.cache_entry import (
-    PROVENANCES,
-    BadEntry,
-    CacheEntry,
-    Provenance,
-    entry_from_document,
-    entry_relpath,
-    runtime_versions,
-)
+from kerneltune._src.caching.cache_entry import BadEntry, CacheEntry, Provenance
 from kerneltune._src.caching.storage import default_cache_dir as default_cache_dir
 from kerneltune._src.core import files, options
 from kerneltune._src.core.call_shapes import CallShape
@@ -157,7 +149,7 @@ class PersistentCache(cache_sharing.CacheSharing, Generic[Cfg]):
     def _find(
         self, dev: str, op_id: str, call_key: str, cfg_type: type | None
     ) -> tuple[CacheEntry, Any] | None:
-        rel = entry_relpath(dev, op_id, call_key)
+        rel = cache_entry.entry_relpath(dev, op_id, call_key)
         for layer, data in self._lookup(rel):
             found = self._usable(layer, rel, data, (dev, op_id, call_key), cfg_type)
             if found is not None:
@@ -205,7 +197,7 @@ class PersistentCache(cache_sharing.CacheSharing, Generic[Cfg]):
         path = layer.full_path(rel)
         try:
             doc = files.loads(data, max_bytes=files.MAX_ENTRY_BYTES)
-            return entry_from_document(doc, path)
+            return cache_entry.entry_from_document(doc, path)
         except (BadEntry, files.UnreadableFile) as e:
             self._warn(path, str(e))
             return None
@@ -310,11 +302,7 @@ class PersistentCache(cache_sharing.CacheSharing, Generic[Cfg]):
         warning). When an entry cannot be written, it is kept in memory for this
         process (with a warning) and later writes are still tried.
         """
-        if provenance not in PROVENANCES:
-            raise ValueError(
-                f"provenance must be one of {list(PROVENANCES)}, got {provenance!r} "
-                "(heuristic configs are never stored as tuned)."
-            )
+        cache_entry.check_provenance(provenance)
         fields = config_to_dict(cfg)
         if not cache_entry.round_trips(cfg, fields, op_id):
             return cfg
@@ -327,7 +315,7 @@ class PersistentCache(cache_sharing.CacheSharing, Generic[Cfg]):
             signature=signature or "",
             shape=shape,
             created=_now(),
-            versions=runtime_versions(),
+            versions=cache_entry.runtime_versions(),
             cfg_type="" if isinstance(cfg, Mapping) else cache_entry.type_name(cfg),
             **cache_entry.report_fields(report),
         )
@@ -335,7 +323,7 @@ class PersistentCache(cache_sharing.CacheSharing, Generic[Cfg]):
             if self._write(entry, exclusive=True):
                 return cfg
             cfg_type = None if isinstance(cfg, Mapping) else type(cfg)
-            rel, key = entry_relpath(dev, op_id, call_key), (dev, op_id, call_key)
+            rel, key = cache_entry.entry_relpath(dev, op_id, call_key), (dev, op_id, call_key)
             data = self._read(self._store, rel)
             found = None if data is None else self._usable(self._store, rel, data, key, cfg_type)
             if found is not None and not (found[0].budgeted and not entry.budgeted):
@@ -346,7 +334,7 @@ class PersistentCache(cache_sharing.CacheSharing, Generic[Cfg]):
         return cfg
 
     def _write(self, entry: CacheEntry, *, exclusive: bool = False) -> bool:
-        rel = entry_relpath(entry.dev, entry.op_id, entry.call_key)
+        rel = cache_entry.entry_relpath(entry.dev, entry.op_id, entry.call_key)
         data = json.dumps(entry.to_document(), sort_keys=True, allow_nan=False).encode()
         try:
             written = self._store.write(rel, data, exclusive=exclusive)
@@ -372,7 +360,7 @@ class PersistentCache(cache_sharing.CacheSharing, Generic[Cfg]):
 
     def delete(self, dev: str, op_id: str, call_key: str) -> bool:
         """Removes one entry from the writable layer; False when it was not there."""
-        return bool(self._delete(entry_relpath(dev, op_id, call_key)))
+        return bool(self._delete(cache_entry.entry_relpath(dev, op_id, call_key)))
 
     def _delete(self, rel: str) -> int:
         with self._lock:

@@ -21,23 +21,20 @@ import jax.numpy as jnp
 from kerneltune._src.cli.demo_jobs import DemoJob as DemoJob
 from kerneltune._src.cli.demo_jobs import jobs_for as jobs_for
 from kerneltune._src.core import devices
+from kerneltune._src.tuning.report import TuningReport, format_seconds
 
 
 @dataclasses.dataclass
 class Row:
-    """What one tuned (or looked-up) key showed."""
+    """What one tuned (or looked-up) key showed: where its config came from, and the
+    tuning's report where it was tuned."""
 
     op_id: str
     signature: str
     dtype: str
     source: str
-    tried: int = 0
-    failed: int = 0
-    heuristic_s: float | None = None
-    tuned_s: float | None = None
     winner: Any = None
-    timer: str = "-"
-    wall_s: float = 0.0
+    report: TuningReport | None = None
 
 
 class _Recorder:
@@ -77,32 +74,10 @@ def _rows(events: list[tuple[str, dict[str, Any]]], job: DemoJob) -> list[Row]:
         sig = f"{job.shape} ({'bwd' if '_bwd' in op_id else 'fwd'})" if job.grad else job.shape
         if event == "autotune_finish":
             report = data["report"]
-            rows.append(
-                Row(
-                    op_id=op_id,
-                    signature=sig,
-                    dtype=job.dtype,
-                    source="tuned",
-                    tried=report.num_evaluated,
-                    failed=report.num_failed,
-                    heuristic_s=report.heuristic_time_s,
-                    tuned_s=report.best_time_s,
-                    winner=report.best,
-                    timer=report.timer,
-                    wall_s=report.wall_s,
-                )
-            )
+            rows.append(Row(op_id, sig, job.dtype, "tuned", report.best, report))
         elif event == "cache_hit" or event == "heuristics" or event == "overlay_hit":
             level = data.get("level", event)
-            rows.append(
-                Row(
-                    op_id=op_id,
-                    signature=sig,
-                    dtype=job.dtype,
-                    source=str(level),
-                    winner=data.get("cfg"),
-                )
-            )
+            rows.append(Row(op_id, sig, job.dtype, str(level), data.get("cfg")))
     return rows
 
 
@@ -195,7 +170,7 @@ def _forget(persistent: Any, jobs: list[DemoJob], key: jax.Array) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """The `kerneltune demo` command."""
-    from kerneltune._src.cli.cache_commands import _open, format_time, print_table
+    from kerneltune._src.cli.cache_commands import _open, print_table
     from kerneltune._src.execution.executor import Executor
     from kerneltune.kernels._common import on_gpu
 
@@ -232,20 +207,11 @@ def run(args: argparse.Namespace) -> int:
     rows = one_row_per_call(rows)
 
     print()
-    timers = sorted({r.timer for r in rows if r.timer != "-"})
+    timers = sorted({r.report.timer for r in rows if r.report is not None})
     timed = f", timed with the {' and '.join(timers)} timer" if timers else ""
     print(f"Tuned on {device.device_kind} ({path}){timed}:")
     table = [
-        [
-            _op_name(r.op_id),
-            r.signature,
-            _dtype_name(r.dtype),
-            f"{r.tried}/{r.failed}" if r.source == "tuned" else "-",
-            format_time(r.heuristic_s),
-            format_time(r.tuned_s),
-            _speedup(r),
-            f"{r.wall_s:.2f} s" if r.source == "tuned" else "nothing to tune",
-        ]
+        [_op_name(r.op_id), r.signature, _dtype_name(r.dtype), *_tuning_columns(r.report)]
         for r in rows
     ]
     header = ["op", "shape", "dtype", "tried/failed", "heuristic", "tuned", "speedup", "tuning"]
@@ -281,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
             )
     header = ["op", "shape", "config from", "same winner", "call", "config"]
     print_table(header, _fit_last_column(header, table, TABLE_WIDTH))
-    tuned_total = sum(r.wall_s for r in rows if r.source == "tuned")
+    tuned_total = sum(r.report.wall_s for r in rows if r.report is not None)
     print()
     print(
         f"Tuning took {tuned_total:.1f} s; the second pass tuned nothing. Total {time.perf_counter() - start:.1f} s."
@@ -331,7 +297,15 @@ def _fit_last_column(header: list[str], rows: list[list[str]], width: int) -> li
     return [[*r[:-1], r[-1] if len(r[-1]) <= room else r[-1][: room - 1] + "…"] for r in rows]
 
 
-def _speedup(r: Row) -> str:
-    if r.heuristic_s and r.tuned_s:
-        return f"{r.heuristic_s / r.tuned_s:.2f}x"
-    return "-"
+def _tuning_columns(report: TuningReport | None) -> list[str]:
+    """A row's tried/failed, heuristic, tuned, speedup and tuning columns."""
+    if report is None:
+        return ["-", "-", "-", "-", "nothing to tune"]
+    heuristic, tuned = report.heuristic_time_s, report.best_time_s
+    return [
+        f"{report.num_evaluated}/{report.num_failed}",
+        format_seconds(heuristic),
+        format_seconds(tuned),
+        f"{heuristic / tuned:.2f}x" if heuristic and tuned else "-",
+        f"{report.wall_s:.2f} s",
+    ]

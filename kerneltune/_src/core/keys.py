@@ -51,6 +51,11 @@ def abstractify(tree: Any) -> Any:
 KEY_FIELDS = ("batch_axes", "method", "mesh", "in_specs", "out_specs", "differentiated")
 
 
+def key_fields(call: Any) -> dict[str, Any]:
+    """The `KEY_FIELDS` of a call (an `Invocation`, or a recorded call), by name."""
+    return {name: getattr(call, name) for name in KEY_FIELDS}
+
+
 def key_payload(args: Any, kwargs: Any, **fields: Any) -> dict[str, Any]:
     """What a default call key is a hash of: the abstract arguments, and those of
     `KEY_FIELDS` that are not None."""

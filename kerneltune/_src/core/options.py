@@ -68,16 +68,6 @@ class Option(Generic[T]):
         return scoped(**{self.name: value})
 
 
-def _choice(*legal: str) -> Callable[[str], str]:
-    def parse(raw: str) -> str:
-        value = raw.strip().lower()
-        if value not in legal:
-            raise ValueError(value)
-        return value
-
-    return parse
-
-
 def _flag(raw: str) -> bool:
     value = raw.strip().lower()
     if value in ("1", "true", "yes", "on"):
@@ -126,39 +116,60 @@ def _count_or_all(raw: str) -> int | None:
     return count
 
 
+def _choice_option(
+    name: str, default: T, legal: tuple[str, ...], help: str, *, unset: str = ""
+) -> Option[T]:
+    """An option that takes one of `legal` (in any case); `unset` says what leaving it
+    unset means, where that is not a value of its own."""
+
+    def parse(raw: str) -> T:
+        value = raw.strip().lower()
+        if value not in legal:
+            raise ValueError(value)
+        return cast(T, value)
+
+    allowed = ", ".join(legal) + (f" (or unset: {unset})" if unset else "")
+    return Option(name=name, default=default, parse=parse, allowed=allowed, help=help)
+
+
+def _flag_option(name: str, default: bool, help: str) -> Option[bool]:
+    return Option(
+        name=name, default=default, parse=_flag, allowed="1, 0, true, false, on, off", help=help
+    )
+
+
+def _seconds_option(name: str, default: float, help: str) -> Option[float]:
+    return Option(
+        name=name,
+        default=default,
+        parse=_positive_float,
+        allowed="a positive number of seconds",
+        help=help,
+    )
+
+
 Platform = Literal["triton", "pallas", "xla"]
 Fallback = Literal["autotune", "heuristics", "error"]
 
-PLATFORM: Option[Platform | None] = Option(
-    name="platform",
-    default=None,
-    parse=cast(Callable[[str], Platform], _choice("triton", "pallas", "xla")),
-    allowed="triton, pallas, xla (or unset: chosen from the device)",
-    help="Force the backend used for platform dispatch.",
+PLATFORM: Option[Platform | None] = _choice_option(
+    "platform",
+    None,
+    ("triton", "pallas", "xla"),
+    "Force the backend used for platform dispatch.",
+    unset="chosen from the device",
 )
 
-STAMP: Option[str] = Option(
-    name="stamp",
-    default="hash",
-    parse=_choice("hash", "json", "none"),
-    allowed="hash, json, none",
-    help="How executor calls are labelled in the HLO.",
+STAMP: Option[str] = _choice_option(
+    "stamp", "hash", ("hash", "json", "none"), "How executor calls are labelled in the HLO."
 )
 
-RECORD: Option[bool] = Option(
-    name="record",
-    default=False,
-    parse=_flag,
-    allowed="1, 0, true, false, on, off",
-    help="Record every executor call for offline tuning.",
-)
+RECORD = _flag_option("record", False, "Record every executor call for offline tuning.")
 
-AUTOTUNE: Option[Fallback] = Option(
-    name="autotune",
-    default="autotune",
-    parse=cast(Callable[[str], Fallback], _choice("autotune", "heuristics", "error")),
-    allowed="autotune, heuristics, error",
-    help="What the default executor does on a cache miss.",
+AUTOTUNE: Option[Fallback] = _choice_option(
+    "autotune",
+    "autotune",
+    ("autotune", "heuristics", "error"),
+    "What the default executor does on a cache miss.",
 )
 
 CACHE_DIR: Option[str | None] = Option(
@@ -177,20 +188,12 @@ CACHE_READONLY: Option[tuple[str, ...]] = Option(
     help="Read-only caches consulted after the user's cache.",
 )
 
-AGREE_TIMEOUT: Option[float] = Option(
-    name="agree_timeout",
-    default=300.0,
-    parse=_positive_float,
-    allowed="a positive number of seconds",
-    help="How long processes wait for each other to agree on a config.",
+AGREE_TIMEOUT = _seconds_option(
+    "agree_timeout", 300.0, "How long processes wait for each other to agree on a config."
 )
 
-SHIPPED: Option[bool] = Option(
-    name="shipped",
-    default=True,
-    parse=_flag,
-    allowed="1, 0, true, false, on, off",
-    help="Use the tuned tables shipped with kerneltune (and warm-start from them).",
+SHIPPED = _flag_option(
+    "shipped", True, "Use the tuned tables shipped with kerneltune (and warm-start from them)."
 )
 
 FIRST_CALL_CANDIDATES: Option[int | None] = Option(
@@ -205,23 +208,15 @@ FIRST_CALL_CANDIDATES: Option[int | None] = Option(
     ),
 )
 
-FIRST_CALL_KEY_S: Option[float] = Option(
-    name="first_call_key_s",
-    default=5.0,
-    parse=_positive_float,
-    allowed="a positive number of seconds",
-    help="How long the first call's tuning of one key may take (then it stops).",
+FIRST_CALL_KEY_S = _seconds_option(
+    "first_call_key_s", 5.0, "How long the first call's tuning of one key may take (then it stops)."
 )
 
-FIRST_CALL_PROCESS_S: Option[float] = Option(
-    name="first_call_process_s",
-    default=20.0,
-    parse=_positive_float,
-    allowed="a positive number of seconds",
-    help=(
-        "How long first calls may spend tuning in one process, all keys together; "
-        "after that, new keys use their predicted config untimed."
-    ),
+FIRST_CALL_PROCESS_S = _seconds_option(
+    "first_call_process_s",
+    20.0,
+    "How long first calls may spend tuning in one process, all keys together; after that, "
+    "new keys use their predicted config untimed.",
 )
 
 _OPTIONS: dict[str, Option[Any]] = {

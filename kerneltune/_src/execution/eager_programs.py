@@ -15,7 +15,7 @@ from typing import Any
 import jax
 
 from kerneltune._src.core import keys
-from kerneltune._src.kernel.base import Invocation, Kernel
+from kerneltune._src.kernel.base import Kernel
 
 
 def hashable(value: Any) -> Any:
@@ -25,6 +25,30 @@ def hashable(value: Any) -> Any:
         return value
     except TypeError:
         return ("json", keys.stable_json(value))
+
+
+@dataclasses.dataclass(frozen=True)
+class CallOptions:
+    """How a call asked to run: the executor's own keyword arguments
+    (`Executor.__call__`'s `cfg`, `stamp`, `method`, `mesh`, `in_specs`, `out_specs`)."""
+
+    cfg: Any = None
+    stamp: bool = True
+    method: str | None = None
+    mesh: Any = None
+    in_specs: Any = None
+    out_specs: Any = None
+
+    def invocation_fields(self) -> dict[str, Any]:
+        """The `Invocation` fields these options set."""
+        return {
+            "override_cfg": self.cfg,
+            "stamp": self.stamp,
+            "method": self.method,
+            "mesh": self.mesh,
+            "in_specs": self.in_specs,
+            "out_specs": self.out_specs,
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +67,7 @@ def signature(
     cfg: Any,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    inv: Invocation[Any, Any],
+    call: CallOptions,
     stamp_mode: str,
 ) -> Signature:
     leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
@@ -56,12 +80,12 @@ def signature(
         hashable(cfg),
         treedef,
         statics,
-        inv.stamp,
+        call.stamp,
         stamp_mode,
-        inv.method,
-        hashable(inv.mesh) if inv.mesh is not None else None,
-        hashable(inv.in_specs),
-        hashable(inv.out_specs),
+        call.method,
+        hashable(call.mesh) if call.mesh is not None else None,
+        hashable(call.in_specs),
+        hashable(call.out_specs),
     )
     return Signature(key, leaves, treedef, positions)
 

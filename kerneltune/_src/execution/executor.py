@@ -11,7 +11,6 @@ Under a trace (jit, grad, vmap, shard_map), the kernel is traced inline.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import operator
 import threading
@@ -21,6 +20,7 @@ from typing import Any, Generic, Protocol, runtime_checkable
 from kerneltune._src.core import jax_compat, labels, options, scope, tracing
 from kerneltune._src.core.kernel_types import Cfg, Out
 from kerneltune._src.execution import eager_programs
+from kerneltune._src.execution.eager_programs import CallOptions
 from kerneltune._src.kernel import dispatch, recording, sharding
 from kerneltune._src.kernel.base import Invocation, Kernel, keys_training_apart, make_invocation
 
@@ -56,17 +56,8 @@ def _eager_key(kernel: Any, stamp: bool, args: tuple[Any, ...], kwargs: dict[str
 _uids = itertools.count()
 
 
-@dataclasses.dataclass(frozen=True)
-class CallOptions:
-    """How a call asked to run: the executor's own keyword arguments
-    (`Executor.__call__`'s `cfg`, `stamp`, `method`, `mesh`, `in_specs`, `out_specs`)."""
-
-    cfg: Any = None
-    stamp: bool = True
-    method: str | None = None
-    mesh: Any = None
-    in_specs: Any = None
-    out_specs: Any = None
+#: A call that passed none of the executor's own keyword arguments.
+_NO_OPTIONS = CallOptions()
 
 
 class Executor(Generic[Cfg, Out]):
@@ -147,7 +138,8 @@ class Executor(Generic[Cfg, Out]):
         own: Callable[[Cfg], Callable[[], Any] | None] | None = None,
     ) -> Out:
         generation = self._generation
-        inv, p_args, p_kwargs = self._checked_invocation(kernel, args, kwargs, call)
+        _check_call(kernel, call)
+        inv, p_args, p_kwargs = self._invocation(kernel, args, kwargs, call)
         chosen = self.chooser.choose(inv, kernel)
         if options.RECORD.value:
             recording.record_invocation(kernel, inv)
@@ -157,7 +149,7 @@ class Executor(Generic[Cfg, Out]):
                 return self._stamped(inv, chosen, trace)  # type: ignore[no-any-return]
             return self._apply(kernel, inv, chosen, p_args, p_kwargs)
 
-        program = self._program(kernel, chosen, args, kwargs, inv)
+        program = self._program(kernel, chosen, args, kwargs, call)
         out = program(*args, **kwargs)
         # Remember the program for this signature, unless the chooser's state changed
         # while choosing (then the next call chooses again).
@@ -192,32 +184,15 @@ class Executor(Generic[Cfg, Out]):
 
         return forward_only
 
-    def _checked_invocation(
+    def _invocation(
         self,
         kernel: Kernel[Cfg, Out],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        call: CallOptions,
+        call: CallOptions = _NO_OPTIONS,
     ) -> tuple[Invocation[Cfg, Out], tuple[Any, ...], dict[str, Any]]:
-        """`_invocation` of a call as the user wrote it: the kernel and the calling
-        method's arguments are checked first."""
-        _check_kernel(kernel)
-        _check_method(call.method, call.mesh, call.in_specs, call.out_specs)
-        return self._invocation(
-            kernel,
-            args,
-            kwargs,
-            override_cfg=call.cfg,
-            stamp=call.stamp,
-            method=call.method,
-            mesh=call.mesh,
-            in_specs=call.in_specs,
-            out_specs=call.out_specs,
-        )
-
-    def _invocation(
-        self, kernel: Kernel[Cfg, Out], args: tuple[Any, ...], kwargs: dict[str, Any], **fields: Any
-    ) -> tuple[Invocation[Cfg, Out], tuple[Any, ...], dict[str, Any]]:
+        """The `Invocation` of a call (with `call`'s options), and its prepared
+        arguments."""
         prepared = kernel.prepare(*args, **kwargs)
         if not (
             isinstance(prepared, tuple) and len(prepared) == 2 and isinstance(prepared[1], dict)
@@ -227,7 +202,8 @@ class Executor(Generic[Cfg, Out]):
                 f"dict, got {type(prepared).__qualname__}."
             )
         p_args, p_kwargs = tuple(prepared[0]), dict(prepared[1])
-        return make_invocation(kernel, p_args, p_kwargs, **fields), p_args, p_kwargs
+        inv = make_invocation(kernel, p_args, p_kwargs, **call.invocation_fields())
+        return inv, p_args, p_kwargs
 
     def _apply(
         self,
@@ -259,24 +235,17 @@ class Executor(Generic[Cfg, Out]):
         cfg: Cfg,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        inv: Invocation[Cfg, Out],
+        call: CallOptions,
     ) -> eager_programs.Program:
         """The jitted program running `kernel` with `cfg` for calls shaped like
-        (args, kwargs): one per (kernel, config, static arguments)."""
-        sig = eager_programs.signature(kernel, cfg, args, kwargs, inv, options.STAMP.value)
+        (args, kwargs) with `call`'s options: one per (kernel, config, static
+        arguments)."""
+        sig = eager_programs.signature(kernel, cfg, args, kwargs, call, options.STAMP.value)
         program = self._programs.get(sig.key)
         if program is None:
-            fields = {
-                "stamp": inv.stamp,
-                "method": inv.method,
-                "mesh": inv.mesh,
-                "in_specs": inv.in_specs,
-                "out_specs": inv.out_specs,
-                "override_cfg": inv.override_cfg,
-            }
 
             def trace(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-                inner, p_args, p_kwargs = self._invocation(kernel, args, kwargs, **fields)
+                inner, p_args, p_kwargs = self._invocation(kernel, args, kwargs, call)
                 return self._apply(kernel, inner, cfg, p_args, p_kwargs)
 
             program = eager_programs.Program(trace, sig)
@@ -332,8 +301,8 @@ class Executor(Generic[Cfg, Out]):
         """The `Invocation` a call with these arguments makes (prepared arguments, op
         id, call key), without choosing a config or running anything."""
         call = CallOptions(cfg, True, method, mesh, in_specs, out_specs)
-        inv, _, _ = self._checked_invocation(kernel, args, kwargs, call)
-        return inv
+        _check_call(kernel, call)
+        return self._invocation(kernel, args, kwargs, call)[0]
 
     def compile(
         self,
@@ -346,12 +315,13 @@ class Executor(Generic[Cfg, Out]):
         that always runs with it (keeping prepare, platform dispatch and the custom
         VJP); it works eagerly and under jit/grad/vmap."""
         chosen = self.choose_config(kernel, *example_args, cfg=cfg, **example_kwargs)
+        call = CallOptions(cfg=chosen)
 
         def compiled(*args: Any, **kwargs: Any) -> Out:
-            inv, p_args, p_kwargs = self._invocation(kernel, args, kwargs, override_cfg=chosen)
+            inv, p_args, p_kwargs = self._invocation(kernel, args, kwargs, call)
             if tracing.is_tracing((args, kwargs)) or tracing.is_tracing((p_args, p_kwargs)):
                 return self._apply(kernel, inv, chosen, p_args, p_kwargs)
-            program = self._program(kernel, chosen, args, kwargs, inv)
+            program = self._program(kernel, chosen, args, kwargs, call)
             return program(*args, **kwargs)
 
         compiled.cfg = chosen  # type: ignore[attr-defined]
@@ -364,13 +334,14 @@ def _default_keys(kernel: Kernel[Any, Any]) -> bool:
     return type(kernel).key_builder is None and "key_builder" not in vars(kernel)
 
 
-def _check_method(method: Any, mesh: Any, in_specs: Any, out_specs: Any) -> None:
-    if method not in (None, "shard_map"):
-        raise ValueError(f"method must be None or 'shard_map', got {method!r}.")
-    if method == "shard_map" and (mesh is None or in_specs is None or out_specs is None):
-        raise ValueError("method='shard_map' needs mesh=, in_specs= and out_specs=.")
-
-
-def _check_kernel(kernel: Any) -> None:
+def _check_call(kernel: Any, call: CallOptions) -> None:
+    """Checks a call as the user wrote it: the kernel, and the calling method's
+    arguments."""
     if not isinstance(kernel, Kernel):
         raise TypeError(f"expected a kerneltune.Kernel instance, got {type(kernel).__qualname__}.")
+    if call.method not in (None, "shard_map"):
+        raise ValueError(f"method must be None or 'shard_map', got {call.method!r}.")
+    if call.method == "shard_map" and (
+        call.mesh is None or call.in_specs is None or call.out_specs is None
+    ):
+        raise ValueError("method='shard_map' needs mesh=, in_specs= and out_specs=.")

@@ -253,11 +253,7 @@ class Invocation(Generic[Cfg, Out]):
 
     def key_payload(self) -> dict[str, Any]:
         """What the default call key is a hash of."""
-        return keys.key_payload(
-            self.abstract_args,
-            self.abstract_kwargs,
-            **{name: getattr(self, name) for name in keys.KEY_FIELDS},
-        )
+        return keys.key_payload(self.abstract_args, self.abstract_kwargs, **keys.key_fields(self))
 
     @functools.cached_property
     def shape(self) -> call_shapes.CallShape | None:

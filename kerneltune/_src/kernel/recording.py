@@ -158,7 +158,7 @@ class Record:
       ref: how to rebuild the kernel elsewhere (None when it cannot be).
       signature: the readable shapes, e.g. `f32[128,256], causal=True`.
       method, mesh, in_specs, out_specs, batch_axes, differentiated: as in the
-        `Invocation`.
+        `Invocation` (`keys.KEY_FIELDS`: its key covers them).
       shardings: the sharding fingerprint of every array leaf, in order.
     """
 
@@ -185,10 +185,8 @@ class Record:
     @functools.cached_property
     def shape(self) -> call_shapes.CallShape | None:
         """The call's sizes and size-free family, as `Invocation.shape`."""
-        fields = {name: getattr(self, name) for name in keys.KEY_FIELDS}
-        return call_shapes.call_shape(
-            keys.key_payload(tuple(self.args), dict(self.kwargs), **fields)
-        )
+        payload = keys.key_payload(tuple(self.args), dict(self.kwargs), **keys.key_fields(self))
+        return call_shapes.call_shape(payload)
 
     def get_kernel(self) -> Kernel[Any, Any]:
         """The kernel: the recorded instance, else rebuilt from `ref`.
@@ -221,15 +219,10 @@ class Record:
             op_id=kernel.op_id,
             args=tuple(self.args),
             kwargs=dict(self.kwargs),
-            batch_axes=self.batch_axes,
             stamp=False,
-            method=self.method,
-            mesh=self.mesh,
-            in_specs=self.in_specs,
-            out_specs=self.out_specs,
             version=str(kernel.version),
             key_builder=FixedKey(self.call_key),
-            differentiated=self.differentiated,
+            **keys.key_fields(self),
         )
 
 
@@ -260,13 +253,8 @@ def make_record(kernel: Kernel[Any, Any], inv: Invocation[Any, Any]) -> Record:
         kernel=kernel,
         ref=ref,
         signature=inv.signature,
-        method=inv.method,
-        mesh=inv.mesh,
-        in_specs=inv.in_specs,
-        out_specs=inv.out_specs,
-        batch_axes=inv.batch_axes,
         shardings=shardings,
-        differentiated=inv.differentiated,
+        **keys.key_fields(inv),
     )
 
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from kerneltune._src.core import jax_compat, keys, options, scope
 from kerneltune._src.execution.default import default_executor
+from kerneltune._src.execution.eager_programs import CallOptions
 from kerneltune._src.execution.executor import Executor
 from kerneltune._src.kernel.base import Kernel
 
@@ -38,19 +39,11 @@ def vmap_with_config(
       would use.
 
     Example:
-      >>> import dataclasses, jax.numpy as jnp, kerneltune
-      >>> @dataclasses.dataclass(frozen=True)
-      ... class Cfg:
-      ...     block: int = 8
-      >>> class Double(kerneltune.Kernel):
-      ...     op_id = "double"
-      ...     def run(self, x, *, cfg):
-      ...         return 2 * x
-      ...     def heuristic_cfg(self, inv):
-      ...         return Cfg()
+      >>> import jax.numpy as jnp, kerneltune
+      >>> from kerneltune.kernels import Softmax
       >>> ex = kerneltune.Executor(kerneltune.ConfigSelectorChain(kerneltune.ConfigCache()))
-      >>> vmap_with_config(Double(), executor=ex)(jnp.ones((3, 2))).shape
-      (3, 2)
+      >>> vmap_with_config(Softmax(), executor=ex)(jnp.ones((3, 2, 4))).shape
+      (3, 2, 4)
     """
     return _Batched(kernel, in_axes, executor, "vmap", None)
 
@@ -135,7 +128,7 @@ class _Batched:
         kernel = self.kernel
 
         def one(*example: Any) -> Any:
-            inv, p_args, p_kwargs = ex._invocation(kernel, example, kwargs, override_cfg=cfg)
+            inv, p_args, p_kwargs = ex._invocation(kernel, example, kwargs, CallOptions(cfg=cfg))
             return ex._apply(kernel, inv, cfg, p_args, p_kwargs)
 
         if self.how == "vmap":

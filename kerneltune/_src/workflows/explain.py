@@ -8,6 +8,7 @@ from typing import Any
 
 from kerneltune._src.caching.cache_entry import CacheEntry
 from kerneltune._src.core.configs import config_to_dict
+from kerneltune._src.execution.eager_programs import CallOptions
 from kerneltune._src.kernel.base import Kernel
 from kerneltune._src.selection.chain import ConfigSelectorChain, Decision
 from kerneltune._src.tuning.report import TuningReport
@@ -131,7 +132,7 @@ def explain(
     from kerneltune._src.execution.default import default_executor
 
     ex = executor if executor is not None else default_executor()
-    inv, _, _ = ex._invocation(kernel, args, kwargs, override_cfg=cfg)
+    inv, _, _ = ex._invocation(kernel, args, kwargs, CallOptions(cfg=cfg))
     chooser = ex.chooser
     if not isinstance(chooser, ConfigSelectorChain):
         chosen = chooser.choose(inv, kernel)

@@ -309,28 +309,15 @@ def autotune_lowered(
       An `AutotuningResult` with one entry per call found: tuned, cached, or listed
       with nothing to tune (`Entry.untuned`).
     """
-    return result_of(
-        lowered_outcomes(
-            selector,
-            lowered,
-            invocations=invocations,
-            force=force,
-            compiled=compiled,
-            progress=progress,
-        )
-    )
+    matched = lowered_records(lowered, invocations=invocations, compiled=compiled)
+    return result_of(tune_records(matched, selector, force=force, progress=progress))
 
 
-def lowered_outcomes(
-    selector: Any,
-    lowered: Any,
-    *,
-    invocations: Any = None,
-    force: bool = False,
-    compiled: bool = False,
-    progress: bool | None = None,
-) -> list[CallOutcome]:
-    """`autotune_lowered`'s work, with each call's `CallOutcome` (tuned now, cached, ...)."""
+def lowered_records(
+    lowered: Any, *, invocations: Any = None, compiled: bool = False
+) -> list[Record]:
+    """The recorded calls (of `invocations`, default this device's) whose labels a
+    lowered computation holds, in its order; a warning names those never recorded."""
     found = labels.kernel_labels_in_lowered(lowered, compiled=compiled)
     records = {
         r.key: r for r in iter_records(get_invocations() if invocations is None else invocations)
@@ -358,4 +345,4 @@ def lowered_outcomes(
             len(missing),
             ", ".join(missing),
         )
-    return tune_records(matched, selector, force=force, progress=progress)
+    return matched

@@ -18,38 +18,40 @@ def _type_name(cfg: Any) -> str:
     return "" if isinstance(cfg, dict) else f"{t.__module__}.{t.__qualname__}"
 
 
-def from_report(record: Record, decision: Decision) -> Entry:
-    report = decision.report
-    fields = report_fields(report)
+#: What an entry says about how its call was tuned, as a report or a stored entry has it.
+_TUNING_FIELDS = (
+    "timings",
+    "timer",
+    "best_time_s",
+    "heuristic_time_s",
+    "heuristic_cfg",
+    "strategy",
+    "wall_s",
+)
+
+
+def _entry(record: Record, decision: Decision, **fields: Any) -> Entry:
+    """The entry of `record`'s call with the config of `decision`, and `fields`."""
     return Entry(
         record.op_id_v,
         record.call_key,
         decision.cfg,
-        timings=tuple(fields.get("timings", ())),
         signature=record.signature,
         cfg_type=_type_name(decision.cfg),
-        timer=fields.get("timer"),
-        best_time_s=fields.get("best_time_s"),
-        heuristic_time_s=fields.get("heuristic_time_s"),
-        created=time.time(),
-        heuristic_cfg=fields.get("heuristic_cfg"),
-        strategy=fields.get("strategy"),
-        wall_s=fields.get("wall_s"),
+        **fields,
     )
+
+
+def from_report(record: Record, decision: Decision) -> Entry:
+    fields = report_fields(decision.report)
+    tuning = {name: fields[name] for name in _TUNING_FIELDS if name in fields}
+    return _entry(record, decision, created=time.time(), **tuning)
 
 
 def untuned(record: Record, decision: Decision, why: str) -> Entry:
     """The entry of a call with nothing to tune: its heuristic config, with why in its
     strategy (`Entry.untuned`); never written to a cache by an import or a merge."""
-    return Entry(
-        record.op_id_v,
-        record.call_key,
-        decision.cfg,
-        signature=record.signature,
-        cfg_type=_type_name(decision.cfg),
-        created=time.time(),
-        strategy=f"{UNTUNED_STRATEGY}: {why}",
-    )
+    return _entry(record, decision, created=time.time(), strategy=f"{UNTUNED_STRATEGY}: {why}")
 
 
 def from_caches(record: Record, chain: ConfigSelectorChain[Any, Any], decision: Decision) -> Entry:
@@ -65,26 +67,6 @@ def from_caches(record: Record, chain: ConfigSelectorChain[Any, Any], decision: 
         except Exception:  # timings are a bonus.
             stored = None
     if stored is None:
-        return Entry(
-            record.op_id_v,
-            record.call_key,
-            decision.cfg,
-            signature=record.signature,
-            cfg_type=_type_name(decision.cfg),
-            created=time.time(),
-        )
-    return Entry(
-        record.op_id_v,
-        record.call_key,
-        decision.cfg,
-        timings=tuple(stored.candidates),
-        signature=record.signature,
-        cfg_type=_type_name(decision.cfg),
-        timer=stored.timer,
-        best_time_s=stored.best_time_s,
-        heuristic_time_s=stored.heuristic_time_s,
-        created=stored.created,
-        heuristic_cfg=stored.heuristic_cfg,
-        strategy=stored.strategy,
-        wall_s=stored.wall_s,
-    )
+        return _entry(record, decision, created=time.time())
+    tuning = {name: getattr(stored, name) for name in _TUNING_FIELDS}
+    return _entry(record, decision, created=stored.created, **tuning)

@@ -90,9 +90,8 @@ def autotune_function(
     ):
         lowered = jax.jit(call).lower(*specs)
         records = recording.get_invocations()
-    outcomes = offline.lowered_outcomes(
-        chain, lowered, invocations=records, force=force, progress=progress
-    )
+    matched = offline.lowered_records(lowered, invocations=records)
+    outcomes = offline.tune_records(matched, chain, force=force, progress=progress)
     result = offline.result_of(outcomes)
     if not any(o.status == "tuned" for o in outcomes):
         return result  # every config came from the caches: decided before

@@ -24,16 +24,25 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from kerneltune._src.params import check_positive, check_positive_power_of_two
+from kerneltune._src.params import check_positive_power_of_two
 from kerneltune.kernels._common import (
     MAX_REGISTERS_PER_THREAD,
     Pruned,
+    WithItemsize,
     next_power_of_2,
     prune,
     shared_memory_limit,
     shared_memory_rule,
 )
 from kerneltune.kernels._config import BackendConfig
+from kerneltune.kernels._tiles import MIN_BLOCK as MIN_BLOCK
+from kerneltune.kernels._tiles import (
+    block_for,
+    check_blocks,
+    check_launch,
+    larger_than_dims,
+    not_dividing,
+)
 from kerneltune.kernels.cross_entropy import lse_triton
 
 BACKENDS = ("xla", "chunked", "triton")
@@ -42,8 +51,6 @@ LOGITS_DTYPES = ("float32", "input")
 LogitsDtype = Literal["float32", "input"]
 LSE_BACKENDS = ("xla", "triton")
 LseBackend = Literal["xla", "triton"]
-#: The smallest tile side Triton's `dot` accepts.
-MIN_BLOCK = 16
 #: The smallest chunk of tokens the chunked path takes.
 MIN_CHUNK = 8
 
@@ -143,15 +150,8 @@ lse_backend='xla')
                 f"{owner}.chunk_size must be at least {MIN_CHUNK}, got {self.chunk_size}."
             )
         if self.backend == "triton":
-            for name in ("block_m", "block_v", "block_k"):
-                check_positive_power_of_two(owner, name, getattr(self, name))
-                if getattr(self, name) < MIN_BLOCK:
-                    raise ValueError(
-                        f"{owner}.{name} must be at least {MIN_BLOCK} (the smallest tile "
-                        f"Triton's dot accepts), got {getattr(self, name)}."
-                    )
-            check_positive_power_of_two(owner, "num_warps", self.num_warps)
-            check_positive(owner, "num_stages", self.num_stages)
+            check_blocks(self, ("block_m", "block_v", "block_k"))
+            check_launch(self)
 
 
 def logits_dtype(cfg: CrossEntropyConfig, x: Any) -> Any:
@@ -161,17 +161,13 @@ def logits_dtype(cfg: CrossEntropyConfig, x: Any) -> Any:
 
 
 @dataclasses.dataclass(frozen=True)
-class CrossEntropyProblem:
+class CrossEntropyProblem(WithItemsize):
     """`x[m, k] @ w[k, v]` then a softmax cross-entropy per row, in `dtype`."""
 
     m: int
     k: int
     v: int
     dtype: np.dtype
-
-    @property
-    def itemsize(self) -> int:
-        return np.dtype(self.dtype).itemsize
 
     def logits_bytes(self, rows: int, logits_dtype: str | None) -> int:
         """Bytes of `rows` rows of logits written in `logits_dtype`."""
@@ -288,16 +284,15 @@ def largest_chunk(p: CrossEntropyProblem, logits_dtype: LogitsDtype) -> int | No
 
 
 def triton_heuristic(p: CrossEntropyProblem) -> CrossEntropyConfig:
-    """A fused-kernel config that fits any shape: 64-row tiles, 128 vocabulary
-    columns, 64-wide shared-dim steps (shrunk to small problems)."""
+    """A fused-kernel config that fits any shape: the default tiles (64 rows, 128
+    vocabulary columns, 64-wide shared-dim steps), shrunk to a small problem."""
+    default = _TRITON_DEFAULTS
     return CrossEntropyConfig(
         backend="triton",
         chunk_size=max(MIN_CHUNK, min(DEFAULT_CHUNK, next_power_of_2(p.m))),
-        block_m=max(MIN_BLOCK, min(64, next_power_of_2(p.m))),
-        block_v=max(MIN_BLOCK, min(128, next_power_of_2(p.v))),
-        block_k=max(MIN_BLOCK, min(64, next_power_of_2(p.k))),
-        num_warps=4,
-        num_stages=2,
+        block_m=block_for(p.m, default["block_m"]),
+        block_v=block_for(p.v, default["block_v"]),
+        block_k=block_for(p.k, default["block_k"]),
     )
 
 
@@ -343,6 +338,7 @@ def candidate_space(p: CrossEntropyProblem, *, training: bool) -> list[CrossEntr
 def rules(p: CrossEntropyProblem, smem_limit: int | None = None):
     """The pruning rules for `p`: each returns None or why a config cannot run it."""
     limit = shared_memory_limit() if smem_limit is None else smem_limit
+    tiling = (("block_m", p.m, "M"), ("block_v", p.v, "V"), ("block_k", p.k, "K"))
 
     def logits_dtype_differs(c: CrossEntropyConfig) -> str | None:
         if c.logits_dtype == "input" and p.itemsize >= 4:
@@ -360,17 +356,7 @@ def rules(p: CrossEntropyProblem, smem_limit: int | None = None):
     def tiles_fit(c: CrossEntropyConfig) -> str | None:
         if c.backend != "triton":
             return None
-        for name, block, dim in (
-            ("block_m", c.block_m, p.m),
-            ("block_v", c.block_v, p.v),
-            ("block_k", c.block_k, p.k),
-        ):
-            assert block is not None
-            if block > max(MIN_BLOCK, next_power_of_2(dim)):
-                return f"{name}={block} is larger than the dimension ({dim})"
-        if p.k % c.block_k:  # type: ignore[operator]
-            return f"K={p.k} is not a multiple of block_k={c.block_k} (would need padding)"
-        return None
+        return larger_than_dims(c, tiling) or not_dividing(c, tiling[2:])
 
     def fits_smem(c: CrossEntropyConfig) -> str | None:
         if c.backend != "triton":

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kerneltune.kernels._common import triton_compiler_params
+from kerneltune.kernels._common import launch_params
 from kerneltune.kernels.cross_entropy import lse_xla
 
 
@@ -133,9 +133,7 @@ def _whole_blocks(
         grid=(rows // tiles.block_m,),
         in_specs=[pl.BlockSpec((tiles.block_m, vocab), lambda i: (i, 0)), row_block],
         out_specs=(row_block, row_block, row_block),
-        compiler_params=None
-        if interpret
-        else triton_compiler_params(num_warps=tiles.num_warps, num_stages=tiles.num_stages),
+        compiler_params=launch_params(tiles, interpret=interpret),
         interpret=interpret,
         name="kerneltune_logits_lse",
     )(logits, labels)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kerneltune.kernels._common import pad_to, triton_compiler_params
+from kerneltune.kernels._common import launch_params, pad_to
 from kerneltune.kernels.cross_entropy import lse_triton
 from kerneltune.kernels.cross_entropy.chunked_backend import FromRows
 from kerneltune.kernels.cross_entropy.config import CrossEntropyConfig
@@ -96,9 +96,7 @@ def lse_and_label_logit(
             pl.BlockSpec((cfg.block_m,), lambda i: (i,)),
             pl.BlockSpec((cfg.block_m,), lambda i: (i,)),
         ),
-        compiler_params=None
-        if interpret
-        else triton_compiler_params(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+        compiler_params=launch_params(cfg, interpret=interpret),
         interpret=interpret,
         name="kerneltune_linear_softmax_cross_entropy",
     )(xp, wp, lp)

@@ -18,23 +18,22 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from kerneltune._src.params import check_positive, check_positive_power_of_two
 from kerneltune.kernels._common import (
     MAX_REGISTERS_PER_THREAD,
     Pruned,
-    blocks_not_dividing,
-    next_power_of_2,
+    WithItemsize,
     prune,
     shared_memory_limit,
     shared_memory_rule,
 )
 from kerneltune.kernels._config import BackendConfig
+from kerneltune.kernels._tiles import MIN_BLOCK as MIN_BLOCK
+from kerneltune.kernels._tiles import block_for, check_blocks, check_launch, tile_rules
 
 BACKENDS = ("xla", "xla_split", "triton", "tokamax")
 Backend = Literal["xla", "xla_split", "triton", "tokamax"]
 #: The backends that are plain JAX code (run on the caller's unflattened arrays).
 XLA_BACKENDS = ("xla", "xla_split")
-MIN_BLOCK = 16
 _TRITON_DEFAULTS: dict[str, Any] = {
     "block_m": 64,
     "block_n": 64,
@@ -85,31 +84,19 @@ class GLUConfig(BackendConfig):
     }
 
     def check(self) -> None:
-        if self.backend != "triton":
-            return
-        for name in ("block_m", "block_n", "block_k"):
-            check_positive_power_of_two("GLUConfig", name, getattr(self, name))
-            if getattr(self, name) < MIN_BLOCK:
-                raise ValueError(
-                    f"GLUConfig.{name} must be at least {MIN_BLOCK} (the smallest tile "
-                    f"Triton's dot accepts), got {getattr(self, name)}."
-                )
-        check_positive_power_of_two("GLUConfig", "num_warps", self.num_warps)
-        check_positive("GLUConfig", "num_stages", self.num_stages)
+        if self.backend == "triton":
+            check_blocks(self, ("block_m", "block_n", "block_k"))
+            check_launch(self)
 
 
 @dataclasses.dataclass(frozen=True)
-class GLUProblem:
+class GLUProblem(WithItemsize):
     """`x[m, k]` times two `[k, n]` projections, in `dtype`."""
 
     m: int
     k: int
     n: int
     dtype: np.dtype
-
-    @property
-    def itemsize(self) -> int:
-        return np.dtype(self.dtype).itemsize
 
 
 XLA = GLUConfig(backend="xla")
@@ -125,14 +112,14 @@ def heuristic(p: GLUProblem) -> GLUConfig:
 
 
 def triton_heuristic(p: GLUProblem) -> GLUConfig:
-    """A fused-kernel config that fits any shape."""
+    """A fused-kernel config that fits any shape: the default tiles, shrunk to a small
+    problem."""
+    default = _TRITON_DEFAULTS
     return GLUConfig(
         backend="triton",
-        block_m=max(MIN_BLOCK, min(64, next_power_of_2(p.m))),
-        block_n=max(MIN_BLOCK, min(64, next_power_of_2(p.n))),
-        block_k=max(MIN_BLOCK, min(32, next_power_of_2(p.k))),
-        num_warps=4,
-        num_stages=3,
+        block_m=block_for(p.m, default["block_m"]),
+        block_n=block_for(p.n, default["block_n"]),
+        block_k=block_for(p.k, default["block_k"]),
     )
 
 
@@ -144,26 +131,7 @@ def shared_memory_bytes(p: GLUProblem, c: GLUConfig) -> int:
 
 def rules(p: GLUProblem, smem_limit: int | None = None):
     limit = shared_memory_limit() if smem_limit is None else smem_limit
-
-    def fits_dims(c: GLUConfig) -> str | None:
-        for name, block, dim in (
-            ("block_m", c.block_m, p.m),
-            ("block_n", c.block_n, p.n),
-            ("block_k", c.block_k, p.k),
-        ):
-            assert block is not None
-            if block > max(MIN_BLOCK, next_power_of_2(dim)):
-                return f"{name}={block} is larger than the dimension ({dim})"
-        return None
-
-    def divides(c: GLUConfig) -> str | None:
-        return blocks_not_dividing(
-            (
-                ("block_m", c.block_m, p.m, "M"),
-                ("block_n", c.block_n, p.n, "N"),
-                ("block_k", c.block_k, p.k, "K"),
-            )
-        )
+    tiling = (("block_m", p.m, "M"), ("block_n", p.n, "N"), ("block_k", p.k, "K"))
 
     def fits_smem(c: GLUConfig) -> str | None:
         tiles = f"{c.num_stages} stages × ({c.block_m}×{c.block_k} + 2 × {c.block_k}×{c.block_n}) × {p.itemsize} B"
@@ -179,7 +147,7 @@ def rules(p: GLUProblem, smem_limit: int | None = None):
             )
         return None
 
-    return [fits_dims, divides, fits_smem, fits_registers]
+    return [*tile_rules(tiling), fits_smem, fits_registers]
 
 
 def triton_candidates(

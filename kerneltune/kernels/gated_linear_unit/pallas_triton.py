@@ -17,7 +17,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from kerneltune._src.kernel.backends import Backend
-from kerneltune.kernels._common import pad_to, triton_compiler_params
+from kerneltune.kernels._common import launch_params, pad_to
 from kerneltune.kernels.gated_linear_unit.config import GLUConfig
 from kerneltune.kernels.gated_linear_unit.reference import gate_and_up, glu_xla
 
@@ -75,9 +75,7 @@ def glu_pallas(
             pl.BlockSpec((kp, cfg.block_n), lambda i, j: (0, j)),
         ],
         out_specs=pl.BlockSpec((cfg.block_m, cfg.block_n), lambda i, j: (i, j)),
-        compiler_params=None
-        if interpret
-        else triton_compiler_params(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+        compiler_params=launch_params(cfg, interpret=interpret),
         interpret=interpret,
         name="kerneltune_gated_linear_unit",
     )(xp, gp, up_p)

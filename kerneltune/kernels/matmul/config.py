@@ -13,16 +13,15 @@ from kerneltune._src.params import check_positive, check_positive_power_of_two
 from kerneltune.kernels._common import (
     MAX_REGISTERS_PER_THREAD,
     Pruned,
-    blocks_not_dividing,
-    next_power_of_2,
+    WithItemsize,
     prune,
     shared_memory_limit,
     shared_memory_rule,
 )
 from kerneltune.kernels._config import BackendConfig
+from kerneltune.kernels._tiles import MIN_BLOCK as MIN_BLOCK
+from kerneltune.kernels._tiles import block_for, check_blocks, check_launch, tile_rules
 
-#: The smallest tile side Triton's `dot` accepts.
-MIN_BLOCK = 16
 #: The matmul's GPU backends: our Pallas kernel lowered through Triton, and JAX's
 #: Mosaic GPU matmul for Hopper (`jax.experimental.pallas.ops.gpu.hopper_matmul_mgpu`).
 #: "xla" is `jnp.dot` (cuBLAS on GPUs), whose tiles XLA picks: the block fields unused.
@@ -133,18 +132,10 @@ leave it None with backend='triton' (got 4).
     }
 
     def check(self) -> None:
-        for name in ("block_m", "block_n", "block_k"):
-            value = getattr(self, name)
-            check_positive_power_of_two("MatmulConfig", name, value)
-            if value < MIN_BLOCK:
-                raise ValueError(
-                    f"MatmulConfig.{name} must be at least {MIN_BLOCK} (the smallest tile "
-                    f"Triton's dot accepts), got {value}."
-                )
+        check_blocks(self, ("block_m", "block_n", "block_k"))
         if self.backend == "triton":
-            check_positive_power_of_two("MatmulConfig", "num_warps", self.num_warps)
+            check_launch(self)
             check_positive_power_of_two("MatmulConfig", "group_m", self.group_m)
-            check_positive("MatmulConfig", "num_stages", self.num_stages)
         elif self.backend == "mosaic":
             self._check_mosaic()
 
@@ -204,22 +195,13 @@ leave it None with backend='triton' (got 4).
 
 
 @dataclasses.dataclass(frozen=True)
-class MatmulProblem:
+class MatmulProblem(WithItemsize):
     """What the config depends on: `x[m, k] @ y[k, n]` in `dtype`."""
 
     m: int
     n: int
     k: int
     dtype: np.dtype
-
-    @property
-    def itemsize(self) -> int:
-        return np.dtype(self.dtype).itemsize
-
-
-def _block_for(dim: int, preferred: int) -> int:
-    """`preferred`, or the smallest power of two covering a smaller `dim`."""
-    return max(MIN_BLOCK, min(preferred, next_power_of_2(dim)))
 
 
 def triton_params(cfg: MatmulConfig) -> tuple[int, int, int]:
@@ -250,9 +232,9 @@ def heuristic(p: MatmulProblem) -> MatmulConfig:
     for large bf16 problems, where they pay off), block_k=64 for 16-bit inputs and 32 for
     32-bit ones, 3 stages (fewer if they would not fit)."""
     wide = p.itemsize <= 2 and p.m >= 2048 and p.n >= 2048
-    block_m = _block_for(p.m, 128)
-    block_n = _block_for(p.n, 256 if wide else 128)
-    block_k = _block_for(p.k, 64 if p.itemsize <= 2 else 32)
+    block_m = block_for(p.m, 128)
+    block_n = block_for(p.n, 256 if wide else 128)
+    block_k = block_for(p.k, 64 if p.itemsize <= 2 else 32)
     num_warps = 8 if block_m * block_n >= 128 * 256 else 4
     stages = 3
     cfg = MatmulConfig(
@@ -279,25 +261,7 @@ def candidate_space(p: MatmulProblem) -> list[MatmulConfig]:
 def rules(p: MatmulProblem, smem_limit: int | None = None):
     """The pruning rules for problem `p`: each returns None or why a config is out."""
     limit = shared_memory_limit() if smem_limit is None else smem_limit
-
-    def fits_dims(c: MatmulConfig) -> str | None:
-        for name, block, dim in (
-            ("block_m", c.block_m, p.m),
-            ("block_n", c.block_n, p.n),
-            ("block_k", c.block_k, p.k),
-        ):
-            if block > max(dim, MIN_BLOCK) and block > next_power_of_2(dim):
-                return f"{name}={block} is larger than the dimension ({dim})"
-        return None
-
-    def divides(c: MatmulConfig) -> str | None:
-        return blocks_not_dividing(
-            (
-                ("block_m", c.block_m, p.m, "M"),
-                ("block_n", c.block_n, p.n, "N"),
-                ("block_k", c.block_k, p.k, "K"),
-            )
-        )
+    tiling = (("block_m", p.m, "M"), ("block_n", p.n, "N"), ("block_k", p.k, "K"))
 
     def fits_smem(c: MatmulConfig) -> str | None:
         tiles = f"{c.num_stages} stages × ({c.block_m}×{c.block_k} + {c.block_k}×{c.block_n}) × {p.itemsize} B"
@@ -314,7 +278,7 @@ def rules(p: MatmulProblem, smem_limit: int | None = None):
             return f"{c.num_warps} warps are too many for a {c.block_m}×{c.block_n} tile ({regs} values per thread)"
         return None
 
-    return [fits_dims, divides, fits_smem, fits_registers]
+    return [*tile_rules(tiling), fits_smem, fits_registers]
 
 
 def candidates(

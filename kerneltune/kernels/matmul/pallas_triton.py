@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kerneltune.kernels._common import pad_to, triton_compiler_params
+from kerneltune.kernels._common import launch_params, pad_to
 from kerneltune.kernels.matmul.config import MatmulConfig, triton_params
 from kerneltune.kernels.matmul.pallas_backward import PallasGradient
 
@@ -56,7 +56,7 @@ def matmul_pallas(
     Dimensions that the tiles do not divide are zero-padded (correct for a product,
     but wasted work: the candidate space avoids such tiles).
     """
-    num_warps, num_stages, group_m = triton_params(cfg)
+    group_m = triton_params(cfg)[2]  # (and a clear error for a Mosaic config)
     m, k = x.shape
     n = y.shape[1]
     xp = pad_to(x, (cfg.block_m, cfg.block_k))
@@ -85,9 +85,7 @@ def matmul_pallas(
         grid=(tiles_m * tiles_n,),
         in_specs=[pl.BlockSpec((cfg.block_m, kp), x_map), pl.BlockSpec((kp, cfg.block_n), y_map)],
         out_specs=pl.BlockSpec((cfg.block_m, cfg.block_n), o_map),
-        compiler_params=None
-        if interpret
-        else triton_compiler_params(num_warps=num_warps, num_stages=num_stages),
+        compiler_params=launch_params(cfg, interpret=interpret),
         interpret=interpret,
         name="kerneltune_matmul",
     )(xp, yp)
