@@ -77,7 +77,9 @@ class EPConfig:
 
     def __post_init__(self) -> None:
         if self.dispatch not in DISPATCHES:
-            raise ValueError(f"EPConfig.dispatch must be one of {DISPATCHES}, got {self.dispatch!r}.")
+            raise ValueError(
+                f"EPConfig.dispatch must be one of {DISPATCHES}, got {self.dispatch!r}."
+            )
         if self.capacity_factor is not None and not self.capacity_factor > 0:
             raise ValueError(
                 f"EPConfig.capacity_factor must be None or positive, got {self.capacity_factor!r}."
@@ -364,9 +366,7 @@ def ep_moe_block(
     dispatch = resolve(cfg, mesh)
     body = functools.partial(_local_block, ops, s, cfg, dispatch, ep, ragged_all_to_all)
     tokens = P(cfg.token_axes)
-    sharded = _shard_map(
-        body, mesh=mesh, in_specs=(param_specs(cfg), tokens), out_specs=tokens
-    )
+    sharded = _shard_map(body, mesh=mesh, in_specs=(param_specs(cfg), tokens), out_specs=tokens)
 
     def block(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
         return sharded(p, x).astype(x.dtype)
