@@ -269,16 +269,18 @@ def test_mosaic_and_tokamax_say_why_they_do_not_run_an_offset_call(monkeypatch):
     assert pallas_mosaic.unsupported("drhs", False) is None
 
 
-def test_the_gpu_heuristic_leaves_an_offset_d_rhs_to_triton(monkeypatch):
+@pytest.mark.parametrize(("g", "mosaic"), [(6, True), (8, False)], ids=["most-local", "half-local"])
+def test_the_gpu_heuristic_with_an_offset(monkeypatch, g, mosaic):
     # On a Hopper GPU the heuristic is JAX's Mosaic kernel, except for d_rhs with an
-    # offset, which it cannot skip rows for.
+    # offset (no first row: pruned), and where half the groups or fewer are local
+    # (Mosaic would multiply every row: at least twice Triton's work).
     monkeypatch.setattr(pallas_mosaic, "is_hopper", lambda: True)
     monkeypatch.setattr(pallas_mosaic, "_load", lambda *a: pallas_mosaic.MosaicFunction(
         fn=lambda *a, **k: None, params=frozenset(["transpose_rhs"])))  # fmt: skip
     lhs = jax.ShapeDtypeStruct((4096, 512), BF16)
     dout = jax.ShapeDtypeStruct((4096, 256), BF16)
     rhs = jax.ShapeDtypeStruct((4, 512, 256), BF16)
-    sizes, off = jax.ShapeDtypeStruct((16,), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32)
+    sizes, off = jax.ShapeDtypeStruct((g,), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32)
     kw = {"out_dtype": "bfloat16"}
     calls = {
         RaggedDotGradRhs: ((lhs, dout, sizes, off), {**kw, "local_groups": 4}),
@@ -290,7 +292,7 @@ def test_the_gpu_heuristic_leaves_an_offset_d_rhs_to_triton(monkeypatch):
         monkeypatch.setattr(kernel, "use_interpreter", lambda: False)
         inv = kt.Invocation(op_id=kernel.op_id, args=args, kwargs=kwargs)
         backend = kernel.heuristic_cfg(inv).backend
-        assert backend == ("triton" if cls is RaggedDotGradRhs else "mosaic"), cls
+        assert backend == ("mosaic" if mosaic and cls is not RaggedDotGradRhs else "triton"), cls
 
 
 def test_the_mosaic_path_computes_the_local_rows_given_jaxs_kernel_contract(monkeypatch):

@@ -155,7 +155,15 @@ class _RaggedDotKernel(BackendKernel[RaggedDotConfig]):
             # Off GPUs only the interpreter runs Pallas; elsewhere XLA runs.
             return config_lib.triton_heuristic(p) if self.runs_pallas() else XLA
         # Plain `jax.lax.ragged_dot` is 16–40× slower on GPUs: never the heuristic.
-        if pallas_mosaic.unsupported(self.product, p.local_g is not None) is None:
+        # JAX's Mosaic kernel multiplies every row of the batch wherever the groups lie:
+        # with a group_offset whose local groups hold half the groups or fewer (about
+        # half the rows or fewer), that is at least twice the work Triton does, which
+        # skips the other rows' tiles (a structural rule, not yet measured on a GPU).
+        mostly_elsewhere = p.local_g is not None and 2 * p.local_g <= p.g
+        if (
+            not mostly_elsewhere
+            and pallas_mosaic.unsupported(self.product, p.local_g is not None) is None
+        ):
             mosaic = config_lib.mosaic_heuristic(p)
             if all(rule(mosaic) is None for rule in config_lib.rules(p)):
                 return mosaic
