@@ -340,3 +340,35 @@ def test_labelled_plain_ops_are_plain_jaxs_values_with_kerneltunes_labels():
     assert {"plain.matmul", "plain.layer_norm", "plain.attention"} <= set(labels)
     for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(plain), strict=True):
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_expert_parallel_benchmark_smoke_run_times_every_gpu_count(tmp_path, capsys):
+    from benchmarks import expert_parallel_gpu
+
+    if len(jax.local_devices()) < 4:
+        pytest.skip("needs the 4 CPU devices the test configuration makes")
+    out = tmp_path / "ep.json"
+    doc = expert_parallel_gpu.main(
+        ["--smoke", "--tune-budget", "1", "--rounds", "2", "--json", str(out)]
+    )
+    printed = capsys.readouterr().out
+    assert json.loads(out.read_text())["blocks"] == json.loads(json.dumps(doc["blocks"]))
+    got = {(r["gpus"], r["impl"]) for r in doc["blocks"]}
+    assert got == {(n, i) for n in (1, 2, 4) for i in ("plain", "kt_heuristic", "kt_tuned")}
+    for r in doc["blocks"]:
+        assert r["error"] is None, r
+        assert _positive(r["step_s"]) and _positive(r["tokens_per_s"]), r
+        assert _positive(r["first_call_s"]) and _positive(r["efficiency"]), r
+        assert r["dispatch"] == "dense"  # XLA:CPU cannot compile ragged_all_to_all
+        assert r["tokens"] == 16 * r["gpus"]  # weak scaling: tokens per device fixed
+        if r["gpus"] == 1:
+            assert r["efficiency"] == pytest.approx(1.0)
+        assert _positive(r["vs_plain"]) and r["vs_tokamax"] is None  # no tokamax here
+    assert {(r["g_local"], r["impl"]) for r in doc["offset"]} == {
+        (c, i) for c in (1, 2, 4) for i in ("kt_heuristic", "kt_tuned")
+    }
+    for r in doc["offset"]:
+        assert r["error"] is None and _positive(r["ratio"]), r
+    assert "weak scaling" in printed and "renum ÷ offset" in printed
