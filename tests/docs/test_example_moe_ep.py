@@ -26,9 +26,9 @@ S = moe.MoEShape("tiny", 64, 16, 24, 8, 2, skew=1.0)
 TOL = 1e-5
 
 
-@pytest.fixture(scope="module", autouse=True)
-def four_devices():
-    if len(jax.devices()) < 4:
+@pytest.fixture(autouse=True)
+def four_devices(request):
+    if request.node.get_closest_marker("gpu") is None and len(jax.devices()) < 4:
         pytest.skip("needs the 4 CPU devices the test configuration makes")
 
 
@@ -207,3 +207,29 @@ def test_the_script_as_two_processes_gives_the_one_process_losses():
         got = [float(v) for v in line.split("losses:")[1].split("step")[0].split()]
         np.testing.assert_allclose(got, one[name]["losses"], rtol=1e-6)
     assert {line.split()[0] for line in lines} == {"jax", "kerneltune"}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dispatch", ["ragged", "dense", "gather"])
+def test_on_gpus_every_dispatch_is_the_unsharded_block(reference, dispatch):
+    # The real ragged_all_to_all (which XLA:CPU cannot compile) and kerneltune's GPU
+    # kernels, float32, on every local GPU (at least 2, up to 8: a divisor of 8 experts).
+    gpus = [d for d in jax.local_devices() if d.platform == "gpu"]
+    if len(gpus) < 2:
+        pytest.skip("needs 2 GPUs")
+    n = max(c for c in (2, 4, 8) if c <= len(gpus))
+    params, x, target, want_out, (want_loss, want_grads) = reference
+    cfg = ep.EPConfig(data=None, dispatch=dispatch)
+    mesh = ep.make_mesh(n, 1, gpus, cfg)
+    if dispatch == "ragged":
+        assert ep.ragged_all_to_all_compiles(mesh)
+    block = ep.ep_moe_block(moe.kerneltune_ops(heuristics_executor()), mesh, S, cfg)
+    p, xs, ts = ep.shard(mesh, cfg, params, x, target)
+    out = jax.jit(block)(p, xs)
+    tol = 2e-3  # TF32 matrix units
+    assert relative_error(out, want_out) <= tol
+    loss, (g_params, g_x) = value_and_grads(ep.loss_fn(block), p, xs, ts)
+    assert abs(float(loss) - float(want_loss)) <= tol * abs(float(want_loss))
+    assert relative_error(g_x, want_grads[1]) <= 2 * tol
+    for name in ("router", "gate", "up", "down"):
+        assert relative_error(g_params[name], want_grads[0][name]) <= 2 * tol, name
