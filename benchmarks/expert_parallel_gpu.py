@@ -33,7 +33,10 @@ experts, `G_local` of them local in the middle (`--offset-counts`: three counts 
 shape), against the same local groups renumbered to the top of the same rows (no
 offset: the layout a ragged all-to-all gives). CUPTI device time, medians of
 interleaved rounds (`harness.py`). `renum ÷ offset` > 1 means the offset call is the
-faster; the issue's bar is ≥ 0.98.
+faster; the issue's bar is ≥ 0.98. Rows: `kt heur` (each call's heuristic configs: the
+two may differ in backend, JAX's Mosaic kernel multiplying every row), `kt triton`
+(every product on its Triton heuristic config: the same kernel with and without the
+offset) and `kt tuned`.
 """
 
 from __future__ import annotations
@@ -50,12 +53,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+import kerneltune as kt
 from benchmarks import harness as h
 from benchmarks import model_blocks as mb
 from benchmarks import op_bench
 from examples.moe import model as moe
 from examples.moe_ep import model as ep
 from kerneltune.kernels import ragged_dot
+from kerneltune.kernels.ragged_dot import config as rd_config
 from kerneltune.kernels.ragged_dot import shapes
 
 #: Per-GPU blocks (`tokens` is per GPU; weak scaling multiplies it by the GPU count).
@@ -246,6 +251,16 @@ class OffsetRow:
         return None
 
 
+class TritonHeuristic:
+    """A chooser that runs every ragged_dot product (forward, d_lhs, d_rhs) with its
+    Triton heuristic config: the offset and renumbered calls on one kernel family (the
+    GPU heuristic may give them different backends: JAX's Mosaic kernel multiplies
+    every row, so an offset call with few local groups goes to Triton)."""
+
+    def choose(self, inv: Any, kernel: Any) -> Any:
+        return rd_config.triton_heuristic(kernel.problem(inv))
+
+
 def offset_rows(
     case: tuple[Any, ...], tuning: op_bench.Tuning | None, rounds: int
 ) -> list[OffsetRow]:
@@ -253,7 +268,10 @@ def offset_rows(
     dtype = jnp.bfloat16 if h.on_gpu() else jnp.float32
     sizes_np = shapes.balanced(m, g)
     sizes = jnp.asarray(sizes_np)
-    executors = {"kt_heuristic": op_bench.heuristic_executor()}
+    executors = {
+        "kt_heuristic": op_bench.heuristic_executor(),
+        "kt_triton": kt.Executor(TritonHeuristic()),
+    }
     if tuning is not None:
         executors["kt_tuned"] = tuning.executor
     out = []

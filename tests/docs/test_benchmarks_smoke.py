@@ -367,7 +367,7 @@ def test_expert_parallel_benchmark_smoke_run_times_every_gpu_count(tmp_path, cap
             assert r["efficiency"] == pytest.approx(1.0)
         assert _positive(r["vs_plain"]) and r["vs_tokamax"] is None  # no tokamax here
     assert {(r["g_local"], r["impl"]) for r in doc["offset"]} == {
-        (c, i) for c in (1, 2, 4) for i in ("kt_heuristic", "kt_tuned")
+        (c, i) for c in (1, 2, 4) for i in ("kt_heuristic", "kt_triton", "kt_tuned")
     }
     for r in doc["offset"]:
         assert r["error"] is None and _positive(r["ratio"]), r
