@@ -15,12 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import kerneltune as kt
 from examples.moe import model as moe
 from examples.moe_ep import model as ep
 from examples.moe_ep import train
 from kerneltune.kernels import RaggedDotConfig, RaggedDotInterpret
 from kerneltune.kernels._common import relative_error
-from tests.helpers import ROOT, heuristics_executor
+from tests.helpers import ROOT, executor, heuristics_executor
 
 S = moe.MoEShape("tiny", 64, 16, 24, 8, 2, skew=1.0)
 TOL = 1e-5
@@ -50,15 +51,17 @@ def emulated_ragged_all_to_all(
     return jnp.where(hit.any(axis=1)[:, None], everything[sender, source], output)
 
 
-def pallas_ops():
-    """kerneltune's ragged_dot on the interpreted Triton kernel (small tiles)."""
-    ex = heuristics_executor()
+def pallas_ops(tuned=False):
+    """kerneltune's ragged_dot on the interpreted Triton kernel: small tiles, or each
+    key tuned when the block is traced (inside `shard_map`, on per-device shapes)."""
+    tuner = kt.Tuner(progress=False, iters=1, target_sample_s=1e-4)
+    ex = executor(tuner=tuner) if tuned else heuristics_executor()
     kernel = RaggedDotInterpret(executor=ex)
-    cfg = RaggedDotConfig(block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=2)
+    small = RaggedDotConfig(block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=2)
 
     def rd(a, b, s, group_offset=None):
         args = (a, b, s) if group_offset is None else (a, b, s, group_offset)
-        return ex(kernel, *args, cfg=cfg)
+        return ex(kernel, *args, cfg=None if tuned else small)
 
     return moe.ops_namespace("pallas", rd, takes_group_offset=True)
 
@@ -84,6 +87,7 @@ CASES = [
     (1, 4, "ragged", "kerneltune"),
     (2, 2, "ragged", "jax"),
     (1, 4, "gather", "pallas"),  # group_offset in the Triton kernel, under shard_map
+    (2, 2, "gather", "pallas_tuned"),  # ... tuned while shard_map traces the block
     (2, 2, "dense", "pallas"),
 ]
 
@@ -91,7 +95,12 @@ CASES = [
 @pytest.mark.parametrize(("data", "expert", "dispatch", "ops"), CASES)
 def test_the_sharded_block_is_the_unsharded_block(reference, data, expert, dispatch, ops):
     params, x, target, want_out, (want_loss, want_grads) = reference
-    namespace = {"jax": moe.jax_ops, "kerneltune": moe.kerneltune_ops, "pallas": pallas_ops}[ops]()
+    namespace = {
+        "jax": moe.jax_ops,
+        "kerneltune": moe.kerneltune_ops,
+        "pallas": pallas_ops,
+        "pallas_tuned": lambda: pallas_ops(tuned=True),
+    }[ops]()
     cfg = ep.EPConfig(dispatch=dispatch)
     mesh = ep.make_mesh(expert, data, cfg=cfg)
     block = ep.ep_moe_block(namespace, mesh, S, cfg, ragged_all_to_all=emulated_ragged_all_to_all)
