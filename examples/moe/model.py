@@ -52,9 +52,13 @@ GPU_SHAPES = (
 TINY = MoEShape("tiny", 32, 16, 24, 4, 2)
 
 
-def ops_namespace(name: str, ragged_dot: RaggedDot) -> Any:
-    """The ops the block needs (only `ragged_dot` differs between implementations)."""
-    return types.SimpleNamespace(name=name, ragged_dot=ragged_dot)
+def ops_namespace(name: str, ragged_dot: RaggedDot, *, takes_group_offset: bool = False) -> Any:
+    """The ops the block needs (only `ragged_dot` differs between implementations).
+    `takes_group_offset`: its `ragged_dot` takes `group_offset=` (kerneltune's);
+    `ragged_dot_at` gives the others one by renumbering the groups."""
+    return types.SimpleNamespace(
+        name=name, ragged_dot=ragged_dot, takes_group_offset=takes_group_offset
+    )
 
 
 def jax_ops() -> Any:
@@ -64,11 +68,32 @@ def jax_ops() -> Any:
 def kerneltune_ops(executor: Any = None) -> Any:
     from kerneltune.kernels import ragged_dot
 
-    return ops_namespace("kerneltune", lambda a, b, s: ragged_dot(a, b, s, executor=executor))
+    def rd(a: jax.Array, b: jax.Array, s: jax.Array, group_offset: Any = None) -> jax.Array:
+        return ragged_dot(a, b, s, group_offset=group_offset, executor=executor)
+
+    return ops_namespace("kerneltune", rd, takes_group_offset=True)
 
 
 def tokamax_ops(tokamax: Any) -> Any:
     return ops_namespace("tokamax", lambda a, b, s: tokamax.ragged_dot(a, b, s))
+
+
+def ragged_dot_at(
+    ops: Any, rows: jax.Array, w: jax.Array, sizes: jax.Array, group_offset: Any
+) -> jax.Array:
+    """`ops.ragged_dot` of the `w.shape[0]` groups from `group_offset` on (`sizes`
+    holds all groups; the other rows give zeros). An op that takes no `group_offset`
+    (`jax.lax.ragged_dot`, tokamax: both raise NotImplementedError for one) gets the
+    same work renumbered: the local rows moved to the top, the local groups' sizes,
+    and the result moved back."""
+    if ops.takes_group_offset:
+        return ops.ragged_dot(rows, w, sizes, group_offset=group_offset)
+    local = w.shape[0]
+    offset = jnp.asarray(group_offset, jnp.int32).reshape(())
+    start = jnp.sum(jnp.where(jnp.arange(sizes.shape[0]) < offset, sizes, 0))
+    mine = jax.lax.dynamic_slice(sizes, (offset,), (local,))
+    out = ops.ragged_dot(jnp.roll(rows, -start, axis=0), w, mine)
+    return jnp.roll(out, start, axis=0)
 
 
 def init_params(s: MoEShape, dtype: Any = jnp.bfloat16, seed: int = 0) -> dict[str, jax.Array]:
@@ -94,8 +119,12 @@ def router_bias(s: MoEShape) -> jax.Array:
     return jnp.asarray(bias, jnp.float32)
 
 
-def moe_block(ops: Any, p: dict[str, jax.Array], x: jax.Array, s: MoEShape) -> jax.Array:
-    """`x[T, D]` through the mixture of experts: `[T, D]` in `x`'s dtype."""
+def route(
+    p: dict[str, jax.Array], x: jax.Array, s: MoEShape
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """The router and top-k for tokens `x[T, D]`: the `T * top_k` routed copies sorted
+    by expert (`rows`), the token each came from, its renormalised router weight, and
+    the tokens per expert (`[experts]`)."""
     t = x.shape[0]
     logits = jnp.dot(x.astype(jnp.float32), p["router"]) + router_bias(s)
     weights, experts = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), s.top_k)
@@ -104,13 +133,39 @@ def moe_block(ops: Any, p: dict[str, jax.Array], x: jax.Array, s: MoEShape) -> j
     order = jnp.argsort(flat, stable=True)
     token = (jnp.arange(t * s.top_k, dtype=jnp.int32) // s.top_k)[order]
     sizes = jnp.bincount(flat, length=s.experts).astype(jnp.int32)
-    rows = x[token]
-    gate = ops.ragged_dot(rows, p["gate"], sizes)
-    up = ops.ragged_dot(rows, p["up"], sizes)
-    hidden = (jax.nn.silu(gate.astype(jnp.float32)) * up.astype(jnp.float32)).astype(x.dtype)
-    out = ops.ragged_dot(hidden, p["down"], sizes)
-    weighted = out.astype(jnp.float32) * weights.reshape(-1)[order][:, None]
-    return jnp.zeros((t, x.shape[1]), jnp.float32).at[token].add(weighted).astype(x.dtype)
+    return x[token], token, weights.reshape(-1)[order], sizes
+
+
+def swiglu_experts(
+    ops: Any, p: dict[str, jax.Array], rows: jax.Array, sizes: jax.Array, group_offset: Any = None
+) -> jax.Array:
+    """Each row through its expert's SwiGLU (`p`'s gate, up and down hold the
+    experts): three grouped matmuls. With `group_offset`, `p` holds the experts from
+    there on and `sizes` all groups; other rows give zeros."""
+
+    def rd(a: jax.Array, w: jax.Array) -> jax.Array:
+        if group_offset is None:
+            return ops.ragged_dot(a, w, sizes)
+        return ragged_dot_at(ops, a, w, sizes, group_offset)
+
+    gate = rd(rows, p["gate"])
+    up = rd(rows, p["up"])
+    hidden = (jax.nn.silu(gate.astype(jnp.float32)) * up.astype(jnp.float32)).astype(rows.dtype)
+    return rd(hidden, p["down"])
+
+
+def combine(out: jax.Array, weights: jax.Array, token: jax.Array, t: int) -> jax.Array:
+    """The expert outputs `out` (one per routed copy) weighted and summed per token:
+    `[t, D]` in float32."""
+    weighted = out.astype(jnp.float32) * weights[:, None]
+    return jnp.zeros((t, out.shape[1]), jnp.float32).at[token].add(weighted)
+
+
+def moe_block(ops: Any, p: dict[str, jax.Array], x: jax.Array, s: MoEShape) -> jax.Array:
+    """`x[T, D]` through the mixture of experts: `[T, D]` in `x`'s dtype."""
+    rows, token, weights, sizes = route(p, x, s)
+    out = swiglu_experts(ops, p, rows, sizes)
+    return combine(out, weights, token, x.shape[0]).astype(x.dtype)
 
 
 def loss_fn(ops: Any, s: MoEShape) -> Callable[..., jax.Array]:

@@ -359,3 +359,35 @@ def test_attention_variants_smoke_run_times_kerneltune_and_the_peers_that_run(tm
         assert r["cudnn"]["status"] == "failed"  # no cuDNN on a CPU
     assert json.loads(out.read_text())[0]["shape"] == "B1 T256 N16/4"
     assert "| B1 T256 N16/4 | docs4 | fwd+bwd |" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_expert_parallel_benchmark_smoke_run_times_every_gpu_count(tmp_path, capsys):
+    from benchmarks import expert_parallel_gpu
+
+    if len(jax.local_devices()) < 4:
+        pytest.skip("needs the 4 CPU devices the test configuration makes")
+    out = tmp_path / "ep.json"
+    doc = expert_parallel_gpu.main(
+        ["--smoke", "--tune-budget", "1", "--rounds", "2", "--json", str(out)]
+    )
+    printed = capsys.readouterr().out
+    assert json.loads(out.read_text())["blocks"] == json.loads(json.dumps(doc["blocks"]))
+    got = {(r["gpus"], r["impl"]) for r in doc["blocks"]}
+    assert got == {(n, i) for n in (1, 2, 4) for i in ("plain", "kt_heuristic", "kt_tuned")}
+    for r in doc["blocks"]:
+        assert r["error"] is None, r
+        assert _positive(r["step_s"]) and _positive(r["tokens_per_s"]), r
+        assert _positive(r["first_call_s"]) and _positive(r["efficiency"]), r
+        assert r["dispatch"] == "dense"  # XLA:CPU cannot compile ragged_all_to_all
+        assert r["tokens"] == 16 * r["gpus"]  # weak scaling: tokens per device fixed
+        if r["gpus"] == 1:
+            assert r["efficiency"] == pytest.approx(1.0)
+        assert _positive(r["vs_plain"]) and r["vs_tokamax"] is None  # no tokamax here
+    assert {(r["g_local"], r["impl"]) for r in doc["offset"]} == {
+        (c, i) for c in (1, 2, 4) for i in ("kt_heuristic", "kt_triton", "kt_tuned")
+    }
+    for r in doc["offset"]:
+        assert r["error"] is None and _positive(r["ratio"]), r
+    assert "weak scaling" in printed and "renum ÷ offset" in printed

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import kerneltune as kt
 from kerneltune.kernels import (
     Attention,
     CrossEntropyConfig,
@@ -281,3 +282,113 @@ def _ragged_args(dtype):
     lhs = normal(1, (1152, 256), dtype)
     rhs = normal(2, (5, 256, 384), dtype, 0.1)
     return lhs, rhs, sizes
+
+
+# --- ragged_dot with group_offset (expert parallelism) --------------------------------
+
+#: Per backend, the config each product runs with (None: the heuristic).
+OFFSET_CFGS = {
+    "heuristic": None,
+    "xla": RaggedDotConfig(backend="xla"),
+    "triton": RaggedDotConfig(backend="triton", block_m=64, block_n=64, block_k=32),
+    "triton n-order": RaggedDotConfig(
+        backend="triton", block_m=128, block_n=128, block_k=64, num_warps=8, tile_order="n"
+    ),
+    "mosaic": RaggedDotConfig(
+        backend="mosaic", block_m=128, block_n=128, block_k=64, grid_block_n=2
+    ),
+}
+#: 8 experts (1020 of 1152 rows routed, an empty one); (G_local, offset): the first,
+#: middle and last experts, and one local group that is empty.
+OFFSET_SIZES = (100, 0, 77, 200, 129, 300, 64, 150)
+OFFSETS = ((2, 0), (3, 2), (4, 4), (1, 1))
+
+
+def _offset_case(dtype, local):
+    lhs = normal(11, (1152, 256), dtype)
+    rhs = normal(12, (local, 256, 384), dtype, 0.1)
+    dout = normal(13, (1152, 384), dtype)
+    return lhs, rhs, dout, jnp.asarray(OFFSET_SIZES, jnp.int32)
+
+
+def _sliced(lhs, rhs, sizes, offset, dout):
+    """Value and gradients by slicing the local rows out, float32, highest precision."""
+    local = rhs.shape[0]
+    start = int(np.sum(np.asarray(sizes)[:offset]))
+    mine = jnp.asarray(np.asarray(sizes)[offset : offset + local])
+    end = start + int(mine.sum())
+
+    def f(a, b):
+        part = jax.lax.ragged_dot(a[start:end], b, mine, precision=jax.lax.Precision.HIGHEST)
+        return jnp.zeros((a.shape[0], b.shape[2]), F32).at[start:end].set(part)
+
+    f32 = (lhs.astype(F32), rhs.astype(F32))
+    out, grads = value_and_vjp(f, f32, dout.astype(F32))
+    return out, grads, (start, end)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize(("local", "offset"), OFFSETS)
+@pytest.mark.parametrize("name", list(OFFSET_CFGS))
+def test_every_ragged_dot_backend_with_a_group_offset_on_a_gpu(name, local, offset, dtype):
+    # Each product (forward, d_lhs, d_rhs) run by its own kernel with the backend's
+    # config, against slicing; rows outside the local groups must be zero.
+    from kerneltune.kernels.ragged_dot import config as rd_config
+    from kerneltune.kernels.ragged_dot.api import RaggedDot, RaggedDotGradLhs, RaggedDotGradRhs
+
+    dtype = jnp.dtype(dtype)
+    lhs, rhs, dout, sizes = _offset_case(dtype, local)
+    want, (want_lhs, want_rhs), (start, end) = _sliced(lhs, rhs, sizes, offset, dout)
+    ex = heuristics_executor()
+    off = jnp.array([offset], jnp.int32)
+    cfg = OFFSET_CFGS[name]
+    calls = {
+        "fwd": (RaggedDot, (lhs, rhs, sizes, off), {}, want),
+        "dlhs": (RaggedDotGradLhs, (dout, rhs, sizes, off), {}, want_lhs),
+        "drhs": (RaggedDotGradRhs, (lhs, dout, sizes, off), {"local_groups": local}, want_rhs),
+    }
+    tol = tolerance(dtype)
+    for product, (cls, args, kwargs, ref) in calls.items():
+        kernel = kernel_for(cls, ex)
+        if cfg is not None:
+            p_args, p_kwargs = kernel.prepare(*args, **kwargs)
+            inv = kt.Invocation(op_id=kernel.op_id, args=p_args, kwargs=p_kwargs)
+            problem = kernel.problem(inv)
+            if any(rule(cfg) for rule in rd_config.rules(problem)):
+                assert cfg.backend == "mosaic" and dtype == jnp.float32
+                continue
+            reason = kernel.config_unusable(inv, cfg)
+            if reason is not None:  # Mosaic's d_rhs takes no offset: Triton runs it
+                assert (cfg.backend, product) == ("mosaic", "drhs"), reason
+                continue
+        got = jax.jit(lambda *a, kernel=kernel, kwargs=kwargs: ex(kernel, *a, cfg=cfg, **kwargs))(
+            *args
+        )
+        assert relative_error(got, ref) <= 2 * tol, (product, relative_error(got, ref))
+        if product != "drhs":
+            assert not bool(jnp.any(got[:start])) and not bool(jnp.any(got[end:])), product
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_public_ragged_dot_with_a_traced_group_offset_on_a_gpu(dtype):
+    # One program for every offset (traced), the heuristic configs, values and gradients.
+    from kerneltune.kernels import ragged_dot
+
+    dtype = jnp.dtype(dtype)
+    ex = heuristics_executor()
+    lhs, rhs, dout, sizes = _offset_case(dtype, 3)
+
+    @jax.jit
+    def both(a, b, offset):
+        out, pullback = jax.vjp(
+            lambda a, b: ragged_dot(a, b, sizes, group_offset=offset, executor=ex), a, b
+        )
+        return out, pullback(dout)
+
+    tol = tolerance(dtype)
+    for offset in (0, 2, 5):
+        out, grads = both(lhs, rhs, jnp.int32(offset))
+        want, want_grads, _ = _sliced(lhs, rhs, sizes, offset, dout)
+        assert relative_error(out, want) <= tol
+        assert max(relative_error(g, w) for g, w in zip(grads, want_grads)) <= 2 * tol
+    assert both._cache_size() == 1

@@ -393,12 +393,10 @@ def test_bad_shapes_name_the_argument(args, error, message):
         ragged_dot(lhs, rhs, sizes.astype(jnp.int32))
 
 
-def test_bad_dtypes_offsets_and_arguments_are_refused():
+def test_bad_dtypes_and_arguments_are_refused():
     lhs, rhs = jnp.ones((4, 3)), jnp.ones((2, 3, 5))
     with pytest.raises(TypeError, match="group_sizes must have an integer dtype, got float32"):
         ragged_dot(lhs, rhs, jnp.array([2.0, 2.0]))
-    with pytest.raises(NotImplementedError, match="group_offset is not supported"):
-        ragged_dot(lhs, rhs, jnp.array([2, 2]), group_offset=jnp.array([0]))
     with pytest.raises(TypeError, match="preferred_element_type must be None or a dtype"):
         ragged_dot(lhs, rhs, jnp.array([2, 2]), preferred_element_type="fast")
     with pytest.raises(TypeError, match="rhs must be an array, got list"):

@@ -156,6 +156,29 @@ def test_offline_tuning_is_split_so_each_key_is_tuned_once(n):
     assert all(r["entries"] == len(everything) and r["cached"] for r in results)
 
 
+@pytest.mark.parametrize("n", [2])
+def test_autotune_of_a_function_ends_with_identical_configs_on_every_process(n):
+    # `kt.autotune(f)` in a job: each key of f is tuned by one process, the results are
+    # exchanged, and every process ends with the same full result, in its result and in
+    # the default executor's cache, although alone each would pick differently
+    # (KT_TEST_SLOW makes "c" and "a" dear on process 0: it picks "b"; process 1 "a").
+    results = _launch(n, ["c,a", ""], mode="function")
+    tuned = [set(map(tuple, r["tuned"])) for r in results]
+    everything = set(map(tuple, results[0]["keys"]))
+    assert len(everything) == len(SPLIT_SIZES)
+    assert set().union(*tuned) == everything
+    assert sum(len(t) for t in tuned) == len(everything)  # each key tuned once in the job
+    assert all(t for t in tuned)  # every process had a share
+    assert len({r["result"] for r in results}) == 1  # the identical full result
+    assert len({json.dumps(r["cached"], sort_keys=True) for r in results}) == 1
+    assert len(results[0]["cached"]) == len(everything)
+    # What each process would have picked alone differs: the agreement is not moot.
+    assert [r["alone"] for r in results] == ["b", "a"]
+    # Each process's winners were adopted by both (the whole function is faster with
+    # the tuned configs on both: the heuristic "c" is dear everywhere).
+    assert set(results[0]["cached"].values()) == {"a", "b"}
+
+
 # -- the worker (one per process) ------------------------------------------------------
 
 
@@ -244,6 +267,32 @@ def _worker(pid: int, n: int, port: int, mode: str) -> None:
         result["cached"] = all(
             isinstance(chain.cache.get(tuned.device, e.op_id_v, e.call_key), SkewCfg) for e in tuned
         )
+    elif mode == "function":
+        ex, chain, events = executor()
+        kt.set_default_executor(ex)  # `kt.autotune(f)` tunes into the default executor
+        xs = [jnp.ones((size, size)) / size for size in SPLIT_SIZES]
+
+        def f(*xs):
+            return sum(jnp.sum(kernel(x)) for x in xs)
+
+        tuned = kt.autotune(f, *xs)
+        result["keys"] = sorted((e.op_id_v, e.call_key) for e in tuned)
+        result["tuned"] = sorted(
+            (d["op_id"], d["call_key"]) for e, d in events if e == "autotune_start"
+        )
+        result["result"] = json.dumps(json.loads(tuned.dumps())["entries"], sort_keys=True)
+        result["cached"] = {
+            e.call_key: chain.cache.get(tuned.device, e.op_id_v, e.call_key).variant for e in tuned
+        }
+        # This process alone, on one key: its own winner (a fresh selector, no peers).
+        from kerneltune._src.tuning.distributed import tuning_alone
+
+        with tuning_alone():
+            alone = kt.autotune(kernel, x, tuner=kt.Tuner(
+                warmup=1, iters=3, top_k=0, validate=False, progress=False,
+                timer=CostInProgram(),
+            ))  # fmt: skip
+        result["alone"] = alone.variant
     elif mode == "absent":
         client = current_peers().client
         if pid == n - 1:

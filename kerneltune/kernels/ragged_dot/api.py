@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kerneltune._src.core import keys
+from kerneltune._src.core import keys, tracing
 from kerneltune._src.execution.default import default_executor
 from kerneltune._src.kernel.backends import BackendKernel
 from kerneltune._src.kernel.base import Invocation
@@ -17,11 +17,12 @@ from kerneltune._src.tuning.inputs import random_like
 from kerneltune.kernels._args import as_array
 from kerneltune.kernels._common import Pruned, interpreted, kernel_for
 from kerneltune.kernels.ragged_dot import config as config_lib
+from kerneltune.kernels.ragged_dot import groups as groups_lib
 from kerneltune.kernels.ragged_dot import pallas_mosaic, tokamax_backend
 from kerneltune.kernels.ragged_dot.config import XLA, Product, RaggedDotConfig, RaggedDotProblem
 from kerneltune.kernels.ragged_dot.pallas_mosaic import MosaicBackend
 from kerneltune.kernels.ragged_dot.pallas_triton import TritonBackend
-from kerneltune.kernels.ragged_dot.reference import XlaBackend, ragged_dot_xla
+from kerneltune.kernels.ragged_dot.reference import XlaBackend, on_local_rows, ragged_dot_xla
 from kerneltune.kernels.ragged_dot.shapes import balanced
 from kerneltune.kernels.ragged_dot.tokamax_backend import TokamaxBackend
 
@@ -30,15 +31,21 @@ def _shape(x: Any) -> tuple[int, ...]:
     return tuple(int(d) for d in getattr(x, "shape", ()))
 
 
-def check_operands(op: str, names: tuple[str, str, str], a: Any, b: Any, sizes: Any) -> None:
+def check_operands(
+    op: str, names: tuple[str, str, str], a: Any, b: Any, sizes: Any, *, offset: bool = False
+) -> None:
     """`a[M, K]`, `b[G, K, N]` and `sizes[G]` fit one another (for the backward kernels,
-    `names` says what the operands are called there)."""
+    `names` says what the operands are called there); with `offset` (a `group_offset`
+    call), `b` holds `G_local <= G` groups."""
     na, nb, ns = names
     if getattr(a, "ndim", None) != 2:
         raise ValueError(f"{op}: {na} must be 2-D [M, K], got shape {_shape(a)}.")
     if getattr(b, "ndim", None) != 3:
         raise ValueError(f"{op}: {nb} must be 3-D [G, K, N], got shape {_shape(b)}.")
-    if getattr(sizes, "ndim", None) != 1 or sizes.shape[0] != b.shape[0]:
+    if offset:
+        _check_sizes(op, sizes, None)
+        groups_lib.check_local(op, sizes, int(b.shape[0]))
+    elif getattr(sizes, "ndim", None) != 1 or sizes.shape[0] != b.shape[0]:
         raise ValueError(
             f"{op}: {ns} must be 1-D [G] with G = {nb}.shape[0] = {b.shape[0]}, got shape "
             f"{_shape(sizes)}."
@@ -72,14 +79,48 @@ def _out_dtype(out_dtype: Any, default: Any) -> str:
     return np.dtype(default if out_dtype is None else out_dtype).name
 
 
+def check_offset(op: str, group_offset: Any, groups: int, local: int) -> jax.Array:
+    """`group_offset` as the int32 `(1,)` array the kernels take, or an error naming
+    the argument, its value and what is allowed: an int or an integer array of shape
+    `()` or `(1,)`, in `[0, G − G_local]` where it is concrete (a traced one is
+    clipped into that range when the kernels run)."""
+    allowed = "an int or an integer array of shape () or (1,)"
+    if isinstance(group_offset, bool) or not (
+        isinstance(group_offset, (int, np.integer)) or hasattr(group_offset, "dtype")
+    ):
+        raise TypeError(
+            f"{op}: group_offset must be {allowed}, got {type(group_offset).__name__} "
+            f"{group_offset!r:.60}."
+        )
+    x = jnp.asarray(group_offset)
+    if not jnp.issubdtype(x.dtype, jnp.integer):
+        raise TypeError(f"{op}: group_offset must be {allowed}, got dtype {x.dtype}.")
+    if x.shape not in ((), (1,)):
+        raise ValueError(f"{op}: group_offset must be {allowed}, got shape {x.shape}.")
+    if not tracing.is_tracer(x):
+        value = int(np.asarray(x).reshape(()))
+        if not 0 <= value <= groups - local:
+            raise ValueError(
+                f"{op}: group_offset must lie in [0, G - G_local] = [0, {groups - local}] "
+                f"(G = {groups} groups in group_sizes, G_local = {local} in rhs), got {value}."
+            )
+    return groups_lib.as_offset(x)
+
+
 def balanced_tuning_inputs(inv: Invocation[Any, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Random operands and a **balanced** routing (the `M` rows split evenly over the
     `G` groups) for a traced call: group sizes are data, absent from the key, so a key
-    is tuned for the routing a trained router aims at."""
-    a, b, sizes = inv.args
+    is tuned for the routing a trained router aims at. A `group_offset` call is tuned
+    with the local groups in the middle (rows before and after them)."""
+    a, b, sizes, *offset = inv.args
     a, b = random_like((a, b), seed=keys.seed_of(inv.call_key))
-    routing = jnp.asarray(balanced(int(a.shape[0]), int(sizes.shape[0])), jnp.int32)
-    return (a, b, routing), dict(inv.kwargs)
+    g = int(sizes.shape[0])
+    routing = jnp.asarray(balanced(int(a.shape[0]), g), jnp.int32)
+    if not offset:
+        return (a, b, routing), dict(inv.kwargs)
+    local = int(inv.kwargs.get("local_groups") or b.shape[0])
+    middle = jnp.full((1,), (g - local) // 2, jnp.int32)
+    return (a, b, routing, middle), dict(inv.kwargs)
 
 
 class _RaggedDotKernel(BackendKernel[RaggedDotConfig]):
@@ -92,7 +133,7 @@ class _RaggedDotKernel(BackendKernel[RaggedDotConfig]):
     operand_names: ClassVar[tuple[str, str, str]] = ("lhs", "rhs", "group_sizes")
 
     def problem(self, inv: Invocation[Any, Any]) -> RaggedDotProblem:
-        a, b, sizes = inv.args
+        a, b, sizes, *offset = inv.args
         dtype = np.dtype(a.dtype)
         out = np.dtype(inv.kwargs.get("out_dtype") or dtype)
         m = int(a.shape[0])
@@ -103,7 +144,10 @@ class _RaggedDotKernel(BackendKernel[RaggedDotConfig]):
             k, n = int(b.shape[1]), int(b.shape[2])
         else:  # lhs [M, K], d_out [M, N]
             k, n = int(a.shape[1]), int(b.shape[1])
-        return RaggedDotProblem(self.product, m, k, n, g, dtype, out)
+        local = None
+        if offset:  # G_local: the experts rhs holds (d_rhs: the groups it returns)
+            local = int(inv.kwargs["local_groups"] if self.product == "drhs" else b.shape[0])
+        return RaggedDotProblem(self.product, m, k, n, g, dtype, out, local)
 
     def heuristic_cfg(self, inv: Invocation[Any, Any]) -> RaggedDotConfig:
         p = self.problem(inv)
@@ -111,7 +155,15 @@ class _RaggedDotKernel(BackendKernel[RaggedDotConfig]):
             # Off GPUs only the interpreter runs Pallas; elsewhere XLA runs.
             return config_lib.triton_heuristic(p) if self.runs_pallas() else XLA
         # Plain `jax.lax.ragged_dot` is 16–40× slower on GPUs: never the heuristic.
-        if pallas_mosaic.unsupported(self.product) is None:
+        # JAX's Mosaic kernel multiplies every row of the batch wherever the groups lie:
+        # with a group_offset whose local groups hold half the groups or fewer (about
+        # half the rows or fewer), that is at least twice the work Triton does, which
+        # skips the other rows' tiles (a structural rule, not yet measured on a GPU).
+        mostly_elsewhere = p.local_g is not None and 2 * p.local_g <= p.g
+        if (
+            not mostly_elsewhere
+            and pallas_mosaic.unsupported(self.product, p.local_g is not None) is None
+        ):
             mosaic = config_lib.mosaic_heuristic(p)
             if all(rule(mosaic) is None for rule in config_lib.rules(p)):
                 return mosaic
@@ -121,10 +173,11 @@ class _RaggedDotKernel(BackendKernel[RaggedDotConfig]):
         self, inv: Invocation[Any, Any]
     ) -> tuple[list[RaggedDotConfig], list[Pruned[RaggedDotConfig]]]:
         p = self.problem(inv)
+        offset = p.local_g is not None
         return config_lib.candidates(
             p,
-            mosaic=pallas_mosaic.unsupported(self.product),
-            tokamax=tokamax_backend.unsupported(p.dtype, p.out_dtype),
+            mosaic=pallas_mosaic.unsupported(self.product, offset),
+            tokamax=tokamax_backend.unsupported(p.dtype, p.out_dtype, offset),
         )
 
     def interpret_candidates(self, inv: Invocation[Any, Any]) -> list[RaggedDotConfig]:
@@ -137,7 +190,10 @@ class _RaggedDotKernel(BackendKernel[RaggedDotConfig]):
 class RaggedDot(_RaggedDotKernel):
     """The grouped matmul of mixture-of-experts layers, `jax.lax.ragged_dot`'s
     semantics: `lhs[M, K]` (rows sorted by group), `rhs[G, K, N]`, `group_sizes[G]`;
-    rows after the last group give zeros.
+    rows after the last group give zeros. With a fourth argument, `group_offset`
+    (int32 `(1,)`), `rhs` holds `G_local` of the `G` groups `group_sizes` has, and only
+    the rows of groups `group_offset … group_offset + G_local − 1` are computed (with
+    `rhs[g − group_offset]`); every other row is zero.
 
     Backends (the config's `backend`, objects in `backends`): "xla"
     (`jax.lax.ragged_dot`, the CPU path), "triton" (our Pallas grouped GEMM), "mosaic"
@@ -148,9 +204,9 @@ class RaggedDot(_RaggedDotKernel):
     bring their own backward, so a call under a gradient is keyed and tuned apart, on
     forward + backward time.
 
-    Keys hold the shapes and dtypes (M, K, N, G), never the group sizes: a traced call
-    is tuned on a balanced routing (`balanced_tuning_inputs`); an eager call on its
-    own arrays.
+    Keys hold the shapes and dtypes (M, K, N, G, and with `group_offset` G_local and
+    the offset's shape), never the group sizes: a traced call is tuned on a balanced
+    routing (`balanced_tuning_inputs`); an eager call on its own arrays.
 
     Args:
       op_id: the op id (default "ragged_dot").
@@ -176,21 +232,28 @@ class RaggedDot(_RaggedDotKernel):
         return RaggedDotGradRhs(executor=self.executor, interpret=self.interpret)
 
     def prepare(
-        self, lhs: Any, rhs: Any, group_sizes: Any, *, out_dtype: Any = None
-    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        check_operands(self.op_id, self.operand_names, lhs, rhs, group_sizes)
+        self, lhs: Any, rhs: Any, group_sizes: Any, group_offset: Any = None, *,
+        out_dtype: Any = None,
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:  # fmt: skip
+        offset = group_offset is not None
+        check_operands(self.op_id, self.operand_names, lhs, rhs, group_sizes, offset=offset)
         _check_floats(self.op_id, ("lhs", "rhs"), lhs, rhs)
-        return (lhs, rhs, group_sizes), {"out_dtype": _out_dtype(out_dtype, lhs.dtype)}
+        kwargs = {"out_dtype": _out_dtype(out_dtype, lhs.dtype)}
+        if not offset:
+            return (lhs, rhs, group_sizes), kwargs
+        g, local = int(group_sizes.shape[0]), int(rhs.shape[0])
+        return (lhs, rhs, group_sizes, check_offset(self.op_id, group_offset, g, local)), kwargs
 
-    def reference(self, lhs, rhs, group_sizes, *, out_dtype: str) -> jax.Array:
+    def reference(self, lhs, rhs, group_sizes, group_offset=None, *, out_dtype: str) -> jax.Array:
         """The op's math in plain JAX: second derivatives are taken from it."""
-        return ragged_dot_xla(lhs, rhs, group_sizes, out_dtype=out_dtype)
+        return ragged_dot_xla(lhs, rhs, group_sizes, group_offset, out_dtype=out_dtype)
 
 
 class RaggedDotGradLhs(_RaggedDotKernel):
     """d_lhs of the grouped matmul: `(d_out[M, N], rhs[G, K, N], group_sizes) ->
     d_lhs[M, K]`, each row of `d_out` times its group's `rhs[g]ᵀ` (read transposed in
-    place). Rows after the last group give zeros."""
+    place). Rows after the last group give zeros; with a `group_offset` (a fourth
+    argument, as `RaggedDot`'s), all rows outside the local groups do."""
 
     op_id = "ragged_dot_dlhs"
     version = "1"
@@ -198,7 +261,10 @@ class RaggedDotGradLhs(_RaggedDotKernel):
     operand_names = ("d_out", "rhs", "group_sizes")
     backends = (XlaBackend(), TritonBackend(), MosaicBackend())
 
-    def prepare(self, dout: Any, rhs: Any, group_sizes: Any, *, out_dtype: Any = None):
+    def prepare(
+        self, dout: Any, rhs: Any, group_sizes: Any, group_offset: Any = None, *,
+        out_dtype: Any = None,
+    ):  # fmt: skip
         if getattr(dout, "ndim", None) != 2 or getattr(rhs, "ndim", None) != 3:
             raise ValueError(
                 f"{self.op_id}: d_out and rhs must be [M, N] and [G, K, N], got shapes "
@@ -208,15 +274,23 @@ class RaggedDotGradLhs(_RaggedDotKernel):
             raise ValueError(
                 f"{self.op_id}: d_out {_shape(dout)} and rhs {_shape(rhs)} must agree on N."
             )
-        _check_sizes(self.op_id, group_sizes, int(rhs.shape[0]))
+        local = int(rhs.shape[0])
+        _check_sizes(self.op_id, group_sizes, None if group_offset is not None else local)
         _check_floats(self.op_id, ("d_out", "rhs"), dout, rhs)
-        return (dout, rhs, group_sizes), {"out_dtype": _out_dtype(out_dtype, rhs.dtype)}
+        kwargs = {"out_dtype": _out_dtype(out_dtype, rhs.dtype)}
+        if group_offset is None:
+            return (dout, rhs, group_sizes), kwargs
+        groups_lib.check_local(self.op_id, group_sizes, local)
+        offset = check_offset(self.op_id, group_offset, int(group_sizes.shape[0]), local)
+        return (dout, rhs, group_sizes, offset), kwargs
 
 
 class RaggedDotGradRhs(_RaggedDotKernel):
     """d_rhs of the grouped matmul: `(lhs[M, K], d_out[M, N], group_sizes) ->
     d_rhs[G, K, N]`, `lhs[rows of g]ᵀ · d_out[rows of g]` per group (zero for an empty
-    group; rows after the last group are not read)."""
+    group; rows after the last group are not read). With a `group_offset` (a fourth
+    argument) and `local_groups=G_local`, the `[G_local, K, N]` slices of the groups
+    from the offset on (the other rows are not read)."""
 
     op_id = "ragged_dot_drhs"
     version = "1"
@@ -224,7 +298,10 @@ class RaggedDotGradRhs(_RaggedDotKernel):
     operand_names = ("lhs", "d_out", "group_sizes")
     backends = (XlaBackend(), TritonBackend(), MosaicBackend())
 
-    def prepare(self, lhs: Any, dout: Any, group_sizes: Any, *, out_dtype: Any = None):
+    def prepare(
+        self, lhs: Any, dout: Any, group_sizes: Any, group_offset: Any = None, *,
+        out_dtype: Any = None, local_groups: int | None = None,
+    ):  # fmt: skip
         if getattr(lhs, "ndim", None) != 2 or getattr(dout, "ndim", None) != 2:
             raise ValueError(
                 f"{self.op_id}: lhs and d_out must be 2-D [M, K] and [M, N], got shapes "
@@ -236,7 +313,27 @@ class RaggedDotGradRhs(_RaggedDotKernel):
             )
         _check_sizes(self.op_id, group_sizes, None)
         _check_floats(self.op_id, ("lhs", "d_out"), lhs, dout)
-        return (lhs, dout, group_sizes), {"out_dtype": _out_dtype(out_dtype, lhs.dtype)}
+        kwargs: dict[str, Any] = {"out_dtype": _out_dtype(out_dtype, lhs.dtype)}
+        if group_offset is None:
+            if local_groups is not None:
+                raise ValueError(
+                    f"{self.op_id}: local_groups={local_groups!r} is for a call with a "
+                    "group_offset; pass both or neither."
+                )
+            return (lhs, dout, group_sizes), kwargs
+        g = int(group_sizes.shape[0])
+        if isinstance(local_groups, bool) or not isinstance(local_groups, (int, np.integer)):
+            raise TypeError(
+                f"{self.op_id}: with a group_offset, local_groups must be the int G_local "
+                f"(the groups d_rhs holds), got {local_groups!r}."
+            )
+        if not 1 <= local_groups <= g:
+            raise ValueError(
+                f"{self.op_id}: local_groups must lie in [1, G] = [1, {g}], got {local_groups}."
+            )
+        kwargs["local_groups"] = int(local_groups)
+        offset = check_offset(self.op_id, group_offset, g, int(local_groups))
+        return (lhs, dout, group_sizes, offset), kwargs
 
 
 #: The kernels run in the Pallas interpreter (kept names: tests and the CPU demo).
@@ -263,7 +360,7 @@ def ragged_dot(
     *,
     precision: Any = None,
     preferred_element_type: Any = None,
-    group_offset: jax.Array | None = None,
+    group_offset: jax.Array | int | None = None,
     cfg: RaggedDotConfig | None = None,
     executor: Any = None,
 ) -> jax.Array:
@@ -278,16 +375,27 @@ def ragged_dot(
     faster; `jax.lax.ragged_dot` on CPUs), its gradient too. Every other call computes
     exactly what `jax.lax.ragged_dot` computes.
 
+    With `group_offset` (expert parallelism, `jax.lax.ragged_dot_general`'s meaning):
+    `rhs` holds `G_local` experts and `group_sizes` all `G` groups of a globally sorted
+    batch; the rows of groups `group_offset … group_offset + G_local − 1` are multiplied
+    by `rhs[g − group_offset]` and every other row of the output is zero, as are their
+    gradients. Under `shard_map` the offset is typically `jax.lax.axis_index(axis) *
+    G_local`. The Pallas kernels skip the tiles outside the local rows (they only store
+    their zeros), so a call costs about what the renumbered local groups cost.
+    (`jax.lax.ragged_dot` and tokamax raise NotImplementedError for any
+    `group_offset`; tokamax is not offered for such calls.)
+
     Configs are keyed by shapes and dtypes only (group sizes are data): a call traced
     under `jit` is tuned on a balanced routing, its rows split evenly over the groups.
 
     Args:
       lhs: `[M, K]`.
-      rhs: `[G, K, N]`.
+      rhs: `[G, K, N]`, or `[G_local, K, N]` with `group_offset`.
       group_sizes: `[G]` integers summing to at most `M`.
       precision, preferred_element_type: as `jax.lax.ragged_dot`.
-      group_offset: not supported, as by `jax.lax.ragged_dot` (it raises
-        NotImplementedError for any value on CPUs and GPUs).
+      group_offset: None, or the first group `rhs` holds: an int or an integer array
+        of shape `()` or `(1,)` in `[0, G − G_local]` (it may be traced; a traced value
+        outside that range is clipped into it).
       cfg: a `RaggedDotConfig` to use instead of the chosen forward config.
       executor: the executor to run through (default: `kerneltune.default_executor()`).
 
@@ -295,9 +403,9 @@ def ragged_dot(
       `[M, N]` in `preferred_element_type`, else the inputs' dtype.
 
     Raises:
-      ValueError: shapes that do not fit one another.
-      TypeError: a non-integer `group_sizes`, or a non-array argument.
-      NotImplementedError: a `group_offset`.
+      ValueError: shapes that do not fit one another; a concrete `group_offset` out of
+        range, or of another shape.
+      TypeError: a non-integer `group_sizes` or `group_offset`, or a non-array argument.
 
     Example:
       >>> import jax.numpy as jnp
@@ -305,17 +413,22 @@ def ragged_dot(
       >>> out = ragged_dot(jnp.ones((5, 4)), jnp.ones((2, 4, 3)), jnp.array([2, 2]))
       >>> out[:, 0].tolist()
       [4.0, 4.0, 4.0, 4.0, 0.0]
+      >>> # Groups 1 and 2 of three (rows 2-4), on the two experts this device holds:
+      >>> local = ragged_dot(jnp.ones((6, 4)), jnp.ones((2, 4, 3)), jnp.array([2, 1, 2]),
+      ...                    group_offset=1)
+      >>> local[:, 0].tolist()
+      [0.0, 0.0, 4.0, 4.0, 4.0, 0.0]
     """
     op = "ragged_dot"
     lhs = as_array(op, "lhs", lhs)
     rhs = as_array(op, "rhs", rhs)
     sizes = as_array(op, "group_sizes", group_sizes)
-    check_operands(op, ("lhs", "rhs", "group_sizes"), lhs, rhs, sizes)
-    if group_offset is not None:
-        raise NotImplementedError(
-            f"{op}: group_offset is not supported (got {group_offset!r}): jax.lax.ragged_dot "
-            "raises NotImplementedError for any group_offset on CPUs and GPUs; pass None."
-        )
+    offset = None
+    if group_offset is None:
+        check_operands(op, ("lhs", "rhs", "group_sizes"), lhs, rhs, sizes)
+    else:
+        check_operands(op, ("lhs", "rhs", "group_sizes"), lhs, rhs, sizes, offset=True)
+        offset = check_offset(op, group_offset, int(sizes.shape[0]), int(rhs.shape[0]))
     preferred = _preferred(op, preferred_element_type)
     dtype = np.dtype(lhs.dtype)
     tunable = (
@@ -326,11 +439,30 @@ def ragged_dot(
         and min(lhs.shape[0], lhs.shape[1], rhs.shape[0], rhs.shape[2]) > 0
     )
     if not tunable:
-        return jax.lax.ragged_dot(
-            lhs, rhs, sizes, precision=precision, preferred_element_type=preferred_element_type
-        )
+        return _untuned(lhs, rhs, sizes, offset, precision, preferred_element_type)
     ex = executor if executor is not None else default_executor()
     out_dtype = (dtype if preferred is None else preferred).name
-    return ex(
-        kernel_for(RaggedDot, ex), lhs, rhs, sizes.astype(jnp.int32), out_dtype=out_dtype, cfg=cfg
-    )
+    args = (lhs, rhs, sizes.astype(jnp.int32)) + (() if offset is None else (offset,))
+    return ex(kernel_for(RaggedDot, ex), *args, out_dtype=out_dtype, cfg=cfg)
+
+
+def _untuned(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    sizes: jax.Array,
+    offset: jax.Array | None,
+    precision: Any,
+    preferred_element_type: Any,
+) -> jax.Array:
+    """What `jax.lax.ragged_dot` computes, for calls the kernels do not take; with a
+    `group_offset`, on the local rows moved to the top (`reference.on_local_rows`)."""
+
+    def dot(rows: jax.Array, group_sizes: jax.Array) -> jax.Array:
+        return jax.lax.ragged_dot(
+            rows, rhs, group_sizes, precision=precision,
+            preferred_element_type=preferred_element_type,
+        )  # fmt: skip
+
+    if offset is None:
+        return dot(lhs, sizes)
+    return on_local_rows(dot, lhs, sizes, offset, int(rhs.shape[0]))

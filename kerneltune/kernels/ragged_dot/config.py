@@ -160,6 +160,8 @@ class RaggedDotProblem:
       g: the number of groups (experts).
       dtype: the inputs' dtype.
       out_dtype: the output's dtype.
+      local_g: with a `group_offset` (expert parallelism), the groups the call computes
+        (`G_local`, the experts `rhs` holds; `g` is then all the groups); else None.
     """
 
     product: Product
@@ -169,6 +171,7 @@ class RaggedDotProblem:
     g: int
     dtype: np.dtype
     out_dtype: np.dtype
+    local_g: int | None = None
 
     @property
     def itemsize(self) -> int:

@@ -11,6 +11,18 @@ The modules are experimental: kerneltune reads their signatures once per process
 offers no Mosaic config (each pruned with the reason) where a module does not import,
 lacks the function, or wants parameters kerneltune does not pass. The signatures
 above are those of jax 0.10.2 and 0.12.0 (read from their sources).
+
+`group_offset` (expert parallelism). Neither function takes a first row: each computes
+its groups from row 0. JAX's forward kernel computes every row tile of its grid
+(`cdiv(M, block_m) + G − 1` tiles), those past the last group included (they redo tile
+0 and store nothing), so its work does not depend on where the groups lie. A call with
+`group_offset` gives it the local groups with the rows before them added to the first
+and the rows after them to the last (the same `G_local` groups and grid as the
+renumbered call), then zeroes the rows outside the local groups, as the renumbered
+call zeroes those after its last group: the same matrix work, plus the stores of the
+rows outside. The forward and d_lhs run that way. JAX's transposed kernel (d_rhs)
+walks each group's rows, so the same trick would multiply every row of the batch:
+d_rhs with `group_offset` is left to the Triton kernel (pruned here, with that reason).
 """
 
 from __future__ import annotations
@@ -24,6 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from kerneltune.kernels._common import device_kind_name, is_hopper, jax_gpu_op, logger
+from kerneltune.kernels.ragged_dot import groups as groups_lib
 from kerneltune.kernels.ragged_dot.config import RaggedDotConfig
 from kerneltune.kernels.ragged_dot.pallas_backward import PallasGradient
 from kerneltune.kernels.ragged_dot.reference import rows_after_groups_zeroed
@@ -87,10 +100,20 @@ def _load(module_name: str, attr: str) -> MosaicFunction:
     return found
 
 
-def unsupported(product: str) -> str | None:
-    """Why Mosaic configs cannot run `product` here ("fwd", "dlhs", "drhs"), or None."""
+#: Why the Mosaic backend does not run d_rhs with a `group_offset`.
+NO_OFFSET_DRHS = (
+    "JAX's transposed Mosaic kernel (d_rhs) has no first row: with group_offset it would "
+    "multiply the rows of every group, so d_rhs with group_offset runs on Triton"
+)
+
+
+def unsupported(product: str, offset: bool = False) -> str | None:
+    """Why Mosaic configs cannot run `product` here ("fwd", "dlhs", "drhs"; `offset`:
+    with a `group_offset`), or None."""
     if not is_hopper():
         return "JAX's Mosaic GPU ragged_dot kernels run on Hopper GPUs (H100, H200) only"
+    if offset and product == "drhs":
+        return NO_OFFSET_DRHS
     found = _load(*(TRANSPOSED if product == "drhs" else FORWARD))
     if found.reason is not None:
         return found.reason
@@ -120,6 +143,22 @@ def _require(product: str) -> MosaicFunction:
     return _load(*(TRANSPOSED if product == "drhs" else FORWARD))
 
 
+def edge_groups(sizes: jax.Array, start: jax.Array, m: int) -> tuple[jax.Array, jax.Array]:
+    """The local groups' sizes with the rows before them (from row 0) added to the
+    first group and the rows after them (to row `m`) to the last, so that they cover
+    all `m` rows from row 0; and one past the local groups' last row.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> cover, end = edge_groups(jnp.array([2, 0, 3]), jnp.int32(4), 16)
+      >>> cover.tolist(), int(end)
+      ([6, 0, 10], 9)
+    """
+    first, end = groups_lib.row_range(sizes, start, m)
+    cover = sizes.astype(jnp.int32).at[0].add(first).at[-1].add(m - end)
+    return cover, end
+
+
 def ragged_dot_mosaic(
     lhs: jax.Array,
     rhs: jax.Array,
@@ -127,15 +166,21 @@ def ragged_dot_mosaic(
     cfg: RaggedDotConfig,
     *,
     transpose_rhs: bool,
+    group_offset: jax.Array | None = None,
 ) -> jax.Array:
     """The forward (`rhs` `[G, K, N]`) or, with `transpose_rhs`, d_lhs (`lhs` is
-    `d_out[M, N]`, and the product is against each `rhs[g]ᵀ`)."""
+    `d_out[M, N]`, and the product is against each `rhs[g]ᵀ`); with `group_offset`,
+    of the `rhs.shape[0]` groups from there on (see the module's note)."""
     found = _require("dlhs" if transpose_rhs else "fwd")
-    kwargs = _kwargs(cfg, group_sizes)
-    if transpose_rhs:
-        kwargs["transpose_rhs"] = True
-    out = found.fn(lhs, rhs, **kwargs)
-    return rows_after_groups_zeroed(out, group_sizes)
+    extra = {"transpose_rhs": True} if transpose_rhs else {}
+    if group_offset is None:
+        out = found.fn(lhs, rhs, **_kwargs(cfg, group_sizes), **extra)
+        return rows_after_groups_zeroed(out, group_sizes)
+    m = lhs.shape[0]
+    sizes, start = groups_lib.local_groups(group_sizes, group_offset, rhs.shape[0], m)
+    cover, end = edge_groups(sizes, start, m)
+    out = found.fn(lhs, rhs, **_kwargs(cfg, cover), **extra)
+    return groups_lib.rows_outside_zeroed(out, start, end)
 
 
 def transposed_ragged_dot_mosaic(
@@ -153,16 +198,27 @@ class MosaicBackend(PallasGradient):
     lowering = "mosaic_gpu"
 
     def unusable(self, kernel, inv, cfg) -> str | None:
-        return super().unusable(kernel, inv, cfg) or unsupported(kernel.product)
+        offset = kernel.problem(inv).local_g is not None
+        return super().unusable(kernel, inv, cfg) or unsupported(kernel.product, offset)
 
-    def run(self, kernel, a, b, group_sizes, *, cfg: RaggedDotConfig, out_dtype: str):
+    def run(
+        self, kernel, a, b, group_sizes, group_offset=None, *, cfg: RaggedDotConfig,
+        out_dtype: str, local_groups: int | None = None,
+    ):  # fmt: skip
         if kernel.use_interpreter():
             raise ValueError(
                 f"{kernel.op_id}: RaggedDotConfig(backend='mosaic') runs on Hopper GPUs, not "
                 "in the Pallas interpreter; use a backend='triton' config."
             )
         if kernel.product == "drhs":
+            if group_offset is not None:
+                raise ValueError(
+                    f"{kernel.op_id}: RaggedDotConfig(backend='mosaic'): {NO_OFFSET_DRHS}."
+                )
             out = transposed_ragged_dot_mosaic(a, b, group_sizes, cfg)
         else:
-            out = ragged_dot_mosaic(a, b, group_sizes, cfg, transpose_rhs=kernel.product == "dlhs")
+            out = ragged_dot_mosaic(
+                a, b, group_sizes, cfg, transpose_rhs=kernel.product == "dlhs",
+                group_offset=group_offset,
+            )  # fmt: skip
         return out.astype(out_dtype)

@@ -14,6 +14,12 @@ group's expert (read transposed in place for d_lhs) into a float32 accumulator.
 d_rhs (`grouped_transposed_matmul`): one program per group and `block_m × block_n`
 output tile walks the group's rows in steps of `block_k`, masking the rows outside the
 group, and accumulates `lhs_rowsᵀ · d_out_rows`. An empty group's slice is zero.
+
+With `group_offset` (expert parallelism) the kernels are given the local groups' sizes
+and their first row, `row_start` (`groups.local_groups`): the schedule's groups begin
+there, and the rows before it form one more zero "group" in front. Tiles of rows outside
+the local groups only store zeros (forward, d_lhs) or are never visited (d_rhs): a call
+costs what the same local groups cost at the top of the rows, the renumbered layout.
 """
 
 from __future__ import annotations
@@ -27,47 +33,72 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from kerneltune.kernels._common import pad_to, triton_compiler_params
+from kerneltune.kernels.ragged_dot import groups as groups_lib
 from kerneltune.kernels.ragged_dot.config import RaggedDotConfig
 from kerneltune.kernels.ragged_dot.pallas_backward import PallasGradient
 
 
-def group_bounds(group_sizes: jax.Array, m: int) -> tuple[jax.Array, jax.Array]:
-    """Each group's first row and one past its last, clipped to the `m` rows there
-    are (int32 `[G]` each)."""
-    ends = jnp.minimum(jnp.cumsum(group_sizes.astype(jnp.int32)), m)
-    starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
+def group_bounds(
+    group_sizes: jax.Array, m: int, start: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array]:
+    """Each group's first row and one past its last, the first group starting at row
+    `start` (0 when None), clipped to the `m` rows there are (int32 `[G]` each)."""
+    first = jnp.zeros((1,), jnp.int32) if start is None else start.astype(jnp.int32).reshape(1)
+    ends = jnp.minimum(first + jnp.cumsum(group_sizes.astype(jnp.int32)), m)
+    starts = jnp.concatenate([jnp.minimum(first, m), ends[:-1]])
     return starts, ends
 
 
 def tile_schedule(
-    group_sizes: jax.Array, m: int, block_m: int
+    group_sizes: jax.Array, m: int, block_m: int, start: jax.Array | None = None
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """For each of the `ceil(m / block_m) + G` row-tile programs: its group (G for the
-    rows after the last group, which get zeros), its row tile, and the first row and
-    one past the last that it stores (equal for a program with nothing to do).
+    """For each of the `ceil(m / block_m) + G` row-tile programs (one more with
+    `start`): its group (G for the rows outside the groups, which get zeros), its row
+    tile, and the first row and one past the last that it stores (equal for a program
+    with nothing to do). The groups begin at row `start` (0 when None); the rows before
+    it are one zero segment, the rows after the last group another.
 
     Example:
       >>> import jax.numpy as jnp
       >>> group, tile, lo, hi = tile_schedule(jnp.array([3, 0, 6], jnp.int32), 12, 4)
       >>> group.tolist(), tile.tolist(), lo.tolist(), hi.tolist()
       ([0, 2, 2, 2, 3, 3], [0, 0, 1, 2, 2, 0], [0, 3, 3, 3, 9, 0], [3, 9, 9, 9, 12, 0])
+      >>> s = tile_schedule(jnp.array([2, 3], jnp.int32), 12, 4, start=jnp.int32(5))
+      >>> [a.tolist() for a in s]  # rows 0-4 zero, groups at rows 5-6 and 7-9, 10-11 zero
+      [[2, 2, 0, 1, 1, 2], [0, 1, 1, 1, 2, 2], [0, 0, 5, 7, 7, 10], [5, 5, 7, 10, 10, 12]]
     """
     g = group_sizes.shape[0]
-    starts_g, ends_g = group_bounds(group_sizes, m)
-    total = ends_g[-1:]
-    starts = jnp.concatenate([starts_g, total])
-    ends = jnp.concatenate([ends_g, jnp.full((1,), m, jnp.int32)])
+    starts_g, ends_g = group_bounds(group_sizes, m, start)
+    zero = jnp.full((1,), g, jnp.int32)
+    # Segments of rows, in order: [the rows before `start`], each group, the rows after.
+    seg_starts = [starts_g, ends_g[-1:]]
+    seg_ends = [ends_g, jnp.full((1,), m, jnp.int32)]
+    seg_group = [jnp.arange(g, dtype=jnp.int32), zero]
+    if start is not None:
+        seg_starts.insert(0, jnp.zeros((1,), jnp.int32))
+        seg_ends.insert(0, starts_g[:1])
+        seg_group.insert(0, zero)
+    starts, ends = jnp.concatenate(seg_starts), jnp.concatenate(seg_ends)
+    owner = jnp.concatenate(seg_group)
+    segments = starts.shape[0]
     first = starts // block_m
     count = jnp.where(ends > starts, (ends - 1) // block_m - first + 1, 0)
     offsets_end = jnp.cumsum(count)
     offsets_start = offsets_end - count
-    t = jnp.arange(-(-m // block_m) + g, dtype=jnp.int32)
-    group = jnp.minimum(jnp.searchsorted(offsets_end, t, side="right"), g).astype(jnp.int32)
+    # Each boundary between two segments adds at most one tile.
+    t = jnp.arange(-(-m // block_m) + segments - 1, dtype=jnp.int32)
+    seg = jnp.minimum(jnp.searchsorted(offsets_end, t, side="right"), segments - 1)
     valid = t < offsets_end[-1]
-    tile = jnp.where(valid, first[group] + t - offsets_start[group], 0)
-    lo = jnp.where(valid, starts[group], 0)
-    hi = jnp.where(valid, ends[group], 0)
-    return group, tile.astype(jnp.int32), lo.astype(jnp.int32), hi.astype(jnp.int32)
+    group = jnp.where(valid, owner[seg], g)
+    tile = jnp.where(valid, first[seg] + t - offsets_start[seg], 0)
+    lo = jnp.where(valid, starts[seg], 0)
+    hi = jnp.where(valid, ends[seg], 0)
+    return (
+        group.astype(jnp.int32),
+        tile.astype(jnp.int32),
+        lo.astype(jnp.int32),
+        hi.astype(jnp.int32),
+    )
 
 
 def _dot(x: jax.Array, y: jax.Array, *, upcast: bool, trans_x: bool = False, trans_y: bool = False):
@@ -138,10 +169,12 @@ def grouped_matmul(
     out_dtype: jnp.dtype,
     transpose_w: bool = False,
     interpret: bool = False,
+    row_start: jax.Array | None = None,
 ) -> jax.Array:
     """`x[M, C]` times group g's expert for the rows of group g: `w[g]` (`[G, C, N]`),
-    or with `transpose_w` `w[g]ᵀ` (`w` is `[G, N, C]`); rows after the last group are
-    zero. Output `[M, N]` in `out_dtype`, accumulated in float32.
+    or with `transpose_w` `w[g]ᵀ` (`w` is `[G, N, C]`); the groups begin at row
+    `row_start` (0 when None) and the rows outside them are zero. Output `[M, N]` in
+    `out_dtype`, accumulated in float32.
 
     The contracted and column axes are zero-padded to the tiles where these do not
     divide them (correct, but wasted work: the candidate space avoids such tiles).
@@ -158,7 +191,7 @@ def grouped_matmul(
     )
     mp, cp = xp.shape
     np_ = n + (-n) % bn
-    schedule = tile_schedule(group_sizes, m, bm)
+    schedule = tile_schedule(group_sizes, m, bm, row_start)
     tiles_m, tiles_n = schedule[0].shape[0], np_ // bn
     rows_first = cfg.tile_order == "m"
     kernel = functools.partial(
@@ -218,10 +251,12 @@ def grouped_transposed_matmul(
     *,
     out_dtype: jnp.dtype,
     interpret: bool = False,
+    row_start: jax.Array | None = None,
 ) -> jax.Array:
     """`out[g] = a[rows of g]ᵀ · b[rows of g]` for `a[M, P]`, `b[M, Q]`: `[G, P, Q]` in
-    `out_dtype` (an empty group's slice is zero; rows after the last group are not
-    read). `block_m × block_n` tiles `P × Q`; `block_k` rows are contracted per step."""
+    `out_dtype`, the groups beginning at row `row_start` (0 when None); an empty
+    group's slice is zero, and rows outside the groups are not read. `block_m ×
+    block_n` tiles `P × Q`; `block_k` rows are contracted per step."""
     bm, bn, bk = cfg.blocks
     m, p = a.shape
     q = b.shape[1]
@@ -230,7 +265,7 @@ def grouped_transposed_matmul(
     ap = jnp.pad(a, ((0, bk), (0, (-p) % bm)))
     bp = jnp.pad(b, ((0, bk), (0, (-q) % bn)))
     pp, qp = ap.shape[1], bp.shape[1]
-    lo, hi = group_bounds(group_sizes, m)
+    lo, hi = group_bounds(group_sizes, m, row_start)
     rows_first = cfg.tile_order == "m"
     tiles = (pp // bm, qp // bn) if rows_first else (qp // bn, pp // bm)
     kernel = functools.partial(
@@ -260,15 +295,24 @@ class TritonBackend(PallasGradient):
     lowering = "triton"
     interprets = True
 
-    def run(self, kernel, a, b, group_sizes, *, cfg: RaggedDotConfig, out_dtype: str):
+    def run(
+        self, kernel, a, b, group_sizes, group_offset=None, *, cfg: RaggedDotConfig,
+        out_dtype: str, local_groups: int | None = None,
+    ):  # fmt: skip
         interpret = kernel.use_interpreter()
         dtype = np.dtype(out_dtype)
-        if kernel.product == "fwd":
-            return grouped_matmul(a, b, group_sizes, cfg, out_dtype=dtype, interpret=interpret)
-        if kernel.product == "dlhs":
-            return grouped_matmul(
-                a, b, group_sizes, cfg, out_dtype=dtype, transpose_w=True, interpret=interpret
+        start = None
+        if group_offset is not None:
+            local = b.shape[0] if kernel.product != "drhs" else local_groups
+            assert local is not None, "d_rhs with group_offset needs local_groups"
+            group_sizes, start = groups_lib.local_groups(
+                group_sizes, group_offset, local, a.shape[0]
             )
-        return grouped_transposed_matmul(
-            a, b, group_sizes, cfg, out_dtype=dtype, interpret=interpret
-        )
+        if kernel.product == "drhs":
+            return grouped_transposed_matmul(
+                a, b, group_sizes, cfg, out_dtype=dtype, interpret=interpret, row_start=start
+            )
+        return grouped_matmul(
+            a, b, group_sizes, cfg, out_dtype=dtype, transpose_w=kernel.product == "dlhs",
+            interpret=interpret, row_start=start,
+        )  # fmt: skip

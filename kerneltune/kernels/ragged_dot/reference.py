@@ -1,14 +1,24 @@
 """The grouped matmul's XLA path: `jax.lax.ragged_dot` and the two products of its
 gradient in plain JAX (the reference every backend is tested against, and the CPU
-path)."""
+path).
+
+`jax.lax.ragged_dot` takes no `group_offset` (it raises NotImplementedError). With one,
+this path moves the local rows `[start, end)` to the top (`groups.shift_rows`), runs
+`jax.lax.ragged_dot` on the local groups, and moves the result back: the rows after the
+local groups come out zero, and so do the rows moved round from before `start`."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from kerneltune._src.kernel.backends import Backend
+from kerneltune.kernels.ragged_dot.groups import local_groups as groups_of
+from kerneltune.kernels.ragged_dot.groups import shift_rows
 
 
 def rows_after_groups_zeroed(out: jax.Array, group_sizes: jax.Array) -> jax.Array:
@@ -20,46 +30,109 @@ def rows_after_groups_zeroed(out: jax.Array, group_sizes: jax.Array) -> jax.Arra
     return jnp.where(rows < total, out, jnp.zeros((), out.dtype))
 
 
-def ragged_dot_xla(
-    lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, out_dtype: str
+def on_local_rows(
+    fn: Callable[[jax.Array, jax.Array], jax.Array],
+    rows: jax.Array,
+    group_sizes: jax.Array,
+    group_offset: jax.Array,
+    local: int,
 ) -> jax.Array:
-    """`jax.lax.ragged_dot(lhs, rhs, group_sizes)` with output dtype `out_dtype`."""
+    """`fn(rows', local sizes)` for the `local` groups from `group_offset` on, where
+    `rows'` are `rows` moved up so the local groups start at row 0, and the result
+    moved back (its rows outside the local groups zero, as `fn`'s after its last
+    group are)."""
+    sizes, start = groups_of(group_sizes, group_offset, local, rows.shape[0])
+    return shift_rows(fn(shift_rows(rows, -start), sizes), start)
+
+
+def ragged_dot_xla(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    group_offset: jax.Array | None = None,
+    *,
+    out_dtype: str,
+    precision: Any = None,
+) -> jax.Array:
+    """`jax.lax.ragged_dot(lhs, rhs, group_sizes)` with output dtype `out_dtype`; with
+    `group_offset`, the rows of `rhs.shape[0]` groups from there on."""
     want = np.dtype(out_dtype)
     pref = None if want == np.dtype(lhs.dtype) else want
-    return jax.lax.ragged_dot(lhs, rhs, group_sizes, preferred_element_type=pref)
+
+    def dot(rows: jax.Array, sizes: jax.Array) -> jax.Array:
+        return jax.lax.ragged_dot(
+            rows, rhs, sizes, precision=precision, preferred_element_type=pref
+        )
+
+    if group_offset is None:
+        return dot(lhs, group_sizes)
+    return on_local_rows(dot, lhs, group_sizes, group_offset, rhs.shape[0])
 
 
 def ragged_dot_dlhs_xla(
-    dout: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, out_dtype: str
+    dout: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    group_offset: jax.Array | None = None,
+    *,
+    out_dtype: str,
 ) -> jax.Array:
-    """`d_lhs[M, K]`: each row of `dout[M, N]` times its group's `rhs[g]ᵀ`."""
-    return jax.lax.ragged_dot(
-        dout, jnp.swapaxes(rhs, 1, 2), group_sizes, preferred_element_type=np.dtype(out_dtype)
-    )
+    """`d_lhs[M, K]`: each row of `dout[M, N]` times its group's `rhs[g]ᵀ` (zero outside
+    the local groups with `group_offset`)."""
+    rhs_t = jnp.swapaxes(rhs, 1, 2)
+
+    def dot(rows: jax.Array, sizes: jax.Array) -> jax.Array:
+        return jax.lax.ragged_dot(rows, rhs_t, sizes, preferred_element_type=np.dtype(out_dtype))
+
+    if group_offset is None:
+        return dot(dout, group_sizes)
+    return on_local_rows(dot, dout, group_sizes, group_offset, rhs.shape[0])
 
 
 def ragged_dot_drhs_xla(
-    lhs: jax.Array, dout: jax.Array, group_sizes: jax.Array, *, out_dtype: str
+    lhs: jax.Array,
+    dout: jax.Array,
+    group_sizes: jax.Array,
+    group_offset: jax.Array | None = None,
+    *,
+    out_dtype: str,
+    local_groups: int | None = None,
 ) -> jax.Array:
     """`d_rhs[G, K, N]`: `lhs[rows of g]ᵀ · dout[rows of g]` per group, the form of
-    `jax.lax.ragged_dot_general` whose ragged axis is contracted."""
+    `jax.lax.ragged_dot_general` whose ragged axis is contracted; with `group_offset`,
+    for the `local_groups` groups from there on (`[local_groups, K, N]`)."""
     numbers = jax.lax.RaggedDotDimensionNumbers(
         dot_dimension_numbers=(((0,), (0,)), ((), ())),
         lhs_ragged_dimensions=[0],
         rhs_group_dimensions=[],
     )
-    return jax.lax.ragged_dot_general(
-        lhs, dout, group_sizes, numbers, preferred_element_type=np.dtype(out_dtype)
-    )
+
+    def dot(a: jax.Array, b: jax.Array, sizes: jax.Array) -> jax.Array:
+        return jax.lax.ragged_dot_general(
+            a, b, sizes, numbers, preferred_element_type=np.dtype(out_dtype)
+        )
+
+    if group_offset is None:
+        return dot(lhs, dout, group_sizes)
+    assert local_groups is not None
+    sizes, start = groups_of(group_sizes, group_offset, local_groups, lhs.shape[0])
+    return dot(shift_rows(lhs, -start), shift_rows(dout, -start), sizes)
 
 
-def ragged_dot_reference(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array:
+def ragged_dot_reference(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    group_offset: jax.Array | None = None,
+) -> jax.Array:
     """`jax.lax.ragged_dot` at the highest precision, in float32: what tests compare
     with."""
-    return jax.lax.ragged_dot(
+    return ragged_dot_xla(
         lhs.astype(jnp.float32),
         rhs.astype(jnp.float32),
         group_sizes,
+        group_offset,
+        out_dtype="float32",
         precision=jax.lax.Precision.HIGHEST,
     )
 
@@ -72,9 +145,9 @@ class XlaBackend(Backend):
     differentiated_by_jax = True
     plain_jax = True
 
-    def run(self, kernel, a, b, group_sizes, *, cfg, out_dtype: str):
+    def run(self, kernel, a, b, group_sizes, group_offset=None, *, cfg, out_dtype: str, **kw):
         if kernel.product == "fwd":
-            return ragged_dot_xla(a, b, group_sizes, out_dtype=out_dtype)
+            return ragged_dot_xla(a, b, group_sizes, group_offset, out_dtype=out_dtype)
         if kernel.product == "dlhs":
-            return ragged_dot_dlhs_xla(a, b, group_sizes, out_dtype=out_dtype)
-        return ragged_dot_drhs_xla(a, b, group_sizes, out_dtype=out_dtype)
+            return ragged_dot_dlhs_xla(a, b, group_sizes, group_offset, out_dtype=out_dtype)
+        return ragged_dot_drhs_xla(a, b, group_sizes, group_offset, out_dtype=out_dtype, **kw)

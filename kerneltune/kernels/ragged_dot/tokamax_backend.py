@@ -26,8 +26,18 @@ def installed() -> bool:
     return importlib.util.find_spec("tokamax") is not None
 
 
-def unsupported(dtype: np.dtype, out_dtype: np.dtype) -> str | None:
-    """Why tokamax's `ragged_dot` cannot run a call, or None when it can."""
+#: Why tokamax is not offered for a call with `group_offset` (read in tokamax's
+#: `_src/ops/ragged_dot/api.py`, its repository's main branch of August 2026).
+NO_OFFSET = (
+    "tokamax's ragged_dot takes no group_offset (it raises NotImplementedError for any value)"
+)
+
+
+def unsupported(dtype: np.dtype, out_dtype: np.dtype, offset: bool = False) -> str | None:
+    """Why tokamax's `ragged_dot` cannot run a call (`offset`: one with a
+    `group_offset`), or None when it can."""
+    if offset:
+        return NO_OFFSET
     if not installed():
         return "tokamax is not installed (pip install tokamax)"
     if not on_gpu():
@@ -70,7 +80,9 @@ class TokamaxBackend(Backend):
         if kernel.product != "fwd":
             return "tokamax is offered for the forward only (it brings its own backward)"
         p = kernel.problem(inv)
-        return unsupported(p.dtype, p.out_dtype)
+        return unsupported(p.dtype, p.out_dtype, p.local_g is not None)
 
-    def run(self, kernel, lhs, rhs, group_sizes, *, cfg, out_dtype: str):
+    def run(self, kernel, lhs, rhs, group_sizes, group_offset=None, *, cfg, out_dtype: str):
+        if group_offset is not None:
+            raise ValueError(f"{kernel.op_id}: RaggedDotConfig(backend='tokamax'): {NO_OFFSET}.")
         return ragged_dot(lhs, rhs, group_sizes, out_dtype=out_dtype)
