@@ -8,6 +8,7 @@ import collections
 import dataclasses
 import threading
 import time
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -93,6 +94,26 @@ def test_the_budget_bounds_the_first_call():
     # What ran in time is cached as budgeted, and served from memory from then on.
     assert ex.chooser.cache.is_budgeted(why.device, why.op_id_v, why.call_key)
     assert kt.explain(kernel, jnp.ones((8, 8)), executor=ex).tier == "memory"
+
+
+def _report(best, statuses):
+    results = [SimpleNamespace(cfg=RepCfg(reps=r), status=st) for r, st in statuses]
+    return SimpleNamespace(best=None if best is None else RepCfg(reps=best), candidates=results)
+
+
+def test_a_budget_that_cuts_the_first_choice_keeps_it_rather_than_a_faster_building_one():
+    """Seen on an H200 (attention with a bias, 2026-11-27): tokamax, the heuristic,
+    compiled for 7.8 s against a 5 s budget, cuDNN was timed alone and won, at 1.4x
+    tokamax's step. The chain then uses the prediction untimed (`_first_call`)."""
+    plan = first_call.Plan(
+        prediction=None, space=(RepCfg(reps=1), RepCfg(reps=2)),
+        shortlist=(RepCfg(reps=1), RepCfg(reps=2)), untimed=(RepCfg(reps=1),),
+    )  # fmt: skip
+    assert first_call.first_choice_untimed(plan, _report(2, [(1, "pruned"), (2, "ok")]))
+    # The first choice timed and beaten, or failed: the timed winner stands.
+    assert not first_call.first_choice_untimed(plan, _report(2, [(1, "ok"), (2, "ok")]))
+    assert not first_call.first_choice_untimed(plan, _report(2, [(1, "failed"), (2, "ok")]))
+    assert not first_call.first_choice_untimed(plan, _report(1, [(1, "ok"), (2, "pruned")]))
 
 
 def test_once_the_process_budget_is_spent_new_keys_use_their_prediction_untimed():

@@ -375,6 +375,16 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
             return self._use_prediction(
                 inv, kernel, key, dataclasses.replace(plan, why_untimed=why)
             )
+        if first_call.first_choice_untimed(plan, report):
+            # Only configs that build faster were timed: their times rank nothing
+            # against the first choice (a slow-compiling library kernel, say).
+            why = (
+                f"the first choice {plan.shortlist[0]!r} was not timed within the "
+                f"first-call budget ({late} not run in time)"
+            )
+            return self._use_prediction(
+                inv, kernel, key, dataclasses.replace(plan, why_untimed=why)
+            )
         cfg = self._keep_winner(inv, key, report)
         note = first_call.tuned_note(plan, budget, late) if report.budgeted else None
         return tiers.Hit(cfg, "autotune", None, report=report, budget=note)

@@ -146,6 +146,17 @@ def agreed(key: CacheKey, mine: Plan, *, what: str) -> Plan:
     return dataclasses.replace(mine, shortlist=shortlist, untimed=untimed, why_untimed=why)
 
 
+def first_choice_untimed(plan_: Plan, report: Any) -> bool:
+    """True when the budget cut the shortlist's first config (the heuristic, or the
+    prediction's best) before it was timed, while another was timed: a winner then
+    only shows which configs build fastest."""
+    first = plan_.shortlist[0]
+    for result in report.candidates:
+        if result.cfg == first:
+            return result.status == "pruned" and report.best != first
+    return False
+
+
 def budget_tuner(tuner: Any, budget: FirstCallBudget) -> Any:
     """The chain's tuner, bounded to `budget.key_s` for one key: the shortlist is
     searched whole, and what has not run when the time is up is abandoned. A tuner of
