@@ -31,9 +31,9 @@ def block_for(dim: int, preferred: int) -> int:
     return max(MIN_BLOCK, min(preferred, next_power_of_2(dim)))
 
 
-def check_blocks(cfg: Any, names: Iterable[str]) -> None:
+def check_blocks(cfg: Any, names: Iterable[str], *, dot: str = "Triton's dot") -> None:
     """Raises ValueError unless each of `cfg`'s block fields `names` is a power of two
-    of at least `MIN_BLOCK`."""
+    of at least `MIN_BLOCK` (the smallest tile `dot` accepts)."""
     owner = type(cfg).__name__
     for name in names:
         value = getattr(cfg, name)
@@ -41,7 +41,7 @@ def check_blocks(cfg: Any, names: Iterable[str]) -> None:
         if value < MIN_BLOCK:
             raise ValueError(
                 f"{owner}.{name} must be at least {MIN_BLOCK} (the smallest tile "
-                f"Triton's dot accepts), got {value}."
+                f"{dot} accepts), got {value}."
             )
 
 

@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from kerneltune._src.params import check_positive, check_positive_power_of_two
+from kerneltune._src.params import check_positive
 from kerneltune.kernels._common import (
     MAX_REGISTERS_PER_THREAD,
     Pruned,
@@ -31,6 +31,7 @@ from kerneltune.kernels._common import (
     shared_memory_rule,
 )
 from kerneltune.kernels._config import BackendConfig
+from kerneltune.kernels._tiles import MIN_BLOCK, block_for, check_blocks, check_launch
 
 Backend = Literal["triton", "mosaic", "xla", "tokamax"]
 TileOrder = Literal["m", "n"]
@@ -41,7 +42,6 @@ Product = Literal["fwd", "dlhs", "drhs"]
 #: `transposed_ragged_dot_mgpu`); "tokamax" `tokamax.ragged_dot` where installed.
 BACKENDS = ("triton", "mosaic", "xla", "tokamax")
 #: The smallest tile side Triton's `dot` accepts.
-MIN_BLOCK = 16
 #: The two orders the Triton kernel's programs visit output tiles in.
 TILE_ORDERS: tuple[TileOrder, ...] = ("m", "n")
 #: Input dtypes the Mosaic kernels take (their `wgmma` path).
@@ -116,17 +116,9 @@ max_concurrent_steps=4, grid_block_n=4)
         owner = "RaggedDotConfig"
         if self.backend in ("xla", "tokamax"):
             return
-        for name in _BLOCKS:
-            value = getattr(self, name)
-            check_positive_power_of_two(owner, name, value)
-            if value < MIN_BLOCK:
-                raise ValueError(
-                    f"{owner}.{name} must be at least {MIN_BLOCK} (the smallest tile "
-                    f"a GPU dot takes), got {value}."
-                )
+        check_blocks(self, _BLOCKS, dot="a GPU dot")
         if self.backend == "triton":
-            check_positive_power_of_two(owner, "num_warps", self.num_warps)
-            check_positive(owner, "num_stages", self.num_stages)
+            check_launch(self)
             if self.tile_order not in TILE_ORDERS:
                 raise ValueError(
                     f"{owner}.tile_order must be one of {TILE_ORDERS}, got {self.tile_order!r}."
@@ -192,10 +184,6 @@ class RaggedDotProblem:
         return {"fwd": self.k, "dlhs": self.n, "drhs": self.m}[self.product]
 
 
-def _block_for(dim: int, preferred: int) -> int:
-    return max(MIN_BLOCK, min(preferred, next_power_of_2(dim)))
-
-
 def shared_memory_bytes(p: RaggedDotProblem, cfg: RaggedDotConfig) -> int:
     """Shared memory one program holds: its pipelined operand tiles (one per stage or
     concurrent step) and, for Mosaic, the output tile staged for the TMA store."""
@@ -222,9 +210,9 @@ def triton_heuristic(p: RaggedDotProblem) -> RaggedDotConfig:
     rows, cols = p.out_dims
     # Groups split row tiles: with few rows per group, shorter tiles waste less.
     per_group = max(1, rows // max(p.g, 1)) if p.product != "drhs" else rows
-    bm = _block_for(per_group if p.product != "drhs" else rows, 128)
-    bn = _block_for(cols, 128)
-    bk = _block_for(p.contracted, 64 if p.itemsize <= 2 else 32)
+    bm = block_for(per_group if p.product != "drhs" else rows, 128)
+    bn = block_for(cols, 128)
+    bk = block_for(p.contracted, 64 if p.itemsize <= 2 else 32)
     stages = 3
     cfg = RaggedDotConfig(block_m=bm, block_n=bn, block_k=bk, num_warps=4, num_stages=stages)
     while stages > 1 and shared_memory_bytes(p, cfg) > shared_memory_limit():
