@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kerneltune._src.core import keys, tracing
+from kerneltune._src.core import keys
 from kerneltune._src.execution.default import default_executor
 from kerneltune._src.kernel.backends import BackendKernel
 from kerneltune._src.kernel.base import Invocation
@@ -19,92 +19,20 @@ from kerneltune.kernels._common import Pruned, interpreted, kernel_for
 from kerneltune.kernels.ragged_dot import config as config_lib
 from kerneltune.kernels.ragged_dot import groups as groups_lib
 from kerneltune.kernels.ragged_dot import pallas_mosaic, tokamax_backend
+from kerneltune.kernels.ragged_dot.checks import (
+    check_floats,
+    check_offset,
+    check_operands,
+    check_sizes,
+    out_dtype_name,
+    shape_of,
+)
 from kerneltune.kernels.ragged_dot.config import XLA, Product, RaggedDotConfig, RaggedDotProblem
 from kerneltune.kernels.ragged_dot.pallas_mosaic import MosaicBackend
 from kerneltune.kernels.ragged_dot.pallas_triton import TritonBackend
 from kerneltune.kernels.ragged_dot.reference import XlaBackend, on_local_rows, ragged_dot_xla
 from kerneltune.kernels.ragged_dot.shapes import balanced
 from kerneltune.kernels.ragged_dot.tokamax_backend import TokamaxBackend
-
-
-def _shape(x: Any) -> tuple[int, ...]:
-    return tuple(int(d) for d in getattr(x, "shape", ()))
-
-
-def check_operands(
-    op: str, names: tuple[str, str, str], a: Any, b: Any, sizes: Any, *, offset: bool = False
-) -> None:
-    """`a[M, K]`, `b[G, K, N]` and `sizes[G]` fit one another (for the backward kernels,
-    `names` says what the operands are called there); with `offset` (a `group_offset`
-    call), `b` holds `G_local <= G` groups."""
-    na, nb, ns = names
-    if getattr(a, "ndim", None) != 2:
-        raise ValueError(f"{op}: {na} must be 2-D [M, K], got shape {_shape(a)}.")
-    if getattr(b, "ndim", None) != 3:
-        raise ValueError(f"{op}: {nb} must be 3-D [G, K, N], got shape {_shape(b)}.")
-    if offset:
-        _check_sizes(op, sizes, None)
-        groups_lib.check_local(op, sizes, int(b.shape[0]))
-    elif getattr(sizes, "ndim", None) != 1 or sizes.shape[0] != b.shape[0]:
-        raise ValueError(
-            f"{op}: {ns} must be 1-D [G] with G = {nb}.shape[0] = {b.shape[0]}, got shape "
-            f"{_shape(sizes)}."
-        )
-    if a.shape[1] != b.shape[1]:
-        raise ValueError(
-            f"{op}: {na} is {_shape(a)} and {nb} is {_shape(b)}; {na}.shape[1] must equal "
-            f"{nb}.shape[1] (K)."
-        )
-    if not jnp.issubdtype(sizes.dtype, jnp.integer):
-        raise TypeError(f"{op}: {ns} must have an integer dtype, got {sizes.dtype}.")
-
-
-def _check_sizes(op: str, sizes: Any, groups: int | None) -> None:
-    if getattr(sizes, "ndim", None) != 1 or (groups is not None and sizes.shape[0] != groups):
-        want = "[G]" if groups is None else f"[{groups}]"
-        raise ValueError(f"{op}: group_sizes must be 1-D {want}, got shape {_shape(sizes)}.")
-    if not jnp.issubdtype(sizes.dtype, jnp.integer):
-        raise TypeError(f"{op}: group_sizes must have an integer dtype, got {sizes.dtype}.")
-
-
-def _check_floats(op: str, names: tuple[str, str], a: Any, b: Any) -> None:
-    if np.dtype(a.dtype) != np.dtype(b.dtype) or not jnp.issubdtype(a.dtype, jnp.floating):
-        raise TypeError(
-            f"{op}: {names[0]} and {names[1]} must share one floating dtype, got "
-            f"{a.dtype} and {b.dtype}."
-        )
-
-
-def _out_dtype(out_dtype: Any, default: Any) -> str:
-    return np.dtype(default if out_dtype is None else out_dtype).name
-
-
-def check_offset(op: str, group_offset: Any, groups: int, local: int) -> jax.Array:
-    """`group_offset` as the int32 `(1,)` array the kernels take, or an error naming
-    the argument, its value and what is allowed: an int or an integer array of shape
-    `()` or `(1,)`, in `[0, G − G_local]` where it is concrete (a traced one is
-    clipped into that range when the kernels run)."""
-    allowed = "an int or an integer array of shape () or (1,)"
-    if isinstance(group_offset, bool) or not (
-        isinstance(group_offset, (int, np.integer)) or hasattr(group_offset, "dtype")
-    ):
-        raise TypeError(
-            f"{op}: group_offset must be {allowed}, got {type(group_offset).__name__} "
-            f"{group_offset!r:.60}."
-        )
-    x = jnp.asarray(group_offset)
-    if not jnp.issubdtype(x.dtype, jnp.integer):
-        raise TypeError(f"{op}: group_offset must be {allowed}, got dtype {x.dtype}.")
-    if x.shape not in ((), (1,)):
-        raise ValueError(f"{op}: group_offset must be {allowed}, got shape {x.shape}.")
-    if not tracing.is_tracer(x):
-        value = int(np.asarray(x).reshape(()))
-        if not 0 <= value <= groups - local:
-            raise ValueError(
-                f"{op}: group_offset must lie in [0, G - G_local] = [0, {groups - local}] "
-                f"(G = {groups} groups in group_sizes, G_local = {local} in rhs), got {value}."
-            )
-    return groups_lib.as_offset(x)
 
 
 def balanced_tuning_inputs(inv: Invocation[Any, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -237,8 +165,8 @@ class RaggedDot(_RaggedDotKernel):
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:  # fmt: skip
         offset = group_offset is not None
         check_operands(self.op_id, self.operand_names, lhs, rhs, group_sizes, offset=offset)
-        _check_floats(self.op_id, ("lhs", "rhs"), lhs, rhs)
-        kwargs = {"out_dtype": _out_dtype(out_dtype, lhs.dtype)}
+        check_floats(self.op_id, ("lhs", "rhs"), lhs, rhs)
+        kwargs = {"out_dtype": out_dtype_name(out_dtype, lhs.dtype)}
         if not offset:
             return (lhs, rhs, group_sizes), kwargs
         g, local = int(group_sizes.shape[0]), int(rhs.shape[0])
@@ -268,16 +196,16 @@ class RaggedDotGradLhs(_RaggedDotKernel):
         if getattr(dout, "ndim", None) != 2 or getattr(rhs, "ndim", None) != 3:
             raise ValueError(
                 f"{self.op_id}: d_out and rhs must be [M, N] and [G, K, N], got shapes "
-                f"{_shape(dout)} and {_shape(rhs)}."
+                f"{shape_of(dout)} and {shape_of(rhs)}."
             )
         if dout.shape[1] != rhs.shape[2]:
             raise ValueError(
-                f"{self.op_id}: d_out {_shape(dout)} and rhs {_shape(rhs)} must agree on N."
+                f"{self.op_id}: d_out {shape_of(dout)} and rhs {shape_of(rhs)} must agree on N."
             )
         local = int(rhs.shape[0])
-        _check_sizes(self.op_id, group_sizes, None if group_offset is not None else local)
-        _check_floats(self.op_id, ("d_out", "rhs"), dout, rhs)
-        kwargs = {"out_dtype": _out_dtype(out_dtype, rhs.dtype)}
+        check_sizes(self.op_id, group_sizes, None if group_offset is not None else local)
+        check_floats(self.op_id, ("d_out", "rhs"), dout, rhs)
+        kwargs = {"out_dtype": out_dtype_name(out_dtype, rhs.dtype)}
         if group_offset is None:
             return (dout, rhs, group_sizes), kwargs
         groups_lib.check_local(self.op_id, group_sizes, local)
@@ -305,15 +233,15 @@ class RaggedDotGradRhs(_RaggedDotKernel):
         if getattr(lhs, "ndim", None) != 2 or getattr(dout, "ndim", None) != 2:
             raise ValueError(
                 f"{self.op_id}: lhs and d_out must be 2-D [M, K] and [M, N], got shapes "
-                f"{_shape(lhs)} and {_shape(dout)}."
+                f"{shape_of(lhs)} and {shape_of(dout)}."
             )
         if lhs.shape[0] != dout.shape[0]:
             raise ValueError(
-                f"{self.op_id}: lhs {_shape(lhs)} and d_out {_shape(dout)} must have the same rows."
+                f"{self.op_id}: lhs {shape_of(lhs)} and d_out {shape_of(dout)} must have the same rows."
             )
-        _check_sizes(self.op_id, group_sizes, None)
-        _check_floats(self.op_id, ("lhs", "d_out"), lhs, dout)
-        kwargs: dict[str, Any] = {"out_dtype": _out_dtype(out_dtype, lhs.dtype)}
+        check_sizes(self.op_id, group_sizes, None)
+        check_floats(self.op_id, ("lhs", "d_out"), lhs, dout)
+        kwargs: dict[str, Any] = {"out_dtype": out_dtype_name(out_dtype, lhs.dtype)}
         if group_offset is None:
             if local_groups is not None:
                 raise ValueError(

@@ -1,0 +1,93 @@
+"""The checks of `ragged_dot`'s operands, shared by its three kernels' `prepare`:
+each error names the argument, its value and what is allowed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kerneltune._src.core import tracing
+from kerneltune.kernels.ragged_dot import groups as groups_lib
+
+
+def shape_of(x: Any) -> tuple[int, ...]:
+    return tuple(int(d) for d in getattr(x, "shape", ()))
+
+
+def check_operands(
+    op: str, names: tuple[str, str, str], a: Any, b: Any, sizes: Any, *, offset: bool = False
+) -> None:
+    """`a[M, K]`, `b[G, K, N]` and `sizes[G]` fit one another (for the backward kernels,
+    `names` says what the operands are called there); with `offset` (a `group_offset`
+    call), `b` holds `G_local <= G` groups."""
+    na, nb, ns = names
+    if getattr(a, "ndim", None) != 2:
+        raise ValueError(f"{op}: {na} must be 2-D [M, K], got shape {shape_of(a)}.")
+    if getattr(b, "ndim", None) != 3:
+        raise ValueError(f"{op}: {nb} must be 3-D [G, K, N], got shape {shape_of(b)}.")
+    if offset:
+        check_sizes(op, sizes, None)
+        groups_lib.check_local(op, sizes, int(b.shape[0]))
+    elif getattr(sizes, "ndim", None) != 1 or sizes.shape[0] != b.shape[0]:
+        raise ValueError(
+            f"{op}: {ns} must be 1-D [G] with G = {nb}.shape[0] = {b.shape[0]}, got shape "
+            f"{shape_of(sizes)}."
+        )
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(
+            f"{op}: {na} is {shape_of(a)} and {nb} is {shape_of(b)}; {na}.shape[1] must equal "
+            f"{nb}.shape[1] (K)."
+        )
+    if not jnp.issubdtype(sizes.dtype, jnp.integer):
+        raise TypeError(f"{op}: {ns} must have an integer dtype, got {sizes.dtype}.")
+
+
+def check_sizes(op: str, sizes: Any, groups: int | None) -> None:
+    if getattr(sizes, "ndim", None) != 1 or (groups is not None and sizes.shape[0] != groups):
+        want = "[G]" if groups is None else f"[{groups}]"
+        raise ValueError(f"{op}: group_sizes must be 1-D {want}, got shape {shape_of(sizes)}.")
+    if not jnp.issubdtype(sizes.dtype, jnp.integer):
+        raise TypeError(f"{op}: group_sizes must have an integer dtype, got {sizes.dtype}.")
+
+
+def check_floats(op: str, names: tuple[str, str], a: Any, b: Any) -> None:
+    if np.dtype(a.dtype) != np.dtype(b.dtype) or not jnp.issubdtype(a.dtype, jnp.floating):
+        raise TypeError(
+            f"{op}: {names[0]} and {names[1]} must share one floating dtype, got "
+            f"{a.dtype} and {b.dtype}."
+        )
+
+
+def out_dtype_name(out_dtype: Any, default: Any) -> str:
+    return np.dtype(default if out_dtype is None else out_dtype).name
+
+
+def check_offset(op: str, group_offset: Any, groups: int, local: int) -> jax.Array:
+    """`group_offset` as the int32 `(1,)` array the kernels take, or an error naming
+    the argument, its value and what is allowed: an int or an integer array of shape
+    `()` or `(1,)`, in `[0, G − G_local]` where it is concrete (a traced one is
+    clipped into that range when the kernels run)."""
+    allowed = "an int or an integer array of shape () or (1,)"
+    if isinstance(group_offset, bool) or not (
+        isinstance(group_offset, (int, np.integer)) or hasattr(group_offset, "dtype")
+    ):
+        raise TypeError(
+            f"{op}: group_offset must be {allowed}, got {type(group_offset).__name__} "
+            f"{group_offset!r:.60}."
+        )
+    x = jnp.asarray(group_offset)
+    if not jnp.issubdtype(x.dtype, jnp.integer):
+        raise TypeError(f"{op}: group_offset must be {allowed}, got dtype {x.dtype}.")
+    if x.shape not in ((), (1,)):
+        raise ValueError(f"{op}: group_offset must be {allowed}, got shape {x.shape}.")
+    if not tracing.is_tracer(x):
+        value = int(np.asarray(x).reshape(()))
+        if not 0 <= value <= groups - local:
+            raise ValueError(
+                f"{op}: group_offset must lie in [0, G - G_local] = [0, {groups - local}] "
+                f"(G = {groups} groups in group_sizes, G_local = {local} in rhs), got {value}."
+            )
+    return groups_lib.as_offset(x)
