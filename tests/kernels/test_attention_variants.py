@@ -249,7 +249,7 @@ def test_the_search_space_leaves_out_whole_logits_too_large_with_the_reason():
     assert {c.backend for c in kept} == {"chunked"}
 
 
-def test_where_a_library_runs_the_call_only_the_libraries_are_timed(monkeypatch):
+def test_where_a_library_runs_the_call_only_the_heuristic_library_is_a_candidate(monkeypatch):
     from kerneltune.kernels.attention import jax_nn, tokamax_backend
 
     monkeypatch.setattr(jax_nn, "on_gpu", lambda: True)
@@ -258,8 +258,15 @@ def test_where_a_library_runs_the_call_only_the_libraries_are_timed(monkeypatch)
     monkeypatch.setattr(kernel, "runs_pallas", lambda: True)
     kept, pruned = kernel.search_space(_inv(8192, 8192, window=(512, 0), dtype=jnp.bfloat16))
     assert kept == [VariantConfig(backend="cudnn")]
-    assert {p.cfg.backend for p in pruned} == {"xla", "chunked"}
-    assert all("cuDNN or tokamax runs this call" in p.reason for p in pruned)
+    assert {p.cfg.backend for p in pruned} == {"tokamax", "xla", "chunked"}
+    assert all("cudnn runs this variant" in p.reason for p in pruned)
+    # Both libraries run it: the one the heuristic picks for the variant alone.
+    monkeypatch.setattr(tokamax_backend, "unsupported", lambda dtype, head_dim: None)
+    kept, _ = kernel.search_space(_inv(8192, 8192, window=(512, 0), dtype=jnp.bfloat16))
+    assert kept == [VariantConfig(backend="cudnn")]
+    kept, _ = kernel.search_space(_inv(8192, 8192, parts=("segments",), dtype=jnp.bfloat16))
+    assert kept == [VariantConfig(backend="tokamax")]
+    monkeypatch.setattr(tokamax_backend, "unsupported", lambda dtype, head_dim: "not installed")
     # A soft cap without tokamax: nothing but XLA runs it.
     kept, _ = kernel.search_space(_inv(8192, 8192, soft_cap=30.0, dtype=jnp.bfloat16))
     assert {c.backend for c in kept} == {"xla", "chunked"}

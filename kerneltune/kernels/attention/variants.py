@@ -137,10 +137,12 @@ class AttentionVariants(BackendKernel[VariantConfig]):
         return VariantConfig(backend="chunked", block_q=chunked_block_q(inv))
 
     def search_space(self, inv: Invocation[Any, Any]):
-        """cuDNN and tokamax where either runs the call: XLA's paths measured 8-16x
-        slower at 16k tokens on an H200 (BENCHMARKS.md, 2026-11-27), so timing them
-        would only lengthen the first call. Elsewhere the whole logits where they fit
-        and the chunked path's query blocks."""
+        """Where cuDNN or tokamax runs the call, the library the heuristic picks alone:
+        on an H200 at 8k-32k tokens (BENCHMARKS.md, 2026-11-27) the other library's
+        training step took 1.4-1.7x as long with a bias, a mask or segment ids and 3-4x
+        with a window or padding, and XLA's paths 8-16x, while timing them made the
+        first call 5-8 s longer (tokamax compiles for 7-8 s). Elsewhere the whole logits
+        where they fit and the chunked path's query blocks."""
         libraries = [VariantConfig(backend="cudnn"), VariantConfig(backend="tokamax")]
         runs = [
             c for c in libraries if self.backend_named(c.backend).unusable(self, inv, c) is None
@@ -149,8 +151,12 @@ class AttentionVariants(BackendKernel[VariantConfig]):
             VariantConfig(backend="chunked", block_q=bq) for bq in BLOCK_Q_CANDIDATES
         ]
         if runs:
-            why = "cuDNN or tokamax runs this call (XLA's paths measured 8-16x slower)"
-            return runs, [Pruned(c, why) for c in xla]
+            chosen = self.heuristic_cfg(inv)
+            why = (
+                f"{chosen.backend} runs this variant; the other library measured 1.4-4x "
+                "slower and XLA's paths 8-16x (H200, 8k-32k tokens)"
+            )
+            return [chosen], [Pruned(c, why) for c in libraries + xla if c != chosen]
         kept: list[VariantConfig] = []
         pruned: list[Pruned[VariantConfig]] = []
         longest = max(16, next_power_of_2(int(inv.args[0].shape[1])))
