@@ -46,7 +46,7 @@ ROWS = (
      "146.4 ms", "69.44 ms", "27.05 ms", "28.65 ms", "H100", 1),
     ("attention", "B4 T2048 N32 H64 causal", "fwd+bwd",
      "784 us", "852 us", "779 us", "780 us", "H100", 2),
-    ("attention (window)", "B1 T16384 N16/4 H128 w4096", "fwd+bwd",
+    ("attention (window)", "B1 T16384 N16/4 H128 window 4096", "fwd+bwd",
      "3.33 ms", "13.52 ms", "-", "3.30 ms", "H200", 3),
     ("loss head", "16384x2048->128256", "fwd+bwd",
      "45.51 ms", "108.59 ms", "44.29 ms", "43.64 ms", "H200", 4),
