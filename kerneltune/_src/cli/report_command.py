@@ -13,7 +13,6 @@ import dataclasses
 import html
 import math
 import os
-import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -336,27 +335,16 @@ def _have_matplotlib() -> bool:
     return True
 
 
-def _comparison(location: str) -> Comparison | None:
-    """The last demo's comparison beside the cache at `location`, if any (a file that
-    cannot be read is said on stderr and left out)."""
-    from kerneltune._src.cli import demo_results
-
-    try:
-        return demo_results.load(location)
-    except (ValueError, OSError) as e:
-        print(f"kerneltune: the last demo's comparison cannot be read: {e}", file=sys.stderr)
-        return None
-
-
 def run(args: argparse.Namespace) -> int:
     """The `kerneltune report [--op OP] [--out FILE]` command."""
+    from kerneltune._src.cli import report_comparison
     from kerneltune._src.cli.cache_commands import _entries, _open, print_table
     from kerneltune._src.cli.errors import CommandError
 
     cache = _open(args)
     op = getattr(args, "op", None)
     entries = [e for e in _entries(cache, op) if e.candidates or e.best_time_s]
-    comparison = None if op else _comparison(cache.location)
+    comparison = None if op else report_comparison.load(cache.location)
     out = getattr(args, "out", None)
     if not entries and comparison is None:
         what = f" for op {op!r}" if op else ""
@@ -384,7 +372,7 @@ def run(args: argparse.Namespace) -> int:
     if ext in (".html", ".htm"):
         with open(out, "w", encoding="utf-8") as f:
             f.write(html_page(entries, comparison))
-        print(f"\nWrote {out} ({_what(entries, comparison)}).")
+        print(f"\nWrote {out} ({report_comparison.contents(entries, comparison)}).")
         return 0
     if ext not in (".png", ".svg", ".pdf"):
         raise CommandError(f"--out must end in .png, .svg, .pdf or .html, got {out!r}.")
@@ -396,12 +384,5 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise CommandError(str(e)) from None
     more = f", the first {drawn} of {len(entries)}" if drawn < len(entries) else ""
-    print(f"\nWrote {out} ({_what(entries[:drawn], comparison)}{more}).")
+    print(f"\nWrote {out} ({report_comparison.contents(entries[:drawn], comparison)}{more}).")
     return 0
-
-
-def _what(entries: Sequence[CacheEntry], comparison: Comparison | None) -> str:
-    parts = ["the demo's comparison"] if comparison is not None else []
-    if entries or comparison is None:
-        parts.append(f"{len(entries)} keys")
-    return " and ".join(parts)

@@ -10,9 +10,12 @@ bar says why in its place ("n/a", "failed", "oom").
 from __future__ import annotations
 
 import html
+import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the CLI parser imports `report_command`, which imports this lazily
+    from kerneltune._src.caching.cache_entry import CacheEntry
     from kerneltune._src.cli.demo_results import Comparison, Row
 
 #: The bars of a row, bottom to top within its group, and their colours.
@@ -118,3 +121,23 @@ def html_table(comparison: Comparison) -> str:
         parts.append("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>")
     parts.append(f"</table><p>{esc(summary(comparison.rows, comparison.interpreter))}</p>")
     return "\n".join(parts)
+
+
+def load(location: str) -> Comparison | None:
+    """The last demo's comparison beside the cache at `location`, if any (a file that
+    cannot be read is said on stderr and left out)."""
+    from kerneltune._src.cli import demo_results
+
+    try:
+        return demo_results.load(location)
+    except (ValueError, OSError) as e:
+        print(f"kerneltune: the last demo's comparison cannot be read: {e}", file=sys.stderr)
+        return None
+
+
+def contents(entries: Sequence[CacheEntry], comparison: Comparison | None) -> str:
+    """What a written report holds: "the demo's comparison and 3 keys"."""
+    parts = ["the demo's comparison"] if comparison is not None else []
+    if entries or comparison is None:
+        parts.append(f"{len(entries)} keys")
+    return " and ".join(parts)
