@@ -37,6 +37,7 @@ from kerneltune._src.cli.demo_measure import (
     error_line,
     first_call,
     interleaved,
+    status_of,
 )
 from kerneltune._src.cli.demo_results import Comparison, Row, print_comparison, print_table, say
 from kerneltune._src.cli.errors import CommandError
@@ -45,9 +46,6 @@ from kerneltune._src.core import devices
 #: Argument sets smaller than this are timed in turn with a second set, so that a call
 #: does not read what the previous one left in a GPU's L2 cache (50 MiB on an H100).
 ROTATE_BELOW_BYTES = 100 * 2**20
-#: First calls run in this order: a later one may reuse XLA's autotuning of an earlier
-#: one's matmuls in this process, which favours plain JAX's figure, not kerneltune's.
-FIRST_CALL_ORDER = ("kt_chosen", "kt_untuned", "tokamax", "plain")
 
 
 class Recorder:
@@ -132,7 +130,7 @@ def measure_row(
     results: dict[str, Measured] = {}
     programs: dict[str, Any] = {}
     recorder.take()
-    for impl in FIRST_CALL_ORDER:
+    for impl in demo_results.FIRST_CALL_ORDER:
         fn = implementations[impl]
         if isinstance(fn, str):  # why it does not exist here
             results[impl] = Measured(NA, note=fn)
@@ -144,8 +142,8 @@ def measure_row(
     times, errors, timer = interleaved(programs, sets, plan)
     for impl, t in times.items():
         results[impl].time_s = t
-    for impl, text in errors.items():
-        results[impl] = Measured("failed", first_call_s=results[impl].first_call_s, note=text)
+    for impl, text in errors.items():  # it compiled and ran once, then failed while timed
+        results[impl].status, results[impl].note = status_of(text), text
     row = Row(
         case.name, case.label, case.shape, case.pass_, case.plain_name,
         {i: results[i] for i in demo_results.IMPLS}, where, backend,
@@ -213,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
     say(
         "Each op against what you would call instead: plain JAX, tokamax (where it has the "
         "op), kerneltune untuned (its heuristic configs) and kerneltune as chosen by the "
-        f"default policy (the tables shipped for this GPU, {_budget_text()})."
+        f"default policy (the tables shipped for this GPU model, {_budget_text()})."
     )
     if not gpu:
         print(

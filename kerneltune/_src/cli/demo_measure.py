@@ -67,10 +67,14 @@ def error_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {lines[0][:160] if lines else ''}"
 
 
+def status_of(error: str) -> str:
+    """ "oom" for an error that says the device ran out of memory, else "failed"."""
+    return OOM if "RESOURCE_EXHAUSTED" in error or "out of memory" in error.lower() else FAILED
+
+
 def failure(e: BaseException) -> Measured:
     text = error_line(e)
-    oom = "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
-    return Measured(OOM if oom else FAILED, note=text)
+    return Measured(status_of(text), note=text)
 
 
 def program_peak(compiled: Any) -> int | None:
