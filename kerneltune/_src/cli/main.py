@@ -166,7 +166,7 @@ COMMANDS: dict[str, Command | Group] = {
         _demo_arguments,
     ),
     "report": Command(
-        "table and plot of every tuned key's candidate timings",
+        "the last demo's comparison and every tuned key's candidates, as tables and plots",
         "kerneltune._src.cli.report_command:run",
         "kerneltune._src.cli.report_command:add_arguments",
     ),

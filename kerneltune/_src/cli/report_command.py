@@ -319,11 +319,15 @@ def html_page(entries: Sequence[CacheEntry], comparison: Comparison | None = Non
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`kerneltune report`'s arguments."""
-    parser.add_argument("--op", help='only this op: "matmul" (any version) or "matmul@v1"')
+    parser.add_argument(
+        "--op",
+        help='only this op\'s tuned keys (no demo comparison): "matmul" (any version) or "matmul@v1"',
+    )
     parser.add_argument(
         "--out",
         metavar="FILE",
-        help="also plot every candidate's time: FILE.png (.svg, .pdf; needs matplotlib) or FILE.html",
+        help="also plot the last demo's comparison and every candidate's time: FILE.png (.svg, "
+        ".pdf; needs matplotlib: pip install 'kerneltune[report]') or FILE.html",
     )
 
 
