@@ -16,7 +16,7 @@ from __future__ import annotations
 SOURCES = {
     1: (
         "2026-11-25 (sixth session): the grouped matmul, the loss head and the gated MLP",
-        "### `ragged_dot`; kt tuned with 10 s a key (the MoE layer: 8 s)",
+        "its `ragged_dot` tables; kt tuned with 10 s a key (the MoE layer: 8 s)",
     ),
     2: (
         "The bundled ops and two model blocks against what JAX users already have",
