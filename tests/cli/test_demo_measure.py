@@ -19,6 +19,15 @@ def test_a_first_call_is_timed_and_its_program_measured():
     assert jnp.array_equal(compiled(x), x @ x)
 
 
+def test_programs_take_the_arguments_leaves_flat():
+    """As the tuner's timed programs do (the timers pass arrays, not pytrees)."""
+    args = ({"w": jnp.full((2, 3), 2.0), "b": jnp.ones(3)}, jnp.ones((4, 2)))
+    compiled, m = dm.first_call(lambda p, x: x @ p["w"] + p["b"], args)
+    flat = dm.leaves(args)
+    assert m.status == "ok" and len(flat) == 3
+    assert jnp.array_equal(compiled(*flat), jnp.full((4, 3), 5.0))
+
+
 def test_a_failing_first_call_is_a_measurement_not_a_crash():
     def broken(a):
         raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate\nmore")

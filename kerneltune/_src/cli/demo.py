@@ -37,6 +37,7 @@ from kerneltune._src.cli.demo_measure import (
     error_line,
     first_call,
     interleaved,
+    leaves,
     status_of,
 )
 from kerneltune._src.cli.demo_results import Comparison, Row, print_comparison, print_table, say
@@ -124,9 +125,9 @@ def measure_row(
     """Every implementation's first call, then their interleaved timing. Returns the
     row, the keys the chosen column tuned, and the timer's name."""
     args = case.args(0)
-    sets = [args]
+    sets = [leaves(args)]
     if rotate and demo_cases.arg_bytes(args) < ROTATE_BELOW_BYTES:
-        sets.append(case.args(1))
+        sets.append(leaves(case.args(1)))
     results: dict[str, Measured] = {}
     programs: dict[str, Any] = {}
     recorder.take()

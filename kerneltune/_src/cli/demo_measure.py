@@ -88,14 +88,25 @@ def program_peak(compiled: Any) -> int | None:
     return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes)
 
 
+def leaves(args: Sequence[Any]) -> list[Any]:
+    """The arrays of `args` (pytrees of them), flat: what `first_call`'s programs take."""
+    return list(jax.tree.leaves(tuple(args)))
+
+
 def first_call(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Any, Measured]:
     """Lowers (traces, and so tunes kerneltune's calls), compiles and runs `fn` once on
-    `args`, on the wall clock. Returns the compiled program (None when it failed) and
-    the measurement so far."""
+    `args`, on the wall clock. Returns the compiled program, which takes `leaves(args)`
+    (flat arrays, as the tuner's timed programs do), or None when it failed; and the
+    measurement so far."""
+    flat, tree = jax.tree.flatten(tuple(args))
+
+    def on_leaves(*arrays: Any) -> Any:
+        return fn(*jax.tree.unflatten(tree, arrays))
+
     t0 = time.perf_counter()
     try:
-        compiled = jax.jit(fn).lower(*args).compile()
-        jax.block_until_ready(compiled(*args))
+        compiled = jax.jit(on_leaves).lower(*flat).compile()
+        jax.block_until_ready(compiled(*flat))
     except Exception as e:  # one implementation failing must not end the demo
         return None, failure(e)
     wall = time.perf_counter() - t0
