@@ -300,10 +300,5 @@ def cases(on_gpu: bool) -> list[Case]:
     return out
 
 
-def names() -> tuple[str, ...]:
-    """Every row's id, in order."""
-    return tuple(c.name for c in cases(on_gpu=False))
-
-
 def arg_bytes(args: tuple[Any, ...]) -> int:
     return sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(args))
