@@ -1,9 +1,18 @@
 """What both example scripts do: train the model a few steps with `jax.nn` ops and with
-kerneltune's, tune the kerneltune one with one call first, print losses and step times."""
+kerneltune's, and print each variant's losses, first call and steady step apart, then
+the ratio of the steps.
+
+kerneltune's first call chooses each kernel call's config as any program's does (the
+persistent cache, the tables shipped for this GPU, else tuning within the first-call
+budget: `examples/timing.py`). `--autotune` first runs `kt.autotune(step, ...)`, the
+full search of every call in the step (kept only where the whole step gets faster),
+and prints its wall apart; its configs are stored, so later runs start from them.
+"""
 
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -13,8 +22,7 @@ import jax.numpy as jnp
 
 import kerneltune as kt
 import kerneltune.kernels
-from examples import jax_ops
-from examples.timing import step_time
+from examples import jax_ops, timing
 
 VARIANTS = (("jax.nn", jax_ops), ("kerneltune", kerneltune.kernels))
 
@@ -29,6 +37,13 @@ def batch(dim: int, dtype: str, batch_size: int, seq: int, seed: int = 0):
     )
 
 
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1, got {text!r}")
+    return value
+
+
 def main(
     argv: list[str] | None,
     description: str,
@@ -36,25 +51,30 @@ def main(
     configs: tuple[Any, Any],
 ) -> dict[str, float]:
     """`make_step(config, ops) -> (step, state, opt_state)`; `configs`: (full, tiny).
-    Returns each variant's step time in seconds."""
+    Returns each variant's steady step time in seconds."""
     p = argparse.ArgumentParser(description=description)
-    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--steps", type=positive, default=5)
     p.add_argument("--tiny", action="store_true", help="a tiny block (CPU, tests)")
+    p.add_argument(
+        "--autotune",
+        action="store_true",
+        help="tune every kerneltune call of the step fully (kt.autotune) before the first call",
+    )
     args = p.parse_args(argv)
     config = configs[1] if args.tiny else configs[0]
     batch_size, seq = (2, 16) if args.tiny else (8, 2048)
-    times = {}
+    runs: dict[str, timing.Run] = {}
     for name, ops in VARIANTS:
         step, state, opt_state = make_step(config, ops)
         x, y = batch(config.dim, config.dtype, batch_size, seq)
-        if ops is kerneltune.kernels:
-            result = kt.autotune(step, state, opt_state, x, y)  # one call tunes it all
-            print(f"kerneltune tuned {len(result)} kernel calls")
-        losses = []
-        for _ in range(args.steps):
-            state, opt_state, loss = step(state, opt_state, x, y)
-            losses.append(float(loss))
-        print(f"{name:10s} losses: " + " ".join(f"{v:.5f}" for v in losses))
-        times[name] = step_time(step, state, opt_state, x, y)
-        print(f"{name:10s} step: {times[name] * 1e3:.2f} ms")
-    return times
+        if args.autotune and ops is kerneltune.kernels:
+            t0 = time.perf_counter()
+            result = kt.autotune(step, state, opt_state, x, y)
+            print(
+                f"{name:>10} kt.autotune(step): {len(result)} kernel calls tuned in "
+                f"{time.perf_counter() - t0:.2f} s (before the first call, stored for later runs)"
+            )
+        runs[name] = timing.train(step, (state, opt_state), (x, y), args.steps)
+        timing.print_run(name, runs[name])
+    timing.print_ratio("jax.nn", runs)
+    return {name: run.step_s for name, run in runs.items()}

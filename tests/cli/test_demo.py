@@ -1,124 +1,216 @@
-"""`kerneltune demo`: tunes, fills the persistent cache, then shows the same calls
-come from it; the job list and the keys it forgets before tuning."""
+"""`kerneltune demo` on a CPU (issue 47): a row for every bundled op with each
+implementation's time, first call and peak; the peers' columns honest where a peer
+cannot run; the summary; the GPU sample; the saved comparison that `kerneltune report`
+plots; the keys an earlier demo tuned forgotten."""
 
 from __future__ import annotations
 
 import argparse
+import re
+import sys
+import types
 
-import jax
-import jax.numpy as jnp
 import pytest
 
-import kerneltune as kt
-from kerneltune import kernels
-from kerneltune._src.caching.persistent import PersistentCache
-from kerneltune._src.cli import demo
+from kerneltune._src.cli import demo, demo_cases, demo_results, demo_sample
+from kerneltune._src.cli import report_command as report
+
+LABELS = [c.label for c in demo_cases.cases(on_gpu=False)]
 
 
-def _tiny_jobs(on_gpu):
-    def mm(key):
-        a, b = jax.random.split(key)
-        return (jax.random.normal(a, (64, 32)), jax.random.normal(b, (32, 64))), {}
+def _table(out: str, first_column: str) -> dict[str, list[str]]:
+    """The rows of the table whose header starts with `first_column`, by label: the
+    cells split on runs of two or more spaces; the table ends at a blank or indented
+    line."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"{first_column}  "))
+    rows = {}
+    for line in lines[start + 1 :]:
+        if not line.strip() or line.startswith(" "):
+            break
+        cells = re.split(r"\s{2,}", line.strip())
+        rows[cells[0]] = cells[1:]
+    return rows
 
-    def sm(key):
-        return (jax.random.normal(key, (8, 128)),), {}
 
-    return [
-        demo.DemoJob("matmul", kernels.Matmul, "64x32x64", "float32", mm, interpret=True),
-        demo.DemoJob("softmax", kernels.Softmax, "8x128", "float32", sm, interpret=True),
-    ]
+@pytest.fixture(scope="module")
+def cpu_demo(tmp_path_factory):
+    """The whole CPU demo once, with a short first-call budget (the path, not the
+    timings, is under test): its output, exit status and cache directory."""
+    cache = str(tmp_path_factory.mktemp("demo") / "cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KERNELTUNE_FIRST_CALL_PROCESS_S", "4")
+        capture = _Capture()
+        mp.setattr(sys, "stdout", capture)
+        status = demo.run(argparse.Namespace(cache_dir=cache, ops=None, no_tokamax=True))
+    return capture.text(), status, cache
 
 
-def test_demo_tunes_fills_the_cache_and_reads_it_back(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(demo, "jobs_for", _tiny_jobs)
-    args = argparse.Namespace(cache_dir=str(tmp_path / "cache"))
-    assert demo.run(args) == 0
-    out = capsys.readouterr().out
-    assert "pallas interpreter" in out and "timings measure the interpreter" in out
-    first, second = out.split("Same calls again")
-    for column in ("op", "shape", "dtype", "tried/failed", "heuristic", "tuned", "speedup"):
-        assert column in first
-    assert "config" in second
-    assert "timed with the wallclock timer" in first
-    assert "matmul " in first and "1/0" not in first
-    # softmax has one candidate in the interpreter (its heuristic): nothing to tune.
-    assert "nothing to tune" in first
-    assert second.count("persistent") == 1 and " no " not in second
-    assert max(len(line) for line in out.splitlines()) <= demo.TABLE_WIDTH
-    entries = list(PersistentCache(str(tmp_path / "cache")).entries())
-    assert {e.op_id for e in entries} == {"matmul-interpret@v3"}
-    assert all(e.candidates and e.provenance == "autotuned" for e in entries)
-    # What the demo suggests next works on what it wrote.
-    assert "kerneltune report" in out and "--out report.png" in out
-    from kerneltune._src.cli import report_command as report
+class _Capture:
+    def __init__(self) -> None:
+        self.parts: list[str] = []
 
+    def write(self, text: str) -> int:
+        self.parts.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
+def test_the_cpu_demo_has_a_row_per_op_with_every_kerneltune_column_timed(cpu_demo):
+    out, status, _ = cpu_demo
+    assert status == 0
+    assert "Pallas interpreter" in out and "they mean nothing for a GPU" in out
+    times = _table(out, "op")
+    assert list(times) == LABELS
+    for label, cells in times.items():
+        shape, pass_, plain, tokamax, untuned, chosen, x_plain, x_tokamax = cells
+        for cell in (plain, untuned, chosen):
+            assert re.fullmatch(r"[\d.]+ (us|ms|s)", cell), (label, cell)
+        assert tokamax == "n/a" and x_tokamax == "-"
+        assert re.fullmatch(r"[\d.]+x", x_plain), (label, x_plain)
+    assert "tokamax: n/a: tokamax left out (--no-tokamax)" in out
+    assert "tokamax: n/a: tokamax has no such op (matmul, softmax)" in out
+
+
+def test_the_cpu_demo_reports_first_calls_peaks_and_where_configs_came_from(cpu_demo):
+    out, _, _ = cpu_demo
+    second = out[out.index("First call (wall") :]
+    rows = _table(second, "op")
+    assert list(rows) == LABELS
+    for label, cells in rows.items():
+        plain, tokamax, untuned, chosen, p_plain, p_tokamax, p_untuned, p_chosen, how = cells
+        assert tokamax == "-" and p_tokamax == "-"
+        for cell in (plain, untuned, chosen):
+            assert re.fullmatch(r"[\d.]+ (us|ms|s)", cell), (label, cell)
+        for cell in (p_plain, p_untuned, p_chosen):
+            assert re.fullmatch(r"[\d.]+ (MiB|GiB)", cell), (label, cell)
+        sources = ("tuned", "budget-tuned", "predicted", "heuristic", "memory", "shipped")
+        assert how.split(",")[0].split()[0] in sources, (label, how)
+    # The Pallas kernels ran in the interpreter: the chosen configs name Pallas backends.
+    assert "triton" in rows["ragged_dot"][-1] and "pallas" in rows["attention"][-1]
+
+
+def test_the_cpu_demo_summarises_and_shows_the_gpu_sample_with_its_sources(cpu_demo):
+    out, _, _ = cpu_demo
+    summary = next(line for line in out.splitlines() if line.startswith("Summary"))
+    assert "(CPU: interpreter timings, meaningless for a GPU)" in summary
+    assert "against the faster of plain JAX and tokamax" in summary
+    assert all(label in summary for label in LABELS)
+    assert re.search(r"First calls: kerneltune [\d.]+ s in all, plain JAX [\d.]+ s\.$", summary)
+    sample = out[out.index("What the same table measured on GPUs") :]
+    rows = _table(sample, "op")
+    assert [r[0] for r in demo_sample.ROWS] == list(rows)
+    assert rows["ragged_dot"][2:6] == ["19067 us", "6609 us", "3518 us", "3539 us"]
+    assert all(re.fullmatch(r"H[12]00 \[\d\]", cells[-1]) for cells in rows.values())
+    for n, (heading, _) in demo_sample.SOURCES.items():
+        assert f'[{n}] BENCHMARKS.md, "{heading}' in " ".join(sample.split())
+
+
+def test_every_sample_source_is_a_heading_of_benchmarks_md():
+    from tests.helpers import ROOT
+
+    headings = {
+        line.lstrip("#").strip()
+        for line in (ROOT / "BENCHMARKS.md").read_text().splitlines()
+        if line.startswith("#")
+    }
+    for heading, _ in demo_sample.SOURCES.values():
+        assert heading in headings, heading
+
+
+def test_the_comparison_is_saved_and_read_back(cpu_demo):
+    out, _, cache = cpu_demo
+    comparison = demo_results.load(cache)
+    assert comparison is not None and comparison.interpreter and comparison.platform == "cpu"
+    assert [r.label for r in comparison.rows] == LABELS
+    assert comparison.rows[0].results["kt_chosen"].time_s > 0
+    assert f"Saved to {demo_results.location(cache)}" in out
+    again = demo_results.Comparison.from_json(comparison.to_json())
+    assert again == comparison
+
+
+def test_report_after_the_demo_prints_and_plots_the_comparison(cpu_demo, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    _, _, cache = cpu_demo
     png = tmp_path / "report.png"
-    assert (
-        report.run(argparse.Namespace(cache_dir=str(tmp_path / "cache"), op=None, out=str(png)))
-        == 0
-    )
+    assert report.run(argparse.Namespace(cache_dir=cache, op=None, out=str(png))) == 0
+    out = capsys.readouterr().out
+    assert "The last `kerneltune demo` (cpu" in out and "Summary (CPU" in out
+    assert f"Wrote {png} (the demo's comparison" in out
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    page = tmp_path / "report.html"
+    assert report.run(argparse.Namespace(cache_dir=cache, op=None, out=str(page))) == 0
+    assert "The last demo: cpu" in page.read_text() and "MoE layer" in page.read_text()
+
+
+def test_report_with_only_the_comparison_plots_it(cpu_demo, tmp_path, capsys):
+    """On a GPU the chosen configs may all come from the shipped tables: no tuned key in
+    the cache, the comparison alone."""
+    pytest.importorskip("matplotlib")
+    _, _, cache = cpu_demo
+    empty = tmp_path / "cache"
+    empty.mkdir()
+    (empty / demo_results.FILE).write_bytes(_read(demo_results.location(cache)))
+    png = tmp_path / "only.png"
+    assert report.run(argparse.Namespace(cache_dir=str(empty), op=None, out=str(png))) == 0
+    assert "(the demo's comparison)" in capsys.readouterr().out
     assert png.read_bytes()[:4] == b"\x89PNG"
 
-    # A second demo retunes its own keys rather than showing stale cache hits.
-    assert demo.run(args) == 0
-    assert "re-tuning 1 demo keys" in capsys.readouterr().out
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
 
 
-@pytest.mark.parametrize("on_gpu", [False, True])
-def test_two_shapes_per_bundled_kernel(on_gpu):
-    jobs = demo.jobs_for(on_gpu)
-    families = [j.op for j in jobs]
-    for op in ("matmul", "attention", "layer_norm", "rms_norm", "softmax"):
-        assert families.count(op) == 2
-    interpreted = [j.kernel().interpret for j in jobs]
-    assert all(interpreted) if not on_gpu else not any(interpreted)
-    assert all(j.grad == (j.op == "attention") for j in jobs)
+def test_a_failing_peer_says_failed_and_a_second_demo_retunes_its_keys(
+    tmp_path, monkeypatch, capsys
+):
+    """A tokamax whose op raises: its cells say "failed" with the error; the op it lacks
+    says "n/a". The second run forgets the key the first one tuned, so its first call
+    tunes again."""
 
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel for this platform")
 
-def test_keys_computed_from_shapes_match_the_keys_selected():
-    """`_forget` deletes the keys `_keys` computes; they must be the ones a run uses
-    (the backward's too)."""
-    events: list = []
-    ex = kt.Executor(
-        kt.ConfigSelectorChain(
-            kt.ConfigCache(),
-            policy=kt.AutotunePolicy(cache_miss_fallback="heuristics"),
-            on_event=lambda e, **d: events.append((d["op_id"], d["call_key"])),
-        )
+    fake = types.ModuleType("tokamax")
+    fake.__version__ = "0.0.test"
+    fake.layer_norm = broken
+    fake.ragged_dot = broken
+    monkeypatch.setitem(sys.modules, "tokamax", fake)
+    monkeypatch.setenv("KERNELTUNE_FIRST_CALL_PROCESS_S", "4")
+    args = argparse.Namespace(
+        cache_dir=str(tmp_path / "c"), ops="ragged_dot,matmul", no_tokamax=False
     )
+    assert demo.run(args) == 0
+    out = capsys.readouterr().out
+    assert "tokamax 0.0.test" in out.splitlines()[0]
+    rows = _table(out, "op")
+    assert rows["ragged_dot"][3] == "failed" and rows["matmul"][3] == "n/a"
+    assert "tokamax: failed: RuntimeError: no kernel for this platform (ragged_dot)" in out
+    first = demo_results.load(str(tmp_path / "c"))
+    assert first is not None and first.tuned_keys
+    assert first.rows[0].chosen_from.startswith(("tuned", "budget-tuned"))
 
-    def att(key):
-        q, k, v = jax.random.split(key, 3)
-        return tuple(jax.random.normal(x, (1, 32, 2, 16), jnp.float32) for x in (q, k, v)), {
-            "causal": True
-        }
-
-    key = jax.random.PRNGKey(0)
-    job = demo.DemoJob("attention", kernels.Attention, "1x32x2x16", "float32", att, grad=True)
-    demo._run_job(ex, job, key)
-    assert set(demo._keys(job, key)) == set(events)
-    assert {op for op, _ in events} == {"attention@v1", "attention_bwd@v1"}
+    assert demo.run(args) == 0
+    out = capsys.readouterr().out
+    forgot = len(first.tuned_keys)
+    assert f"(forgot {forgot} configs an earlier demo tuned, so that first calls tune)" in out
+    second = demo_results.load(str(tmp_path / "c"))
+    # Every key forgotten was tuned again (the budget may let more in: it is seconds).
+    assert second is not None and set(first.tuned_keys) <= set(second.tuned_keys)
 
 
-def test_each_call_is_one_row_and_a_tuned_row_wins():
-    # Tuning the forward selects the backward's config again and again (untuned events):
-    # the table showed "nothing to tune" up to four times next to the tuned row.
-    def row(op, sig, source):
-        return demo.Row(op, sig, "float32", source)
+def test_an_unknown_row_is_refused_with_the_names():
+    from kerneltune._src.cli.errors import CommandError
 
-    rows = [
-        row("attention_bwd@v1", "1x64 (bwd)", "heuristics"),
-        row("attention@v1", "1x64 (fwd)", "tuned"),
-        row("attention_bwd@v1", "1x64 (bwd)", "tuned"),
-        row("attention_bwd@v1", "1x64 (bwd)", "heuristics"),
-        row("softmax@v1", "8x128", "heuristics"),
-        row("softmax@v1", "8x128", "heuristics"),
-        row("attention_bwd@v1", "1x128 (bwd)", "heuristics"),
-    ]
-    folded = demo.one_row_per_call(rows)
-    assert [(r.op_id, r.signature, r.source) for r in folded] == [
-        ("attention_bwd@v1", "1x64 (bwd)", "tuned"),
-        ("attention@v1", "1x64 (fwd)", "tuned"),
-        ("softmax@v1", "8x128", "heuristics"),
-        ("attention_bwd@v1", "1x128 (bwd)", "heuristics"),
+    with pytest.raises(CommandError, match=r"unknown row.*'nope'.*ragged_dot,moe,attention"):
+        demo.selected("moe,nope", demo_cases.cases(on_gpu=False))
+    assert [c.name for c in demo.selected("softmax,moe", demo_cases.cases(False))] == [
+        "moe",
+        "softmax",
     ]

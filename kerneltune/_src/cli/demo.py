@@ -1,44 +1,56 @@
-"""`kerneltune demo`: tune the bundled kernels on this device, show what tuning bought,
-fill the persistent cache, then make the same calls again and show they came from it.
+"""`kerneltune demo`: each bundled op against what a user would call instead.
 
-On a GPU it tunes the Pallas kernels on realistic shapes. On a CPU there is no GPU
-code to tune, so it runs the same Pallas kernels in the Pallas interpreter on tiny
-shapes (the `...-interpret` ops): the search, validation, caching and reporting are
-real, the timings measure the interpreter, and the table says so.
+For every row of `demo_cases.py` (the MoE grouped matmul and an MoE layer's training
+step, attention plain and with a sliding window, the loss head, the GLU, a norm, a
+matmul and softmax) it measures plain JAX, tokamax where it imports and has the op,
+kerneltune untuned (its heuristic configs) and kerneltune as the default policy
+chooses (the tables shipped for this GPU, else a first call tuned within the
+first-call budget; never a full search): time per call, the first call's wall, the
+compiled program's peak memory. It prints two tables and a one-line summary, and
+saves the comparison beside the persistent cache for `kerneltune report`.
+
+On a CPU the rows are tiny and kerneltune's Pallas kernels run in the Pallas
+interpreter: the path is real, the timings mean nothing, and a sample of the GPU table
+from BENCHMARKS.md follows.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import datetime
+import importlib
 import sys
 import time
+from collections import Counter
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
-from kerneltune._src.cli.demo_jobs import DemoJob as DemoJob
-from kerneltune._src.cli.demo_jobs import jobs_for as jobs_for
+from kerneltune._src.cli import demo_cases, demo_executors, demo_results, demo_sample
+from kerneltune._src.cli.demo_measure import (
+    CPU_ROUNDS,
+    GPU_ROUNDS,
+    NA,
+    OK,
+    Measured,
+    Rounds,
+    error_line,
+    first_call,
+    interleaved,
+    leaves,
+    status_of,
+)
+from kerneltune._src.cli.demo_results import Comparison, Row, print_comparison, print_table, say
+from kerneltune._src.cli.errors import CommandError
 from kerneltune._src.core import devices
-from kerneltune._src.tuning.report import TuningReport, format_seconds
+
+#: Argument sets smaller than this are timed in turn with a second set, so that a call
+#: does not read what the previous one left in a GPU's L2 cache (50 MiB on an H100).
+ROTATE_BELOW_BYTES = 100 * 2**20
 
 
-@dataclasses.dataclass
-class Row:
-    """What one tuned (or looked-up) key showed: where its config came from, and the
-    tuning's report where it was tuned."""
-
-    op_id: str
-    signature: str
-    dtype: str
-    source: str
-    winner: Any = None
-    report: TuningReport | None = None
-
-
-class _Recorder:
-    """Collects the selection chain's events for the job being run."""
+class Recorder:
+    """Collects the chosen column's selection events, row by row."""
 
     def __init__(self) -> None:
         self.events: list[tuple[str, dict[str, Any]]] = []
@@ -51,261 +63,214 @@ class _Recorder:
         return out
 
 
-def _run_job(ex: Any, job: DemoJob, key: jax.Array) -> None:
-    from kerneltune.kernels._common import kernel_for
-
-    kernel: Any = kernel_for(job.kernel_type, ex, interpret=job.interpret)
-    args, kwargs = job.make_args(key)
-    if not job.grad:
-        jax.block_until_ready(ex(kernel, *args, **kwargs))
-        return
-
-    def loss(*arrays: Any) -> jax.Array:
-        return jnp.sum(ex(kernel, *arrays, **kwargs).astype(jnp.float32))
-
-    jax.block_until_ready(jax.jit(jax.grad(loss, argnums=tuple(range(len(args)))))(*args))
-
-
-def _rows(events: list[tuple[str, dict[str, Any]]], job: DemoJob) -> list[Row]:
-    """One row per key the job selected a config for (forward, backward)."""
-    rows: list[Row] = []
+def chosen_from(events: list[tuple[str, dict[str, Any]]]) -> tuple[str, str, list[Any]]:
+    """Where the chosen column's configs came from ("shipped 2, budget-tuned 1"), their
+    backends ("cudnn+xla"), and the (device, op id, call key) of the keys it tuned."""
+    source: dict[tuple[str, str, str], str] = {}
+    backend: dict[tuple[str, str, str], str] = {}
+    tuned = []
     for event, data in events:
-        op_id = data.get("op_id", "?")
-        sig = f"{job.shape} ({'bwd' if '_bwd' in op_id else 'fwd'})" if job.grad else job.shape
+        key = (str(data.get("device")), str(data.get("op_id")), str(data.get("call_key")))
         if event == "autotune_finish":
-            report = data["report"]
-            rows.append(Row(op_id, sig, job.dtype, "tuned", report.best, report))
-        elif event == "cache_hit" or event == "heuristics" or event == "overlay_hit":
-            level = data.get("level", event)
-            rows.append(Row(op_id, sig, job.dtype, str(level), data.get("cfg")))
-    return rows
-
-
-def one_row_per_call(rows: list[Row]) -> list[Row]:
-    """One row per (op, shape and direction): while a call is tuned, its backward (and
-    other keys of it with nothing to tune) are selected again and again, each time an
-    event; a row that tuned takes the place of the untuned rows of the same call, which
-    would otherwise repeat beside it with nothing to tell them apart."""
-    kept: dict[tuple[str, str, str], Row] = {}
-    for row in rows:
-        key = (row.op_id, row.signature, row.dtype)
-        if key not in kept or (row.source == "tuned" and kept[key].source != "tuned"):
-            kept[key] = row  # a replaced row keeps its place in the table
-    return list(kept.values())
-
-
-#: Short names for config fields in the demo's narrow table.
-_SHORT_FIELDS = {
-    "q_blocksize": "bq",
-    "kv_blocksize": "bkv",
-    "block_size": "block",
-    "num_warps": "w",
-    "num_stages": "s",
-    "group_m": "gm",
-}
-
-
-def _compact_cfg(cfg: Any) -> str:
-    """`MatmulConfig(bm=64, ..., backend="triton")` → `triton bm=64 ... w=4 s=3`."""
-    if cfg is None:
-        return "-"
-    if not dataclasses.is_dataclass(cfg):
-        return str(cfg)
-    parts: list[str] = []
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        if value is None:
-            continue
-        if f.name == "backend":
-            parts.insert(0, str(value))
+            report = data.get("report")
+            source[key] = "budget-tuned" if getattr(report, "budgeted", False) else "tuned"
+            tuned.append(key)
+        elif event in ("cache_hit", "predicted", "heuristics", "override", "overlay_hit"):
+            level = str(data.get("level", event)).replace("heuristics", "heuristic")
+            source.setdefault(key, level.replace("overlay_hit", "overlay"))
         else:
-            parts.append(f"{_SHORT_FIELDS.get(f.name, f.name)}={value}")
-    return " ".join(parts)
+            continue
+        name = getattr(data.get("cfg"), "backend", None)
+        if name is not None:
+            backend[key] = str(name)
+    counts = Counter(source.values())
+    where = ", ".join(f"{s} {n}" if len(source) > 1 else s for s, n in counts.most_common())
+    return where, "+".join(sorted(set(backend.values()))), tuned
 
 
-def _chain(persistent: Any, recorder: _Recorder) -> Any:
-    from kerneltune._src.caching.cache import ConfigCache
-    from kerneltune._src.selection.chain import AutotunePolicy, ConfigSelectorChain
-    from kerneltune._src.tuning.tuner import Tuner
+def _tokamax(args: argparse.Namespace) -> tuple[Any, str]:
+    if getattr(args, "no_tokamax", False):
+        return None, "left out (--no-tokamax)"
+    try:
+        module = importlib.import_module("tokamax")
+    except ModuleNotFoundError as e:
+        if e.name == "tokamax":
+            return None, "not installed"
+        return None, f"does not import ({error_line(e)})"
+    except Exception as e:  # present without its dependencies, or broken
+        return None, f"does not import ({error_line(e)})"
+    return module, str(getattr(module, "__version__", "(version unknown)"))
 
-    return ConfigSelectorChain(
-        ConfigCache(),
-        policy=AutotunePolicy(),
-        tuner=Tuner(progress=False),
-        persistent=persistent,
-        on_event=recorder,
-    )
+
+def selected(ops: str | None, cases: list[demo_cases.Case]) -> list[demo_cases.Case]:
+    """The rows `--ops` names (all when None), in the demo's order."""
+    if not ops:
+        return cases
+    wanted = [o.strip() for o in ops.split(",") if o.strip()]
+    unknown = sorted(set(wanted) - {c.name for c in cases})
+    if unknown or not wanted:
+        raise CommandError(
+            f"--ops: unknown row(s) {unknown or ops!r}; choose from {','.join(c.name for c in cases)}."
+        )
+    return [c for c in cases if c.name in wanted]
 
 
-def _keys(job: DemoJob, key: jax.Array) -> list[tuple[str, str]]:
-    """The (op@vN, call key) pairs a job selects configs for, computed from shapes
-    alone (nothing runs): the kernel's key, and its backward kernel's for `grad` jobs."""
-    from kerneltune._src.kernel.base import keys_training_apart, make_invocation
+def measure_row(
+    case: demo_cases.Case,
+    implementations: dict[str, Any],
+    plan: Rounds,
+    recorder: Recorder,
+    rotate: bool,
+) -> tuple[Row, list[Any], str]:
+    """Every implementation's first call, then their interleaved timing. Returns the
+    row, the keys the chosen column tuned, and the timer's name."""
+    args = case.args(0)
+    sets = [leaves(args)]
+    if rotate and demo_cases.arg_bytes(args) < ROTATE_BELOW_BYTES:
+        sets.append(leaves(case.args(1)))
+    results: dict[str, Measured] = {}
+    programs: dict[str, Any] = {}
+    recorder.take()
+    for impl in demo_results.FIRST_CALL_ORDER:
+        fn = implementations[impl]
+        if isinstance(fn, str):  # why it does not exist here
+            results[impl] = Measured(NA, note=fn)
+            continue
+        compiled, results[impl] = first_call(fn, args)
+        if compiled is not None:
+            programs[impl] = compiled
+    where, backend, tuned = chosen_from(recorder.take())
+    times, errors, timer = interleaved(programs, sets, plan)
+    for impl, t in times.items():
+        results[impl].time_s = t
+    for impl, text in errors.items():  # it compiled and ran once, then failed while timed
+        results[impl].status, results[impl].note = status_of(text), text
+    row = Row(
+        case.name, case.label, case.shape, case.pass_, case.plain_name,
+        {i: results[i] for i in demo_results.IMPLS}, where, backend,
+    )  # fmt: skip
+    return row, tuned, timer
 
-    kernel = job.kernel()
-    args, kwargs = job.make_args(key)
-    p_args, p_kwargs = kernel.prepare(*args, **kwargs)
-    # Under a gradient, a kernel whose config picks its backward is keyed apart.
-    training = True if job.grad and keys_training_apart(kernel) else None
-    inv = make_invocation(kernel, p_args, p_kwargs, differentiated=training)
-    out = [(kernel.op_id_v, inv.call_key)]
-    backward = getattr(kernel, "backward", None)
-    if job.grad and backward is not None:
-        q = p_args[0]
-        b, t, h, _ = q.shape
-        lse = jax.ShapeDtypeStruct((b, h, t), jnp.float32)
-        b_args, b_kwargs = backward.prepare(*p_args, q, lse, q, **p_kwargs)
-        out.append((backward.op_id_v, make_invocation(backward, b_args, b_kwargs).call_key))
+
+def implementations_of(
+    case: demo_cases.Case, tokamax: Any, tokamax_note: str, executors: dict[str, Any]
+) -> dict[str, Any]:
+    """Each column's function for `case`, or the reason it has none (a string)."""
+    out: dict[str, Any] = {"plain": case.plain}
+    if case.tokamax is None:
+        out["tokamax"] = "tokamax has no such op"
+    elif tokamax is None:
+        out["tokamax"] = f"tokamax {tokamax_note}"
+    else:
+        out["tokamax"] = case.tokamax(tokamax)
+    for impl, ex in executors.items():
+        out[impl] = case.kerneltune(ex)
     return out
 
 
-def _forget(persistent: Any, jobs: list[DemoJob], key: jax.Array) -> int:
-    """Removes the demo's own keys from the persistent cache, so that the first pass
-    tunes even when an earlier demo stored them. Returns how many were there."""
-    dev = devices.device_fingerprint()
-    return sum(
-        persistent.delete(dev, op_v, call_key) for job in jobs for op_v, call_key in _keys(job, key)
+def _forget_previous(persistent: Any) -> int:
+    """Removes from the persistent cache the keys an earlier demo on this device tuned,
+    so that this run's first calls tune as on an empty cache. Returns how many."""
+    try:
+        previous = demo_results.load(persistent.location)
+    except (ValueError, OSError):
+        return 0
+    if previous is None or previous.fingerprint != devices.device_fingerprint():
+        return 0
+    return sum(bool(persistent.delete(*key)) for key in previous.tuned_keys)
+
+
+def _budget_text() -> str:
+    from kerneltune._src.selection.policy import AutotunePolicy
+
+    budget = AutotunePolicy.from_env().budget
+    if budget is None:
+        return "else a full search on the first call (KERNELTUNE_FIRST_CALL_CANDIDATES=all)"
+    return (
+        f"else a first call timing the heuristic and {budget.candidates} predicted "
+        f"configs, {budget.key_s:g} s a key and {budget.process_s:g} s in all"
     )
 
 
 def run(args: argparse.Namespace) -> int:
     """The `kerneltune demo` command."""
-    from kerneltune._src.cli.cache_commands import _open, print_table
-    from kerneltune._src.execution.executor import Executor
+    from kerneltune._src.cli.cache_commands import _open
     from kerneltune.kernels._common import on_gpu
 
     start = time.perf_counter()
     gpu = on_gpu()
     device = jax.devices()[0]
+    cases = selected(getattr(args, "ops", None), demo_cases.cases(gpu))
     persistent = _open(args)
-    jobs = jobs_for(gpu)
-    path = "pallas (triton)" if gpu else "pallas interpreter"
-    print(
-        f"kerneltune demo on {device.device_kind} ({device.platform}); fingerprint {devices.device_fingerprint()}"
+    tokamax, tokamax_note = _tokamax(args)
+    now = datetime.datetime.now(datetime.UTC)
+    say(
+        f"kerneltune demo on {device.device_kind} ({device.platform}), jax {jax.__version__}, "
+        f"tokamax {tokamax_note}, {now:%Y-%m-%d %H:%M} UTC"
     )
     print(f"persistent cache: {persistent.location}")
+    say(
+        "Each op against what you would call instead: plain JAX, tokamax (where it has the "
+        "op), kerneltune untuned (its heuristic configs) and kerneltune as chosen by the "
+        f"default policy (the tables shipped for this GPU model, {_budget_text()})."
+    )
     if not gpu:
         print(
-            "No GPU: the bundled Pallas kernels run in the Pallas interpreter on tiny shapes;\n"
-            "tuning, validation and caching are real, the timings measure the interpreter."
+            "\nNo GPU: every op runs at tiny sizes, kerneltune's Pallas kernels in the Pallas "
+            "interpreter.\nThe timings measure the interpreter and XLA:CPU; they mean nothing "
+            "for a GPU.\nA sample of the GPU table, from BENCHMARKS.md, follows this run's."
         )
-    key = jax.random.PRNGKey(0)
-    removed = _forget(persistent, jobs, key)
-    if removed:
-        print(f"(re-tuning {removed} demo keys stored by an earlier run)")
-
-    # Pass 1: tune.
-    recorder = _Recorder()
-    ex: Executor[Any, Any] = Executor(_chain(persistent, recorder))
-    rows: list[Row] = []
-    bar = _progress(jobs)
-    for job in bar:
-        bar.set_postfix_str(f"{job.op} {job.shape}")
-        _run_job(ex, job, key)
-        rows += _rows(recorder.take(), job)
-    bar.close()
-    rows = one_row_per_call(rows)
-
+    forgotten = _forget_previous(persistent)
+    if forgotten:
+        print(f"(forgot {forgotten} configs an earlier demo tuned, so that first calls tune)")
     print()
-    timers = sorted({r.report.timer for r in rows if r.report is not None})
-    timed = f", timed with the {' and '.join(timers)} timer" if timers else ""
-    print(f"Tuned on {device.device_kind} ({path}){timed}:")
-    table = [
-        [_op_name(r.op_id), r.signature, _dtype_name(r.dtype), *_tuning_columns(r.report)]
-        for r in rows
-    ]
-    header = ["op", "shape", "dtype", "tried/failed", "heuristic", "tuned", "speedup", "tuning"]
-    print_table(header, table)
 
-    # Pass 2: a fresh selector (as a new process would have) over the same cache.
-    from kerneltune._src.caching.persistent import PersistentCache
-
-    recorder2 = _Recorder()
-    again: PersistentCache[Any] = PersistentCache(
-        persistent.location, readonly=persistent.readonly_locations
-    )
-    ex2: Executor[Any, Any] = Executor(_chain(again, recorder2))
-    print()
-    print("Same calls again, from a fresh in-memory cache (as a new process would):")
-    winners = {(r.op_id, r.signature): r.winner for r in rows}
-    table = []
-    for job in jobs:
+    recorder = Recorder()
+    executors = {
+        "kt_untuned": demo_executors.untuned(interpret=not gpu),
+        "kt_chosen": demo_executors.chosen(persistent, recorder, interpret=not gpu),
+    }
+    plan = GPU_ROUNDS if gpu else CPU_ROUNDS
+    rows, tuned_keys, timers = [], [], set()
+    for i, case in enumerate(cases, 1):
         t0 = time.perf_counter()
-        _run_job(ex2, job, key)
+        fns = implementations_of(case, tokamax, tokamax_note, executors)
+        row, tuned, timer = measure_row(case, fns, plan, recorder, rotate=gpu)
+        rows.append(row)
+        tuned_keys += tuned
+        timers.add(timer)
         elapsed = time.perf_counter() - t0
-        for r in _rows(recorder2.take(), job):
-            same = winners.get((r.op_id, r.signature))
-            table.append(
-                [
-                    _op_name(r.op_id),
-                    r.signature,
-                    r.source,
-                    "yes" if same == r.winner else "no",
-                    f"{elapsed:.2f} s",
-                    _compact_cfg(r.winner),
-                ]
-            )
-    header = ["op", "shape", "config from", "same winner", "call", "config"]
-    print_table(header, _fit_last_column(header, table, TABLE_WIDTH))
-    tuned_total = sum(r.report.wall_s for r in rows if r.report is not None)
-    print()
-    print(
-        f"Tuning took {tuned_total:.1f} s; the second pass tuned nothing. Total {time.perf_counter() - start:.1f} s."
+        print(f"[{i}/{len(cases)}] {case.label}: {elapsed:.1f} s", file=sys.stderr, flush=True)
+
+    comparison = Comparison(
+        device=str(device.device_kind),
+        platform=str(device.platform),
+        fingerprint=devices.device_fingerprint(),
+        date=f"{now:%Y-%m-%d %H:%M} UTC",
+        jax=jax.__version__,
+        tokamax=None if tokamax is None else str(getattr(tokamax, "__version__", "?")),
+        timer="+".join(sorted(timers)),
+        interpreter=not gpu,
+        rows=rows,
+        tuned_keys=tuned_keys,
     )
-    print("See every candidate: kerneltune report (a table; --out report.png or report.html")
-    print("adds the plots), or one call: kerneltune explain KEY (keys: kerneltune cache ls).")
-    return 0
-
-
-class _NoBar(list):  # type: ignore[type-arg]
-    def set_postfix_str(self, text: str) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _progress(jobs: list[DemoJob]) -> Any:
-    """A progress bar over the jobs on a terminal (tqdm), else a plain list."""
+    say(
+        f"Time per call: median of {plan.rounds} interleaved rounds, {comparison.timer} timer"
+        f"{' (device time)' if 'cupti' in timers else ''}; x plain, x tokamax: their time "
+        "over kerneltune's as chosen (> 1: kerneltune is faster)."
+    )
+    print_comparison(comparison)
+    comparison.total_s = time.perf_counter() - start
     try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return _NoBar(jobs)
-    return tqdm(jobs, desc="tuning", unit="call", file=sys.stderr, leave=False, disable=None)
-
-
-#: The demo's tables fit a terminal this wide.
-TABLE_WIDTH = 120
-
-
-def _op_name(op_id_v: str) -> str:
-    """`attention_bwd-interpret@v1` → `attention_bwd`: the heading says where it ran."""
-    return op_id_v.partition("@")[0].removesuffix("-interpret")
-
-
-def _dtype_name(dtype: str) -> str:
-    from kerneltune._src.core.keys import SHORT_DTYPE_NAMES
-
-    return SHORT_DTYPE_NAMES.get(dtype, dtype)
-
-
-def _fit_last_column(header: list[str], rows: list[list[str]], width: int) -> list[list[str]]:
-    """Shortens the last column (with "…") so that every line fits `width`."""
-    every = [header, *rows]
-    used = sum(max(len(r[i]) for r in every) + 2 for i in range(len(header) - 1))
-    room = max(len(header[-1]), width - used)
-    return [[*r[:-1], r[-1] if len(r[-1]) <= room else r[-1][: room - 1] + "…"] for r in rows]
-
-
-def _tuning_columns(report: TuningReport | None) -> list[str]:
-    """A row's tried/failed, heuristic, tuned, speedup and tuning columns."""
-    if report is None:
-        return ["-", "-", "-", "-", "nothing to tune"]
-    heuristic, tuned = report.heuristic_time_s, report.best_time_s
-    return [
-        f"{report.num_evaluated}/{report.num_failed}",
-        format_seconds(heuristic),
-        format_seconds(tuned),
-        f"{heuristic / tuned:.2f}x" if heuristic and tuned else "-",
-        f"{report.wall_s:.2f} s",
-    ]
+        where = demo_results.save(comparison, persistent.location)
+        saved = f"Saved to {where}: `kerneltune report --out report.png` plots it."
+    except OSError as e:
+        saved = f"Could not save the comparison for `kerneltune report`: {error_line(e)}"
+    if not gpu:
+        print("\nWhat the same table measured on GPUs (BENCHMARKS.md, not this run):")
+        header, body = demo_sample.table()
+        print_table(header, body)
+        for line in demo_sample.footer():
+            say(line, "  ")
+    print(f"\n{saved}\nTotal {comparison.total_s:.1f} s. BENCHMARKS.md has the full tables.")
+    return 0 if all(r.results["kt_chosen"].status == OK for r in rows) else 1

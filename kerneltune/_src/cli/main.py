@@ -94,6 +94,17 @@ def _clear_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 
 
+def _demo_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--ops",
+        metavar="NAME,...",
+        help="only these rows, e.g. ragged_dot,moe (an unknown name lists them all)",
+    )
+    parser.add_argument(
+        "--no-tokamax", action="store_true", help="leave tokamax out even where it imports"
+    )
+
+
 def _days(text: str) -> float:
     try:
         value = float(text)
@@ -150,10 +161,12 @@ COMMANDS: dict[str, Command | Group] = {
         "kerneltune._src.cli.explain_command:add_arguments",
     ),
     "demo": Command(
-        "tune the bundled kernels on this device and show the gains", "kerneltune._src.cli.demo:run"
+        "each bundled op against plain JAX and tokamax: time, first call, memory",
+        "kerneltune._src.cli.demo:run",
+        _demo_arguments,
     ),
     "report": Command(
-        "table and plot of every tuned key's candidate timings",
+        "the last demo's comparison and every tuned key's candidates, as tables and plots",
         "kerneltune._src.cli.report_command:run",
         "kerneltune._src.cli.report_command:add_arguments",
     ),

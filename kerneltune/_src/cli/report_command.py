@@ -1,5 +1,6 @@
-"""`kerneltune report`: every tuned key in the persistent cache as a table, and every
-candidate's time as a plot (PNG through matplotlib, or a self-contained HTML page).
+"""`kerneltune report`: the last `kerneltune demo`'s comparison (each op against plain
+JAX and tokamax) and every tuned key in the persistent cache as tables, and both as a
+plot (PNG through matplotlib, or a self-contained HTML page).
 
 matplotlib is an optional extra (`pip install 'kerneltune[report]'`); without it the
 table is printed, HTML pages still work, and a PNG request says what to install.
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # importing this module must stay cheap: the CLI parser imports it.
     from kerneltune._src.caching.cache_entry import CacheEntry
+    from kerneltune._src.cli.demo_results import Comparison
 
 #: At most this many candidates are drawn per key (the fastest); the rest are counted.
 MAX_BARS = 24
@@ -155,29 +157,44 @@ def failure_lines(entries: Sequence[CacheEntry]) -> list[str]:
 # --- PNG -----------------------------------------------------------------------------
 
 
-def write_png(entries: Sequence[CacheEntry], path: str) -> int:
-    """Draws one panel per key: a bar per candidate (fastest at the top), the winner
-    in orange, the heuristic config hatched, failures named under the bars. Returns
-    the number of panels drawn."""
+def write_png(
+    entries: Sequence[CacheEntry], path: str, comparison: Comparison | None = None
+) -> int:
+    """Draws the last demo's `comparison` (when given) on top, then one panel per key: a
+    bar per candidate (fastest at the top), the winner in orange, the heuristic config
+    hatched, failures named under the bars. Returns the number of key panels drawn."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
+    from kerneltune._src.cli import report_comparison
+
     drawn = [e for e in entries if any(c.time_s is not None for c in candidates_of(e))][:MAX_PANELS]
-    if not drawn:
+    if not drawn and comparison is None:
         raise ValueError("no entry has candidate timings to plot (entries imported without them?)")
-    cols = 1 if len(drawn) == 1 else 2
+    cols = 1 if len(drawn) <= 1 else 2
     rows = math.ceil(len(drawn) / cols)
     heights = [min(MAX_BARS, len(candidates_of(e))) * 0.22 + 1.4 for e in drawn]
-    panel_h = max(heights)
-    fig, axes = plt.subplots(
-        rows, cols, figsize=(8.5 * cols, panel_h * rows), squeeze=False, layout="constrained"
-    )
-    for ax in axes.flat[len(drawn) :]:
-        ax.axis("off")
-    for ax, entry in zip(axes.flat, drawn):
-        _panel(ax, entry)
+    panels_h = max(heights, default=0.0) * rows
+    top_h = report_comparison.height(comparison) if comparison is not None else 0.0
+    fig = plt.figure(figsize=(8.5 * max(cols, 2 if comparison else 1), top_h + panels_h),
+                     layout="constrained")  # fmt: skip
+    if comparison is not None and drawn:
+        parts: Any = fig.subfigures(2, 1, height_ratios=(top_h, panels_h))
+        top, bottom = parts[0], parts[1]
+        report_comparison.draw(top, comparison)
+    elif comparison is not None:
+        report_comparison.draw(fig, comparison)
+        bottom = None
+    else:
+        bottom = fig
+    if bottom is not None:
+        axes = bottom.subplots(rows, cols, squeeze=False)
+        for ax in axes.flat[len(drawn) :]:
+            ax.axis("off")
+        for ax, entry in zip(axes.flat, drawn):
+            _panel(ax, entry)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return len(drawn)
@@ -242,9 +259,10 @@ def _unit(max_s: float) -> tuple[float, str]:
 # --- HTML ----------------------------------------------------------------------------
 
 
-def html_page(entries: Sequence[CacheEntry]) -> str:
-    """A self-contained page: the summary table, then per key a bar per candidate
-    (CSS widths, no scripts, no matplotlib needed)."""
+def html_page(entries: Sequence[CacheEntry], comparison: Comparison | None = None) -> str:
+    """A self-contained page: the last demo's comparison (when given), the summary
+    table, then per key a bar per candidate (CSS widths, no scripts, no matplotlib
+    needed)."""
     esc = html.escape
     parts = [
         "<!doctype html><meta charset='utf-8'><title>kerneltune report</title><style>",
@@ -253,6 +271,15 @@ def html_page(entries: Sequence[CacheEntry]) -> str:
         ".bar{background:#4c78a8;height:12px}.win .bar{background:#f58518}",
         ".heur .bar{background-image:repeating-linear-gradient(45deg,transparent 0 3px,#0005 3px 5px)}",
         ".fail{color:#b00}code{font-size:12px}</style><h1>kerneltune report</h1>",
+    ]
+    if comparison is not None:
+        from kerneltune._src.cli.report_comparison import html_table
+
+        parts.append(html_table(comparison))
+    if not entries:
+        return "\n".join(parts) + "\n"
+    parts += [
+        "<h2>Tuned keys</h2>",
         "<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in TABLE_HEADER) + "</tr>",
     ]
     for row in table_rows(entries):
@@ -292,11 +319,15 @@ def html_page(entries: Sequence[CacheEntry]) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`kerneltune report`'s arguments."""
-    parser.add_argument("--op", help='only this op: "matmul" (any version) or "matmul@v1"')
+    parser.add_argument(
+        "--op",
+        help='only this op\'s tuned keys (no demo comparison): "matmul" (any version) or "matmul@v1"',
+    )
     parser.add_argument(
         "--out",
         metavar="FILE",
-        help="also plot every candidate's time: FILE.png (.svg, .pdf; needs matplotlib) or FILE.html",
+        help="also plot the last demo's comparison and every candidate's time: FILE.png (.svg, "
+        ".pdf; needs matplotlib: pip install 'kerneltune[report]') or FILE.html",
     )
 
 
@@ -310,19 +341,28 @@ def _have_matplotlib() -> bool:
 
 def run(args: argparse.Namespace) -> int:
     """The `kerneltune report [--op OP] [--out FILE]` command."""
+    from kerneltune._src.cli import report_comparison
     from kerneltune._src.cli.cache_commands import _entries, _open, print_table
     from kerneltune._src.cli.errors import CommandError
 
     cache = _open(args)
-    entries = [
-        e for e in _entries(cache, getattr(args, "op", None)) if e.candidates or e.best_time_s
-    ]
+    op = getattr(args, "op", None)
+    entries = [e for e in _entries(cache, op) if e.candidates or e.best_time_s]
+    comparison = None if op else report_comparison.load(cache.location)
     out = getattr(args, "out", None)
-    if not entries:
-        what = f" for op {args.op!r}" if getattr(args, "op", None) else ""
+    if not entries and comparison is None:
+        what = f" for op {op!r}" if op else ""
         print(f"No tuned entries{what} in {cache.location}. Run `kerneltune demo` to make some.")
         return 0
-    print_table(TABLE_HEADER, table_rows(entries))
+    if comparison is not None:
+        from kerneltune._src.cli.demo_results import print_comparison
+
+        print(f"The last `kerneltune demo` ({comparison.device}, {comparison.date}):")
+        print_comparison(comparison)
+        if entries:
+            print("\nThe tuned keys in the cache:")
+    if entries:
+        print_table(TABLE_HEADER, table_rows(entries))
     failures = failure_lines(entries)
     if failures:
         print("\nFailed candidates:")
@@ -335,8 +375,8 @@ def run(args: argparse.Namespace) -> int:
     ext = os.path.splitext(out)[1].lower()
     if ext in (".html", ".htm"):
         with open(out, "w", encoding="utf-8") as f:
-            f.write(html_page(entries))
-        print(f"\nWrote {out} ({len(entries)} keys).")
+            f.write(html_page(entries, comparison))
+        print(f"\nWrote {out} ({report_comparison.contents(entries, comparison)}).")
         return 0
     if ext not in (".png", ".svg", ".pdf"):
         raise CommandError(f"--out must end in .png, .svg, .pdf or .html, got {out!r}.")
@@ -344,9 +384,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"\n{HINT}")
         return 1
     try:
-        drawn = write_png(entries, out)
+        drawn = write_png(entries, out, comparison)
     except ValueError as e:
         raise CommandError(str(e)) from None
-    more = f" (the first {drawn} of {len(entries)})" if drawn < len(entries) else ""
-    print(f"\nWrote {out}: {drawn} keys{more}.")
+    more = f", the first {drawn} of {len(entries)}" if drawn < len(entries) else ""
+    print(f"\nWrote {out} ({report_comparison.contents(entries[:drawn], comparison)}{more}).")
     return 0

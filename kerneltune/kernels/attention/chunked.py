@@ -12,7 +12,7 @@ soft cap without tokamax), and the reference that tuning checks long calls again
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, overload
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +22,10 @@ from kerneltune.kernels.attention.features import attend, zero_padded_rows
 from kerneltune.kernels.attention.masking import Masks, keep
 
 
+@overload
+def _pad_rows(x: jax.Array, axis: int, to: int) -> jax.Array: ...
+@overload
+def _pad_rows(x: jax.Array | None, axis: int, to: int) -> jax.Array | None: ...
 def _pad_rows(x: jax.Array | None, axis: int, to: int) -> jax.Array | None:
     """`x` padded with zeros along `axis` to `to` (unchanged where that axis is 1: it
     broadcasts)."""
@@ -32,6 +36,10 @@ def _pad_rows(x: jax.Array | None, axis: int, to: int) -> jax.Array | None:
     return jnp.pad(x, widths)
 
 
+@overload
+def _cut(x: jax.Array, axis: int, start: Any, size: int) -> jax.Array: ...
+@overload
+def _cut(x: jax.Array | None, axis: int, start: Any, size: int) -> jax.Array | None: ...
 def _cut(x: jax.Array | None, axis: int, start: Any, size: int) -> jax.Array | None:
     """`size` entries of `x` from `start` along `axis` (all of a broadcast axis)."""
     if x is None or x.shape[axis] == 1:
@@ -97,7 +105,7 @@ def attention_chunked(
         )
         keep_mask = keep(q_pos, k_pos, blk_masks, causal=causal, window=window)
         out = attend(
-            q_blk, cut_keys(k, axis=1), cut_keys(v, axis=1), blk_bias, keep_mask,
+            q_blk, _cut(k, 1, k_start, band), _cut(v, 1, k_start, band), blk_bias, keep_mask,
             scale=scale, soft_cap=soft_cap,
         )  # fmt: skip
         if band != s and keep_mask is not None:

@@ -1,9 +1,7 @@
-"""Attention shapes `(batch, seq, heads, head_dim, causal)` shared by the tests, the
-demo and the GPU benchmark."""
+"""Attention shapes `(batch, seq, heads, head_dim, causal)` shared by the tests and
+the GPU benchmark."""
 
 TEST_SHAPES = ((2, 64, 2, 32, False), (1, 128, 3, 16, True))
-DEMO_SHAPES_CPU = ((1, 64, 2, 32, True), (1, 128, 2, 32, False))
-DEMO_SHAPES_GPU = ((4, 2048, 16, 128, True), (8, 1024, 16, 64, False))
 #: The GPU benchmark (benchmarks/attention_gpu.py): head dim 64 and 128, 1k–8k, causal
 #: and not, batch × heads filling the GPU.
 BENCH_SHAPES = (

@@ -164,8 +164,10 @@ class AttentionVariants(BackendKernel[VariantConfig]):
             if c.backend == "xla" and _logits_bytes(inv) > WHOLE_LOGITS_BYTES:
                 why = f"the whole logits would take {_logits_bytes(inv) / 2**30:.1f} GiB"
                 pruned.append(Pruned(c, why))
-            elif c.backend == "chunked" and (
-                c.block_q > longest or _logits_bytes(inv, c.block_q) > 4 * BLOCK_LOGITS_BYTES
+            elif (
+                c.backend == "chunked"
+                and c.block_q is not None
+                and (c.block_q > longest or _logits_bytes(inv, c.block_q) > 4 * BLOCK_LOGITS_BYTES)
             ):
                 pruned.append(Pruned(c, "a block beyond the sequence or the memory budget"))
             else:

@@ -1,10 +1,7 @@
-"""Matmul problem shapes `(m, k, n)` shared by the tests, the demo and the GPU benchmark."""
+"""Matmul problem shapes `(m, k, n)` shared by the tests and the GPU benchmark."""
 
 #: Small shapes for CPU tests (Pallas interpreter): aligned, uneven, skinny.
 TEST_SHAPES = ((64, 128, 96), (100, 70, 50), (16, 256, 64))
-#: The demo on a CPU (the Pallas interpreter: tiny) and on a GPU.
-DEMO_SHAPES_CPU = ((128, 128, 128), (64, 256, 128))
-DEMO_SHAPES_GPU = ((2048, 2048, 2048), (4096, 4096, 4096))
 #: The GPU benchmark (benchmarks/matmul_gpu.py): square, skinny and wide.
 BENCH_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (64, 8192, 8192), (16384, 1024, 16384))
 #: Every code path of the benchmark once, on any device.

@@ -1,9 +1,7 @@
-"""Normalization shapes `(rows, n)` shared by the tests, the demo and the GPU benchmark
+"""Normalization shapes `(rows, n)` shared by the tests and the GPU benchmark
 (layer norm and RMS norm use the same ones)."""
 
 TEST_SHAPES = ((4, 8, 256), (15, 200), (3, 1000))
-DEMO_SHAPES_CPU = ((64, 256), (32, 768))
-DEMO_SHAPES_GPU = ((8192, 4096), (16384, 1024))
 #: The GPU benchmark (benchmarks/rowwise_gpu.py): widths 1k–16k.
 BENCH_SHAPES = ((16384, 1024), (16384, 4096), (8192, 8192), (4096, 16384))
 #: Every code path of the benchmark once, on any device.

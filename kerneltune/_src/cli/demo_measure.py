@@ -1,0 +1,164 @@
+"""How the demo measures one implementation of a row: its first call on the wall clock
+(tracing, kerneltune's tuning where it tunes, compiling, running), the compiled
+program's memory, then its time per call, in rounds interleaved with the row's other
+implementations.
+
+Times come from the tuner's own timers (`tuning/timing.py`): CUPTI device time on a
+CUDA GPU, the wall clock elsewhere. Each figure is the median of the rounds; a round
+takes one sample of every implementation, in an order rotated from round to round, so
+that clock and thermal drift reach them alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+from kerneltune._src.tuning.timing import Timer, TimerFailed, choose_timer
+
+#: Status of a measurement: timed, not offered ("n/a"), or why it did not run.
+OK, NA, FAILED, OOM = "ok", "n/a", "failed", "oom"
+
+
+@dataclasses.dataclass
+class Measured:
+    """One implementation of one row.
+
+    Attributes:
+      status: "ok", "n/a" (the implementation does not exist here), "failed" or "oom".
+      time_s: median seconds per call (None unless timed).
+      first_call_s: wall seconds of the first call (None unless it ran).
+      peak_bytes: the compiled program's arguments + outputs + temporaries
+        (`memory_analysis`), None where XLA does not say.
+      note: why it is "n/a", or the error (one line).
+    """
+
+    status: str
+    time_s: float | None = None
+    first_call_s: float | None = None
+    peak_bytes: int | None = None
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Rounds:
+    """How much timing: `rounds` interleaved rounds, each sample about `sample_s` of
+    calls (between 1 and `max_calls` of them)."""
+
+    rounds: int
+    sample_s: float
+    max_calls: int
+
+
+#: On a GPU: enough rounds for a stable median; the whole demo stays near a minute.
+GPU_ROUNDS = Rounds(rounds=5, sample_s=0.02, max_calls=100)
+#: On a CPU the figures mean nothing: as few calls as show the path works.
+CPU_ROUNDS = Rounds(rounds=2, sample_s=0.0, max_calls=1)
+
+
+def error_line(e: BaseException) -> str:
+    """`Type: first line of the message` (at most 160 characters)."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:160] if lines else ''}"
+
+
+def status_of(error: str) -> str:
+    """ "oom" for an error that says the device ran out of memory, else "failed"."""
+    return OOM if "RESOURCE_EXHAUSTED" in error or "out of memory" in error.lower() else FAILED
+
+
+def failure(e: BaseException) -> Measured:
+    text = error_line(e)
+    return Measured(status_of(text), note=text)
+
+
+def program_peak(compiled: Any) -> int | None:
+    """Arguments + outputs + temporaries of a compiled program, or None."""
+    try:
+        m = compiled.memory_analysis()
+    except Exception:  # a platform that does not analyse memory
+        return None
+    if m is None:
+        return None
+    return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes)
+
+
+def leaves(args: Sequence[Any]) -> list[Any]:
+    """The arrays of `args` (pytrees of them), flat: what `first_call`'s programs take."""
+    return list(jax.tree.leaves(tuple(args)))
+
+
+def first_call(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Any, Measured]:
+    """Lowers (traces, and so tunes kerneltune's calls), compiles and runs `fn` once on
+    `args`, on the wall clock. Returns the compiled program, which takes `leaves(args)`
+    (flat arrays, as the tuner's timed programs do), or None when it failed; and the
+    measurement so far."""
+    flat, tree = jax.tree.flatten(tuple(args))
+
+    def on_leaves(*arrays: Any) -> Any:
+        return fn(*jax.tree.unflatten(tree, arrays))
+
+    t0 = time.perf_counter()
+    try:
+        compiled = jax.jit(on_leaves).lower(*flat).compile()
+        jax.block_until_ready(compiled(*flat))
+    except Exception as e:  # one implementation failing must not end the demo
+        return None, failure(e)
+    wall = time.perf_counter() - t0
+    return compiled, Measured(OK, first_call_s=wall, peak_bytes=program_peak(compiled))
+
+
+def _calls(timer: Timer, fn: Any, sets: Sequence[Sequence[Any]], plan: Rounds) -> int:
+    """Calls per sample: about `plan.sample_s` of them, from one call timed."""
+    if plan.max_calls <= 1:
+        return 1
+    one = timer.sample(fn, sets, 1, 0)
+    return max(1, min(plan.max_calls, round(plan.sample_s / max(one, 1e-7))))
+
+
+def interleaved(
+    programs: dict[str, Any], sets: Sequence[Sequence[Any]], plan: Rounds
+) -> tuple[dict[str, float], dict[str, str], str]:
+    """Median seconds per call of each compiled program over `plan.rounds` rounds,
+    every program sampled once a round on the argument sets in turn. Returns the times,
+    the errors of programs that failed while timed, and the timer's name."""
+    timer, _ = choose_timer("auto")
+    try:
+        return _interleaved(timer, programs, sets, plan)
+    except TimerFailed:
+        timer, _ = choose_timer("wallclock")
+        return _interleaved(timer, programs, sets, plan)
+    finally:
+        close = getattr(timer, "close", None)
+        if close is not None:
+            close()
+
+
+def _interleaved(
+    timer: Timer, programs: dict[str, Any], sets: Sequence[Sequence[Any]], plan: Rounds
+) -> tuple[dict[str, float], dict[str, str], str]:
+    samples: dict[str, list[float]] = {name: [] for name in programs}
+    errors: dict[str, str] = {}
+    if not programs:
+        return {}, errors, timer.name
+    calls: dict[str, int] = {}
+    names = list(programs)
+    for r in range(plan.rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            if name in errors:
+                continue
+            try:
+                if name not in calls:
+                    calls[name] = _calls(timer, programs[name], sets, plan)
+                samples[name].append(timer.sample(programs[name], sets, calls[name], r))
+            except TimerFailed:
+                raise
+            except Exception as e:  # out of memory while timed, for one
+                errors[name] = error_line(e)
+    times = {name: statistics.median(v) for name, v in samples.items() if v and name not in errors}
+    return times, errors, timer.name

@@ -1,0 +1,72 @@
+"""How the demo measures an implementation: the first call with its program's memory,
+failures as data, and timing rounds interleaved in a rotated order."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from kerneltune._src.cli import demo_measure as dm
+
+
+def test_a_first_call_is_timed_and_its_program_measured():
+    x = jnp.ones((256, 256), jnp.float32)
+    compiled, m = dm.first_call(lambda a: a @ a, (x,))
+    assert m.status == "ok" and m.first_call_s > 0
+    # Arguments + output: two float32 [256, 256] arrays at least.
+    assert m.peak_bytes is not None and m.peak_bytes >= 2 * 256 * 256 * 4
+    assert jnp.array_equal(compiled(x), x @ x)
+
+
+def test_programs_take_the_arguments_leaves_flat():
+    """As the tuner's timed programs do (the timers pass arrays, not pytrees)."""
+    args = ({"w": jnp.full((2, 3), 2.0), "b": jnp.ones(3)}, jnp.ones((4, 2)))
+    compiled, m = dm.first_call(lambda p, x: x @ p["w"] + p["b"], args)
+    flat = dm.leaves(args)
+    assert m.status == "ok" and len(flat) == 3
+    assert jnp.array_equal(compiled(*flat), jnp.full((4, 3), 5.0))
+
+
+def test_a_failing_first_call_is_a_measurement_not_a_crash():
+    def broken(a):
+        raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate\nmore")
+
+    compiled, m = dm.first_call(broken, (jnp.ones(3),))
+    assert compiled is None and m.status == "oom" and m.first_call_s is None
+    assert m.note == "RuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate"
+    _, m = dm.first_call(lambda a: a.reshape(7), (jnp.ones(3),))
+    assert m.status == "failed" and m.note.startswith("TypeError")
+
+
+def test_rounds_rotate_the_order_and_a_program_failing_while_timed_is_set_aside():
+    calls: list[str] = []
+
+    def program(name, fail_after=None):
+        def run(a):
+            calls.append(name)
+            if fail_after is not None and calls.count(name) > fail_after:
+                raise ValueError(f"{name} broke")
+            return a + 1
+
+        return run
+
+    programs = {"a": program("a"), "b": program("b"), "c": program("c", fail_after=1)}
+    plan = dm.Rounds(rounds=3, sample_s=0.0, max_calls=1)
+    times, errors, timer = dm.interleaved(programs, [(jnp.ones(2),)], plan)
+    assert timer == "wallclock"
+    assert calls == ["a", "b", "c", "b", "c", "a", "a", "b"]  # c set aside after failing
+    assert set(times) == {"a", "b"} and all(t > 0 for t in times.values())
+    assert errors == {"c": "ValueError: c broke"}
+
+
+@pytest.mark.parametrize(
+    "error, status",
+    [("XlaRuntimeError: RESOURCE_EXHAUSTED: ...", "oom"), ("ValueError: bad shape", "failed")],
+)
+def test_status_of_an_error(error, status):
+    assert dm.status_of(error) == status
+
+
+def test_nothing_to_time_times_nothing():
+    assert dm.interleaved({}, [(jax.numpy.ones(1),)], dm.CPU_ROUNDS)[:2] == ({}, {})
