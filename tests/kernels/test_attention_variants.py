@@ -288,3 +288,19 @@ def test_a_variant_config_names_its_fields():
         VariantConfig(backend="chunked", block_q=100)
     with pytest.raises(ValueError, match="block_q is a field of backend='chunked'"):
         VariantConfig(backend="cudnn", block_q=128)
+
+
+def test_16_bit_inputs_and_bias_under_strict_dtype_promotion():
+    """Seen on an H200: the shared block math promoted bf16 against float32, which the
+    strict promotion users (and these tests) set refuses."""
+    q, k, v = (x.astype(jnp.bfloat16) for x in _qkv(seed=50, s=T))
+    bias = rand((1, N, T, T), seed=51).astype(jnp.bfloat16)
+    with jax.numpy_dtype_promotion("strict"):
+        got = attention(q, k, v, bias, is_causal=True, logits_soft_cap=5.0, executor=EX)
+    f32 = [x.astype(jnp.float32) for x in (q, k, v, bias)]
+    want = attention_features_xla(
+        *f32[:3], f32[3], Masks(), scale=1 / np.sqrt(H), is_causal=True,
+        local_window_size=None, logits_soft_cap=5.0,
+    )  # fmt: skip
+    assert got.dtype == jnp.bfloat16
+    close(got, want, tol=3e-2)
