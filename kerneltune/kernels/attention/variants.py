@@ -58,8 +58,10 @@ class VariantConfig(BackendConfig):
       block_q: ("chunked") queries per block; a power of two.
 
     Example:
-      >>> VariantConfig(backend="chunked", block_q=256)
-      VariantConfig(backend='chunked', block_q=256)
+      >>> VariantConfig(block_q=256)  # backend="chunked", the default
+      VariantConfig(block_q=256)
+      >>> VariantConfig(backend="cudnn")
+      VariantConfig(backend='cudnn')
     """
 
     backend: str = "chunked"
