@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs several GPU jobs at once, one lane per GPU, each lane's jobs one after another,
+# every lane stopped at a shared deadline; each lane's output goes to $OUT/<lane>.log.
+# For the device machine, where a call's time is short and GPUs are several:
+#
+#   DEADLINE_S=560 tools/gpu_lanes.sh 'name1::cmd; cmd' 'name2::cmd' ...
+#
+# Lane i gets GPU i (CUDA_VISIBLE_DEVICES), wrapping around when lanes outnumber GPUs.
+# Commands run under bash in the repository root; $TK (tokamax wheels unpacked) and
+# $NOTK (no tokamax) are PYTHONPATH values for commands to choose between.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/lanes}
+mkdir -p "$OUT"
+deadline=$(( $(date +%s) + ${DEADLINE_S:-560} ))
+if [ -d .gpu-wheels ] && [ ! -d /tmp/site/tokamax ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --target /tmp/site .gpu-wheels/*.whl >/dev/null 2>&1 || echo "tokamax wheels: install failed"
+fi
+export TK=.:/tmp/site NOTK=. JAX_PLATFORMS=cuda PYTHONUNBUFFERED=1
+gpus=$(nvidia-smi -L | wc -l)
+i=0
+for lane in "$@"; do
+  name=${lane%%::*}
+  cmds=${lane#*::}
+  gpu=$(( i % gpus ))
+  (
+    export CUDA_VISIBLE_DEVICES=$gpu
+    left=$(( deadline - $(date +%s) ))
+    echo "== lane $name on GPU $gpu: $cmds"
+    start=$(date +%s)
+    timeout --signal=INT --kill-after=10 "$left" bash -c "$cmds"
+    echo "== lane $name exit $? after $(( $(date +%s) - start )) s"
+  ) >"$OUT/$name.log" 2>&1 &
+  i=$(( i + 1 ))
+done
+wait
+tail -n 4 "$OUT"/*.log
