@@ -53,7 +53,8 @@ ATTENTION = [
 ]
 
 
-def grid(op: str) -> Iterator[tuple[str, Call]]:
+def grid(op: str, rows: frozenset[str] = frozenset()) -> Iterator[tuple[str, Call]]:
+    """The calls whose keys `op` ships, each with a label; `rows` picks demo rows."""
     if op == "matmul":
         for m, k, n in MATMUL:
             a, b = h.normal(0, (m, k)), h.normal(1, (k, n))
@@ -90,6 +91,31 @@ def grid(op: str) -> Iterator[tuple[str, Call]]:
                 return mb.train_step(block, mb.kerneltune_ops(ex), shape)(*args)
 
             yield f"{name} {shape}", step
+    elif op == "demo":
+        # Every row of `kerneltune demo` (its GPU shapes): a user's first demo then reads
+        # its configs from the table instead of tuning on the first call.
+        from kerneltune._src.cli import demo_cases
+
+        for case in demo_cases.cases(on_gpu=True):
+            if rows and case.name not in rows:
+                continue
+            args = case.args(0)
+
+            def row(ex: kt.Executor, case=case, args=args) -> Any:
+                return jax.jit(case.kerneltune(ex))(*args)
+
+            yield case.name, row
+    elif op == "moe_example":
+        # The training step `python -m examples.moe.train` runs on a GPU.
+        from examples.moe import model as moe
+
+        s = moe.GPU_SHAPES[0]
+        params, (x, target) = moe.init_params(s), moe.inputs(s)
+
+        def moe_step(ex: kt.Executor) -> Any:
+            return jax.jit(moe.train_step(moe.kerneltune_ops(ex), s))(params, x, target)
+
+        yield f"moe {s.name}", moe_step
     else:
         raise SystemExit(f"--ops: unknown op {op!r}")
 
@@ -143,6 +169,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ops", default="matmul,layer_norm,rms_norm,softmax,attention")
     p.add_argument("--cache", default=None, help="cache directory (default: a new temporary one)")
     p.add_argument("--out", default=None, help="table file (default: the package's, for this GPU)")
+    p.add_argument("--rows", default="", help="with --ops demo: only these rows (NAME,...)")
+    p.add_argument(
+        "--key-budget", type=float, default=None, help="seconds a key (default: no limit)"
+    )
     p.add_argument(
         "--missing-only",
         action="store_true",
@@ -161,21 +191,25 @@ def main(argv: list[str] | None = None) -> None:
     held = ListedOnly(ShippedTables([out])) if args.missing_only and os.path.exists(out) else None
     chain: kt.ConfigSelectorChain[Any, Any] = kt.ConfigSelectorChain(
         kt.ConfigCache(),
-        tuner=kt.Tuner(strategy="exhaustive", progress=False),
+        tuner=kt.Tuner(strategy="exhaustive", time_budget_s=args.key_budget, progress=False),
         persistent=cache,
         shipped=held,
     )
     ex = kt.Executor(chain)
     print(f"{kind}: tuning into {cache.location}, table {out}", flush=True)
-    for op in args.ops.split(","):
-        for label, call in grid(op):
-            start = time.perf_counter()
-            try:
-                jax.block_until_ready(call(ex))
-                note = ""
-            except Exception as e:  # one shape failing keeps the rest
-                note = f"  FAILED: {h.error_text(e)}"
-            print(f"{op:14s} {label:28s} {time.perf_counter() - start:6.1f} s{note}", flush=True)
+    rows = frozenset(filter(None, args.rows.split(",")))
+    try:
+        for op in args.ops.split(","):
+            for label, call in grid(op, rows):
+                start = time.perf_counter()
+                try:
+                    jax.block_until_ready(call(ex))
+                    note = ""
+                except Exception as e:  # one shape failing keeps the rest
+                    note = f"  FAILED: {h.error_text(e)}"
+                took = time.perf_counter() - start
+                print(f"{op:14s} {label:28s} {took:6.1f} s{note}", flush=True)
+    finally:  # also when stopped part-way (Ctrl-C): the keys tuned so far are kept
         print(f"{write_table(cache, out)} entries in {out}", flush=True)
 
 

@@ -68,6 +68,7 @@ def _call_parts(parts):
 
 @pytest.mark.parametrize("name", list(VARIANTS))
 @pytest.mark.parametrize("block_q", [8])
+@jax.default_matmul_precision("highest")  # a GPU's float32 dots are TF32 otherwise
 def test_the_chunked_path_matches_the_whole_logits_in_values_and_gradients(name, block_q):
     v_ = VARIANTS[name]
     bias, masks = _call_parts(v_["parts"])
