@@ -305,3 +305,28 @@ def test_16_bit_inputs_and_bias_under_strict_dtype_promotion():
     )  # fmt: skip
     assert got.dtype == jnp.bfloat16
     close(got, want, tol=3e-2)
+
+
+def test_document_ranges_hold_exactly_the_keys_of_a_query_s_document_when_packed_in_order():
+    from kerneltune.kernels.attention.masking import document_ranges
+
+    rng = np.random.default_rng(0)
+    packed = np.sort(rng.integers(0, 5, (3, 40)), axis=1)  # documents one after another
+    shuffled = rng.integers(0, 5, (2, 40))
+    shuffled[:, :2] = [1, 0]  # goes down at least once
+    assert document_ranges(Masks()) is None
+    for ids, in_order in ((packed, True), (shuffled, False)):
+        q_ids = np.concatenate([ids[:, :30], np.full((len(ids), 1), 7)], axis=1)  # 7: no key
+        start, end = document_ranges(
+            Masks(q_segments=jnp.asarray(q_ids), kv_segments=jnp.asarray(ids))
+        )
+        assert start.shape == end.shape == (len(ids), 1, 31) and start.dtype == jnp.int32
+        cols = np.arange(40)
+        in_range = (cols >= np.asarray(start)[:, 0, :, None]) & (
+            cols < np.asarray(end)[:, 0, :, None]
+        )
+        same = q_ids[:, :, None] == ids[:, None, :]
+        if in_order:
+            np.testing.assert_array_equal(in_range, same)  # the range is the document
+        else:
+            assert in_range.all()  # every key: the ids decide as a mask

@@ -19,6 +19,8 @@ pytestmark = pytest.mark.gpu
 B, T, N, K, H = 2, 512, 8, 2, 128
 DOCS = jnp.asarray(np.stack([np.arange(T) * 4 // T, np.arange(T) * 3 // T]), jnp.int32)
 LENGTHS = jnp.array([T * 7 // 10, T], jnp.int32)
+#: Documents interleaved (ids that go down again): no range of keys, the mask alone.
+SHUFFLED = jnp.asarray(np.stack([np.arange(T) % 3, np.arange(T) * 5 // T]), jnp.int32)
 
 #: variant: (public keyword arguments, the reference's keyword arguments)
 VARIANTS = {
@@ -27,11 +29,20 @@ VARIANTS = {
     "padded": dict(is_causal=True, query_seq_lengths=LENGTHS, key_value_seq_lengths=LENGTHS),
     "bias": dict(is_causal=True, bias="bias"),
     "docs": dict(is_causal=True, query_segment_ids=DOCS, kv_segment_ids=DOCS),
+    "docs_shuffled": dict(is_causal=True, query_segment_ids=SHUFFLED, kv_segment_ids=SHUFFLED),
+    "docs_window_padded": dict(
+        is_causal=True,
+        local_window_size=(128, 0),
+        query_segment_ids=DOCS,
+        kv_segment_ids=DOCS,
+        query_seq_lengths=LENGTHS,
+        key_value_seq_lengths=LENGTHS,
+    ),
     "mask": dict(is_causal=False, mask="mask"),
 }
 #: The variants each library takes (the chunked and whole paths take all).
 TAKES = {
-    "cudnn": {"window", "padded", "bias", "docs", "mask"},
+    "cudnn": {"window", "padded", "bias", "docs", "docs_shuffled", "docs_window_padded", "mask"},
     "tokamax": set(VARIANTS),
     "chunked": set(VARIANTS),
     "xla": set(VARIANTS),

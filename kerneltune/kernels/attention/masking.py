@@ -84,3 +84,30 @@ def segments_as_mask(masks: Masks) -> jax.Array | None:
         return masks.mask
     same = (masks.q_segments[:, :, None] == masks.kv_segments[:, None, :])[:, None]
     return same if masks.mask is None else jnp.logical_and(masks.mask, same)
+
+
+def document_ranges(masks: Masks) -> tuple[jax.Array, jax.Array] | None:
+    """For each query, the keys `[start, end)` that can share its segment id, as two
+    int32 `[B, 1, T]` arrays, or None without segment ids.
+
+    Where a batch row's kv segment ids never decrease (documents packed one after
+    another, the usual layout) the range holds exactly the keys of the query's
+    document, so a kernel that skips blocks outside it does a document's work instead
+    of the whole sequence's. Elsewhere it is every key: the ids must still be applied
+    as a mask, and this only says which blocks can be skipped.
+    """
+    q, kv = masks.q_segments, masks.kv_segments
+    if q is None or kv is None:
+        return None
+
+    def row(kv_row: jax.Array, q_row: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return (
+            jnp.searchsorted(kv_row, q_row, side="left"),
+            jnp.searchsorted(kv_row, q_row, side="right"),
+        )
+
+    start, end = jax.vmap(row)(kv, q)
+    ordered = jnp.all(kv[:, 1:] >= kv[:, :-1], axis=1, keepdims=True)
+    start = jnp.where(ordered, start, 0).astype(jnp.int32)
+    end = jnp.where(ordered, end, kv.shape[1]).astype(jnp.int32)
+    return start[:, None, :], end[:, None, :]

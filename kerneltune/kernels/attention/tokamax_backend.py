@@ -17,11 +17,12 @@ import importlib
 import importlib.util
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 
 from kerneltune._src.kernel.backends import Backend
 from kerneltune.kernels._common import is_hopper, on_gpu
-from kerneltune.kernels.attention.masking import segments_as_mask
+from kerneltune.kernels.attention.masking import document_ranges, segments_as_mask
 
 #: The dtypes its kernel takes.
 DTYPES = (np.dtype("float16"), np.dtype("bfloat16"))
@@ -73,13 +74,61 @@ class TokamaxBackend(Backend):
 
 def attention_variant(q, k, v, bias, masks, *, causal, sm_scale, window, soft_cap) -> Any:
     """Any variant by tokamax's Mosaic kernel (it takes every one, soft cap included);
-    segment ids go in as a mask."""
+    segment ids go in as a mask, and also as each query's range of keys where tokamax
+    takes one (`_packed_documents`)."""
+    ranges = document_ranges(masks)
+    if ranges is not None:
+        packed = _packed_documents()
+        if packed is not None:
+            return packed(
+                q, k, v, bias, masks, ranges, causal=causal, sm_scale=sm_scale,
+                window=window, soft_cap=soft_cap,
+            )  # fmt: skip
     tokamax = importlib.import_module("tokamax")
     return tokamax.dot_product_attention(
         q, k, v, bias, segments_as_mask(masks), scale=sm_scale, is_causal=causal,
         query_seq_lengths=masks.q_lengths, key_value_seq_lengths=masks.kv_lengths,
         local_window_size=window, logits_soft_cap=soft_cap, implementation="mosaic",
     )  # fmt: skip
+
+
+@functools.cache
+def _packed_documents() -> Any:
+    """tokamax's Mosaic attention called with a key range per query, or None where
+    this tokamax lacks the pieces.
+
+    Its public function takes a boolean mask only, and visits every block the mask
+    does not rule out by position: with packed documents, the whole causal triangle.
+    Its kernel also takes `[start, end)` keys per query (`base.Mask`'s `k_start`,
+    `k_end`) and skips the blocks outside them, so documents packed in order cost
+    their own work in the forward pass. Those names are tokamax's internals
+    (0.0.17), hence the fallback to the public function when they move.
+    """
+    try:
+        api = importlib.import_module("tokamax._src.ops.attention.api")
+        base = importlib.import_module("tokamax._src.ops.attention.base")
+        kernel = api.IMPLEMENTATIONS["mosaic_gpu"]
+        mask_type, causal_mask_type = base.Mask, base.CausalMask
+    except (ImportError, AttributeError, KeyError):
+        return None
+
+    def packed(q, k, v, bias, masks, ranges, *, causal, sm_scale, window, soft_cap):
+        start, end = ranges
+        q_end = None if masks.q_lengths is None else masks.q_lengths[:, None, None]
+        if masks.kv_lengths is not None:
+            end = jnp.minimum(end, masks.kv_lengths[:, None, None])
+        mask = mask_type(
+            segments_as_mask(masks), is_causal=causal, q_end=q_end, k_start=start, k_end=end
+        )
+        if window is not None:
+            left, right = window
+            mask &= causal_mask_type(offset=right, window_size=left + right + 1)
+        return kernel(
+            q, k, v, bias=bias, mask=mask, logits_scale=sm_scale, precision=None,
+            logits_soft_cap=soft_cap, q_sharding=None,
+        )  # fmt: skip
+
+    return packed
 
 
 class TokamaxVariantBackend(Backend):
