@@ -159,7 +159,7 @@ class Tuner(Generic[Cfg]):
             try:
                 cand = bench.cands[0]
                 cand.compiled_as(compiled)
-                bench.first_run(cand)
+                bench.first_runs.run(cand)
                 if not cand.ok:
                     raise RuntimeError(f"running the function failed: {cand.error}")
                 bench.sample([cand], self.iters)
@@ -303,7 +303,7 @@ class Tuner(Generic[Cfg]):
             try:
                 searched = time.perf_counter()
                 strategy.search(bench)
-                bench.settle_by_majority()
+                bench.first_runs.settle_by_majority()
                 remeasure = self.remeasure_iters
                 if remeasure is None:
                     remeasure = max(self.iters, 5)
@@ -313,7 +313,9 @@ class Tuner(Generic[Cfg]):
                 chosen = (self.decide or fastest)(results)
                 best = candidates[chosen] if chosen is not None else None
                 timer_name = bench.timer.name
-                unvalidated = bench.why_not_validated() if reference_cfg is not None else ""
+                unvalidated = (
+                    bench.first_runs.why_not_validated() if reference_cfg is not None else ""
+                )
             finally:
                 bench.close()
             if unvalidated and best is not None:
@@ -343,8 +345,8 @@ class Tuner(Generic[Cfg]):
                 strategy=strategy.name,
                 name=what,
                 timer_note=bench.timer_note,
-                validated=bench.validated,
-                validated_by=bench.validated_by,
+                validated=bool(bench.first_runs.validated_by),
+                validated_by=bench.first_runs.validated_by,
                 phases_s={
                     "setup": searched - start,
                     **bench.phases,
