@@ -1,5 +1,6 @@
 """Config selection: override → overlay → memory → persistent → autotune → heuristics
-→ error, with the rules that keep the caches honest.
+→ error, with the rules that keep the caches honest. The chain orders the tiers
+(`tiers.py`, `autotune_tier.py`), asks them in turn, and writes what tuning found.
 
 - An override (`cfg=`) is used as is and written nowhere.
 - Heuristic configs are never cached (a later call that may autotune still tunes).
@@ -13,14 +14,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
 import logging
-import threading
-import time
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Generic
 
 from kerneltune._src.caching import tuned_neighbours
@@ -30,33 +27,19 @@ from kerneltune._src.core.call_shapes import CallShape
 from kerneltune._src.core.kernel_types import Cfg, Out
 from kerneltune._src.kernel import hooks, sharding
 from kerneltune._src.kernel.base import Invocation, Kernel
-from kerneltune._src.selection import first_call, key_tuning, tiers
+from kerneltune._src.selection import autotune_tier, tiers
+from kerneltune._src.selection.decision import Decision, no_config_error
 from kerneltune._src.selection.policy import AutotunePolicy as AutotunePolicy
 from kerneltune._src.selection.policy import CacheMissError as CacheMissError
 from kerneltune._src.selection.policy import FirstCallBudget as FirstCallBudget
+from kerneltune._src.selection.policy import completes_budgeted
 from kerneltune._src.selection.policy import forward_autotune_only as forward_autotune_only
 from kerneltune._src.selection.policy import forward_only_active as forward_only_active
 from kerneltune._src.selection.policy import policy_override as policy_override
-from kerneltune._src.tuning import warm_start
 from kerneltune._src.tuning.report import TuningReport
+from kerneltune._src.tuning.tuner import Tuner
 
 logger = logging.getLogger("kerneltune")
-
-
-@dataclasses.dataclass
-class Decision:
-    """How one config was chosen (what `explain` shows)."""
-
-    tier: tiers.TierName
-    cfg: Any
-    device: str
-    op_id_v: str
-    call_key: str
-    signature: str
-    misses: list[tuple[str, str]] = dataclasses.field(default_factory=list)
-    report: TuningReport | None = None
-    #: How a first-call budget shaped the config (None when it did not).
-    budget: str | None = None
 
 
 class ConfigSelectorChain(Generic[Cfg, Out]):
@@ -106,8 +89,6 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
         if autotune is not None:
             policy = dataclasses.replace(policy, allow_autotune=bool(autotune))
         if tuner is None:
-            from kerneltune._src.tuning.tuner import Tuner
-
             tuner = Tuner()
         self.cache = cache
         self._policy = policy
@@ -117,21 +98,14 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
         self.on_event = on_event
         self.forbid_reautotune = forbid_reautotune
         self.shipped = shipped
-        self._neighbours = tuned_neighbours.LocalIndex()
+        self._tuned = autotune_tier.TunedKeys()
         self.uid = next(self._uids)
         self._listeners: list[Callable[[], None]] = []
         cache.add_invalidation_listener(self._invalidated)
-        self._tuned: dict[CacheKey, Any] = {}
         # Stored configs that failed to trace, by key (see `tiers.Stored`).
         self._rejected: dict[CacheKey, Any] = {}
         # Keys the shipped tables' nearest neighbours leave to tuning (NearShipped).
         self._near_misses: dict[CacheKey, tiers.Miss] = {}
-        self._reports: dict[CacheKey, TuningReport] = {}
-        # Keys whose predicted config is used untimed (first-call budget), with the hit.
-        self._predicted: dict[CacheKey, tiers.Hit] = {}
-        self._first_calls = first_call.Ledger()
-        self._key_locks: dict[CacheKey, threading.Lock] = {}
-        self._locks_guard = threading.Lock()
 
     @property
     def policy(self) -> AutotunePolicy:
@@ -160,7 +134,7 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
 
     def report_for(self, dev: str, op_id_v: str, call_key: str) -> TuningReport | None:
         """The tuning report of a key tuned in this process, if any."""
-        return self._reports.get((dev, op_id_v, call_key))
+        return self._tuned.reports.get((dev, op_id_v, call_key))
 
     def choose(self, inv: Invocation[Cfg, Out], kernel: Kernel[Cfg, Out]) -> Cfg:
         """The config for `inv`; see the class docstring for the order."""
@@ -195,7 +169,9 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
             if found.event is not None:
                 self._emit(found.event, key, cfg=found.cfg, **found.data)
             return decision
-        raise self._no_config(inv, key, policy, decision.misses)
+        error = no_config_error(inv, key, policy, decision.misses)
+        self._emit("error", key, error=str(error))
+        raise error
 
     def _tiers(self, policy: AutotunePolicy) -> list[tiers.Tier]:
         """The tiers in the order the policy asks them."""
@@ -230,201 +206,21 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
         if policy.cache_miss_fallback == "error":
             # Production mode forbids tuning, not determinism.
             return [*found, tiers.Heuristic(policy.allow_heuristics, only_if_untunable=True)]
-        autotune, heuristic = Autotune(self, policy), tiers.Heuristic(policy.allow_heuristics)
+        autotune = autotune_tier.Autotune(
+            policy,
+            cache,
+            self.tuner,
+            self.persistent,
+            self.shipped,
+            self._tuned,
+            store=self.store,
+            emit=self._emit,
+            forbid_reautotune=self.forbid_reautotune,
+        )
+        heuristic = tiers.Heuristic(policy.allow_heuristics)
         if policy.cache_miss_fallback == "autotune":
             return [*found, autotune, heuristic]
         return [*found, heuristic, autotune]
-
-    def _no_config(
-        self,
-        inv: Invocation[Any, Any],
-        key: CacheKey,
-        policy: AutotunePolicy,
-        misses: list[tuple[str, str]],
-    ) -> Exception:
-        """The error raised when every tier missed (after announcing it)."""
-        where = f"{inv.op_id_v} with arguments ({inv.signature}) on {key[0]}"
-        error: Exception
-        if policy.cache_miss_fallback == "error":
-            error = CacheMissError(
-                f"no cached config for {where} (call key {inv.call_key}), and the policy "
-                "forbids tuning at run time (cache_miss_fallback='error'). Tune offline and "
-                "ship the cache, or allow autotuning."
-            )
-        else:
-            tried = "; ".join(f"{tier}: {why}" for tier, why in misses)
-            error = RuntimeError(f"no config for {where}. Tried: {tried}.")
-        self._emit("error", key, error=str(error))
-        return error
-
-    def autotune(
-        self,
-        inv: Invocation[Cfg, Out],
-        kernel: Kernel[Cfg, Out],
-        key: CacheKey,
-        policy: AutotunePolicy,
-    ) -> tiers.Found:
-        """The autotune tier's lookup: tunes the key once (threads that miss it together
-        wait for one tuning; with `forbid_reautotune`, a later miss reuses the result)."""
-        candidates, untunable = hooks.tunable_candidates(kernel, inv)
-        if untunable:
-            return tiers.Miss(untunable)
-        if not policy.allow_autotune:
-            return tiers.Miss("not allowed by the policy")
-        complete = completes_budgeted(policy)
-        with self._lock_for(key):
-            # Another thread may have tuned this key while we waited for the lock.
-            cfg = self.cache.get(*key)
-            budgeted = cfg is not None and self.cache.is_budgeted(*key)
-            if cfg is not None and not (budgeted and complete):
-                budget = tiers.BUDGETED if budgeted else None
-                return tiers.Hit(cfg, "memory", "cache_hit", {"level": "memory"}, budget=budget)
-            earlier = self._reports.get(key)
-            budgeted = earlier is not None and earlier.budgeted
-            if self.forbid_reautotune and key in self._tuned and not (budgeted and complete):
-                cfg = self._tuned[key]
-                self.cache.put(*key, cfg, budgeted=budgeted)
-                data = {"level": "memory", "reused": True}
-                budget = tiers.BUDGETED if budgeted else None
-                return tiers.Hit(cfg, "reuse", "cache_hit", data, report=earlier, budget=budget)
-            for i, cand in enumerate(candidates):
-                hooks.check_config_type(kernel, inv, cand, f"candidate #{i}")
-            if policy.budget is not None:
-                return self._first_call(inv, kernel, key, candidates, policy, policy.budget)
-            report = key_tuning.tune_key(
-                inv,
-                kernel,
-                key,
-                candidates,
-                tuner=self.tuner,
-                # A differentiated call's config also picks its backward: time both.
-                backward=policy.validate_backward or bool(inv.differentiated),
-                hints=self._hints(inv, kernel, key, len(candidates) + 1),
-                emit=self._emit,
-            )
-            if report.best is None:
-                summary = "; ".join(
-                    f"{c.cfg}: {c.status}: {c.error}" for c in report.candidates[:8]
-                )
-                warnings.warn(
-                    f"autotuning {inv.op_id_v} ({inv.signature}) failed for every one of "
-                    f"{len(report.candidates)} candidates; using the heuristic config. Errors: {summary}",
-                    RuntimeWarning,
-                    stacklevel=5,
-                )
-                return tiers.Miss("every candidate failed")
-            cfg = self._keep_winner(inv, key, report)
-            return tiers.Hit(cfg, "autotune", None, report=report)
-
-    def _first_call(
-        self,
-        inv: Invocation[Cfg, Out],
-        kernel: Kernel[Cfg, Out],
-        key: CacheKey,
-        candidates: list[Any],
-        policy: AutotunePolicy,
-        budget: FirstCallBudget,
-    ) -> tiers.Found:
-        """The autotune tier under a first-call budget (the key's lock held): times the
-        shortlist the prediction ranks best, or uses the predicted config untimed."""
-        known = self._predicted.get(key)
-        if known is not None:
-            return known
-        predicted = first_call.predict_call(
-            inv,
-            kernel,
-            key,
-            candidates,
-            local=self._neighbours,
-            persistent=self.persistent,
-            shipped=self.shipped,
-        )
-        mine = first_call.plan(predicted, candidates, budget, self._first_calls.spent_s)
-        plan = first_call.agreed(key, mine, what=f"{inv.op_id_v}({inv.signature})")
-        if not plan.shortlist:
-            return self._use_prediction(inv, kernel, key, plan)
-        start = time.perf_counter()
-        try:
-            report = key_tuning.tune_key(
-                inv,
-                kernel,
-                key,
-                list(plan.shortlist),
-                tuner=first_call.budget_tuner(self.tuner, budget),
-                backward=policy.validate_backward or bool(inv.differentiated),
-                hints=[],
-                emit=self._emit,
-                space=len(plan.space),
-            )
-        finally:
-            self._first_calls.add(time.perf_counter() - start)
-        late = sum(1 for c in report.candidates if c.status == "pruned")
-        if report.best is None:
-            failed = report.num_failed
-            why = (
-                f"none of the {len(plan.shortlist)} timed candidates ran within the "
-                f"first-call budget ({failed} failed, {late} not run in time)"
-            )
-            if failed:
-                warnings.warn(
-                    f"autotuning {inv.op_id_v} ({inv.signature}) under the first-call budget "
-                    f"found no config: {report.describe_failures()}; using the predicted one.",
-                    RuntimeWarning,
-                    stacklevel=6,
-                )
-            return self._use_prediction(
-                inv, kernel, key, dataclasses.replace(plan, why_untimed=why)
-            )
-        if first_call.first_choice_untimed(plan, report):
-            # Only configs that build faster were timed: their times rank nothing
-            # against the first choice (a slow-compiling library kernel, say).
-            why = (
-                f"the first choice {plan.shortlist[0]!r} was not timed within the "
-                f"first-call budget ({late} not run in time)"
-            )
-            return self._use_prediction(
-                inv, kernel, key, dataclasses.replace(plan, why_untimed=why)
-            )
-        cfg = self._keep_winner(inv, key, report)
-        note = first_call.tuned_note(plan, budget, late) if report.budgeted else None
-        return tiers.Hit(cfg, "autotune", None, report=report, budget=note)
-
-    def _keep_winner(self, inv: Invocation[Any, Any], key: CacheKey, report: Any) -> Any:
-        """Stores a tuning's winner and remembers it (and its report) for the key.
-        Exclusive: another process's earlier config wins, so all use the same one."""
-        cfg = self.store(
-            key,
-            report.best,
-            report=report,
-            signature=inv.signature,
-            shape=inv.shape,
-            exclusive=True,
-        )
-        self._tuned[key] = cfg
-        self._reports[key] = report
-        return cfg
-
-    def _use_prediction(
-        self,
-        inv: Invocation[Any, Any],
-        kernel: Kernel[Any, Any],
-        key: CacheKey,
-        plan: first_call.Plan,
-    ) -> tiers.Hit:
-        """The predicted config, untimed: the first of `plan.untimed` that traces (the
-        heuristic last). Kept for the key in this process, never cached: a later tuning
-        still tunes."""
-        heuristic = plan.prediction.heuristic
-        cfg = plan.untimed[-1]
-        for option in plan.untimed:
-            if option == heuristic or hooks.trace_failure(kernel, inv, option) is None:
-                cfg = option
-                break
-        note = first_call.predicted_note(plan)
-        hit = tiers.Hit(cfg, "predicted", "predicted", {"budget": note}, budget=note)
-        self._predicted[key] = hit
-        scope.chose_provisionally(key)
-        return hit
 
     def store(
         self,
@@ -459,37 +255,13 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
                 logger.warning("could not write %s to the persistent cache: %s", key, e)
         budgeted = report is not None and report.budgeted
         self.cache.put(*key, cfg, budgeted=budgeted)
-        self._predicted.pop(key, None)
+        self._tuned.predicted.pop(key, None)
         timings = [] if report is None else [(c.cfg, c.time_s) for c in report.candidates]
         outcomes = [] if report is None else _outcomes(report)
-        self._neighbours.add(
+        self._tuned.neighbours.add(
             key[0], key[1], shape, tuned_neighbours.ranked(timings, cfg), tuple(outcomes)
         )
         return cfg
-
-    def _hints(
-        self, inv: Invocation[Any, Any], kernel: Kernel[Any, Any], key: CacheKey, size: int
-    ) -> list[Any]:
-        """The winners of the tuned calls nearest to `inv` (a warm start); none unless a
-        search of `size` candidates would use them (gathering reads the op's entries)."""
-        if not warm_start.may_warm_start(getattr(self.tuner, "strategy", None), size):
-            return []
-        return tuned_neighbours.hints(
-            inv.shape,
-            key[0],
-            key[1],
-            hooks.config_type_of(kernel, inv),
-            local=self._neighbours,
-            persistent=self.persistent,
-            shipped=self.shipped,
-        )
-
-    @contextlib.contextmanager
-    def _lock_for(self, key: CacheKey) -> Iterator[None]:
-        with self._locks_guard:
-            lock = self._key_locks.setdefault(key, threading.Lock())
-        with lock:
-            yield
 
     def _emit(self, event: str, key: CacheKey, **data: Any) -> None:
         if self.on_event is None:
@@ -498,14 +270,6 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
             self.on_event(event, device=key[0], op_id=key[1], call_key=key[2], **data)
         except Exception:
             logger.exception("kerneltune on_event listener raised for event %r", event)
-
-
-def completes_budgeted(policy: AutotunePolicy) -> bool:
-    """Whether the policy searches in full on a miss, so that a config tuned under a
-    first-call budget is a miss to complete (not a hit)."""
-    return (
-        policy.budget is None and policy.allow_autotune and policy.cache_miss_fallback == "autotune"
-    )
 
 
 def _outcomes(report: TuningReport) -> list[tuple[Any, float | None]]:
@@ -518,17 +282,3 @@ def _outcomes(report: TuningReport) -> list[tuple[Any, float | None]]:
         elif c.status != "pruned":
             out.append((c.cfg, None))
     return out
-
-
-@dataclasses.dataclass(frozen=True)
-class Autotune:
-    """The tier that tunes on a miss (`ConfigSelectorChain.autotune`)."""
-
-    chain: ConfigSelectorChain[Any, Any]
-    policy: AutotunePolicy
-    name: tiers.TierName = "autotune"
-
-    def lookup(
-        self, inv: Invocation[Any, Any], kernel: Kernel[Any, Any], key: CacheKey
-    ) -> tiers.Found:
-        return self.chain.autotune(inv, kernel, key, self.policy)

@@ -116,6 +116,14 @@ class AutotunePolicy:
         return cls(cache_miss_fallback=options.AUTOTUNE.value, budget=FirstCallBudget.from_env())
 
 
+def completes_budgeted(policy: AutotunePolicy) -> bool:
+    """Whether the policy searches in full on a miss, so that a config tuned under a
+    first-call budget is a miss to complete (not a hit)."""
+    return (
+        policy.budget is None and policy.allow_autotune and policy.cache_miss_fallback == "autotune"
+    )
+
+
 def normalise_policy_updates(updates: dict[str, Any]) -> dict[str, Any]:
     if "autotune" in updates:
         if "allow_autotune" in updates:

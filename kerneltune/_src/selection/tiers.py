@@ -3,7 +3,7 @@ a `Hit` (the config, and the event that announces it) or a `Miss` (why not).
 
 `ConfigSelectorChain` asks its tiers in order and keeps every miss, so `explain`
 reports exactly what the chain saw. The tiers that read a cache are here; tuning, which
-needs the chain's state (locks, what it tuned before), is `chain.Autotune`.
+needs the chain's state (locks, what it tuned before), is `autotune_tier.Autotune`.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 A search strategy hands the bench candidates (`evaluate`, or `submit` and `wait` for
 a search that proposes the next candidates as soon as any result lands). The bench
 builds them on the compile pool (`compiling.py`: one lowering thread feeding the compile
-threads, the slowest to compile first), runs each once as soon as it is compiled (a
-warm-up within a bound, `run_bound.py`, whose output `output_checks.py` validates), and
-times them (`sampler.py`).
+threads, the slowest to compile first), runs each once as soon as it is compiled
+(`first_run.py`: a warm-up within a bound, its output validated), and times them
+(`sampler.py`).
 
 Timing is an event loop on the calling thread: between compile results it takes one
 sample of the compiled candidate with the fewest samples (ties in random order), so the
@@ -18,20 +18,17 @@ running. A clearly slow candidate gets no more samples (the rule is in `sampler.
 
 from __future__ import annotations
 
-import functools
-import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kerneltune._src.tuning import inputs, journal, run_bound, timing
-from kerneltune._src.tuning.candidate import Candidate, describe, failure_status
-from kerneltune._src.tuning.compile_cost import CompileCostModel
-from kerneltune._src.tuning.compiling import CompileOutcome, CompilePool
-from kerneltune._src.tuning.output_checks import OutputChecks
+from kerneltune._src.tuning import inputs, timing
+from kerneltune._src.tuning.builds import Builds
+from kerneltune._src.tuning.candidate import Candidate
+from kerneltune._src.tuning.first_run import FirstRuns
 from kerneltune._src.tuning.progress import Progress
 from kerneltune._src.tuning.report import CandidateResult
-from kerneltune._src.tuning.sampler import DEVICE_LOCK, DEVICE_TIMERS, Sampler, TimerSource
+from kerneltune._src.tuning.sampler import DEVICE_TIMERS, Sampler, TimerSource
 from kerneltune._src.tuning.settings import BenchSettings
 
 
@@ -62,11 +59,10 @@ class Bench:
         *,
         expected: Callable[[list[list[Any]]], Any] | None = None,
     ) -> None:
-        self._lower = lower
-        self._finish = finish
-        # Shared with the sampler, not reached through `self`: a cycle through the bench
-        # kept its inputs and outputs on the device after tuning, until Python's cycle
-        # collector happened to run (a GPT block's step ran beside 1.2 GiB of them).
+        # Shared with the sampler and the first runs, not reached through `self`: a
+        # cycle through the bench kept its inputs and outputs on the device after
+        # tuning, until Python's cycle collector happened to run (a GPT block's step ran
+        # beside 1.2 GiB of them).
         self._args = inputs.LazyArgSets(arg_sets)
         self._settings = settings
         self._progress = progress
@@ -81,12 +77,10 @@ class Bench:
         self._timed: list[Candidate] = list(self.cands)
         if self.reference is not None and not self.reference_is_candidate:
             self._timed.append(self.reference)
-        self._waiting: list[Candidate] = []  # compiled, waiting for the reference's output
-        self.checks = OutputChecks(expected, enabled=settings.validate, rtol=settings.rtol)
-        self._reference_first_run_s: float | None = None
+        #: Runs each candidate once when it is built, validating its output.
+        self.first_runs = FirstRuns(self._args, self.reference, settings, expected)
         self._awaiting: dict[int, Candidate] = {}  # submitted, not yet reported to the search
-        self._pool = CompilePool(settings.max_workers, settings.compile_timeout_s)
-        self._cost = CompileCostModel([c.cfg for c in self._timed])
+        self._builds = Builds(lower, finish, self._timed, self.reference, settings, progress)
         self.evaluations = 0
         #: Seconds while compiles were running (samples were taken meanwhile with a device
         #: timer) and seconds of timing after them.
@@ -123,10 +117,6 @@ class Bench:
     def _streaming(self) -> bool:
         t = self.timer
         return t.name in DEVICE_TIMERS or bool(getattr(t, "device_time", False))
-
-    @property
-    def arg_sets(self) -> list[list[Any]]:
-        return self._args()
 
     # --- the Evaluator protocol -----------------------------------------------------
 
@@ -211,7 +201,7 @@ class Bench:
             self._awaiting.pop(c.index, None)
         return {c.index: c.median for c in accepted}
 
-    # --- compiling and the first run ------------------------------------------------
+    # --- the event loop: builds, first runs, samples --------------------------------
 
     def _budget_left(self) -> int | None:
         s = self._settings
@@ -229,10 +219,7 @@ class Bench:
             c.submit()
             if c is not ref or self.reference_is_candidate:
                 self.evaluations += 1
-            priority = -math.inf if c is ref else -self._cost.predict(c.index)
-            self._pool.submit(
-                c.index, functools.partial(self._lower, c.cfg), self._finish, priority=priority
-            )
+            self._builds.start(c)
 
     def _step(self, wait_s: float) -> bool:
         """Handles finished compiles and takes one sample if one is due; waits up to
@@ -240,11 +227,11 @@ class Bench:
         do or wait for."""
         t0 = time.perf_counter()
         self._abandon_late()
-        compiling = self._pool.pending > 0
+        compiling = self._builds.pending > 0
         due = self._due()
         if compiling:
-            for outcome in self._pool.poll(0 if due is not None else wait_s):
-                self._compiled(self._candidate(outcome.key), outcome)  # type: ignore[arg-type]
+            for c in self._builds.ended(0 if due is not None else wait_s):
+                self.first_runs.built(c)
             due = self._due()
         if due is not None:
             self.sampler.sample_one(due)
@@ -262,106 +249,11 @@ class Bench:
         s = self._settings
         if not s.abandon_late or s.deadline is None or time.perf_counter() < s.deadline:
             return
-        waiting, self._waiting = self._waiting, []
+        waiting = self.first_runs.take_waiting()
         late = [c for c in self._timed if c.submitted and c.status is None] + waiting
         for c in late:
-            self._pool.cancel(c.index)
+            self._builds.cancel(c)
             c.fail("pruned", "not run before the tuning's time budget ran out")
-
-    def _candidate(self, index: int) -> Candidate:
-        return self.cands[index] if index < len(self.cands) else self.reference  # type: ignore[return-value]
-
-    def _compiled(self, c: Candidate, outcome: CompileOutcome) -> None:
-        c.compile_s, c.lower_s = outcome.seconds, outcome.lower_s
-        self._progress.advance(1, "compiling")
-        if outcome.timed_out:
-            c.fail("timeout", f"compiling took more than {self._settings.compile_timeout_s} s")
-        elif outcome.error is not None:
-            c.fail(failure_status(outcome.error, "compile_error"), describe(outcome.error))
-        else:
-            c.compiled_as(outcome.value)
-        if not outcome.timed_out and self._cost.observe(c.index, outcome.seconds):
-            self._pool.reprioritize(self._queued_priority)
-        if c.ok:
-            if c is self.reference or self._reference_settled():
-                self.first_run(c)
-            else:
-                self._waiting.append(c)
-                return
-        if c is self.reference:
-            waiting, self._waiting = self._waiting, []
-            for w in waiting:
-                self.first_run(w)
-
-    def _queued_priority(self, key: Any) -> float | None:
-        ref = self.reference
-        if ref is not None and key == ref.index:
-            return None
-        return -self._cost.predict(key)
-
-    def _reference_settled(self) -> bool:
-        if self.checks.expected(self.arg_sets) is not None:
-            return True  # no candidate needs the reference config's output
-        ref = self.reference
-        return ref is None or (ref.status is not None and (not ref.ok or ref.output is not None))
-
-    def first_run(self, c: Candidate) -> None:
-        """Warm-up runs (excluded from the samples); the first one's output is
-        validated and gives the estimate that sizes the samples."""
-        skipped = journal.excluded_reason(c.cfg)
-        if skipped is not None:  # it crashed or hung an earlier (isolated) worker
-            c.fail("timeout" if "took more than" in skipped else "run_error", skipped)
-            return
-        bound = self.run_bound_s()
-        journal.running(c.cfg, bound)
-        t_first = time.perf_counter()
-        try:
-            with DEVICE_LOCK:
-                out, times = run_bound.warm_up(
-                    c.compiled, self.arg_sets, max(1, self._settings.warmup), bound
-                )
-        except Exception as e:  # a failing candidate is data.
-            c.fail(failure_status(e, "run_error"), describe(e))
-            return
-        finally:
-            journal.ran()
-        if c is self.reference:
-            self._reference_first_run_s = time.perf_counter() - t_first
-        if out is run_bound.ABANDONED:
-            c.fail(
-                "timeout",
-                f"its first run took more than {bound:.3g} s (the run-time bound) and was "
-                "abandoned; it may still occupy the device (tune in isolated worker "
-                "processes to be safe from hangs)",
-            )
-            return
-        c.ran_once(min(times))
-        if c is self.reference:
-            c.output = out
-        self.checks.check(c, out, self.reference, self.arg_sets)
-
-    def settle_by_majority(self) -> None:
-        self.checks.settle_by_majority()
-
-    @property
-    def validated_by(self) -> str:
-        """What outputs were compared with ("" when nothing could be)."""
-        return self.checks.validated_by(self.reference)
-
-    @property
-    def validated(self) -> bool:
-        return bool(self.validated_by)
-
-    def why_not_validated(self) -> str:
-        """Why outputs could not be validated although validation is on ("" when they
-        were)."""
-        return self.checks.why_not(self.reference)
-
-    def run_bound_s(self) -> float:
-        """How long a candidate's first run may take before it is abandoned."""
-        if self._settings.run_timeout_s is not None:
-            return self._settings.run_timeout_s
-        return run_bound.bound_s(self._reference_first_run_s)
 
     # --- timing ---------------------------------------------------------------------
 
@@ -381,7 +273,7 @@ class Bench:
     def _due(self) -> Candidate | None:
         """The candidate to sample next: of those that want more samples, one with the
         fewest (a host timer waits until no compile runs)."""
-        if self._pool.pending and not self._streaming:
+        if self._builds.pending and not self._streaming:
             return None
         fewest: list[Candidate] = []
         for c in self._timed:
@@ -393,12 +285,12 @@ class Bench:
         return self.sampler.rng.choice(fewest) if fewest else None
 
     def close(self) -> None:
-        self._pool.close()
+        self._builds.close()
         self.sampler.close()
         for c in self._timed:
             c.compiled = None
             c.output = None
-        self.checks.close()
+        self.first_runs.close()
 
     def results(self) -> tuple[CandidateResult, ...]:
         return tuple(c.result() for c in self.cands)

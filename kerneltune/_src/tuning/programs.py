@@ -1,6 +1,7 @@
 """The programs a tuning builds around a candidate: its arguments split into arrays and
-constants, the forward + backward program that validates gradients too, the lowering
-and compile stages, and advisory work run in the background."""
+constants (made concrete), the forward + backward program that validates gradients too,
+the lowering and compile stages of a config and of the reference implementation, and
+advisory work run in the background."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from kerneltune._src.core import keys
-from kerneltune._src.tuning import compiling, memory
+from kerneltune._src.tuning import compiling, inputs, memory
 
 logger = logging.getLogger("kerneltune")
 
@@ -35,6 +36,66 @@ def split_static(args: Sequence[Any], kwargs: dict[str, Any]):
         return a, k
 
     return arrays, rebuild
+
+
+def concrete_arrays(args: Sequence[Any], kwargs: dict[str, Any], *, seed: int):
+    """`split_static(args, kwargs)` with the array leaves made concrete (random data for
+    `ShapeDtypeStruct`s), even when the caller is being traced.
+
+    Only this runs under `jax.ensure_compile_time_eval`: the programs are lowered
+    outside any trace (`tracing.outside_traces`) but without constant folding, which
+    would evaluate what does not depend on the inputs (a reference's score matrix, its
+    gradient) at trace time and embed it in the program as a constant, and breaks
+    Pallas kernel bodies that build constants ("captures constants").
+    """
+    with jax.ensure_compile_time_eval():
+        arrays, rebuild = split_static(args, kwargs)
+        return inputs.concrete_inputs(arrays, seed=seed), rebuild
+
+
+def calling(fn: Callable[..., Any], rebuild: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` called on the arguments `rebuild` makes from array leaves: the program a
+    tuning lowers, which takes only the arrays."""
+
+    def call(*arrays: Any) -> Any:
+        a, k = rebuild(arrays)
+        return fn(*a, **k)
+
+    return call
+
+
+def lowering(
+    make_fn: Callable[[Any], Callable[..., Any]],
+    rebuild: Callable[..., Any],
+    arrays: Sequence[Any],
+    *,
+    backward: bool,
+) -> Callable[[Any], Any]:
+    """The first build stage of a config: `make_fn(cfg)` (with its backward when
+    `backward`) lowered on `arrays`."""
+
+    def lower(cfg: Any) -> Any:
+        call = calling(make_fn(cfg), rebuild)
+        return lower_alone(with_backward(call) if backward else call, arrays)
+
+    return lower
+
+
+def expected_output(
+    reference_fn: Callable[..., Any], rebuild: Callable[..., Any], *, backward: bool
+) -> Callable[[list[list[Any]]], Any]:
+    """Makes the output of the op's reference implementation on the first argument set,
+    which every candidate's output is then compared with."""
+
+    def expected(sets: list[list[Any]]) -> Any:
+        call = calling(reference_fn, rebuild)
+        target = with_backward(call) if backward else call
+        # Where the float32 reference would not fit (long sequences), the heuristic
+        # config's output is the bar instead.
+        compiled = compile_lowered(lower_alone(target, sets[0]), "the reference implementation")
+        return jax.block_until_ready(compiled(*sets[0]))
+
+    return expected
 
 
 def with_backward(call: Callable[..., Any]) -> Callable[..., Any]:

@@ -9,7 +9,11 @@ One tuning goes:
 3. `decide` picks the winner from every candidate's samples. This is the seam for
    multi-process agreement: every process must pick the same winner, so a distributed
    `decide` (e.g. one that combines the processes' medians) can replace the default,
-   `fastest`, through `Tuner(decide=...)`.
+   `fastest`, through `Tuner(decide=...)`;
+4. the report, and the warnings owed to the caller, are made (`run_report.py`).
+
+The programs timed (inputs made concrete, each config's lowering, the reference
+implementation's output) come from `programs.py`.
 """
 
 from __future__ import annotations
@@ -18,15 +22,12 @@ import dataclasses
 import logging
 import statistics
 import time
-import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic
 
-import jax
-
 from kerneltune._src.core import keys, tracing
 from kerneltune._src.core.kernel_types import Cfg
-from kerneltune._src.tuning import inputs, programs, search, timing, warm_start, winner
+from kerneltune._src.tuning import inputs, programs, run_report, search, timing, warm_start, winner
 from kerneltune._src.tuning.bench import Bench
 from kerneltune._src.tuning.candidate import describe
 from kerneltune._src.tuning.compiling import default_workers
@@ -132,19 +133,9 @@ class Tuner(Generic[Cfg]):
         Raises:
           Exception: whatever compiling or running `fn` raised.
         """
-        # Inputs are made outside any trace the caller is in; compiling must not run
-        # under ensure_compile_time_eval, which breaks Pallas kernel bodies that build
-        # constants ("captures constants").
-        with jax.ensure_compile_time_eval():
-            arrays, rebuild = programs.split_static(args, kwargs)
-            arrays = inputs.concrete_inputs(arrays, seed=self.seed)
+        arrays, rebuild = programs.concrete_arrays(args, kwargs, seed=self.seed)
         with tracing.outside_traces():
-
-            def call(*a: Any) -> Any:
-                aa, kk = rebuild(a)
-                return fn(*aa, **kk)
-
-            compiled = programs.lower_alone(call, arrays).compile()
+            compiled = programs.lower_alone(programs.calling(fn, rebuild), arrays).compile()
             timer, _ = timing.choose_timer(self.timer)
             bench = self._bench(
                 lambda _: compiled,
@@ -159,7 +150,7 @@ class Tuner(Generic[Cfg]):
             try:
                 cand = bench.cands[0]
                 cand.compiled_as(compiled)
-                bench.first_run(cand)
+                bench.first_runs.run(cand)
                 if not cand.ok:
                     raise RuntimeError(f"running the function failed: {cand.error}")
                 bench.sample([cand], self.iters)
@@ -243,13 +234,7 @@ class Tuner(Generic[Cfg]):
         if not candidates:
             raise ValueError(f"Tuner.tune got an empty candidate list for {name or 'a kernel'}.")
         start = time.perf_counter()
-        # Inputs are made concrete even when the caller is being traced; the programs
-        # are lowered outside any trace but without constant folding, which would
-        # evaluate what does not depend on the inputs (a reference's score matrix, its
-        # gradient) at trace time and embed it in the program as a constant.
-        with jax.ensure_compile_time_eval():
-            arrays, rebuild = programs.split_static(args, kwargs)
-            arrays = inputs.concrete_inputs(arrays, seed=self.seed)
+        arrays, rebuild = programs.concrete_arrays(args, kwargs, seed=self.seed)
         with tracing.outside_traces():
             # The chain's name already carries the op and its shapes.
             what = (
@@ -259,37 +244,14 @@ class Tuner(Generic[Cfg]):
             strategy = warm_start.strategy_for(self.strategy, candidates, hints, self.max_evals)
             progress = Progress(what, self.progress)
 
-            def lower(cfg: Any) -> Any:
-                fn = make_fn(cfg)
-
-                def call(*a: Any) -> Any:
-                    aa, kk = rebuild(a)
-                    return fn(*aa, **kk)
-
-                target = programs.with_backward(call) if backward else call
-                return programs.lower_alone(target, arrays)
-
             expected = None
             if reference_fn is not None:
-
-                def expected(sets: list[list[Any]]) -> Any:
-                    def call(*a: Any) -> Any:
-                        aa, kk = rebuild(a)
-                        return reference_fn(*aa, **kk)
-
-                    target = programs.with_backward(call) if backward else call
-                    # Where the float32 reference would not fit (long sequences), the
-                    # heuristic config's output is the bar instead.
-                    compiled = programs.compile_lowered(
-                        programs.lower_alone(target, sets[0]), "the reference implementation"
-                    )
-                    return jax.block_until_ready(compiled(*sets[0]))
-
+                expected = programs.expected_output(reference_fn, rebuild, backward=backward)
             deadline = start + self.time_budget_s if self.time_budget_s is not None else None
             # Everything that is not needed to start compiling (choosing the timer, the
             # input copies, the all-zero check) happens while the first candidates compile.
             bench = self._bench(
-                lower,
+                programs.lowering(make_fn, rebuild, arrays, backward=backward),
                 programs.compile_lowered,
                 arrays,
                 candidates,
@@ -303,7 +265,7 @@ class Tuner(Generic[Cfg]):
             try:
                 searched = time.perf_counter()
                 strategy.search(bench)
-                bench.settle_by_majority()
+                bench.first_runs.settle_by_majority()
                 remeasure = self.remeasure_iters
                 if remeasure is None:
                     remeasure = max(self.iters, 5)
@@ -313,44 +275,22 @@ class Tuner(Generic[Cfg]):
                 chosen = (self.decide or fastest)(results)
                 best = candidates[chosen] if chosen is not None else None
                 timer_name = bench.timer.name
-                unvalidated = bench.why_not_validated() if reference_cfg is not None else ""
+                unvalidated = (
+                    bench.first_runs.why_not_validated() if reference_cfg is not None else ""
+                )
             finally:
                 bench.close()
-            if unvalidated and best is not None:
-                warnings.warn(
-                    f"{what}: the candidates' outputs were not validated: {unvalidated}; "
-                    "the winner was chosen on time alone.",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-                progress.close()
-            zeros = zero_check.result()
-            if zeros:
-                logger.warning(
-                    "Tuning %s on all-zero float inputs (positions %s): timings on zeros can "
-                    "flatter some configs; pass random data.",
-                    what,
-                    zeros,
-                )
-            end = time.perf_counter()
-            report = TuningReport(
+            run_report.warn_if_unvalidated(what, unvalidated, best, progress)
+            run_report.log_if_all_zero(what, zero_check.result())
+            report = run_report.report_of(
+                bench,
+                results,
                 best=best,
-                candidates=results,
                 timer=timer_name,
-                heuristic_cfg=reference_cfg,
-                heuristic_time_s=bench.reference_time(),
-                wall_s=end - start,
+                reference_cfg=reference_cfg,
                 strategy=strategy.name,
-                name=what,
-                timer_note=bench.timer_note,
-                validated=bench.validated,
-                validated_by=bench.validated_by,
-                phases_s={
-                    "setup": searched - start,
-                    **bench.phases,
-                    "finish": end - finished,
-                    "total": end - start,
-                },
+                what=what,
+                stamps=run_report.Stamps(start, searched, finished),
             )
         logger.info("%s", report.summary())
         return report

@@ -10,7 +10,8 @@ from kerneltune._src.caching.cache_entry import CacheEntry
 from kerneltune._src.core.configs import config_to_dict
 from kerneltune._src.execution.eager_programs import CallOptions
 from kerneltune._src.kernel.base import Kernel
-from kerneltune._src.selection.chain import ConfigSelectorChain, Decision
+from kerneltune._src.selection.chain import ConfigSelectorChain
+from kerneltune._src.selection.decision import Decision
 from kerneltune._src.tuning.report import TuningReport
 
 _TIER_TEXT = {

@@ -32,9 +32,9 @@ from kerneltune._src.kernel.recording import Record, get_invocations, iter_recor
 from kerneltune._src.selection.chain import (
     AutotunePolicy,
     ConfigSelectorChain,
-    Decision,
     policy_override,
 )
+from kerneltune._src.selection.decision import Decision
 from kerneltune._src.tuning import distributed, journal
 from kerneltune._src.workflows import outcome_entries as entries
 from kerneltune._src.workflows import split

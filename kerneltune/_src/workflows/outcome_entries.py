@@ -10,7 +10,8 @@ from typing import Any
 from kerneltune._src.caching.cache_entry import UNTUNED_STRATEGY, report_fields
 from kerneltune._src.caching.result import Entry
 from kerneltune._src.kernel.recording import Record
-from kerneltune._src.selection.chain import ConfigSelectorChain, Decision
+from kerneltune._src.selection.chain import ConfigSelectorChain
+from kerneltune._src.selection.decision import Decision
 
 
 def _type_name(cfg: Any) -> str:
