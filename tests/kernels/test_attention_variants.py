@@ -330,3 +330,26 @@ def test_document_ranges_hold_exactly_the_keys_of_a_query_s_document_when_packed
             np.testing.assert_array_equal(in_range, same)  # the range is the document
         else:
             assert in_range.all()  # every key: the ids decide as a mask
+
+
+def test_forward_only_runs_the_fast_program_unless_differentiated():
+    from kerneltune.kernels.attention.forward_only import forward_only
+
+    # `fast` carries a marker (exp) that neither `full` nor its derivative has.
+    def fast(x, b, masks):
+        return jnp.sin(x) * b + masks.q_lengths.sum() + 0 * jnp.exp(x)
+
+    def full(x, b, masks):
+        return jnp.sin(x) * b + masks.q_lengths.sum()
+
+    f = forward_only(fast, full)
+    x, masks = jnp.linspace(0.0, 2.0, 6), Masks(q_lengths=jnp.array([1, 2], jnp.int32))
+    close(jax.jit(f)(x, 2.0, masks), full(x, 2.0, masks), tol=1e-6)
+    assert "exp" in str(jax.make_jaxpr(f)(x, 2.0, masks))
+    loss = lambda x, b: f(x, b, masks).sum()  # noqa: E731
+    assert "exp" not in str(jax.make_jaxpr(jax.grad(loss))(x, 2.0))
+    dx, db = jax.jit(jax.grad(loss, (0, 1)))(x, 2.0)
+    close(dx, 2.0 * jnp.cos(x), tol=1e-6)
+    close(db, jnp.sin(x).sum(), tol=1e-6)
+    batched = jax.vmap(f, (0, None, None))(jnp.stack([x, x + 1]), 2.0, masks)
+    close(batched[1], full(x + 1, 2.0, masks), tol=1e-6)

@@ -22,6 +22,7 @@ import numpy as np
 
 from kerneltune._src.kernel.backends import Backend
 from kerneltune.kernels._common import is_hopper, on_gpu
+from kerneltune.kernels.attention.forward_only import forward_only
 from kerneltune.kernels.attention.masking import document_ranges, segments_as_mask
 
 #: The dtypes its kernel takes.
@@ -74,22 +75,28 @@ class TokamaxBackend(Backend):
 
 def attention_variant(q, k, v, bias, masks, *, causal, sm_scale, window, soft_cap) -> Any:
     """Any variant by tokamax's Mosaic kernel (it takes every one, soft cap included);
-    segment ids go in as a mask, and also as each query's range of keys where tokamax
-    takes one (`_packed_documents`)."""
-    ranges = document_ranges(masks)
-    if ranges is not None:
-        packed = _packed_documents()
-        if packed is not None:
-            return packed(
-                q, k, v, bias, masks, ranges, causal=causal, sm_scale=sm_scale,
-                window=window, soft_cap=soft_cap,
-            )  # fmt: skip
-    tokamax = importlib.import_module("tokamax")
-    return tokamax.dot_product_attention(
-        q, k, v, bias, segments_as_mask(masks), scale=sm_scale, is_causal=causal,
-        query_seq_lengths=masks.q_lengths, key_value_seq_lengths=masks.kv_lengths,
-        local_window_size=window, logits_soft_cap=soft_cap, implementation="mosaic",
-    )  # fmt: skip
+    segment ids go in as a mask, and, in a call nothing differentiates, also as each
+    query's range of keys where tokamax takes one (`_packed_documents`)."""
+    static = dict(causal=causal, sm_scale=sm_scale, window=window, soft_cap=soft_cap)
+
+    def masked(q, k, v, bias, masks):
+        tokamax = importlib.import_module("tokamax")
+        return tokamax.dot_product_attention(
+            q, k, v, bias, segments_as_mask(masks), scale=sm_scale, is_causal=causal,
+            query_seq_lengths=masks.q_lengths, key_value_seq_lengths=masks.kv_lengths,
+            local_window_size=window, logits_soft_cap=soft_cap, implementation="mosaic",
+        )  # fmt: skip
+
+    packed = _packed_documents() if masks.q_segments is not None else None
+    if packed is None:
+        return masked(q, k, v, bias, masks)
+
+    def ranged(q, k, v, bias, masks):
+        return packed(q, k, v, bias, masks, document_ranges(masks), **static)
+
+    # The ranges speed up tokamax's forward only (its backward given them was slower
+    # than given the mask alone): `forward_only` keeps the backward on the mask.
+    return forward_only(ranged, masked)(q, k, v, bias, masks)
 
 
 @functools.cache
