@@ -337,10 +337,10 @@ def test_forward_only_runs_the_fast_program_unless_differentiated():
 
     # `fast` carries a marker (exp) that neither `full` nor its derivative has.
     def fast(x, b, masks):
-        return jnp.sin(x) * b + masks.q_lengths.sum() + 0 * jnp.exp(x)
+        return jnp.sin(x) * b + masks.q_lengths.sum().astype(x.dtype) + 0 * jnp.exp(x)
 
     def full(x, b, masks):
-        return jnp.sin(x) * b + masks.q_lengths.sum()
+        return jnp.sin(x) * b + masks.q_lengths.sum().astype(x.dtype)
 
     f = forward_only(fast, full)
     x, masks = jnp.linspace(0.0, 2.0, 6), Masks(q_lengths=jnp.array([1, 2], jnp.int32))
