@@ -25,6 +25,8 @@ import kerneltune.kernels
 from examples import jax_ops, timing
 
 VARIANTS = (("jax.nn", jax_ops), ("kerneltune", kerneltune.kernels))
+#: (batch, sequence) of the GPU-sized run, and of `--tiny`'s.
+GPU_BATCH, TINY_BATCH = (8, 2048), (2, 16)
 
 
 def batch(dim: int, dtype: str, batch_size: int, seq: int, seed: int = 0):
@@ -62,7 +64,7 @@ def main(
     )
     args = p.parse_args(argv)
     config = configs[1] if args.tiny else configs[0]
-    batch_size, seq = (2, 16) if args.tiny else (8, 2048)
+    batch_size, seq = TINY_BATCH if args.tiny else GPU_BATCH
     runs: dict[str, timing.Run] = {}
     for name, ops in VARIANTS:
         step, state, opt_state = make_step(config, ops)

@@ -116,6 +116,30 @@ def grid(op: str, rows: frozenset[str] = frozenset()) -> Iterator[tuple[str, Cal
             return jax.jit(moe.train_step(moe.kerneltune_ops(ex), s))(params, x, target)
 
         yield f"moe {s.name}", moe_step
+    elif op in ("llama_example", "gpt_example"):
+        # `python -m examples.llama_nnx.train` / `examples.gpt_equinox.train` on a GPU:
+        # they call `kerneltune.kernels` through the default executor, which is `ex`
+        # while their training step runs once.
+        from examples import compare
+
+        if op == "llama_example":
+            from examples.llama_nnx.model import LlamaConfig as Config
+            from examples.llama_nnx.train import make_step
+        else:
+            from examples.gpt_equinox.model import GPTConfig as Config
+            from examples.gpt_equinox.train import make_step
+        config = Config()
+
+        def example_step(ex: kt.Executor, make_step=make_step, config=config) -> Any:
+            step, state, opt_state = make_step(config, kerneltune.kernels)
+            x, y = compare.batch(config.dim, config.dtype, *compare.GPU_BATCH)
+            kt.set_default_executor(ex)
+            try:
+                return step(state, opt_state, x, y)
+            finally:
+                kt.set_default_executor(None)
+
+        yield op, example_step
     else:
         raise SystemExit(f"--ops: unknown op {op!r}")
 
