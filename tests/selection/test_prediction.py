@@ -161,16 +161,23 @@ def table_rows():
 
 def test_leave_one_out_first_call_regret_on_the_shipped_tables(table_rows):
     # Every key held out in turn: the heuristic and the 3 candidates predicted fastest
-    # hold a config within 3% of the best wherever the key has tuned neighbours (the
-    # figures in docs/concepts.md); the prediction alone is as good as the heuristic or
-    # better in median.
+    # hold a config within issue 45's bars (median 5%, worst 15% behind the best)
+    # wherever the key has tuned neighbours. Where a family has 10 keys or more (the
+    # norms, softmax, matmul, attention), the prediction alone is as good as the
+    # heuristic or better in median and within 0.5% of the best. The grouped-matmul
+    # families hold 4-5 keys far apart (the demo's and examples' MoE shapes, 2026-11-27):
+    # there the prediction alone is up to 6% behind in median (docs/concepts.md).
     for (table, op), r in table_rows.items():
         if r["alone"] == r["keys"]:
             continue
         assert r["first call"]["failed"] == 0 and r["predicted"]["failed"] == 0, (table, op)
-        assert r["first call"]["worst"] <= 0.03, (table, op, r["first call"])
-        assert r["predicted"]["median"] <= r["heuristic"]["median"] + 1e-9, (table, op)
-        assert r["predicted"]["median"] <= 0.005, (table, op, r["predicted"])
+        assert r["first call"]["median"] <= 0.05, (table, op, r["first call"])
+        assert r["first call"]["worst"] <= 0.15, (table, op, r["first call"])
+        if r["keys"] >= 10:
+            assert r["predicted"]["median"] <= r["heuristic"]["median"] + 1e-9, (table, op)
+            assert r["predicted"]["median"] <= 0.005, (table, op, r["predicted"])
+        else:
+            assert r["predicted"]["median"] <= 0.07, (table, op, r["predicted"])
     assert table_rows[("nvidia-h200", "softmax@v1")]["heuristic"]["median"] > 0.04  # a real gap
 
 
