@@ -21,7 +21,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check kerneltune tests benchmarks examples tools
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist worksteal
 
 # The oldest JAX pyproject.toml allows, in a venv of its own: the tests that exercise
 # JAX's APIs most (every bundled kernel under every transform, selection, offline and

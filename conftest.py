@@ -3,8 +3,15 @@
 import os
 import tempfile
 
-# Must be set before JAX initialises its backends.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+# Must be set before JAX initialises its backends. The tests' programs are tiny: the suite
+# spends its time compiling them, not running them, so LLVM's optimisation passes are
+# skipped (compiles about twice as fast; what a program computes is the same). Worker
+# processes the tests start inherit these flags.
+os.environ.setdefault(
+    "XLA_FLAGS",
+    "--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0"
+    " --xla_llvm_disable_expensive_passes=true",
+)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Never touch the user's real cache from tests.
 os.environ["KERNELTUNE_CACHE_DIR"] = tempfile.mkdtemp(prefix="kerneltune-test-cache-")

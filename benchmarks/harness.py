@@ -128,11 +128,12 @@ def device_time(fn: Callable[..., Any], sets: Sequence[Any]) -> float:
 
 
 def interleaved_times(
-    sessions: dict[str, Callable[[], float]], rounds: int = ROUNDS
+    sessions: dict[str, Callable[[], float]], rounds: int | None = None
 ) -> dict[str, float]:
-    """Median over `rounds` rounds, each timing one session of every implementation
-    (in a rotated order): clock and thermal drift hit every implementation alike, not
-    whichever was timed last."""
+    """Median over `rounds` rounds (default `ROUNDS`), each timing one session of every
+    implementation (in a rotated order): clock and thermal drift hit every
+    implementation alike, not whichever was timed last."""
+    rounds = ROUNDS if rounds is None else rounds
     samples: dict[str, list[float]] = {name: [] for name in sessions}
     names = list(sessions)
     for r in range(rounds):

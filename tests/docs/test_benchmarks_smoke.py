@@ -24,6 +24,20 @@ def standard_promotion():
     return jax.numpy_dtype_promotion("standard")
 
 
+@pytest.fixture(autouse=True)
+def short_timing_sessions(monkeypatch):
+    """These runs check that every row is timed, not how precisely: each timing session
+    makes the fewest calls and the rounds are few (a benchmark's defaults spend about a
+    second of wall clock on each implementation of each row)."""
+    from benchmarks import loss_head_gpu
+
+    monkeypatch.setattr(harness, "SESSION_S", 0.0)
+    monkeypatch.setattr(harness, "MIN_CALLS", 2)
+    monkeypatch.setattr(harness, "ROUNDS", 1)
+    monkeypatch.setattr(loss_head_gpu, "ROUNDS", 1)
+    monkeypatch.setattr(loss_head_gpu, "QUICK_ROUNDS", 1)
+
+
 def _positive(t):
     return t is not None and math.isfinite(t) and t > 0
 
