@@ -7,10 +7,16 @@ import tempfile
 # spends its time compiling them, not running them, so LLVM's optimisation passes are
 # skipped (compiles about twice as fast; what a program computes is the same). Worker
 # processes the tests start inherit these flags.
+# Only on a CPU: a GPU run of the tests (`JAX_PLATFORMS=cuda`) compiles its kernels as
+# users do.
 os.environ.setdefault(
     "XLA_FLAGS",
-    "--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0"
-    " --xla_llvm_disable_expensive_passes=true",
+    "--xla_force_host_platform_device_count=4"
+    + (
+        " --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+        if os.environ.get("JAX_PLATFORMS", "cpu") == "cpu"
+        else ""
+    ),
 )
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Never touch the user's real cache from tests.
