@@ -15,15 +15,13 @@ import pytest
 import kerneltune as kt
 from kerneltune import BwdParams, FwdParams
 from kerneltune.kernels import Attention, AttentionBackward, AttentionInterpret, attention
-from kerneltune.kernels._common import relative_error, tolerance
+from kerneltune.kernels._common import on_gpu, relative_error, tolerance
 from kerneltune.kernels.attention import config as ac
 from kerneltune.kernels.attention import tokamax_backend as tb
 from kerneltune.kernels.attention.pallas_triton import block_sizes
 from kerneltune.kernels.attention.reference import attention_reference
 from kerneltune.kernels.attention.shapes import TEST_SHAPES
 from tests.helpers import value_and_grads
-
-ON_GPU = jax.default_backend() == "gpu"
 
 BF16 = jnp.bfloat16
 
@@ -83,7 +81,7 @@ def test_candidate_spaces_are_pruned_with_reasons():
     # The library backends are candidates too: XLA always, cuDNN only on GPUs.
     assert FwdParams(backend="xla") in fwd
     cudnn = [x.reason for x in fwd_pruned if x.cfg.backend == "cudnn"]
-    if ON_GPU:
+    if on_gpu():
         assert cudnn == [] and ac.CUDNN in fwd
     else:
         assert cudnn == ["cuDNN attention runs on NVIDIA GPUs only"]
@@ -115,7 +113,7 @@ def test_the_tokamax_backend_says_why_it_cannot_run(monkeypatch):
     assert "not 96" in tb.unsupported(np.dtype(BF16), 96)
 
 
-@pytest.mark.skipif(ON_GPU, reason="what a CPU refuses (test_gpu_heuristics.py: a GPU's)")
+@pytest.mark.skipif(on_gpu(), reason="what a CPU refuses (test_gpu_heuristics.py: a GPU's)")
 def test_a_tokamax_config_is_refused_where_tokamax_cannot_run(monkeypatch):
     # A config tuned on a machine with tokamax (a shared cache) names it; here, the
     # kernel's hook says why it cannot run, so the stored tiers miss and an explicit
@@ -359,8 +357,8 @@ def test_under_a_gradient_the_pallas_path_is_one_candidate_or_none(monkeypatch):
     assert FwdParams(backend="xla") in train
     assert len(train_pruned) == len(pruned) + len(kept) - len(train)
     monkeypatch.setattr(ac, "cudnn_unsupported", lambda p: None)  # as on a GPU
-    on_gpu = [ac.CUDNN, ac.TOKAMAX, *kept]
-    train, train_pruned = ac.for_training(p, on_gpu, pruned)
+    gpu_kept = [ac.CUDNN, ac.TOKAMAX, *kept]
+    train, train_pruned = ac.for_training(p, gpu_kept, pruned)
     # cuDNN alone: tokamax's training step never beat it (0.87-0.99x), and timing it
     # cost 18 s and 4x plain JAX's memory at 32k tokens.
     assert train == [ac.CUDNN]
