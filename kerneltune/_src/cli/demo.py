@@ -121,13 +121,19 @@ def measure_row(
     plan: Rounds,
     recorder: Recorder,
     rotate: bool,
-) -> tuple[Row, list[Any], str]:
+) -> tuple[Row, list[Any], str, dict[str, float]]:
     """Every implementation's first call, then their interleaved timing. Returns the
-    row, the keys the chosen column tuned, and the timer's name."""
+    row, the keys the chosen column tuned, the timer's name, and the wall seconds of
+    each phase ("inputs", "first calls", "timing": what the progress line shows)."""
+    phases: dict[str, float] = {}
+    t0 = time.perf_counter()
     args = case.args(0)
     sets = [leaves(args)]
     if rotate and demo_cases.arg_bytes(args) < ROTATE_BELOW_BYTES:
         sets.append(leaves(case.args(1)))
+    jax.block_until_ready(sets)
+    phases["inputs"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     results: dict[str, Measured] = {}
     programs: dict[str, Any] = {}
     recorder.take()
@@ -140,7 +146,10 @@ def measure_row(
         if compiled is not None:
             programs[impl] = compiled
     where, backend, tuned = chosen_from(recorder.take())
+    phases["first calls"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     times, errors, timer = interleaved(programs, sets, plan)
+    phases["timing"] = time.perf_counter() - t0
     for impl, t in times.items():
         results[impl].time_s = t
     for impl, text in errors.items():  # it compiled and ran once, then failed while timed
@@ -149,7 +158,7 @@ def measure_row(
         case.name, case.label, case.shape, case.pass_, case.plain_name,
         {i: results[i] for i in demo_results.IMPLS}, where, backend,
     )  # fmt: skip
-    return row, tuned, timer
+    return row, tuned, timer, phases
 
 
 def implementations_of(
@@ -235,12 +244,15 @@ def run(args: argparse.Namespace) -> int:
     for i, case in enumerate(cases, 1):
         t0 = time.perf_counter()
         fns = implementations_of(case, tokamax, tokamax_note, executors)
-        row, tuned, timer = measure_row(case, fns, plan, recorder, rotate=gpu)
+        row, tuned, timer, phases = measure_row(case, fns, plan, recorder, rotate=gpu)
         rows.append(row)
         tuned_keys += tuned
         timers.add(timer)
         elapsed = time.perf_counter() - t0
-        print(f"[{i}/{len(cases)}] {case.label}: {elapsed:.1f} s", file=sys.stderr, flush=True)
+        split = ", ".join(f"{name} {s:.1f} s" for name, s in phases.items())
+        print(
+            f"[{i}/{len(cases)}] {case.label}: {elapsed:.1f} s ({split})", file=sys.stderr, flush=True
+        )
 
     comparison = Comparison(
         device=str(device.device_kind),
