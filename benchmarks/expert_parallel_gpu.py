@@ -153,11 +153,28 @@ def peak_of(compiled: Any) -> int | None:
     return int(stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes)
 
 
+def kernel_breakdown(name: str, step: Any, args: Sequence[Any], top: int = 12) -> None:
+    """One step of a compiled program kernel by kernel (CUPTI device time, every GPU's
+    kernels together), the `top` longest printed: where a step's time goes."""
+    from jax.experimental.mosaic.gpu import profiler
+
+    _, per_kernel = profiler.measure(h._Cycle(step, [args]), aggregate=False)()
+    total = sum(ms for _, ms in per_kernel)
+    print(f"    {name}: {len(per_kernel)} kernels, {total:.2f} ms", file=sys.stderr)
+    for kernel, ms in sorted(per_kernel, key=lambda t: -t[1])[:top]:
+        print(f"      {ms:8.3f} ms  {kernel[:100]}", file=sys.stderr)
+
+
 def block_rows(
-    s1: moe.MoEShape, gpus: int, cfg: ep.EPConfig, impls: dict[str, Any], rounds: int
+    s1: moe.MoEShape,
+    gpus: int,
+    cfg: ep.EPConfig,
+    impls: dict[str, Any],
+    rounds: int,
+    kernels: bool = False,
 ) -> list[BlockRow]:
     """Every implementation's step on the first `gpus` local devices, timed side by
-    side (interleaved rounds)."""
+    side (interleaved rounds); with `kernels`, each step's longest kernels printed."""
     s = dataclasses.replace(s1, tokens=s1.tokens * gpus)
     mesh = ep.make_mesh(gpus, 1, jax.local_devices(), cfg)
     dtype = jnp.bfloat16 if h.on_gpu() else jnp.float32
@@ -182,6 +199,8 @@ def block_rows(
             once = statistics.median(burst_session(step, args, 1)() for _ in range(3))
             calls = max(2, min(50, round(h.SESSION_S / max(once, 1e-6))))
             sessions[name] = burst_session(step, args, calls)
+            if kernels:
+                kernel_breakdown(f"{s1.name} x{gpus} {name}", step, args)
         except Exception as e:  # one failing implementation must not end the run
             row.error = error_cell(e)
         print(
@@ -361,6 +380,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--offset-only", action="store_true", help="part 2 alone")
     p.add_argument("--no-offset", action="store_true", help="part 1 alone")
     p.add_argument("--json", metavar="PATH", help="also write the results here")
+    p.add_argument(
+        "--kernels", action="store_true", help="print each step's longest kernels (GPU, CUPTI)"
+    )
     return p.parse_args(argv)
 
 
@@ -390,7 +412,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                         f"  {s.name} x{n}: {n} does not divide {s.experts} experts", file=sys.stderr
                     )
                     continue
-                rows = block_rows(s, n, cfg, impls, args.rounds)
+                rows = block_rows(s, n, cfg, impls, args.rounds, args.kernels)
                 block_results += rows
                 # Each GPU count's rows as soon as they are timed (a run stopped part
                 # way keeps them), and the JSON so far.

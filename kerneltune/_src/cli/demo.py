@@ -254,7 +254,9 @@ def run(args: argparse.Namespace) -> int:
         elapsed = time.perf_counter() - t0
         split = ", ".join(f"{name} {s:.1f} s" for name, s in phases.items())
         print(
-            f"[{i}/{len(cases)}] {case.label}: {elapsed:.1f} s ({split})", file=sys.stderr, flush=True
+            f"[{i}/{len(cases)}] {case.label}: {elapsed:.1f} s ({split})",
+            file=sys.stderr,
+            flush=True,
         )
 
     comparison = Comparison(
