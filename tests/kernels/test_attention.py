@@ -414,6 +414,7 @@ def test_a_forward_longer_than_any_measured_times_the_libraries_and_default_bloc
 # --- unequal lengths in the fused backward -------------------------------------------
 
 
+@jax.default_matmul_precision("highest")  # a GPU's float32 dots are TF32 otherwise
 def test_unequal_lengths_take_a_backward_that_splits_them_alike():
     # JAX's fused backward cuts queries and keys with one outer block and needs as
     # many blocks of each: 32 queries and 16 keys used to fail ("q_seq_len and
