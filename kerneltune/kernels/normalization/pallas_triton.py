@@ -39,6 +39,15 @@ _BACKWARD_PARAMS = (
 )
 
 
+#: For each norm, JAX's kernel body and backward in its module
+#: `jax.experimental.pallas.ops.gpu.<norm>`, named in full so that a reader (or a
+#: search) finds them.
+_JAX_NAMES = {
+    "layer_norm": ("layer_norm_forward_kernel", "layer_norm_backward"),
+    "rms_norm": ("rms_norm_forward_kernel", "rms_norm_backward"),
+}
+
+
 def _ops(which: str) -> Any:
     return jax_gpu_op(which)
 
@@ -55,11 +64,12 @@ def _forward(
     with_stats: bool,
 ) -> Any:
     module = _ops(which)
-    body = getattr(module, f"{which}_forward_kernel", None)
+    body_name = _JAX_NAMES[which][0]
+    body = getattr(module, body_name, None)
     params = parameters(body) if body is not None else None
     if body is None or params is None or not {"eps", "block_size"} <= set(params):
         raise NotImplementedError(
-            f"this JAX's pallas.ops.gpu.{which}.{which}_forward_kernel is missing or takes "
+            f"this JAX's pallas.ops.gpu.{which}.{body_name} is missing or takes "
             f"other arguments ({params}); use the XLA path (KERNELTUNE_PLATFORM=xla)."
         )
     n = x.shape[-1]
@@ -107,7 +117,7 @@ def rms_norm_pallas(
 
 
 def _jax_backward(which: str) -> Any:
-    backward = getattr(_ops(which), f"{which}_backward", None)
+    backward = getattr(_ops(which), _JAX_NAMES[which][1], None)
     if backward is not None and parameters(backward) == _BACKWARD_PARAMS:
         return backward
     _warn_fallback_once(which, parameters(backward) if backward is not None else None)
