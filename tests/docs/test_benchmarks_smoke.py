@@ -4,6 +4,7 @@ The whole-script run calls kerneltune's ops with the SPEC §7 signatures
 (`attention(..., is_causal=...)`, `layer_norm(x, scale, bias, epsilon=...)`).
 """
 
+import dataclasses
 import json
 import math
 from types import SimpleNamespace
@@ -405,3 +406,25 @@ def test_expert_parallel_benchmark_smoke_run_times_every_gpu_count(tmp_path, cap
     for r in doc["offset"]:
         assert r["error"] is None and _positive(r["ratio"]), r
     assert "weak scaling" in printed and "renum ÷ offset" in printed
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_tuning_scaleout_benchmark_runs_one_process_workers_and_a_two_process_job(tmp_path):
+    # CPU processes, the tiny GPT block: the plumbing of the three ways, not their speed.
+    from benchmarks import tuning_scaleout_gpu as scaleout
+
+    out = tmp_path / "runs.json"
+    runs = scaleout.main(["--smoke", "--json", str(out)])
+    assert [r.name for r in runs] == ["1 process", "--workers 2", "2 processes"]
+    assert json.loads(out.read_text()) == [dataclasses.asdict(r) for r in runs]
+    for r in runs:
+        assert r.error == "" and _positive(r.wall_s), r
+        assert r.keys == runs[0].keys > 0, r  # every run ends with a config for each call
+        assert r.once, r
+    workers = runs[1]
+    assert len(workers.tuned_by) == 2 and sum(workers.tuned_by) == workers.keys
+    job = runs[2]
+    assert len(job.tuned_by) == 2 and job.identical  # both processes hold the same configs
+    table = scaleout.table(runs)
+    assert "÷ 1 process" in table and "2 processes" in table
