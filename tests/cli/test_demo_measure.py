@@ -70,3 +70,28 @@ def test_status_of_an_error(error, status):
 
 def test_nothing_to_time_times_nothing():
     assert dm.interleaved({}, [(jax.numpy.ones(1),)], dm.CPU_ROUNDS)[:2] == ({}, {})
+
+
+class _StepTimer:
+    """A deterministic timer: each program's call takes the seconds its name says."""
+
+    name = "step"
+
+    def __init__(self, seconds: dict[str, float]) -> None:
+        self.seconds, self.sampled = seconds, []
+
+    def sample(self, fn, sets, calls, start):
+        self.sampled.append((fn, calls))
+        return self.seconds[fn]
+
+
+def test_a_long_calls_calibration_is_its_first_sample_and_a_short_one_is_not():
+    # A call longer than a sample is timed one call at a time: the call that sized the
+    # samples is round 0's sample (timing it again only lengthened the demo). A short
+    # call's sizing call is not a sample of the size the rounds take.
+    timer = _StepTimer({"long": 0.5, "short": 0.001})
+    plan = dm.Rounds(rounds=3, sample_s=0.01, max_calls=50)
+    times, errors, _ = dm._interleaved(timer, {"long": "long", "short": "short"}, [()], plan)
+    assert errors == {} and times == {"long": 0.5, "short": 0.001}
+    assert [c for f, c in timer.sampled if f == "long"] == [1, 1, 1]  # 3 rounds, no extra
+    assert [c for f, c in timer.sampled if f == "short"] == [1, 10, 10, 10]  # sizing + 3

@@ -115,12 +115,17 @@ def first_call(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Any, Measur
     return compiled, Measured(OK, first_call_s=wall, peak_bytes=program_peak(compiled))
 
 
-def _calls(timer: Timer, fn: Any, sets: Sequence[Sequence[Any]], plan: Rounds) -> int:
-    """Calls per sample: about `plan.sample_s` of them, from one call timed."""
+def _calls(
+    timer: Timer, fn: Any, sets: Sequence[Sequence[Any]], plan: Rounds
+) -> tuple[int, float | None]:
+    """Calls per sample: about `plan.sample_s` of them, from one call timed on the
+    first argument set. Returns the count and, when it is one call, that call's time:
+    it is the first round's sample, so a long call is not run once more for nothing."""
     if plan.max_calls <= 1:
-        return 1
+        return 1, None
     one = timer.sample(fn, sets, 1, 0)
-    return max(1, min(plan.max_calls, round(plan.sample_s / max(one, 1e-7))))
+    calls = max(1, min(plan.max_calls, round(plan.sample_s / max(one, 1e-7))))
+    return calls, one if calls == 1 else None
 
 
 def interleaved(
@@ -156,7 +161,10 @@ def _interleaved(
                 continue
             try:
                 if name not in calls:
-                    calls[name] = _calls(timer, programs[name], sets, plan)
+                    calls[name], first = _calls(timer, programs[name], sets, plan)
+                    if first is not None and r == 0:  # timed on set 0, as round 0 is
+                        samples[name].append(first)
+                        continue
                 samples[name].append(timer.sample(programs[name], sets, calls[name], r))
             except TimerFailed:
                 raise

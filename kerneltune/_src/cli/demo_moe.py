@@ -38,7 +38,7 @@ class MoEShape:
 
 def init_params(s: MoEShape, dtype: Any, seed: int = 0) -> Params:
     """Random weights scaled by 1/sqrt(fan-in); the router in float32."""
-    keys = jax.random.split(jax.random.key(seed), 4)
+    keys = jax.random.split(jax.random.key(seed, impl="rbg"), 4)
 
     def weight(key: jax.Array, shape: tuple[int, ...], fan_in: int) -> jax.Array:
         return (jax.random.normal(key, shape, jnp.float32) / fan_in**0.5).astype(dtype)
@@ -53,7 +53,7 @@ def init_params(s: MoEShape, dtype: Any, seed: int = 0) -> Params:
 
 def inputs(s: MoEShape, dtype: Any, seed: int = 1) -> tuple[jax.Array, jax.Array]:
     """Tokens `[T, D]` and regression targets of the same shape."""
-    kx, ky = jax.random.split(jax.random.key(seed))
+    kx, ky = jax.random.split(jax.random.key(seed, impl="rbg"))
     x = jax.random.normal(kx, (s.tokens, s.d), jnp.float32).astype(dtype)
     return x, jax.random.normal(ky, (s.tokens, s.d), jnp.float32).astype(dtype)
 
