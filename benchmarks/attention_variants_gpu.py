@@ -38,6 +38,7 @@ import numpy as np
 
 from benchmarks import harness as h
 from kerneltune.kernels import attention
+from kerneltune.kernels.attention.variants import VariantConfig
 
 VARIANTS = ("causal", "softcap", "window", "padded", "bias", "docs2", "docs4", "docs16")
 PEERS = ("xla", "cudnn", "tokamax")
@@ -73,9 +74,12 @@ def call_parts(variant: str, b: int, t: int, n: int) -> tuple[dict[str, Any], di
     return static, arrays
 
 
-def implementations(static: dict[str, Any]) -> dict[str, Callable[..., Any] | None]:
+def implementations(
+    static: dict[str, Any], docs: bool = False
+) -> dict[str, Callable[..., Any] | None]:
     """`fn(q, k, v, arrays)` per implementation, None where it does not take the
-    variant; the peers get segment ids as the equivalent dense mask."""
+    variant; the peers get segment ids as the equivalent dense mask. With `docs` (the
+    variant packs documents), also kerneltune on cuDNN's packed layout ("kt_packed")."""
     cap = static.get("logits_soft_cap")
     peer_static = {k: v for k, v in static.items() if k != "logits_soft_cap"}
 
@@ -111,6 +115,14 @@ def implementations(static: dict[str, Any]) -> dict[str, Callable[..., Any] | No
         return attention(q, k, v, **static, **kw)
 
     out["kerneltune"] = ours
+
+    def packed(q, k, v, arrays):
+        # cuDNN's packed layout, asked for explicitly (not yet chosen by default).
+        kw = {k: v for k, v in arrays.items() if k != "docs"}
+        kw.update(query_segment_ids=arrays["docs"], kv_segment_ids=arrays["docs"])
+        return attention(q, k, v, cfg=VariantConfig(backend="cudnn_packed"), **static, **kw)
+
+    out["kt_packed"] = packed if docs else None
     return out
 
 
@@ -157,7 +169,7 @@ def row(
         )
     )
     results = {}
-    for name, fn in implementations(static).items():
+    for name, fn in implementations(static, docs="docs" in arrays).items():
         if name in skip:
             results[name] = {"status": "skipped"}
             continue
@@ -177,8 +189,8 @@ def cell(m: dict[str, Any]) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = "| shape | variant | pass | xla ms | cuDNN ms | tokamax ms | kerneltune ms | x peer | first s (kt / peer) | GiB (kt / peer) |"
-    lines = [head, "|" + "---|" * 10]
+    head = "| shape | variant | pass | xla ms | cuDNN ms | tokamax ms | kerneltune ms | x peer | first s (kt / peer) | GiB (kt / peer) | kt packed ms | x peer |"
+    lines = [head, "|" + "---|" * 12]
     for r in rows:
         peer = best_peer(r)
         ours = r["kerneltune"]
@@ -190,7 +202,13 @@ def table(rows: list[dict[str, Any]]) -> str:
         elif ours["status"] == "ok":
             first, gib = f"{ours['first_s']:.1f} / -", f"{ours['gib']:.2f} / -"
         cells = [r["shape"], r["variant"], r["pass"], *(cell(r[p]) for p in (*PEERS, "kerneltune"))]
-        lines.append("| " + " | ".join([*cells, ratio, first, gib]) + " |")
+        packed = r.get("kt_packed", {"status": "n/a"})
+        packed_ratio = "-"
+        if peer is not None and packed["status"] == "ok":
+            packed_ratio = f"{peer[1]['ms'] / packed['ms']:.2f}x"
+        lines.append(
+            "| " + " | ".join([*cells, ratio, first, gib, cell(packed), packed_ratio]) + " |"
+        )
     return "\n".join(lines)
 
 

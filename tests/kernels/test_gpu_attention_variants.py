@@ -1,5 +1,5 @@
 """On a GPU: every attention variant through each backend of `AttentionVariants`
-(cuDNN, tokamax where installed, chunked XLA, whole-logits XLA) against the
+(cuDNN, cuDNN's packed layout, tokamax where installed, chunked XLA, whole-logits XLA) against the
 whole-logits reference in float32, values and gradients. Skipped without a GPU."""
 
 import jax
@@ -43,6 +43,8 @@ VARIANTS = {
 #: The variants each library takes (the chunked and whole paths take all).
 TAKES = {
     "cudnn": {"window", "padded", "bias", "docs", "docs_shuffled", "docs_window_padded", "mask"},
+    # Packed documents; interleaved ids run the fallback (decided at run time).
+    "cudnn_packed": {"docs", "docs_shuffled"},
     "tokamax": set(VARIANTS),
     "chunked": set(VARIANTS),
     "xla": set(VARIANTS),

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from kerneltune._src.kernel.backends import Backend
+from kerneltune.kernels._common import next_power_of_2
 from kerneltune.kernels.attention.features import attend, zero_padded_rows
 from kerneltune.kernels.attention.masking import Masks, keep
 
@@ -131,7 +132,27 @@ class ChunkedBackend(Backend):
     plain_jax = True
 
     def run(self, kernel, q, k, v, bias, masks, *, cfg, causal, sm_scale, window, soft_cap):
+        # A config of another backend that cannot run here (cuDNN's, tokamax's on a
+        # CPU) comes to this fallback without a block: the default one.
+        block_q = cfg.block_q
+        if block_q is None:
+            block_q = default_block_q(q, k, window, causal)
         return attention_chunked(
             q, k, v, bias, masks, scale=sm_scale, causal=causal, window=window,
-            soft_cap=soft_cap, block_q=cfg.block_q,
+            soft_cap=soft_cap, block_q=block_q,
         )  # fmt: skip
+
+
+#: The float32 logits one block of queries may hold by default.
+BLOCK_LOGITS_BYTES = 1 << 28
+
+
+def default_block_q(
+    q: Any, k: Any, window: Any, causal: bool, budget: int = BLOCK_LOGITS_BYTES
+) -> int:
+    """The largest block of queries (16 to 1024) whose float32 logits fit `budget`."""
+    b, t, n, _ = q.shape
+    bq = min(1024, next_power_of_2(int(t)))
+    while bq > 16 and 4 * b * n * bq * key_band(int(k.shape[1]), bq, window, causal) > budget:
+        bq //= 2
+    return bq

@@ -6,6 +6,9 @@ these features runs here instead, on one of:
 
 - "cudnn": cuDNN's fused attention through `jax.nn` (GPUs; no soft cap, a window open
   to the left only);
+- "cudnn_packed": cuDNN's packed layout for segment ids that are packed documents
+  (Hopper; `cudnn_packed.py`): it skips the blocks between documents. Only an explicit
+  `VariantConfig(backend="cudnn_packed")` picks it until it is measured on a GPU;
 - "tokamax": tokamax's Mosaic GPU kernel (Hopper, where installed; every variant);
 - "chunked": XLA a block of queries at a time (every platform; memory grows with the
   sequence);
@@ -30,14 +33,18 @@ from kerneltune._src.kernel.base import Invocation
 from kerneltune._src.tuning.inputs import random_like
 from kerneltune.kernels._common import next_power_of_2
 from kerneltune.kernels._config import BackendConfig
-from kerneltune.kernels.attention.chunked import ChunkedBackend, attention_chunked, key_band
+from kerneltune.kernels.attention.chunked import (
+    BLOCK_LOGITS_BYTES,
+    ChunkedBackend,
+    attention_chunked,
+    default_block_q,
+)
+from kerneltune.kernels.attention.cudnn_packed import CudnnPackedBackend
 from kerneltune.kernels.attention.features import MaterialisingBackend
 from kerneltune.kernels.attention.jax_nn import CudnnVariantBackend
 from kerneltune.kernels.attention.masking import Masks
 from kerneltune.kernels.attention.tokamax_backend import TokamaxVariantBackend
 
-#: The float32 logits one block of queries of the chunked path may hold by default.
-BLOCK_LOGITS_BYTES = 1 << 28
 #: The whole logits the "xla" backend may hold on a GPU before it is left out.
 WHOLE_LOGITS_BYTES = 1 << 31
 #: Below this many bytes of logits the heuristic materialises them (CPUs).
@@ -54,7 +61,8 @@ class VariantConfig(BackendConfig):
     """How an attention variant runs.
 
     Attributes:
-      backend: "cudnn", "tokamax", "chunked" or "xla" (see the module docstring).
+      backend: "cudnn", "cudnn_packed", "tokamax", "chunked" or "xla" (see the module
+        docstring).
       block_q: ("chunked") queries per block; a power of two.
 
     Example:
@@ -69,6 +77,7 @@ class VariantConfig(BackendConfig):
 
     backend_fields: ClassVar[Mapping[str, Mapping[str, Any]]] = {
         "cudnn": {},
+        "cudnn_packed": {},
         "tokamax": {},
         "chunked": {"block_q": 512},
         "xla": {},
@@ -109,6 +118,7 @@ class AttentionVariants(BackendKernel[VariantConfig]):
     tunes_training_apart = True
     backends = (
         CudnnVariantBackend(),
+        CudnnPackedBackend(),
         TokamaxVariantBackend(),
         ChunkedBackend(),
         MaterialisingBackend(),
@@ -214,8 +224,4 @@ def chunked_block_q_for(
     q: Any, k: Any, window: Any, causal: bool, budget: int = BLOCK_LOGITS_BYTES
 ) -> int:
     """`chunked_block_q` for arrays rather than a call."""
-    b, t, n, _ = q.shape
-    bq = min(1024, next_power_of_2(int(t)))
-    while bq > 16 and 4 * b * n * bq * key_band(int(k.shape[1]), bq, window, causal) > budget:
-        bq //= 2
-    return bq
+    return default_block_q(q, k, window, causal, budget)

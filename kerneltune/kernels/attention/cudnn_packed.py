@@ -1,0 +1,176 @@
+"""cuDNN's fused attention on packed documents: each document is a segment of cuDNN's
+packed layout (its offset and length), so cuDNN attends within each document and skips
+the blocks between documents, forward and backward. Given the equivalent dense mask,
+cuDNN and tokamax read every block.
+
+cuDNN's packed layout is reached through JAX's own cuDNN wrapper
+(`jax._src.cudnn.fused_attention_stablehlo.dot_product_attention`, the function
+`jax.nn.dot_product_attention(implementation="cudnn")` calls, with its `q_offsets` and
+`kv_offsets`; the same on JAX 0.10.0, 0.10.2 and 0.12.0.1). It needs a Hopper GPU.
+
+A call's documents are data, but the layout's number of segment slots is a shape:
+`DOCUMENT_SLOTS`. A call whose segment ids are not packed documents this layout can
+express (the query's and the keys' ids differ, a document's tokens are not contiguous
+and in order, or more documents than slots) runs its `fallback` instead, chosen at run
+time (`lax.cond`): the result is always the call's.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from kerneltune._src.kernel.backends import Backend
+from kerneltune.kernels._common import is_hopper
+from kerneltune.kernels.attention.jax_nn import cudnn_variant_unsupported
+from kerneltune.kernels.attention.masking import Masks
+
+#: Segment slots of the packed layout: the most documents a batch row may hold for this
+#: path (more run the fallback). cuDNN launches work for every slot, so a slot costs
+#: a little even when empty.
+DOCUMENT_SLOTS = 64
+
+
+@functools.cache
+def _cudnn_attention() -> Callable[..., Any] | None:
+    """JAX's cuDNN attention wrapper with the packed layout, or None where this JAX has
+    none."""
+    try:
+        module = importlib.import_module("jax._src.cudnn.fused_attention_stablehlo")
+    except ImportError:
+        return None
+    fn = getattr(module, "dot_product_attention", None)
+    if fn is None or getattr(module, "MaskType", None) is None:
+        return None
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return None
+    return fn if {"q_offsets", "kv_offsets", "mask_type"} <= set(params) else None
+
+
+def documents(ids: jax.Array, slots: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The documents of segment ids `[B, T]`, as cuDNN's packed layout takes them.
+
+    A document is a run of equal ids. Returns `lengths [B, slots]` and
+    `offsets [B, slots + 1]` (int32; -1 in the slots after the last document) and the
+    number of documents `[B]`. Where a row has more documents than `slots`, its last
+    slot runs to the end of the row: the caller must not use that row's layout.
+
+    Example:
+      >>> ids = jnp.asarray([[0, 0, 0, 1, 1, 2], [5, 5, 5, 5, 5, 5]])
+      >>> lengths, offsets, count = documents(ids, 3)
+      >>> lengths.tolist(), offsets.tolist(), count.tolist()
+      ([[3, 2, 1], [6, -1, -1]], [[0, 3, 5, -1], [0, -1, -1, -1]], [3, 1])
+    """
+    b, t = ids.shape
+    first = jnp.ones((b, 1), bool)
+    starts = jnp.concatenate([first, ids[:, 1:] != ids[:, :-1]], axis=1)
+    count = jnp.sum(starts, axis=1, dtype=jnp.int32)
+    begin = jax.vmap(lambda row: jnp.nonzero(row, size=slots, fill_value=-1)[0])(starts)
+    begin = begin.astype(jnp.int32)
+    following = jnp.concatenate([begin[:, 1:], jnp.full((b, 1), -1, jnp.int32)], axis=1)
+    end = jnp.where(following >= 0, following, t)
+    lengths = jnp.where(begin >= 0, end - begin, -1).astype(jnp.int32)
+    offsets = jnp.concatenate([begin, jnp.full((b, 1), -1, jnp.int32)], axis=1)
+    return lengths, offsets, count
+
+
+def packable(q_ids: jax.Array, kv_ids: jax.Array, slots: int) -> jax.Array:
+    """Whether the packed layout gives exactly "a query attends to the keys of its own
+    document" (a scalar bool): the queries' and keys' ids are the same, never decrease
+    along a row (so each document is one run, in order) and make at most `slots`
+    documents a row."""
+    if q_ids.shape != kv_ids.shape:
+        return jnp.asarray(False)
+    same = jnp.all(q_ids == kv_ids)
+    ordered = jnp.all(q_ids[:, 1:] >= q_ids[:, :-1])
+    _, _, count = documents(q_ids, slots)
+    return same & ordered & jnp.all(count <= slots)
+
+
+def packed_or(
+    packed: Callable[..., jax.Array],
+    fallback: Callable[..., jax.Array],
+    q_ids: jax.Array,
+    kv_ids: jax.Array,
+    slots: int,
+    *operands: Any,
+) -> jax.Array:
+    """`packed(lengths, offsets, *operands)` where the ids are packable, else
+    `fallback(*operands)`, decided at run time."""
+    lengths, offsets, _ = documents(q_ids, slots)
+    return jax.lax.cond(
+        packable(q_ids, kv_ids, slots),
+        lambda ops: packed(lengths, offsets, *ops),
+        lambda ops: fallback(*ops),
+        operands,
+    )
+
+
+def _unsupported(inv: Any) -> str | None:
+    """Why the packed layout cannot run a call (None: it can, given packable ids)."""
+    q, k, _, bias, masks = inv.args
+    kw = inv.kwargs
+    if masks.q_segments is None:
+        return "the packed layout is for calls with segment ids (packed documents)"
+    if _cudnn_attention() is None:
+        return "this JAX's cuDNN wrapper has no packed layout (q_offsets)"
+    if not is_hopper():
+        return "cuDNN's packed layout needs a Hopper GPU (H100, H200)"
+    if q.shape[1] != k.shape[1]:
+        return f"packed documents need as many queries as keys, not {q.shape[1]} and {k.shape[1]}"
+    if bias is not None or masks.mask is not None:
+        return "the packed layout takes no bias or mask besides the segment ids"
+    if masks.q_lengths is not None or masks.kv_lengths is not None:
+        return "the packed layout takes no sequence lengths besides the segment ids"
+    if kw["window"] is not None:
+        return "the packed layout takes no local window"
+    return cudnn_variant_unsupported(
+        q, None, Masks(), causal=kw["causal"], window=None, soft_cap=kw["soft_cap"]
+    )
+
+
+class CudnnPackedBackend(Backend):
+    """cuDNN's packed layout for segment ids that are packed documents (Hopper). A call
+    whose ids the layout cannot express runs, at run time, what the kernel's heuristic
+    picks for it (tokamax or cuDNN with the dense mask, else XLA)."""
+
+    name = "cudnn_packed"
+    differentiated_by_jax = True
+
+    def unusable(self, kernel, inv, cfg) -> str | None:
+        return _unsupported(inv)
+
+    def run(self, kernel, q, k, v, bias, masks, *, cfg, causal, sm_scale, window, soft_cap):
+        fused = importlib.import_module("jax._src.cudnn.fused_attention_stablehlo")
+        mask_type = fused.MaskType.PADDING_CAUSAL if causal else fused.MaskType.PADDING
+        static = {"causal": causal, "sm_scale": sm_scale, "window": window, "soft_cap": soft_cap}
+        other = kernel.heuristic_cfg(_Call((q, k, v, bias, masks), static))
+        fallback = kernel.backend_named(other.backend)
+
+        def packed(lengths, offsets, q, k, v):
+            return fused.dot_product_attention(
+                q, k, v, q_seqlen=lengths, kv_seqlen=lengths, q_offsets=offsets,
+                kv_offsets=offsets, scale=sm_scale, mask_type=mask_type, qkv_layout="BTNH",
+            )  # fmt: skip
+
+        def dense(q, k, v):
+            return fallback.run(kernel, q, k, v, bias, masks, cfg=other, **static)
+
+        ids = (masks.q_segments, masks.kv_segments)
+        return packed_or(packed, dense, *ids, DOCUMENT_SLOTS, q, k, v)
+
+
+class _Call:
+    """The arguments of a call being run, as the kernel's heuristic and its backends'
+    `unusable` read an invocation's (`args`, `kwargs`)."""
+
+    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.args, self.kwargs = args, kwargs
