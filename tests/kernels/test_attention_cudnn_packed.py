@@ -136,3 +136,13 @@ def test_the_backend_names_why_it_cannot_run_a_call():
     with_ids = cp._Call((q, q, q, None, Masks(q_segments=ids, kv_segments=ids)), static)
     reason = cp._unsupported(with_ids)
     assert reason is not None and ("Hopper" in reason or "packed layout" in reason)  # a CPU
+
+
+def test_grouped_query_key_strides_are_known_per_jax_release():
+    # JAX 0.10 strides the packed keys by the queries' heads (wrong for grouped-query
+    # attention: the backend repeats the keys' heads there); JAX 0.12 by their own.
+    release = tuple(int(x) for x in jax.__version__.split(".")[:2])
+    if release <= (0, 10):
+        assert not cp._strides_grouped_keys()
+    if release >= (0, 12):
+        assert cp._strides_grouped_keys()

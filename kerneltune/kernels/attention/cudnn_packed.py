@@ -11,8 +11,10 @@ cuDNN's packed layout is reached through JAX's own cuDNN wrapper
 A call's documents are data, but the layout's number of segment slots is a shape:
 `DOCUMENT_SLOTS`. A call whose segment ids are not packed documents this layout can
 express (the query's and the keys' ids differ, a document's tokens are not contiguous
-and in order, or more documents than slots) runs its `fallback` instead, chosen at run
-time (`lax.cond`): the result is always the call's.
+and in order, or more documents than slots) runs what the kernel's heuristic picks
+instead, chosen at run time (`lax.cond`): the result is always the call's. Where this
+JAX strides grouped-query keys wrongly in the packed layout (JAX 0.10), the keys and
+values are repeated for every query head first.
 """
 
 from __future__ import annotations
@@ -28,13 +30,15 @@ import jax.numpy as jnp
 
 from kerneltune._src.kernel.backends import Backend
 from kerneltune.kernels._common import is_hopper
+from kerneltune.kernels.attention.backward import every_head
 from kerneltune.kernels.attention.jax_nn import cudnn_variant_unsupported
 from kerneltune.kernels.attention.masking import Masks
 
 #: Segment slots of the packed layout: the most documents a batch row may hold for this
-#: path (more run the fallback). cuDNN launches work for every slot, so a slot costs
-#: a little even when empty.
-DOCUMENT_SLOTS = 64
+#: path (more run the fallback). cuDNN treats each slot as a sequence of its own (its
+#: softmax statistics are `[B * slots, heads, T]`) and launches work for every slot, so
+#: an empty slot is not free.
+DOCUMENT_SLOTS = 16
 
 
 @functools.cache
@@ -53,6 +57,19 @@ def _cudnn_attention() -> Callable[..., Any] | None:
     except (TypeError, ValueError):
         return None
     return fn if {"q_offsets", "kv_offsets", "mask_type"} <= set(params) else None
+
+
+@functools.cache
+def _strides_grouped_keys() -> bool:
+    """Whether this JAX's packed layout strides the keys by their own heads. JAX 0.10
+    strides them by the queries' heads (`_fix_seqlen_offsets`: `kv_offsets * N * H`),
+    which is wrong for grouped-query keys; JAX 0.12 uses the keys' (`N_kv`)."""
+    try:
+        module = importlib.import_module("jax._src.cudnn.fused_attention_stablehlo")
+        source = inspect.getsource(module._fix_seqlen_offsets)
+    except (ImportError, AttributeError, OSError, TypeError):
+        return False
+    return "N_kv" in source
 
 
 def documents(ids: jax.Array, slots: int) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -156,6 +173,8 @@ class CudnnPackedBackend(Backend):
         fallback = kernel.backend_named(other.backend)
 
         def packed(lengths, offsets, q, k, v):
+            if not _strides_grouped_keys():  # this JAX mis-strides grouped-query keys
+                k, v = every_head(q, k), every_head(q, v)
             return fused.dot_product_attention(
                 q, k, v, q_seqlen=lengths, kv_seqlen=lengths, q_offsets=offsets,
                 kv_offsets=offsets, scale=sm_scale, mask_type=mask_type, qkv_layout="BTNH",
