@@ -471,6 +471,11 @@ def test_tuning_under_jit_picks_a_validated_candidate_for_each_product():
 # --- the tile schedule skips what lies outside ---------------------------------------
 
 
+# One compile per drawn shape, not one per operation in it (the kernels call the
+# schedule under jit too).
+jitted_schedule = jax.jit(tile_schedule, static_argnums=(1, 2))
+
+
 @settings(max_examples=15, deadline=None, derandomize=True)
 @given(
     sizes=st.lists(st.integers(0, 40), min_size=2, max_size=7),
@@ -486,7 +491,7 @@ def test_only_tiles_of_local_rows_compute_and_every_row_is_stored_once(sizes, ex
     if m == 0:
         return
     start, end, local = local_rows(sizes, offset, g_local, m)
-    schedule = tile_schedule(jnp.asarray(local), m, block, jnp.int32(start))
+    schedule = jitted_schedule(jnp.asarray(local), m, block, jnp.int32(start))
     group, tile, lo, hi = (np.asarray(a) for a in schedule)
     stored = np.zeros(m, int)
     owner = np.full(m, -1)
@@ -503,7 +508,7 @@ def test_only_tiles_of_local_rows_compute_and_every_row_is_stored_once(sizes, ex
     np.testing.assert_array_equal(owner, want)
     # As many programs multiply as for the same groups renumbered to the top, give or
     # take the alignment of each group's first row.
-    renumbered = np.asarray(tile_schedule(jnp.asarray(local), m, block)[0])
+    renumbered = np.asarray(jitted_schedule(jnp.asarray(local), m, block)[0])
     computing = int(((group < g_local) & (hi > lo)).sum())
     assert computing <= int((renumbered < g_local).sum()) + g_local
     assert len(group) == -(-m // block) + g_local + 1
