@@ -10,6 +10,8 @@ puts the result back into zeros.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -70,7 +72,13 @@ def sliced_reference(lhs, rhs, sizes, offset, dout):
     highest precision."""
     m, g_local = lhs.shape[0], rhs.shape[0]
     start, end, local = local_rows(sizes, offset, g_local, m)
-    local = jnp.asarray(local)
+    return _sliced_vjp(lhs, rhs, jnp.asarray(local), dout, start=start, end=end)
+
+
+# Compiled whole: op by op, each primitive compiled alone for every drawn shape.
+@functools.partial(jax.jit, static_argnames=("start", "end"))
+def _sliced_vjp(lhs, rhs, local, dout, *, start, end):
+    m = lhs.shape[0]
 
     def f(a, b):
         part = jax.lax.ragged_dot(
