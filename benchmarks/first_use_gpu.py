@@ -53,7 +53,7 @@ LONG = {"attn32k": 32768, "attn64k": 65536, "attn128k": 131072}
 ROWS = (*BLOCKS, *LONG)
 # Tiny rows that run anywhere (a check of the benchmark itself, wall clock on a CPU).
 SMOKE_BLOCKS = {"gpt_smoke": ("gpt", mb.BlockShape(1, 64, 64, 2, 2, 128))}
-SMOKE_LONG = {"attn_smoke": 256}
+SMOKE_LONG = {"attn_smoke": 64}
 # "plain_labelled": plain JAX's ops with kerneltune's labels on their instructions (a
 # control: the step of the same program, labelled, against plain's in one process).
 VARIANTS = ("plain", "kt", "kt_cold", "plain_labelled")

@@ -300,13 +300,20 @@ def test_duty_cycle_benchmark_times_each_program_in_both_regimes(capsys):
         duty_cycle_gpu.main(["--rounds", "0"])
 
 
-def test_the_first_use_benchmark_runs_each_variant_in_a_fresh_process(tmp_path):
+def test_the_first_use_benchmark_runs_each_variant_in_fresh_processes_and_prints_medians(
+    tmp_path, capsys
+):
+    # One run of four processes checks both what each process reports and the medians
+    # over repeated processes (each process pays JAX's import and its compiles).
+    # One sample's step ratio moved by up to 4% between identical programs on an H200:
+    # --repeat runs each (row, variant) in that many fresh processes and takes medians.
     from benchmarks import first_use_gpu
 
     out = tmp_path / "first_use.json"
     results = first_use_gpu.main(
-        ["--rows", "attn_smoke", "--variants", "plain,kt", "--json", str(out), "--timeout", "300"]
-    )
+        ["--rows", "attn_smoke", "--variants", "plain,kt", "--repeat", "2", "--json", str(out),
+         "--timeout", "300"]
+    )  # fmt: skip
     row = results["attn_smoke"]
     for variant in ("plain", "kt"):
         r = row[variant]
@@ -317,24 +324,14 @@ def test_the_first_use_benchmark_runs_each_variant_in_a_fresh_process(tmp_path):
     # ... and plain's program compiled a second time: the process's noise floor.
     assert _positive(row["kt"]["plain_again_ms"]) and "plain_again_ms" not in row["plain"]
     assert json.loads(out.read_text())["attn_smoke"]["kt"]["row"] == "attn_smoke"
-    with pytest.raises(SystemExit):
-        first_use_gpu.main(["--rows", "attn_1m"])  # an unknown row names the allowed ones
-
-
-def test_the_first_use_benchmark_repeats_processes_and_prints_medians(capsys):
-    # One sample's step ratio moved by up to 4% between identical programs on an H200:
-    # --repeat runs each (row, variant) in that many fresh processes and takes medians.
-    from benchmarks import first_use_gpu
-
-    results = first_use_gpu.main(
-        ["--rows", "attn_smoke", "--variants", "plain,kt", "--repeat", "2", "--timeout", "300"]
-    )
-    kt_runs = results["attn_smoke"]["kt"]["samples"]
+    kt_runs = row["kt"]["samples"]
     assert len(kt_runs) == 2 and all(_positive(r["plain_again_ms"]) for r in kt_runs)
-    assert results["attn_smoke"]["kt"]["step_ms"] == kt_runs[0]["step_ms"]
+    assert row["kt"]["step_ms"] == kt_runs[0]["step_ms"]
     printed = capsys.readouterr().out
     assert "attn_smoke, median (min–max) of 2 processes:" in printed
     assert "kt: 2 of 2 finished" in printed and "× plain's step, plain again" in printed
+    with pytest.raises(SystemExit):
+        first_use_gpu.main(["--rows", "attn_1m"])  # an unknown row names the allowed ones
     with pytest.raises(SystemExit):
         first_use_gpu.main(["--rows", "attn_smoke", "--repeat", "0"])
 

@@ -84,11 +84,11 @@ def test_the_chunked_path_matches_the_whole_logits_in_values_and_gradients(name,
             local_window_size=kw["window"], logits_soft_cap=kw["soft_cap"],
         )  # fmt: skip
 
-    close(jax.jit(chunked)(q, k, v, bias), whole(q, k, v, bias), tol=1e-5)
+    close(jax.jit(chunked)(q, k, v, bias), jax.jit(whole)(q, k, v, bias), tol=1e-5)
     argnums = (0, 1, 2, 3) if bias is not None else (0, 1, 2)
     w = rand((B, T, N, H), seed=11)
-    grads = [
-        jax.grad(lambda *a, f=f: (f(*a) * w).sum(), argnums)(q, k, v, bias)
+    grads = [  # each gradient one program: op by op, every primitive compiles alone
+        jax.jit(jax.grad(lambda *a, f=f: (f(*a) * w).sum(), argnums))(q, k, v, bias)
         for f in (chunked, whole)
     ]
     for got, want in zip(*grads):
@@ -127,10 +127,10 @@ def test_segment_ids_equal_jax_nn_with_the_equivalent_mask(causal, window, cap):
             local_window_size=window, logits_soft_cap=cap,
         )  # fmt: skip
 
-    close(jax.jit(ours)(q, k, v), theirs(q, k, v), tol=1e-5)
+    close(jax.jit(ours)(q, k, v), jax.jit(theirs)(q, k, v), tol=1e-5)
     w = rand(q.shape, seed=5)
-    got = jax.grad(lambda *a: (ours(*a) * w).sum(), (0, 1, 2))(q, k, v)
-    want = jax.grad(lambda *a: (theirs(*a) * w).sum(), (0, 1, 2))(q, k, v)
+    got = jax.jit(jax.grad(lambda *a: (ours(*a) * w).sum(), (0, 1, 2)))(q, k, v)
+    want = jax.jit(jax.grad(lambda *a: (theirs(*a) * w).sum(), (0, 1, 2)))(q, k, v)
     for g, e in zip(got, want):
         close(g, e, tol=1e-4)
 

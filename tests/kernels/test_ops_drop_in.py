@@ -419,15 +419,17 @@ def test_second_derivatives_match_jax_on_the_xla_path():
         (lambda x: softmax(x, executor=EX), jax.nn.softmax),
         (lambda x: matmul(x, w, executor=EX), lambda x: x @ w),
     ]
+    # Each derivative compiled as one program (op by op, every primitive of the
+    # hessian compiled on its own, took most of this test's time): the same values.
     for ours, ref in pairs:
         close(
-            jax.hessian(lambda x, f=ours: (f(x) ** 3).sum())(x),
-            jax.hessian(lambda x, f=ref: (f(x) ** 3).sum())(x),
+            jax.jit(jax.hessian(lambda x, f=ours: (f(x) ** 3).sum()))(x),
+            jax.jit(jax.hessian(lambda x, f=ref: (f(x) ** 3).sum()))(x),
             tol=TOL[jnp.float32],
         )
 
     def grad_of_grad(fn):
-        return jax.grad(lambda q: jax.grad(lambda q: (fn(q) ** 2).sum())(q).sum())(q)
+        return jax.jit(jax.grad(lambda q: jax.grad(lambda q: (fn(q) ** 2).sum())(q).sum()))(q)
 
     close(
         grad_of_grad(lambda q: attention(q, q, q, is_causal=True, executor=EX)),

@@ -53,7 +53,8 @@ def reference_value_and_grads(lhs, rhs, sizes, dout, preferred=None):
         out = jax.lax.ragged_dot(a, b, sizes, preferred_element_type=preferred)
         return jnp.sum(out.astype(F32) * dout), out
 
-    (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(lhs, rhs)
+    # Compiled whole: op by op, each primitive compiled alone for every shape.
+    (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(lhs, rhs)
     return out, grads
 
 

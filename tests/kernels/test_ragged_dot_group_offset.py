@@ -10,6 +10,8 @@ puts the result back into zeros.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -70,7 +72,13 @@ def sliced_reference(lhs, rhs, sizes, offset, dout):
     highest precision."""
     m, g_local = lhs.shape[0], rhs.shape[0]
     start, end, local = local_rows(sizes, offset, g_local, m)
-    local = jnp.asarray(local)
+    return _sliced_vjp(lhs, rhs, jnp.asarray(local), dout, start=start, end=end)
+
+
+# Compiled whole: op by op, each primitive compiled alone for every drawn shape.
+@functools.partial(jax.jit, static_argnames=("start", "end"))
+def _sliced_vjp(lhs, rhs, local, dout, *, start, end):
+    m = lhs.shape[0]
 
     def f(a, b):
         part = jax.lax.ragged_dot(
@@ -471,6 +479,11 @@ def test_tuning_under_jit_picks_a_validated_candidate_for_each_product():
 # --- the tile schedule skips what lies outside ---------------------------------------
 
 
+# One compile per drawn shape, not one per operation in it (the kernels call the
+# schedule under jit too).
+jitted_schedule = jax.jit(tile_schedule, static_argnums=(1, 2))
+
+
 @settings(max_examples=15, deadline=None, derandomize=True)
 @given(
     sizes=st.lists(st.integers(0, 40), min_size=2, max_size=7),
@@ -486,7 +499,7 @@ def test_only_tiles_of_local_rows_compute_and_every_row_is_stored_once(sizes, ex
     if m == 0:
         return
     start, end, local = local_rows(sizes, offset, g_local, m)
-    schedule = tile_schedule(jnp.asarray(local), m, block, jnp.int32(start))
+    schedule = jitted_schedule(jnp.asarray(local), m, block, jnp.int32(start))
     group, tile, lo, hi = (np.asarray(a) for a in schedule)
     stored = np.zeros(m, int)
     owner = np.full(m, -1)
@@ -503,7 +516,7 @@ def test_only_tiles_of_local_rows_compute_and_every_row_is_stored_once(sizes, ex
     np.testing.assert_array_equal(owner, want)
     # As many programs multiply as for the same groups renumbered to the top, give or
     # take the alignment of each group's first row.
-    renumbered = np.asarray(tile_schedule(jnp.asarray(local), m, block)[0])
+    renumbered = np.asarray(jitted_schedule(jnp.asarray(local), m, block)[0])
     computing = int(((group < g_local) & (hi > lo)).sum())
     assert computing <= int((renumbered < g_local).sum()) + g_local
     assert len(group) == -(-m // block) + g_local + 1

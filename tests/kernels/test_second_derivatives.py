@@ -32,7 +32,9 @@ def grad_of_grad(fn, *args):
     def inner(*a):
         return (jax.grad(lambda *b: (fn(*b) ** 2).sum())(*a) * w).sum()
 
-    return jax.grad(inner, argnums=tuple(range(len(args))))(*args)
+    # One program: op by op, each primitive of the two backward passes would compile on
+    # its own (the derivatives are the same).
+    return jax.jit(jax.grad(inner, argnums=tuple(range(len(args)))))(*args)
 
 
 def attention_ref(q, k, v):
@@ -95,8 +97,8 @@ def test_hessian_through_the_pallas_interpreter_matches_jax():
     x, w, b = make()
     x = x[:2, :8]
     w, b = w[:8], b[:8]
-    h = jax.hessian(lambda x: (ours(x, w, b) ** 3).sum())(x)
-    close(h, jax.hessian(lambda x: (ref(x, w, b) ** 3).sum())(x), tol=TOL)
+    h = jax.jit(jax.hessian(lambda x: (ours(x, w, b) ** 3).sum()))(x)
+    close(h, jax.jit(jax.hessian(lambda x: (ref(x, w, b) ** 3).sum()))(x), tol=TOL)
 
 
 @dataclasses.dataclass(frozen=True)
