@@ -216,3 +216,27 @@ def test_an_unknown_row_is_refused_with_the_names():
         "moe",
         "softmax",
     ]
+
+
+def test_a_row_reports_the_wall_of_each_of_its_phases(tmp_path):
+    # The progress line splits a row's wall into making the inputs, the first calls and
+    # the timing: where a demo over its time budget spends it.
+    import time
+
+    from kerneltune._src.caching.persistent import PersistentCache
+    from kerneltune._src.cli import demo_executors
+    from kerneltune._src.cli.demo_measure import CPU_ROUNDS
+
+    (case,) = [c for c in demo_cases.cases(on_gpu=False) if c.name == "softmax"]
+    recorder = demo.Recorder()
+    executors = {
+        "kt_untuned": demo_executors.untuned(interpret=True),
+        "kt_chosen": demo_executors.chosen(PersistentCache(str(tmp_path)), recorder, interpret=True),
+    }
+    fns = demo.implementations_of(case, None, "left out (--no-tokamax)", executors)
+    start = time.perf_counter()
+    row, _, _, phases = demo.measure_row(case, fns, CPU_ROUNDS, recorder, rotate=False)
+    wall = time.perf_counter() - start
+    assert list(phases) == ["inputs", "first calls", "timing"]
+    assert all(s >= 0 for s in phases.values()) and sum(phases.values()) <= wall
+    assert phases["first calls"] > 0 and row.results["kt_chosen"].status == "ok"
