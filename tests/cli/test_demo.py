@@ -231,7 +231,9 @@ def test_a_row_reports_the_wall_of_each_of_its_phases(tmp_path):
     recorder = demo.Recorder()
     executors = {
         "kt_untuned": demo_executors.untuned(interpret=True),
-        "kt_chosen": demo_executors.chosen(PersistentCache(str(tmp_path)), recorder, interpret=True),
+        "kt_chosen": demo_executors.chosen(
+            PersistentCache(str(tmp_path)), recorder, interpret=True
+        ),
     }
     fns = demo.implementations_of(case, None, "left out (--no-tokamax)", executors)
     start = time.perf_counter()
