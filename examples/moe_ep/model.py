@@ -283,8 +283,14 @@ def _local_block(
     expert = local_expert_of_rows(pl, local)
     order = jnp.argsort(expert, stable=True)
     local_sizes = jnp.bincount(expert, length=local + 1)[:local].astype(jnp.int32)
-    out_sorted = moe.swiglu_experts(ops, p, got[order], local_sizes)
-    out = jnp.zeros_like(out_sorted).at[order].set(out_sorted)
+    # Sorting by expert and back are gathers by a permutation and its inverse: each
+    # index once (`unique_indices`), so their gradients are plain scatters. Undoing the
+    # sort with `.at[order].set` instead made the backward build a [rows, D] mask of
+    # which update won, as for indices that may repeat.
+    inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
+    rows_sorted = got.at[order].get(unique_indices=True)
+    out_sorted = moe.swiglu_experts(ops, p, rows_sorted, local_sizes)
+    out = out_sorted.at[inverse].get(unique_indices=True)
     if dispatch == "dense":
         back = return_dense(out, pl, n, ep, axis)
     else:
