@@ -126,14 +126,17 @@ def test_a_library_config_where_the_library_cannot_run_falls_back_to_xla(backend
 
 
 def test_the_backend_names_why_it_cannot_run_a_call():
+    from kerneltune._src.kernel.base import Invocation
     from kerneltune.kernels.attention.masking import Masks
 
     q = jnp.ones((1, 16, 2, 8), jnp.bfloat16)
     ids = jnp.zeros((1, 16), jnp.int32)
     static = {"causal": True, "sm_scale": 1.0, "window": None, "soft_cap": None}
-    no_ids = cp._Call((q, q, q, None, Masks()), static)
+    no_ids = Invocation("attention_variants", (q, q, q, None, Masks()), static)
     assert "segment ids" in cp._unsupported(no_ids)
-    with_ids = cp._Call((q, q, q, None, Masks(q_segments=ids, kv_segments=ids)), static)
+    with_ids = Invocation(
+        "attention_variants", (q, q, q, None, Masks(q_segments=ids, kv_segments=ids)), static
+    )
     reason = cp._unsupported(with_ids)
     assert reason is not None and ("Hopper" in reason or "packed layout" in reason)  # a CPU
 

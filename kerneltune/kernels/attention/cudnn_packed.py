@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from kerneltune._src.kernel.backends import Backend
+from kerneltune._src.kernel.base import Invocation
 from kerneltune.kernels._common import is_hopper
 from kerneltune.kernels.attention.backward import every_head
 from kerneltune.kernels.attention.jax_nn import cudnn_variant_unsupported
@@ -42,21 +43,17 @@ DOCUMENT_SLOTS = 16
 
 
 @functools.cache
-def _cudnn_attention() -> Callable[..., Any] | None:
-    """JAX's cuDNN attention wrapper with the packed layout, or None where this JAX has
-    none."""
+def _fused() -> Any:
+    """JAX's cuDNN attention module (`jax._src.cudnn.fused_attention_stablehlo`) where
+    its `dot_product_attention` takes the packed layout, else None."""
     try:
         module = importlib.import_module("jax._src.cudnn.fused_attention_stablehlo")
-    except ImportError:
+        params = inspect.signature(module.dot_product_attention).parameters
+    except (ImportError, AttributeError, TypeError, ValueError):
         return None
-    fn = getattr(module, "dot_product_attention", None)
-    if fn is None or getattr(module, "MaskType", None) is None:
+    if getattr(module, "MaskType", None) is None:
         return None
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return None
-    return fn if {"q_offsets", "kv_offsets", "mask_type"} <= set(params) else None
+    return module if {"q_offsets", "kv_offsets", "mask_type"} <= set(params) else None
 
 
 @functools.cache
@@ -65,9 +62,8 @@ def _strides_grouped_keys() -> bool:
     strides them by the queries' heads (`_fix_seqlen_offsets`: `kv_offsets * N * H`),
     which is wrong for grouped-query keys; JAX 0.12 uses the keys' (`N_kv`)."""
     try:
-        module = importlib.import_module("jax._src.cudnn.fused_attention_stablehlo")
-        source = inspect.getsource(module._fix_seqlen_offsets)
-    except (ImportError, AttributeError, OSError, TypeError):
+        source = inspect.getsource(_fused()._fix_seqlen_offsets)
+    except (AttributeError, OSError, TypeError):
         return False
     return "N_kv" in source
 
@@ -104,11 +100,16 @@ def packable(q_ids: jax.Array, kv_ids: jax.Array, slots: int) -> jax.Array:
     document" (a scalar bool): the queries' and keys' ids are the same, never decrease
     along a row (so each document is one run, in order) and make at most `slots`
     documents a row."""
+    _, _, count = documents(q_ids, slots)
+    return _packable(q_ids, kv_ids, count, slots)
+
+
+def _packable(q_ids: jax.Array, kv_ids: jax.Array, count: jax.Array, slots: int) -> jax.Array:
+    """`packable`, given the queries' number of documents a row (`documents`' count)."""
     if q_ids.shape != kv_ids.shape:
         return jnp.asarray(False)
     same = jnp.all(q_ids == kv_ids)
     ordered = jnp.all(q_ids[:, 1:] >= q_ids[:, :-1])
-    _, _, count = documents(q_ids, slots)
     return same & ordered & jnp.all(count <= slots)
 
 
@@ -122,9 +123,9 @@ def packed_or(
 ) -> jax.Array:
     """`packed(lengths, offsets, *operands)` where the ids are packable, else
     `fallback(*operands)`, decided at run time."""
-    lengths, offsets, _ = documents(q_ids, slots)
+    lengths, offsets, count = documents(q_ids, slots)
     return jax.lax.cond(
-        packable(q_ids, kv_ids, slots),
+        _packable(q_ids, kv_ids, count, slots),
         lambda ops: packed(lengths, offsets, *ops),
         lambda ops: fallback(*ops),
         operands,
@@ -137,7 +138,7 @@ def _unsupported(inv: Any) -> str | None:
     kw = inv.kwargs
     if masks.q_segments is None:
         return "the packed layout is for calls with segment ids (packed documents)"
-    if _cudnn_attention() is None:
+    if _fused() is None:
         return "this JAX's cuDNN wrapper has no packed layout (q_offsets)"
     if not is_hopper():
         return "cuDNN's packed layout needs a Hopper GPU (H100, H200)"
@@ -166,10 +167,10 @@ class CudnnPackedBackend(Backend):
         return _unsupported(inv)
 
     def run(self, kernel, q, k, v, bias, masks, *, cfg, causal, sm_scale, window, soft_cap):
-        fused = importlib.import_module("jax._src.cudnn.fused_attention_stablehlo")
+        fused = _fused()
         mask_type = fused.MaskType.PADDING_CAUSAL if causal else fused.MaskType.PADDING
         static = {"causal": causal, "sm_scale": sm_scale, "window": window, "soft_cap": soft_cap}
-        other = kernel.heuristic_cfg(_Call((q, k, v, bias, masks), static))
+        other = kernel.heuristic_cfg(Invocation(kernel.op_id, (q, k, v, bias, masks), static))
         fallback = kernel.backend_named(other.backend)
 
         def packed(lengths, offsets, q, k, v):
@@ -185,11 +186,3 @@ class CudnnPackedBackend(Backend):
 
         ids = (masks.q_segments, masks.kv_segments)
         return packed_or(packed, dense, *ids, DOCUMENT_SLOTS, q, k, v)
-
-
-class _Call:
-    """The arguments of a call being run, as the kernel's heuristic and its backends'
-    `unusable` read an invocation's (`args`, `kwargs`)."""
-
-    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self.args, self.kwargs = args, kwargs

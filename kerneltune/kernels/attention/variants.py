@@ -100,7 +100,7 @@ def _logits_bytes(inv: Invocation[Any, Any], rows: int | None = None) -> int:
 
 def chunked_block_q(inv: Invocation[Any, Any], budget: int = BLOCK_LOGITS_BYTES) -> int:
     """The largest block of queries (16 to 1024) whose logits fit `budget`."""
-    return chunked_block_q_for(
+    return default_block_q(
         inv.args[0], inv.args[1], inv.kwargs["window"], inv.kwargs["causal"], budget
     )
 
@@ -193,7 +193,7 @@ class AttentionVariants(BackendKernel[VariantConfig]):
         """The variant's math a block of queries at a time (it fits where the call does)."""
         return attention_chunked(
             q, k, v, bias, masks, scale=sm_scale, causal=causal, window=window,
-            soft_cap=soft_cap, block_q=chunked_block_q_for(q, k, window, causal),
+            soft_cap=soft_cap, block_q=default_block_q(q, k, window, causal),
         )  # fmt: skip
 
     def tuning_inputs(self, inv: Invocation[Any, Any]):
@@ -218,10 +218,3 @@ class AttentionVariants(BackendKernel[VariantConfig]):
             kv_segments=None if masks.kv_segments is None else even_documents(s),
         )
         return (q, k, v, bias, masks), dict(inv.kwargs)
-
-
-def chunked_block_q_for(
-    q: Any, k: Any, window: Any, causal: bool, budget: int = BLOCK_LOGITS_BYTES
-) -> int:
-    """`chunked_block_q` for arrays rather than a call."""
-    return default_block_q(q, k, window, causal, budget)
