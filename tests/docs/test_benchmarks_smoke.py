@@ -115,6 +115,45 @@ def test_cycle_runs_each_argument_set_in_turn():
     assert isinstance(cycle, jax.stages.Wrapped)  # so profiler.measure does not jit it
 
 
+def test_cupti_calls_measure_one_call_at_a_time_when_kernel_order_varies(monkeypatch):
+    """cuDNN's packed-layout backward finishes its kernels in a different order from
+    call to call; CUPTI's many-call measurement refuses it (jax 0.11.2, an H200)."""
+    from jax.experimental.mosaic.gpu import profiler
+
+    asked = []
+
+    def measure(f, *, aggregate=True, iterations=1):
+        def run():
+            asked.append(iterations)
+            if iterations > 1:
+                raise RuntimeError("Kernel names are not consistent across iterations")
+            f()
+            return None, 2.0 + len(asked)  # ms
+
+        return run
+
+    monkeypatch.setattr(profiler, "measure", measure)
+    seen = []
+    times = harness._cupti_calls(lambda a: seen.append(a), [(1,), (2,)], 3)
+    assert asked == [3, 1, 1, 1]
+    assert times == pytest.approx([0.004, 0.005, 0.006])
+    assert seen == [1, 2, 1]
+
+
+def test_cupti_calls_raise_other_profiler_errors(monkeypatch):
+    from jax.experimental.mosaic.gpu import profiler
+
+    def measure(f, *, aggregate=True, iterations=1):
+        def run():
+            raise RuntimeError("The number of kernel launches is not divisible")
+
+        return run
+
+    monkeypatch.setattr(profiler, "measure", measure)
+    with pytest.raises(RuntimeError, match="not divisible"):
+        harness._cupti_calls(lambda: None, [()], 3)
+
+
 def test_device_time_is_positive_and_finite_on_cpu():
     x = jnp.ones((64, 64), jnp.float32)
     assert _positive(harness.device_time(lambda a: a @ a, [(x,), (x + 1,)]))
