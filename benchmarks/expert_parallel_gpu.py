@@ -11,8 +11,8 @@
 fixed (fine: 4096 tokens per GPU, 64 experts top-8, D 2048, F 1408; coarse: 8192 tokens
 per GPU, 8 experts top-2, D 4096, F 14336; bf16), one SGD step (value and gradients,
 update). With `n` GPUs the mesh is the first `n` local devices on the expert axis
-(`n` must divide the experts). Dispatch: `--dispatch` (default "auto": `ragged_all_to_all`
-where it compiles, GPUs; else the dense all-to-all), each device receiving at most
+(`n` must divide the experts). Dispatch: `--dispatch` (default "auto": the dense all-to-all;
+"ragged": `ragged_all_to_all`, whose XLA GPU kernel is slow), each device receiving at most
 `--capacity-factor` (default 1.25) times the rows it routes (`--capacity-factor 0`: no
 limit, the worst case allocated). Implementations: `plain` (`jax.lax.ragged_dot`, which
 may run out of memory: said so), `tokamax` (`tokamax.ragged_dot`, where it imports),

@@ -28,8 +28,10 @@ Three dispatches (`EPConfig.dispatch`):
   `jax.lax.ragged_dot` and tokamax (which take no `group_offset`) the namespace
   renumbers the groups (`model.ragged_dot_at`).
 
-`"auto"` (the default) is `"ragged"` where this JAX compiles `ragged_all_to_all` on the
-mesh's devices (`ragged_all_to_all_compiles`), else `"dense"`.
+`"auto"` (the default) is `"dense"`. On GPUs XLA's kernel for `ragged-all-to-all` is
+slow (an H200, jax 0.11.2, BENCHMARKS.md): at 1 GPU the fine block's three calls took
+48 ms each, at 2 GPUs 24 ms each on each GPU, where `"dense"`'s `all_to_all` makes the
+whole training step 6.2-6.5 ms (`"ragged"`: 151 and 79 ms).
 
 `capacity_factor`: rows a device can receive, as a multiple of the rows it routes
 (`tokens × top_k`); None (the default) takes the worst case (every row of every device
@@ -336,11 +338,10 @@ def ragged_all_to_all_compiles(mesh: Mesh) -> bool:
     return _ragged_all_to_all_compiles(tuple(mesh.devices.flat))
 
 
-def resolve(cfg: EPConfig, mesh: Mesh) -> str:
-    """The dispatch `"auto"` stands for on this mesh (others as they are)."""
-    if cfg.dispatch != "auto":
-        return cfg.dispatch
-    return "ragged" if ragged_all_to_all_compiles(mesh) else "dense"
+def resolve(cfg: EPConfig) -> str:
+    """The dispatch `"auto"` stands for, `"dense"` (the module's docstring says why);
+    others as they are."""
+    return "dense" if cfg.dispatch == "auto" else cfg.dispatch
 
 
 def ep_moe_block(
@@ -369,7 +370,7 @@ def ep_moe_block(
             f"the expert axis {cfg.expert!r} has {ep} devices, which must divide the "
             f"{s.experts} experts."
         )
-    dispatch = resolve(cfg, mesh)
+    dispatch = resolve(cfg)
     body = functools.partial(_local_block, ops, s, cfg, dispatch, ep, ragged_all_to_all)
     tokens = P(cfg.token_axes)
     sharded = _shard_map(body, mesh=mesh, in_specs=(param_specs(cfg), tokens), out_specs=tokens)

@@ -144,12 +144,17 @@ def test_the_capacity_is_the_worst_case_without_a_factor():
         ep.ep_moe_block(moe.jax_ops(), ep.make_mesh(3, 1), S)
 
 
-def test_auto_is_ragged_exactly_where_ragged_all_to_all_compiles(reference):
+def test_auto_is_the_dense_all_to_all(reference):
+    """XLA's GPU kernel for ragged-all-to-all made the step 24x slower (H200)."""
+    mesh = ep.make_mesh(4, 1)
+    assert ep.ep_moe_block(moe.jax_ops(), mesh, S).dispatch == "dense"
+    assert ep.resolve(ep.EPConfig(dispatch="gather")) == "gather"
+
+
+def test_the_probe_says_where_ragged_all_to_all_compiles(reference):
     params, x, target, _, _ = reference
     mesh = ep.make_mesh(4, 1)
-    auto = ep.ep_moe_block(moe.jax_ops(), mesh, S)
     compiles = ep.ragged_all_to_all_compiles(mesh)
-    assert auto.dispatch == ("ragged" if compiles else "dense")
     # The probe agrees with the real thing: the block on the real collective runs
     # exactly where the probe says it compiles.
     cfg = ep.EPConfig(dispatch="ragged")
