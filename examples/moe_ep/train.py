@@ -14,8 +14,7 @@ process's devices, and every process prints the same losses):
         --process-id I [...]     # e.g. CUDA_VISIBLE_DEVICES=I for process I
 
 On a CPU: `XLA_FLAGS=--xla_force_host_platform_device_count=4 python -m
-examples.moe_ep.train` (the tiny block, the dense all-to-all: XLA:CPU cannot compile
-`ragged_all_to_all`). `--check` compares the first loss with the unsharded block's.
+examples.moe_ep.train` (the tiny block, the dense all-to-all, the default everywhere). `--check` compares the first loss with the unsharded block's.
 `benchmarks/expert_parallel_gpu.py` times the block at real sizes.
 """
 
