@@ -134,6 +134,42 @@ def test_a_capacity_drops_rows_past_it_and_none_without_one(reference):
     assert relative_error(kept, want_out) <= TOL
 
 
+def test_the_dense_return_puts_each_kept_slot_back_on_its_row_and_zeros_the_dropped():
+    """`return_dense` (a gather per row) against the scatter it replaced, whose
+    backward built a mask of winning updates; with rows dropped for capacity."""
+    n, d, ep_n = 12, 3, 4  # 2 experts a device
+    mesh = ep.make_mesh(ep_n, 1, cfg=ep.EPConfig(data=None))
+    rng = np.random.default_rng(0)
+    # Each device routes n rows (sizes per global expert), most to device 0's experts,
+    # more than its slot of capacity // ep_n = 8 rows a sender.
+    popular = np.array([0.45, 0.45] + [0.1 / 6] * 6)
+    sizes = np.stack([rng.multinomial(n, popular) for _ in range(ep_n)])
+    capacity = ep.capacity_of(n, ep_n, ep.EPConfig(capacity_factor=1.0), "dense")
+    out = rng.normal(size=(ep_n * capacity, d)).astype(np.float32)
+
+    def both(sz, o):
+        pl = ep.plan(sz[0], ep_n, "expert", capacity, per_pair=True)
+        new = ep.return_dense(o, pl, n, ep_n, "expert")
+        slot = capacity // ep_n
+        back = jax.lax.all_to_all(o.reshape(ep_n, slot, d), "expert", 0, 0, tiled=True)
+        c = jnp.arange(slot)
+        keep = c[None, :] < pl.sent[:, None]
+        target = jnp.where(keep, pl.send_start[:, None] + c[None, :], n)
+        old = (
+            jnp.zeros((n, d), o.dtype).at[target.reshape(-1)].set(back.reshape(-1, d), mode="drop")
+        )
+        return new, old, jnp.sum(pl.sent)[None]
+
+    fn = ep._shard_map(
+        both, mesh=mesh, in_specs=(ep.P("expert"), ep.P("expert")),
+        out_specs=(ep.P("expert"), ep.P("expert"), ep.P("expert")),
+    )  # fmt: skip
+    new, old, kept = jax.jit(fn)(jnp.asarray(sizes, jnp.int32), jnp.asarray(out))
+    np.testing.assert_array_equal(np.asarray(new), np.asarray(old))
+    assert int(kept.sum()) < ep_n * n  # the capacity dropped some rows
+    assert int((np.abs(np.asarray(new)).sum(axis=1) == 0).sum()) == ep_n * n - int(kept.sum())
+
+
 def test_the_capacity_is_the_worst_case_without_a_factor():
     cfg = ep.EPConfig(dispatch="dense")
     assert ep.capacity_of(100, 4, cfg, "dense") == 416  # 4 x 100, up to a multiple of 32
