@@ -21,6 +21,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from kerneltune._src.params import check_one_of
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True, repr=False)
 class BackendConfig:
@@ -42,10 +44,7 @@ class BackendConfig:
     def __post_init__(self) -> None:
         owner = type(self).__name__
         backend = getattr(self, "backend")  # noqa: B009 - declared by the subclass
-        if backend not in self.backend_fields:
-            raise ValueError(
-                f"{owner}.backend must be one of {tuple(self.backend_fields)}, got {backend!r}."
-            )
+        check_one_of(owner, "backend", backend, tuple(self.backend_fields))
         self._refuse_other_backends_fields(owner, backend)
         for name, default in self.backend_fields[backend].items():
             if getattr(self, name) is None and default is not None:

@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from kerneltune._src.params import check_positive, check_positive_power_of_two
+from kerneltune._src.params import check_one_of, check_positive, check_positive_power_of_two
 from kerneltune.kernels._common import (
     MAX_REGISTERS_PER_THREAD,
     Pruned,
@@ -142,11 +142,8 @@ leave it None with backend='triton' (got 4).
     def _check_mosaic(self) -> None:
         check_positive("MatmulConfig", "max_concurrent_steps", self.max_concurrent_steps)
         check_positive("MatmulConfig", "grid_tile_width", self.grid_tile_width)
-        for name in ("wg_dimension", "grid_minor_dim"):
-            if getattr(self, name) not in DIMS:
-                raise ValueError(
-                    f"MatmulConfig.{name} must be one of {DIMS}, got {getattr(self, name)!r}."
-                )
+        check_one_of("MatmulConfig", "wg_dimension", self.wg_dimension, DIMS)
+        check_one_of("MatmulConfig", "grid_minor_dim", self.grid_minor_dim, DIMS)
         if self.cluster_dimension not in (None, *DIMS):
             raise ValueError(
                 f"MatmulConfig.cluster_dimension must be None or one of {DIMS}, got "
