@@ -16,11 +16,16 @@ from kerneltune.kernels._common import (
     WithItemsize,
     prune,
     shared_memory_limit,
-    shared_memory_rule,
 )
 from kerneltune.kernels._config import BackendConfig
 from kerneltune.kernels._tiles import MIN_BLOCK as MIN_BLOCK
-from kerneltune.kernels._tiles import block_for, check_blocks, check_launch, tile_rules
+from kerneltune.kernels._tiles import (
+    block_for,
+    check_blocks,
+    check_launch,
+    dot_rules,
+    staged_dot_bytes,
+)
 
 #: The matmul's GPU backends: our Pallas kernel lowered through Triton, and JAX's
 #: Mosaic GPU matmul for Hopper (`jax.experimental.pallas.ops.gpu.hopper_matmul_mgpu`).
@@ -215,8 +220,8 @@ def triton_params(cfg: MatmulConfig) -> tuple[int, int, int]:
 def shared_memory_bytes(p: MatmulProblem, cfg: MatmulConfig) -> int:
     """Shared memory the pipelined inner loop holds: one `x` tile and one `y` tile per
     stage. (Triton reuses those buffers for the epilogue.)"""
-    stages = triton_params(cfg)[1]
-    return stages * (cfg.block_m * cfg.block_k + cfg.block_k * cfg.block_n) * p.itemsize
+    triton_params(cfg)  # raises for a Mosaic config
+    return staged_dot_bytes(cfg, p.itemsize)
 
 
 def accumulator_registers(cfg: MatmulConfig) -> int:
@@ -257,12 +262,6 @@ def candidate_space(p: MatmulProblem) -> list[MatmulConfig]:
 
 def rules(p: MatmulProblem, smem_limit: int | None = None):
     """The pruning rules for problem `p`: each returns None or why a config is out."""
-    limit = shared_memory_limit() if smem_limit is None else smem_limit
-    tiling = (("block_m", p.m, "M"), ("block_n", p.n, "N"), ("block_k", p.k, "K"))
-
-    def fits_smem(c: MatmulConfig) -> str | None:
-        tiles = f"{c.num_stages} stages × ({c.block_m}×{c.block_k} + {c.block_k}×{c.block_n}) × {p.itemsize} B"
-        return shared_memory_rule(shared_memory_bytes(p, c), limit, tiles)
 
     def fits_registers(c: MatmulConfig) -> str | None:
         regs = accumulator_registers(c)
@@ -275,7 +274,7 @@ def rules(p: MatmulProblem, smem_limit: int | None = None):
             return f"{c.num_warps} warps are too many for a {c.block_m}×{c.block_n} tile ({regs} values per thread)"
         return None
 
-    return [*tile_rules(tiling), fits_smem, fits_registers]
+    return [*dot_rules(p, smem_limit), fits_registers]
 
 
 def candidates(
