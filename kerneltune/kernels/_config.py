@@ -23,6 +23,10 @@ from typing import Any, ClassVar
 
 from kerneltune._src.params import check_one_of
 
+#: The block fields' names in configs stored before they took one name across ops
+#: (2026-11-26): a config whose fields were renamed so maps them in `renamed_fields`.
+OLD_BLOCK_NAMES: Mapping[str, str] = {"bm": "block_m", "bn": "block_n", "bk": "block_k"}
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True, repr=False)
 class BackendConfig:

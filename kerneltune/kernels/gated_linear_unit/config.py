@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from kerneltune.kernels._common import MAX_REGISTERS_PER_THREAD, Pruned, WithItemsize, prune
-from kerneltune.kernels._config import BackendConfig
+from kerneltune.kernels._config import OLD_BLOCK_NAMES, BackendConfig
 from kerneltune.kernels._tiles import MIN_BLOCK as MIN_BLOCK
 from kerneltune.kernels._tiles import (
     block_for,
@@ -69,12 +69,7 @@ class GLUConfig(BackendConfig):
     num_warps: int | None = None
     num_stages: int | None = None
 
-    #: Stored before the block fields took one name across ops (2026-11-26).
-    renamed_fields: ClassVar[Mapping[str, str]] = {
-        "bm": "block_m",
-        "bn": "block_n",
-        "bk": "block_k",
-    }
+    renamed_fields: ClassVar[Mapping[str, str]] = OLD_BLOCK_NAMES
     backend_fields: ClassVar[Mapping[str, Mapping[str, Any]]] = {
         "xla": {},
         "xla_split": {},

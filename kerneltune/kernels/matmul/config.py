@@ -17,7 +17,7 @@ from kerneltune.kernels._common import (
     prune,
     shared_memory_limit,
 )
-from kerneltune.kernels._config import BackendConfig
+from kerneltune.kernels._config import OLD_BLOCK_NAMES, BackendConfig
 from kerneltune.kernels._tiles import MIN_BLOCK as MIN_BLOCK
 from kerneltune.kernels._tiles import (
     block_for,
@@ -124,12 +124,7 @@ leave it None with backend='triton' (got 4).
     epi_tile_n: int | None = None
 
     shared_fields: ClassVar[tuple[str, ...]] = ("block_m", "block_n", "block_k")
-    #: Stored before the block fields took one name across ops (2026-11-26).
-    renamed_fields: ClassVar[Mapping[str, str]] = {
-        "bm": "block_m",
-        "bn": "block_n",
-        "bk": "block_k",
-    }
+    renamed_fields: ClassVar[Mapping[str, str]] = OLD_BLOCK_NAMES
     backend_fields: ClassVar[Mapping[str, Mapping[str, Any]]] = {
         "triton": _TRITON_DEFAULTS,
         "mosaic": _MOSAIC_DEFAULTS,
