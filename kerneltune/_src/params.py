@@ -15,6 +15,12 @@ def check_positive_power_of_two(owner: str, name: str, value: int | None) -> Non
         raise ValueError(f"{owner}.{name} must be a positive power of two, got {value!r}.")
 
 
+def check_one_of(owner: str, name: str, value: object, allowed: tuple[object, ...]) -> None:
+    """Raises ValueError unless `value` is one of `allowed`."""
+    if value not in allowed:
+        raise ValueError(f"{owner}.{name} must be one of {allowed}, got {value!r}.")
+
+
 def check_positive(owner: str, name: str, value: int | None) -> None:
     if value is None:
         return
@@ -40,9 +46,7 @@ class _BlockParams:
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
-        backend = getattr(self, "backend")  # noqa: B009 - declared by the subclass
-        if backend not in self.backends:
-            raise ValueError(f"{owner}.backend must be one of {self.backends}, got {backend!r}.")
+        check_one_of(owner, "backend", getattr(self, "backend"), self.backends)  # noqa: B009
         check_positive_power_of_two(owner, "q_blocksize", self.q_blocksize)
         check_positive_power_of_two(owner, "kv_blocksize", self.kv_blocksize)
         check_positive_power_of_two(owner, "num_warps", self.num_warps)

@@ -21,6 +21,20 @@ def as_array(op: str, name: str, value: Any) -> jax.Array:
     raise TypeError(f"{op}: {name} must be an array, got {type(value).__name__} {value!r:.60}.")
 
 
+def check_contracted(
+    op: str, names: tuple[str, str], a: Any, b: Any, axes: tuple[int, int], note: str = ""
+) -> None:
+    """Raises ValueError unless `a.shape[i] == b.shape[j]` for `axes == (i, j)`, the
+    dimension a product of `a` and `b` contracts; `note` follows the rule in the
+    message (e.g. " (K)")."""
+    (na, nb), (i, j) = names, axes
+    if a.shape[i] != b.shape[j]:
+        raise ValueError(
+            f"{op}: {na} is {tuple(a.shape)} and {nb} is {tuple(b.shape)}; {na}.shape[{i}] "
+            f"must equal {nb}.shape[{j}]{note}."
+        )
+
+
 def floating(op: str, name: str, x: jax.Array) -> None:
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise TypeError(f"{op}: {name} must have a floating dtype, got {x.dtype}.")

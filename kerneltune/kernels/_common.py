@@ -14,7 +14,7 @@ import importlib
 import inspect
 import logging
 import warnings
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import jax
@@ -70,35 +70,6 @@ def shared_memory_limit() -> int:
         return HOPPER_SMEM_BYTES
     kind = str(getattr(jax.devices()[0], "device_kind", "")).lower()
     return next((limit for name, limit in _SMEM_BY_KIND if name in kind), _DEFAULT_SMEM_BYTES)
-
-
-def check_backend_fields(cfg: Any, owner: str, fields_of: Mapping[str, Collection[str]]) -> None:
-    """Raises for a field set on `cfg` (not None) that its backend does not take.
-
-    Args:
-      cfg: a config with a `backend` field.
-      owner: its class name, for the message.
-      fields_of: each backend's optional fields (a library backend takes none).
-
-    Raises:
-      ValueError: naming the field, its value, and the backend it belongs to.
-    """
-    taken = set(fields_of.get(cfg.backend, ()))
-    every = dict.fromkeys(name for names in fields_of.values() for name in names)
-    for name in every:
-        value = getattr(cfg, name)
-        if value is None or name in taken:
-            continue
-        owners = [backend for backend, names in fields_of.items() if name in names]
-        if len(owners) == 1:
-            raise ValueError(
-                f"{owner}.{name} is a field of backend={owners[0]!r}; leave it None with "
-                f"backend={cfg.backend!r} (got {value!r})."
-            )
-        raise ValueError(
-            f"{owner}.{name} is not a field of backend={cfg.backend!r} (got {value!r}); "
-            "leave it None."
-        )
 
 
 def shared_memory_rule(need: int, limit: int, breakdown: str = "") -> str | None:

@@ -21,6 +21,12 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from kerneltune._src.params import check_one_of
+
+#: The block fields' names in configs stored before they took one name across ops
+#: (2026-11-26): a config whose fields were renamed so maps them in `renamed_fields`.
+OLD_BLOCK_NAMES: Mapping[str, str] = {"bm": "block_m", "bn": "block_n", "bk": "block_k"}
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True, repr=False)
 class BackendConfig:
@@ -42,10 +48,7 @@ class BackendConfig:
     def __post_init__(self) -> None:
         owner = type(self).__name__
         backend = getattr(self, "backend")  # noqa: B009 - declared by the subclass
-        if backend not in self.backend_fields:
-            raise ValueError(
-                f"{owner}.backend must be one of {tuple(self.backend_fields)}, got {backend!r}."
-            )
+        check_one_of(owner, "backend", backend, tuple(self.backend_fields))
         self._refuse_other_backends_fields(owner, backend)
         for name, default in self.backend_fields[backend].items():
             if getattr(self, name) is None and default is not None:

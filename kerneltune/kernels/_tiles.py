@@ -12,7 +12,12 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from kerneltune._src.params import check_positive, check_positive_power_of_two
-from kerneltune.kernels._common import Rule, next_power_of_2
+from kerneltune.kernels._common import (
+    Rule,
+    next_power_of_2,
+    shared_memory_limit,
+    shared_memory_rule,
+)
 
 #: The smallest tile side Triton's `dot` accepts.
 MIN_BLOCK = 16
@@ -84,3 +89,28 @@ def tile_rules(tiling: Tiling) -> list[Rule[Any]]:
         return not_dividing(c, tiling)
 
     return [fits_dims, divides]
+
+
+def staged_dot_bytes(cfg: Any, itemsize: int, weights: int = 1) -> int:
+    """Shared memory a pipelined dot `x[m, k] @ w[k, n]` holds: per stage one `x` tile
+    and `weights` weight tiles."""
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    return cfg.num_stages * (bm * bk + weights * bk * bn) * itemsize
+
+
+def dot_rules(p: Any, smem_limit: int | None = None, weights: int = 1) -> list[Rule[Any]]:
+    """The pruning rules of a pipelined dot `x[m, k] @ w[k, n]` (`p` has `m`, `n`, `k`
+    and `itemsize`): the tiling's rules, and its stages (`staged_dot_bytes`) within
+    `smem_limit` bytes of shared memory (default: the device's)."""
+    limit = shared_memory_limit() if smem_limit is None else smem_limit
+    tiling = (("block_m", p.m, "M"), ("block_n", p.n, "N"), ("block_k", p.k, "K"))
+
+    def fits_smem(c: Any) -> str | None:
+        w = f"{weights} × " if weights > 1 else ""
+        tiles = (
+            f"{c.num_stages} stages × ({c.block_m}×{c.block_k} + {w}{c.block_k}×{c.block_n})"
+            f" × {p.itemsize} B"
+        )
+        return shared_memory_rule(staged_dot_bytes(c, p.itemsize, weights), limit, tiles)
+
+    return [*tile_rules(tiling), fits_smem]

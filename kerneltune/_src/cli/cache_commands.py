@@ -239,36 +239,34 @@ def _print_entry(e: CacheEntry) -> None:
         print_table(["  status", "time", "samples", "config", "error"], rows)
 
 
-def _attempt(failure: str, action: Callable[[], int]) -> int:
-    """`action()`, with a file or format error turned into a one-line CommandError
-    that starts with `failure`."""
+def _transfer(action: Callable[[], int], failure: str, done: str, where: str) -> int:
+    """Runs `action`, which moves entries and returns how many, and prints
+    "<done> <n> entries <where>"; a file or format error becomes a one-line
+    CommandError that starts with `failure`."""
     try:
-        return action()
+        n = action()
     except (OSError, ValueError) as e:
         raise CommandError(f"{failure}: {e}") from None
+    print(f"{done} {n} entries {where}")
+    return 0
 
 
 def export(args: argparse.Namespace) -> int:
     cache = _open(args)
     write = functools.partial(cache.export, args.file, readonly_layers=args.with_readonly)
-    n = _attempt(f"cannot write {args.file}", write)
-    print(f"exported {n} entries to {args.file}")
-    return 0
+    return _transfer(write, f"cannot write {args.file}", "exported", f"to {args.file}")
 
 
 def import_(args: argparse.Namespace) -> int:
     cache = _open(args)
     read = functools.partial(cache.import_, args.file, provenance=args.provenance)
-    n = _attempt(f"cannot import {args.file}", read)
-    print(f"imported {n} entries into {cache.location}")
-    return 0
+    return _transfer(read, f"cannot import {args.file}", "imported", f"into {cache.location}")
 
 
 def merge(args: argparse.Namespace) -> int:
     cache = _open(args)
-    n = _attempt("cannot merge", functools.partial(cache.merge, *args.sources))
-    print(f"merged {n} entries into {cache.location}")
-    return 0
+    merged = functools.partial(cache.merge, *args.sources)
+    return _transfer(merged, "cannot merge", "merged", f"into {cache.location}")
 
 
 def clear(args: argparse.Namespace) -> int:

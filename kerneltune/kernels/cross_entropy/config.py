@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from kerneltune._src.params import check_positive_power_of_two
+from kerneltune._src.params import check_one_of, check_positive_power_of_two
 from kerneltune.kernels._common import (
     MAX_REGISTERS_PER_THREAD,
     Pruned,
@@ -133,16 +133,12 @@ lse_backend='xla')
 
     def check(self) -> None:
         owner = "CrossEntropyConfig"
-        if self.backend != "triton" and self.logits_dtype not in LOGITS_DTYPES:
-            raise ValueError(
-                f"{owner}.logits_dtype must be one of {LOGITS_DTYPES}, got {self.logits_dtype!r}."
-            )
+        if self.backend != "triton":
+            check_one_of(owner, "logits_dtype", self.logits_dtype, LOGITS_DTYPES)
         if self.backend == "xla":
             return
-        if self.backend == "chunked" and self.lse_backend not in LSE_BACKENDS:
-            raise ValueError(
-                f"{owner}.lse_backend must be one of {LSE_BACKENDS}, got {self.lse_backend!r}."
-            )
+        if self.backend == "chunked":
+            check_one_of(owner, "lse_backend", self.lse_backend, LSE_BACKENDS)
         check_positive_power_of_two(owner, "chunk_size", self.chunk_size)
         assert self.chunk_size is not None
         if self.chunk_size < MIN_CHUNK:

@@ -18,17 +18,16 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from kerneltune.kernels._common import (
-    MAX_REGISTERS_PER_THREAD,
-    Pruned,
-    WithItemsize,
-    prune,
-    shared_memory_limit,
-    shared_memory_rule,
-)
-from kerneltune.kernels._config import BackendConfig
+from kerneltune.kernels._common import MAX_REGISTERS_PER_THREAD, Pruned, WithItemsize, prune
+from kerneltune.kernels._config import OLD_BLOCK_NAMES, BackendConfig
 from kerneltune.kernels._tiles import MIN_BLOCK as MIN_BLOCK
-from kerneltune.kernels._tiles import block_for, check_blocks, check_launch, tile_rules
+from kerneltune.kernels._tiles import (
+    block_for,
+    check_blocks,
+    check_launch,
+    dot_rules,
+    staged_dot_bytes,
+)
 
 BACKENDS = ("xla", "xla_split", "triton", "tokamax")
 Backend = Literal["xla", "xla_split", "triton", "tokamax"]
@@ -70,12 +69,7 @@ class GLUConfig(BackendConfig):
     num_warps: int | None = None
     num_stages: int | None = None
 
-    #: Stored before the block fields took one name across ops (2026-11-26).
-    renamed_fields: ClassVar[Mapping[str, str]] = {
-        "bm": "block_m",
-        "bn": "block_n",
-        "bk": "block_k",
-    }
+    renamed_fields: ClassVar[Mapping[str, str]] = OLD_BLOCK_NAMES
     backend_fields: ClassVar[Mapping[str, Mapping[str, Any]]] = {
         "xla": {},
         "xla_split": {},
@@ -126,17 +120,10 @@ def triton_heuristic(p: GLUProblem) -> GLUConfig:
 def shared_memory_bytes(p: GLUProblem, c: GLUConfig) -> int:
     """Per stage: one `x` tile and two weight tiles (gate and up)."""
     assert c.block_m and c.block_n and c.block_k and c.num_stages
-    return c.num_stages * (c.block_m * c.block_k + 2 * c.block_k * c.block_n) * p.itemsize
+    return staged_dot_bytes(c, p.itemsize, weights=2)
 
 
 def rules(p: GLUProblem, smem_limit: int | None = None):
-    limit = shared_memory_limit() if smem_limit is None else smem_limit
-    tiling = (("block_m", p.m, "M"), ("block_n", p.n, "N"), ("block_k", p.k, "K"))
-
-    def fits_smem(c: GLUConfig) -> str | None:
-        tiles = f"{c.num_stages} stages × ({c.block_m}×{c.block_k} + 2 × {c.block_k}×{c.block_n}) × {p.itemsize} B"
-        return shared_memory_rule(shared_memory_bytes(p, c), limit, tiles)
-
     def fits_registers(c: GLUConfig) -> str | None:
         assert c.block_m and c.block_n and c.num_warps
         regs = 2 * c.block_m * c.block_n // (32 * c.num_warps)
@@ -147,7 +134,8 @@ def rules(p: GLUProblem, smem_limit: int | None = None):
             )
         return None
 
-    return [*tile_rules(tiling), fits_smem, fits_registers]
+    # Two weight tiles a stage and two accumulators: the gate and the up projection.
+    return [*dot_rules(p, smem_limit, weights=2), fits_registers]
 
 
 def triton_candidates(

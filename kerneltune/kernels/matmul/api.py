@@ -11,7 +11,7 @@ import numpy as np
 from kerneltune._src.execution.default import default_executor
 from kerneltune._src.kernel.backends import BackendKernel
 from kerneltune._src.kernel.base import Invocation
-from kerneltune.kernels._args import as_array
+from kerneltune.kernels._args import as_array, check_contracted
 from kerneltune.kernels._common import Pruned, interpreted, is_hopper, kernel_for
 from kerneltune.kernels._flattened import call_flattened
 from kerneltune.kernels.matmul import config as config_lib
@@ -59,10 +59,7 @@ class Matmul(BackendKernel[MatmulConfig]):
                 f"{self.op_id} takes 2-D x and y, got shapes {getattr(x, 'shape', x)} and "
                 f"{getattr(y, 'shape', y)} (the `matmul` function flattens leading dims)."
             )
-        if x.shape[1] != y.shape[0]:
-            raise ValueError(
-                f"{self.op_id}: x is {x.shape} and y is {y.shape}; x.shape[1] must equal y.shape[0]."
-            )
+        check_contracted(self.op_id, ("x", "y"), x, y, (1, 0))
         if np.dtype(x.dtype) != np.dtype(y.dtype):
             raise TypeError(
                 f"{self.op_id}: x and y must have the same dtype, got {x.dtype} and {y.dtype}."

@@ -9,18 +9,23 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from kerneltune._src.params import check_positive, check_positive_power_of_two
+from kerneltune._src.params import check_one_of, check_positive, check_positive_power_of_two
 from kerneltune.kernels._common import (
     MAX_REGISTERS_PER_THREAD,
     Pruned,
     WithItemsize,
     prune,
     shared_memory_limit,
-    shared_memory_rule,
 )
-from kerneltune.kernels._config import BackendConfig
+from kerneltune.kernels._config import OLD_BLOCK_NAMES, BackendConfig
 from kerneltune.kernels._tiles import MIN_BLOCK as MIN_BLOCK
-from kerneltune.kernels._tiles import block_for, check_blocks, check_launch, tile_rules
+from kerneltune.kernels._tiles import (
+    block_for,
+    check_blocks,
+    check_launch,
+    dot_rules,
+    staged_dot_bytes,
+)
 
 #: The matmul's GPU backends: our Pallas kernel lowered through Triton, and JAX's
 #: Mosaic GPU matmul for Hopper (`jax.experimental.pallas.ops.gpu.hopper_matmul_mgpu`).
@@ -119,12 +124,7 @@ leave it None with backend='triton' (got 4).
     epi_tile_n: int | None = None
 
     shared_fields: ClassVar[tuple[str, ...]] = ("block_m", "block_n", "block_k")
-    #: Stored before the block fields took one name across ops (2026-11-26).
-    renamed_fields: ClassVar[Mapping[str, str]] = {
-        "bm": "block_m",
-        "bn": "block_n",
-        "bk": "block_k",
-    }
+    renamed_fields: ClassVar[Mapping[str, str]] = OLD_BLOCK_NAMES
     backend_fields: ClassVar[Mapping[str, Mapping[str, Any]]] = {
         "triton": _TRITON_DEFAULTS,
         "mosaic": _MOSAIC_DEFAULTS,
@@ -142,11 +142,8 @@ leave it None with backend='triton' (got 4).
     def _check_mosaic(self) -> None:
         check_positive("MatmulConfig", "max_concurrent_steps", self.max_concurrent_steps)
         check_positive("MatmulConfig", "grid_tile_width", self.grid_tile_width)
-        for name in ("wg_dimension", "grid_minor_dim"):
-            if getattr(self, name) not in DIMS:
-                raise ValueError(
-                    f"MatmulConfig.{name} must be one of {DIMS}, got {getattr(self, name)!r}."
-                )
+        check_one_of("MatmulConfig", "wg_dimension", self.wg_dimension, DIMS)
+        check_one_of("MatmulConfig", "grid_minor_dim", self.grid_minor_dim, DIMS)
         if self.cluster_dimension not in (None, *DIMS):
             raise ValueError(
                 f"MatmulConfig.cluster_dimension must be None or one of {DIMS}, got "
@@ -218,8 +215,8 @@ def triton_params(cfg: MatmulConfig) -> tuple[int, int, int]:
 def shared_memory_bytes(p: MatmulProblem, cfg: MatmulConfig) -> int:
     """Shared memory the pipelined inner loop holds: one `x` tile and one `y` tile per
     stage. (Triton reuses those buffers for the epilogue.)"""
-    stages = triton_params(cfg)[1]
-    return stages * (cfg.block_m * cfg.block_k + cfg.block_k * cfg.block_n) * p.itemsize
+    triton_params(cfg)  # raises for a Mosaic config
+    return staged_dot_bytes(cfg, p.itemsize)
 
 
 def accumulator_registers(cfg: MatmulConfig) -> int:
@@ -260,12 +257,6 @@ def candidate_space(p: MatmulProblem) -> list[MatmulConfig]:
 
 def rules(p: MatmulProblem, smem_limit: int | None = None):
     """The pruning rules for problem `p`: each returns None or why a config is out."""
-    limit = shared_memory_limit() if smem_limit is None else smem_limit
-    tiling = (("block_m", p.m, "M"), ("block_n", p.n, "N"), ("block_k", p.k, "K"))
-
-    def fits_smem(c: MatmulConfig) -> str | None:
-        tiles = f"{c.num_stages} stages × ({c.block_m}×{c.block_k} + {c.block_k}×{c.block_n}) × {p.itemsize} B"
-        return shared_memory_rule(shared_memory_bytes(p, c), limit, tiles)
 
     def fits_registers(c: MatmulConfig) -> str | None:
         regs = accumulator_registers(c)
@@ -278,7 +269,7 @@ def rules(p: MatmulProblem, smem_limit: int | None = None):
             return f"{c.num_warps} warps are too many for a {c.block_m}×{c.block_n} tile ({regs} values per thread)"
         return None
 
-    return [*tile_rules(tiling), fits_smem, fits_registers]
+    return [*dot_rules(p, smem_limit), fits_registers]
 
 
 def candidates(

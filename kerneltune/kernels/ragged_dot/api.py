@@ -23,14 +23,14 @@ from kerneltune.kernels.ragged_dot.checks import (
     check_floats,
     check_offset,
     check_operands,
+    check_pair,
     check_sizes,
     out_dtype_name,
-    shape_of,
 )
 from kerneltune.kernels.ragged_dot.config import XLA, Product, RaggedDotConfig, RaggedDotProblem
 from kerneltune.kernels.ragged_dot.pallas_mosaic import MosaicBackend
 from kerneltune.kernels.ragged_dot.pallas_triton import TritonBackend
-from kerneltune.kernels.ragged_dot.reference import XlaBackend, on_local_rows, ragged_dot_xla
+from kerneltune.kernels.ragged_dot.reference import XlaBackend, local_ragged_dot, ragged_dot_xla
 from kerneltune.kernels.ragged_dot.shapes import balanced
 from kerneltune.kernels.ragged_dot.tokamax_backend import TokamaxBackend
 
@@ -66,9 +66,7 @@ class _RaggedDotKernel(BackendKernel[RaggedDotConfig]):
         out = np.dtype(inv.kwargs.get("out_dtype") or dtype)
         m = int(a.shape[0])
         g = int(sizes.shape[0])
-        if self.product == "fwd":  # lhs [M, K], rhs [G, K, N]
-            k, n = int(b.shape[1]), int(b.shape[2])
-        elif self.product == "dlhs":  # d_out [M, N], rhs [G, K, N]
+        if self.product in ("fwd", "dlhs"):  # rhs [G, K, N] (after lhs or d_out)
             k, n = int(b.shape[1]), int(b.shape[2])
         else:  # lhs [M, K], d_out [M, N]
             k, n = int(a.shape[1]), int(b.shape[1])
@@ -193,15 +191,10 @@ class RaggedDotGradLhs(_RaggedDotKernel):
         self, dout: Any, rhs: Any, group_sizes: Any, group_offset: Any = None, *,
         out_dtype: Any = None,
     ):  # fmt: skip
-        if getattr(dout, "ndim", None) != 2 or getattr(rhs, "ndim", None) != 3:
-            raise ValueError(
-                f"{self.op_id}: d_out and rhs must be [M, N] and [G, K, N], got shapes "
-                f"{shape_of(dout)} and {shape_of(rhs)}."
-            )
-        if dout.shape[1] != rhs.shape[2]:
-            raise ValueError(
-                f"{self.op_id}: d_out {shape_of(dout)} and rhs {shape_of(rhs)} must agree on N."
-            )
+        check_pair(
+            self.op_id, ("d_out", "rhs"), dout, rhs,
+            ndims=(2, 3), layouts="[M, N] and [G, K, N]", axes=(1, 2), agree="agree on N",
+        )  # fmt: skip
         local = int(rhs.shape[0])
         check_sizes(self.op_id, group_sizes, None if group_offset is not None else local)
         check_floats(self.op_id, ("d_out", "rhs"), dout, rhs)
@@ -230,15 +223,10 @@ class RaggedDotGradRhs(_RaggedDotKernel):
         self, lhs: Any, dout: Any, group_sizes: Any, group_offset: Any = None, *,
         out_dtype: Any = None, local_groups: int | None = None,
     ):  # fmt: skip
-        if getattr(lhs, "ndim", None) != 2 or getattr(dout, "ndim", None) != 2:
-            raise ValueError(
-                f"{self.op_id}: lhs and d_out must be 2-D [M, K] and [M, N], got shapes "
-                f"{shape_of(lhs)} and {shape_of(dout)}."
-            )
-        if lhs.shape[0] != dout.shape[0]:
-            raise ValueError(
-                f"{self.op_id}: lhs {shape_of(lhs)} and d_out {shape_of(dout)} must have the same rows."
-            )
+        check_pair(
+            self.op_id, ("lhs", "d_out"), lhs, dout,
+            ndims=(2, 2), layouts="2-D [M, K] and [M, N]", axes=(0, 0), agree="have the same rows",
+        )  # fmt: skip
         check_sizes(self.op_id, group_sizes, None)
         check_floats(self.op_id, ("lhs", "d_out"), lhs, dout)
         kwargs: dict[str, Any] = {"out_dtype": out_dtype_name(out_dtype, lhs.dtype)}
@@ -351,12 +339,11 @@ def ragged_dot(
     lhs = as_array(op, "lhs", lhs)
     rhs = as_array(op, "rhs", rhs)
     sizes = as_array(op, "group_sizes", group_sizes)
-    offset = None
-    if group_offset is None:
-        check_operands(op, ("lhs", "rhs", "group_sizes"), lhs, rhs, sizes)
-    else:
-        check_operands(op, ("lhs", "rhs", "group_sizes"), lhs, rhs, sizes, offset=True)
-        offset = check_offset(op, group_offset, int(sizes.shape[0]), int(rhs.shape[0]))
+    local = group_offset is not None
+    check_operands(op, ("lhs", "rhs", "group_sizes"), lhs, rhs, sizes, offset=local)
+    offset = (
+        check_offset(op, group_offset, int(sizes.shape[0]), int(rhs.shape[0])) if local else None
+    )
     preferred = _preferred(op, preferred_element_type)
     dtype = np.dtype(lhs.dtype)
     tunable = (
@@ -366,31 +353,16 @@ def ragged_dot(
         and preferred in (None, dtype, np.dtype(np.float32))
         and min(lhs.shape[0], lhs.shape[1], rhs.shape[0], rhs.shape[2]) > 0
     )
-    if not tunable:
-        return _untuned(lhs, rhs, sizes, offset, precision, preferred_element_type)
+    if not tunable:  # what `jax.lax.ragged_dot` computes, on the local rows with an offset
+        return local_ragged_dot(
+            lhs,
+            rhs,
+            sizes,
+            offset,
+            precision=precision,
+            preferred_element_type=preferred_element_type,
+        )
     ex = executor if executor is not None else default_executor()
     out_dtype = (dtype if preferred is None else preferred).name
     args = (lhs, rhs, sizes.astype(jnp.int32)) + (() if offset is None else (offset,))
     return ex(kernel_for(RaggedDot, ex), *args, out_dtype=out_dtype, cfg=cfg)
-
-
-def _untuned(
-    lhs: jax.Array,
-    rhs: jax.Array,
-    sizes: jax.Array,
-    offset: jax.Array | None,
-    precision: Any,
-    preferred_element_type: Any,
-) -> jax.Array:
-    """What `jax.lax.ragged_dot` computes, for calls the kernels do not take; with a
-    `group_offset`, on the local rows moved to the top (`reference.on_local_rows`)."""
-
-    def dot(rows: jax.Array, group_sizes: jax.Array) -> jax.Array:
-        return jax.lax.ragged_dot(
-            rows, rhs, group_sizes, precision=precision,
-            preferred_element_type=preferred_element_type,
-        )  # fmt: skip
-
-    if offset is None:
-        return dot(lhs, sizes)
-    return on_local_rows(dot, lhs, sizes, offset, int(rhs.shape[0]))

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kerneltune._src.core import tracing
+from kerneltune.kernels._args import check_contracted
 from kerneltune.kernels.ragged_dot import groups as groups_lib
 
 
@@ -36,13 +37,32 @@ def check_operands(
             f"{op}: {ns} must be 1-D [G] with G = {nb}.shape[0] = {b.shape[0]}, got shape "
             f"{shape_of(sizes)}."
         )
-    if a.shape[1] != b.shape[1]:
-        raise ValueError(
-            f"{op}: {na} is {shape_of(a)} and {nb} is {shape_of(b)}; {na}.shape[1] must equal "
-            f"{nb}.shape[1] (K)."
-        )
+    check_contracted(op, (na, nb), a, b, (1, 1), " (K)")
     if not jnp.issubdtype(sizes.dtype, jnp.integer):
         raise TypeError(f"{op}: {ns} must have an integer dtype, got {sizes.dtype}.")
+
+
+def check_pair(
+    op: str,
+    names: tuple[str, str],
+    a: Any,
+    b: Any,
+    *,
+    ndims: tuple[int, int],
+    layouts: str,
+    axes: tuple[int, int],
+    agree: str,
+) -> None:
+    """A backward kernel's two arrays: `a` and `b` have `ndims` dimensions (`layouts`
+    says which, e.g. "[M, N] and [G, K, N]") and `a.shape[i] == b.shape[j]` for
+    `axes == (i, j)` (`agree` says what that means, e.g. "agree on N")."""
+    na, nb = names
+    if getattr(a, "ndim", None) != ndims[0] or getattr(b, "ndim", None) != ndims[1]:
+        raise ValueError(
+            f"{op}: {na} and {nb} must be {layouts}, got shapes {shape_of(a)} and {shape_of(b)}."
+        )
+    if a.shape[axes[0]] != b.shape[axes[1]]:
+        raise ValueError(f"{op}: {na} {shape_of(a)} and {nb} {shape_of(b)} must {agree}.")
 
 
 def check_sizes(op: str, sizes: Any, groups: int | None) -> None:

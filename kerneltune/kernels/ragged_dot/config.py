@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from kerneltune._src.params import check_positive
+from kerneltune._src.params import check_one_of, check_positive
 from kerneltune.kernels._common import (
     MAX_REGISTERS_PER_THREAD,
     Pruned,
@@ -119,10 +119,7 @@ max_concurrent_steps=4, grid_block_n=4)
         check_blocks(self, _BLOCKS, dot="a GPU dot")
         if self.backend == "triton":
             check_launch(self)
-            if self.tile_order not in TILE_ORDERS:
-                raise ValueError(
-                    f"{owner}.tile_order must be one of {TILE_ORDERS}, got {self.tile_order!r}."
-                )
+            check_one_of(owner, "tile_order", self.tile_order, TILE_ORDERS)
         else:
             check_positive(owner, "max_concurrent_steps", self.max_concurrent_steps)
             check_positive(owner, "grid_block_n", self.grid_block_n)

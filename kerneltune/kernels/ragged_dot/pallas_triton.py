@@ -25,6 +25,8 @@ costs what the same local groups cost at the top of the rows, the renumbered lay
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +34,7 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kerneltune.kernels._common import pad_to, triton_compiler_params
+from kerneltune.kernels._common import launch_params, pad_to
 from kerneltune.kernels.ragged_dot import groups as groups_lib
 from kerneltune.kernels.ragged_dot.config import RaggedDotConfig
 from kerneltune.kernels.ragged_dot.pallas_backward import PallasGradient
@@ -154,10 +156,36 @@ def _triton_store(*args, **kwargs):
     return plt.store(*args, **kwargs)
 
 
-def _launch(cfg: RaggedDotConfig, interpret: bool):
-    if interpret:
-        return None
-    return triton_compiler_params(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+def _tiled_call(
+    kernel: Callable[..., None],
+    cfg: RaggedDotConfig,
+    interpret: bool,
+    *,
+    out_shape: jax.ShapeDtypeStruct,
+    grid: tuple[Any, ...],
+    name: str,
+    **static: Any,
+) -> Callable[..., jax.Array]:
+    """`kernel` as a `pallas_call` with `cfg`'s tiles, tile order and launch, and its
+    other `static` arguments; the interpreter upcasts the dot's operands."""
+    bm, bn, bk = cfg.blocks
+    body = functools.partial(
+        kernel,
+        block_m=bm,
+        block_n=bn,
+        block_k=bk,
+        rows_first=cfg.tile_order == "m",
+        upcast=interpret,
+        **static,
+    )
+    return pl.pallas_call(
+        body,
+        out_shape=out_shape,
+        grid=grid,
+        compiler_params=launch_params(cfg, interpret=interpret),
+        interpret=interpret,
+        name=name,
+    )
 
 
 def grouped_matmul(
@@ -194,24 +222,16 @@ def grouped_matmul(
     schedule = tile_schedule(group_sizes, m, bm, row_start)
     tiles_m, tiles_n = schedule[0].shape[0], np_ // bn
     rows_first = cfg.tile_order == "m"
-    kernel = functools.partial(
+    out = _tiled_call(
         _grouped_kernel,
-        block_m=bm,
-        block_n=bn,
-        block_k=bk,
+        cfg,
+        interpret,
+        out_shape=jax.ShapeDtypeStruct((mp, np_), out_dtype),
+        grid=(tiles_m, tiles_n) if rows_first else (tiles_n, tiles_m),
+        name="kerneltune_ragged_dot",
         steps=cp // bk,
         groups=g,
         transpose_w=transpose_w,
-        rows_first=rows_first,
-        upcast=interpret,
-    )
-    out = pl.pallas_call(
-        kernel,
-        out_shape=jax.ShapeDtypeStruct((mp, np_), out_dtype),
-        grid=(tiles_m, tiles_n) if rows_first else (tiles_n, tiles_m),
-        compiler_params=_launch(cfg, interpret),
-        interpret=interpret,
-        name="kerneltune_ragged_dot",
     )(*schedule, xp, wp)
     return out if (mp, np_) == (m, n) else out[:m, :n]
 
@@ -268,20 +288,12 @@ def grouped_transposed_matmul(
     lo, hi = group_bounds(group_sizes, m, row_start)
     rows_first = cfg.tile_order == "m"
     tiles = (pp // bm, qp // bn) if rows_first else (qp // bn, pp // bm)
-    kernel = functools.partial(
+    out = _tiled_call(
         _transposed_kernel,
-        block_m=bm,
-        block_n=bn,
-        block_k=bk,
-        rows_first=rows_first,
-        upcast=interpret,
-    )
-    out = pl.pallas_call(
-        kernel,
+        cfg,
+        interpret,
         out_shape=jax.ShapeDtypeStruct((g, pp, qp), out_dtype),
         grid=(g, *tiles),
-        compiler_params=_launch(cfg, interpret),
-        interpret=interpret,
         name="kerneltune_ragged_dot_drhs",
     )(lo, hi, ap, bp)
     return out if (pp, qp) == (p, q) else out[:, :p, :q]

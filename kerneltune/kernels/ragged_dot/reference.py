@@ -9,7 +9,6 @@ local groups come out zero, and so do the rows moved round from before `start`."
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -30,19 +29,21 @@ def rows_after_groups_zeroed(out: jax.Array, group_sizes: jax.Array) -> jax.Arra
     return jnp.where(rows < total, out, jnp.zeros((), out.dtype))
 
 
-def on_local_rows(
-    fn: Callable[[jax.Array, jax.Array], jax.Array],
-    rows: jax.Array,
+def local_ragged_dot(
+    lhs: jax.Array,
+    rhs: jax.Array,
     group_sizes: jax.Array,
-    group_offset: jax.Array,
-    local: int,
+    group_offset: jax.Array | None,
+    **options: Any,
 ) -> jax.Array:
-    """`fn(rows', local sizes)` for the `local` groups from `group_offset` on, where
-    `rows'` are `rows` moved up so the local groups start at row 0, and the result
-    moved back (its rows outside the local groups zero, as `fn`'s after its last
-    group are)."""
-    sizes, start = groups_of(group_sizes, group_offset, local, rows.shape[0])
-    return shift_rows(fn(shift_rows(rows, -start), sizes), start)
+    """`jax.lax.ragged_dot(lhs, rhs, group_sizes, **options)`; with `group_offset`, for
+    the `rhs.shape[0]` local groups from there on: `lhs`'s rows moved up so the local
+    groups start at row 0, and the result moved back (its rows outside the local groups
+    zero, as `jax.lax.ragged_dot`'s after its last group are)."""
+    if group_offset is None:
+        return jax.lax.ragged_dot(lhs, rhs, group_sizes, **options)
+    sizes, start = groups_of(group_sizes, group_offset, rhs.shape[0], lhs.shape[0])
+    return shift_rows(jax.lax.ragged_dot(shift_rows(lhs, -start), rhs, sizes, **options), start)
 
 
 def ragged_dot_xla(
@@ -58,15 +59,9 @@ def ragged_dot_xla(
     `group_offset`, the rows of `rhs.shape[0]` groups from there on."""
     want = np.dtype(out_dtype)
     pref = None if want == np.dtype(lhs.dtype) else want
-
-    def dot(rows: jax.Array, sizes: jax.Array) -> jax.Array:
-        return jax.lax.ragged_dot(
-            rows, rhs, sizes, precision=precision, preferred_element_type=pref
-        )
-
-    if group_offset is None:
-        return dot(lhs, group_sizes)
-    return on_local_rows(dot, lhs, group_sizes, group_offset, rhs.shape[0])
+    return local_ragged_dot(
+        lhs, rhs, group_sizes, group_offset, precision=precision, preferred_element_type=pref
+    )
 
 
 def ragged_dot_dlhs_xla(
@@ -80,13 +75,9 @@ def ragged_dot_dlhs_xla(
     """`d_lhs[M, K]`: each row of `dout[M, N]` times its group's `rhs[g]ᵀ` (zero outside
     the local groups with `group_offset`)."""
     rhs_t = jnp.swapaxes(rhs, 1, 2)
-
-    def dot(rows: jax.Array, sizes: jax.Array) -> jax.Array:
-        return jax.lax.ragged_dot(rows, rhs_t, sizes, preferred_element_type=np.dtype(out_dtype))
-
-    if group_offset is None:
-        return dot(dout, group_sizes)
-    return on_local_rows(dot, dout, group_sizes, group_offset, rhs.shape[0])
+    return local_ragged_dot(
+        dout, rhs_t, group_sizes, group_offset, preferred_element_type=np.dtype(out_dtype)
+    )
 
 
 def ragged_dot_drhs_xla(
