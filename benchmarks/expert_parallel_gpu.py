@@ -123,23 +123,12 @@ def namespaces(tokamax: Any, tuning: op_bench.Tuning | None) -> dict[str, Any]:
 
 
 def burst_session(step: Callable[..., Any], args: Sequence[Any], calls: int) -> Callable[[], float]:
-    """Each call: `calls` steps back to back, waited for; returns seconds per step. Off
-    GPUs each step is waited for: with several steps of a program with collectives in
-    flight on 4 fake CPU devices of a loaded 2-core machine, XLA:CPU aborted the
-    process (jax 0.10.2)."""
+    """Each call: `calls` steps back to back (`harness.burst_seconds`); returns seconds
+    per step. Off GPUs each step is waited for: with several steps of a program with
+    collectives in flight on 4 fake CPU devices of a loaded 2-core machine, XLA:CPU
+    aborted the process (jax 0.10.2)."""
     in_flight = h.on_gpu()
-
-    def run() -> float:
-        t0 = time.perf_counter()
-        out = None
-        for _ in range(calls):
-            out = step(*args)
-            if not in_flight:
-                jax.block_until_ready(out)
-        jax.block_until_ready(out)
-        return (time.perf_counter() - t0) / calls
-
-    return run
+    return lambda: h.burst_seconds(step, [args], calls, in_flight=in_flight)
 
 
 def peak_of(compiled: Any) -> int | None:

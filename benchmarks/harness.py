@@ -107,18 +107,28 @@ def _wall_calls(fn: Callable[..., Any], sets: Sequence[Any], calls: int) -> list
 BURST = 5
 
 
+def burst_seconds(
+    fn: Callable[..., Any], sets: Sequence[Any], calls: int, start: int = 0, in_flight: bool = True
+) -> float:
+    """Wall seconds per call of `calls` calls of `fn` back to back, cycling through the
+    argument sets from `start`: device time plus the launch gaps, without one host
+    round trip a call. With `in_flight` False each call is waited for before the next
+    (XLA:CPU aborted with several collective programs in flight, jax 0.10.2)."""
+    t0 = time.perf_counter()
+    results = []
+    for i in range(calls):
+        results.append(fn(*sets[(start + i) % len(sets)]))
+        if not in_flight:
+            jax.block_until_ready(results[-1])
+    jax.block_until_ready(results)
+    return (time.perf_counter() - t0) / calls
+
+
 def _burst_calls(fn: Callable[..., Any], sets: Sequence[Any], calls: int) -> list[float]:
-    """Wall seconds per call of bursts of `BURST` calls in flight together, one value
-    a burst (about `calls` calls in all): device time plus the launch gaps a burst
-    leaves, without one host round trip a call."""
+    """Seconds per call of bursts of `BURST` calls (`burst_seconds`), one value a
+    burst, about `calls` calls in all."""
     jax.block_until_ready(fn(*sets[0]))
-    out = []
-    for b in range(max(1, -(-calls // BURST))):
-        t0 = time.perf_counter()
-        results = [fn(*sets[(b * BURST + i) % len(sets)]) for i in range(BURST)]
-        jax.block_until_ready(results)
-        out.append((time.perf_counter() - t0) / BURST)
-    return out
+    return [burst_seconds(fn, sets, BURST, b * BURST) for b in range(max(1, -(-calls // BURST)))]
 
 
 def call_times(fn: Callable[..., Any], sets: Sequence[Any], calls: int) -> list[float]:

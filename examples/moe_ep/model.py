@@ -245,7 +245,7 @@ def return_dense(out: jax.Array, pl: Plan, n: int, ep: int, axis: str) -> jax.Ar
     within = rows - pl.send_start[peer]
     kept = within < pl.sent[peer]
     index = jnp.where(kept, peer * slot + within, 0)
-    return jnp.where(kept[:, None], flat[index], 0).astype(out.dtype)
+    return jnp.where(kept[:, None], flat[index], 0)
 
 
 # --- the block ---------------------------------------------------------------------------
@@ -317,33 +317,6 @@ def _shard_map(fn: Callable[..., Any], **kwargs: Any) -> Callable[..., Any]:
         return shard_map(fn, check_vma=False, **kwargs)
     except TypeError:  # older spelling
         return shard_map(fn, check_rep=False, **kwargs)
-
-
-@functools.cache
-def _ragged_all_to_all_compiles(devices: tuple[Any, ...]) -> bool:
-    mesh = Mesh(np.asarray(devices), ("probe",))
-    n = len(devices)
-
-    def probe(x: jax.Array) -> jax.Array:
-        sizes = jnp.ones((n,), jnp.int32)
-        offsets = jnp.arange(n, dtype=jnp.int32)
-        mine = jnp.full((n,), jax.lax.axis_index("probe"), jnp.int32)
-        return jax.lax.ragged_all_to_all(
-            x, jnp.zeros_like(x), offsets, sizes, mine, sizes, axis_name="probe"
-        )
-
-    fn = _shard_map(probe, mesh=mesh, in_specs=P("probe"), out_specs=P("probe"))
-    try:
-        jax.jit(fn).lower(jax.ShapeDtypeStruct((n * n, 8), jnp.float32)).compile()
-    except Exception:  # XLA:CPU: "HLO opcode `ragged-all-to-all` is not supported"
-        return False
-    return True
-
-
-def ragged_all_to_all_compiles(mesh: Mesh) -> bool:
-    """Whether this JAX and the mesh's platform compile `jax.lax.ragged_all_to_all`
-    (GPUs yes; XLA:CPU no, as of jax 0.10.2)."""
-    return _ragged_all_to_all_compiles(tuple(mesh.devices.flat))
 
 
 def resolve(cfg: EPConfig) -> str:
