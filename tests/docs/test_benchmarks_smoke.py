@@ -159,6 +159,43 @@ def test_cupti_calls_raise_other_profiler_errors(monkeypatch):
         harness._cupti_calls(lambda: None, [()], 3)
 
 
+def _cupti_reporting(monkeypatch, per_call_ms):
+    """A GPU whose CUPTI reports `per_call_ms` for every call, whatever ran."""
+    from jax.experimental.mosaic.gpu import profiler
+
+    def measure(f, *, aggregate=True, iterations=1):
+        def run():
+            for _ in range(iterations):
+                f()
+            return None, [per_call_ms] * iterations
+
+        return run
+
+    monkeypatch.setattr(profiler, "measure", measure)
+    monkeypatch.setattr(harness, "on_gpu", lambda: True)
+
+
+def _sleeping_step(a):
+    # 2 ms of host work inside the compiled program, on every call (not at tracing).
+    def sleep(a):
+        time.sleep(0.002)
+        return np.float32(a)
+
+    return jax.pure_callback(sleep, jax.ShapeDtypeStruct((), jnp.float32), a)
+
+
+def test_a_session_times_bursts_where_cupti_saw_a_fraction_of_the_work(monkeypatch):
+    """cuDNN's packed-layout backward: CUPTI said 0.05 ms for a 9 ms step (an H200)."""
+    _cupti_reporting(monkeypatch, 0.05)
+    got = harness.session(_sleeping_step, [(jnp.float32(1),), (jnp.float32(2),)])()
+    assert 0.002 <= got < 0.05  # the wall of a burst, not CUPTI's 50 us
+
+
+def test_a_session_keeps_cupti_where_it_accounts_for_the_wall(monkeypatch):
+    _cupti_reporting(monkeypatch, 1.7)  # the step's 2 ms sleep, less launch gaps
+    assert harness.session(_sleeping_step, [(jnp.float32(1),), (jnp.float32(2),)])() == pytest.approx(1.7e-3)
+
+
 def test_device_time_is_positive_and_finite_on_cpu():
     x = jnp.ones((64, 64), jnp.float32)
     assert _positive(harness.device_time(lambda a: a @ a, [(x,), (x + 1,)]))

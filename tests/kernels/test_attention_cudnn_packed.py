@@ -12,6 +12,9 @@ import pytest
 from kerneltune.kernels.attention import cudnn_packed as cp
 from kerneltune.kernels.attention.variants import VariantConfig
 
+# Tests of what happens off a GPU: on one, cuDNN and tokamax run (or name float32).
+cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu", reason="behaviour off a GPU")
+
 
 def layout_mask(lengths, offsets, t, causal):
     """`[B, T, T]`: True where cuDNN's packed layout lets query i see key j: both in the
@@ -97,7 +100,8 @@ def test_packed_or_takes_the_packed_path_only_for_packable_ids_under_jit_and_gra
     packed_marked = jax.jit(lambda q, ids: run(q, ids, 100.0))
     # Packable (3 documents, 4 slots): the packed path ran (marked), equal otherwise.
     got = packed_marked(q, ordered)
-    np.testing.assert_allclose(got - 100.0, fallback_only(q, ordered), atol=1e-5)
+    # Around 100 float32's step is 7.6e-6: the marker's removal costs that much.
+    np.testing.assert_allclose(got - 100.0, fallback_only(q, ordered), atol=1e-4)
     # 6 documents, 4 slots: the fallback ran (no marker).
     np.testing.assert_allclose(packed_marked(q, many), fallback_only(q, many), atol=1e-5)
     # Gradients go through the branch that ran (the marker is a constant).
@@ -106,6 +110,7 @@ def test_packed_or_takes_the_packed_path_only_for_packable_ids_under_jit_and_gra
     np.testing.assert_allclose(g, g_ref, atol=1e-4)
 
 
+@cpu_only
 @pytest.mark.parametrize("backend", ["cudnn_packed", "cudnn", "tokamax"])
 def test_a_library_config_where_the_library_cannot_run_falls_back_to_xla(backend):
     # Off a GPU an explicit cuDNN or tokamax config runs the chunked XLA path. It used to
@@ -138,7 +143,8 @@ def test_the_backend_names_why_it_cannot_run_a_call():
         "attention_variants", (q, q, q, None, Masks(q_segments=ids, kv_segments=ids)), static
     )
     reason = cp._unsupported(with_ids)
-    assert reason is not None and ("Hopper" in reason or "packed layout" in reason)  # a CPU
+    if jax.default_backend() == "cpu":
+        assert reason is not None and ("Hopper" in reason or "packed layout" in reason)
 
 
 def test_grouped_query_key_strides_are_known_per_jax_release():

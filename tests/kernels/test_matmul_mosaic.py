@@ -21,6 +21,9 @@ from kerneltune.kernels.matmul import config as mc
 from kerneltune.kernels.matmul import mosaic_space as ms
 from kerneltune.kernels.matmul import pallas_mosaic as pm
 
+# Tests of what happens off a Hopper GPU, on the CPU this suite runs on in CI.
+cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu", reason="behaviour off a GPU")
+
 BF16 = np.dtype(jnp.bfloat16)
 HOPPER_SMEM = 227 * 1024
 
@@ -367,6 +370,7 @@ def test_the_mosaic_kernel_lowers_for_a_hopper_gpu_with_this_jax(monkeypatch):
 # --- where Mosaic configs are offered ----------------------------------------------------
 
 
+@cpu_only
 def test_off_hopper_the_space_is_unchanged():
     kernel = Matmul(interpret=True)
     p = problem(256, 256, 256)
@@ -407,6 +411,7 @@ def test_a_mosaic_config_is_refused_by_the_interpreter_with_a_clear_error():
         Matmul(interpret=True).run(x, y, cfg=mosaic(block_m=128, block_n=256))
 
 
+@cpu_only
 def test_the_mosaic_kernel_off_hopper_raises_a_runtime_error():
     x = jnp.ones((128, 64), jnp.bfloat16)
     y = jnp.ones((64, 256), jnp.bfloat16)
@@ -414,6 +419,7 @@ def test_the_mosaic_kernel_off_hopper_raises_a_runtime_error():
         pm.matmul_mosaic(x, y, mosaic(block_m=128, block_n=256))
 
 
+@cpu_only
 def test_a_mosaic_config_on_the_cpu_xla_path_computes_the_product():
     # On CPUs every config runs `jnp.dot`: a config tuned on a GPU does no harm here.
     key = jax.random.PRNGKey(0)
