@@ -504,5 +504,9 @@ def test_tuning_scaleout_benchmark_runs_one_process_workers_and_a_two_process_jo
     assert len(workers.tuned_by) == 2 and sum(workers.tuned_by) == workers.keys
     job = runs[2]
     assert len(job.tuned_by) == 2 and job.identical  # both processes hold the same configs
+    for r in (runs[0], job):  # the wall split into start-up and tuning
+        assert _positive(r.startup_s) and (r.tuning_s > 0) == bool(r.tuned), r
+        assert r.startup_s + r.tuning_s <= r.wall_s, r
+    assert workers.startup_s is None and workers.tuning_s is None
     table = scaleout.table(runs)
     assert "÷ 1 process" in table and "2 processes" in table
