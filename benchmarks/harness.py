@@ -147,9 +147,8 @@ def session(fn: Callable[..., Any], sets: Sequence[Any]) -> Callable[[], float]:
     cycling through the argument sets; CUPTI device time on a GPU, else wall time."""
     fn = fn if hasattr(fn, "lower") else jax.jit(fn)
     out = jax.block_until_ready(fn(*sets[0]))  # compiles; not timed
-    timer, call_s = _checked_timer(fn, sets)
-    calls = session_calls(call_s, nbytes(out))
-    return lambda: statistics.median(timer(fn, sets, calls))
+    calls = session_calls(statistics.median(call_times(fn, sets, 2)), nbytes(out))
+    return lambda: statistics.median(_checked(call_times(fn, sets, calls), fn, sets))
 
 
 #: Wall seconds per call (in a burst) above which launch gaps cannot explain a CUPTI
@@ -157,20 +156,17 @@ def session(fn: Callable[..., Any], sets: Sequence[Any]) -> Callable[[], float]:
 CUPTI_CHECK_S = 3e-4
 
 
-def _checked_timer(
-    fn: Callable[..., Any], sets: Sequence[Any]
-) -> tuple[Callable[[Callable[..., Any], Sequence[Any], int], list[float]], float]:
-    """`call_times` and its estimate of one call, or `_burst_calls` and a burst's wall
-    where CUPTI saw a fraction of the work: cuDNN's packed-layout backward (jax 0.11.2,
-    an H200) measured 0.05 ms by CUPTI in a 9 ms training step, its kernels' order
-    consistent this time, so `_cupti_calls`' own fallback did not fire."""
-    estimate = statistics.median(call_times(fn, sets, 2))
+def _checked(times: list[float], fn: Callable[..., Any], sets: Sequence[Any]) -> list[float]:
+    """`times` (one session's), or bursts' walls where CUPTI saw a fraction of the work:
+    cuDNN's packed-layout backward (jax 0.11.2, an H200) read 0.05 ms by CUPTI in a
+    9 ms training step, its kernels' order consistent in that session, so
+    `_cupti_calls`' own fallback did not fire."""
     if not on_gpu():
-        return call_times, estimate
+        return times
     wall = burst_seconds(fn, sets, BURST)
-    if wall > CUPTI_CHECK_S and estimate < wall / 2:
-        return _burst_calls, wall
-    return call_times, estimate
+    if wall > CUPTI_CHECK_S and statistics.median(times) < wall / 2:
+        return _burst_calls(fn, sets, len(times))
+    return times
 
 
 def session_calls(call_s: float, out_bytes: int) -> int:

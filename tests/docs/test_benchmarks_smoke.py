@@ -159,12 +159,15 @@ def test_cupti_calls_raise_other_profiler_errors(monkeypatch):
         harness._cupti_calls(lambda: None, [()], 3)
 
 
-def _cupti_reporting(monkeypatch, per_call_ms):
-    """A GPU whose CUPTI reports `per_call_ms` for every call, whatever ran."""
+def _cupti_reporting(monkeypatch, per_call_ms, refuses=()):
+    """A GPU whose CUPTI reports `per_call_ms` for every call, whatever ran, and refuses
+    (kernels in another order) a measurement of `refuses` calls."""
     from jax.experimental.mosaic.gpu import profiler
 
     def measure(f, *, aggregate=True, iterations=1):
         def run():
+            if iterations in refuses:
+                raise RuntimeError("Kernel names are not consistent across iterations")
             for _ in range(iterations):
                 f()
             return None, [per_call_ms] * iterations
@@ -189,6 +192,15 @@ def test_a_session_times_bursts_where_cupti_saw_a_fraction_of_the_work(monkeypat
     _cupti_reporting(monkeypatch, 0.05)
     got = harness.session(_sleeping_step, [(jnp.float32(1),), (jnp.float32(2),)])()
     assert 0.002 <= got < 0.05  # the wall of a burst, not CUPTI's 50 us
+
+
+def test_a_session_checks_every_session_not_only_the_sizing_calls(monkeypatch):
+    """The H200 run: the two sizing calls were refused (timed by bursts, right), the
+    session's calls were not (CUPTI's 0.05 ms, wrong)."""
+    _cupti_reporting(monkeypatch, 0.05, refuses=(2,))
+    monkeypatch.setattr(harness, "MIN_CALLS", 5)  # sessions of 5 calls, sizing by 2
+    got = harness.session(_sleeping_step, [(jnp.float32(1),), (jnp.float32(2),)])()
+    assert 0.002 <= got < 0.05
 
 
 def test_a_session_keeps_cupti_where_it_accounts_for_the_wall(monkeypatch):
