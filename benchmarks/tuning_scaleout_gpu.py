@@ -108,6 +108,19 @@ def _configs(result: Any) -> dict[str, Any]:
     return {f"{e['op_id']} {e['call_key']}": e.get("cfg") for e in doc["entries"]}
 
 
+def _per_key(result: Any) -> dict[str, str]:
+    """`{"op call_key": "wall s, strategy, candidates timed of all"}`: where the tuning
+    time of a run went (a cold key searches far more of its space than a warm one)."""
+    out = {}
+    for e in json.loads(result.dumps())["entries"]:
+        timed = sum(1 for t in e.get("candidates") or () if t.get("time_s") is not None)
+        every = len(e.get("candidates") or ())
+        out[f"{e['op_id']} {e['call_key']}"] = (
+            f"{e.get('wall_s') or 0:.1f} s, {e.get('strategy')}, {timed} of {every} timed"
+        )
+    return out
+
+
 def worker(args: argparse.Namespace) -> None:
     """One process of a run: tunes the block with `kt.autotune` and writes what it
     tuned itself and the configs it ended with to `args.out`."""
@@ -139,7 +152,7 @@ def worker(args: argparse.Namespace) -> None:
     step, block_args = _block(args.smoke)
     startup = time.time() - launched
     result = kt.autotune(step, *block_args)
-    doc = {"tuned": sorted(set(mine)), "configs": _configs(result)}
+    doc = {"tuned": sorted(set(mine)), "configs": _configs(result), "per_key": _per_key(result)}
     with open(args.out, "w") as f:
         json.dump({**doc, "startup_s": startup, "tuning_s": tuning[0]}, f)
 
@@ -180,6 +193,9 @@ def _processes(n: int, smoke: bool, workdir: str) -> Run:
         with open(path) as f:
             docs.append(json.load(f))
     run.keys = len(docs[0]["configs"])
+    for i, d in enumerate(docs):
+        for key in d["tuned"]:
+            print(f"    process {i}: {key}: {d['per_key'].get(key, '?')}", file=sys.stderr)
     run.tuned_by = [len(d["tuned"]) for d in docs]
     run.tuned = [k for d in docs for k in d["tuned"]]
     run.once = len(run.tuned) == len(set(run.tuned))

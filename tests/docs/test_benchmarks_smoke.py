@@ -522,3 +522,18 @@ def test_tuning_scaleout_benchmark_runs_one_process_workers_and_a_two_process_jo
     assert workers.startup_s is None and workers.tuning_s is None
     table = scaleout.table(runs)
     assert "÷ 1 process" in table and "2 processes" in table
+
+
+def test_tuning_scaleout_names_each_keys_wall_strategy_and_timed_candidates():
+    import kerneltune as kt
+
+    from benchmarks import tuning_scaleout_gpu as scaleout
+
+    timings = (
+        {"cfg": {"b": 1}, "status": "ok", "time_s": 1e-3},
+        {"cfg": {"b": 2}, "status": "ok", "time_s": None},  # the search skipped it
+        {"cfg": {"b": 4}, "status": "ok", "time_s": 2e-3},
+    )
+    entry = kt.Entry("op@v1", "k", {"b": 1}, timings=timings, wall_s=2.5, strategy="warm")
+    result = kt.AutotuningResult("d", (entry,))
+    assert scaleout._per_key(result) == {"op@v1 k": "2.5 s, warm, 2 of 3 timed"}
