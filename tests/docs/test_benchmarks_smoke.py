@@ -205,7 +205,9 @@ def test_a_session_checks_every_session_not_only_the_sizing_calls(monkeypatch):
 
 def test_a_session_keeps_cupti_where_it_accounts_for_the_wall(monkeypatch):
     _cupti_reporting(monkeypatch, 1.7)  # the step's 2 ms sleep, less launch gaps
-    assert harness.session(_sleeping_step, [(jnp.float32(1),), (jnp.float32(2),)])() == pytest.approx(1.7e-3)
+    assert harness.session(
+        _sleeping_step, [(jnp.float32(1),), (jnp.float32(2),)]
+    )() == pytest.approx(1.7e-3)
 
 
 def test_device_time_is_positive_and_finite_on_cpu():
@@ -526,7 +528,6 @@ def test_tuning_scaleout_benchmark_runs_one_process_workers_and_a_two_process_jo
 
 def test_tuning_scaleout_names_each_keys_wall_strategy_and_timed_candidates():
     import kerneltune as kt
-
     from benchmarks import tuning_scaleout_gpu as scaleout
 
     timings = (
