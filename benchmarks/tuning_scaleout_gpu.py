@@ -10,14 +10,15 @@ out (`KERNELTUNE_SHIPPED=0`), so that every key is tuned:
   `kerneltune tune MANIFEST --workers N`: N worker processes, one GPU each, the keys
   dealt by estimated cost;
 - `N processes`: N processes on this host, one GPU each, joined by
-  `jax.distributed.initialize`, each calling `kt.autotune(step, params, x)`: the job
-  deals the keys, each process tunes its share, and all end with every config.
+  `jax.distributed.initialize`, each calling `kt.autotune(step, params, x)`: the
+  processes tune each family's first key together (a slice of its candidates each),
+  deal the other keys, and all end with every config.
 
 Printed per run: the wall time (process start to the last result, JAX's import and
-start included), the keys, the keys each worker was dealt (as `kerneltune tune` prints
-them) or each process tuned itself (its "autotune_finish" events), whether every key
-was tuned exactly once (the processes': no key twice, and together the keys the 1-process
-run tuned), whether every process ended with the same configs, and the wall over the
+start included), the keys, the keys tuned together, the keys each worker was dealt (as
+`kerneltune tune` prints them) or each process tuned alone (its "autotune_finish"
+events), whether every key was tuned exactly once (the processes': no key alone twice,
+a key tuned together by all), whether every process ended with the same configs, and the wall over the
 1-process wall (the issue's bar: ≤ 0.6 with 2 GPUs). For the processes, the wall's two
 parts: start-up (launch to the step built, the slowest process) and tuning (the most
 seconds one process spent on its own keys): only the second can shrink with GPUs.
@@ -53,7 +54,9 @@ class Run:
       wall_s: process start to the last result (None when it failed).
       keys: the tuned configs the run ended with.
       tuned_by: for each worker, the keys dealt to it (as `kerneltune tune` printed
-        them); for each process, the keys it tuned itself.
+        them); for each process, the keys it tuned alone.
+      shared: the keys every process tuned together, each timing a slice of their
+        candidates (each family's first key, `split.py`).
       tuned: the keys the run's processes tuned themselves, all together (not for
         `--workers`).
       once: every key was tuned by exactly one worker or process.
@@ -69,6 +72,7 @@ class Run:
     wall_s: float | None = None
     keys: int = 0
     tuned_by: list[int] = dataclasses.field(default_factory=list)
+    shared: int = 0
     tuned: list[str] = dataclasses.field(default_factory=list)
     once: bool | None = None
     identical: bool | None = None
@@ -137,6 +141,7 @@ def worker(args: argparse.Namespace) -> None:
     import kerneltune as kt
 
     mine: list[str] = []
+    shared: list[str] = []
     started: dict[str, float] = {}
     tuning = [0.0]
 
@@ -145,14 +150,21 @@ def worker(args: argparse.Namespace) -> None:
         if event == "autotune_start":
             started[key] = time.perf_counter()
         if event == "autotune_finish":
-            mine.append(key)
+            # A key tuned together with the other processes says so in its strategy.
+            together = "shared by" in (getattr(data.get("report"), "strategy", "") or "")
+            (shared if together else mine).append(key)
             tuning[0] += time.perf_counter() - started.pop(key, time.perf_counter())
 
     kt.default_executor().chooser.on_event = on_event
     step, block_args = _block(args.smoke)
     startup = time.time() - launched
     result = kt.autotune(step, *block_args)
-    doc = {"tuned": sorted(set(mine)), "configs": _configs(result), "per_key": _per_key(result)}
+    doc = {
+        "tuned": sorted(set(mine)),
+        "shared": sorted(set(shared)),
+        "configs": _configs(result),
+        "per_key": _per_key(result),
+    }
     with open(args.out, "w") as f:
         json.dump({**doc, "startup_s": startup, "tuning_s": tuning[0]}, f)
 
@@ -194,11 +206,19 @@ def _processes(n: int, smoke: bool, workdir: str) -> Run:
             docs.append(json.load(f))
     run.keys = len(docs[0]["configs"])
     for i, d in enumerate(docs):
-        for key in d["tuned"]:
-            print(f"    process {i}: {key}: {d['per_key'].get(key, '?')}", file=sys.stderr)
+        for key in d["shared"] + d["tuned"]:
+            together = " (together)" if key in d["shared"] else ""
+            print(
+                f"    process {i}: {key}{together}: {d['per_key'].get(key, '?')}", file=sys.stderr
+            )
     run.tuned_by = [len(d["tuned"]) for d in docs]
-    run.tuned = [k for d in docs for k in d["tuned"]]
-    run.once = len(run.tuned) == len(set(run.tuned))
+    shared = {k for d in docs for k in d["shared"]}
+    run.shared = len(shared)
+    run.tuned = [k for d in docs for k in d["tuned"]] + sorted(shared)
+    # Once: no key tuned alone twice, and a key tuned together by every process.
+    run.once = len(run.tuned) == len(set(run.tuned)) and all(
+        set(d["shared"]) == shared for d in docs
+    )
     run.startup_s = max(d["startup_s"] for d in docs)
     run.tuning_s = max(d["tuning_s"] for d in docs)
     if n > 1:
@@ -268,8 +288,8 @@ def record(path: str, smoke: bool) -> None:
 
 def table(runs: Sequence[Run]) -> str:
     base = next((r.wall_s for r in runs if r.name == "1 process" and r.wall_s), None)
-    lines = [["run", "wall s", "÷ 1 process", "start-up s", "tuning s", "keys", "keys each",
-              "each key once", "same configs"]]  # fmt: skip
+    lines = [["run", "wall s", "÷ 1 process", "start-up s", "tuning s", "keys", "together",
+              "keys each", "each key once", "same configs"]]  # fmt: skip
     for r in runs:
         lines.append([
             r.name,
@@ -278,6 +298,7 @@ def table(runs: Sequence[Run]) -> str:
             "-" if r.startup_s is None else f"{r.startup_s:.1f}",
             "-" if r.tuning_s is None else f"{r.tuning_s:.1f}",
             str(r.keys),
+            str(r.shared),
             " ".join(map(str, r.tuned_by)) or "-",
             "-" if r.once is None else ("yes" if r.once else "NO"),
             "-" if r.identical is None else ("yes" if r.identical else "NO"),

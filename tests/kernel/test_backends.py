@@ -136,9 +136,10 @@ def test_the_shipped_tables_hold_old_names_and_load_as_new_ones():
     assert old, "the shipped tables hold matmul configs stored under the old names"
     kind, key = old[0]
     cfg = tables.get(f"{kind}|cuda", "matmul@v3", key, MatmulConfig)
-    assert isinstance(cfg, MatmulConfig) and cfg.block_m == tables.get_entry(
-        f"{kind}|cuda", "matmul@v3", key
-    ).cfg["bm"]
+    assert (
+        isinstance(cfg, MatmulConfig)
+        and cfg.block_m == tables.get_entry(f"{kind}|cuda", "matmul@v3", key).cfg["bm"]
+    )
 
 
 def test_a_backend_config_refuses_another_backends_fields_and_shows_its_own():

@@ -141,19 +141,47 @@ def test_a_process_that_never_arrives_makes_the_others_time_out():
     assert took < 100
 
 
-@pytest.mark.parametrize("n", [2, 4])
-def test_offline_tuning_is_split_so_each_key_is_tuned_once(n):
-    # Before: under jax.distributed every process tuned every recorded key (and agreed
-    # on each); now each key is tuned by one process and every process ends with all.
-    results = _launch(n, [""] * n, mode="split")
+def _each_key_tuned_once_but_the_seed(results):
+    """The keys of one family (the recorded sizes): the seed (the costliest) tuned by
+    every process, each timing the heuristic and its slice of the other candidates;
+    every other key by exactly one process. Returns the seed."""
     tuned = [set(map(tuple, r["tuned"])) for r in results]
     everything = set(map(tuple, results[0]["keys"]))
     assert len(everything) == len(SPLIT_SIZES)
     assert set().union(*tuned) == everything
-    assert sum(len(t) for t in tuned) == len(everything)  # exactly once in the job
-    assert all(t for t in tuned)  # every process had a share
+    (seed,) = set.intersection(*tuned)
+    alone = [t - {seed} for t in tuned]
+    assert sum(len(t) for t in alone) == len(everything) - 1  # each other key once
+    assert all(t for t in alone)  # every process had a share
+    # The seed's candidates: the heuristic timed by all, each other by one process.
+    timed = [dict((tuple(k), n) for k, n in r["timed"]) for r in results]
+    assert sum(t[seed] - 1 for t in timed) == len(CANDIDATES) - 1
+    return seed
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_offline_tuning_is_split_so_each_key_is_tuned_once(n):
+    # Before: under jax.distributed every process tuned every recorded key (and agreed
+    # on each); now each key is tuned by one process (the family's first by all
+    # together, a slice of its candidates each) and every process ends with all.
+    results = _launch(n, [""] * n, mode="split")
+    everything = set(map(tuple, results[0]["keys"]))
+    _each_key_tuned_once_but_the_seed(results)
     assert len({r["result"] for r in results}) == 1  # the identical full result
     assert all(r["entries"] == len(everything) and r["cached"] for r in results)
+
+
+def test_a_seed_one_process_holds_cached_is_not_waited_for_and_its_config_is_everyones():
+    # Process 1 holds the seed cached: it joins the seed's round without tuning (or
+    # process 0 would wait for it until the timeout) and its config ends in every
+    # process's cache, not only in the merged result.
+    env = {"KT_TEST_PRECACHED": "1", "KERNELTUNE_AGREE_TIMEOUT": "40"}
+    results = _launch(2, ["", ""], mode="split", env=env)
+    tuned = [set(map(tuple, r["tuned"])) for r in results]
+    assert not tuned[0] & tuned[1]  # the seed was tuned by process 0 alone
+    assert len({r["result"] for r in results}) == 1
+    assert results[0]["configs"] == results[1]["configs"]
+    assert "b" in results[0]["configs"].values()  # process 1's cached seed config
 
 
 @pytest.mark.parametrize("n", [2])
@@ -163,12 +191,8 @@ def test_autotune_of_a_function_ends_with_identical_configs_on_every_process(n):
     # the default executor's cache, although alone each would pick differently
     # (KT_TEST_SLOW makes "c" and "a" dear on process 0: it picks "b"; process 1 "a").
     results = _launch(n, ["c,a", ""], mode="function")
-    tuned = [set(map(tuple, r["tuned"])) for r in results]
     everything = set(map(tuple, results[0]["keys"]))
-    assert len(everything) == len(SPLIT_SIZES)
-    assert set().union(*tuned) == everything
-    assert sum(len(t) for t in tuned) == len(everything)  # each key tuned once in the job
-    assert all(t for t in tuned)  # every process had a share
+    _each_key_tuned_once_but_the_seed(results)
     assert len({r["result"] for r in results}) == 1  # the identical full result
     assert len({json.dumps(r["cached"], sort_keys=True) for r in results}) == 1
     assert len(results[0]["cached"]) == len(everything)
@@ -255,11 +279,24 @@ def _worker(pid: int, n: int, port: int, mode: str) -> None:
             for size in SPLIT_SIZES:
                 heuristics(kernel, jnp.ones((size, size)) / size)
         ex, chain, events = executor()
+        if os.environ.get("KT_TEST_PRECACHED") == str(pid):
+            # This process holds the seed (the largest call) cached already.
+            from kerneltune._src.core.devices import device_fingerprint
+
+            (seed,) = [
+                r
+                for r in recording.iter_records(recording.get_invocations())
+                if r.args[0].shape[0] == max(SPLIT_SIZES)
+            ]
+            chain.cache.put(device_fingerprint(), *seed.key, SkewCfg(variant="b"))
         tuned = kt.autotune_recorded(selector=chain)
         result["keys"] = sorted(r.key for r in recording.iter_records(recording.get_invocations()))
         result["tuned"] = sorted(
             (d["op_id"], d["call_key"]) for e, d in events if e == "autotune_start"
         )
+        result["timed"] = [
+            ((d["op_id"], d["call_key"]), d["timed"]) for e, d in events if e == "autotune_start"
+        ]
         # The entries as JSON (the export's own time stamp aside).
         result["result"] = json.dumps(json.loads(tuned.dumps())["entries"], sort_keys=True)
         result["entries"] = len(tuned)
@@ -267,6 +304,9 @@ def _worker(pid: int, n: int, port: int, mode: str) -> None:
         result["cached"] = all(
             isinstance(chain.cache.get(tuned.device, e.op_id_v, e.call_key), SkewCfg) for e in tuned
         )
+        result["configs"] = {
+            e.call_key: chain.cache.get(tuned.device, e.op_id_v, e.call_key).variant for e in tuned
+        }
     elif mode == "function":
         ex, chain, events = executor()
         kt.set_default_executor(ex)  # `kt.autotune(f)` tunes into the default executor
@@ -280,6 +320,9 @@ def _worker(pid: int, n: int, port: int, mode: str) -> None:
         result["tuned"] = sorted(
             (d["op_id"], d["call_key"]) for e, d in events if e == "autotune_start"
         )
+        result["timed"] = [
+            ((d["op_id"], d["call_key"]), d["timed"]) for e, d in events if e == "autotune_start"
+        ]
         result["result"] = json.dumps(json.loads(tuned.dumps())["entries"], sort_keys=True)
         result["cached"] = {
             e.call_key: chain.cache.get(tuned.device, e.op_id_v, e.call_key).variant for e in tuned

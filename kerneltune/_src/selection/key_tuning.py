@@ -46,7 +46,18 @@ def tune_key(
         return dispatch.kernel_function(kernel, cfg, context)
 
     backward = backward and not scope.current().forward_only
-    emit("autotune_start", key, candidates=list(candidates), backward=backward, hints=hints)
+    # In a shared tuning each process times a slice (the heuristic and hints in all).
+    timed = distributed.shared_slice(
+        candidates, keep=[c for c in (heuristic, *hints) if c is not None]
+    )
+    emit(
+        "autotune_start",
+        key,
+        candidates=list(candidates),
+        backward=backward,
+        hints=hints,
+        timed=len(timed),
+    )
     # The call may be inside a jit trace: build inputs and time candidates outside
     # it, or every array made here would be a tracer of the user's program.
     with tracing.outside_traces():
@@ -56,7 +67,7 @@ def tune_key(
             make_fn,
             args,
             kwargs,
-            candidates,
+            timed,
             reference_cfg=heuristic,
             backward=backward,
             name=f"{inv.op_id_v}({inv.signature})",
@@ -64,7 +75,7 @@ def tune_key(
             hints=hints,
         )
     # With several processes, every one must end with the same winner (SPMD).
-    report = distributed.agree(key, report)
+    report = distributed.agree(key, report, candidates=candidates)
     if space is not None:
         late = any(c.status == "pruned" for c in report.candidates)
         report = dataclasses.replace(report, budgeted=len(candidates) < space or late)

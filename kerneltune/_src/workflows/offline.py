@@ -85,17 +85,20 @@ def tune_records(
       on_outcome: called after each record.
 
     Under an initialised multi-process JAX job, the records are split across the
-    processes (each key is tuned by one of them, `split.py`) and every process returns
-    every record's outcome, with the same configs.
+    processes (`split.py`: the first key of each family tuned by all of them together,
+    each timing a slice of its candidates; every other key by one of them) and every
+    process returns every record's outcome, with the same configs.
     """
     chain = selector_of(selector)
     peers = current_peers()
     if peers is None or peers.num_processes < 2:
         return _tune_here(records, chain, force, progress, on_outcome)
-    # A multi-process job: each key is tuned by one process, and all end with all.
-    share = split.share_of(records, peers)
+    # A multi-process job: each family's first key is tuned by all processes together,
+    # every other key by one process; all end with all.
+    plan = split.plan(records, peers)
+    own = _tune_seeds(plan.seeds, chain, force, progress, on_outcome)
     with distributed.tuning_alone():
-        own = _tune_here(share, chain, force, progress, on_outcome)
+        own += _tune_here(plan.share, chain, force, progress, on_outcome)
     merged = split.merge_results(peers, result_of(own), split.config_types(records))
     by_key = {o.record.key: o for o in own}
     outcomes = []
@@ -103,7 +106,10 @@ def tune_records(
         outcome = by_key.get(record.key)
         entry = merged.get(*record.key)
         if outcome is not None and entry is not None:
-            # The merged entry (the same in every process), not this process's copy.
+            # The merged entry (the same in every process), not this process's copy; a
+            # seed another process held cached gives its config to every process.
+            if outcome.entry is not None and outcome.entry.cfg != entry.cfg:
+                split.adopt(chain, merged.device, entry)
             outcome = dataclasses.replace(outcome, entry=entry)
         elif outcome is None:
             if entry is None:
@@ -117,6 +123,23 @@ def tune_records(
             if on_outcome is not None:
                 on_outcome(outcome)
         outcomes.append(outcome)
+    return outcomes
+
+
+def _tune_seeds(
+    seeds: Sequence[Record],
+    chain: ConfigSelectorChain[Any, Any],
+    force: bool,
+    progress: bool | None,
+    on_outcome: Callable[[CallOutcome], None] | None,
+) -> list[CallOutcome]:
+    """Tunes `seeds` together with the other processes (in the same order in each): a
+    seed this process finds in its caches, or cannot tune, still joins its round."""
+    with distributed.tuning_shared() as joined:
+        outcomes = _tune_here(seeds, chain, force, progress, on_outcome)
+        for record in seeds:
+            if record.key not in joined:
+                distributed.join_cached(*record.key)
     return outcomes
 
 

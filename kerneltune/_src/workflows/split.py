@@ -3,11 +3,18 @@
 Under `jax.distributed`, `autotune_recorded`, `autotune_lowered` and `kt.autotune(f)`
 tune each key once in the whole job instead of once per process:
 
-1. the processes exchange the keys they hold; a key every process holds is dealt by
-   estimated cost (the same deal everywhere: `tune_workers.deal_by_cost`), a key only
-   some hold goes to the lowest-numbered of them;
-2. each process tunes its share alone (no per-key agreement: nobody else tunes it);
-3. the processes exchange their results and each merges all of them in process order,
+1. the processes exchange the keys they hold;
+2. of the keys every process holds, the costliest of each family (calls that differ
+   only in sizes) is a *seed*: every process tunes it together, each timing a slice of
+   its candidates (`distributed.tuning_shared`). A family's first key is the dear one:
+   it searches its space cold, while the others start warm from its winner (a GPT
+   block on an H200: 11 s for the first matmul, 2 s for each of three more). Dealt
+   whole, every process paid a cold search of its own and 2 GPUs bought 0.84x;
+3. the other keys every process holds are dealt by estimated cost (the same deal
+   everywhere: `tune_workers.deal_by_cost`), a key only some hold goes to the
+   lowest-numbered of them, and each process tunes its share alone, warm from the
+   seeds (no per-key agreement: nobody else tunes it);
+4. the processes exchange their results and each merges all of them in process order,
    so every process ends with the identical full result.
 
 A process that never arrives makes the others raise `AgreementTimeoutError` naming it;
@@ -16,6 +23,7 @@ what they tuned themselves is in their caches already.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -27,15 +35,43 @@ from kerneltune._src.core.coordination import Peers, exchange_round, timeout_sec
 from kerneltune._src.kernel import hooks
 from kerneltune._src.kernel.recording import Record
 from kerneltune._src.selection.chain import ConfigSelectorChain
-from kerneltune._src.workflows.tune_workers import deal_by_cost
+from kerneltune._src.workflows.tune_workers import deal_by_cost, estimated_cost
 
 logger = logging.getLogger("kerneltune")
 
 
-def share_of(
-    records: Sequence[Record], peers: Peers, *, timeout_s: float | None = None
-) -> list[Record]:
-    """The records this process tunes (its share of every process's keys)."""
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What this process tunes.
+
+    Attributes:
+      seeds: the keys every process tunes together, in the same order everywhere.
+      share: the keys this process tunes alone.
+    """
+
+    seeds: list[Record]
+    share: list[Record]
+
+
+def family_of(record: Record) -> str:
+    """The record's family: its op and, where its shapes are known, what is left of
+    its key without sizes (`call_shapes`)."""
+    shape = record.shape
+    return f"{record.op_id_v} {shape.family if shape is not None else record.call_key}"
+
+
+def seeds_of(records: Sequence[Record]) -> list[Record]:
+    """The costliest record of each family (ties: the smallest key), in key order."""
+    best: dict[str, Record] = {}
+    for r in records:
+        f = family_of(r)
+        if f not in best or (-estimated_cost(r), r.key) < (-estimated_cost(best[f]), best[f].key):
+            best[f] = r
+    return sorted(best.values(), key=lambda r: r.key)
+
+
+def plan(records: Sequence[Record], peers: Peers, *, timeout_s: float | None = None) -> Plan:
+    """The seeds every process tunes together and this process's share of the rest."""
     mine = sorted({r.key for r in records})
     raw = exchange_round(
         peers,
@@ -49,6 +85,9 @@ def share_of(
         for op_id_v, call_key in files.loads(text):
             holders.setdefault((str(op_id_v), str(call_key)), []).append(pid)
     everyone = [r for r in records if len(holders.get(r.key, ())) == peers.num_processes]
+    seeds = seeds_of(everyone)
+    seeded = {r.key for r in seeds}
+    everyone = [r for r in everyone if r.key not in seeded]
     share = deal_by_cost(everyone, peers.num_processes)[peers.process_id]
     some = [
         r
@@ -56,7 +95,7 @@ def share_of(
         if len(holders.get(r.key, ())) < peers.num_processes
         and min(holders.get(r.key, [peers.process_id])) == peers.process_id
     ]
-    return sorted(share + some, key=lambda r: r.key)
+    return Plan(seeds, sorted(share + some, key=lambda r: r.key))
 
 
 def merge_results(

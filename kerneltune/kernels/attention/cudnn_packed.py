@@ -11,7 +11,7 @@ cuDNN's packed layout is reached through JAX's own cuDNN wrapper
 A call's documents are data, but the layout's number of segment slots is a shape:
 `DOCUMENT_SLOTS`. A call whose segment ids are not packed documents this layout can
 express (the query's and the keys' ids differ, a document's tokens are not contiguous
-and in order, or more documents than slots) runs what the kernel's heuristic picks
+and in order, or more documents than slots) runs what the kernel's `library_cfg` picks
 instead, chosen at run time (`lax.cond`): the result is always the call's. Where this
 JAX strides grouped-query keys wrongly in the packed layout (JAX 0.10), the keys and
 values are repeated for every query head first.
@@ -157,8 +157,8 @@ def _unsupported(inv: Any) -> str | None:
 
 class CudnnPackedBackend(Backend):
     """cuDNN's packed layout for segment ids that are packed documents (Hopper). A call
-    whose ids the layout cannot express runs, at run time, what the kernel's heuristic
-    picks for it (tokamax or cuDNN with the dense mask, else XLA)."""
+    whose ids the layout cannot express runs, at run time, the library the kernel's
+    `library_cfg` picks for it (tokamax or cuDNN with the dense mask, else XLA)."""
 
     name = "cudnn_packed"
     differentiated_by_jax = True
@@ -170,7 +170,7 @@ class CudnnPackedBackend(Backend):
         fused = _fused()
         mask_type = fused.MaskType.PADDING_CAUSAL if causal else fused.MaskType.PADDING
         static = {"causal": causal, "sm_scale": sm_scale, "window": window, "soft_cap": soft_cap}
-        other = kernel.heuristic_cfg(Invocation(kernel.op_id, (q, k, v, bias, masks), static))
+        other = kernel.library_cfg(Invocation(kernel.op_id, (q, k, v, bias, masks), static))
         fallback = kernel.backend_named(other.backend)
 
         def packed(lengths, offsets, q, k, v):

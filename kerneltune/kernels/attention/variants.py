@@ -7,8 +7,8 @@ these features runs here instead, on one of:
 - "cudnn": cuDNN's fused attention through `jax.nn` (GPUs; no soft cap, a window open
   to the left only);
 - "cudnn_packed": cuDNN's packed layout for segment ids that are packed documents
-  (Hopper; `cudnn_packed.py`): it skips the blocks between documents. Only an explicit
-  `VariantConfig(backend="cudnn_packed")` picks it until it is measured on a GPU;
+  (Hopper; `cudnn_packed.py`): it skips the blocks between documents. The heuristic's
+  choice for segment ids from `PACKED_MIN_TOKENS` tokens;
 - "tokamax": tokamax's Mosaic GPU kernel (Hopper, where installed; every variant);
 - "chunked": XLA a block of queries at a time (every platform; memory grows with the
   sequence);
@@ -105,6 +105,13 @@ def chunked_block_q(inv: Invocation[Any, Any], budget: int = BLOCK_LOGITS_BYTES)
     )
 
 
+#: Tokens from which the heuristic gives segment ids to cuDNN's packed layout: on an
+#: H200 (BENCHMARKS.md, 2026-11-27, twentieth session) at 8k and 16k tokens with 4 and
+#: 16 documents its training step took 0.19-0.41x the time of the best library given
+#: the dense mask (tokamax), its forward 0.10-0.50x. Shorter calls are not measured.
+PACKED_MIN_TOKENS = 8192
+
+
 class AttentionVariants(BackendKernel[VariantConfig]):
     """Attention with any of bias, mask, sequence lengths, segment ids, a local window
     and a soft cap: `(q, k, v, bias, masks)` with `masks` a `masking.Masks`, keyword
@@ -126,6 +133,18 @@ class AttentionVariants(BackendKernel[VariantConfig]):
     fallback = "chunked"
 
     def heuristic_cfg(self, inv: Invocation[Any, Any]) -> VariantConfig:
+        """cuDNN's packed layout for segment ids from `PACKED_MIN_TOKENS` tokens where it
+        runs (ids it cannot express run `library_cfg`'s choice, decided at run time);
+        else `library_cfg`."""
+        packed = self.backend_named("cudnn_packed")
+        if (
+            int(inv.args[0].shape[1]) >= PACKED_MIN_TOKENS
+            and packed.unusable(self, inv, None) is None
+        ):
+            return VariantConfig(backend="cudnn_packed")
+        return self.library_cfg(inv)
+
+    def library_cfg(self, inv: Invocation[Any, Any]) -> VariantConfig:
         """tokamax for a soft cap, a bias, a mask or segment ids, else cuDNN, where they
         run; else XLA: whole when the logits are small, a block of queries at a time
         when not. On an H200 at 8k-32k tokens (BENCHMARKS.md, 2026-11-27) tokamax's
@@ -155,9 +174,13 @@ class AttentionVariants(BackendKernel[VariantConfig]):
         with a window or padding, and XLA's paths 8-16x, while timing them made the
         first call 5-8 s longer (tokamax compiles for 7-8 s). Elsewhere the whole logits
         where they fit and the chunked path's query blocks."""
-        libraries = [VariantConfig(backend="cudnn"), VariantConfig(backend="tokamax")]
+        libraries = [
+            VariantConfig(backend="cudnn"),
+            VariantConfig(backend="tokamax"),
+            VariantConfig(backend="cudnn_packed"),
+        ]
         runs = [
-            c for c in libraries if self.backend_named(c.backend).unusable(self, inv, c) is None
+            c for c in libraries[:2] if self.backend_named(c.backend).unusable(self, inv, c) is None
         ]
         xla = [VariantConfig(backend="xla")] + [
             VariantConfig(backend="chunked", block_q=bq) for bq in BLOCK_Q_CANDIDATES
@@ -165,7 +188,10 @@ class AttentionVariants(BackendKernel[VariantConfig]):
         if runs:
             chosen = self.heuristic_cfg(inv)
             why = (
-                f"{chosen.backend} runs this variant; the other library measured 1.4-4x "
+                "cuDNN's packed layout runs these documents; the libraries given the dense "
+                "mask measured 2.4-5x slower (H200, 8k-16k tokens)"
+                if chosen.backend == "cudnn_packed"
+                else f"{chosen.backend} runs this variant; the other library measured 1.4-4x "
                 "slower and XLA's paths 8-16x (H200, 8k-32k tokens)"
             )
             return [chosen], [Pruned(c, why) for c in libraries + xla if c != chosen]
