@@ -3,6 +3,8 @@
 against the equivalent mask in `jax.nn`, bad input, the memory the chunked path
 compiles to, and which backend a call gets."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -375,6 +377,19 @@ def test_on_a_hopper_gpu_long_packed_documents_take_cudnns_packed_layout(monkeyp
     assert all("packed layout runs these documents" in p.reason for p in pruned)
     short = _inv(4096, 4096, parts=("segments",), dtype=bf16)
     assert kernel.heuristic_cfg(short) == VariantConfig(backend="tokamax")
+
+    # In training its backward holds float32 buffers per segment slot (2.24 GiB against
+    # tokamax's 0.25 at 8k, 16 heads): chosen while they stay within 4 GiB.
+    def training(t, n):
+        return dataclasses.replace(
+            _inv(t, t, parts=("segments",), dtype=bf16, n=n), differentiated=True
+        )
+
+    assert kernel.heuristic_cfg(training(16384, 16)).backend == "cudnn_packed"  # 4 GiB
+    assert kernel.heuristic_cfg(training(16384, 32)).backend == "tokamax"  # 8 GiB
+    assert kernel.heuristic_cfg(_inv(16384, 16384, parts=("segments",), dtype=bf16, n=32)) == (
+        VariantConfig(backend="cudnn_packed")  # the forward alone needs no such buffers
+    )
     # What the layout cannot take (a mask beside the ids, a window) keeps the libraries.
     for inv in (
         _inv(8192, 8192, parts=("segments", "mask"), dtype=bf16),

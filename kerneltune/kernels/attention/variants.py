@@ -39,7 +39,7 @@ from kerneltune.kernels.attention.chunked import (
     attention_chunked,
     default_block_q,
 )
-from kerneltune.kernels.attention.cudnn_packed import CudnnPackedBackend
+from kerneltune.kernels.attention.cudnn_packed import DOCUMENT_SLOTS, CudnnPackedBackend
 from kerneltune.kernels.attention.features import MaterialisingBackend
 from kerneltune.kernels.attention.jax_nn import CudnnVariantBackend
 from kerneltune.kernels.attention.masking import Masks
@@ -111,6 +111,19 @@ def chunked_block_q(inv: Invocation[Any, Any], budget: int = BLOCK_LOGITS_BYTES)
 #: the dense mask (tokamax), its forward 0.10-0.50x. Shorter calls are not measured.
 PACKED_MIN_TOKENS = 8192
 
+#: The most extra memory the packed layout's backward may take for the heuristic to
+#: choose it in training (`packed_backward_bytes`): on that H200 its training program
+#: held 2.24 GiB against tokamax's 0.25 at 8k tokens and 4.60 against 0.75 at 16k.
+PACKED_BACKWARD_BYTES = 4 * 2**30
+
+
+def packed_backward_bytes(inv: Invocation[Any, Any]) -> int:
+    """The packed layout's backward's extra memory: float32 buffers of every query head
+    for each of its `DOCUMENT_SLOTS` segment slots, two of them (2.0 and 3.85 GiB
+    measured over tokamax's at 8k and 16k tokens, 16 heads of 128)."""
+    b, t, n, d = inv.args[0].shape
+    return 2 * DOCUMENT_SLOTS * b * t * n * d * 4
+
 
 class AttentionVariants(BackendKernel[VariantConfig]):
     """Attention with any of bias, mask, sequence lengths, segment ids, a local window
@@ -134,11 +147,13 @@ class AttentionVariants(BackendKernel[VariantConfig]):
 
     def heuristic_cfg(self, inv: Invocation[Any, Any]) -> VariantConfig:
         """cuDNN's packed layout for segment ids from `PACKED_MIN_TOKENS` tokens where it
-        runs (ids it cannot express run `library_cfg`'s choice, decided at run time);
+        runs (ids it cannot express run `library_cfg`'s choice, decided at run time)
+        and, in training, its backward's extra memory is within `PACKED_BACKWARD_BYTES`;
         else `library_cfg`."""
         packed = self.backend_named("cudnn_packed")
         if (
             int(inv.args[0].shape[1]) >= PACKED_MIN_TOKENS
+            and (not inv.differentiated or packed_backward_bytes(inv) <= PACKED_BACKWARD_BYTES)
             and packed.unusable(self, inv, None) is None
         ):
             return VariantConfig(backend="cudnn_packed")
