@@ -85,16 +85,16 @@ def tune_records(
       on_outcome: called after each record.
 
     Under an initialised multi-process JAX job, the records are split across the
-    processes (`split.py`: the first key of each family tuned by all of them together,
-    each timing a slice of its candidates; every other key by one of them) and every
-    process returns every record's outcome, with the same configs.
+    processes (`split.py`: the first key of each family of several keys tuned by all of
+    them together, each timing a slice of its candidates; every other key by one of
+    them) and every process returns every record's outcome, with the same configs.
     """
     chain = selector_of(selector)
     peers = current_peers()
     if peers is None or peers.num_processes < 2:
         return _tune_here(records, chain, force, progress, on_outcome)
-    # A multi-process job: each family's first key is tuned by all processes together,
-    # every other key by one process; all end with all.
+    # A multi-process job: the first key of each family of several is tuned by all
+    # together, every other key by one process; all end with all.
     plan = split.plan(records, peers)
     own = _tune_seeds(plan.seeds, chain, force, progress, on_outcome)
     with distributed.tuning_alone():

@@ -5,11 +5,14 @@ tune each key once in the whole job instead of once per process:
 
 1. the processes exchange the keys they hold;
 2. of the keys every process holds, the costliest of each family (calls that differ
-   only in sizes) is a *seed*: every process tunes it together, each timing a slice of
-   its candidates (`distributed.tuning_shared`). A family's first key is the dear one:
-   it searches its space cold, while the others start warm from its winner (a GPT
-   block on an H200: 11 s for the first matmul, 2 s for each of three more). Dealt
-   whole, every process paid a cold search of its own and 2 GPUs bought 0.84x;
+   only in sizes) of two or more is a *seed*: every process tunes it together, each
+   timing a slice of its candidates (`distributed.tuning_shared`). A family's first key
+   is the dear one: it searches its space cold, while the others start warm from its
+   winner (a GPT block on an H200: 11 s for the first matmul, 2 s for each of three
+   more). Dealt whole, every process paid a cold search of its own and 2 GPUs bought
+   0.84x. A family of one key is dealt whole: its one cold search is needed anyway,
+   and tuned together every process would repeat its fixed work (inputs, reference,
+   the heuristic's compile);
 3. the other keys every process holds are dealt by estimated cost (the same deal
    everywhere: `tune_workers.deal_by_cost`), a key only some hold goes to the
    lowest-numbered of them, and each process tunes its share alone, warm from the
@@ -61,13 +64,16 @@ def family_of(record: Record) -> str:
 
 
 def seeds_of(records: Sequence[Record]) -> list[Record]:
-    """The costliest record of each family (ties: the smallest key), in key order."""
+    """The costliest record (ties: the smallest key) of each family of two or more
+    keys, in key order."""
     best: dict[str, Record] = {}
+    keys: dict[str, set[tuple[str, str]]] = {}
     for r in records:
         f = family_of(r)
+        keys.setdefault(f, set()).add(r.key)
         if f not in best or (-estimated_cost(r), r.key) < (-estimated_cost(best[f]), best[f].key):
             best[f] = r
-    return sorted(best.values(), key=lambda r: r.key)
+    return sorted((r for f, r in best.items() if len(keys[f]) > 1), key=lambda r: r.key)
 
 
 def plan(records: Sequence[Record], peers: Peers, *, timeout_s: float | None = None) -> Plan:
