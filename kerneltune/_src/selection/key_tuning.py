@@ -12,7 +12,7 @@ from kerneltune._src.core import scope, tracing
 from kerneltune._src.kernel import dispatch, hooks
 from kerneltune._src.kernel.base import Invocation, Kernel
 from kerneltune._src.kernel.methods import bound, methods_of
-from kerneltune._src.tuning import distributed
+from kerneltune._src.tuning import distributed, shared
 from kerneltune._src.tuning.protocol import run_tuner
 from kerneltune._src.tuning.report import TuningReport
 
@@ -47,9 +47,7 @@ def tune_key(
 
     backward = backward and not scope.current().forward_only
     # In a shared tuning each process times a slice (the heuristic and hints in all).
-    timed = distributed.shared_slice(
-        candidates, keep=[c for c in (heuristic, *hints) if c is not None]
-    )
+    timed = shared.shared_slice(candidates, keep=[c for c in (heuristic, *hints) if c is not None])
     emit(
         "autotune_start",
         key,
@@ -75,7 +73,10 @@ def tune_key(
             hints=hints,
         )
     # With several processes, every one must end with the same winner (SPMD).
-    report = distributed.agree(key, report, candidates=candidates)
+    if shared.active():
+        report = shared.agree(key, report, candidates)
+    else:
+        report = distributed.agree(key, report)
     if space is not None:
         late = any(c.status == "pruned" for c in report.candidates)
         report = dataclasses.replace(report, budgeted=len(candidates) < space or late)

@@ -14,12 +14,6 @@ timing noise alone makes hosts disagree, and different configs mean different pr
   no process, the one measured by the most processes, then with the lowest median over
   processes of the per-process medians, then the smallest `stable_json` of its config.
 
-Shared tuning (`tuning_shared`, the offline tuning of a job's coldest keys): every
-process times its own slice of a key's candidates (`shared_slice`: the heuristic and
-the warm-start hints in every slice, every n-th of the rest), publishes them under the
-full candidate list, and each adopts the fastest of all (`combine` without its
-coverage rule: each candidate was measured by one process, the heuristic by all).
-
 This is host-side messaging, not an XLA collective: it works while the call is being
 traced inside `jax.jit`, and processes may arrive at different times. A process that
 does not arrive within `KERNELTUNE_AGREE_TIMEOUT` seconds makes the others raise
@@ -51,12 +45,12 @@ from kerneltune._src.core.coordination import (
 from kerneltune._src.core.coordination import (
     AgreementTimeoutError as AgreementTimeoutError,
 )
-from kerneltune._src.tuning.report import CandidateResult, TuningReport, format_seconds
+from kerneltune._src.tuning.report import TuningReport, format_seconds
 
 logger = logging.getLogger("kerneltune")
 
 # A candidate that was not measured but did not fail either (the search skipped it).
-_NOT_MEASURED = ("pruned",)
+NOT_MEASURED = ("pruned",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +149,7 @@ def combine(
             status, t = p["status"][i], p["time_s"][i]
             if status == "ok" and t is not None:
                 times.append(float(t))
-            elif status not in _NOT_MEASURED:
+            elif status not in NOT_MEASURED:
                 failed.append(f"{status} on process {pid}")
         combined.append(statistics.median(times) if times else None)
         coverage.append(len(times))
@@ -189,10 +183,11 @@ def _local_winner(p: Mapping[str, Any]) -> int | None:
 
 
 _alone: contextvars.ContextVar[bool] = contextvars.ContextVar("kerneltune_alone", default=False)
-# The keys this process joined a shared tuning of, while `tuning_shared` is active.
-_shared: contextvars.ContextVar[set[tuple[str, str]] | None] = contextvars.ContextVar(
-    "kerneltune_shared", default=None
-)
+
+
+def alone() -> bool:
+    """True inside `tuning_alone`."""
+    return _alone.get()
 
 
 @contextlib.contextmanager
@@ -206,70 +201,10 @@ def tuning_alone() -> Iterator[None]:
         _alone.reset(token)
 
 
-@contextlib.contextmanager
-def tuning_shared() -> Iterator[set[tuple[str, str]]]:
-    """Inside the block, a key tuned under several processes is tuned together: each
-    process times its slice of the candidates (`shared_slice`) and `agree` adopts the
-    fastest of all. Yields the `(op_id_v, call_key)` of every key this process joined
-    so: one it found in its caches instead must still `join_cached`, or the others
-    wait for it."""
-    joined: set[tuple[str, str]] = set()
-    token = _shared.set(joined)
-    try:
-        yield joined
-    finally:
-        _shared.reset(token)
-
-
-def _shared_peers() -> Peers | None:
-    if _shared.get() is None or _alone.get():
-        return None
-    peers = current_peers()
-    return peers if peers is not None and peers.num_processes > 1 else None
-
-
-def shared_slice(candidates: Sequence[Any], keep: Sequence[Any] = ()) -> list[Any]:
-    """The candidates this process times: all of them, or in a shared tuning the ones
-    in `keep` (the heuristic, warm-start hints: every process times them) and every
-    n-th of the rest from this process's id, in the candidates' order.
-
-    Example:
-      >>> shared_slice(["h", "a", "b", "c"], keep=["h"])  # one process: everything
-      ['h', 'a', 'b', 'c']
-    """
-    peers = _shared_peers()
-    if peers is None:
-        return list(candidates)
-    kept = [i for i, c in enumerate(candidates) if c in keep]
-    rest = [i for i in range(len(candidates)) if i not in kept]
-    mine = set(kept) | set(rest[peers.process_id :: peers.num_processes])
-    return [c for i, c in enumerate(candidates) if i in mine]
-
-
-def join_cached(op_id_v: str, call_key: str, *, timeout_s: float | None = None) -> None:
-    """Joins a shared tuning of a key this process did not tune (its caches held a
-    config): publishes that it measured nothing, so the others need not wait for it."""
-    peers = _shared_peers()
-    joined = _shared.get()
-    if peers is None or joined is None or (op_id_v, call_key) in joined:
-        return
-    exchange_round(
-        peers,
-        "tune-shared",
-        op_id_v,
-        call_key,
-        value=json.dumps({"format": PROTOCOL_FORMAT, "process": peers.process_id, "cached": True}),
-        timeout_s=timeout_seconds(timeout_s),
-        what=f"a shared tuning of {op_id_v} (call key {call_key})",
-    )
-    joined.add((op_id_v, call_key))
-
-
 def agree(
     key: tuple[str, str, str],
     report: TuningReport,
     *,
-    candidates: Sequence[Any] | None = None,
     peers: Peers | None = None,
     timeout_s: float | None = None,
 ) -> TuningReport:
@@ -280,15 +215,9 @@ def agree(
     `best` replaced by the winner `combine` picks from all of them (the timings in the
     report stay this process's own).
 
-    In a shared tuning (`tuning_shared`), `report` covers this process's slice of
-    `candidates` (`shared_slice`) and the returned one every candidate, each with the
-    time of the process that measured it (the median where several did), `best` the
-    fastest of all.
-
     Args:
       key: `(device_fingerprint, "<op_id>@v<version>", call_key)`.
       report: this process's tuning report for `key`.
-      candidates: every candidate of the key, in order (needed for a shared tuning).
       peers: the processes (default: `current_peers()`).
       timeout_s: how long to wait for the others (default: `KERNELTUNE_AGREE_TIMEOUT`).
 
@@ -299,10 +228,6 @@ def agree(
     """
     if _alone.get():
         return report  # this key is this process's alone (offline tuning split by key)
-    if _shared.get() is not None and candidates is not None:
-        shared = _shared_peers()
-        if shared is not None:
-            return _agree_shared(key, report, list(candidates), shared, timeout_s)
     if peers is None:
         peers = current_peers()
         if peers is None:
@@ -328,77 +253,6 @@ def agree(
     _log(agreement, payloads, cfgs, report, peers)
     best = cfgs[agreement.winner] if agreement.winner is not None else None
     return dataclasses.replace(report, best=best)
-
-
-def _agree_shared(
-    key: tuple[str, str, str],
-    report: TuningReport,
-    candidates: list[Any],
-    peers: Peers,
-    timeout_s: float | None,
-) -> TuningReport:
-    dev, op_id_v, call_key = key
-    texts = [_cfg_text(c) for c in candidates]
-    timed = {_cfg_text(c.cfg): c for c in report.candidates}
-    full = [
-        timed.get(t) or CandidateResult(cfg=c, status="pruned") for c, t in zip(candidates, texts)
-    ]
-    mine = payload(
-        dataclasses.replace(report, candidates=tuple(full)),
-        op_id_v=op_id_v,
-        device=dev,
-        process_id=peers.process_id,
-    )
-    raw = exchange_round(
-        peers,
-        "tune-shared",
-        op_id_v,
-        call_key,
-        value=json.dumps(mine, sort_keys=True, allow_nan=False),
-        timeout_s=timeout_seconds(timeout_s),
-        what=f"a shared tuning of {report.name or op_id_v} (call key {call_key})",
-    )
-    joined = _shared.get()
-    if joined is not None:
-        joined.add((op_id_v, call_key))
-    # A process that found the key in its caches measured nothing (`join_cached`).
-    payloads = {
-        pid: p for pid, p in ((pid, files.loads(t)) for pid, t in raw.items()) if "status" in p
-    }
-    agreement = combine(payloads, candidates, by_coverage=False)
-    merged = tuple(_with_others(c, i, agreement, payloads) for i, c in enumerate(full))
-    best = candidates[agreement.winner] if agreement.winner is not None else None
-    logger.info(
-        "tuned %s shared by %d processes: %s",
-        report.name or op_id_v,
-        len(payloads),
-        "no winner"
-        if best is None
-        else f"{best} at {format_seconds(agreement.combined_s[agreement.winner])}",  # type: ignore[index]
-    )
-    return dataclasses.replace(
-        report,
-        best=best,
-        candidates=merged,
-        strategy=f"{report.strategy}, shared by {len(payloads)} processes",
-    )
-
-
-def _with_others(
-    mine: CandidateResult, i: int, agreement: Agreement, payloads: Mapping[int, Mapping[str, Any]]
-) -> CandidateResult:
-    """Candidate `i` as the job saw it: this process's result where it timed it, else
-    another process's time or failure."""
-    if mine.ok or mine.status != "pruned":
-        return mine
-    if i in agreement.excluded:  # failed on another process, or measured on none
-        failures = [p["status"][i] for _, p in sorted(payloads.items())]
-        status = next((f for f in failures if f not in ("ok", *_NOT_MEASURED)), None)
-        if status is not None:
-            return CandidateResult(cfg=mine.cfg, status=status, error=agreement.excluded[i])  # type: ignore[arg-type]
-        return mine
-    time_s = agreement.combined_s[i]
-    return mine if time_s is None else CandidateResult(cfg=mine.cfg, status="ok", time_s=time_s)
 
 
 def share(

@@ -35,7 +35,7 @@ from kerneltune._src.selection.chain import (
     policy_override,
 )
 from kerneltune._src.selection.decision import Decision
-from kerneltune._src.tuning import distributed, journal
+from kerneltune._src.tuning import distributed, journal, shared
 from kerneltune._src.workflows import outcome_entries as entries
 from kerneltune._src.workflows import split
 
@@ -135,11 +135,11 @@ def _tune_seeds(
 ) -> list[CallOutcome]:
     """Tunes `seeds` together with the other processes (in the same order in each): a
     seed this process finds in its caches, or cannot tune, still joins its round."""
-    with distributed.tuning_shared() as joined:
+    with shared.tuning_shared() as joined:
         outcomes = _tune_here(seeds, chain, force, progress, on_outcome)
         for record in seeds:
             if record.key not in joined:
-                distributed.join_cached(*record.key)
+                shared.join_cached(*record.key)
     return outcomes
 
 
