@@ -73,9 +73,9 @@ def shared_slice(candidates: Sequence[Any], keep: Sequence[Any] = ()) -> list[An
     peers = _peers()
     if peers is None:
         return list(candidates)
-    kept = [i for i, c in enumerate(candidates) if c in keep]
+    kept = {i for i, c in enumerate(candidates) if c in keep}
     rest = [i for i in range(len(candidates)) if i not in kept]
-    mine = set(kept) | set(rest[peers.process_id :: peers.num_processes])
+    mine = kept | set(rest[peers.process_id :: peers.num_processes])
     return [c for i, c in enumerate(candidates) if i in mine]
 
 
