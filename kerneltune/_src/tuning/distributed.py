@@ -232,22 +232,12 @@ def agree(
         peers = current_peers()
         if peers is None:
             return report
-    wait_s = timeout_seconds(timeout_s)
     dev, op_id_v, call_key = key
     what = f"a config for {report.name or op_id_v} (call key {call_key})"
     # The device is not part of the topic: processes on different device kinds must
     # still run one program, so they agree too (with a warning, below).
     mine = payload(report, op_id_v=op_id_v, device=dev, process_id=peers.process_id)
-    raw = exchange_round(
-        peers,
-        "tune",
-        op_id_v,
-        call_key,
-        value=json.dumps(mine, sort_keys=True, allow_nan=False),
-        timeout_s=wait_s,
-        what=what,
-    )
-    payloads = {pid: files.loads(text) for pid, text in raw.items()}
+    payloads = share(key, "tune", mine, what=what, peers=peers, timeout_s=timeout_s)
     cfgs = [c.cfg for c in report.candidates]
     agreement = combine(payloads, cfgs)
     _log(agreement, payloads, cfgs, report, peers)

@@ -15,20 +15,20 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import json
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from kerneltune._src.core import files, keys
-from kerneltune._src.core.coordination import (
-    PROTOCOL_FORMAT,
-    Peers,
-    current_peers,
-    exchange_round,
-    timeout_seconds,
+from kerneltune._src.core import keys
+from kerneltune._src.core.coordination import PROTOCOL_FORMAT, Peers, current_peers
+from kerneltune._src.tuning.distributed import (
+    NOT_MEASURED,
+    Agreement,
+    alone,
+    combine,
+    payload,
+    share,
 )
-from kerneltune._src.tuning.distributed import NOT_MEASURED, Agreement, alone, combine, payload
 from kerneltune._src.tuning.report import CandidateResult, TuningReport, format_seconds
 
 logger = logging.getLogger("kerneltune")
@@ -81,19 +81,19 @@ def shared_slice(candidates: Sequence[Any], keep: Sequence[Any] = ()) -> list[An
 
 def join_cached(op_id_v: str, call_key: str, *, timeout_s: float | None = None) -> None:
     """Joins a shared tuning of a key this process did not tune (its caches held a
-    config): publishes that it measured nothing, so the others need not wait for it."""
+    config, or its tuning failed first): publishes that it measured nothing, so the
+    others need not wait for it. Nothing for a key it joined already."""
     peers = _peers()
     joined = _shared.get()
     if peers is None or joined is None or (op_id_v, call_key) in joined:
         return
-    exchange_round(
-        peers,
+    share(
+        ("", op_id_v, call_key),  # the device is not part of the round's topic
         "tune-shared",
-        op_id_v,
-        call_key,
-        value=json.dumps({"format": PROTOCOL_FORMAT, "process": peers.process_id, "cached": True}),
-        timeout_s=timeout_seconds(timeout_s),
+        {"format": PROTOCOL_FORMAT, "process": peers.process_id, "cached": True},
         what=f"a shared tuning of {op_id_v} (call key {call_key})",
+        peers=peers,
+        timeout_s=timeout_s,
     )
     joined.add((op_id_v, call_key))
 
@@ -136,22 +136,19 @@ def agree(
         device=dev,
         process_id=peers.process_id,
     )
-    raw = exchange_round(
-        peers,
+    everyone = share(
+        key,
         "tune-shared",
-        op_id_v,
-        call_key,
-        value=json.dumps(mine, sort_keys=True, allow_nan=False),
-        timeout_s=timeout_seconds(timeout_s),
+        mine,
         what=f"a shared tuning of {report.name or op_id_v} (call key {call_key})",
+        peers=peers,
+        timeout_s=timeout_s,
     )
     joined = _shared.get()
     if joined is not None:
         joined.add((op_id_v, call_key))
     # A process that found the key in its caches measured nothing (`join_cached`).
-    payloads = {
-        pid: p for pid, p in ((pid, files.loads(t)) for pid, t in raw.items()) if "status" in p
-    }
+    payloads = {pid: p for pid, p in everyone.items() if "status" in p}
     agreement = combine(payloads, candidates, by_coverage=False)
     merged = tuple(_with_others(c, i, agreement, payloads) for i, c in enumerate(full))
     best = candidates[agreement.winner] if agreement.winner is not None else None

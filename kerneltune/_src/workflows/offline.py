@@ -96,7 +96,10 @@ def tune_records(
     # A multi-process job: the first key of each family of several is tuned by all
     # together, every other key by one process; all end with all.
     plan = split.plan(records, peers)
-    own = _tune_seeds(plan.seeds, chain, force, progress, on_outcome)
+    with shared.tuning_shared():
+        own = _tune_here(plan.seeds, chain, force, progress, on_outcome)
+        for record in plan.seeds:  # one found in its caches, or failed, joins its round
+            shared.join_cached(*record.key)
     with distributed.tuning_alone():
         own += _tune_here(plan.share, chain, force, progress, on_outcome)
     merged = split.merge_results(peers, result_of(own), split.config_types(records))
@@ -123,23 +126,6 @@ def tune_records(
             if on_outcome is not None:
                 on_outcome(outcome)
         outcomes.append(outcome)
-    return outcomes
-
-
-def _tune_seeds(
-    seeds: Sequence[Record],
-    chain: ConfigSelectorChain[Any, Any],
-    force: bool,
-    progress: bool | None,
-    on_outcome: Callable[[CallOutcome], None] | None,
-) -> list[CallOutcome]:
-    """Tunes `seeds` together with the other processes (in the same order in each): a
-    seed this process finds in its caches, or cannot tune, still joins its round."""
-    with shared.tuning_shared() as joined:
-        outcomes = _tune_here(seeds, chain, force, progress, on_outcome)
-        for record in seeds:
-            if record.key not in joined:
-                shared.join_cached(*record.key)
     return outcomes
 
 
