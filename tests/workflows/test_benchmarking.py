@@ -109,10 +109,36 @@ def test_autotune_with_explicit_configs_and_kwargs():
     )
 
 
-def test_autotune_with_the_default_tuner_finds_a_10x_faster_config():
-    # The real clock, where the gap (a chain of 40 products against 1) is far beyond noise.
+def test_autotune_with_the_default_tuner_times_with_its_samples_and_picks_the_cheapest(
+    monkeypatch,
+):
+    # The default tuner (built from num_warmup/num_iters) with its "auto" timer swapped
+    # for the deterministic one: CI once saw the wall clock of a loaded 2-core machine
+    # pick a chain of 40 products over 1.
+    from kerneltune._src.tuning import timing
+    from tests.helpers import CostInProgram
+
+    chosen = []
+
+    def choose(preference="auto"):
+        chosen.append(preference)
+        return CostInProgram(), None
+
+    monkeypatch.setattr(timing, "choose_timer", choose)
+    made = []
+    real_init = Tuner.__init__
+
+    def spy(self, *a, **kw):
+        made.append(kw)
+        real_init(self, *a, **kw)
+
+    monkeypatch.setattr(Tuner, "__init__", spy)
     configs = [ChainCfg(reps=40), ChainCfg(reps=1)]
-    assert autotune(Chain(), data(), configs=configs, num_iters=3) == ChainCfg(reps=1)
+    assert autotune(Priced(), data(), configs=configs, num_warmup=2, num_iters=3) == ChainCfg(
+        reps=1
+    )
+    assert made == [{"warmup": 2, "iters": 3}]
+    assert chosen == ["auto"]
 
 
 def test_autotune_raises_when_every_candidate_fails():
