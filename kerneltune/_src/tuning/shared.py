@@ -173,7 +173,7 @@ def _with_others(
 ) -> CandidateResult:
     """Candidate `i` as the job saw it: this process's result where it timed it, else
     another process's time or failure."""
-    if mine.ok or mine.status != "pruned":
+    if mine.status != "pruned":
         return mine
     if i in agreement.excluded:  # failed on another process, or measured on none
         failures = [p["status"][i] for _, p in sorted(payloads.items())]

@@ -189,14 +189,11 @@ class AttentionVariants(BackendKernel[VariantConfig]):
         with a window or padding, and XLA's paths 8-16x, while timing them made the
         first call 5-8 s longer (tokamax compiles for 7-8 s). Elsewhere the whole logits
         where they fit and the chunked path's query blocks."""
-        libraries = [
-            VariantConfig(backend="cudnn"),
-            VariantConfig(backend="tokamax"),
-            VariantConfig(backend="cudnn_packed"),
-        ]
+        libraries = [VariantConfig(backend="cudnn"), VariantConfig(backend="tokamax")]
         runs = [
-            c for c in libraries[:2] if self.backend_named(c.backend).unusable(self, inv, c) is None
+            c for c in libraries if self.backend_named(c.backend).unusable(self, inv, c) is None
         ]
+        packed = VariantConfig(backend="cudnn_packed")  # chosen only by the heuristic
         xla = [VariantConfig(backend="xla")] + [
             VariantConfig(backend="chunked", block_q=bq) for bq in BLOCK_Q_CANDIDATES
         ]
@@ -209,7 +206,7 @@ class AttentionVariants(BackendKernel[VariantConfig]):
                 else f"{chosen.backend} runs this variant; the other library measured 1.4-4x "
                 "slower and XLA's paths 8-16x (H200, 8k-32k tokens)"
             )
-            return [chosen], [Pruned(c, why) for c in libraries + xla if c != chosen]
+            return [chosen], [Pruned(c, why) for c in [*libraries, packed, *xla] if c != chosen]
         kept: list[VariantConfig] = []
         pruned: list[Pruned[VariantConfig]] = []
         longest = max(16, next_power_of_2(int(inv.args[0].shape[1])))
