@@ -79,8 +79,14 @@ class CudnnVariantBackend(Backend):
         )
 
     def run(self, kernel, q, k, v, bias, masks, *, cfg, causal, sm_scale, window, soft_cap):
-        return jax.nn.dot_product_attention(
-            q, k, v, bias, segments_as_mask(masks), scale=sm_scale, is_causal=causal,
-            query_seq_lengths=masks.q_lengths, key_value_seq_lengths=masks.kv_lengths,
-            local_window_size=window, implementation="cudnn",
-        )  # fmt: skip
+        return cudnn_variant(q, k, v, bias, masks, causal=causal, sm_scale=sm_scale, window=window)
+
+
+def cudnn_variant(q, k, v, bias, masks, *, causal: bool, sm_scale: float, window) -> jax.Array:
+    """A variant call (no soft cap: `cudnn_variant_unsupported`) by cuDNN's fused
+    attention; segment ids go in as a mask."""
+    return jax.nn.dot_product_attention(
+        q, k, v, bias, segments_as_mask(masks), scale=sm_scale, is_causal=causal,
+        query_seq_lengths=masks.q_lengths, key_value_seq_lengths=masks.kv_lengths,
+        local_window_size=window, implementation="cudnn",
+    )  # fmt: skip

@@ -3,7 +3,8 @@
 tokamax (openxla's kernel library) is not a dependency: where it is installed, its
 Hopper kernel (`tokamax.dot_product_attention(..., implementation="mosaic")`) joins the
 candidates, so a tuned call is never slower than what a tokamax user already has. It
-brings its own backward, which JAX differentiates like cuDNN's.
+brings its own backward, which JAX differentiates like cuDNN's, except where a mask goes
+in: that backward races (`trusted_gradients`), so cuDNN or XLA differentiates those calls.
 
 Measured on an H100 (BENCHMARKS.md, 2026-11-24): it beats cuDNN's forward at some
 causal shapes (B2 T4096 H128: 1.03×) and loses at the others and in every training step
@@ -22,7 +23,9 @@ import numpy as np
 
 from kerneltune._src.kernel.backends import Backend
 from kerneltune.kernels._common import is_hopper, on_gpu
+from kerneltune.kernels.attention.chunked import attention_chunked, default_block_q
 from kerneltune.kernels.attention.forward_only import forward_only
+from kerneltune.kernels.attention.jax_nn import cudnn_variant, cudnn_variant_unsupported
 from kerneltune.kernels.attention.masking import document_ranges, segments_as_mask
 
 #: The dtypes its kernel takes.
@@ -75,8 +78,9 @@ class TokamaxBackend(Backend):
 
 def attention_variant(q, k, v, bias, masks, *, causal, sm_scale, window, soft_cap) -> Any:
     """Any variant by tokamax's Mosaic kernel (it takes every one, soft cap included);
-    segment ids go in as a mask, and, in a call nothing differentiates, also as each
-    query's range of keys where tokamax takes one (`_packed_documents`)."""
+    segment ids go in as a mask, and also as each query's range of keys where tokamax
+    takes one (`_packed_documents`). Where a mask goes in, a differentiated call runs
+    `trusted_gradients` instead, forward and backward (`forward_only`)."""
     static = dict(causal=causal, sm_scale=sm_scale, window=window, soft_cap=soft_cap)
 
     def masked(q, k, v, bias, masks):
@@ -87,16 +91,39 @@ def attention_variant(q, k, v, bias, masks, *, causal, sm_scale, window, soft_ca
             local_window_size=window, logits_soft_cap=soft_cap, implementation="mosaic",
         )  # fmt: skip
 
-    packed = _packed_documents() if masks.q_segments is not None else None
-    if packed is None:
+    if segments_as_mask(masks) is None:  # no mask goes in: tokamax's own backward
         return masked(q, k, v, bias, masks)
 
-    def ranged(q, k, v, bias, masks):
+    def forward(q, k, v, bias, masks):
+        packed = _packed_documents() if masks.q_segments is not None else None
+        if packed is None:
+            return masked(q, k, v, bias, masks)
         return packed(q, k, v, bias, masks, document_ranges(masks), **static)
 
-    # The ranges speed up tokamax's forward only (its backward given them was slower
-    # than given the mask alone): `forward_only` keeps the backward on the mask.
-    return forward_only(ranged, masked)(q, k, v, bias, masks)
+    def trusted(q, k, v, bias, masks):
+        return trusted_gradients(q, k, v, bias, masks, **static)
+
+    # The ranges speed up tokamax's forward (its backward given them was slower than
+    # given the mask alone), and with a mask its backward is not trusted at all.
+    return forward_only(forward, trusted)(q, k, v, bias, masks)
+
+
+def trusted_gradients(q, k, v, bias, masks, *, causal, sm_scale, window, soft_cap) -> Any:
+    """What runs a differentiated call in tokamax's place where a mask (or segment ids)
+    goes in: cuDNN where it takes the call, else XLA a block of queries at a time.
+
+    tokamax 0.0.17's Mosaic backward given a mask is a race: one compiled program, run
+    6 times on the same inputs on an H200 (BENCHMARKS.md, 2026-11-27), returned key
+    gradients off the float32 reference by up to 0.74 (values near 3) in 2 to 4 of the
+    runs, in 4 to 42 of 262,144 elements, with documents packed in order or
+    interleaved; cuDNN's were the same bits in all 6 and within bfloat16's rounding.
+    """
+    if cudnn_variant_unsupported(q, bias, masks, causal=causal, window=window, soft_cap=soft_cap):
+        return attention_chunked(
+            q, k, v, bias, masks, scale=sm_scale, causal=causal, window=window,
+            soft_cap=soft_cap, block_q=default_block_q(q, k, window, causal),
+        )  # fmt: skip
+    return cudnn_variant(q, k, v, bias, masks, causal=causal, sm_scale=sm_scale, window=window)
 
 
 @functools.cache

@@ -9,7 +9,8 @@ these features runs here instead, on one of:
 - "cudnn_packed": cuDNN's packed layout for segment ids that are packed documents
   (Hopper; `cudnn_packed.py`): it skips the blocks between documents. The heuristic's
   choice for segment ids from `PACKED_MIN_TOKENS` tokens;
-- "tokamax": tokamax's Mosaic GPU kernel (Hopper, where installed; every variant);
+- "tokamax": tokamax's Mosaic GPU kernel (Hopper, where installed; every variant; a
+  differentiated call with a mask runs `tokamax_backend.trusted_gradients` instead);
 - "chunked": XLA a block of queries at a time (every platform; memory grows with the
   sequence);
 - "xla": XLA with the whole logits (exact, fastest where they are small).
@@ -125,6 +126,19 @@ def packed_backward_bytes(inv: Invocation[Any, Any]) -> int:
     return 2 * DOCUMENT_SLOTS * b * t * n * d * 4
 
 
+def tokamax_untrusted(inv: Invocation[Any, Any]) -> str | None:
+    """Why the heuristic and tuning leave tokamax out of a training call, or None: its
+    backward given a mask (segment ids go in as one) returned wrong gradients in some
+    runs (`tokamax_backend.trusted_gradients`), which runs in its place."""
+    masks = inv.args[4]
+    if inv.differentiated and (masks.mask is not None or masks.q_segments is not None):
+        return (
+            "tokamax's backward given a mask returned wrong key gradients in 2-4 of 6 runs "
+            "(a race; tokamax 0.0.17, H200): in training its calls run cuDNN or XLA"
+        )
+    return None
+
+
 class AttentionVariants(BackendKernel[VariantConfig]):
     """Attention with any of bias, mask, sequence lengths, segment ids, a local window
     and a soft cap: `(q, k, v, bias, masks)` with `masks` a `masking.Masks`, keyword
@@ -165,13 +179,17 @@ class AttentionVariants(BackendKernel[VariantConfig]):
         when not. On an H200 at 8k-32k tokens (BENCHMARKS.md, 2026-11-27) tokamax's
         training step took 0.58-0.71x cuDNN's time with a bias or a mask and is the only
         library with a soft cap; cuDNN's took 0.25-0.33x tokamax's with a window or
-        padding."""
+        padding. In training with a mask or segment ids tokamax is left out: its
+        backward given a mask returned wrong gradients in some runs
+        (`tokamax_backend.trusted_gradients`)."""
         usable = {
             name: self.backend_named(name).unusable(self, inv, None) is None
             for name in ("cudnn", "tokamax")
         }
         _, _, _, bias, masks = inv.args
         dense = bias is not None or masks.mask is not None or masks.q_segments is not None
+        if tokamax_untrusted(inv):  # its backend would run cuDNN or the chunked path
+            usable["tokamax"] = False
         if usable["tokamax"] and (dense or inv.kwargs["soft_cap"] is not None):
             return VariantConfig(backend="tokamax")
         if usable["cudnn"]:
@@ -197,8 +215,12 @@ class AttentionVariants(BackendKernel[VariantConfig]):
         xla = [VariantConfig(backend="xla")] + [
             VariantConfig(backend="chunked", block_q=bq) for bq in BLOCK_Q_CANDIDATES
         ]
-        if runs:
-            chosen = self.heuristic_cfg(inv)
+        chosen = self.heuristic_cfg(inv)
+
+        def untrusted(c: VariantConfig) -> str | None:
+            return tokamax_untrusted(inv) if c.backend == "tokamax" else None
+
+        if runs and chosen.backend in ("cudnn", "cudnn_packed", "tokamax"):
             why = (
                 "cuDNN's packed layout runs these documents; the libraries given the dense "
                 "mask measured 2.4-5x slower (H200, 8k-16k tokens)"
@@ -206,7 +228,8 @@ class AttentionVariants(BackendKernel[VariantConfig]):
                 else f"{chosen.backend} runs this variant; the other library measured 1.4-4x "
                 "slower and XLA's paths 8-16x (H200, 8k-32k tokens)"
             )
-            return [chosen], [Pruned(c, why) for c in [*libraries, packed, *xla] if c != chosen]
+            others = [c for c in [*libraries, packed, *xla] if c != chosen]
+            return [chosen], [Pruned(c, untrusted(c) or why) for c in others]
         kept: list[VariantConfig] = []
         pruned: list[Pruned[VariantConfig]] = []
         longest = max(16, next_power_of_2(int(inv.args[0].shape[1])))
@@ -222,6 +245,7 @@ class AttentionVariants(BackendKernel[VariantConfig]):
                 pruned.append(Pruned(c, "a block beyond the sequence or the memory budget"))
             else:
                 kept.append(c)
+        pruned += [Pruned(c, reason) for c in runs if (reason := untrusted(c))]
         return kept, pruned
 
     def interpret_candidates(self, inv: Invocation[Any, Any]) -> list[VariantConfig]:
