@@ -168,6 +168,7 @@ class Autotune:
                 hints=[],
                 emit=self.emit,
                 space=len(plan.space),
+                in_order=True,
             )
         finally:
             tuned.first_calls.add(time.perf_counter() - start)

@@ -50,7 +50,8 @@ class Plan:
     Attributes:
       prediction: the call's candidates, predicted fastest first.
       space: the configs a full search would time (the heuristic first).
-      shortlist: the configs to time, the heuristic first; empty: none.
+      shortlist: the configs to time, the first choice first (`Prediction.shortlist`);
+        empty: none.
       untimed: the configs to use untimed, in order (the first that traces is used).
       why_untimed: why nothing is timed ("" when the shortlist is).
     """
@@ -178,9 +179,15 @@ def budget_tuner(tuner: Any, budget: FirstCallBudget) -> Any:
 
 def tuned_note(plan_: Plan, budget: FirstCallBudget, cut: int) -> str:
     """What `explain` says of a key tuned under the budget."""
-    timed = f"the heuristic and the {len(plan_.shortlist) - 1} other candidate(s) predicted fastest"
-    if plan_.prediction.heuristic is None:
-        timed = f"the {len(plan_.shortlist)} candidate(s) predicted fastest"
+    heuristic, shortlist = plan_.prediction.heuristic, plan_.shortlist
+    timed = f"the heuristic and the {len(shortlist) - 1} other candidate(s) predicted fastest"
+    if heuristic is None:
+        timed = f"the {len(shortlist)} candidate(s) predicted fastest"
+    elif shortlist[0] != heuristic:
+        timed = (
+            f"the config predicted fastest, the heuristic and {len(shortlist) - 2} other "
+            "candidate(s) predicted fastest, in that order"
+        )
     late = f"; {cut} not run within {format_seconds(budget.key_s)}" if cut else ""
     return (
         f"tuned under the first-call budget: timed {timed} of {len(plan_.space)}{late} "

@@ -28,15 +28,20 @@ def tune_key(
     hints: list[Any],
     emit: Callable[..., None],
     space: int | None = None,
+    in_order: bool = False,
 ) -> TuningReport:
     """Benchmarks `candidates` for `inv` and returns the report every process agrees
     on; `emit(event, key, **data)` reports "autotune_start" and "autotune_finish".
 
     `space`: under a first-call budget, how many configs a full search would time
     (`candidates` are the shortlist): the report is marked `budgeted` when the
-    shortlist is smaller, or some of it did not run in time."""
+    shortlist is smaller, or some of it did not run in time.
+
+    `in_order`: time `candidates` in the order given (a first call's shortlist, the
+    predicted choice first: a budget that runs out times only the first few); by
+    default the heuristic goes first."""
     heuristic = hooks.find_heuristic(kernel, inv)
-    if heuristic is not None:
+    if heuristic is not None and not in_order:
         # Never worse than not tuning: the heuristic is a contender, first in line,
         # so only a config measurably faster replaces it (ties go to the first).
         candidates = [heuristic, *(c for c in candidates if c != heuristic)]
