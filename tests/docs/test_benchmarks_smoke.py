@@ -471,6 +471,21 @@ def test_attention_variants_smoke_run_times_kerneltune_and_the_peers_that_run(tm
     assert "| B1 T256 N16/4 | docs4 | fwd+bwd |" in capsys.readouterr().out
 
 
+def test_the_attention_variants_table_marks_tokamax_where_its_gradients_race():
+    from benchmarks import attention_variants_gpu as av
+
+    ok = {"status": "ok", "ms": 2.0, "first_s": 1.0, "gib": 0.5}
+    base = {"shape": "B1 T8192 N16/4", "xla": {"status": "skipped"}, "cudnn": ok}
+    rows = [
+        {**base, "variant": v, "pass": p, "tokamax": ok, "kerneltune": ok}
+        for v, p in (("docs4", "fwd+bwd"), ("docs4", "fwd"), ("bias", "fwd+bwd"))
+    ]
+    lines = av.table(rows).splitlines()[2:]
+    assert "| 2.00 (racy) |" in lines[0]
+    assert "racy" not in lines[1] and "racy" not in lines[2]
+    assert [av.racy(r) for r in rows] == [True, False, False]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_expert_parallel_benchmark_smoke_run_times_every_gpu_count(tmp_path, capsys):
