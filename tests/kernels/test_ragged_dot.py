@@ -502,3 +502,65 @@ def test_the_moe_example_trains_to_the_same_losses_on_both_ops(capsys):
         jax.jit(lambda p, x: model.moe_block(model.jax_ops(), p, x, s))(params, x),
         F32,
     )
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    sizes=st.lists(st.integers(0, 9), min_size=1, max_size=6),
+    extra=st.integers(0, 5),
+    local=st.integers(1, 6),
+    offset=st.integers(0, 5),
+    with_offset=st.booleans(),
+)
+def test_the_reference_one_group_at_a_time_is_jax_ragged_dot(
+    sizes, extra, local, offset, with_offset
+):
+    """`RaggedDot.reference` (tuning's output checks, second derivatives) computes one
+    group's product at a time: the values and gradients of `jax.lax.ragged_dot` (through
+    `ragged_dot_xla`, which also takes `group_offset`), empty groups, rows after the
+    last group and groups outside the local ones included."""
+    from kerneltune.kernels.ragged_dot.reference import ragged_dot_by_groups, ragged_dot_xla
+
+    g = len(sizes)
+    m, k, n = sum(sizes) + extra, 5, 3
+    local = min(local, g) if with_offset else g
+    offset = jnp.array([min(offset, g - local)], jnp.int32) if with_offset else None
+    lhs = jax.random.normal(jax.random.key(0), (max(m, 1), k))
+    rhs = jax.random.normal(jax.random.key(1), (local, k, n))
+    group_sizes = jnp.asarray(sizes, jnp.int32)
+
+    def ours(a, b):
+        return ragged_dot_by_groups(a, b, group_sizes, offset, out_dtype="float32")
+
+    def jax_s(a, b):
+        return ragged_dot_xla(a, b, group_sizes, offset, out_dtype="float32")
+
+    w = jax.random.normal(jax.random.key(2), (max(m, 1), n))
+    with jax.default_matmul_precision("highest"):
+        np.testing.assert_allclose(ours(lhs, rhs), jax_s(lhs, rhs), rtol=1e-5, atol=1e-5)
+        got = jax.grad(lambda a, b: (ours(a, b) * w).sum(), (0, 1))(lhs, rhs)
+        want = jax.grad(lambda a, b: (jax_s(a, b) * w).sum(), (0, 1))(lhs, rhs)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_the_reference_holds_a_fraction_of_jax_ragged_dots_memory():
+    """`jax.lax.ragged_dot`'s lowering holds every group's product of every row (G x M
+    x (K + N)); tuning a first call at many experts ran that as its output check."""
+    from kerneltune.kernels.ragged_dot.api import RaggedDot
+    from kerneltune.kernels.ragged_dot.reference import ragged_dot_xla
+
+    lhs = jax.ShapeDtypeStruct((4096, 512), jnp.bfloat16)
+    rhs = jax.ShapeDtypeStruct((64, 512, 256), jnp.bfloat16)
+    sizes = jax.ShapeDtypeStruct((64,), jnp.int32)
+
+    def temp_bytes(f, grad):
+        def call(a, b, s):
+            return f(a, b, s, out_dtype="float32")
+
+        fn = jax.grad(lambda a, b, s: call(a, b, s).sum(), (0, 1)) if grad else call
+        return jax.jit(fn).lower(lhs, rhs, sizes).compile().memory_analysis().temp_size_in_bytes
+
+    reference = RaggedDot().reference  # what tuning checks outputs against
+    for grad in (False, True):
+        assert temp_bytes(reference, grad) < temp_bytes(ragged_dot_xla, grad) / 4
