@@ -138,6 +138,28 @@ def test_once_the_process_budget_is_spent_new_keys_use_their_prediction_untimed(
     assert set(kernel.traced) <= {6}  # traced to check it, never benchmarked
 
 
+def tuned_neighbour(tmp_path, kernel, times, best=3):
+    """A persistent cache holding `kernel`'s call at 8 x 8, tuned with `times` (reps:
+    seconds, None: failed) and `best` the winner: the neighbour a prediction reads."""
+    cache = kt.PersistentCache(tmp_path)
+    inv = kt.Executor(kt.ConfigSelectorChain()).invocation(kernel, jnp.ones((8, 8)))
+    report = kt.TuningReport(
+        best=RepCfg(reps=best),
+        candidates=tuple(
+            kt.CandidateResult(cfg=RepCfg(reps=r), time_s=t)
+            if t
+            else kt.CandidateResult(cfg=RepCfg(reps=r), status="run_error", error="boom")
+            for r, t in times.items()
+        ),
+        timer="cost-in-program",
+    )
+    cache.put(
+        kt.device_fingerprint(), inv.op_id_v, inv.call_key, RepCfg(reps=best),
+        report=report, shape=inv.shape,
+    )  # fmt: skip
+    return cache
+
+
 class Faster(Reps):
     """Reps whose cheapest config was recorded at a neighbouring size."""
 
@@ -145,24 +167,7 @@ class Faster(Reps):
 
 
 def test_an_untimed_prediction_follows_the_tuned_neighbours(tmp_path):
-    cache = kt.PersistentCache(tmp_path)
-    dev = kt.device_fingerprint()
-    inv = kt.Executor(kt.ConfigSelectorChain()).invocation(Faster(), jnp.ones((8, 8)))
-    times = {3: 1e-3, 6: 2e-3, 1: None}
-    report = kt.TuningReport(
-        best=RepCfg(reps=3),
-        candidates=tuple(
-            kt.CandidateResult(
-                cfg=RepCfg(reps=r),
-                status="ok" if t else "run_error",
-                time_s=t,
-                error=None if t else "boom",
-            )
-            for r, t in times.items()
-        ),
-        timer="cost-in-program",
-    )
-    cache.put(dev, inv.op_id_v, inv.call_key, RepCfg(reps=3), report=report, shape=inv.shape)
+    cache = tuned_neighbour(tmp_path, Faster(), {3: 1e-3, 6: 2e-3, 1: None})
     ex = budgeted_executor(persistent=cache, candidates=0)
     why = kt.explain(Faster(), jnp.ones((8, 32)), executor=ex)
     assert why.tier == "predicted" and why.cfg == RepCfg(reps=3)
@@ -180,18 +185,7 @@ def test_a_budgeted_first_call_times_the_predicted_choice_before_the_heuristic(t
     grouped matmul's heuristic, timed first, was the only config timed at 128 and 64
     experts, at 52% and 38% over the fastest, where the config the neighbours predicted
     cost 7%. So the prediction's choice goes first, the heuristic second."""
-    cache = kt.PersistentCache(tmp_path)
-    dev = kt.device_fingerprint()
-    inv = kt.Executor(kt.ConfigSelectorChain()).invocation(Ordered(), jnp.ones((8, 8)))
-    report = kt.TuningReport(
-        best=RepCfg(reps=3),
-        candidates=(
-            kt.CandidateResult(cfg=RepCfg(reps=3), time_s=1e-3),
-            kt.CandidateResult(cfg=RepCfg(reps=6), time_s=2e-3),
-        ),
-        timer="cost-in-program",
-    )
-    cache.put(dev, inv.op_id_v, inv.call_key, RepCfg(reps=3), report=report, shape=inv.shape)
+    cache = tuned_neighbour(tmp_path, Ordered(), {3: 1e-3, 6: 2e-3})
     why = kt.explain(Ordered(), jnp.ones((8, 32)), executor=budgeted_executor(persistent=cache))
     assert why.tier == "autotune" and why.cfg == RepCfg(reps=3)
     order = [c.cfg.reps for c in why.report.candidates]
@@ -211,19 +205,7 @@ class Untraceable(Reps):
 
 
 def test_an_untimed_prediction_that_fails_to_trace_gives_way(tmp_path):
-    cache = kt.PersistentCache(tmp_path)
-    dev = kt.device_fingerprint()
-    inv = kt.Executor(kt.ConfigSelectorChain()).invocation(Untraceable(), jnp.ones((8, 8)))
-    report = kt.TuningReport(
-        best=RepCfg(reps=3),
-        candidates=(
-            kt.CandidateResult(cfg=RepCfg(reps=3), time_s=1e-3),
-            kt.CandidateResult(cfg=RepCfg(reps=5), time_s=1.5e-3),
-            kt.CandidateResult(cfg=RepCfg(reps=6), time_s=3e-3),
-        ),
-        timer="cost-in-program",
-    )
-    cache.put(dev, inv.op_id_v, inv.call_key, RepCfg(reps=3), report=report, shape=inv.shape)
+    cache = tuned_neighbour(tmp_path, Untraceable(), {3: 1e-3, 5: 1.5e-3, 6: 3e-3})
     ex = budgeted_executor(persistent=cache, candidates=0)
     why = kt.explain(Untraceable(), jnp.ones((8, 32)), executor=ex)
     assert why.tier == "predicted" and why.cfg == RepCfg(reps=5)

@@ -35,6 +35,11 @@ class Masks(NamedTuple):
     q_segments: jax.Array | None = None
     kv_segments: jax.Array | None = None
 
+    @property
+    def has_mask(self) -> bool:
+        """A mask goes to the libraries: the user's, or the segment ids as one."""
+        return self.mask is not None or self.q_segments is not None
+
 
 def large_negative(dtype: Any) -> jax.Array:
     """What a left-out logit becomes: finite, so a row with every logit left out gives

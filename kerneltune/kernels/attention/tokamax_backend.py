@@ -91,7 +91,7 @@ def attention_variant(q, k, v, bias, masks, *, causal, sm_scale, window, soft_ca
             local_window_size=window, logits_soft_cap=soft_cap, implementation="mosaic",
         )  # fmt: skip
 
-    if masks.mask is None and masks.q_segments is None:  # no mask: tokamax's own backward
+    if not masks.has_mask:  # tokamax's own backward
         return masked(q, k, v, bias, masks)
 
     def forward(q, k, v, bias, masks):

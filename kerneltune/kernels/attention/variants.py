@@ -130,8 +130,7 @@ def tokamax_untrusted(inv: Invocation[Any, Any]) -> str | None:
     """Why the heuristic and tuning leave tokamax out of a training call, or None: its
     backward given a mask (segment ids go in as one) returned wrong gradients in some
     runs (`tokamax_backend.trusted_gradients`), which runs in its place."""
-    masks = inv.args[4]
-    if inv.differentiated and (masks.mask is not None or masks.q_segments is not None):
+    if inv.differentiated and inv.args[4].has_mask:
         return (
             "tokamax's backward given a mask returned wrong key gradients in 2-4 of 6 runs "
             "(a race; tokamax 0.0.17, H200): in training its calls run cuDNN or XLA"
@@ -187,7 +186,7 @@ class AttentionVariants(BackendKernel[VariantConfig]):
             for name in ("cudnn", "tokamax")
         }
         _, _, _, bias, masks = inv.args
-        dense = bias is not None or masks.mask is not None or masks.q_segments is not None
+        dense = bias is not None or masks.has_mask
         if tokamax_untrusted(inv):  # its backend would run cuDNN or the chunked path
             usable["tokamax"] = False
         if usable["tokamax"] and (dense or inv.kwargs["soft_cap"] is not None):

@@ -71,7 +71,6 @@ def ragged_dot_by_groups(
     group_offset: jax.Array | None = None,
     *,
     out_dtype: str,
-    precision: Any = None,
 ) -> jax.Array:
     """`ragged_dot_xla`'s values, one group's product at a time (a `lax.scan` over the
     `rhs.shape[0]` groups, each row kept from its own group's product), in float32
@@ -92,7 +91,7 @@ def ragged_dot_by_groups(
     rows = jax.lax.broadcasted_iota(jnp.int32, (m, 1), 0)
 
     def add_group(total: jax.Array, g: jax.Array) -> tuple[jax.Array, None]:
-        product = jnp.dot(lhs, rhs[g], precision=precision, preferred_element_type=jnp.float32)
+        product = jnp.dot(lhs, rhs[g], preferred_element_type=jnp.float32)
         own = (rows >= begins[g]) & (rows < ends[g])
         return total + jnp.where(own, product, 0.0), None
 
