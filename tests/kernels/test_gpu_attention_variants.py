@@ -113,8 +113,12 @@ def test_a_masked_training_call_on_the_tokamax_backend_gives_the_same_gradients_
     variant,
 ):
     """tokamax 0.0.17's backward given a mask races: run 6 times, one program's key
-    gradients went wrong in 2-4 runs (H200, BENCHMARKS.md, 2026-11-27). The backend
-    differentiates such calls through cuDNN instead, whose gradients repeat bit for bit."""
+    gradients went wrong in 2-4 runs, 9-27 elements up to 0.74 off on values near 3
+    (H200, BENCHMARKS.md, 2026-11-27). The backend differentiates such calls through
+    cuDNN instead. cuDNN's backward given a dense mask may sum in another order from
+    run to run (33 of 1M elements one bf16 step apart, H200, 2026-11-28), so runs must
+    agree to within 1/64 of the gradient's largest element, not bit for bit: far
+    tighter than the race's errors."""
     if tokamax_backend.unsupported(np.dtype(jnp.bfloat16), H):
         pytest.skip(tokamax_backend.unsupported(np.dtype(jnp.bfloat16), H))
     q, k, v, bias, mask = _arrays()
@@ -129,8 +133,8 @@ def test_a_masked_training_call_on_the_tokamax_backend_gives_the_same_gradients_
     grads = jax.jit(jax.grad(loss, (0, 1, 2)))
     runs = [[np.asarray(g.astype(jnp.float32)) for g in grads(q, k, v)] for _ in range(6)]
     for run in runs[1:]:
-        for got, first in zip(run, runs[0]):
-            np.testing.assert_array_equal(got, first)
+        for got, first in zip(run, runs[0], strict=True):
+            np.testing.assert_allclose(got, first, rtol=0, atol=np.abs(first).max() / 64)
 
 
 def test_a_long_soft_capped_call_runs_without_the_whole_logits():
