@@ -186,6 +186,19 @@ def regret(full: kt.TuningReport | None, cfg: Any) -> float | None:
     return float("inf") if t is None else t / best - 1
 
 
+def _id(cfg: Any) -> str | None:
+    return None if cfg is None else config_id(cfg)
+
+
+def _timed(report: kt.TuningReport | None) -> list[dict[str, Any]]:
+    """The candidates a first call's tuning reported (a budgeted one: its shortlist)."""
+    if report is None:
+        return []
+    return [
+        {"cfg": config_id(c.cfg), "time_s": c.time_s, "status": c.status} for c in report.candidates
+    ]
+
+
 def measure(op: str, label: str, call: Call) -> list[dict[str, Any]]:
     first = run(call, kt.AutotunePolicy.from_env(), shipped=True)
     predicted = run(call, kt.AutotunePolicy(budget=kt.FirstCallBudget(candidates=0)), shipped=True)
@@ -206,6 +219,19 @@ def measure(op: str, label: str, call: Call) -> list[dict[str, Any]]:
                 "first_call_how": first.how.get(key),
                 "full_search_s": full.wall_s,
                 "full_timer": report.timer,
+                "full_timer_note": report.timer_note,
+                # What an offline replay of the prediction needs: every candidate's time
+                # in the full search, and the configs each chain chose.
+                "candidates": [
+                    {"cfg": config_id(c.cfg), "time_s": c.time_s, "status": c.status}
+                    for c in report.candidates
+                ],
+                "chosen": {
+                    "predicted": _id(predicted.chosen.get(key)),
+                    "first call": _id(first.chosen.get(key)),
+                    "heuristic": _id(report.heuristic_cfg),
+                },
+                "first_call_timed": _timed(first.reports.get(key)),
                 "regret": {
                     "predicted": regret(report, predicted.chosen.get(key)),
                     "first call": regret(report, first.chosen.get(key)),
@@ -273,7 +299,16 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         print("first_call_gpu: no GPU found (use --smoke to check the script on a CPU).")
         return []
     device = jax.devices()[0].device_kind
-    print(f"{device}, jax {jax.__version__}, budget {kt.AutotunePolicy.from_env().budget}")
+    try:
+        import tokamax  # noqa: F401  (its autotuning can take CUPTI from the full search)
+
+        with_tokamax = "installed"
+    except ImportError:
+        with_tokamax = "not installed"
+    print(
+        f"{device}, jax {jax.__version__}, tokamax {with_tokamax}, "
+        f"budget {kt.AutotunePolicy.from_env().budget}"
+    )
     results: list[dict[str, Any]] = []
     for op in args.ops.split(","):
         for label, fn, fn_args in rows(op, args.smoke):
@@ -293,7 +328,16 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     print(summary(results))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": device, "jax": jax.__version__, "rows": results}, f, indent=1)
+            json.dump(
+                {
+                    "device": device,
+                    "jax": jax.__version__,
+                    "tokamax": with_tokamax,
+                    "rows": results,
+                },
+                f,
+                indent=1,
+            )
     return results
 
 
