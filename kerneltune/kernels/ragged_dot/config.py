@@ -193,11 +193,19 @@ def shared_memory_bytes(p: RaggedDotProblem, cfg: RaggedDotConfig) -> int:
     return tiles + bm * bn * np.dtype(p.out_dtype).itemsize
 
 
+#: The Mosaic grid's strip width the heuristic takes where the output is that wide.
+#: Measured with 128x128 tiles (CUPTI, an H100, 2026-11-28, BENCHMARKS.md): 4 was the
+#: fastest or within 7% of it for all three products at 8 MoE shapes (8-256 experts,
+#: 512-14336 wide), while 1 and 2, which an earlier rule took for outputs under 32 or
+#: 8 tiles wide, were up to 45% and 17% slower.
+GRID_BLOCK_N = 4
+
+
 def grid_block_n_rule(p: RaggedDotProblem, block_n: int) -> int:
-    """The heuristic's Mosaic grid strip width: wide strips where there are many
-    column tiles (Mixtral's 14336-wide experts: 4 was best), narrow ones where few."""
+    """The heuristic's Mosaic grid strip width: `GRID_BLOCK_N`, or the output's
+    column tiles where there are fewer."""
     tiles_n = -(-p.out_dims[1] // block_n)
-    return 4 if tiles_n >= 32 else 2 if tiles_n >= 8 else 1
+    return max(1, min(GRID_BLOCK_N, tiles_n))
 
 
 def triton_heuristic(p: RaggedDotProblem) -> RaggedDotConfig:
