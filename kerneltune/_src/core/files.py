@@ -40,25 +40,31 @@ class UnreadableFile(ValueError):
     """A file that kerneltune refuses to load (the message says why, in a few words)."""
 
 
+#: Every byte but the four brackets: deleted, they leave a document's bracket skeleton.
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+#: Every byte but the digits, made a space: what is left splits into runs of digits.
+_DIGITS_ALONE = bytes(b if b in b"0123456789" else 0x20 for b in range(256))
+
+
 def _depth_ok(data: bytes, limit: int) -> bool:
-    """True when brackets nest at most `limit` deep (strings are skipped)."""
+    """True when brackets nest at most `limit` deep (strings are skipped).
+
+    In steps that run at C speed, so that reading the shipped tables (megabytes)
+    costs milliseconds: escaped backslashes go first, then escaped quotes (a backslash
+    takes the byte after it, so what is left of the quotes opens or closes strings),
+    then every other piece between quotes (the strings), then all but the brackets.
+    Exact for valid JSON; on invalid JSON the parser has the last word."""
+    if data.count(b"[") + data.count(b"{") <= limit:
+        return True
+    unescaped = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    skeleton = b"".join(unescaped.split(b'"')[::2]).translate(None, _NOT_BRACKETS)
     depth = 0
-    in_string = escaped = False
-    for byte in data:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif byte == 0x5C:  # backslash
-                escaped = True
-            elif byte == 0x22:  # quote
-                in_string = False
-        elif byte == 0x22:
-            in_string = True
-        elif byte in (0x5B, 0x7B):  # [ {
+    for byte in skeleton:
+        if byte in (0x5B, 0x7B):  # [ {
             depth += 1
             if depth > limit:
                 return False
-        elif byte in (0x5D, 0x7D):
+        else:
             depth -= 1
     return True
 
@@ -89,7 +95,12 @@ def loads(data: bytes | str, *, max_bytes: int = MAX_FILE_BYTES, depth: int = MA
     if not _depth_ok(raw, depth):
         raise UnreadableFile(f"it nests deeper than {depth} levels")
     try:
-        return json.loads(raw, parse_int=_parse_int, parse_constant=_reject_constant)
+        # Integers are checked one by one only where a long run of digits stands
+        # somewhere (a string or a float may hold it): a call per integer costs more
+        # than the whole parse of a table.
+        longest = max(map(len, raw.translate(_DIGITS_ALONE).split()), default=0)
+        parse_int = _parse_int if longest > MAX_INT_DIGITS else None
+        return json.loads(raw, parse_int=parse_int, parse_constant=_reject_constant)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise UnreadableFile(f"it is not valid JSON ({e})") from None
     except (RecursionError, ValueError) as e:  # belt and braces behind the checks
