@@ -123,13 +123,12 @@ class CuptiTimer:
                 per_session = calls_per_session(fn, calls)
                 for done in range(0, calls, per_session):
                     n = min(per_session, calls - done)
-                    _, timings = measure(fn, iterations=n, **extra)(*args)
+                    timings = _session(measure, fn, args, iterations=n, **extra)
                     per_call_ms += _timings_ms(timings)
             else:
                 per_call_ms = []
                 for _ in range(calls):
-                    _, timings = measure(fn, **extra)(*args)
-                    per_call_ms += _timings_ms(timings)
+                    per_call_ms += _timings_ms(_session(measure, fn, args, **extra))
         except Exception as e:
             # The function's own failures (e.g. out of memory) propagate; only failures
             # of the measurement machinery mean "use another timer".
@@ -151,6 +150,41 @@ class CuptiTimer:
             measure(fn, **extra)(*args)  # a plain session detaches at its end
         except Exception as e:
             logger.debug("detaching CUPTI failed: %s", e)
+
+
+#: How many times a CUPTI session that counted launches not its own runs again. A
+#: session records every kernel the process launches while it runs: XLA's autotuning
+#: in a compile on another thread (the tuner builds candidates while it times others)
+#: adds launches, and the profiler then finds a count not divisible by the session's
+#: calls, or names that differ between calls. On an H200 one such error sent a whole
+#: process's tuning to the wall clock (BENCHMARKS.md, 2026-11-28).
+FOREIGN_LAUNCH_RETRIES = 3
+#: Seconds before the first retry (doubled at each): time for the other launches to end.
+FOREIGN_LAUNCH_WAIT_S = 0.05
+
+
+def _foreign_launches(e: BaseException) -> bool:
+    """Whether the profiler's error says the session counted launches not its own."""
+    text = str(e)
+    return "not divisible by the number of iterations" in text or (
+        "not consistent across iterations" in text
+    )
+
+
+def _session(measure: Callable[..., Any], fn: Any, args: Sequence[Any], **kwargs: Any) -> Any:
+    """One CUPTI session's timings, run again (`FOREIGN_LAUNCH_RETRIES` times at most)
+    when it counted launches not its own."""
+    retries, wait = 0, FOREIGN_LAUNCH_WAIT_S
+    while True:
+        try:
+            _, timings = measure(fn, **kwargs)(*args)
+            return timings
+        except RuntimeError as e:
+            if retries == FOREIGN_LAUNCH_RETRIES or not _foreign_launches(e):
+                raise
+            logger.debug("CUPTI session counted other launches (%s); running it again", e)
+        time.sleep(wait)
+        retries, wait = retries + 1, wait * 2
 
 
 def output_bytes(fn: Any) -> int | None:
