@@ -11,7 +11,7 @@ import numpy as np
 
 from kerneltune._src.core import keys
 from kerneltune._src.execution.default import default_executor
-from kerneltune._src.kernel.backends import BackendKernel
+from kerneltune._src.kernel.backends import Backend, BackendKernel
 from kerneltune._src.kernel.base import Invocation
 from kerneltune._src.tuning.inputs import random_like
 from kerneltune.kernels._args import as_array
@@ -56,13 +56,14 @@ def balanced_tuning_inputs(inv: Invocation[Any, Any]) -> tuple[tuple[Any, ...], 
 
 
 class _RaggedDotKernel(BackendKernel[RaggedDotConfig]):
-    """What the three grouped-matmul kernels share: problem, heuristics, candidates,
-    and the balanced tuning inputs."""
+    """What the three grouped-matmul kernels share: backends, problem, heuristics,
+    candidates, and the balanced tuning inputs."""
 
     config_type = RaggedDotConfig
     product: ClassVar[Product] = "fwd"
-    #: How the kernel's operands are called in its error messages.
-    operand_names: ClassVar[tuple[str, str, str]] = ("lhs", "rhs", "group_sizes")
+    # tokamax has no kernels for the gradient products (it brings its own backward):
+    # `RaggedDot` alone adds it.
+    backends: ClassVar[tuple[Backend, ...]] = (XlaBackend(), TritonBackend(), MosaicBackend())
 
     def problem(self, inv: Invocation[Any, Any]) -> RaggedDotProblem:
         a, b, sizes, *offset = inv.args
@@ -149,7 +150,7 @@ class RaggedDot(_RaggedDotKernel):
     version = "1"
     product = "fwd"
     tunes_training_apart = True
-    backends = (XlaBackend(), TritonBackend(), MosaicBackend(), TokamaxBackend())
+    backends = (*_RaggedDotKernel.backends, TokamaxBackend())
 
     @functools.cached_property
     def grad_lhs(self) -> RaggedDotGradLhs:
@@ -166,7 +167,7 @@ class RaggedDot(_RaggedDotKernel):
         out_dtype: Any = None,
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:  # fmt: skip
         offset = group_offset is not None
-        check_operands(self.op_id, self.operand_names, lhs, rhs, group_sizes, offset=offset)
+        check_operands(self.op_id, lhs, rhs, group_sizes, offset=offset)
         check_floats(self.op_id, ("lhs", "rhs"), lhs, rhs)
         kwargs = {"out_dtype": out_dtype_name(out_dtype, lhs.dtype)}
         if not offset:
@@ -190,8 +191,6 @@ class RaggedDotGradLhs(_RaggedDotKernel):
     op_id = "ragged_dot_dlhs"
     version = "1"
     product = "dlhs"
-    operand_names = ("d_out", "rhs", "group_sizes")
-    backends = (XlaBackend(), TritonBackend(), MosaicBackend())
 
     def prepare(
         self, dout: Any, rhs: Any, group_sizes: Any, group_offset: Any = None, *,
@@ -222,8 +221,6 @@ class RaggedDotGradRhs(_RaggedDotKernel):
     op_id = "ragged_dot_drhs"
     version = "1"
     product = "drhs"
-    operand_names = ("lhs", "d_out", "group_sizes")
-    backends = (XlaBackend(), TritonBackend(), MosaicBackend())
 
     def prepare(
         self, lhs: Any, dout: Any, group_sizes: Any, group_offset: Any = None, *,
@@ -346,7 +343,7 @@ def ragged_dot(
     rhs = as_array(op, "rhs", rhs)
     sizes = as_array(op, "group_sizes", group_sizes)
     local = group_offset is not None
-    check_operands(op, ("lhs", "rhs", "group_sizes"), lhs, rhs, sizes, offset=local)
+    check_operands(op, lhs, rhs, sizes, offset=local)
     offset = (
         check_offset(op, group_offset, int(sizes.shape[0]), int(rhs.shape[0])) if local else None
     )

@@ -18,28 +18,24 @@ def shape_of(x: Any) -> tuple[int, ...]:
     return tuple(int(d) for d in getattr(x, "shape", ()))
 
 
-def check_operands(
-    op: str, names: tuple[str, str, str], a: Any, b: Any, sizes: Any, *, offset: bool = False
-) -> None:
-    """`a[M, K]`, `b[G, K, N]` and `sizes[G]` fit one another (for the backward kernels,
-    `names` says what the operands are called there); with `offset` (a `group_offset`
-    call), `b` holds `G_local <= G` groups."""
-    na, nb, ns = names
-    if getattr(a, "ndim", None) != 2:
-        raise ValueError(f"{op}: {na} must be 2-D [M, K], got shape {shape_of(a)}.")
-    if getattr(b, "ndim", None) != 3:
-        raise ValueError(f"{op}: {nb} must be 3-D [G, K, N], got shape {shape_of(b)}.")
+def check_operands(op: str, lhs: Any, rhs: Any, sizes: Any, *, offset: bool = False) -> None:
+    """The forward's `lhs[M, K]`, `rhs[G, K, N]` and `group_sizes[G]` fit one another;
+    with `offset` (a `group_offset` call), `rhs` holds `G_local <= G` groups."""
+    if getattr(lhs, "ndim", None) != 2:
+        raise ValueError(f"{op}: lhs must be 2-D [M, K], got shape {shape_of(lhs)}.")
+    if getattr(rhs, "ndim", None) != 3:
+        raise ValueError(f"{op}: rhs must be 3-D [G, K, N], got shape {shape_of(rhs)}.")
     if offset:
         check_sizes(op, sizes, None)
-        groups_lib.check_local(op, sizes, int(b.shape[0]))
-    elif getattr(sizes, "ndim", None) != 1 or sizes.shape[0] != b.shape[0]:
+        groups_lib.check_local(op, sizes, int(rhs.shape[0]))
+    elif getattr(sizes, "ndim", None) != 1 or sizes.shape[0] != rhs.shape[0]:
         raise ValueError(
-            f"{op}: {ns} must be 1-D [G] with G = {nb}.shape[0] = {b.shape[0]}, got shape "
-            f"{shape_of(sizes)}."
+            f"{op}: group_sizes must be 1-D [G] with G = rhs.shape[0] = {rhs.shape[0]}, got "
+            f"shape {shape_of(sizes)}."
         )
-    check_contracted(op, (na, nb), a, b, (1, 1), " (K)")
+    check_contracted(op, ("lhs", "rhs"), lhs, rhs, (1, 1), " (K)")
     if not jnp.issubdtype(sizes.dtype, jnp.integer):
-        raise TypeError(f"{op}: {ns} must have an integer dtype, got {sizes.dtype}.")
+        raise TypeError(f"{op}: group_sizes must have an integer dtype, got {sizes.dtype}.")
 
 
 def check_pair(
