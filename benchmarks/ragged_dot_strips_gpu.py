@@ -24,6 +24,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from benchmarks import first_call_gpu
 from benchmarks import harness as h
 from kerneltune.kernels.ragged_dot import shapes as ragged_shapes
 from kerneltune.kernels.ragged_dot.config import RaggedDotConfig
@@ -34,16 +35,7 @@ from kerneltune.kernels.ragged_dot.pallas_mosaic import (
 
 #: (rows, k, n, experts): the held-out shapes of `first_call_gpu`, Mixtral's, and
 #: `ragged_dot_gpu`'s fine-grained one.
-SHAPES = (
-    (32768, 2048, 768, 128),
-    (16384, 2048, 1536, 32),
-    (8192, 4096, 1024, 8),
-    (65536, 1024, 512, 256),
-    (24576, 2048, 768, 64),
-    (12288, 1024, 2048, 16),
-    (16384, 4096, 14336, 8),
-    (32768, 2048, 1408, 64),
-)
+SHAPES = (*first_call_gpu.RAGGED, (16384, 4096, 14336, 8), (32768, 2048, 1408, 64))
 TILES = ((128, 128), (64, 256))
 STRIPS = (1, 2, 4)
 PRODUCTS = ("fwd", "dlhs", "drhs")
