@@ -47,6 +47,16 @@ def test_a_row_reports_each_configs_regret_against_the_full_search(monkeypatch):
     for value in regrets.values():
         assert value is not None and math.isfinite(value) and value >= 0
     assert row["full_search_s"] > 0 and row["first_call_s"] > 0
+    # What an offline replay needs: every candidate's time, each chain's choice, and
+    # the shortlist the first call timed (the heuristic and 2 others).
+    assert len(row["candidates"]) == 10
+    assert all(c["status"] == "ok" and c["time_s"] > 0 for c in row["candidates"])
+    ids = {c["cfg"] for c in row["candidates"]}
+    assert set(row["chosen"]) == {"predicted", "first call", "heuristic"}
+    assert set(row["chosen"].values()) <= ids
+    assert row["chosen"]["heuristic"] == '{"reps": 6}'
+    timed = [c["cfg"] for c in row["first_call_timed"]]
+    assert len(timed) == 3 and '{"reps": 6}' in timed and set(timed) <= ids
     table = first_call_gpu.summary([row])
     assert "| first_call_gpu_ten@v0 | 1 |" in table
 

@@ -4,6 +4,7 @@ The whole-script run calls kerneltune's ops with the SPEC §7 signatures
 (`attention(..., is_causal=...)`, `layer_norm(x, scale, bias, epsilon=...)`).
 """
 
+import argparse
 import dataclasses
 import json
 import math
@@ -556,3 +557,14 @@ def test_tuning_scaleout_names_each_keys_wall_strategy_and_timed_candidates():
     entry = kt.Entry("op@v1", "k", {"b": 1}, timings=timings, wall_s=2.5, strategy="warm")
     result = kt.AutotuningResult("d", (entry,))
     assert scaleout._per_key(result) == {"op@v1 k": "2.5 s, warm, 2 of 3 timed"}
+
+
+def test_the_strip_width_benchmark_says_what_it_needs_and_checks_its_shapes(capsys):
+    from benchmarks import ragged_dot_strips_gpu as strips
+
+    assert strips.main([]) == []  # no Hopper GPU here
+    assert "need a Hopper GPU" in capsys.readouterr().out
+    assert strips.parse_shape("32768x2048x768x128") == (32768, 2048, 768, 128)
+    for bad in ("12x3", "8x8x8x0", "axbxcxd"):
+        with pytest.raises(argparse.ArgumentTypeError, match=r"--shapes: .* ROWSxKxNxEXPERTS"):
+            strips.parse_shape(bad)
