@@ -68,11 +68,14 @@ def attention_chunked(
     causal: bool,
     window: tuple[int, int] | None,
     soft_cap: float | None,
-    block_q: int,
+    block_q: int | None = None,
 ) -> jax.Array:
-    """What `features.attention_features_xla` computes, `block_q` queries at a time."""
+    """What `features.attention_features_xla` computes, `block_q` queries at a time
+    (None: `default_block_q`'s, the largest block whose logits fit its budget)."""
     b, t, n, h = q.shape
     s = k.shape[1]
+    if block_q is None:
+        block_q = default_block_q(q, k, window, causal)
     bq = min(block_q, t)
     blocks = -(-t // bq)
     tp = blocks * bq
@@ -134,12 +137,9 @@ class ChunkedBackend(Backend):
     def run(self, kernel, q, k, v, bias, masks, *, cfg, causal, sm_scale, window, soft_cap):
         # A config of another backend that cannot run here (cuDNN's, tokamax's on a
         # CPU) comes to this fallback without a block: the default one.
-        block_q = cfg.block_q
-        if block_q is None:
-            block_q = default_block_q(q, k, window, causal)
         return attention_chunked(
             q, k, v, bias, masks, scale=sm_scale, causal=causal, window=window,
-            soft_cap=soft_cap, block_q=block_q,
+            soft_cap=soft_cap, block_q=cfg.block_q,
         )  # fmt: skip
 
 

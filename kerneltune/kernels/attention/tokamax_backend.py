@@ -23,7 +23,7 @@ import numpy as np
 
 from kerneltune._src.kernel.backends import Backend
 from kerneltune.kernels._common import is_hopper, on_gpu
-from kerneltune.kernels.attention.chunked import attention_chunked, default_block_q
+from kerneltune.kernels.attention.chunked import attention_chunked
 from kerneltune.kernels.attention.forward_only import forward_only
 from kerneltune.kernels.attention.jax_nn import cudnn_variant, cudnn_variant_unsupported
 from kerneltune.kernels.attention.masking import document_ranges, segments_as_mask
@@ -121,7 +121,7 @@ def trusted_gradients(q, k, v, bias, masks, *, causal, sm_scale, window, soft_ca
     if cudnn_variant_unsupported(q, bias, masks, causal=causal, window=window, soft_cap=soft_cap):
         return attention_chunked(
             q, k, v, bias, masks, scale=sm_scale, causal=causal, window=window,
-            soft_cap=soft_cap, block_q=default_block_q(q, k, window, causal),
+            soft_cap=soft_cap,
         )  # fmt: skip
     return cudnn_variant(q, k, v, bias, masks, causal=causal, sm_scale=sm_scale, window=window)
 

@@ -254,7 +254,7 @@ class AttentionVariants(BackendKernel[VariantConfig]):
         """The variant's math a block of queries at a time (it fits where the call does)."""
         return attention_chunked(
             q, k, v, bias, masks, scale=sm_scale, causal=causal, window=window,
-            soft_cap=soft_cap, block_q=default_block_q(q, k, window, causal),
+            soft_cap=soft_cap,
         )  # fmt: skip
 
     def tuning_inputs(self, inv: Invocation[Any, Any]):

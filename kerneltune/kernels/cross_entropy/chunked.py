@@ -116,6 +116,14 @@ def _one_chunk_grads(
     return _products(x, w, lax.fori_loop(0, GRADIENT_STEPS, step, written), w.dtype)
 
 
+def _losses(
+    lse_pass: LsePass, logits: jax.Array, labels: jax.Array, where: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """One chunk's per-row losses (`lse - label logit`, 0 where masked) and lse."""
+    lse, picked = lse_pass(logits, labels)
+    return jnp.where(where, lse - picked, 0.0), lse
+
+
 def forward(
     x: jax.Array,
     labels: jax.Array,
@@ -132,8 +140,7 @@ def forward(
 
     def step(carry: None, c: tuple[jax.Array, ...]) -> tuple[None, tuple[jax.Array, jax.Array]]:
         xc, lc, wc = c
-        lse, picked = lse_pass(_logits(xc, w, logits_dtype), lc)
-        return None, (jnp.where(wc, lse - picked, 0.0), lse)
+        return None, _losses(lse_pass, _logits(xc, w, logits_dtype), lc, wc)
 
     _, (losses, lse) = lax.scan(step, None, (xs, ls, ws))
     return losses.reshape(-1)[:m], lse.reshape(-1)[:m]
@@ -158,17 +165,17 @@ def forward_with_grads(
         # One chunk: no scan, and d_W is written once, in the weights' dtype, as plain
         # JAX's backward writes it: no float32 `K × V` sum, nor its conversion after.
         written = jnp.dot(x, w, preferred_element_type=logits_dtype)
-        lse, picked = lse_pass(written, labels)
+        losses, lse = _losses(lse_pass, written, labels, where)
         dx, dw = _one_chunk_grads(x, labels, w, written, lse, row_weight)
-        return jnp.where(where, lse - picked, 0.0), dx, dw
+        return losses, dx, dw
     xs, ls, ws, rs = _in_chunks(chunk, x, labels, where, row_weight)
 
     def step(dw: jax.Array, c: tuple[jax.Array, ...]):
         xc, lc, wc, rc = c
         logits = _logits(xc, w, logits_dtype)
-        lse, picked = lse_pass(logits, lc)
+        losses, lse = _losses(lse_pass, logits, lc, wc)
         dx_c, dw_c = _logit_grads(xc, lc, w, logits, lse, rc)
-        return dw + dw_c, (jnp.where(wc, lse - picked, 0.0), dx_c)
+        return dw + dw_c, (losses, dx_c)
 
     dw0 = jnp.zeros(w.shape, jnp.float32)
     dw, (losses, dx) = lax.scan(step, dw0, (xs, ls, ws, rs))
