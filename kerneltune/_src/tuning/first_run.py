@@ -58,9 +58,11 @@ class FirstRuns:
             for w in self.take_waiting():
                 self.run(w)
 
-    def take_waiting(self) -> list[Candidate]:
-        """The candidates waiting for the reference's output, which no longer wait."""
-        waiting, self._waiting = self._waiting, []
+    def take_waiting(self, keep: Candidate | None = None) -> list[Candidate]:
+        """The candidates waiting for the reference's output, which no longer wait
+        (but `keep`, which waits on)."""
+        waiting = [c for c in self._waiting if c is not keep]
+        self._waiting = [c for c in self._waiting if c is keep]
         return waiting
 
     def _reference_settled(self) -> bool:

@@ -25,6 +25,7 @@ class BenchSettings:
     drop_factor: float | None = None  # None: DEFAULT_DROP_FACTOR for the timer
     run_timeout_s: float | None = None  # None: from the heuristic's first run
     abandon_late: bool = False  # at the deadline, abandon candidates not yet run
+    first_grace_s: float = 0.0  # ...but the first candidate, this much later
 
 
 def check_tuner_arguments(

@@ -66,7 +66,8 @@ class Tuner(Generic[Cfg]):
       time_budget_s: no new candidate is started after this many seconds.
       abandon_late: at `time_budget_s`, also give up the candidates that have not run
         yet (status "pruned"), so that the budget bounds building them too (a build
-        cannot be stopped: its thread runs on, its result unused).
+        cannot be stopped: its thread runs on, its result unused); the first candidate
+        given is waited for as long again before it is given up.
       compile_timeout_s: a candidate still compiling after this long is abandoned
         (status "timeout"); None waits forever.
       run_timeout_s: a candidate whose first run takes longer is abandoned (status
@@ -331,6 +332,7 @@ class Tuner(Generic[Cfg]):
             drop_factor=self.drop_factor,
             run_timeout_s=self.run_timeout_s,
             abandon_late=self.abandon_late,
+            first_grace_s=(self.time_budget_s or 0.0) if self.abandon_late else 0.0,
         )
         return Bench(
             lower, finish, arg_sets, candidates, reference_cfg, timer, settings, progress,
