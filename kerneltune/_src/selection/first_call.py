@@ -160,8 +160,9 @@ def first_choice_untimed(plan_: Plan, report: Any) -> bool:
 
 def budget_tuner(tuner: Any, budget: FirstCallBudget) -> Any:
     """The chain's tuner, bounded to `budget.key_s` for one key: the shortlist is
-    searched whole, and what has not run when the time is up is abandoned. A tuner of
-    another kind times the shortlist its own way."""
+    searched whole, and what has not run when the time is up is abandoned (the first
+    in line, as long again later). A tuner of another kind times the shortlist its own
+    way."""
     if not isinstance(tuner, Tuner):
         return tuner
     limit = budget.key_s if tuner.time_budget_s is None else min(budget.key_s, tuner.time_budget_s)

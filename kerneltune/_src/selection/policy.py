@@ -35,8 +35,9 @@ class FirstCallBudget:
       candidates: predicted-fastest configs timed beside the heuristic (0: none, the
         prediction is used untimed).
       key_s: seconds one key's tuning may take: candidates still building then are
-        abandoned and timing stops (making the inputs and the reference output come
-        on top).
+        abandoned (the first in line, the prediction's choice, is waited for as long
+        again) and timing stops (making the inputs and the reference output come on
+        top).
       process_s: seconds of such tuning per process (per selector chain; the default
         executor's is the process's), all keys together.
     """
