@@ -64,3 +64,30 @@ def test_a_long_run_of_digits_in_a_string_or_a_float_is_no_integer():
     text = "7" * 100
     assert files.loads(json.dumps({"s": text, "f": 1.5})) == {"s": text, "f": 1.5}
     assert files.loads('{"f": 0.' + text + "}")["f"] == float("0." + text)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        # One string never closed, full of escaped quotes, brackets inside it.
+        b'"' + b'\\"' * 500_000 + b"[" * 70,
+        b'""' * 1_000_000 + b"[" * 70,  # a million strings, then too deep
+        b"[]" * 1_000_000,  # brackets that never nest, a million of them
+        b"[" + (b"1" * 64 + b",") * 30_000 + b"1]",  # runs of digits just short enough
+    ],
+)
+def test_the_checks_cost_memory_and_time_in_proportion_to_the_file(hostile):
+    """The reader guards a shared directory anyone may write to: no file within the
+    size limit may make its checks quadratic, or hold an object per string, bracket
+    or number while checking (a list of a million pieces takes tens of MB)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(files.UnreadableFile):
+            files.loads(hostile + b"]")  # each made invalid, so that all of it is read
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * len(hostile) + (2 << 20), peak
