@@ -47,6 +47,7 @@ from benchmarks import harness as h
 from kerneltune._src.caching.shipped import package_tables
 from kerneltune._src.selection.prediction import config_id
 from kerneltune.kernels.ragged_dot import shapes as ragged_shapes
+from kerneltune.kernels.ragged_dot import tokamax_backend as ragged_tokamax
 
 Call = Callable[[kt.Executor], Any]
 
@@ -190,8 +191,9 @@ def _id(cfg: Any) -> str | None:
     return None if cfg is None else config_id(cfg)
 
 
-def _timed(report: kt.TuningReport | None) -> list[dict[str, Any]]:
-    """The candidates a first call's tuning reported (a budgeted one: its shortlist)."""
+def _outcomes(report: kt.TuningReport | None) -> list[dict[str, Any]]:
+    """Each candidate a tuning reported (a budgeted first call's: its shortlist): its
+    config's id, time and status."""
     if report is None:
         return []
     return [
@@ -222,16 +224,13 @@ def measure(op: str, label: str, call: Call) -> list[dict[str, Any]]:
                 "full_timer_note": report.timer_note,
                 # What an offline replay of the prediction needs: every candidate's time
                 # in the full search, and the configs each chain chose.
-                "candidates": [
-                    {"cfg": config_id(c.cfg), "time_s": c.time_s, "status": c.status}
-                    for c in report.candidates
-                ],
+                "candidates": _outcomes(report),
                 "chosen": {
                     "predicted": _id(predicted.chosen.get(key)),
                     "first call": _id(first.chosen.get(key)),
                     "heuristic": _id(report.heuristic_cfg),
                 },
-                "first_call_timed": _timed(first.reports.get(key)),
+                "first_call_timed": _outcomes(first.reports.get(key)),
                 "regret": {
                     "predicted": regret(report, predicted.chosen.get(key)),
                     "first call": regret(report, first.chosen.get(key)),
@@ -299,12 +298,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         print("first_call_gpu: no GPU found (use --smoke to check the script on a CPU).")
         return []
     device = jax.devices()[0].device_kind
-    try:
-        import tokamax  # noqa: F401  (its autotuning can take CUPTI from the full search)
-
-        with_tokamax = "installed"
-    except ImportError:
-        with_tokamax = "not installed"
+    # Whether the grouped matmul offers tokamax's kernel (whose autotuning can take
+    # CUPTI from the full search), as the op itself decides it.
+    with_tokamax = "installed" if ragged_tokamax.installed() else "not installed"
     print(
         f"{device}, jax {jax.__version__}, tokamax {with_tokamax}, "
         f"budget {kt.AutotunePolicy.from_env().budget}"

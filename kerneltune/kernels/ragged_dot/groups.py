@@ -47,6 +47,17 @@ def local_groups(
     return jnp.diff(ends, prepend=start[None]).astype(jnp.int32), start
 
 
+def group_bounds(
+    group_sizes: jax.Array, m: int, start: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array]:
+    """Each group's first row and one past its last, the first group starting at row
+    `start` (0 when None), clipped to the `m` rows there are (int32 `[G]` each)."""
+    first = jnp.zeros((1,), jnp.int32) if start is None else start.astype(jnp.int32).reshape(1)
+    ends = jnp.minimum(first + jnp.cumsum(group_sizes.astype(jnp.int32)), m)
+    starts = jnp.concatenate([jnp.minimum(first, m), ends[:-1]])
+    return starts, ends
+
+
 def row_range(sizes: jax.Array, start: jax.Array | None, m: int) -> tuple[jax.Array, jax.Array]:
     """The first row of the groups `sizes` (from row `start`, 0 when None) and one past
     their last, both clipped to the `m` rows there are."""

@@ -40,17 +40,6 @@ from kerneltune.kernels.ragged_dot.config import RaggedDotConfig
 from kerneltune.kernels.ragged_dot.pallas_backward import PallasGradient
 
 
-def group_bounds(
-    group_sizes: jax.Array, m: int, start: jax.Array | None = None
-) -> tuple[jax.Array, jax.Array]:
-    """Each group's first row and one past its last, the first group starting at row
-    `start` (0 when None), clipped to the `m` rows there are (int32 `[G]` each)."""
-    first = jnp.zeros((1,), jnp.int32) if start is None else start.astype(jnp.int32).reshape(1)
-    ends = jnp.minimum(first + jnp.cumsum(group_sizes.astype(jnp.int32)), m)
-    starts = jnp.concatenate([jnp.minimum(first, m), ends[:-1]])
-    return starts, ends
-
-
 def tile_schedule(
     group_sizes: jax.Array, m: int, block_m: int, start: jax.Array | None = None
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
@@ -70,7 +59,7 @@ def tile_schedule(
       [[2, 2, 0, 1, 1, 2], [0, 1, 1, 1, 2, 2], [0, 0, 5, 7, 7, 10], [5, 5, 7, 10, 10, 12]]
     """
     g = group_sizes.shape[0]
-    starts_g, ends_g = group_bounds(group_sizes, m, start)
+    starts_g, ends_g = groups_lib.group_bounds(group_sizes, m, start)
     zero = jnp.full((1,), g, jnp.int32)
     # Segments of rows, in order: [the rows before `start`], each group, the rows after.
     seg_starts = [starts_g, ends_g[-1:]]
@@ -285,7 +274,7 @@ def grouped_transposed_matmul(
     ap = jnp.pad(a, ((0, bk), (0, (-p) % bm)))
     bp = jnp.pad(b, ((0, bk), (0, (-q) % bn)))
     pp, qp = ap.shape[1], bp.shape[1]
-    lo, hi = group_bounds(group_sizes, m, row_start)
+    lo, hi = groups_lib.group_bounds(group_sizes, m, row_start)
     rows_first = cfg.tile_order == "m"
     tiles = (pp // bm, qp // bn) if rows_first else (qp // bn, pp // bm)
     out = _tiled_call(

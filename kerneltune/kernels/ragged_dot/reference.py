@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from kerneltune._src.kernel.backends import Backend
+from kerneltune.kernels.ragged_dot.groups import group_bounds, shift_rows
 from kerneltune.kernels.ragged_dot.groups import local_groups as groups_of
-from kerneltune.kernels.ragged_dot.groups import shift_rows
 
 
 def rows_after_groups_zeroed(out: jax.Array, group_sizes: jax.Array) -> jax.Array:
@@ -82,12 +82,10 @@ def ragged_dot_by_groups(
     groups on XLA:CPU, about 28 GiB at 32768 x 2048 -> 768 over 128), where this holds
     one `[M, N]` product and the float32 sum. Both do G dense products' arithmetic."""
     m, n = lhs.shape[0], rhs.shape[-1]
-    if group_offset is None:
-        sizes, start = group_sizes.astype(jnp.int32), jnp.int32(0)
-    else:
+    sizes, start = group_sizes, None
+    if group_offset is not None:
         sizes, start = groups_of(group_sizes, group_offset, rhs.shape[0], m)
-    ends = start + jnp.cumsum(sizes)
-    begins = ends - sizes
+    begins, ends = group_bounds(sizes, m, start)
     rows = jax.lax.broadcasted_iota(jnp.int32, (m, 1), 0)
 
     def add_group(total: jax.Array, g: jax.Array) -> tuple[jax.Array, None]:
