@@ -9,23 +9,38 @@ run it on each GPU model the package supports, from the repository root:
     PYTHONPATH=. python -m tools.ship_tables [--ops matmul,layer_norm,...,blocks]
     PYTHONPATH=. python -m tools.ship_tables --ops blocks --missing-only  # new keys only
 
+On a host with several GPUs, one process a GPU, each tuning a disjoint part of the
+run's calls (`--shard I/N`, 1-based: `1/4` to `4/4`) into a table file of its own;
+`tools.merge_tables` then writes the package table from those files:
+
+    OPS=ragged_dot,ragged_dot_grad OUT=/tmp/ship
+    for i in 1 2 3 4; do
+      CUDA_VISIBLE_DEVICES=$((i - 1)) PYTHONPATH=. python -m tools.ship_tables \
+        --ops $OPS --shard $i/4 --out $OUT/shard$i.json --cache $OUT/cache$i &
+    done; wait
+    PYTHONPATH=. python -m tools.merge_tables $OUT/shard*.json
+
 Entries are written to a cache directory as they finish (`--cache`), and the table is
-rewritten after every op, so an interrupted run keeps what it tuned.
+written when the run ends, also when stopped part-way (Ctrl-C), so an interrupted run
+keeps what it tuned.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import itertools
 import json
 import os
 import re
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 import jax
+import jax.numpy as jnp
 
 import kerneltune as kt
 import kerneltune.kernels
@@ -33,8 +48,10 @@ from benchmarks import harness as h
 from kerneltune._src.caching import storage
 from kerneltune._src.caching.shipped import PACKAGE_TABLES, ShippedTables
 from kerneltune._src.core import devices
+from kerneltune.kernels.ragged_dot import shapes as ragged_shapes
 
 Call = Callable[[kt.Executor], Any]
+T = TypeVar("T")
 
 #: Matmul: rows from 512 to 8192 against three weight shapes (k, n).
 MATMUL = [
@@ -50,6 +67,19 @@ ATTENTION = [
     for t in (1024, 2048, 4096, 8192)
     for d in (64, 128)
     for c in (False, True)
+]
+#: Grouped matmul (MoE experts): (m routed rows, k, n, experts), skewed routing with one
+#: empty expert, as `benchmarks/first_call_gpu.py` calls it (whose held-out `RAGGED`
+#: shapes these must not be: `tests/tuning/test_ship_tables.py`). Ordered by experts,
+#: then rows, so that `--shard` (every N-th call) gives each shard a mix of both. Equal
+#: counts of keys are what make shards take similar times: a key's exhaustive tuning is
+#: mostly compiling its candidates (the H200 table's matmul keys took 9-12 s each over a
+#: 40x range of kernel times), not its FLOPs.
+RAGGED = [
+    (m, k, n, g)
+    for g in (8, 16, 32, 64, 128, 256)
+    for m in (8192, 32768)
+    for k, n in ((1024, 1024), (2048, 512), (4096, 2048))
 ]
 
 
@@ -77,6 +107,8 @@ def grid(op: str, rows: frozenset[str] = frozenset()) -> Iterator[tuple[str, Cal
                 )
 
             yield f"B{b} T{t} N{n} H{d}{' causal' if causal else ''}", call
+    elif op in ("ragged_dot", "ragged_dot_grad"):
+        yield from ragged_grid(grad=op == "ragged_dot_grad")
     elif op == "blocks":
         # The training steps of the model benchmarks' blocks (`first_use_gpu`,
         # `model_gpu`): every key a user's first step at these sizes looks up.
@@ -144,6 +176,53 @@ def grid(op: str, rows: frozenset[str] = frozenset()) -> Iterator[tuple[str, Cal
         raise SystemExit(f"--ops: unknown op {op!r}")
 
 
+def ragged_grid(*, grad: bool) -> Iterator[tuple[str, Call]]:
+    """`RAGGED`'s forward calls, or (`grad`) the gradient with respect to both operands
+    (keys ragged_dot_dlhs and ragged_dot_drhs) at every other shape, as attention_grad:
+    neighbours for the backward keys at half the tuning time."""
+    for m, k, n, g in RAGGED[:: 2 if grad else 1]:
+        lhs, rhs = h.normal(0, (m, k)), h.normal(1, (g, k, n))
+        sizes = jnp.asarray(ragged_shapes.skewed(m, g, empty=1), jnp.int32)
+
+        def call(ex: kt.Executor, lhs=lhs, rhs=rhs, sizes=sizes) -> Any:
+            f = lambda lhs, rhs: kt.kernels.ragged_dot(lhs, rhs, sizes, executor=ex)  # noqa: E731
+            if not grad:
+                return f(lhs, rhs)
+            return jax.grad(lambda *a: f(*a).astype("float32").sum(), argnums=(0, 1))(lhs, rhs)
+
+        yield f"{m}x{k}x{n} G{g}", call
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """Part `index` (1-based) of `count` of a run's calls."""
+
+    index: int
+    count: int
+
+
+def parse_shard(text: str) -> Shard:
+    """`--shard I/N`: part I of N, 1 <= I <= N."""
+    try:
+        index, count = (int(part) for part in text.split("/"))
+    except ValueError:
+        index = count = 0
+    if count < 1 or not 1 <= index <= count:
+        raise argparse.ArgumentTypeError(
+            f"--shard {text!r}: expected I/N with 1 <= I <= N (1-based: 1/4 to 4/4)"
+        )
+    return Shard(index, count)
+
+
+def in_shard(calls: Iterable[T], shard: Shard | None) -> Iterator[T]:
+    """Every `shard.count`-th of `calls`, from the `shard.index`-th: the shards of one
+    sequence are disjoint and cover it, their sizes at most one apart, and interleaved
+    they share its cheap and dear calls alike (where contiguous parts would not)."""
+    if shard is None:
+        return iter(calls)
+    return itertools.islice(calls, shard.index - 1, None, shard.count)
+
+
 def table_path(kind: str) -> str:
     slug = re.sub(r"[^a-z0-9]+", "-", kind.lower()).strip("-")
     return str(PACKAGE_TABLES / f"{slug}.json")
@@ -203,6 +282,14 @@ def main(argv: list[str] | None = None) -> None:
         help="tune only the keys the table at --out does not hold (e.g. keys a new "
         "version of an op asks for); the others are read from it",
     )
+    p.add_argument(
+        "--shard",
+        type=parse_shard,
+        default=None,
+        metavar="I/N",
+        help="only every N-th call of the run, from the I-th (1-based), e.g. one process "
+        "a GPU, each with --shard I/4 and its own --out; merge with tools.merge_tables",
+    )
     args = p.parse_args(argv)
     if not h.on_gpu():
         print("ship_tables: no GPU found; tables are only written on the GPU they describe.")
@@ -220,19 +307,20 @@ def main(argv: list[str] | None = None) -> None:
         shipped=held,
     )
     ex = kt.Executor(chain)
-    print(f"{kind}: tuning into {cache.location}, table {out}", flush=True)
+    part = f", shard {args.shard.index}/{args.shard.count}" if args.shard else ""
+    print(f"{kind}: tuning into {cache.location}, table {out}{part}", flush=True)
     rows = frozenset(filter(None, args.rows.split(",")))
     try:
-        for op in args.ops.split(","):
-            for label, call in grid(op, rows):
-                start = time.perf_counter()
-                try:
-                    jax.block_until_ready(call(ex))
-                    note = ""
-                except Exception as e:  # one shape failing keeps the rest
-                    note = f"  FAILED: {h.error_text(e)}"
-                took = time.perf_counter() - start
-                print(f"{op:14s} {label:28s} {took:6.1f} s{note}", flush=True)
+        calls = ((op, label, call) for op in args.ops.split(",") for label, call in grid(op, rows))
+        for op, label, call in in_shard(calls, args.shard):
+            start = time.perf_counter()
+            try:
+                jax.block_until_ready(call(ex))
+                note = ""
+            except Exception as e:  # one shape failing keeps the rest
+                note = f"  FAILED: {h.error_text(e)}"
+            took = time.perf_counter() - start
+            print(f"{op:14s} {label:28s} {took:6.1f} s{note}", flush=True)
     finally:  # also when stopped part-way (Ctrl-C): the keys tuned so far are kept
         print(f"{write_table(cache, out)} entries in {out}", flush=True)
 
