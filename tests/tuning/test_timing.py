@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
 import pytest
 
-from kerneltune._src.tuning import timing
+from kerneltune._src.tuning import compiling, timing
 from kerneltune._src.tuning.tuner import Tuner
 from tests.helpers import CostInProgram
 
@@ -271,7 +272,6 @@ def test_a_session_that_counted_other_launches_runs_again(monkeypatch, error):
     sent the rest of the process's tuning to the wall clock. Such a session now runs
     again; only an error that persists still fails the timer."""
     fn, x = compiled_square()
-    monkeypatch.setattr(timing, "FOREIGN_LAUNCH_WAIT_S", 0.0)
     failures = {"left": timing.FOREIGN_LAUNCH_RETRIES}
 
     def measure(f, *, iterations=1):
@@ -290,6 +290,90 @@ def test_a_session_that_counted_other_launches_runs_again(monkeypatch, error):
     failures["left"] = timing.FOREIGN_LAUNCH_RETRIES + 1  # it persists
     with pytest.raises(timing.TimerFailed, match=r"kernel launches|Kernel names"):
         timing.CuptiTimer().sample(fn, [[x]], 4, 0)
+
+
+def test_a_session_run_again_waits_for_other_threads_compiles_and_holds_new_ones(monkeypatch):
+    """Running again alone did not help on an H200: while the grouped matmul's XLA
+    candidate compiled (its autotuning launches kernels) every retry counted its
+    launches too, and 4 keys of a shipped table were timed by the wall clock. The
+    retried session now waits for the other threads' compiles to end and starts no new
+    one until it is done: it never overlaps a compile on another thread."""
+    fn, x = compiled_square()
+    log: list[str] = []
+    compiling_now = threading.Event()
+    release = threading.Event()
+
+    def other_compile(name: str, started: threading.Event | None = None) -> None:
+        with compiling.exit_waits_for_this():
+            log.append(f"{name} starts")
+            if started is not None:
+                started.set()
+            release.wait(5)
+            log.append(f"{name} ends")
+
+    first = threading.Thread(target=other_compile, args=("compile 1", compiling_now))
+    first.start()
+    compiling_now.wait(5)
+    second = None
+
+    def measure(f, *, iterations=1):
+        def run(*args):
+            nonlocal second
+            if second is None:  # the first session: a compile on another thread spoils it
+                second = threading.Thread(target=other_compile, args=("compile 2",))
+                threading.Timer(0.2, release.set).start()
+                log.append("session fails")
+                raise RuntimeError(
+                    "The number of kernel launches is not divisible by the number of iterations"
+                )
+            second.start()  # asks to start during the retried session: it must wait
+            time.sleep(0.2)
+            log.append("session runs")
+            return f(*args), [2.0] * iterations
+
+        return run
+
+    fake_measure_api(monkeypatch, measure)
+    assert timing.CuptiTimer().sample(fn, [[x]], 4, 0) == pytest.approx(2e-3)
+    second.join(5)
+    first.join(5)
+    assert log == [
+        "compile 1 starts",
+        "session fails",
+        "compile 1 ends",
+        "session runs",
+        "compile 2 starts",
+        "compile 2 ends",
+    ]
+
+
+def test_a_pausing_thread_may_run_stages_and_a_running_stage_may_nest():
+    """The thread that pauses the others may compile inside (a session may build), and
+    a stage nested in one already running on another thread is not held up (it would
+    keep the outer one, which the pauser waits for, from ending)."""
+    inner_done = threading.Event()
+    outer_started = threading.Event()
+    go_on = threading.Event()
+
+    def outer() -> None:
+        with compiling.exit_waits_for_this():
+            outer_started.set()
+            go_on.wait(5)
+            with compiling.exit_waits_for_this():  # nested: starts although paused
+                inner_done.set()
+
+    t = threading.Thread(target=outer)
+    t.start()
+    outer_started.wait(5)
+    threading.Timer(0.1, go_on.set).start()
+    with compiling.others_paused(5.0) as quiet:
+        assert quiet
+        assert inner_done.is_set()
+        with compiling.exit_waits_for_this():  # the pauser's own stage
+            pass
+    t.join(5)
+    with compiling.others_paused(0.0) as quiet:
+        assert quiet  # nothing running now
 
 
 def test_other_cupti_errors_are_not_run_again(monkeypatch):

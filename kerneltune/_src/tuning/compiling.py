@@ -47,16 +47,20 @@ from typing import Any
 LOWER, COMPILE = 0, 1
 
 
-# --- stages still running at exit ------------------------------------------------------
+# --- stages still running at exit, and pausing them -----------------------------------
 
 _running_stages = 0
+_running_by_thread: dict[int, int] = {}
 _running_changed = threading.Condition()
 _exit_hook_installed = False
+#: The thread that asked the other threads' stages to wait (`others_paused`), if any.
+_pausing_thread: int | None = None
 
 
 @contextlib.contextmanager
 def exit_waits_for_this() -> Iterator[None]:
-    """Work on a daemon thread (XLA calls) that interpreter exit must wait for."""
+    """Counts the enclosed work as a running stage: exit waits for it, and it waits to
+    start while another thread holds `others_paused`."""
     _stage_started()
     try:
         yield
@@ -66,8 +70,13 @@ def exit_waits_for_this() -> Iterator[None]:
 
 def _stage_started() -> None:
     global _running_stages, _exit_hook_installed
+    me = threading.get_ident()
     with _running_changed:
+        # A stage nested in one this thread runs already is part of that one: holding
+        # it up would keep the outer stage (which the pauser waits for) from ending.
+        _running_changed.wait_for(lambda: _pausing_thread in (None, me) or me in _running_by_thread)
         _running_stages += 1
+        _running_by_thread[me] = _running_by_thread.get(me, 0) + 1
         if not _exit_hook_installed:
             atexit.register(wait_for_running_stages)
             _exit_hook_installed = True
@@ -75,9 +84,41 @@ def _stage_started() -> None:
 
 def _stage_finished() -> None:
     global _running_stages
+    me = threading.get_ident()
     with _running_changed:
         _running_stages -= 1
+        left = _running_by_thread[me] - 1
+        if left:
+            _running_by_thread[me] = left
+        else:
+            del _running_by_thread[me]
         _running_changed.notify_all()
+
+
+@contextlib.contextmanager
+def others_paused(timeout_s: float) -> Iterator[bool]:
+    """While inside, no other thread starts a lowering, compile or bounded run, and on
+    entry the ones running on other threads are waited for (`timeout_s` at most).
+
+    For a CUPTI session: it records every kernel the process launches, and XLA's
+    autotuning inside another thread's compile launches kernels, which spoil the
+    session's count. Yields whether the other threads' stages ended in time. The
+    calling thread's own stages are never held up (a session may compile)."""
+    global _pausing_thread
+    me = threading.get_ident()
+    with _running_changed:
+        # One pauser at a time; a second waits for the first to finish.
+        _running_changed.wait_for(lambda: _pausing_thread in (None, me))
+        outer, _pausing_thread = _pausing_thread, me
+        quiet = _running_changed.wait_for(
+            lambda: _running_stages == _running_by_thread.get(me, 0), timeout=timeout_s
+        )
+    try:
+        yield quiet
+    finally:
+        with _running_changed:
+            _pausing_thread = outer
+            _running_changed.notify_all()
 
 
 def wait_for_running_stages(say_after_s: float = 1.0) -> None:
