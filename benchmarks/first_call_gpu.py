@@ -17,8 +17,9 @@ leave-one-out over the tables' own keys). For each row, in this process:
    (`Tuner(strategy="exhaustive")`, CUPTI on a GPU): the reference, and its wall time.
 
 A regret is the full search's time of a config over its fastest time, minus 1
-("failed": the config failed in the full search). `ragged_dot` has no table, so its
-prediction is its heuristic and its first call times the configs nearest it.
+("failed": the config failed in the full search). The grouped matmul's held-out
+shapes (`RAGGED`) are none of the tables' (`tools/ship_tables.py`'s `RAGGED` grid, 8-256
+experts; a test checks that they stay apart).
 
     python -m benchmarks.first_call_gpu                          # every op (tens of minutes)
     python -m benchmarks.first_call_gpu --ops ragged_dot,matmul --json first_call.json
@@ -51,7 +52,7 @@ from kerneltune.kernels.ragged_dot import tokamax_backend as ragged_tokamax
 
 Call = Callable[[kt.Executor], Any]
 
-#: Shapes in no shipped table (their grids: `benchmarks/ship_tables.py`).
+#: Shapes in no shipped table (their grids: `tools/ship_tables.py`).
 MATMUL = ((3072, 4096, 4096), (6144, 4096, 1024), (1536, 1024, 4096), (12288, 2048, 2048))
 ROWS = ((8192, 3072), (2048, 6144), (12288, 1536), (6144, 12288))
 #: (batch, sequence, heads, head dim, causal): 8k-18k tokens, none of the tables' T.

@@ -1,6 +1,6 @@
 """Leave-one-out regret of the config kerneltune predicts for a shape no table holds.
 
-Each shipped table (`benchmarks/ship_tables.py`) tuned every key exhaustively, so each
+Each shipped table (`tools/ship_tables.py`) tuned every key exhaustively, so each
 entry records the time of every candidate at its shape. Each key is held out in turn
 and predicted from the other keys of its op and family in the same table, exactly as
 the selection chain predicts a new call from its tuned neighbours
