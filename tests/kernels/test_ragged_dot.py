@@ -111,11 +111,61 @@ def test_gpu_heuristic_is_the_measured_mosaic_tile_with_a_strip_rule():
     assert mixtral.grid_block_n == 4  # 112 column tiles
     # Strips 4 tiles wide however narrow the output (an H100 measured 1 or 2 up to 45%
     # slower at 6-16 column tiles), but never wider than the output.
-    for product in ("fwd", "dlhs", "drhs"):
+    for product in ("dlhs", "drhs"):
         assert rc.mosaic_heuristic(_problem(product, 32768, 2048, 768, 128)).grid_block_n == 4
     assert rc.mosaic_heuristic(_problem("fwd", 32768, 2048, 1408, 64)).grid_block_n == 4
-    assert rc.mosaic_heuristic(_problem("fwd", 512, 256, 256, 8)).grid_block_n == 2
-    assert rc.mosaic_heuristic(_problem("fwd", 512, 256, 64, 8)).grid_block_n == 1
+    square = {"short_tiles": False}  # 128x128 tiles at any rows an expert
+    assert rc.mosaic_heuristic(_problem("fwd", 512, 256, 256, 8), **square).grid_block_n == 2
+    assert rc.mosaic_heuristic(_problem("fwd", 512, 256, 64, 8), **square).grid_block_n == 1
+    # Strips are widths the search space offers (1, 2, 4): 3 column tiles give 2.
+    assert rc.mosaic_heuristic(_problem("fwd", 4096, 256, 384, 1)).grid_block_n == 2
+
+
+def test_gpu_heuristic_takes_short_wide_mosaic_tiles_for_few_rows_an_expert():
+    """On the H200 table's 34 keys 64x256 tiles were Mosaic's fastest at 128 rows an
+    expert or fewer and 6-28% slower than 128x128 at 512 or more (BENCHMARKS.md,
+    2026-11-28): the forward takes them at `SHORT_GROUP_ROWS` rows an expert or fewer."""
+
+    def tile(product, m, n, g):
+        cfg = rc.mosaic_heuristic(_problem(product, m, 2048, n, g))
+        return cfg.blocks[:2], cfg.grid_block_n
+
+    assert tile("fwd", 32768, 768, 128) == ((64, 256), 2)  # 256 rows an expert; 3 strips
+    assert tile("fwd", 8192, 512, 256) == ((64, 256), 2)  # 32 rows an expert
+    assert tile("fwd", 32768, 2048, 128) == ((64, 256), 4)
+    assert tile("fwd", 32768 + 8, 768, 128) == ((128, 128), 4)  # just over 256 an expert
+    assert tile("fwd", 32768, 1408, 128) == ((128, 128), 4)  # 1408 columns: no 256 tiles
+    assert tile("dlhs", 32768, 768, 128) == ((128, 128), 4)  # gradients: not measured
+    assert tile("drhs", 32768, 768, 128) == ((128, 128), 4)
+    assert rc.mosaic_heuristic(
+        _problem("fwd", 32768, 2048, 768, 128), short_tiles=False
+    ).blocks == (
+        128,
+        128,
+        64,
+    )
+
+
+def test_the_gpu_heuristic_falls_back_to_square_mosaic_tiles_where_short_ones_do_not_fit(
+    monkeypatch,
+):
+    """64x256 tiles at 4 steps need 192 KiB of shared memory, 128x128 ones 160 KiB:
+    on a GPU with room for the second only, the heuristic stays on Mosaic (128x128)
+    rather than leaving it for Triton."""
+
+    monkeypatch.setattr(pallas_mosaic, "unsupported", lambda *a: None)
+    kernel = RaggedDot()
+    monkeypatch.setattr(kernel, "use_interpreter", lambda: False)
+    lhs = jax.ShapeDtypeStruct((32768, 2048), jnp.bfloat16)
+    rhs = jax.ShapeDtypeStruct((128, 2048, 768), jnp.bfloat16)
+    sizes = jax.ShapeDtypeStruct((128,), jnp.int32)
+    inv = kt.Invocation(op_id="ragged_dot", args=(lhs, rhs, sizes), kwargs={})
+    chosen = {}
+    for limit_kib in (227, 170):
+        monkeypatch.setattr(rc, "shared_memory_limit", lambda k=limit_kib: k * 1024)
+        chosen[limit_kib] = kernel.heuristic_cfg(inv)
+    assert (chosen[227].backend, chosen[227].blocks[:2]) == ("mosaic", (64, 256))
+    assert (chosen[170].backend, chosen[170].blocks[:2]) == ("mosaic", (128, 128))
 
 
 @pytest.mark.parametrize("product", ["fwd", "dlhs", "drhs"])

@@ -202,10 +202,10 @@ GRID_BLOCK_N = 4
 
 
 def grid_block_n_rule(p: RaggedDotProblem, block_n: int) -> int:
-    """The heuristic's Mosaic grid strip width: `GRID_BLOCK_N`, or the output's
-    column tiles where there are fewer."""
+    """The heuristic's Mosaic grid strip width: `GRID_BLOCK_N`, or the widest strip of
+    the search space's (1, 2, 4) that the output's column tiles fill."""
     tiles_n = -(-p.out_dims[1] // block_n)
-    return max(1, min(GRID_BLOCK_N, tiles_n))
+    return max(w for w in (1, 2, 4) if w <= max(1, min(GRID_BLOCK_N, tiles_n)))
 
 
 def triton_heuristic(p: RaggedDotProblem) -> RaggedDotConfig:
@@ -226,16 +226,31 @@ def triton_heuristic(p: RaggedDotProblem) -> RaggedDotConfig:
     return cfg
 
 
-def mosaic_heuristic(p: RaggedDotProblem) -> RaggedDotConfig:
+#: Routed rows per expert at or under which the forward's Mosaic heuristic takes 64x256
+#: tiles instead of 128x128: with few rows a group, a 128-row tile is mostly the
+#: group's partial last tile. Chosen on the H200 table's 34 grouped-matmul keys (CUPTI,
+#: every candidate timed, 2026-11-28, BENCHMARKS.md): there 64x256 was Mosaic's fastest
+#: or within 1% of it at every key of 128 rows an expert or fewer and at 3 of 5 of 256,
+#: and 6-28% slower than 128x128 at every key of 512 or more. The heuristic's regret
+#: against the best of all backends went from 7.8% to 4.8% in median there (41.6% at
+#: worst: Triton's tiles lead at some shapes). The gradients' products keep 128x128:
+#: no table key measured them with few rows an expert.
+SHORT_GROUP_ROWS = 256
+
+
+def mosaic_heuristic(p: RaggedDotProblem, *, short_tiles: bool = True) -> RaggedDotConfig:
     """128×128×64 at 4 steps (the best measured at both benchmark shapes on an H100,
-    for all three products), with `grid_block_n_rule`'s strip width."""
+    for all three products), or (`short_tiles`) 64×256×64 for a forward product with
+    `SHORT_GROUP_ROWS` rows an expert or fewer; `grid_block_n_rule`'s strip width."""
+    short = short_tiles and p.product == "fwd" and p.m <= SHORT_GROUP_ROWS * max(p.g, 1)
+    bm, bn = (64, 256) if short and p.n % 256 == 0 else (128, 128)
     return RaggedDotConfig(
         backend="mosaic",
-        block_m=128,
-        block_n=128,
+        block_m=bm,
+        block_n=bn,
         block_k=64,
         max_concurrent_steps=4,
-        grid_block_n=grid_block_n_rule(p, 128),
+        grid_block_n=grid_block_n_rule(p, bn),
     )
 
 
