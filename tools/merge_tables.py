@@ -82,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         # The table already at `out` comes first, so that the shards' entries win.
         held = read_tables([out]) if os.path.exists(out) else []
         kind_of([out] * len(held) + args.tables, held + tables)
-    except (OSError, ValueError) as e:
-        print(f"merge_tables: {e}", file=sys.stderr)
+    except (OSError, ValueError, KeyError, TypeError) as e:  # KeyError: an entry lacks a field
+        print(f"merge_tables: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     docs = merge(held + tables)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)

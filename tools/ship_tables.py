@@ -181,10 +181,12 @@ def ragged_grid(*, grad: bool) -> Iterator[tuple[str, Call]]:
     (keys ragged_dot_dlhs and ragged_dot_drhs) at every other shape, as attention_grad:
     neighbours for the backward keys at half the tuning time."""
     for m, k, n, g in RAGGED[:: 2 if grad else 1]:
-        lhs, rhs = h.normal(0, (m, k)), h.normal(1, (g, k, n))
-        sizes = jnp.asarray(ragged_shapes.skewed(m, g, empty=1), jnp.int32)
 
-        def call(ex: kt.Executor, lhs=lhs, rhs=rhs, sizes=sizes) -> Any:
+        def call(ex: kt.Executor, m=m, k=k, n=n, g=g) -> Any:
+            # Inputs made when the call runs: a shard (`--shard`) skips most calls, and
+            # the largest shapes' inputs are gigabytes.
+            lhs, rhs = h.normal(0, (m, k)), h.normal(1, (g, k, n))
+            sizes = jnp.asarray(ragged_shapes.skewed(m, g, empty=1), jnp.int32)
             f = lambda lhs, rhs: kt.kernels.ragged_dot(lhs, rhs, sizes, executor=ex)  # noqa: E731
             if not grad:
                 return f(lhs, rhs)
@@ -291,6 +293,9 @@ def main(argv: list[str] | None = None) -> None:
         "a GPU, each with --shard I/4 and its own --out; merge with tools.merge_tables",
     )
     args = p.parse_args(argv)
+    if args.shard and not args.out:
+        # Shards writing one file would each rewrite it with their own entries only.
+        p.error("--shard needs an --out file of its own (merge them with tools.merge_tables)")
     if not h.on_gpu():
         print("ship_tables: no GPU found; tables are only written on the GPU they describe.")
         return

@@ -187,7 +187,7 @@ def test_leave_one_out_first_call_regret_on_the_shipped_tables(table_rows):
         if r["keys"] >= 10:
             assert r["predicted"]["median"] <= r["heuristic"]["median"] + 1e-9, (table, op)
             # The grouped matmul's 34 keys on the H200: 0.7% (its heuristic: 8.2%).
-            near = 0.01 if op == "ragged_dot@v1" else 0.005
+            near = 0.01 if (table, op) == ("nvidia-h200", "ragged_dot@v1") else 0.005
             assert r["predicted"]["median"] <= near, (table, op, r["predicted"])
         elif r["keys"] - r["alone"] >= 3:
             assert r["predicted"]["median"] <= 0.07, (table, op, r["predicted"])

@@ -164,3 +164,21 @@ def test_a_file_that_is_not_a_table_is_refused_by_name(tmp_path, capsys):
     bad.write_text(json.dumps({"kind": "something else"}))
     assert merge_tables.main([str(bad), "--out", str(tmp_path / "m.json")]) == 1
     assert str(bad) in capsys.readouterr().err
+
+
+def test_a_shard_without_an_out_file_of_its_own_is_refused(capsys):
+    # Shards writing the one package table would each rewrite it with their own keys.
+    with pytest.raises(SystemExit) as e:
+        st.main(["--ops", "ragged_dot", "--shard", "1/2"])
+    assert e.value.code == 2
+    assert "--shard needs an --out file of its own" in capsys.readouterr().err
+
+
+def test_an_entry_missing_a_field_is_refused_with_a_message_not_a_traceback(tmp_path, capsys):
+    path = tmp_path / "shard.json"
+    doc = entry("ragged_dot@v1", "k1", 1.0)
+    del doc["dev"]
+    storage.write_export_file(str(path), [doc], exported=0.0)
+    assert merge_tables.main([str(path), "--out", str(tmp_path / "m.json")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("merge_tables: KeyError") and "dev" in err

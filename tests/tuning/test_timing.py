@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import jax
 import jax.numpy as jnp
@@ -298,36 +297,36 @@ def test_a_session_run_again_waits_for_other_threads_compiles_and_holds_new_ones
     launches too, and 4 keys of a shipped table were timed by the wall clock. The
     retried session now waits for the other threads' compiles to end and starts no new
     one until it is done: it never overlaps a compile on another thread."""
+    monkeypatch.setattr(timing, "FOREIGN_LAUNCH_QUIET_S", 5.0)
     fn, x = compiled_square()
     log: list[str] = []
-    compiling_now = threading.Event()
-    release = threading.Event()
+    compiling_now, release, second_started = threading.Event(), threading.Event(), threading.Event()
 
-    def other_compile(name: str, started: threading.Event | None = None) -> None:
+    def other_compile(name: str, started: threading.Event) -> None:
         with compiling.exit_waits_for_this():
             log.append(f"{name} starts")
-            if started is not None:
-                started.set()
+            started.set()
             release.wait(5)
             log.append(f"{name} ends")
 
     first = threading.Thread(target=other_compile, args=("compile 1", compiling_now))
     first.start()
     compiling_now.wait(5)
-    second = None
+    second = threading.Thread(target=other_compile, args=("compile 2", second_started))
+    sessions = []
 
     def measure(f, *, iterations=1):
         def run(*args):
-            nonlocal second
-            if second is None:  # the first session: a compile on another thread spoils it
-                second = threading.Thread(target=other_compile, args=("compile 2",))
-                threading.Timer(0.2, release.set).start()
+            sessions.append(len(sessions))
+            if len(sessions) == 1:  # a compile on another thread spoils the first session
                 log.append("session fails")
+                threading.Timer(0.2, release.set).start()
                 raise RuntimeError(
                     "The number of kernel launches is not divisible by the number of iterations"
                 )
             second.start()  # asks to start during the retried session: it must wait
-            time.sleep(0.2)
+            # Not started within a second: held (a free thread starts in microseconds).
+            log.append(f"compile 2 held: {not second_started.wait(1.0)}")
             log.append("session runs")
             return f(*args), [2.0] * iterations
 
@@ -341,6 +340,7 @@ def test_a_session_run_again_waits_for_other_threads_compiles_and_holds_new_ones
         "compile 1 starts",
         "session fails",
         "compile 1 ends",
+        "compile 2 held: True",
         "session runs",
         "compile 2 starts",
         "compile 2 ends",
@@ -351,9 +351,7 @@ def test_a_pausing_thread_may_run_stages_and_a_running_stage_may_nest():
     """The thread that pauses the others may compile inside (a session may build), and
     a stage nested in one already running on another thread is not held up (it would
     keep the outer one, which the pauser waits for, from ending)."""
-    inner_done = threading.Event()
-    outer_started = threading.Event()
-    go_on = threading.Event()
+    inner_done, outer_started, go_on = threading.Event(), threading.Event(), threading.Event()
 
     def outer() -> None:
         with compiling.exit_waits_for_this():
@@ -372,8 +370,53 @@ def test_a_pausing_thread_may_run_stages_and_a_running_stage_may_nest():
         with compiling.exit_waits_for_this():  # the pauser's own stage
             pass
     t.join(5)
-    with compiling.others_paused(0.0) as quiet:
-        assert quiet  # nothing running now
+
+
+def test_an_error_or_interrupt_inside_a_pause_lets_the_other_threads_go():
+    """A pause that ended by an exception (an interrupt while waiting included) must
+    not leave every other thread's compiles held for the rest of the process."""
+
+    def starts_on_another_thread() -> bool:
+        started = threading.Event()
+
+        def stage() -> None:
+            with compiling.exit_waits_for_this():
+                started.set()
+
+        threading.Thread(target=stage, daemon=True).start()
+        return started.wait(5)
+
+    with pytest.raises(KeyboardInterrupt):
+        with compiling.others_paused(5.0):
+            raise KeyboardInterrupt
+    assert starts_on_another_thread()
+
+    blocker_in, blocker_out = threading.Event(), threading.Event()
+
+    def blocker() -> None:
+        with compiling.exit_waits_for_this():
+            blocker_in.set()
+            blocker_out.wait(5)
+
+    threading.Thread(target=blocker, daemon=True).start()
+    blocker_in.wait(5)
+    # Interrupted while waiting for the running stage to end.
+    real_wait_for = compiling._running_changed.wait_for
+
+    def interrupted(predicate, timeout=None):
+        if timeout is not None:
+            raise KeyboardInterrupt
+        return real_wait_for(predicate, timeout)
+
+    compiling._running_changed.wait_for = interrupted  # type: ignore[method-assign]
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with compiling.others_paused(5.0):
+                pass
+    finally:
+        compiling._running_changed.wait_for = real_wait_for  # type: ignore[method-assign]
+        blocker_out.set()
+    assert starts_on_another_thread()
 
 
 def test_other_cupti_errors_are_not_run_again(monkeypatch):

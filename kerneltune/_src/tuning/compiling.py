@@ -110,10 +110,11 @@ def others_paused(timeout_s: float) -> Iterator[bool]:
         # One pauser at a time; a second waits for the first to finish.
         _running_changed.wait_for(lambda: _pausing_thread in (None, me))
         outer, _pausing_thread = _pausing_thread, me
-        quiet = _running_changed.wait_for(
-            lambda: _running_stages == _running_by_thread.get(me, 0), timeout=timeout_s
-        )
-    try:
+    try:  # from here on, also an interrupt while waiting lets the others go again
+        with _running_changed:
+            quiet = _running_changed.wait_for(
+                lambda: _running_stages == _running_by_thread.get(me, 0), timeout=timeout_s
+            )
         yield quiet
     finally:
         with _running_changed:
@@ -188,7 +189,7 @@ class _Item:
 class _Running:
     item: _Item
     stage: int
-    start: float
+    start: float | None = None  # None while waiting to start (`others_paused`)
 
 
 class CompilePool:
@@ -310,10 +311,20 @@ class CompilePool:
                     self._live[stage] -= 1
                     return
                 item = heapq.heappop(self._queues[stage])
-                self._running[item.key] = _Running(item, stage, time.perf_counter())
+                self._running[item.key] = _Running(item, stage)
             # Counted as running until the result is handed over and this thread holds
             # no reference to it: exit waits for that (see `wait_for_running_stages`).
             with exit_waits_for_this():
+                # Entering may have waited while a CUPTI session paused other threads
+                # (`others_paused`): the job's time (its timeout, a stalled lane) counts
+                # from now, not from the pop; a job abandoned meanwhile is not run.
+                with self._lock:
+                    running = self._running.get(item.key)
+                    if self._abandoned.get(item.key) == stage:
+                        del self._abandoned[item.key]
+                        return  # already counted out of the lane; a replacement took over
+                    if running is not None:
+                        running.start = time.perf_counter()
                 try:
                     leave = self._run_one(item, stage)
                 finally:
@@ -367,7 +378,7 @@ class CompilePool:
         return (
             bool(busy)
             and len(busy) >= self._live[LOWER]
-            and all(now - r.start > self._stall_s for r in busy)
+            and all(r.start is not None and now - r.start > self._stall_s for r in busy)
         )
 
     # --- the caller's side -------------------------------------------------------------
@@ -397,7 +408,7 @@ class CompilePool:
         with self._lock:
             if self._timeout_s is not None:
                 for key, run in list(self._running.items()):
-                    if now - run.start > self._timeout_s:
+                    if run.start is not None and now - run.start > self._timeout_s:
                         del self._running[key]
                         self._abandon(key, run.stage)
                         seconds = now - run.start + (run.item.lower_s or 0.0)

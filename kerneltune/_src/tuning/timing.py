@@ -179,21 +179,24 @@ def _foreign_launches(e: BaseException) -> bool:
 
 def _session(measure: Callable[..., Any], fn: Any, args: Sequence[Any], **kwargs: Any) -> Any:
     """One CUPTI session's timings. One that counted launches not its own runs again
-    (`FOREIGN_LAUNCH_RETRIES` times at most) with the other threads' stages paused."""
-    retries = 0
-    while True:
-        try:
-            if retries == 0:
-                _, timings = measure(fn, **kwargs)(*args)
-            else:
-                with compiling.others_paused(FOREIGN_LAUNCH_QUIET_S):
-                    _, timings = measure(fn, **kwargs)(*args)
-            return timings
-        except RuntimeError as e:
-            if retries == FOREIGN_LAUNCH_RETRIES or not _foreign_launches(e):
-                raise
-            logger.debug("CUPTI session counted other launches (%s); running it again", e)
-        retries += 1
+    (`FOREIGN_LAUNCH_RETRIES` times at most) under one pause of the other threads'
+    stages, so that no compile slips in between two retries and a long compile is
+    waited for once."""
+    try:
+        return measure(fn, **kwargs)(*args)[1]
+    except RuntimeError as e:
+        if not _foreign_launches(e):
+            raise
+        logger.debug("CUPTI session counted other launches (%s); running it again", e)
+    with compiling.others_paused(FOREIGN_LAUNCH_QUIET_S):
+        for retry in range(1, FOREIGN_LAUNCH_RETRIES + 1):
+            try:
+                return measure(fn, **kwargs)(*args)[1]
+            except RuntimeError as e:
+                if retry == FOREIGN_LAUNCH_RETRIES or not _foreign_launches(e):
+                    raise
+                logger.debug("CUPTI session %d counted other launches again (%s)", retry, e)
+    raise AssertionError("unreachable: the last retry returns or raises")
 
 
 def output_bytes(fn: Any) -> int | None:
