@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from kerneltune._src.tuning import compiling, timing
+from kerneltune._src.tuning import stages, timing
 from kerneltune._src.tuning.tuner import Tuner
 from tests.helpers import CostInProgram
 
@@ -303,7 +303,7 @@ def test_a_session_run_again_waits_for_other_threads_compiles_and_holds_new_ones
     compiling_now, release, second_started = threading.Event(), threading.Event(), threading.Event()
 
     def other_compile(name: str, started: threading.Event) -> None:
-        with compiling.exit_waits_for_this():
+        with stages.exit_waits_for_this():
             log.append(f"{name} starts")
             started.set()
             release.wait(5)
@@ -354,20 +354,20 @@ def test_a_pausing_thread_may_run_stages_and_a_running_stage_may_nest():
     inner_done, outer_started, go_on = threading.Event(), threading.Event(), threading.Event()
 
     def outer() -> None:
-        with compiling.exit_waits_for_this():
+        with stages.exit_waits_for_this():
             outer_started.set()
             go_on.wait(5)
-            with compiling.exit_waits_for_this():  # nested: starts although paused
+            with stages.exit_waits_for_this():  # nested: starts although paused
                 inner_done.set()
 
     t = threading.Thread(target=outer)
     t.start()
     outer_started.wait(5)
     threading.Timer(0.1, go_on.set).start()
-    with compiling.others_paused(5.0) as quiet:
+    with stages.others_paused(5.0) as quiet:
         assert quiet
         assert inner_done.is_set()
-        with compiling.exit_waits_for_this():  # the pauser's own stage
+        with stages.exit_waits_for_this():  # the pauser's own stage
             pass
     t.join(5)
 
@@ -380,41 +380,41 @@ def test_an_error_or_interrupt_inside_a_pause_lets_the_other_threads_go():
         started = threading.Event()
 
         def stage() -> None:
-            with compiling.exit_waits_for_this():
+            with stages.exit_waits_for_this():
                 started.set()
 
         threading.Thread(target=stage, daemon=True).start()
         return started.wait(5)
 
     with pytest.raises(KeyboardInterrupt):
-        with compiling.others_paused(5.0):
+        with stages.others_paused(5.0):
             raise KeyboardInterrupt
     assert starts_on_another_thread()
 
     blocker_in, blocker_out = threading.Event(), threading.Event()
 
     def blocker() -> None:
-        with compiling.exit_waits_for_this():
+        with stages.exit_waits_for_this():
             blocker_in.set()
             blocker_out.wait(5)
 
     threading.Thread(target=blocker, daemon=True).start()
     blocker_in.wait(5)
     # Interrupted while waiting for the running stage to end.
-    real_wait_for = compiling._running_changed.wait_for
+    real_wait_for = stages._running_changed.wait_for
 
     def interrupted(predicate, timeout=None):
         if timeout is not None:
             raise KeyboardInterrupt
         return real_wait_for(predicate, timeout)
 
-    compiling._running_changed.wait_for = interrupted  # type: ignore[method-assign]
+    stages._running_changed.wait_for = interrupted  # type: ignore[method-assign]
     try:
         with pytest.raises(KeyboardInterrupt):
-            with compiling.others_paused(5.0):
+            with stages.others_paused(5.0):
                 pass
     finally:
-        compiling._running_changed.wait_for = real_wait_for  # type: ignore[method-assign]
+        stages._running_changed.wait_for = real_wait_for  # type: ignore[method-assign]
         blocker_out.set()
     assert starts_on_another_thread()
 

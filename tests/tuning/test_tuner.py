@@ -16,10 +16,10 @@ import pytest
 from kerneltune._src.tuning import (
     candidate,
     compile_cost,
-    compiling,
     config_space,
     inputs,
     run_bound,
+    stages,
 )
 from kerneltune._src.tuning.compiling import CompilePool
 from kerneltune._src.tuning.report import TuningReport
@@ -405,11 +405,11 @@ def test_compile_pool_replaces_abandoned_workers():
 
 def test_a_compile_held_by_a_cupti_pause_is_not_timed_out():
     """A job waits to start while a CUPTI session pauses the other threads
-    (`compiling.others_paused`); its compile timeout counts from when it starts, so a
+    (`stages.others_paused`); its compile timeout counts from when it starts, so a
     0.1 s job held for 1 s by a pause finishes with its value, not as timed out."""
     pool = CompilePool(max_workers=1, timeout_s=0.5, stall_s=None)
     seen = {}
-    with compiling.others_paused(1.0):
+    with stages.others_paused(1.0):
         pool.submit("held", lambda: time.sleep(0.1) or 7)
         deadline = time.perf_counter() + 1.0
         while time.perf_counter() < deadline:  # the caller polls during the pause

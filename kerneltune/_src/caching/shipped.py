@@ -33,6 +33,30 @@ def device_kind_of(fingerprint: str) -> str:
     return fingerprint.partition("|")[0]
 
 
+#: GPU models of one architecture, by a word of their device kind. Where a call's own
+#: GPU model has no tuned call of its family, a prediction may draw on another model's
+#: table of the same architecture (`ShippedTables.sibling_entries_of`): replayed over
+#: the tables (BENCHMARKS.md, 2026-11-28), H100 keys predicted from the H200 table alone
+#: were 0% behind their best in median for every op and at most 6.2% at worst (75% for
+#: attention, as from the H100's own keys), and the first call's shortlist at most
+#: 0.4%; H200 keys from the H100 table: 0% in median, at most 39% at worst, 0.4% for
+#: the shortlist.
+ARCHITECTURES: dict[str, frozenset[str]] = {
+    "hopper": frozenset({"H100", "H200", "H800", "H20", "GH200"}),
+}
+
+
+def architecture_of(kind: str) -> str | None:
+    """The architecture of a device kind (`ARCHITECTURES`), or None when unknown.
+
+    Example:
+      >>> architecture_of("NVIDIA H100 80GB HBM3"), architecture_of("NVIDIA A100-SXM4-40GB")
+      ('hopper', None)
+    """
+    words = set(kind.upper().replace("-", " ").split())
+    return next((arch for arch, models in ARCHITECTURES.items() if words & models), None)
+
+
 class ShippedTables:
     """Read-only tuned configs keyed by device kind, op and call key.
 
@@ -87,6 +111,20 @@ class ShippedTables:
         """Every shipped entry of an op on a device of `dev`'s kind."""
         kind = device_kind_of(dev)
         return [e for (k, op, _), e in self._index().items() if k == kind and op == op_id_v]
+
+    def sibling_entries_of(self, dev: str, op_id_v: str) -> list[CacheEntry]:
+        """Every shipped entry of an op on the other GPU models of `dev`'s architecture
+        (none for an architecture `ARCHITECTURES` does not list), ordered by model."""
+        kind = device_kind_of(dev)
+        arch = architecture_of(kind)
+        if arch is None:
+            return []
+        found = [
+            (k, e)
+            for (k, op, _), e in self._index().items()
+            if op == op_id_v and k != kind and architecture_of(k) == arch
+        ]
+        return [e for _, e in sorted(found, key=lambda pair: pair[0])]
 
     def __len__(self) -> int:
         return len(self._index())

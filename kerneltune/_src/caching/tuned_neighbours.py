@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from kerneltune._src.caching.cache_entry import CacheEntry
+from kerneltune._src.caching.shipped import ShippedTables
 from kerneltune._src.core import call_shapes
 from kerneltune._src.core.call_shapes import CallShape
 from kerneltune._src.core.configs import config_from_dict
@@ -117,11 +118,14 @@ class TimedCall:
       shape: the call's sizes and family.
       winner: the config the call uses (a config, or its fields as read from a file).
       outcomes: (config, median seconds) per candidate measured; None where it failed.
+      borrowed_from: the GPU model whose shipped table it comes from, where that is
+        not the call's own ("" for the call's own GPU model).
     """
 
     shape: CallShape
     winner: Any
     outcomes: Outcomes = ()
+    borrowed_from: str = ""
 
 
 class LocalIndex:
@@ -182,9 +186,11 @@ def timed_calls(
 ) -> list[TimedCall]:
     """The tuned calls in `shape`'s family known here: this process's, the persistent
     cache's (of this device, read-only layers included), then the shipped tables' (of
-    this device kind); one per size, from the first of those that has it. [] when the
-    call has no shape. A cache that cannot be read adds nothing (a prediction is an
-    optimisation)."""
+    this device kind); one per size, from the first of those that has it. Where none
+    of those holds a call of the family, the shipped tables of the other GPU models of
+    this architecture (`shipped.ARCHITECTURES`): a Hopper GPU with no table of its own
+    for an op predicts from another Hopper's. [] when the call has no shape. A cache
+    that cannot be read adds nothing (a prediction is an optimisation)."""
     if shape is None:
         return []
     found: dict[tuple[int, ...], TimedCall] = {}
@@ -205,13 +211,16 @@ def timed_calls(
             logger.warning("kerneltune: no prediction from the persistent cache: %s", e)
     if shipped is not None:
         add(_timed_entries(shipped.entries_of(dev, op_id_v)))
+        if not found and isinstance(shipped, ShippedTables):
+            add(_timed_entries(shipped.sibling_entries_of(dev, op_id_v), borrowed=True))
     return list(found.values())
 
 
-def _timed_entries(entries: Iterable[CacheEntry]) -> Iterator[TimedCall]:
+def _timed_entries(entries: Iterable[CacheEntry], borrowed: bool = False) -> Iterator[TimedCall]:
     for e in entries:
         if e.shape is not None:
-            yield TimedCall(e.shape, e.cfg, outcomes_of(e.timings))
+            kind = e.dev.partition("|")[0] if borrowed else ""
+            yield TimedCall(e.shape, e.cfg, outcomes_of(e.timings), borrowed_from=kind)
 
 
 def hints(

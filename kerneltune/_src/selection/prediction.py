@@ -69,12 +69,15 @@ class Prediction:
         tuned calls nearby (None: no tuned call measured it).
       heuristic: the kernel's heuristic config (None when it has none).
       neighbours: the sizes of the tuned calls the prediction drew on, nearest first.
+      borrowed_from: the other GPU models whose shipped tables those calls came from
+        (`tuned_neighbours.timed_calls`: only where the call's own has none).
     """
 
     ranked: tuple[Any, ...]
     slowdowns: tuple[float | None, ...]
     heuristic: Any
     neighbours: tuple[tuple[int, ...], ...] = ()
+    borrowed_from: tuple[str, ...] = ()
 
     @property
     def best(self) -> Any:
@@ -118,9 +121,10 @@ class Prediction:
         if not self.neighbours:
             return "no tuned call of this op and dtypes nearby: the heuristic first"
         sizes = ", ".join("x".join(map(str, s)) for s in self.neighbours)
+        where = f" on {' and '.join(self.borrowed_from)}" if self.borrowed_from else ""
         return (
-            f"predicted from {len(self.neighbours)} tuned call(s) nearest in size ({sizes}): "
-            f"{self.best!r}"
+            f"predicted from {len(self.neighbours)} tuned call(s){where} nearest in size "
+            f"({sizes}): {self.best!r}"
         )
 
 
@@ -161,6 +165,7 @@ def predict(
         slowdowns=tuple(r[2] for r in rows),
         heuristic=heuristic,
         neighbours=tuple(call.shape.sizes for _, call, _ in near),
+        borrowed_from=tuple(sorted({c.borrowed_from for _, c, _ in near if c.borrowed_from})),
     )
 
 

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from kerneltune._src.core import keys
-from kerneltune._src.tuning import compiling, inputs, memory
+from kerneltune._src.tuning import inputs, memory, stages
 
 logger = logging.getLogger("kerneltune")
 
@@ -192,7 +192,7 @@ class Background:
         self._thread.start()
 
     def _run(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        with compiling.exit_waits_for_this():  # it may compile: exit must wait
+        with stages.exit_waits_for_this():  # it may compile: exit must wait
             try:
                 self._result = fn(*args)
             except Exception as e:

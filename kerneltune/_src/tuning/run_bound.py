@@ -17,7 +17,7 @@ from typing import Any
 import jax
 
 from kerneltune._src.tuning import journal
-from kerneltune._src.tuning.compiling import exit_waits_for_this
+from kerneltune._src.tuning.stages import exit_waits_for_this
 
 #: A first run longer than this is abandoned (status "timeout"), unless the tuner
 #: names its own bound: `RUN_BOUND_OVER_HEURISTIC` times the heuristic config's first

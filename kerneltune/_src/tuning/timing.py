@@ -16,6 +16,7 @@ has been seen to abort the whole process ("activity records were dropped"), so
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -32,7 +33,7 @@ import jax
 import numpy as np
 
 from kerneltune._src.core import jax_compat
-from kerneltune._src.tuning import compiling
+from kerneltune._src.tuning import stages
 
 logger = logging.getLogger("kerneltune")
 
@@ -153,19 +154,15 @@ class CuptiTimer:
             logger.debug("detaching CUPTI failed: %s", e)
 
 
-#: How many times a CUPTI session that counted launches not its own runs again. A
-#: session records every kernel the process launches while it runs: XLA's autotuning
-#: in a compile on another thread (the tuner builds candidates while it times others)
-#: adds launches, and the profiler then finds a count not divisible by the session's
-#: calls, or names that differ between calls. On an H200 one such error sent a whole
-#: process's tuning to the wall clock (BENCHMARKS.md, 2026-11-28).
+#: A CUPTI session records every kernel the process launches while it runs: XLA's
+#: autotuning in a compile on another thread adds launches, and the profiler then finds
+#: a count not divisible by the session's calls, or names that differ between calls.
+#: Such a session runs again, this many times at most, with the other threads' stages
+#: paused (`stages.others_paused`), waiting `FOREIGN_LAUNCH_QUIET_S` at most for those
+#: under way. Retries after short sleeps were not enough on an H200: while the grouped
+#: matmul's XLA candidate compiled, 4 keys of a table run and a benchmark process were
+#: timed by the wall clock instead (BENCHMARKS.md, 2026-11-28).
 FOREIGN_LAUNCH_RETRIES = 3
-#: A session run again first pauses the other threads' lowerings, compiles and runs
-#: (`compiling.others_paused`), waiting this long at most for those under way to end.
-#: Waiting a few retries out was not enough: sessions failed all their retries while
-#: the grouped matmul's XLA candidate compiled at 128 and 256 experts, and 4 of the 38
-#: keys of an H200 table, and 5 of 6 held-out keys of a benchmark, were timed by the
-#: wall clock instead (BENCHMARKS.md, 2026-11-28, twenty-fourth session).
 FOREIGN_LAUNCH_QUIET_S = 30.0
 
 
@@ -178,25 +175,20 @@ def _foreign_launches(e: BaseException) -> bool:
 
 
 def _session(measure: Callable[..., Any], fn: Any, args: Sequence[Any], **kwargs: Any) -> Any:
-    """One CUPTI session's timings. One that counted launches not its own runs again
-    (`FOREIGN_LAUNCH_RETRIES` times at most) under one pause of the other threads'
-    stages, so that no compile slips in between two retries and a long compile is
-    waited for once."""
-    try:
-        return measure(fn, **kwargs)(*args)[1]
-    except RuntimeError as e:
-        if not _foreign_launches(e):
-            raise
-        logger.debug("CUPTI session counted other launches (%s); running it again", e)
-    with compiling.others_paused(FOREIGN_LAUNCH_QUIET_S):
-        for retry in range(1, FOREIGN_LAUNCH_RETRIES + 1):
+    """One CUPTI session's timings; one that counted launches not its own runs again
+    (`FOREIGN_LAUNCH_RETRIES` times at most), all retries under one pause."""
+    retry = 0
+    with contextlib.ExitStack() as pause:
+        while True:
             try:
                 return measure(fn, **kwargs)(*args)[1]
             except RuntimeError as e:
                 if retry == FOREIGN_LAUNCH_RETRIES or not _foreign_launches(e):
                     raise
-                logger.debug("CUPTI session %d counted other launches again (%s)", retry, e)
-    raise AssertionError("unreachable: the last retry returns or raises")
+                logger.debug("CUPTI session %d counted other launches (%s)", retry, e)
+            if retry == 0:  # one pause for all retries: no compile slips in between
+                pause.enter_context(stages.others_paused(FOREIGN_LAUNCH_QUIET_S))
+            retry += 1
 
 
 def output_bytes(fn: Any) -> int | None:

@@ -1,0 +1,101 @@
+"""Another GPU model's table of the same architecture informs a prediction where the
+call's own GPU model has no tuned call of its family (`shipped.ARCHITECTURES`)."""
+
+from __future__ import annotations
+
+import pytest
+
+import kerneltune as kt
+from kerneltune._src.caching import shipped, storage
+from kerneltune._src.caching.tuned_neighbours import timed_calls
+from kerneltune._src.core.call_shapes import CallShape
+
+H100 = "NVIDIA H100 80GB HBM3|cuda 12080"
+H200 = "NVIDIA H200|cuda 13000"
+GH200 = "NVIDIA GH200 480GB|cuda 12080"
+A100 = "NVIDIA A100-SXM4-80GB|cuda 12080"
+SHAPE = CallShape("fam", (256, 256))
+
+
+@pytest.mark.parametrize(
+    ("kind", "arch"),
+    [
+        ("NVIDIA H100 80GB HBM3", "hopper"),
+        ("NVIDIA H100 PCIe", "hopper"),
+        ("NVIDIA H200", "hopper"),
+        ("NVIDIA H20", "hopper"),
+        ("NVIDIA GH200 480GB", "hopper"),
+        ("NVIDIA A100-SXM4-80GB", None),
+        ("NVIDIA B200", None),
+        ("cpu", None),
+    ],
+)
+def test_a_device_kind_is_placed_by_a_whole_word_of_its_name(kind, arch):
+    assert shipped.architecture_of(kind) == arch
+
+
+def entry(dev: str, sizes: tuple[int, ...], best: str, key: str = "") -> kt.CacheEntry:
+    timings = [
+        {"cfg": {"tile": t}, "status": "ok", "time_s": 1e-3 if t == best else 2e-3}
+        for t in ("small", "large")
+    ]
+    return kt.CacheEntry(
+        "op@v1",
+        key or f"{dev}-{sizes}",
+        {"tile": best},
+        dev=dev,
+        provenance="shipped",
+        shape=CallShape("fam", sizes),
+        timings=timings,
+    )
+
+
+def table(tmp_path, *entries: kt.CacheEntry) -> shipped.ShippedTables:
+    path = tmp_path / "t.json"
+    storage.write_export_file(str(path), [e.to_document() for e in entries], exported=0.0)
+    return shipped.ShippedTables([path])
+
+
+def winners(calls) -> list[tuple[tuple[int, ...], str]]:
+    return sorted((c.shape.sizes, c.winner["tile"]) for c in calls)
+
+
+def test_an_h100_with_no_table_of_its_own_predicts_from_the_h200s(tmp_path):
+    tables = table(tmp_path, entry(H200, (256, 256), "large"), entry(H200, (512, 256), "small"))
+    calls = timed_calls(SHAPE, H100, "op@v1", shipped=tables)
+    assert winners(calls) == [((256, 256), "large"), ((512, 256), "small")]
+    assert [o for c in calls for o in c.outcomes]  # with every candidate's time
+    # Another Hopper too; but not a GPU of another architecture, nor another op.
+    assert winners(timed_calls(SHAPE, GH200, "op@v1", shipped=tables)) == winners(calls)
+    assert timed_calls(SHAPE, A100, "op@v1", shipped=tables) == []
+    assert timed_calls(SHAPE, H100, "other@v1", shipped=tables) == []
+
+
+def test_the_gpus_own_tuned_calls_of_the_family_leave_the_siblings_out(tmp_path):
+    # The replay over the tables (BENCHMARKS.md) measured a sibling's table alone, as a
+    # fallback: mixed with the GPU's own keys its sizes would crowd out nearer own ones.
+    tables = table(tmp_path, entry(H200, (256, 256), "large"), entry(H100, (1024, 256), "small"))
+    assert winners(timed_calls(SHAPE, H100, "op@v1", shipped=tables)) == [((1024, 256), "small")]
+
+
+def test_siblings_come_in_an_order_fixed_by_the_models_names(tmp_path):
+    # Every process of a job must predict the same config: the same table gives the
+    # same calls in the same order, whichever file lists its entries first.
+    a = [entry(GH200, (256, 256), "small"), entry(H200, (256, 256), "large")]
+    first = timed_calls(SHAPE, H100, "op@v1", shipped=table(tmp_path, *a))
+    second = timed_calls(SHAPE, H100, "op@v1", shipped=table(tmp_path, *reversed(a)))
+    assert winners(first) == winners(second) == [((256, 256), "small")]  # GH200 < H200
+
+
+def test_a_prediction_from_another_gpus_table_says_so(tmp_path):
+    from kerneltune._src.selection import prediction
+
+    tables = table(tmp_path, entry(H200, (256, 256), "large"))
+    calls = timed_calls(SHAPE, H100, "op@v1", shipped=tables)
+    p = prediction.predict(SHAPE.sizes, [{"tile": "small"}, {"tile": "large"}], None, calls)
+    assert p.best == {"tile": "large"} and p.borrowed_from == ("NVIDIA H200",)
+    assert "tuned call(s) on NVIDIA H200 nearest in size (256x256)" in p.describe()
+    own = table(tmp_path, entry(H100, (256, 256), "large"))
+    mine = prediction.predict(SHAPE.sizes, [{"tile": "small"}, {"tile": "large"}], None,
+                              timed_calls(SHAPE, H100, "op@v1", shipped=own))  # fmt: skip
+    assert mine.borrowed_from == () and " on " not in mine.describe()
