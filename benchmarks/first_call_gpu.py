@@ -28,12 +28,17 @@ experts; a test checks that they stay apart).
 
 Run from the repository root. The rows run one after another in one process, each
 with its own chains and no persistent cache (`KERNELTUNE_CACHE_DIR` is not read).
+Before each row, the peers a user has for it (plain JAX, cuDNN through `jax.nn`,
+tokamax's grouped matmul where installed) make their first call from a fresh `jax.jit`;
+the summary gives kerneltune's first call over the fastest peer's (issue 45's bar is
+1.5x).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import statistics
 import time
@@ -75,41 +80,72 @@ SMOKE = {
 }
 
 
-def rows(op: str, smoke: bool) -> Iterator[tuple[str, Callable[..., Any], tuple[Any, ...]]]:
-    """(label, fn, args) for each held-out shape of `op`: `fn(ex, *args)` calls it."""
+Peers = dict[str, Callable[..., Any]]
+
+
+def rows(op: str, smoke: bool) -> Iterator[tuple[str, Callable[..., Any], tuple[Any, ...], Peers]]:
+    """(label, fn, args, peers) for each held-out shape of `op`: `fn(ex, *args)` calls
+    it; each of `peers` (`peer(*args)`) is what a user would call instead: plain JAX
+    (cuDNN where `jax.nn` uses it), and tokamax's grouped matmul where installed."""
     if op == "matmul":
         for m, k, n in SMOKE["matmul"] if smoke else MATMUL:
 
             def mm(ex: kt.Executor, a: Any, b: Any) -> Any:
                 return kt.kernels.matmul(a, b, executor=ex)
 
-            yield f"{m}x{k}x{n}", mm, (h.normal(0, (m, k)), h.normal(1, (k, n)))
+            args = (h.normal(0, (m, k)), h.normal(1, (k, n)))
+            yield f"{m}x{k}x{n}", mm, args, {"plain": jnp.matmul}
     elif op in ("layer_norm", "rms_norm", "softmax"):
         op_fn = getattr(kt.kernels, op)
+        plain = {"softmax": jax.nn.softmax}.get(op)  # the norms have no plain JAX op
         for r, w in SMOKE["rows"] if smoke else ROWS:
 
             def rowwise(ex: kt.Executor, x: Any, fn: Any = op_fn) -> Any:
                 return fn(x, executor=ex)
 
-            yield f"{r}x{w}", rowwise, (h.normal(0, (r, w)),)
+            yield f"{r}x{w}", rowwise, (h.normal(0, (r, w)),), {"plain": plain} if plain else {}
     elif op == "attention":
         for b, t, n, d, causal in SMOKE["attention"] if smoke else ATTENTION:
 
             def attend(ex: kt.Executor, q: Any, k: Any, v: Any, causal: bool = causal) -> Any:
                 return kt.kernels.attention(q, k, v, is_causal=causal, executor=ex)
 
+            def plain_attention(q: Any, k: Any, v: Any, causal: bool = causal) -> Any:
+                return jax.nn.dot_product_attention(q, k, v, is_causal=causal)
+
             qkv = tuple(h.normal(i, (b, t, n, d)) for i in range(3))
-            yield f"B{b} T{t} N{n} H{d}{' causal' if causal else ''}", attend, qkv
+            label = f"B{b} T{t} N{n} H{d}{' causal' if causal else ''}"
+            yield label, attend, qkv, {"plain": plain_attention}
     elif op == "ragged_dot":
+        peers: Peers = {"plain": jax.lax.ragged_dot}
+        if ragged_tokamax.installed():
+            peers["tokamax"] = importlib.import_module("tokamax").ragged_dot
         for m, k, n, g in SMOKE["ragged_dot"] if smoke else RAGGED:
 
             def grouped(ex: kt.Executor, lhs: Any, rhs: Any, sizes: Any) -> Any:
                 return kt.kernels.ragged_dot(lhs, rhs, sizes, executor=ex)
 
             sizes = jnp.asarray(ragged_shapes.skewed(m, g, empty=1), jnp.int32)
-            yield f"{m}x{k}x{n} E{g}", grouped, (h.normal(0, (m, k)), h.normal(1, (g, k, n)), sizes)
+            args = (h.normal(0, (m, k)), h.normal(1, (g, k, n)), sizes)
+            yield f"{m}x{k}x{n} E{g}", grouped, args, peers
     else:
         raise SystemExit(f"--ops: unknown op {op!r}; known: {', '.join(OPS)}")
+
+
+def _loss_over_floats(
+    fn: Callable[..., Any], args: tuple[Any, ...]
+) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """The sum of `fn(*args)`'s output as a function of `args`' float inputs, and
+    those inputs."""
+    floats = tuple(i for i, a in enumerate(args) if jnp.issubdtype(a.dtype, jnp.floating))
+
+    def loss(*wrt: Any) -> Any:
+        full = list(args)
+        for i, a in zip(floats, wrt, strict=True):
+            full[i] = a
+        return fn(*full).astype(jnp.float32).sum()
+
+    return loss, tuple(args[i] for i in floats)
 
 
 def as_call(fn: Callable[..., Any], args: tuple[Any, ...], grad: bool) -> Call:
@@ -118,18 +154,32 @@ def as_call(fn: Callable[..., Any], args: tuple[Any, ...], grad: bool) -> Call:
     chosen too."""
     if not grad:
         return lambda ex: fn(ex, *args)
-    floats = tuple(i for i, a in enumerate(args) if jnp.issubdtype(a.dtype, jnp.floating))
 
     def step(ex: kt.Executor) -> Any:
-        def loss(*wrt: Any) -> Any:
-            full = list(args)
-            for i, a in zip(floats, wrt, strict=True):
-                full[i] = a
-            return fn(ex, *full).astype(jnp.float32).sum()
-
-        return jax.grad(loss, argnums=tuple(range(len(floats))))(*(args[i] for i in floats))
+        loss, wrt = _loss_over_floats(lambda *a: fn(ex, *a), args)
+        return jax.grad(loss, argnums=tuple(range(len(wrt))))(*wrt)
 
     return step
+
+
+def peer_first_calls(peers: Peers, args: tuple[Any, ...], grad: bool) -> dict[str, Any]:
+    """Each peer's first call, as a user's jitted step makes it: seconds from a fresh
+    `jax.jit` to the result (tracing, compiling, any autotuning of its own, one run);
+    a peer that fails gives its error."""
+    out: dict[str, Any] = {}
+    for name, peer in peers.items():
+        if grad:
+            loss, wrt = _loss_over_floats(peer, args)
+            step, step_args = jax.jit(jax.grad(loss, argnums=tuple(range(len(wrt))))), wrt
+        else:
+            step, step_args = jax.jit(peer), args
+        start = time.perf_counter()
+        try:
+            jax.block_until_ready(step(*step_args))
+            out[name] = time.perf_counter() - start
+        except Exception as e:  # a peer that cannot run the call is data
+            out[name] = f"failed: {h.error_text(e)}"
+    return out
 
 
 @dataclasses.dataclass
@@ -202,7 +252,9 @@ def _outcomes(report: kt.TuningReport | None) -> list[dict[str, Any]]:
     ]
 
 
-def measure(op: str, label: str, call: Call) -> list[dict[str, Any]]:
+def measure(
+    op: str, label: str, call: Call, peers_first_s: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
     first = run(call, kt.AutotunePolicy.from_env(), shipped=True)
     predicted = run(call, kt.AutotunePolicy(budget=kt.FirstCallBudget(candidates=0)), shipped=True)
     full = run(
@@ -220,6 +272,8 @@ def measure(op: str, label: str, call: Call) -> list[dict[str, Any]]:
                 "shape": label,
                 "first_call_s": first.wall_s,
                 "first_call_how": first.how.get(key),
+                # The whole call's first call: the key's share is not apart from the rest.
+                "peer_first_call_s": dict(peers_first_s or {}),
                 "full_search_s": full.wall_s,
                 "full_timer": report.timer,
                 "full_timer_note": report.timer_note,
@@ -249,7 +303,15 @@ def measure(op: str, label: str, call: Call) -> list[dict[str, Any]]:
         errors = {k: v for k, v in errors.items() if v}
         how = ", ".join(f"{k[0]}: {v}" for k, v in full.how.items()) or "no kerneltune call"
         out.append(
-            {"op": op, "key": None, "shape": label, "errors": errors, "regret": {}, "note": how}
+            {
+                "op": op,
+                "key": None,
+                "shape": label,
+                "errors": errors,
+                "regret": {},
+                "note": how,
+                "peer_first_call_s": dict(peers_first_s or {}),
+            }
         )
     return out
 
@@ -263,8 +325,9 @@ def _pct(x: float | None) -> str:
 def summary(results: Sequence[dict[str, Any]]) -> str:
     lines = [
         "| op | shapes | predicted: median / worst | first call: median / worst | "
-        "heuristic: median / worst | first call s: median / worst | full search s: median |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "heuristic: median / worst | first call s: median / worst | "
+        "first call ÷ best peer's: median / worst | full search s: median |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     by_key: dict[str, list[dict[str, Any]]] = {}
     for r in results:
@@ -279,11 +342,28 @@ def summary(results: Sequence[dict[str, Any]]) -> str:
             )
         first = [g["first_call_s"] for g in group]
         full = [g["full_search_s"] for g in group]
+        ratios = [r for r in map(over_best_peer, group) if r is not None]
+        ratio = f"{statistics.median(ratios):.2f}x / {max(ratios):.2f}x" if ratios else "-"
         lines.append(
             f"| {key} | {len(group)} | {' | '.join(cells)} | "
-            f"{statistics.median(first):.1f} / {max(first):.1f} | {statistics.median(full):.1f} |"
+            f"{statistics.median(first):.1f} / {max(first):.1f} | {ratio} | "
+            f"{statistics.median(full):.1f} |"
         )
     return "\n".join(lines)
+
+
+def over_best_peer(row: dict[str, Any]) -> float | None:
+    """The row's first call over the fastest peer's first call (None: no peer ran)."""
+    times = [t for t in row.get("peer_first_call_s", {}).values() if isinstance(t, float)]
+    return row["first_call_s"] / min(times) if times and min(times) > 0 else None
+
+
+def _peers_text(peers: dict[str, Any]) -> str:
+    if not peers:
+        return "no peer"
+    return ", ".join(
+        f"{name} {t:.1f} s" if isinstance(t, float) else f"{name} {t}" for name, t in peers.items()
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
@@ -308,13 +388,16 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     )
     results: list[dict[str, Any]] = []
     for op in args.ops.split(","):
-        for label, fn, fn_args in rows(op, args.smoke):
-            for r in measure(op, label, as_call(fn, fn_args, args.grad)):
+        for label, fn, fn_args, peers in rows(op, args.smoke):
+            # The peers first, as a user would have met them before trying kerneltune.
+            peers_s = peer_first_calls(peers, fn_args, args.grad)
+            for r in measure(op, label, as_call(fn, fn_args, args.grad), peers_s):
                 results.append(r)
                 reg = r["regret"]
                 print(
                     f"{op:10s} {label:24s} {r.get('key') or '-':22s} "
-                    f"first {r.get('first_call_s', 0):6.1f} s ({r.get('first_call_how')}), "
+                    f"first {r.get('first_call_s', 0):6.1f} s ({r.get('first_call_how')}; "
+                    f"{_peers_text(r.get('peer_first_call_s', {}))}), "
                     f"full {r.get('full_search_s', 0):6.1f} s; regret predicted "
                     f"{_pct(reg.get('predicted'))}, first call {_pct(reg.get('first call'))}, "
                     f"heuristic {_pct(reg.get('heuristic'))}"

@@ -82,3 +82,36 @@ def test_a_gradient_row_chooses_the_configs_of_the_differentiated_call():
     (row,) = first_call_gpu.measure("ten", "32x32 grad", call)
     assert row["key"] == "first_call_gpu_ten@v0" and not row["errors"]
     assert all(v is not None and v >= 0 for v in row["regret"].values())
+
+
+def test_peers_first_calls_are_timed_from_a_fresh_jit_and_a_failure_is_data():
+    x = jnp.ones((8, 16), jnp.float32)
+
+    def broken(x):
+        raise ValueError("this peer cannot run it")
+
+    out = first_call_gpu.peer_first_calls({"plain": jax.nn.softmax, "broken": broken}, (x,), False)
+    assert isinstance(out["plain"], float) and out["plain"] > 0
+    assert out["broken"] == "failed: ValueError: this peer cannot run it"
+    grad = first_call_gpu.peer_first_calls({"plain": jnp.matmul}, (x, x.T), True)
+    assert isinstance(grad["plain"], float)
+
+
+def test_the_summary_gives_the_first_call_over_the_fastest_peers():
+    row = {
+        "key": "op@v0",
+        "regret": {"predicted": 0.0, "first call": 0.0, "heuristic": 0.1},
+        "first_call_s": 6.0,
+        "full_search_s": 20.0,
+        "peer_first_call_s": {"plain": 4.0, "tokamax": 2.0, "other": "failed: x"},
+    }
+    assert first_call_gpu.over_best_peer(row) == pytest.approx(3.0)
+    assert "| 6.0 / 6.0 | 3.00x / 3.00x | 20.0 |" in first_call_gpu.summary([row])
+    assert first_call_gpu.over_best_peer({**row, "peer_first_call_s": {}}) is None
+
+
+def test_each_op_offers_the_peers_a_user_has():
+    ragged = next(first_call_gpu.rows("ragged_dot", smoke=True))
+    assert set(ragged[3]) >= {"plain"} and ragged[3]["plain"] is jax.lax.ragged_dot
+    assert set(next(first_call_gpu.rows("attention", smoke=True))[3]) == {"plain"}
+    assert next(first_call_gpu.rows("layer_norm", smoke=True))[3] == {}  # no plain JAX op
