@@ -99,3 +99,16 @@ def test_a_prediction_from_another_gpus_table_says_so(tmp_path):
     mine = prediction.predict(SHAPE.sizes, [{"tile": "small"}, {"tile": "large"}], None,
                               timed_calls(SHAPE, H100, "op@v1", shipped=own))  # fmt: skip
     assert mine.borrowed_from == () and " on " not in mine.describe()
+
+
+def test_a_warm_start_with_no_tuned_call_of_its_own_starts_from_the_siblings_winners(tmp_path):
+    from kerneltune._src.caching.tuned_neighbours import hints
+
+    tables = table(tmp_path, entry(H200, (256, 256), "large"), entry(H200, (512, 256), "small"))
+    assert hints(SHAPE, H100, "op@v1", None, shipped=tables) == [
+        {"tile": "large"},  # the nearest (the same size on the H200) first
+        {"tile": "small"},
+    ]
+    assert hints(SHAPE, A100, "op@v1", None, shipped=tables) == []
+    own = table(tmp_path, entry(H200, (256, 256), "large"), entry(H100, (1024, 256), "small"))
+    assert hints(SHAPE, H100, "op@v1", None, shipped=own) == [{"tile": "small"}]

@@ -235,9 +235,11 @@ def hints(
 ) -> list[Any]:
     """Configs to start tuning a call of `shape` from: the winners of the
     `MAX_NEIGHBOURS` nearest tuned calls in its family, nearest first, then the nearest
-    call's best configs in other regions; each once, as `cfg_type` instances. [] when
-    the call has no shape or no neighbour is known. A cache that cannot be read gives
-    no hints (a warm start is an optimisation)."""
+    call's best configs in other regions; each once, as `cfg_type` instances. Where
+    this GPU model knows no tuned call of the op, another GPU model's table of its
+    architecture stands in (as in `timed_calls`). [] when the call has no shape or no
+    neighbour is known. A cache that cannot be read gives no hints (a warm start is an
+    optimisation)."""
     if shape is None:
         return []
     tuned: list[tuple[CallShape, Ranked]] = []
@@ -251,6 +253,9 @@ def hints(
             logger.warning("kerneltune: no warm start from the persistent cache: %s", e)
     if shipped is not None:
         tuned += _from_entries(shape, shipped.entries_of(dev, op_id_v))
+        own = any(at.family == shape.family for at, _ in tuned)
+        if not own and isinstance(shipped, ShippedTables):
+            tuned += _from_entries(shape, shipped.sibling_entries_of(dev, op_id_v))
     return [
         c for c in (_typed(c, cfg_type) for c in nearest_configs(shape, tuned)) if c is not None
     ]
