@@ -21,13 +21,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from kerneltune._src.caching import storage
+from kerneltune._src.caching.shipped import device_kind_of
 from tools.ship_tables import _identity, table_path
 
 
 def device_kind(doc: dict[str, Any]) -> str:
     """The GPU model an entry was tuned on: its `dev` up to the "|" (as `ship_tables`
     names its table)."""
-    return str(doc["dev"]).partition("|")[0]
+    return device_kind_of(str(doc["dev"]))
 
 
 def read_tables(paths: Sequence[str]) -> list[list[dict[str, Any]]]:

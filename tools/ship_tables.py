@@ -46,7 +46,7 @@ import kerneltune as kt
 import kerneltune.kernels
 from benchmarks import harness as h
 from kerneltune._src.caching import storage
-from kerneltune._src.caching.shipped import PACKAGE_TABLES, ShippedTables
+from kerneltune._src.caching.shipped import PACKAGE_TABLES, ShippedTables, device_kind_of
 from kerneltune._src.core import devices
 from kerneltune.kernels.ragged_dot import shapes as ragged_shapes
 
@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> None:
     if not h.on_gpu():
         print("ship_tables: no GPU found; tables are only written on the GPU they describe.")
         return
-    kind = devices.device_fingerprint().partition("|")[0]
+    kind = device_kind_of(devices.device_fingerprint())
     out = args.out or table_path(kind)
     cache: kt.PersistentCache[Any] = kt.PersistentCache(
         args.cache or tempfile.mkdtemp(prefix="kt-ship-")

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from kerneltune._src.caching.cache_entry import CacheEntry
-from kerneltune._src.caching.shipped import ShippedTables
+from kerneltune._src.caching.shipped import ShippedTables, device_kind_of
 from kerneltune._src.core import call_shapes
 from kerneltune._src.core.call_shapes import CallShape
 from kerneltune._src.core.configs import config_from_dict
@@ -219,7 +219,7 @@ def timed_calls(
 def _timed_entries(entries: Iterable[CacheEntry], borrowed: bool = False) -> Iterator[TimedCall]:
     for e in entries:
         if e.shape is not None:
-            kind = e.dev.partition("|")[0] if borrowed else ""
+            kind = device_kind_of(e.dev) if borrowed else ""
             yield TimedCall(e.shape, e.cfg, outcomes_of(e.timings), borrowed_from=kind)
 
 

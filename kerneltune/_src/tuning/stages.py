@@ -20,7 +20,7 @@ import sys
 import threading
 from collections.abc import Iterator
 
-_running_stages = 0
+#: Stages running now, by thread (a thread's stages may nest).
 _running_by_thread: dict[int, int] = {}
 _running_changed = threading.Condition()
 _exit_hook_installed = False
@@ -39,14 +39,18 @@ def exit_waits_for_this() -> Iterator[None]:
         _stage_finished()
 
 
+def _running() -> int:
+    """How many stages run now, all threads together (lock held)."""
+    return sum(_running_by_thread.values())
+
+
 def _stage_started() -> None:
-    global _running_stages, _exit_hook_installed
+    global _exit_hook_installed
     me = threading.get_ident()
     with _running_changed:
         # A stage nested in one this thread runs already is part of that one: holding
         # it up would keep the outer stage (which the pauser waits for) from ending.
         _running_changed.wait_for(lambda: _pausing_thread in (None, me) or me in _running_by_thread)
-        _running_stages += 1
         _running_by_thread[me] = _running_by_thread.get(me, 0) + 1
         if not _exit_hook_installed:
             atexit.register(wait_for_running_stages)
@@ -54,10 +58,8 @@ def _stage_started() -> None:
 
 
 def _stage_finished() -> None:
-    global _running_stages
     me = threading.get_ident()
     with _running_changed:
-        _running_stages -= 1
         left = _running_by_thread[me] - 1
         if left:
             _running_by_thread[me] = left
@@ -84,7 +86,7 @@ def others_paused(timeout_s: float) -> Iterator[bool]:
     try:  # from here on, also an interrupt while waiting lets the others go again
         with _running_changed:
             quiet = _running_changed.wait_for(
-                lambda: _running_stages == _running_by_thread.get(me, 0), timeout=timeout_s
+                lambda: _running_by_thread.keys() <= {me}, timeout=timeout_s
             )
         yield quiet
     finally:
@@ -97,15 +99,15 @@ def wait_for_running_stages(say_after_s: float = 1.0) -> None:
     """Blocks until no lowering or compile runs on a kerneltune thread (called at exit)."""
     try:
         with _running_changed:
-            if _running_changed.wait_for(lambda: _running_stages == 0, timeout=say_after_s):
+            if _running_changed.wait_for(lambda: not _running_by_thread, timeout=say_after_s):
                 return
             print(
-                f"kerneltune: waiting for {_running_stages} abandoned compile(s) or run(s) to finish "
+                f"kerneltune: waiting for {_running()} abandoned compile(s) or run(s) to finish "
                 "before exiting (Ctrl-C exits now)",
                 file=sys.stderr,
                 flush=True,
             )
-            _running_changed.wait_for(lambda: _running_stages == 0)
+            _running_changed.wait_for(lambda: not _running_by_thread)
     except KeyboardInterrupt:
         for stream in (sys.stdout, sys.stderr):
             try:

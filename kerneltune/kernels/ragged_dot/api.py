@@ -95,9 +95,10 @@ class _RaggedDotKernel(BackendKernel[RaggedDotConfig]):
             not mostly_elsewhere
             and pallas_mosaic.unsupported(self.product, p.local_g is not None) is None
         ):
+            rules = config_lib.rules(p)
             for short_tiles in (True, False):  # 64x256 tiles may not fit where 128x128 do
                 mosaic = config_lib.mosaic_heuristic(p, short_tiles=short_tiles)
-                if all(rule(mosaic) is None for rule in config_lib.rules(p)):
+                if all(rule(mosaic) is None for rule in rules):
                     return mosaic
         return config_lib.triton_heuristic(p)
 

@@ -199,13 +199,15 @@ def shared_memory_bytes(p: RaggedDotProblem, cfg: RaggedDotConfig) -> int:
 #: 512-14336 wide), while 1 and 2, which an earlier rule took for outputs under 32 or
 #: 8 tiles wide, were up to 45% and 17% slower.
 GRID_BLOCK_N = 4
+#: The strip widths the Mosaic search space offers.
+GRID_WIDTHS = (1, 2, 4)
 
 
 def grid_block_n_rule(p: RaggedDotProblem, block_n: int) -> int:
     """The heuristic's Mosaic grid strip width: `GRID_BLOCK_N`, or the widest strip of
     the search space's (1, 2, 4) that the output's column tiles fill."""
     tiles_n = -(-p.out_dims[1] // block_n)
-    return max(w for w in (1, 2, 4) if w <= max(1, min(GRID_BLOCK_N, tiles_n)))
+    return max(w for w in GRID_WIDTHS if w <= max(1, min(GRID_BLOCK_N, tiles_n)))
 
 
 def triton_heuristic(p: RaggedDotProblem) -> RaggedDotConfig:
@@ -266,7 +268,9 @@ def mosaic_space(p: RaggedDotProblem) -> list[RaggedDotConfig]:
             max_concurrent_steps=steps,
             grid_block_n=width,
         )
-        for bm, bn, steps, width in itertools.product((64, 128), (64, 128, 256), (2, 4), (1, 2, 4))
+        for bm, bn, steps, width in itertools.product(
+            (64, 128), (64, 128, 256), (2, 4), GRID_WIDTHS
+        )
     ]
 
 
