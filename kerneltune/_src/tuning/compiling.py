@@ -215,22 +215,31 @@ class CompilePool:
             # Counted as running until the result is handed over and this thread holds
             # no reference to it: exit waits for that (see `wait_for_running_stages`).
             with exit_waits_for_this():
-                # Entering may have waited while a CUPTI session paused other threads
-                # (`others_paused`): the job's time (its timeout, a stalled lane) counts
-                # from now, not from the pop; a job abandoned meanwhile is not run.
-                with self._lock:
-                    running = self._running.get(item.key)
-                    if self._abandoned.get(item.key) == stage:
-                        del self._abandoned[item.key]
-                        return  # already counted out of the lane; a replacement took over
-                    if running is not None:
-                        running.start = time.perf_counter()
                 try:
-                    leave = self._run_one(item, stage)
+                    leave = self._admit_and_run(item, stage)
                 finally:
+                    # The last reference to the job (its inputs, its lowering) may be
+                    # this one: freeing XLA objects must happen inside the stage, never
+                    # in a daemon thread racing interpreter exit (SIGABRT on JAX 0.12).
                     del item
             if leave:
                 return
+
+    def _admit_and_run(self, item: _Item, stage: int) -> bool:
+        """Runs `item`'s stage unless it was abandoned while waiting to start; True
+        when this thread should leave its lane."""
+        # Entering the stage may have waited while a CUPTI session paused other threads
+        # (`others_paused`): the job's time (its timeout, a stalled lane) counts from
+        # now, not from the pop; a job abandoned meanwhile is not run.
+        with self._lock:
+            if self._abandoned.get(item.key) == stage:
+                del self._abandoned[item.key]
+                return True  # already counted out of the lane; a replacement took over
+            running = self._running.get(item.key)
+            if running is not None:
+                running.start = time.perf_counter()
+            del running  # the supervisor may drop it; the job must not outlive the stage
+        return self._run_one(item, stage)
 
     def _run_one(self, item: _Item, stage: int) -> bool:
         """Runs one stage of `item` and hands its result on; True when this thread
