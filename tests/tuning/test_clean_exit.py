@@ -115,3 +115,96 @@ def test_ctrl_c_in_tune_exits_130_and_keeps_what_finished(tmp_path):
     assert "Traceback" not in stderr and "terminate called" not in stderr
     saved = kt.AutotuningResult.load(out, {"aaa_steady": LoopCfg, "zzz_sleepy": LoopCfg})
     assert [e.op_id_v for e in saved] == ["aaa_steady@v0"]
+
+
+# --- abandoned work frees what it holds inside its stage ---------------------------
+# Exit waits only for counted stages: a daemon thread that drops the last reference to
+# XLA objects (a lowering, device arrays) after its stage ended frees them while the
+# interpreter finalises, which aborts the process (the SIGABRT above, on JAX 0.12).
+
+
+class _Payload:
+    """Stands in for what a job holds (its inputs, its lowering)."""
+
+
+@pytest.fixture
+def alive_at_stage_end(monkeypatch):
+    """Calls `watch(obj)`; returns, for each stage that ended on another thread, whether
+    the watched object was still alive at that moment."""
+    import threading
+    import weakref
+
+    from kerneltune._src.tuning import stages
+
+    refs, seen = [], []
+    finished = stages._stage_finished
+
+    def finished_and_checked():
+        if threading.current_thread() is not threading.main_thread():
+            seen.append(any(r() is not None for r in refs))
+        finished()
+
+    monkeypatch.setattr(stages, "_stage_finished", finished_and_checked)
+    return (lambda obj: refs.append(weakref.ref(obj))), seen
+
+
+def _held_until(release, payload):
+    def job():
+        release.wait(30)
+        return payload is not None
+
+    return job
+
+
+def test_an_abandoned_compile_job_is_freed_inside_its_stage(alive_at_stage_end):
+    import threading
+
+    from kerneltune._src.tuning import stages
+    from kerneltune._src.tuning.compiling import CompilePool
+
+    watch, seen = alive_at_stage_end
+    release, payload = threading.Event(), _Payload()
+    watch(payload)
+    pool = CompilePool(1, timeout_s=0.05, stall_s=None)
+    pool.submit("k", _held_until(release, payload))
+    del payload
+    outcomes = []
+    while not outcomes:
+        outcomes = pool.poll(0.05)
+    assert [o.timed_out for o in outcomes] == [True]
+    release.set()
+    stages.wait_for_running_stages()
+    pool.close()
+    assert seen == [False]
+
+
+def test_an_abandoned_first_run_is_freed_inside_its_stage(alive_at_stage_end):
+    import threading
+
+    from kerneltune._src.tuning import run_bound, stages
+
+    watch, seen = alive_at_stage_end
+    release, payload = threading.Event(), _Payload()
+    watch(payload)
+    out, times = run_bound.warm_up(_held_until(release, payload), [[]], 1, bound_s=0.05)
+    assert out is run_bound.ABANDONED and times == []
+    del payload
+    release.set()
+    stages.wait_for_running_stages()
+    assert seen == [False]
+
+
+def test_a_background_check_frees_its_arguments_inside_its_stage(alive_at_stage_end):
+    import threading
+
+    from kerneltune._src.tuning import programs, stages
+
+    watch, seen = alive_at_stage_end
+    release, payload = threading.Event(), _Payload()
+    watch(payload)
+    check = programs.Background(lambda p: release.wait(30) and p is not None, payload)
+    del payload
+    release.set()
+    stages.wait_for_running_stages()
+    assert check.result() is True
+    assert seen == [False]

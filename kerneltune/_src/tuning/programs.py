@@ -188,15 +188,23 @@ class Background:
 
     def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
         self._result: Any = None
-        self._thread = threading.Thread(target=self._run, args=(fn, args), daemon=True)
+        # Held here, not in the thread's arguments: the thread drops them inside its
+        # stage, so what they hold is freed before interpreter exit stops waiting.
+        self._call: tuple[Callable[..., Any], tuple[Any, ...]] | None = (fn, args)
+        self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
-    def _run(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    def _run(self) -> None:
         with stages.exit_waits_for_this():  # it may compile: exit must wait
+            assert self._call is not None
+            fn, args = self._call
+            self._call = None
             try:
                 self._result = fn(*args)
             except Exception as e:
                 logger.debug("background check failed: %s", e)
+            finally:
+                del fn, args
 
     def result(self, timeout_s: float = 60.0) -> Any:
         self._thread.join(timeout_s)

@@ -55,21 +55,50 @@ def warm_up(
 
     if journal.enabled() or math.isinf(bound_s):
         return run_all()
-    done = threading.Event()
-    box: dict[str, Any] = {}
+    run = _BoundedRun(run_all)
+    del run_all  # the thread must hold the last reference: it frees it inside its stage
+    threading.Thread(target=run, name="kerneltune-run", daemon=True).start()
+    return run.outcome(bound_s)
 
-    def run_in_thread() -> None:
+
+class _BoundedRun:
+    """`fn()` on a daemon thread, counted as a running stage until the thread holds no
+    reference to `fn` nor to what it returned: what they hold (a compiled program,
+    device arrays) must be freed before interpreter exit stops waiting, or freeing it
+    races finalisation (SIGABRT)."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self._fn: Callable[[], Any] | None = fn
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._given_up = False
+        self._result: Any = None
+        self._error: BaseException | None = None
+
+    def __call__(self) -> None:
         with exit_waits_for_this():  # exiting mid-run would abort the interpreter
+            assert self._fn is not None
             try:
-                box["result"] = run_all()
+                result, error = self._fn(), None
             except BaseException as e:  # handed to the waiting thread
-                box["error"] = e
+                result, error = None, e
             finally:
-                done.set()
+                self._fn = None
+            with self._lock:
+                if not self._given_up:
+                    self._result, self._error = result, error
+                self._done.set()
+            del result, error
 
-    threading.Thread(target=run_in_thread, name="kerneltune-run", daemon=True).start()
-    if not done.wait(bound_s):
-        return ABANDONED, []  # it goes on in its thread; nothing waits for it
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
+    def outcome(self, bound_s: float) -> Any:
+        """What `fn` returned (or raises what it raised), or `(ABANDONED, [])` when it
+        did not return within `bound_s`: it goes on in its thread, and nothing waits."""
+        finished = self._done.wait(bound_s)
+        with self._lock:
+            if not finished and not self._done.is_set():
+                self._given_up = True
+                return ABANDONED, []
+            result, error, self._result, self._error = self._result, self._error, None, None
+        if error is not None:
+            raise error
+        return result
