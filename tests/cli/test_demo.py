@@ -111,6 +111,19 @@ def test_the_cpu_demo_summarises_and_shows_the_gpu_sample_with_its_sources(cpu_d
         assert f'[{n}] BENCHMARKS.md, "{heading}' in " ".join(sample.split())
 
 
+def test_the_cpu_demo_reads_back_what_it_tuned_from_the_persistent_cache(cpu_demo):
+    # SPEC 7: the demo fills the persistent cache, then shows that a run from it needs
+    # no tuning. A new executor over the cache reads every key this run tuned.
+    out, _, cache = cpu_demo
+    line = " ".join(out[out.index("Read back as the next run would") :].split("\n\n")[0].split())
+    match = re.search(r"configs from (.*?); (\d+) keys tuned, ([\d.]+) s\.", line)
+    assert match, line
+    sources = {s: int(n) for s, n in (p.rsplit(" ", 1) for p in match.group(1).split(", "))}
+    tuned = demo_results.load(cache).tuned_keys
+    assert tuned and sources.get("persistent") == len({tuple(k) for k in tuned}), line
+    assert match.group(2) == "0", line
+
+
 def test_every_sample_source_is_a_heading_of_benchmarks_md():
     from tests.helpers import ROOT
 

@@ -96,6 +96,31 @@ def test_stable_json_rejects_unknown_objects_with_a_clear_message():
         kt.stable_json({"x": Opaque()})
 
 
+def test_stable_json_tells_integer_keys_from_string_keys():
+    # Before: {1: x} and {"1": x} had one encoding, and {1: 2, "1": 3} lost an entry.
+    assert kt.stable_json({1: 2}) != kt.stable_json({"1": 2})
+    both = kt.stable_json({1: 2, "1": 3})
+    assert "2" in both and "3" in both
+    assert kt.stable_json({2: "a", 1: "b"}) == kt.stable_json({1: "b", 2: "a"})
+    assert kt.stable_json({"b": 1, "a": 2}) == '{"__dict__":{"a":2,"b":1}}'  # unchanged
+
+
+def test_stable_json_keys_callable_objects_by_type_and_name_or_attributes():
+    # Before: a callable object (a jnp.ufunc, an instance with __call__) could not be a
+    # static argument ("cannot encode a value of type ...").
+    class Scaled:
+        def __init__(self, a):
+            self.a = a
+
+        def __call__(self, x):
+            return self.a * x
+
+    assert kt.stable_json(Scaled(2.0)) == kt.stable_json(Scaled(2.0))
+    assert kt.stable_json(Scaled(2.0)) != kt.stable_json(Scaled(3.0))
+    assert kt.stable_json(jnp.maximum) != kt.stable_json(jnp.minimum)
+    assert "0x" not in kt.stable_json(functools.partial(jnp.maximum, 0.0))
+
+
 def test_stable_json_is_order_independent():
     assert kt.stable_json({"a": 1, "b": 2}) == kt.stable_json({"b": 2, "a": 1})
 

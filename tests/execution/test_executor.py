@@ -64,6 +64,59 @@ def test_eager_program_is_jitted_not_op_by_op():
     assert traced and all(traced)
 
 
+class Spying(ScaleKernel):
+    """Counts its traces; `factor` (an attribute) scales its output."""
+
+    traces = 0
+
+    def __init__(self, factor=1.0):
+        super().__init__()
+        self.factor = factor
+
+    def run(self, x, *, cfg, offset=0.0):
+        type(self).traces += 1
+        return super().run(x, cfg=cfg, offset=offset) * self.factor
+
+
+def test_a_kernel_made_afresh_for_each_call_shares_one_program():
+    # Before: `Kernel()(x)` in a loop traced and compiled a program for every new
+    # kernel object (about 50 ms a call on a CPU) and kept each in the eager table.
+    import gc
+    import weakref
+
+    ex, _, _ = heuristics_executor()
+    x = rand((4, 4))
+    Spying.traces = 0
+    for _ in range(4):
+        np.testing.assert_allclose(ex(Spying(), x), x)
+    assert Spying.traces == 1
+    k = Spying()
+    gone = weakref.ref(k)
+    ex(k, x)
+    del k
+    gc.collect()
+    assert gone() is None  # the executor does not keep the kernels it ran alive
+    # A kernel kept and called again takes the eager table (no selection).
+    kept = Spying()
+    ex(kept, x)
+    events = []
+    ex.chooser.on_event = lambda e, **d: events.append(e)
+    ex(kept, x)
+    assert events == [] and Spying.traces == 1
+    ex(kept, rand((5, 4)))  # a new shape chooses (so the hook would have seen one)
+    assert events == ["heuristics"]
+
+
+def test_kernels_with_different_attributes_do_not_share_a_program():
+    ex, _, _ = heuristics_executor()
+    x = rand((4, 4))
+    np.testing.assert_allclose(ex(Spying(2.0), x), 2 * x)
+    np.testing.assert_allclose(ex(Spying(3.0), x), 3 * x)
+    # An attribute that does not hash by value (an array) counts by identity.
+    np.testing.assert_allclose(ex(Spying(jnp.full((4, 4), 2.0)), x), 2 * x)
+    np.testing.assert_allclose(ex(Spying(jnp.full((4, 4), 5.0)), x), 5 * x)
+
+
 def test_new_shapes_and_static_values_choose_again():
     ex, chain, events = heuristics_executor()
     k = ScaleKernel()

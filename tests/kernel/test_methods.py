@@ -153,3 +153,45 @@ def test_bound_binds_a_recorded_name_to_an_instance():
 def _key(ex, kernel, *args):
     inv = ex.invocation(kernel, *args)
     return inv.device_fingerprint, inv.op_id_v, inv.call_key
+
+
+# --- the executor's own keyword names ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "hook, signature",
+    [
+        ("run", "(self, x, *, cfg, stamp=None)"),
+        ("run_xla", "(self, x, *, cfg, mesh=None)"),
+        ("prepare", "(self, x, method=None)"),
+        ("fwd_with_residuals", "(self, x, *, cfg, mesh=None)"),
+        ("vjp_triton", "(self, res, out, dout, x, *, cfg, in_specs=None)"),
+        ("reference", "(self, x, *, cfg)"),
+    ],
+)
+def test_a_kernel_taking_one_of_the_executors_names_is_refused_when_defined(hook, signature):
+    # Before: only `run*` and `prepare*` were checked; a `fwd_with_residuals(..., mesh=)`
+    # or `reference(..., cfg=)` was accepted, its argument silently taken by the executor.
+    namespace: dict = {}
+    exec(f"def {hook}{signature}:\n    return x", namespace)
+    body = {"op_id": "reserved_probe", hook: namespace[hook]}
+    if hook != "run":
+        body["run"] = lambda self, x, *, cfg: x
+    with pytest.raises(TypeError, match=f"{hook} has a parameter named"):
+        type("Reserved", (kt.Kernel,), body)
+
+
+def test_the_config_is_a_hooks_own_cfg_where_it_receives_one():
+    class Fine(kt.Kernel):
+        op_id = "reserved_fine"
+
+        def run(self, x, *, cfg):
+            return x
+
+        def fwd_with_residuals(self, x, *, cfg):
+            return x, ()
+
+        def vjp(self, res, out, dout, x, *, cfg):
+            return (dout,)
+
+    assert Fine.op_id == "reserved_fine"

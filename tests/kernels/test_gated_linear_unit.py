@@ -206,6 +206,24 @@ def test_activations_are_told_apart():
     assert relative_error(outs[3], glu_reference(x, w, jax.nn.relu)) <= tolerance(jnp.float32)
 
 
+def test_callable_objects_are_activations_too():
+    # Before: an instance with __call__, or a partial of a jnp.ufunc, raised "stable_json
+    # cannot encode a value of type ..." where jax.nn.silu and lambdas worked.
+    import functools
+
+    class Leaky:
+        def __init__(self, slope):
+            self.slope = slope
+
+        def __call__(self, z):
+            return jnp.where(z > 0, z, self.slope * z)
+
+    x, w, _ = operands(4, 16, 16, 16)
+    for act in (Leaky(0.1), Leaky(0.3), functools.partial(jnp.maximum, 0.0)):
+        got = gated_linear_unit(x, w, activation=act, executor=EX)
+        assert relative_error(got, glu_reference(x, w, act)) <= tolerance(jnp.float32)
+
+
 # --- the public function: leading dims, jit, grad, vmap --------------------------------
 
 

@@ -177,6 +177,21 @@ def test_softmax_matches_jax_nn_with_axes_and_where(shape, axis_pick, use_where,
         )
 
 
+def test_softmax_takes_every_axis_and_integer_inputs_as_jax_nn_does():
+    # Before: axis=None raised "'NoneType' object is not iterable" and an int32 array
+    # "x must have a floating dtype"; jax.nn.softmax normalises over every axis, and
+    # promotes integers to float.
+    x = rand((3, 4), seed=5)
+    close(softmax(x, axis=None, executor=EX), jax.nn.softmax(x, axis=None), tol=2e-5)
+    ints = jnp.arange(12, dtype=jnp.int32).reshape(3, 4) % 5
+    for axis in (-1, 0, None):
+        got, want = softmax(ints, axis, executor=EX), jax.nn.softmax(ints, axis=axis)
+        assert got.dtype == want.dtype == jnp.float32
+        close(got, want, tol=2e-5)
+    with pytest.raises(ValueError, match="where must broadcast"):
+        softmax(ints, where=jnp.ones((2, 4), bool), executor=EX)
+
+
 # --- matmul --------------------------------------------------------------------------
 
 MATMUL_SHAPES = [

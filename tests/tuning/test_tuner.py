@@ -330,6 +330,17 @@ def test_bad_arguments_are_named(kwargs):
 def test_empty_candidates_are_refused(ab):
     with pytest.raises(ValueError, match="empty candidate list"):
         quick().tune(repeated_matmul, ab, {}, [])
+    # The original's `Tuner.autotune` raised RuntimeError: code catching it still works.
+    with pytest.raises(RuntimeError, match="empty candidate list"):
+        quick().autotune(repeated_matmul, ab, {}, [])
+
+
+def test_warmup_and_iters_may_be_given_by_position():
+    # The original's signature, `Tuner(warmup=1, iters=3)`; the rest stays by name.
+    tuner = Tuner(2, 5)
+    assert (tuner.warmup, tuner.iters) == (2, 5)
+    with pytest.raises(TypeError, match="positional"):
+        Tuner(2, 5, "wallclock")
 
 
 def test_rotation_sets_are_distinct_buffers_with_equal_values():
@@ -552,8 +563,8 @@ def test_a_tuner_is_immutable_keyword_only_and_replace_makes_a_checked_variant()
     tuner = Tuner(iters=4)
     with pytest.raises(dataclasses.FrozenInstanceError):
         tuner.iters = 5  # type: ignore[misc]
-    with pytest.raises(TypeError):
-        Tuner(1, 3)  # type: ignore[misc]
+    with pytest.raises(TypeError):  # past the seed's (warmup, iters), by name only
+        Tuner(1, 3, "wallclock")  # type: ignore[misc]
     assert dataclasses.replace(tuner, warmup=2).iters == 4
     with pytest.raises(ValueError, match=r"Tuner\(iters=...\) must be an integer >= 1, got 0"):
         dataclasses.replace(tuner, iters=0)

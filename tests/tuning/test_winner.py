@@ -67,6 +67,25 @@ def test_fastest_breaks_ties_within_the_band_by_order():
     assert fastest([CandidateResult(cfg=0, status="failed")]) is None
 
 
+def test_a_candidate_faster_only_within_the_samples_spread_does_not_replace_the_heuristic():
+    # Before: a fixed 2% band. Identical programs timed on a loaded CPU's wall clock
+    # scatter by far more, and noise made "winners" 1.04-1.53x "faster" (SPEC: tuning
+    # may only replace the heuristic with something measurably faster).
+    def result(samples):
+        ordered = sorted(samples)
+        return CandidateResult(cfg=None, time_s=ordered[len(ordered) // 2], samples_s=samples)
+
+    heuristic = result((10.0, 13.0, 9.0, 14.0, 11.0, 12.0, 10.5, 12.5))
+    noisy_but_faster = result((8.0, 12.0, 9.0, 11.0, 9.5, 10.5, 8.5, 11.5))
+    assert fastest([heuristic, noisy_but_faster]) == 0
+    # Far beyond both spreads, it wins.
+    clearly_faster = result(tuple(t / 2 for t in noisy_but_faster.samples_s))
+    assert fastest([heuristic, clearly_faster]) == 1
+    # Steady samples keep the 2% band: 5% faster wins.
+    steady = result((1.0,) * 8)
+    assert fastest([steady, result((0.95,) * 8)]) == 1
+
+
 class Hiccups(CostInProgram):
     """The deterministic costs, except that the first `n` samples of the config with
     cost `victim` come out 10x slow: a busy machine descheduling the timed process."""

@@ -6,8 +6,10 @@ matmul and softmax) it measures plain JAX, tokamax where it imports and has the 
 kerneltune untuned (its heuristic configs) and kerneltune as the default policy
 chooses (the tables shipped for this GPU, else a first call tuned within the
 first-call budget; never a full search): time per call, the first call's wall, the
-compiled program's peak memory. It prints two tables and a one-line summary, and
-saves the comparison beside the persistent cache for `kerneltune report`.
+compiled program's peak memory. It prints two tables and a one-line summary, then
+reads back what the next run would choose from the persistent cache this one filled
+(tracing only, timing nothing), and saves the comparison beside that cache for
+`kerneltune report`.
 
 On a CPU the rows are tiny and kerneltune's Pallas kernels run in the Pallas
 interpreter: the path is real, the timings mean nothing, and a sample of the GPU table
@@ -164,6 +166,31 @@ def measure_row(
     return row, tuned, timer, phases
 
 
+def read_back(
+    cases: list[demo_cases.Case], persistent: Any, *, interpret: bool
+) -> tuple[str, int, float]:
+    """What this run left for the next: a fresh executor over the same persistent
+    cache, timing nothing (a first call takes its predicted config untimed), traces
+    each row's kerneltune call on abstract inputs (nothing compiles or runs). Returns
+    where its configs came from ("persistent 6, shipped 3, ..."), how many keys it
+    tuned (none) and its seconds."""
+    import dataclasses
+
+    from kerneltune._src.selection.policy import AutotunePolicy, FirstCallBudget
+
+    untimed = dataclasses.replace(AutotunePolicy.from_env(), budget=FirstCallBudget(candidates=0))
+    recorder = Recorder()
+    executor = demo_executors.chosen(persistent, recorder, interpret=interpret, policy=untimed)
+    t0 = time.perf_counter()
+    for case in cases:
+        try:
+            jax.eval_shape(case.kerneltune(executor), *jax.eval_shape(case.args, 0))
+        except Exception:  # the first run reported this row's failure already
+            continue
+    where, _, tuned = chosen_from(recorder.take())
+    return where, len(tuned), time.perf_counter() - t0
+
+
 def implementations_of(
     case: demo_cases.Case, tokamax: Any, tokamax_note: str, executors: dict[str, Any]
 ) -> dict[str, Any]:
@@ -277,6 +304,18 @@ def run(args: argparse.Namespace) -> int:
         "over kerneltune's as chosen (> 1: kerneltune is faster)."
     )
     print_comparison(comparison)
+    where, retuned, seconds = read_back(
+        [c for c, r in zip(cases, rows, strict=True) if r.results["kt_chosen"].status == OK],
+        persistent,
+        interpret=not gpu,
+    )
+    say(
+        "Read back as the next run would (a new executor over the persistent cache, "
+        f"tracing only, timing nothing): configs from {where or 'nowhere'}; {retuned} keys "
+        f"tuned, {seconds:.1f} s. Keys this run predicted once its first-call budget was "
+        "spent are tuned by the next run's first calls, or all at once by `kerneltune "
+        "tune` / `kt.autotune`."
+    )
     comparison.total_s = time.perf_counter() - start
     try:
         where = demo_results.save(comparison, persistent.location)

@@ -55,14 +55,18 @@ def untuned(*, interpret: bool) -> Executor[Any, Any]:
 
 
 def chosen(
-    persistent: Any, on_event: Callable[..., None], *, interpret: bool
+    persistent: Any,
+    on_event: Callable[..., None],
+    *,
+    interpret: bool,
+    policy: AutotunePolicy | None = None,
 ) -> Executor[Any, Any]:
     """The default executor's selection over `persistent`: the policy the options ask
-    for (`KERNELTUNE_AUTOTUNE`, the first-call budget), the shipped tables unless
-    `KERNELTUNE_SHIPPED=0`; `on_event` sees every choice."""
+    for (`KERNELTUNE_AUTOTUNE`, the first-call budget) unless `policy` is given, the
+    shipped tables unless `KERNELTUNE_SHIPPED=0`; `on_event` sees every choice."""
     chain: ConfigSelectorChain[Any, Any] = ConfigSelectorChain(
         ConfigCache(),
-        policy=AutotunePolicy.from_env(),
+        policy=policy if policy is not None else AutotunePolicy.from_env(),
         tuner=Tuner(progress=False),
         persistent=persistent,
         shipped=package_tables() if options.SHIPPED.value else None,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import operator
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, runtime_checkable
 
@@ -45,12 +46,23 @@ def _eager_key(kernel: Any, stamp: bool, args: tuple[Any, ...], kwargs: dict[str
     `Executor.__call__` builds the same key inline."""
     if not all(type(a) is _ARRAY_IMPL for a in args):
         return None
-    key = (kernel, stamp, _current_scope(), *map(_aval, args), *kwargs.items())
+    key = (id(kernel), stamp, _current_scope(), *map(_aval, args), *kwargs.items())
     try:
         hash(key)
     except TypeError:
         return None
     return key
+
+
+def _forget_kernel(executor_ref: Callable[[], Any], kid: int) -> None:
+    """A kernel object was collected: its entries leave the executor's eager table
+    (before its id can name another object)."""
+    ex = executor_ref()
+    if ex is None:
+        return
+    ex._watched.discard(kid)
+    for key in ex._eager_keys_of.pop(kid, ()):
+        ex._eager.pop(key, None)
 
 
 _uids = itertools.count()
@@ -79,9 +91,12 @@ class Executor(Generic[Cfg, Out]):
             )
         self.chooser = chooser
         self.stamp_prefix = stamp_prefix
-        # Eager dispatch table: (kernel, stamp, scope, signature) -> jitted program.
+        # Eager dispatch table: (id(kernel), stamp, scope, signature) -> jitted program.
         # Only kept when the chooser tells us when its choices may change.
         self._eager: dict[Any, Callable[..., Any]] = {}
+        #: The table's keys by kernel id, and the kernels whose collection is watched.
+        self._eager_keys_of: dict[int, list[Any]] = {}
+        self._watched: set[int] = set()
         self._generation = 0
         #: Never reused within a process (unlike `id()`): keys of caches held elsewhere.
         self.uid = next(_uids)
@@ -95,6 +110,7 @@ class Executor(Generic[Cfg, Out]):
     def _invalidate(self) -> None:
         self._generation += 1
         self._eager.clear()
+        self._eager_keys_of.clear()
 
     # -- the hot path ---------------------------------------------------------------------
 
@@ -118,7 +134,7 @@ class Executor(Generic[Cfg, Out]):
             # the same jitted program, which is then simply traced inline.
             try:
                 program = self._eager[
-                    (kernel, stamp, _current_scope(), *map(_aval, args), *kwargs.items())
+                    (id(kernel), stamp, _current_scope(), *map(_aval, args), *kwargs.items())
                 ]
             except (KeyError, AttributeError, TypeError):
                 program = None
@@ -161,8 +177,23 @@ class Executor(Generic[Cfg, Out]):
         ):
             key = _eager_key(kernel, call.stamp, args, kwargs)
             if key is not None and _default_keys(kernel) and program.takes_exactly(len(args)):
-                self._eager[key] = self._eager_entry(kernel, program, kwargs, call)
+                self._remember(kernel, key, self._eager_entry(kernel, program, kwargs, call))
         return out
+
+    def _remember(self, kernel: Any, key: Any, entry: Callable[..., Any]) -> None:
+        """Puts `entry` in the hot path's table until the kernel object is garbage
+        collected: the table names kernels by `id()` so that it does not keep them
+        alive, and a kernel made afresh for each call (`RowSum()(x)`) leaves no entry
+        behind. A kernel that cannot be weakly referenced is not remembered."""
+        kid = id(kernel)
+        if kid not in self._watched:
+            try:
+                weakref.finalize(kernel, _forget_kernel, weakref.ref(self), kid)
+            except TypeError:
+                return
+            self._watched.add(kid)
+        self._eager_keys_of.setdefault(kid, []).append(key)
+        self._eager[key] = entry
 
     def _eager_entry(
         self,

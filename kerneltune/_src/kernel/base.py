@@ -136,10 +136,19 @@ def install_default_executor(get: Callable[[], Any]) -> None:
 EXECUTOR_OPTIONS = ("cfg", "stamp", "method", "mesh", "in_specs", "out_specs")
 
 
+#: The hooks that receive a call's keyword arguments (with their platform and context
+#: suffixes), and of those the ones that also receive the config as `cfg`.
+_TAKE_CALL_KWARGS = ("run", "prepare", "fwd_with_residuals", "vjp", "reference")
+_TAKE_CFG = ("run", "fwd_with_residuals", "vjp")
+
+
+def _hook_of(attr: str, hooks: tuple[str, ...]) -> bool:
+    return any(attr == h or attr.startswith(h + "_") for h in hooks)
+
+
 def _check_reserved_names(cls: type) -> None:
     for attr, fn in vars(cls).items():
-        is_run = attr == "run" or attr.startswith("run_")
-        if not (is_run or attr == "prepare" or attr.startswith("prepare_")):
+        if not _hook_of(attr, _TAKE_CALL_KWARGS):
             continue
         fn = fn.__func__ if isinstance(fn, (staticmethod, classmethod)) else fn
         if not callable(fn):
@@ -149,7 +158,8 @@ def _check_reserved_names(cls: type) -> None:
         except (TypeError, ValueError):
             continue
         # `run(..., *, cfg)` receives the config: that `cfg` is the kernel's own.
-        taken = [p for p in params if p in EXECUTOR_OPTIONS and not (is_run and p == "cfg")]
+        gets_cfg = _hook_of(attr, _TAKE_CFG)
+        taken = [p for p in params if p in EXECUTOR_OPTIONS and not (gets_cfg and p == "cfg")]
         if taken:
             raise TypeError(
                 f"{cls.__qualname__}.{attr} has a parameter named {taken[0]!r}, which is "

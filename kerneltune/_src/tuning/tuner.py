@@ -44,11 +44,17 @@ logger = logging.getLogger("kerneltune")
 MakeFn = Callable[[Any], Callable[..., Any]]
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class NoCandidatesError(ValueError, RuntimeError):
+    """Tuning was given no candidate configs. A ValueError (a bad argument) and a
+    RuntimeError (what the original's `Tuner.autotune` raised), so either catch works."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class Tuner(Generic[Cfg]):
     """Benchmarks candidate configs on the device and returns the fastest.
 
-    Immutable, and checked when made (a ValueError names the field out of range);
+    `Tuner(warmup, iters)` may be given by position (the original's signature); every
+    other argument by name. Immutable, and checked when made (a ValueError names the field out of range);
     `dataclasses.replace(tuner, iters=5)` makes a variant.
 
     Args:
@@ -97,6 +103,7 @@ class Tuner(Generic[Cfg]):
 
     warmup: int = 1
     iters: int = 3
+    _: dataclasses.KW_ONLY  # `Tuner(1, 3)` as the seed's signature allows; the rest by name
     timer: str | timing.Timer = "auto"
     strategy: str | search.SearchStrategy = "auto"
     max_evals: int | None = None
@@ -172,7 +179,7 @@ class Tuner(Generic[Cfg]):
         time, called as `fn(*args, **kwargs)`.
 
         Raises:
-          ValueError: `candidates` is empty.
+          NoCandidatesError: `candidates` is empty (a ValueError and a RuntimeError).
           ExceptionGroup: every candidate failed.
         """
         report = self.tune(make_fn, args, kwargs, candidates)
@@ -229,11 +236,13 @@ class Tuner(Generic[Cfg]):
           `report.describe_failures()`).
 
         Raises:
-          ValueError: `candidates` is empty.
+          NoCandidatesError: `candidates` is empty (a ValueError and a RuntimeError).
         """
         candidates = list(candidates)
         if not candidates:
-            raise ValueError(f"Tuner.tune got an empty candidate list for {name or 'a kernel'}.")
+            raise NoCandidatesError(
+                f"Tuner.tune got an empty candidate list for {name or 'a kernel'}."
+            )
         start = time.perf_counter()
         arrays, rebuild = programs.concrete_arrays(args, kwargs, seed=self.seed)
         with tracing.outside_traces():
@@ -340,4 +349,4 @@ class Tuner(Generic[Cfg]):
         )  # fmt: skip
 
 
-__all__ = ["Decide", "MakeFn", "Tuner", "describe", "fastest"]
+__all__ = ["Decide", "MakeFn", "NoCandidatesError", "Tuner", "describe", "fastest"]

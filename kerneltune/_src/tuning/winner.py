@@ -3,6 +3,7 @@ default `decide`), which prefers the heuristic config within the noise band."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Sequence
 
 from kerneltune._src.tuning.bench import Bench
@@ -18,17 +19,36 @@ NOISE_BAND = 0.02
 
 def fastest(results: Sequence[CandidateResult]) -> int | None:
     """The default `decide`: the candidate with the lowest median time, where times
-    within `NOISE_BAND` of the lowest count as a tie that goes to the earliest candidate.
+    measurably no slower than the lowest count as a tie that goes to the earliest
+    candidate. Measurably: within `NOISE_BAND` of the lowest, or within the two
+    candidates' spreads (the median absolute deviation of each one's samples, where it
+    has four or more: a few samples slowed by a descheduled process do not widen it),
+    whichever is wider: on a loaded machine's wall clock a 10 us kernel's samples
+    scatter by far more than 2%.
 
     The selection chain puts the kernel's heuristic config first, so tuning replaces
     the heuristic only with a config measurably faster than it; other ties go to the
     candidates' order, so the choice is deterministic.
     """
-    ok = [(i, r.time_s) for i, r in enumerate(results) if r.ok and r.time_s is not None]
+    ok = [
+        (i, r.time_s, _spread(r.samples_s))
+        for i, r in enumerate(results)
+        if r.ok and r.time_s is not None
+    ]
     if not ok:
         return None
-    lowest = min(t for _, t in ok)
-    return next(i for i, t in ok if t <= lowest * (1.0 + NOISE_BAND))
+    _, lowest, lowest_spread = min(ok, key=lambda row: row[1])
+    return next(
+        i for i, t, spread in ok if t - lowest <= max(lowest * NOISE_BAND, spread + lowest_spread)
+    )
+
+
+def _spread(samples: Sequence[float]) -> float:
+    """The median absolute deviation of `samples` (0 with fewer than four)."""
+    if len(samples) < 4:
+        return 0.0
+    middle = statistics.median(samples)
+    return statistics.median(abs(t - middle) for t in samples)
 
 
 def remeasure_best(bench: Bench, top_k: int, iters: int) -> None:

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from kerneltune._src.execution.default import default_executor
 from kerneltune._src.kernel.backends import BackendKernel
 from kerneltune._src.kernel.base import Invocation
-from kerneltune.kernels._args import as_array, floating, normalize_axes, to_rows
+from kerneltune.kernels._args import as_array, normalize_axes, to_rows
 from kerneltune.kernels._common import interpreted, kernel_for
 from kerneltune.kernels.softmax import config as config_lib
 from kerneltune.kernels.softmax.config import SoftmaxConfig, SoftmaxProblem
@@ -66,7 +66,7 @@ SoftmaxInterpret = interpreted(Softmax)
 
 def softmax(
     x: jax.Array,
-    axis: int | tuple[int, ...] = -1,
+    axis: int | tuple[int, ...] | None = -1,
     where: jax.Array | None = None,
     *,
     cfg: SoftmaxConfig | None = None,
@@ -74,13 +74,14 @@ def softmax(
 ) -> jax.Array:
     """`jax.nn.softmax` with a tuned config.
 
-    One axis runs through the tuned kernel (moved last and back). Several axes, or a
-    `where` mask, are features the kernel lacks: such calls compute exactly what
-    `jax.nn.softmax` computes, through XLA.
+    One axis of a floating array runs through the tuned kernel (moved last and back).
+    Several axes (`axis=None`: all of them), a `where` mask, or an integer array (which
+    `jax.nn.softmax` promotes to float) are what the kernel does not take: such calls
+    compute exactly what `jax.nn.softmax` computes, through XLA.
 
     Args:
-      x: a floating array.
-      axis: the axis or axes to normalise over.
+      x: the array.
+      axis: the axis or axes to normalise over; None: all.
       where: elements to include; excluded ones come out as 0 (as `jax.nn.softmax`).
       cfg: a `SoftmaxConfig` to use instead of the chosen one.
       executor: the executor to run through (default: `kerneltune.default_executor()`).
@@ -90,20 +91,25 @@ def softmax(
       >>> from kerneltune.kernels import softmax
       >>> softmax(jnp.zeros((2, 4))).tolist()
       [[0.25, 0.25, 0.25, 0.25], [0.25, 0.25, 0.25, 0.25]]
+      >>> softmax(jnp.zeros((2, 2)), axis=None).tolist()
+      [[0.25, 0.25], [0.25, 0.25]]
     """
     op = "softmax"
     x = as_array(op, "x", x)
-    floating(op, "x", x)
-    axes = normalize_axes(op, axis, max(x.ndim, 1))
-    if x.ndim == 0 or len(axes) > 1 or where is not None:
-        if where is not None:
-            where = as_array(op, "where", where)
-            try:
-                jnp.broadcast_shapes(where.shape, x.shape)
-            except ValueError:
-                raise ValueError(
-                    f"{op}: where must broadcast to x's shape {x.shape}, got {where.shape}."
-                ) from None
+    if where is not None:
+        where = as_array(op, "where", where)
+        try:
+            jnp.broadcast_shapes(where.shape, x.shape)
+        except ValueError:
+            raise ValueError(
+                f"{op}: where must broadcast to x's shape {x.shape}, got {where.shape}."
+            ) from None
+    if axis is None:
+        axis = tuple(range(x.ndim))
+    if not jnp.issubdtype(x.dtype, jnp.floating) or x.ndim == 0 or axis == ():
+        return jax.nn.softmax(x, axis=axis, where=where)
+    axes = normalize_axes(op, axis, x.ndim)
+    if len(axes) > 1 or where is not None:
         return jax.nn.softmax(x, axis=axis, where=where)
     ex = executor if executor is not None else default_executor()
     rows, back = to_rows(x, axes)
