@@ -61,6 +61,7 @@ from kerneltune._src.tuning.search import SuccessiveHalving as SuccessiveHalving
 from kerneltune._src.tuning.timing import CuptiTimer as CuptiTimer
 from kerneltune._src.tuning.timing import Timer as Timer
 from kerneltune._src.tuning.timing import WallClockTimer as WallClockTimer
+from kerneltune._src.tuning.tuner import NoCandidatesError as NoCandidatesError
 from kerneltune._src.tuning.tuner import Tuner as Tuner
 from kerneltune._src.version import __version__ as __version__
 from kerneltune._src.workflows.batch import pmap_with_config as pmap_with_config
@@ -99,6 +100,7 @@ __all__ = [
     "FwdParams",
     "Invocation",
     "Kernel",
+    "NoCandidatesError",
     "Out",
     "PersistentCache",
     "Record",

@@ -117,6 +117,68 @@ def test_kernels_with_different_attributes_do_not_share_a_program():
     np.testing.assert_allclose(ex(Spying(jnp.full((4, 4), 5.0)), x), 5 * x)
 
 
+def test_only_kernels_known_by_their_values_share_a_program():
+    # Review of the sharing: equal numbers of other types, -0.0 and 0.0, slots, and a
+    # kernel changed after its first call must not hand their program to another.
+    class Fill(ScaleKernel):
+        op_id = "fill_with_attribute"
+
+        def __init__(self, value):
+            super().__init__()
+            self.value = value
+
+        def run(self, x, *, cfg, offset=0.0):
+            return jnp.full(x.shape, self.value)
+
+    ex, _, _ = heuristics_executor()
+    x = jnp.ones(2)
+    assert ex(Fill(2), x).dtype == jnp.int32
+    assert ex(Fill(2.0), x).dtype == jnp.float32
+    assert str(float(ex(Fill(0.0), x)[0])) == "0.0"
+    assert str(float(ex(Fill(-0.0), x)[0])) == "-0.0"
+
+    @dataclasses.dataclass(slots=True, eq=False)
+    class Slotted(kt.Kernel):
+        factor: float = 1.0
+        op_id = "scale"
+
+        def run(self, x, *, cfg):
+            return x * self.factor
+
+        def heuristic_cfg(self, inv):
+            return ScaleCfg(1.0)
+
+    np.testing.assert_allclose(ex(Slotted(2.0), x), 2 * x)
+    np.testing.assert_allclose(ex(Slotted(5.0), x), 5 * x)
+    first = Spying(2.0)
+    ex(first, x)
+    first.factor = 3.0  # the shared program traced a copy: the next equal kernel is 2x
+    np.testing.assert_allclose(ex(Spying(2.0), jnp.ones(5)), 2 * jnp.ones(5))
+
+
+def test_unhashable_static_values_that_json_cannot_pin_down_get_their_own_program():
+    class Times:  # defines __eq__, so it does not hash; its weight is an array
+        def __init__(self, w):
+            self.w = w
+
+        def __eq__(self, other):
+            return isinstance(other, Times) and other.w is self.w
+
+        def __call__(self, x):
+            return x * self.w
+
+    class Apply(ScaleKernel):
+        op_id = "apply_static_callable"
+
+        def run(self, x, *, cfg, act):
+            return act(x)
+
+    ex, _, _ = heuristics_executor()
+    x = jnp.ones(2)
+    np.testing.assert_allclose(ex(Apply(), x, act=Times(jnp.array(2.0))), 2 * x)
+    np.testing.assert_allclose(ex(Apply(), x, act=Times(jnp.array(3.0))), 3 * x)
+
+
 def test_new_shapes_and_static_values_choose_again():
     ex, chain, events = heuristics_executor()
     k = ScaleKernel()

@@ -138,9 +138,10 @@ def alive_at_stage_end(monkeypatch):
 
     refs, seen = [], []
     finished = stages._stage_finished
+    before = set(threading.enumerate())  # threads other tests left running
 
     def finished_and_checked():
-        if threading.current_thread() is not threading.main_thread():
+        if threading.current_thread() not in before:
             seen.append(any(r() is not None for r in refs))
         finished()
 
@@ -175,6 +176,61 @@ def test_an_abandoned_compile_job_is_freed_inside_its_stage(alive_at_stage_end):
     release.set()
     stages.wait_for_running_stages()
     pool.close()
+    assert seen == [False]
+
+
+def _raising_after(release, payload):
+    def job():
+        release.wait(30)
+        raise RuntimeError(f"failed holding {payload!r}")
+
+    return job
+
+
+def _started_then_held(started, release, payload):
+    def job():  # returns what it holds, as a compile returns its executable
+        started.set()
+        release.wait(30)
+        return payload
+
+    return job
+
+
+@pytest.mark.parametrize("how", ["abandoned", "closed"])
+def test_a_failed_or_unpolled_compile_job_is_freed_inside_its_stage(alive_at_stage_end, how):
+    # Before: an error's traceback held the worker's frame and so the job, in a cycle
+    # that only a collection frees (on any thread, at any time); and a job finishing
+    # after `close()` went to the result queue, freed with the pool later.
+    import gc
+    import threading
+
+    from kerneltune._src.tuning import stages
+    from kerneltune._src.tuning.compiling import CompilePool
+
+    watch, seen = alive_at_stage_end
+    release, started, payload = threading.Event(), threading.Event(), _Payload()
+    watch(payload)
+    pool = CompilePool(1, timeout_s=0.05 if how == "abandoned" else None, stall_s=None)
+    if how == "abandoned":
+        job = _raising_after(release, payload)
+    else:
+        job = _started_then_held(started, release, payload)
+    pool.submit("k", job)
+    del payload, job
+    if how == "abandoned":
+        outcomes = []
+        while not outcomes:
+            outcomes = pool.poll(0.05)
+        assert [o.timed_out for o in outcomes] == [True]
+    else:
+        assert started.wait(30)  # running: close() cannot simply drop it from the queue
+        pool.close()
+    gc.disable()  # only reference counts may free it: deterministic
+    try:
+        release.set()
+        stages.wait_for_running_stages()
+    finally:
+        gc.enable()
     assert seen == [False]
 
 

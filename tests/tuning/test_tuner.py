@@ -333,6 +333,10 @@ def test_empty_candidates_are_refused(ab):
     # The original's `Tuner.autotune` raised RuntimeError: code catching it still works.
     with pytest.raises(RuntimeError, match="empty candidate list"):
         quick().autotune(repeated_matmul, ab, {}, [])
+    import kerneltune as kt
+
+    assert issubclass(kt.NoCandidatesError, ValueError)
+    assert issubclass(kt.NoCandidatesError, RuntimeError)
 
 
 def test_warmup_and_iters_may_be_given_by_position():

@@ -154,6 +154,8 @@ def test_autotune_argument_errors():
         autotune(NoSpace(), data())
     with pytest.raises(ValueError, match="no candidate"):
         autotune(Chain(), data(), configs=[])
+    with pytest.raises(RuntimeError, match="no candidate"):  # as the original raised
+        autotune(Chain(), data(), configs=[])
     with pytest.raises(TypeError, match="ChainCfg"):
         autotune(Chain(), data(), configs=[{"reps": 1}])
 

@@ -182,12 +182,15 @@ def read_back(
     recorder = Recorder()
     executor = demo_executors.chosen(persistent, recorder, interpret=interpret, policy=untimed)
     t0 = time.perf_counter()
-    for case in cases:
+    failed = []
+    for case in cases:  # rows whose kerneltune call ran in this run
         try:
             jax.eval_shape(case.kerneltune(executor), *jax.eval_shape(case.args, 0))
-        except Exception:  # the first run reported this row's failure already
-            continue
+        except Exception as e:  # one row must not end the demo; it is named below
+            failed.append(f"{case.label}: {error_line(e)}")
     where, _, tuned = chosen_from(recorder.take())
+    if failed:
+        where += f" (could not read back {'; '.join(failed)})"
     return where, len(tuned), time.perf_counter() - t0
 
 

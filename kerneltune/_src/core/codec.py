@@ -140,12 +140,12 @@ def encode(
         return [enc(v) for v in value]
     if isinstance(value, Mapping):
         if all(isinstance(k, str) for k in value):
-            return {"__dict__": {k: enc(value[k]) for k in sorted(value)}}
+            return {"__dict__": {str(k): enc(value[k]) for k in sorted(value, key=str)}}
         if not for_key:
             raise TypeError(f"only string keys can be written, got {sorted(map(repr, value))}")
         # Other keys by value, so that {1: x} and {"1": x} are told apart.
         items = [[enc(k), enc(v)] for k, v in value.items()]
-        return {"__items__": sorted(items, key=lambda kv: json.dumps(kv[0], sort_keys=True))}
+        return {"__items__": sorted(items, key=lambda kv: json.dumps(kv, sort_keys=True))}
     if for_key:
         extra = _key_only(value, enc)
         if extra is not None:
@@ -159,12 +159,16 @@ def encode(
         # by file path or line, which differ between machines).
         return {"__ref__": _named(value, check_ref)}
     if for_key and callable(value) and not isinstance(value, type):
-        # A callable object (a `jnp.ufunc`, an instance with `__call__`): by its type and
-        # its name where it has one, else its attributes (which must be encodable).
+        # A callable object (a `jnp.ufunc`, an instance with `__call__`): by its type, its
+        # name where it has one, and its public attributes (which must be encodable).
         name = getattr(value, "__name__", None)
+        doc: dict[str, Any] = {"__callable__": name_of(type(value))}
         if isinstance(name, str):
-            return {"__callable__": name_of(type(value)), "name": name}
-        return {"__callable__": name_of(type(value)), "state": enc(dict(vars(value)))}
+            doc["name"] = name
+        public = {k: v for k, v in getattr(value, "__dict__", {}).items() if k[:1] != "_"}
+        if public:
+            doc["state"] = enc(public)
+        return doc
     if for_key:
         raise TypeError(
             f"stable_json cannot encode a value of type {type(value).__qualname__!r} "

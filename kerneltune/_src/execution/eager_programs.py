@@ -19,27 +19,58 @@ from kerneltune._src.core import keys
 from kerneltune._src.kernel.base import Kernel
 
 
+class _Same:
+    """Hashes and compares by identity, and keeps its value alive (so its id is never
+    another object's while a key holds it)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __hash__(self) -> int:
+        return id(self.value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Same) and other.value is self.value
+
+
 def hashable(value: Any) -> Any:
-    """`value` when it hashes, else its stable JSON (configs and specs as dict keys)."""
+    """`value` when it hashes, else its stable JSON (configs and specs as dict keys); a
+    value whose stable JSON does not pin it down (arrays in it, known by shape only; a
+    callable object's attributes) by identity."""
     try:
         hash(value)
         return value
     except TypeError:
-        return ("json", keys.stable_json(value))
+        pass
+    text = keys.stable_json(value)
+    if '"__array__"' in text or '"__callable__"' in text:
+        return ("object", _Same(value))
+    return ("json", text)
+
+
+#: Attribute types whose values alone say what a kernel computes.
+_VALUE_TYPES = (str, bool, int, type(None))
 
 
 def kernel_identity(kernel: Kernel[Any, Any]) -> Any:
-    """What tells kernels apart for sharing a program: kernels of one class with equal
-    attributes trace the same program, so a kernel made afresh for each eager call
-    (`RowSum()(x)`) reuses the first one's instead of compiling again (about 50 ms a
-    call on a CPU) and keeping one more program. A kernel with an attribute that does
-    not hash by value (an array, a list) is told apart by identity."""
-    try:
-        state = tuple(sorted(vars(kernel).items()))
-        hash(state)
-    except TypeError:
+    """What tells kernels apart for sharing a program: a kernel whose attributes are
+    all strings, numbers, booleans or None is known by its class and those values, so
+    a kernel made afresh for each eager call (`RowSum()(x)`) reuses the first one's
+    program instead of compiling again (about 50 ms a call on a CPU). Any other kernel
+    (another attribute type, slots) is itself: its own program."""
+    if any(getattr(c, "__slots__", ()) for c in type(kernel).__mro__ if "__slots__" in vars(c)):
         return kernel
-    return (type(kernel), state)
+    state = []
+    for name, value in sorted(vars(kernel).items()):
+        if type(value) in _VALUE_TYPES:
+            state.append((name, type(value), value))
+        elif type(value) is float:
+            state.append((name, float, repr(value)))  # -0.0 is not 0.0 here
+        else:
+            return kernel
+    return (type(kernel), tuple(state))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,6 +11,7 @@ Under a trace (jit, grad, vmap, shard_map), the kernel is traced inline.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import operator
 import threading
@@ -60,9 +61,10 @@ def _forget_kernel(executor_ref: Callable[[], Any], kid: int) -> None:
     ex = executor_ref()
     if ex is None:
         return
-    ex._watched.discard(kid)
-    for key in ex._eager_keys_of.pop(kid, ()):
-        ex._eager.pop(key, None)
+    with ex._eager_lock:
+        ex._watched.discard(kid)
+        for key in ex._eager_keys_of.pop(kid, ()):
+            ex._eager.pop(key, None)
 
 
 _uids = itertools.count()
@@ -97,6 +99,8 @@ class Executor(Generic[Cfg, Out]):
         #: The table's keys by kernel id, and the kernels whose collection is watched.
         self._eager_keys_of: dict[int, list[Any]] = {}
         self._watched: set[int] = set()
+        # Reentrant: a collection inside `_remember` may run `_forget_kernel` at once.
+        self._eager_lock = threading.RLock()
         self._generation = 0
         #: Never reused within a process (unlike `id()`): keys of caches held elsewhere.
         self.uid = next(_uids)
@@ -108,9 +112,10 @@ class Executor(Generic[Cfg, Out]):
         self._lock = threading.Lock()
 
     def _invalidate(self) -> None:
-        self._generation += 1
-        self._eager.clear()
-        self._eager_keys_of.clear()
+        with self._eager_lock:
+            self._generation += 1
+            self._eager.clear()
+            self._eager_keys_of.clear()
 
     # -- the hot path ---------------------------------------------------------------------
 
@@ -177,23 +182,33 @@ class Executor(Generic[Cfg, Out]):
         ):
             key = _eager_key(kernel, call.stamp, args, kwargs)
             if key is not None and _default_keys(kernel) and program.takes_exactly(len(args)):
-                self._remember(kernel, key, self._eager_entry(kernel, program, kwargs, call))
+                entry = self._eager_entry(kernel, program, kwargs, call)
+                self._remember(kernel, key, entry, generation)
         return out
 
-    def _remember(self, kernel: Any, key: Any, entry: Callable[..., Any]) -> None:
+    def _remember(self, kernel: Any, key: Any, entry: Callable[..., Any], generation: int) -> None:
         """Puts `entry` in the hot path's table until the kernel object is garbage
         collected: the table names kernels by `id()` so that it does not keep them
         alive, and a kernel made afresh for each call (`RowSum()(x)`) leaves no entry
-        behind. A kernel that cannot be weakly referenced is not remembered."""
+        behind. A kernel that does not hash (a mutable dataclass: its attributes may
+        change) or cannot be weakly referenced is not remembered, nor an entry whose
+        choice an invalidation overtook."""
+        try:
+            hash(kernel)
+        except TypeError:
+            return
         kid = id(kernel)
-        if kid not in self._watched:
-            try:
-                weakref.finalize(kernel, _forget_kernel, weakref.ref(self), kid)
-            except TypeError:
+        with self._eager_lock:
+            if generation != self._generation:
                 return
-            self._watched.add(kid)
-        self._eager_keys_of.setdefault(kid, []).append(key)
-        self._eager[key] = entry
+            if kid not in self._watched:
+                try:
+                    weakref.finalize(kernel, _forget_kernel, weakref.ref(self), kid)
+                except TypeError:
+                    return
+                self._watched.add(kid)
+            self._eager_keys_of.setdefault(kid, []).append(key)
+            self._eager[key] = entry
 
     def _eager_entry(
         self,
@@ -208,9 +223,16 @@ class Executor(Generic[Cfg, Out]):
         if not keys_training_apart(kernel):
             return program.dynamic
 
+        # Weakly: the entry must not keep the kernel alive (it leaves with the kernel;
+        # a kernel that cannot be weakly referenced is never remembered).
+        try:
+            kernel_ref: Callable[[], Any] = weakref.ref(kernel)
+        except TypeError:
+            return program.dynamic
+
         def forward_only(*args: Any) -> Any:
             if any(map(tracing.is_tracer, args)) and tracing.is_differentiated(args):
-                return self._call(kernel, args, dict(kwargs), call)
+                return self._call(kernel_ref(), args, dict(kwargs), call)
             return program.dynamic(*args)
 
         return forward_only
@@ -274,6 +296,10 @@ class Executor(Generic[Cfg, Out]):
         sig = eager_programs.signature(kernel, cfg, args, kwargs, call, options.STAMP.value)
         program = self._programs.get(sig.key)
         if program is None:
+            # Shared by value (kernels equal by class and attributes): the program traces
+            # a copy, so that changing the kernel it was made for changes nothing here.
+            if sig.key[0] is not kernel:
+                kernel = copy.copy(kernel)
 
             def trace(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
                 inner, p_args, p_kwargs = self._invocation(kernel, args, kwargs, call)

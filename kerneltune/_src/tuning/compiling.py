@@ -249,11 +249,28 @@ class CompilePool:
             value, error = item.ctx.run(item.job), None
         except BaseException as e:  # reported to the caller as data.
             value, error = None, e
-        seconds = time.perf_counter() - start
+        try:
+            return self._hand_on(item, stage, value, error, time.perf_counter() - start)
+        finally:
+            # An error's traceback holds this frame, and so `item`: without these the
+            # job would live on in a reference cycle that any thread's collection may
+            # free, after exit stopped waiting.
+            del value, error
+
+    def _hand_on(
+        self, item: _Item, stage: int, value: Any, error: BaseException | None, seconds: float
+    ) -> bool:
+        """Passes a finished stage's result to the next stage or to `poll`; True when
+        this thread should leave its lane."""
         with self._lock:
             if self._abandoned.get(item.key) == stage:
                 del self._abandoned[item.key]
                 return True  # already counted out of the lane; a replacement took over
+            if self._closed:
+                # Nobody polls any more: dropped here, inside the stage, not later with
+                # the pool on whichever thread lets go of it last.
+                self._running.pop(item.key, None)
+                return False
             self._running.pop(item.key, None)
             if stage == LOWER and error is None and item.then is not None:
                 self._push(

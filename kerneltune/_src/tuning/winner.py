@@ -3,6 +3,7 @@ default `decide`), which prefers the heuristic config within the noise band."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Sequence
 
@@ -20,35 +21,41 @@ NOISE_BAND = 0.02
 def fastest(results: Sequence[CandidateResult]) -> int | None:
     """The default `decide`: the candidate with the lowest median time, where times
     measurably no slower than the lowest count as a tie that goes to the earliest
-    candidate. Measurably: within `NOISE_BAND` of the lowest, or within the two
-    candidates' spreads (the median absolute deviation of each one's samples, where it
-    has four or more: a few samples slowed by a descheduled process do not widen it),
-    whichever is wider: on a loaded machine's wall clock a 10 us kernel's samples
-    scatter by far more than 2%.
+    candidate. Measurably: within `NOISE_BAND` of the lowest, or within twice the
+    uncertainty of the difference of the two medians (from each one's samples, where
+    it has four or more), whichever is wider: on a loaded machine's wall clock a 10 us
+    kernel's samples scatter by far more than 2%, and more samples narrow the band.
 
     The selection chain puts the kernel's heuristic config first, so tuning replaces
     the heuristic only with a config measurably faster than it; other ties go to the
     candidates' order, so the choice is deterministic.
     """
     ok = [
-        (i, r.time_s, _spread(r.samples_s))
+        (i, r.time_s, _median_error(r.samples_s))
         for i, r in enumerate(results)
         if r.ok and r.time_s is not None
     ]
     if not ok:
         return None
-    _, lowest, lowest_spread = min(ok, key=lambda row: row[1])
+    _, lowest, lowest_error = min(ok, key=lambda row: row[1])
     return next(
-        i for i, t, spread in ok if t - lowest <= max(lowest * NOISE_BAND, spread + lowest_spread)
+        i
+        for i, t, error in ok
+        if t - lowest <= max(lowest * NOISE_BAND, 2 * math.hypot(error, lowest_error))
     )
 
 
-def _spread(samples: Sequence[float]) -> float:
-    """The median absolute deviation of `samples` (0 with fewer than four)."""
+def _median_error(samples: Sequence[float]) -> float:
+    """The standard error of the samples' median, from their median absolute deviation
+    (robust: a few samples slowed by a descheduled process barely move it); 0 with
+    fewer than four samples."""
     if len(samples) < 4:
         return 0.0
     middle = statistics.median(samples)
-    return statistics.median(abs(t - middle) for t in samples)
+    mad = statistics.median(abs(t - middle) for t in samples)
+    # MAD x 1.4826 estimates the standard deviation; the median's error is 1.2533 x
+    # that over the square root of the count (normal noise).
+    return 1.4826 * 1.2533 * mad / math.sqrt(len(samples))
 
 
 def remeasure_best(bench: Bench, top_k: int, iters: int) -> None:

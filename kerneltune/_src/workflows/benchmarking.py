@@ -19,7 +19,7 @@ from kerneltune._src.kernel.base import Kernel, make_invocation
 from kerneltune._src.kernel.methods import bound, methods_of
 from kerneltune._src.tuning.programs import split_static
 from kerneltune._src.tuning.protocol import run_tuner
-from kerneltune._src.tuning.tuner import Tuner
+from kerneltune._src.tuning.tuner import NoCandidatesError, Tuner
 from kerneltune._src.workflows.tune_function import autotune_function
 
 
@@ -158,7 +158,9 @@ def autotune(
         configs = hook(inv)
     candidates = list(configs)
     if not candidates:
-        raise ValueError(f"autotune got no candidate configs for {inv.op_id_v}({inv.signature}).")
+        raise NoCandidatesError(
+            f"autotune got no candidate configs for {inv.op_id_v}({inv.signature})."
+        )
     for i, cand in enumerate(candidates):
         hooks.check_config_type(kernel, inv, cand, f"candidate #{i}")
     heuristic = hooks.find_heuristic(kernel, inv)
