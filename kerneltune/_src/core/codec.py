@@ -162,13 +162,13 @@ def encode(
         # A callable object (a `jnp.ufunc`, an instance with `__call__`): by its type, its
         # name where it has one, and its public attributes (which must be encodable).
         name = getattr(value, "__name__", None)
-        doc: dict[str, Any] = {"__callable__": name_of(type(value))}
+        described: dict[str, Any] = {"__callable__": name_of(type(value))}
         if isinstance(name, str):
-            doc["name"] = name
+            described["name"] = name
         public = {k: v for k, v in getattr(value, "__dict__", {}).items() if k[:1] != "_"}
         if public:
-            doc["state"] = enc(public)
-        return doc
+            described["state"] = enc(public)
+        return described
     if for_key:
         raise TypeError(
             f"stable_json cannot encode a value of type {type(value).__qualname__!r} "
