@@ -21,7 +21,7 @@ from typing import Any, Generic, Protocol, runtime_checkable
 
 from kerneltune._src.core import jax_compat, labels, options, scope, tracing
 from kerneltune._src.core.kernel_types import Cfg, Out
-from kerneltune._src.execution import eager_programs
+from kerneltune._src.execution import eager_programs, eager_table
 from kerneltune._src.execution.eager_programs import CallOptions
 from kerneltune._src.kernel import dispatch, recording, sharding
 from kerneltune._src.kernel.base import Invocation, Kernel, keys_training_apart, make_invocation
@@ -55,18 +55,6 @@ def _eager_key(kernel: Any, stamp: bool, args: tuple[Any, ...], kwargs: dict[str
     return key
 
 
-def _forget_kernel(executor_ref: Callable[[], Any], kid: int) -> None:
-    """A kernel object was collected: its entries leave the executor's eager table
-    (before its id can name another object)."""
-    ex = executor_ref()
-    if ex is None:
-        return
-    with ex._eager_lock:
-        ex._watched.discard(kid)
-        for key in ex._eager_keys_of.pop(kid, ()):
-            ex._eager.pop(key, None)
-
-
 _uids = itertools.count()
 
 
@@ -93,15 +81,10 @@ class Executor(Generic[Cfg, Out]):
             )
         self.chooser = chooser
         self.stamp_prefix = stamp_prefix
-        # Eager dispatch table: (id(kernel), stamp, scope, signature) -> jitted program.
-        # Only kept when the chooser tells us when its choices may change.
-        self._eager: dict[Any, Callable[..., Any]] = {}
-        #: The table's keys by kernel id, and the kernels whose collection is watched.
-        self._eager_keys_of: dict[int, list[Any]] = {}
-        self._watched: set[int] = set()
-        # Reentrant: a collection inside `_remember` may run `_forget_kernel` at once.
-        self._eager_lock = threading.RLock()
-        self._generation = 0
+        # Eager dispatch table (`eager_table.py`): only kept when the chooser tells us
+        # when its choices may change.
+        self._table = eager_table.EagerTable()
+        self._eager = self._table.entries
         #: Never reused within a process (unlike `id()`): keys of caches held elsewhere.
         self.uid = next(_uids)
         subscribe = getattr(chooser, "add_invalidation_listener", None)
@@ -111,11 +94,12 @@ class Executor(Generic[Cfg, Out]):
         self._programs: dict[Any, eager_programs.Program] = {}
         self._lock = threading.Lock()
 
+    @property
+    def _generation(self) -> int:
+        return self._table.generation
+
     def _invalidate(self) -> None:
-        with self._eager_lock:
-            self._generation += 1
-            self._eager.clear()
-            self._eager_keys_of.clear()
+        self._table.invalidate()
 
     # -- the hot path ---------------------------------------------------------------------
 
@@ -183,32 +167,8 @@ class Executor(Generic[Cfg, Out]):
             key = _eager_key(kernel, call.stamp, args, kwargs)
             if key is not None and _default_keys(kernel) and program.takes_exactly(len(args)):
                 entry = self._eager_entry(kernel, program, kwargs, call)
-                self._remember(kernel, key, entry, generation)
+                self._table.remember(kernel, key, entry, generation)
         return out
-
-    def _remember(self, kernel: Any, key: Any, entry: Callable[..., Any], generation: int) -> None:
-        """Puts `entry` in the hot path's table until the kernel object is garbage
-        collected: the table names kernels by `id()` so that it does not keep them
-        alive, and a kernel made afresh for each call (`RowSum()(x)`) leaves no entry
-        behind. A kernel that does not hash (a mutable dataclass: its attributes may
-        change) or cannot be weakly referenced is not remembered, nor an entry whose
-        choice an invalidation overtook."""
-        try:
-            hash(kernel)
-        except TypeError:
-            return
-        kid = id(kernel)
-        with self._eager_lock:
-            if generation != self._generation:
-                return
-            if kid not in self._watched:
-                try:
-                    weakref.finalize(kernel, _forget_kernel, weakref.ref(self), kid)
-                except TypeError:
-                    return
-                self._watched.add(kid)
-            self._eager_keys_of.setdefault(kid, []).append(key)
-            self._eager[key] = entry
 
     def _eager_entry(
         self,

@@ -1,0 +1,68 @@
+"""The eager dispatch table: a repeated eager call's signature straight to its jitted
+program, so that the hot path costs a tuple build and a dict lookup.
+
+Kernels are named by `id()`, so that the table keeps none alive: a kernel made afresh
+for each call (`RowSum()(x)`) would otherwise add an entry a call. Each remembered
+kernel gets a finalizer that takes its entries out when it is collected, before its
+id can name another object. The table is dropped whole when the chooser's choices may
+have changed (`invalidate`); an entry whose choice such a change overtook is not kept.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+
+class EagerTable:
+    """Entries by (kernel id, stamp, scope, avals, keyword values); see the module."""
+
+    def __init__(self) -> None:
+        #: Read by the executor's hot path without the lock (a dict lookup is atomic).
+        self.entries: dict[Any, Callable[..., Any]] = {}
+        #: Bumped by every invalidation: a choice made before it is not remembered.
+        self.generation = 0
+        self._keys_of: dict[int, list[Any]] = {}
+        self._watched: set[int] = set()
+        # Reentrant: a collection inside `remember` may run `_forget` on this thread.
+        self._lock = threading.RLock()
+
+    def invalidate(self) -> None:
+        with self._lock:
+            self.generation += 1
+            self.entries.clear()
+            self._keys_of.clear()
+
+    def remember(self, kernel: Any, key: Any, entry: Callable[..., Any], generation: int) -> None:
+        """Puts `entry` under `key` until `kernel` is collected. A kernel that does not
+        hash (a mutable dataclass: its attributes may change) or cannot be weakly
+        referenced is not remembered, nor an entry chosen before an invalidation."""
+        try:
+            hash(kernel)
+        except TypeError:
+            return
+        kid = id(kernel)
+        with self._lock:
+            if generation != self.generation:
+                return
+            if kid not in self._watched:
+                try:
+                    weakref.finalize(kernel, _forget, weakref.ref(self), kid)
+                except TypeError:
+                    return
+                self._watched.add(kid)
+            self._keys_of.setdefault(kid, []).append(key)
+            self.entries[key] = entry
+
+
+def _forget(table_ref: Callable[[], EagerTable | None], kid: int) -> None:
+    """A kernel object was collected: its entries leave the table."""
+    table = table_ref()
+    if table is None:
+        return
+    with table._lock:
+        table._watched.discard(kid)
+        for key in table._keys_of.pop(kid, ()):
+            table.entries.pop(key, None)
