@@ -127,140 +127,116 @@ class _Payload:
     """Stands in for what a job holds (its inputs, its lowering)."""
 
 
+class StageWatch:
+    """One payload for a job to hold, and, for each stage that ends on a thread started
+    during the test, whether the payload was still alive at that moment (`seen`)."""
+
+    def __init__(self, monkeypatch):
+        import threading
+        import weakref
+
+        from kerneltune._src.tuning import stages
+
+        self.release, self.started, self.seen = threading.Event(), threading.Event(), []
+        self._payload = _Payload()
+        ref, before = weakref.ref(self._payload), set(threading.enumerate())
+        finished = stages._stage_finished
+
+        def finished_and_checked():
+            if threading.current_thread() not in before:  # not threads of other tests
+                self.seen.append(ref() is not None)
+            finished()
+
+        monkeypatch.setattr(stages, "_stage_finished", finished_and_checked)
+
+    def take(self):
+        """The payload; the watch keeps no reference to it."""
+        payload, self._payload = self._payload, None
+        return payload
+
+    def end(self):
+        """Lets the job finish and waits for every stage, with only reference counts
+        freeing anything (deterministic)."""
+        import gc
+
+        from kerneltune._src.tuning import stages
+
+        gc.disable()
+        try:
+            self.release.set()
+            stages.wait_for_running_stages()
+        finally:
+            gc.enable()
+
+
 @pytest.fixture
-def alive_at_stage_end(monkeypatch):
-    """Calls `watch(obj)`; returns, for each stage that ended on another thread, whether
-    the watched object was still alive at that moment."""
-    import threading
-    import weakref
-
-    from kerneltune._src.tuning import stages
-
-    refs, seen = [], []
-    finished = stages._stage_finished
-    before = set(threading.enumerate())  # threads other tests left running
-
-    def finished_and_checked():
-        if threading.current_thread() not in before:
-            seen.append(any(r() is not None for r in refs))
-        finished()
-
-    monkeypatch.setattr(stages, "_stage_finished", finished_and_checked)
-    return (lambda obj: refs.append(weakref.ref(obj))), seen
+def watch(monkeypatch):
+    return StageWatch(monkeypatch)
 
 
-def _held_until(release, payload):
-    def job():
-        release.wait(30)
-        return payload is not None
+def _held(watch, payload, outcome="bool"):
+    """A job that waits for `watch.release`, holding `payload`; it returns whether it
+    held one ("bool"), the payload itself ("payload", as a compile returns its
+    executable) or raises ("raise": the error's traceback holds the job's frame)."""
+
+    def job(*_):
+        watch.started.set()
+        watch.release.wait(30)
+        if outcome == "raise":
+            raise RuntimeError(f"failed holding {payload!r}")
+        return payload if outcome == "payload" else payload is not None
 
     return job
 
 
-def test_an_abandoned_compile_job_is_freed_inside_its_stage(alive_at_stage_end):
-    import threading
-
-    from kerneltune._src.tuning import stages
+def test_an_abandoned_compile_job_is_freed_inside_its_stage(watch):
     from kerneltune._src.tuning.compiling import CompilePool
 
-    watch, seen = alive_at_stage_end
-    release, payload = threading.Event(), _Payload()
-    watch(payload)
     pool = CompilePool(1, timeout_s=0.05, stall_s=None)
-    pool.submit("k", _held_until(release, payload))
-    del payload
+    pool.submit("k", _held(watch, watch.take()))
     outcomes = []
     while not outcomes:
         outcomes = pool.poll(0.05)
     assert [o.timed_out for o in outcomes] == [True]
-    release.set()
-    stages.wait_for_running_stages()
+    watch.end()
     pool.close()
-    assert seen == [False]
-
-
-def _raising_after(release, payload):
-    def job():
-        release.wait(30)
-        raise RuntimeError(f"failed holding {payload!r}")
-
-    return job
-
-
-def _started_then_held(started, release, payload):
-    def job():  # returns what it holds, as a compile returns its executable
-        started.set()
-        release.wait(30)
-        return payload
-
-    return job
+    assert watch.seen == [False]
 
 
 @pytest.mark.parametrize("how", ["abandoned", "closed"])
-def test_a_failed_or_unpolled_compile_job_is_freed_inside_its_stage(alive_at_stage_end, how):
+def test_a_failed_or_unpolled_compile_job_is_freed_inside_its_stage(watch, how):
     # Before: an error's traceback held the worker's frame and so the job, in a cycle
     # that only a collection frees (on any thread, at any time); and a job finishing
     # after `close()` went to the result queue, freed with the pool later.
-    import gc
-    import threading
-
-    from kerneltune._src.tuning import stages
     from kerneltune._src.tuning.compiling import CompilePool
 
-    watch, seen = alive_at_stage_end
-    release, started, payload = threading.Event(), threading.Event(), _Payload()
-    watch(payload)
     pool = CompilePool(1, timeout_s=0.05 if how == "abandoned" else None, stall_s=None)
-    if how == "abandoned":
-        job = _raising_after(release, payload)
-    else:
-        job = _started_then_held(started, release, payload)
-    pool.submit("k", job)
-    del payload, job
+    pool.submit("k", _held(watch, watch.take(), "raise" if how == "abandoned" else "payload"))
     if how == "abandoned":
         outcomes = []
         while not outcomes:
             outcomes = pool.poll(0.05)
         assert [o.timed_out for o in outcomes] == [True]
     else:
-        assert started.wait(30)  # running: close() cannot simply drop it from the queue
+        assert watch.started.wait(30)  # running: close() cannot just drop it from the queue
         pool.close()
-    gc.disable()  # only reference counts may free it: deterministic
-    try:
-        release.set()
-        stages.wait_for_running_stages()
-    finally:
-        gc.enable()
-    assert seen == [False]
+    watch.end()
+    assert watch.seen == [False]
 
 
-def test_an_abandoned_first_run_is_freed_inside_its_stage(alive_at_stage_end):
-    import threading
+def test_an_abandoned_first_run_is_freed_inside_its_stage(watch):
+    from kerneltune._src.tuning import run_bound
 
-    from kerneltune._src.tuning import run_bound, stages
-
-    watch, seen = alive_at_stage_end
-    release, payload = threading.Event(), _Payload()
-    watch(payload)
-    out, times = run_bound.warm_up(_held_until(release, payload), [[]], 1, bound_s=0.05)
+    out, times = run_bound.warm_up(_held(watch, watch.take()), [[]], 1, bound_s=0.05)
     assert out is run_bound.ABANDONED and times == []
-    del payload
-    release.set()
-    stages.wait_for_running_stages()
-    assert seen == [False]
+    watch.end()
+    assert watch.seen == [False]
 
 
-def test_a_background_check_frees_its_arguments_inside_its_stage(alive_at_stage_end):
-    import threading
+def test_a_background_check_frees_its_arguments_inside_its_stage(watch):
+    from kerneltune._src.tuning import programs
 
-    from kerneltune._src.tuning import programs, stages
-
-    watch, seen = alive_at_stage_end
-    release, payload = threading.Event(), _Payload()
-    watch(payload)
-    check = programs.Background(lambda p: release.wait(30) and p is not None, payload)
-    del payload
-    release.set()
-    stages.wait_for_running_stages()
+    check = programs.Background(lambda p: _held(watch, p)(), watch.take())
+    watch.end()
     assert check.result() is True
-    assert seen == [False]
+    assert watch.seen == [False]
