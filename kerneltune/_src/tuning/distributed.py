@@ -46,6 +46,7 @@ from kerneltune._src.core.coordination import (
     AgreementTimeoutError as AgreementTimeoutError,
 )
 from kerneltune._src.tuning.report import TuningReport, format_seconds
+from kerneltune._src.tuning.winner import NOISE_BAND
 
 logger = logging.getLogger("kerneltune")
 
@@ -116,7 +117,9 @@ def combine(
     there); of the rest, the one measured by the most processes wins (unless
     `by_coverage` is False: a shared tuning measures each candidate once), then the one
     with the lowest median over processes of the per-process medians, then the one
-    whose `stable_json` is smallest.
+    whose `stable_json` is smallest; but among those within `NOISE_BAND` of that
+    lowest median, the earliest candidate wins (the heuristic, which the chain lists
+    first, as `winner.fastest` decides in one process).
 
     Raises:
       AgreementError: the processes tuned different candidate lists.
@@ -164,6 +167,16 @@ def combine(
         return (-coverage[i] if by_coverage else 0, combined[i], texts[i])  # type: ignore[return-value]
 
     winner = min(eligible, key=rank) if eligible else None
+    if winner is not None:
+        # As one process decides (`winner.fastest`): within the noise band of the
+        # lowest, the earliest candidate wins, and the chain lists the heuristic first.
+        lowest = combined[winner]
+        assert lowest is not None
+        winner = next(
+            i
+            for i in eligible
+            if rank(i)[0] == rank(winner)[0] and combined[i] <= lowest * (1.0 + NOISE_BAND)  # type: ignore[operator]
+        )
     local = {pid: _local_winner(p) for pid, p in sorted(payloads.items())}
     return Agreement(
         winner=winner,
