@@ -392,3 +392,28 @@ def test_pipelined_search_through_the_bench_with_compile_threads():
         best[pipelined] = min(r.time_s for r in results if r.ok)
     assert min(most_in_flight.values()) >= 2, most_in_flight
     assert best[True] <= exhaustive_best(synthetic_cost) * 1.03
+
+
+def test_the_cost_model_recovers_an_additive_cost_on_each_space_it_is_given():
+    # The model's features are built once per point set (a search refits after every
+    # step): two spaces in turn, and a space refitted with more data, each rank by
+    # their own costs.
+    import itertools
+    import math
+
+    from kerneltune._src.tuning.config_space import LogLinearModel
+
+    def space(fields):
+        return [tuple(zip(fields, values)) for values in itertools.product((1, 2, 4), repeat=3)]
+
+    def cost(point, scale):
+        return math.exp(sum(scale[k] * math.log2(v) for k, v in point))
+
+    for fields, scale in [(("a", "b", "c"), {"a": 1.0, "b": -0.5, "c": 0.2}),
+                          (("x", "y", "z"), {"x": -1.0, "y": 0.7, "z": 0.3})]:  # fmt: skip
+        points = space(fields)
+        for measured in (12, 27):
+            times = {i: cost(points[i], scale) for i in range(0, 27, 27 // measured)}
+            ranked = LogLinearModel(points, times).rank(range(27))
+            truth = sorted(range(27), key=lambda i: cost(points[i], scale))
+            assert ranked[0] == truth[0] and ranked[-1] == truth[-1], (fields, measured)

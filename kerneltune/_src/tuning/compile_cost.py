@@ -33,7 +33,7 @@ class CompileCostModel:
     def predict(self, index: int) -> float:
         if self._model is None:
             return self._prior[index]
-        return self._model.predict_point(self._points[index])
+        return self._model.predict(index)
 
     def observe(self, index: int, seconds: float) -> bool:
         """Records a compile time; True when the model changed."""

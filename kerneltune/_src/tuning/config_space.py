@@ -5,6 +5,7 @@ measured points (which configs are likely fast, or slow to compile)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import random
 from collections.abc import Iterable, Mapping, Sequence
@@ -31,49 +32,54 @@ class LogLinearModel:
         pair_ridge: float = 2.0,
         pairs: bool = True,
     ) -> None:
-        self._points = points
-        self._pairs = pairs
-        self._index: dict[tuple[Any, ...], int] = {}
-        penalties: list[float] = []
-        for p in points:
-            for key in self._keys(p):
-                if key not in self._index:
-                    self._index[key] = len(self._index)
-                    penalties.append(ridge if len(key) == 2 else pair_ridge)
+        # A search refits the model after every step over the same points: their
+        # features are built once (`_design`).
+        self._features, penalties = _design(tuple(points), pairs, ridge, pair_ridge)
         # Failures are left out: they come from combinations of values (a large tile
         # with deep pipelining) more than from any one value.
         ok = {i: t for i, t in times.items() if t is not None and t > 0}
         self._weights: np.ndarray | None = None
         if not ok:
             return
-        x = np.array([self._features(points[i]) for i in ok])
+        x = self._features[list(ok)]
         y = np.log(np.array(list(ok.values())))
         self._mean = float(y.mean())
         gram = x.T @ x + np.diag(penalties)
         self._weights = np.linalg.solve(gram, x.T @ (y - self._mean))
 
-    def _keys(self, p: tuple[tuple[str, Any], ...]) -> list[tuple[Any, ...]]:
-        singles = [(f, v) for f, (_, v) in enumerate(p)]
-        if not self._pairs:
-            return list(singles)
-        pairs = [a + b for a, b in itertools.combinations(singles, 2)]
-        return singles + pairs
-
-    def _features(self, p: tuple[tuple[str, Any], ...]) -> np.ndarray:
-        row = np.zeros(len(self._index))
-        for key in self._keys(p):
-            row[self._index[key]] = 1.0
-        return row
-
-    def predict_point(self, p: tuple[tuple[str, Any], ...]) -> float:
+    def predict(self, i: int) -> float:
+        """The predicted log time of point `i` (0 before any point was measured)."""
         if self._weights is None:
             return 0.0
-        return float(self._features(p) @ self._weights + self._mean)
+        return float(self._features[i] @ self._weights + self._mean)
 
     def rank(self, indices: Iterable[int]) -> list[int]:
         """`indices` (into the points the model was built with), fastest predicted
         first."""
-        return sorted(indices, key=lambda i: self.predict_point(self._points[i]))
+        return sorted(indices, key=self.predict)
+
+
+@functools.lru_cache(maxsize=8)
+def _design(
+    points: tuple[tuple[tuple[str, Any], ...], ...], pairs: bool, ridge: float, pair_ridge: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every point's features (one column per field value, and per pair of values when
+    `pairs`: 1 where the point has it) and each column's ridge penalty."""
+    index: dict[tuple[Any, ...], int] = {}
+    penalties: list[float] = []
+    rows = []
+    for p in points:
+        singles = [(f, v) for f, (_, v) in enumerate(p)]
+        keys = singles + ([a + b for a, b in itertools.combinations(singles, 2)] if pairs else [])
+        for key in keys:
+            if key not in index:
+                index[key] = len(index)
+                penalties.append(ridge if len(key) == 2 else pair_ridge)
+        rows.append([index[key] for key in keys])
+    features = np.zeros((len(points), len(index)))
+    for i, columns in enumerate(rows):
+        features[i, columns] = 1.0
+    return features, np.array(penalties)
 
 
 def config_point(cfg: Any) -> tuple[tuple[str, Any], ...]:
