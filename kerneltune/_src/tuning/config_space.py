@@ -5,9 +5,9 @@ measured points (which configs are likely fast, or slow to compile)."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import random
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -59,27 +59,45 @@ class LogLinearModel:
         return sorted(indices, key=self.predict)
 
 
-@functools.lru_cache(maxsize=8)
+#: The last designs built, by their arguments: a search refits over one point set, and
+#: the compile-cost model over another. Kept only while small (a float64 matrix of
+#: points x columns); a larger one is built for each fit, as it is needed.
+_DESIGNS: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = {}
+_DESIGNS_KEPT, _DESIGN_CELLS_KEPT = 2, 1 << 21
+_designs_lock = threading.Lock()  # the tuner's threads fit models too
+
+
 def _design(
     points: tuple[tuple[tuple[str, Any], ...], ...], pairs: bool, ridge: float, pair_ridge: float
 ) -> tuple[np.ndarray, np.ndarray]:
     """Every point's features (one column per field value, and per pair of values when
     `pairs`: 1 where the point has it) and each column's ridge penalty."""
+    key = (points, pairs, ridge, pair_ridge)
+    with _designs_lock:
+        kept = _DESIGNS.get(key)
+    if kept is not None:
+        return kept
     index: dict[tuple[Any, ...], int] = {}
     penalties: list[float] = []
     rows = []
     for p in points:
         singles = [(f, v) for f, (_, v) in enumerate(p)]
         keys = singles + ([a + b for a, b in itertools.combinations(singles, 2)] if pairs else [])
-        for key in keys:
-            if key not in index:
-                index[key] = len(index)
-                penalties.append(ridge if len(key) == 2 else pair_ridge)
-        rows.append([index[key] for key in keys])
+        for k in keys:
+            if k not in index:
+                index[k] = len(index)
+                penalties.append(ridge if len(k) == 2 else pair_ridge)
+        rows.append([index[k] for k in keys])
     features = np.zeros((len(points), len(index)))
     for i, columns in enumerate(rows):
         features[i, columns] = 1.0
-    return features, np.array(penalties)
+    design = (features, np.array(penalties))
+    if features.size <= _DESIGN_CELLS_KEPT:
+        with _designs_lock:
+            while len(_DESIGNS) >= _DESIGNS_KEPT:
+                _DESIGNS.pop(next(iter(_DESIGNS)))
+            _DESIGNS[key] = design
+    return design
 
 
 def config_point(cfg: Any) -> tuple[tuple[str, Any], ...]:
