@@ -238,7 +238,6 @@ class CompilePool:
             running = self._running.get(item.key)
             if running is not None:
                 running.start = time.perf_counter()
-            del running  # the supervisor may drop it; the job must not outlive the stage
         return self._run_one(item, stage)
 
     def _run_one(self, item: _Item, stage: int) -> bool:
@@ -266,12 +265,11 @@ class CompilePool:
             if self._abandoned.get(item.key) == stage:
                 del self._abandoned[item.key]
                 return True  # already counted out of the lane; a replacement took over
+            self._running.pop(item.key, None)
             if self._closed:
                 # Nobody polls any more: dropped here, inside the stage, not later with
                 # the pool on whichever thread lets go of it last.
-                self._running.pop(item.key, None)
                 return False
-            self._running.pop(item.key, None)
             if stage == LOWER and error is None and item.then is not None:
                 self._push(
                     COMPILE,

@@ -46,7 +46,7 @@ from kerneltune._src.core.coordination import (
     AgreementTimeoutError as AgreementTimeoutError,
 )
 from kerneltune._src.tuning.report import TuningReport, format_seconds
-from kerneltune._src.tuning.winner import NOISE_BAND
+from kerneltune._src.tuning.winner import ties
 
 logger = logging.getLogger("kerneltune")
 
@@ -117,8 +117,8 @@ def combine(
     there); of the rest, the one measured by the most processes wins (unless
     `by_coverage` is False: a shared tuning measures each candidate once), then the one
     with the lowest median over processes of the per-process medians, then the one
-    whose `stable_json` is smallest; but among those within `NOISE_BAND` of that
-    lowest median, the earliest candidate wins (the heuristic, which the chain lists
+    whose `stable_json` is smallest; but among those that tie with that lowest
+    median (`winner.ties`), the earliest candidate wins (the heuristic, which the chain lists
     first, as `winner.fastest` decides in one process).
 
     Raises:
@@ -175,7 +175,7 @@ def combine(
         winner = next(
             i
             for i in eligible
-            if rank(i)[0] == rank(winner)[0] and combined[i] <= lowest * (1.0 + NOISE_BAND)  # type: ignore[operator]
+            if rank(i)[0] == rank(winner)[0] and ties(combined[i], lowest)  # type: ignore[arg-type]
         )
     local = {pid: _local_winner(p) for pid, p in sorted(payloads.items())}
     return Agreement(

@@ -93,9 +93,9 @@ class _BoundedRun:
     def outcome(self, bound_s: float) -> Any:
         """What `fn` returned (or raises what it raised), or `(ABANDONED, [])` when it
         did not return within `bound_s`: it goes on in its thread, and nothing waits."""
-        finished = self._done.wait(bound_s)
-        with self._lock:
-            if not finished and not self._done.is_set():
+        self._done.wait(bound_s)
+        with self._lock:  # it may have finished since the wait timed out
+            if not self._done.is_set():
                 self._given_up = True
                 return ABANDONED, []
             result, error, self._result, self._error = self._result, self._error, None, None

@@ -54,8 +54,8 @@ class Tuner(Generic[Cfg]):
     """Benchmarks candidate configs on the device and returns the fastest.
 
     `Tuner(warmup, iters)` may be given by position (the original's signature); every
-    other argument by name. Immutable, and checked when made (a ValueError names the field out of range);
-    `dataclasses.replace(tuner, iters=5)` makes a variant.
+    other argument by name. Immutable, and checked when made (a ValueError names the
+    field out of range); `dataclasses.replace(tuner, iters=5)` makes a variant.
 
     Args:
       warmup: untimed runs per candidate before its samples (at least one always runs:

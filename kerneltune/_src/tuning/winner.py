@@ -38,11 +38,13 @@ def fastest(results: Sequence[CandidateResult]) -> int | None:
     if not ok:
         return None
     _, lowest, lowest_error = min(ok, key=lambda row: row[1])
-    return next(
-        i
-        for i, t, error in ok
-        if t - lowest <= max(lowest * NOISE_BAND, 2 * math.hypot(error, lowest_error))
-    )
+    return next(i for i, t, error in ok if ties(t, lowest, math.hypot(error, lowest_error)))
+
+
+def ties(t: float, lowest: float, uncertainty: float = 0.0) -> bool:
+    """A time `t` is measurably no slower than `lowest`: within `NOISE_BAND` of it, or
+    within twice the `uncertainty` of their difference, whichever is wider."""
+    return t - lowest <= max(lowest * NOISE_BAND, 2 * uncertainty)
 
 
 def _median_error(samples: Sequence[float]) -> float:

@@ -106,10 +106,9 @@ def softmax(
             ) from None
     if axis is None:
         axis = tuple(range(x.ndim))
-    if not jnp.issubdtype(x.dtype, jnp.floating) or x.ndim == 0 or axis == ():
-        return jax.nn.softmax(x, axis=axis, where=where)
-    axes = normalize_axes(op, axis, x.ndim)
-    if len(axes) > 1 or where is not None:
+    one_axis = jnp.issubdtype(x.dtype, jnp.floating) and x.ndim > 0 and axis != ()
+    axes = normalize_axes(op, axis, x.ndim) if one_axis else ()
+    if len(axes) != 1 or where is not None:
         return jax.nn.softmax(x, axis=axis, where=where)
     ex = executor if executor is not None else default_executor()
     rows, back = to_rows(x, axes)
