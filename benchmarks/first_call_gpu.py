@@ -24,20 +24,30 @@ experts; a test checks that they stay apart).
     python -m benchmarks.first_call_gpu                          # every op (tens of minutes)
     python -m benchmarks.first_call_gpu --ops ragged_dot,matmul --json first_call.json
     python -m benchmarks.first_call_gpu --ops ragged_dot,attention --grad  # backward keys too
+    python -m benchmarks.first_call_gpu --ops moe,loss_head,block   # model pieces, trained
     python -m benchmarks.first_call_gpu --smoke                  # tiny shapes, any device
 
 Run from the repository root. The rows run one after another in one process, each
 with its own chains and no persistent cache (`KERNELTUNE_CACHE_DIR` is not read).
-Before each row, the peers a user has for it (plain JAX, cuDNN through `jax.nn`,
-tokamax's grouped matmul where installed) make their first call from a fresh `jax.jit`;
-the summary gives kerneltune's first call over the fastest peer's (issue 45's bar is
-1.5x).
+Every first call is a user's: a fresh `jax.jit` of the row's step, lowered (tracing,
+and in kerneltune's so choosing and tuning its configs), compiled and run once.
+kerneltune's goes first, then the peers a user has for the row (plain JAX, cuDNN
+through `jax.nn`, tokamax where installed): a later program may reuse XLA's autotuning
+of an earlier one's matmuls, so this order favours the peers. The summary gives
+kerneltune's first call over the fastest peer's and its compiled program's memory
+(arguments, outputs, temporaries; tuning's own buffers are not in it) over the
+smallest peer's (issue 45's bars: 1.5x and 1.1x).
+
+The model pieces (`moe`: `examples/moe`'s block; `loss_head`: the loss head;
+`block`: a Llama-class block from `benchmarks/model_blocks.py`) are always timed as
+training steps (the gradient of their loss with respect to every float input).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib
 import json
 import statistics
@@ -50,12 +60,16 @@ import jax.numpy as jnp
 
 import kerneltune as kt
 from benchmarks import harness as h
+from benchmarks import loss_head_gpu
+from benchmarks import model_blocks as mb
+from examples.moe import model as moe_model
 from kerneltune._src.caching.shipped import package_tables
 from kerneltune._src.selection.prediction import config_id
 from kerneltune.kernels.ragged_dot import shapes as ragged_shapes
 from kerneltune.kernels.ragged_dot import tokamax_backend as ragged_tokamax
 
-Call = Callable[[kt.Executor], Any]
+#: A row's first call on an executor; returns its compiled program's memory in bytes.
+Call = Callable[[kt.Executor], "int | None"]
 
 #: Shapes in no shipped table (their grids: `tools/ship_tables.py`).
 MATMUL = ((3072, 4096, 4096), (6144, 4096, 1024), (1536, 1024, 4096), (12288, 2048, 2048))
@@ -71,12 +85,30 @@ RAGGED = (
     (24576, 2048, 768, 64),
     (12288, 1024, 2048, 16),
 )
-OPS = ("matmul", "layer_norm", "rms_norm", "softmax", "attention", "ragged_dot")
-SMOKE = {
+#: The MoE layer at two sizes no table holds: 16 experts top-2 (12288 routed rows of
+#: 3072 -> 8192) and 48 experts top-6 (24576 routed rows of 2048 -> 1536).
+MOE = (
+    moe_model.MoEShape("held-out", 6144, 3072, 8192, 16, 2),
+    moe_model.MoEShape("held-out", 4096, 2048, 1536, 48, 6),
+)
+#: (rows, width, vocabulary): GPT-2's padded vocabulary and Qwen's.
+LOSS_HEAD = ((8192, 2048, 50304), (4096, 3072, 151936))
+#: Llama-class blocks, head dim 128, grouped-query attention: none of the tables' sizes.
+BLOCK = (mb.BlockShape(4, 4096, 2560, 20, 4, 6912), mb.BlockShape(2, 2048, 4096, 32, 8, 11008))
+OPS = (
+    "matmul", "layer_norm", "rms_norm", "softmax", "attention", "ragged_dot",
+    "moe", "loss_head", "block",
+)  # fmt: skip
+#: Ops whose rows are training steps whatever `--grad` says.
+TRAINED = ("moe", "loss_head", "block")
+SMOKE: dict[str, Any] = {
     "matmul": ((64, 32, 48),),
     "rows": ((64, 96),),
     "attention": ((1, 64, 2, 16, True),),
     "ragged_dot": ((64, 32, 32, 4),),
+    "moe": (moe_model.MoEShape("smoke", 32, 32, 32, 4, 2),),
+    "loss_head": ((64, 32, 256),),
+    "block": (mb.BlockShape(1, 64, 64, 4, 2, 96),),
 }
 
 
@@ -128,58 +160,124 @@ def rows(op: str, smoke: bool) -> Iterator[tuple[str, Callable[..., Any], tuple[
             sizes = jnp.asarray(ragged_shapes.skewed(m, g, empty=1), jnp.int32)
             args = (h.normal(0, (m, k)), h.normal(1, (g, k, n)), sizes)
             yield f"{m}x{k}x{n} E{g}", grouped, args, peers
+    elif op == "moe":
+        tk = _tokamax()
+        for shape in SMOKE["moe"] if smoke else MOE:
+            params = moe_model.init_params(shape)
+            x, target = moe_model.inputs(shape)
+
+            def moe(ex: kt.Executor, p: Any, x: Any, y: Any, s: Any = shape) -> Any:
+                return moe_model.loss_fn(moe_model.kerneltune_ops(ex), s)(p, x, y)
+
+            peers = {"plain": moe_model.loss_fn(moe_model.jax_ops(), shape)}
+            if tk is not None:
+                peers["tokamax"] = moe_model.loss_fn(moe_model.tokamax_ops(tk), shape)
+            yield str(shape), moe, (params, x, target), peers
+    elif op == "loss_head":
+        tk = _tokamax()
+        for rows_, width, vocab in SMOKE["loss_head"] if smoke else LOSS_HEAD:
+
+            def head(ex: kt.Executor, x: Any, labels: Any, w: Any) -> Any:
+                return kt.kernels.linear_softmax_cross_entropy(x, labels, w, executor=ex)
+
+            labels = jax.random.randint(jax.random.key(2), (rows_,), 0, vocab, jnp.int32)
+            args = (h.normal(0, (rows_, width)), labels, h.normal(1, (width, vocab)) * 0.02)
+            peers = {"plain": loss_head_gpu.plain_loss_bf16_logits}
+            if tk is not None:
+                peers["tokamax"] = loss_head_gpu.tokamax_loss(tk)
+            yield f"{rows_}x{width}->{vocab}", head, args, peers
+    elif op == "block":
+        tk = _tokamax()
+        for shape in SMOKE["block"] if smoke else BLOCK:
+            params, x = mb.block_inputs("llama", shape)
+
+            def block(ex: kt.Executor, p: Any, x: Any, s: Any = shape) -> Any:
+                return mb.llama_block(mb.kerneltune_ops(ex), p, x, s)
+
+            peers = {"plain": functools.partial(_llama_with, mb.plain_ops(), shape)}
+            if tk is not None:
+                peers["tokamax"] = functools.partial(_llama_with, mb.tokamax_ops(tk), shape)
+            yield f"llama {shape}", block, (params, x), peers
     else:
         raise SystemExit(f"--ops: unknown op {op!r}; known: {', '.join(OPS)}")
+
+
+def _tokamax() -> Any:
+    """The `tokamax` module where installed, else None."""
+    return importlib.import_module("tokamax") if ragged_tokamax.installed() else None
+
+
+def _llama_with(ops: mb.Ops, shape: mb.BlockShape, p: Any, x: Any) -> Any:
+    return mb.llama_block(ops, p, x, shape)
 
 
 def _loss_over_floats(
     fn: Callable[..., Any], args: tuple[Any, ...]
 ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """The sum of `fn(*args)`'s output as a function of `args`' float inputs, and
-    those inputs."""
-    floats = tuple(i for i, a in enumerate(args) if jnp.issubdtype(a.dtype, jnp.floating))
+    """The sum of `fn(*args)`'s output as a function of the float arrays in `args`
+    (pytrees of arrays), and those arrays."""
+    leaves, tree = jax.tree.flatten(args)
+    floats = tuple(i for i, a in enumerate(leaves) if jnp.issubdtype(a.dtype, jnp.floating))
 
     def loss(*wrt: Any) -> Any:
-        full = list(args)
+        full = list(leaves)
         for i, a in zip(floats, wrt, strict=True):
             full[i] = a
-        return fn(*full).astype(jnp.float32).sum()
+        return fn(*jax.tree.unflatten(tree, full)).astype(jnp.float32).sum()
 
-    return loss, tuple(args[i] for i in floats)
+    return loss, tuple(leaves[i] for i in floats)
 
 
-def as_call(fn: Callable[..., Any], args: tuple[Any, ...], grad: bool) -> Call:
-    """The row's call on an executor: forward, or (`grad`) the gradient of the sum of
-    its output with respect to every float input, so the backward kernels' keys are
-    chosen too."""
+def step_of(fn: Callable[..., Any], grad: bool) -> Callable[..., Any]:
+    """`fn(*args)`, or (`grad`) the gradient of the sum of its output with respect to
+    every float array of `args`, so the backward kernels' keys are chosen too."""
     if not grad:
-        return lambda ex: fn(ex, *args)
+        return fn
 
-    def step(ex: kt.Executor) -> Any:
-        loss, wrt = _loss_over_floats(lambda *a: fn(ex, *a), args)
+    def step(*args: Any) -> Any:
+        loss, wrt = _loss_over_floats(fn, args)
         return jax.grad(loss, argnums=tuple(range(len(wrt))))(*wrt)
 
     return step
 
 
-def peer_first_calls(peers: Peers, args: tuple[Any, ...], grad: bool) -> dict[str, Any]:
-    """Each peer's first call, as a user's jitted step makes it: seconds from a fresh
-    `jax.jit` to the result (tracing, compiling, any autotuning of its own, one run);
-    a peer that fails gives its error."""
-    out: dict[str, Any] = {}
+def first_call(step: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, int | None]:
+    """A user's first call of `step` on `args`: a fresh `jax.jit`, lowered, compiled
+    and run once. Returns the result and the compiled program's memory (arguments,
+    outputs, temporaries; None where the platform does not say)."""
+    compiled = jax.jit(step).lower(*args).compile()
+    out = jax.block_until_ready(compiled(*args))
+    try:
+        m = compiled.memory_analysis()
+    except Exception:  # a platform that does not analyse memory
+        m = None
+    if m is None:
+        return out, None
+    return out, int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes)
+
+
+def as_call(fn: Callable[..., Any], args: tuple[Any, ...], grad: bool) -> Call:
+    """The row's first call on an executor, as a user's jitted step makes it: returns
+    the compiled program's memory (`first_call`)."""
+    return lambda ex: first_call(step_of(functools.partial(fn, ex), grad), args)[1]
+
+
+def peer_first_calls(
+    peers: Peers, args: tuple[Any, ...], grad: bool
+) -> tuple[dict[str, Any], dict[str, int | None]]:
+    """Each peer's first call, as a user's jitted step makes it (`first_call`): its
+    seconds (tracing, compiling, any autotuning of its own, one run), or the error of
+    a peer that fails; and its compiled program's memory."""
+    seconds: dict[str, Any] = {}
+    peaks: dict[str, int | None] = {}
     for name, peer in peers.items():
-        if grad:
-            loss, wrt = _loss_over_floats(peer, args)
-            step, step_args = jax.jit(jax.grad(loss, argnums=tuple(range(len(wrt))))), wrt
-        else:
-            step, step_args = jax.jit(peer), args
         start = time.perf_counter()
         try:
-            jax.block_until_ready(step(*step_args))
-            out[name] = time.perf_counter() - start
+            _, peaks[name] = first_call(step_of(peer, grad), args)
+            seconds[name] = time.perf_counter() - start
         except Exception as e:  # a peer that cannot run the call is data
-            out[name] = f"failed: {h.error_text(e)}"
-    return out
+            seconds[name] = f"failed: {h.error_text(e)}"
+    return seconds, peaks
 
 
 @dataclasses.dataclass
@@ -187,6 +285,7 @@ class Run:
     """What one chain did for a row: the configs it chose by key, how, and the wall."""
 
     wall_s: float = 0.0
+    peak_bytes: int | None = None
     chosen: dict[tuple[str, str], Any] = dataclasses.field(default_factory=dict)
     how: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
     reports: dict[tuple[str, str], kt.TuningReport] = dataclasses.field(default_factory=dict)
@@ -215,7 +314,7 @@ def run(call: Call, policy: kt.AutotunePolicy, *, shipped: bool, tuner: Any = No
     )
     start = time.perf_counter()
     try:
-        jax.block_until_ready(call(kt.Executor(chain)))
+        out.peak_bytes = call(kt.Executor(chain))
     except Exception as e:  # one failing row keeps the others
         out.error = h.error_text(e)
     out.wall_s = time.perf_counter() - start
@@ -253,9 +352,15 @@ def _outcomes(report: kt.TuningReport | None) -> list[dict[str, Any]]:
 
 
 def measure(
-    op: str, label: str, call: Call, peers_first_s: dict[str, Any] | None = None
+    op: str,
+    label: str,
+    call: Call,
+    peers: Callable[[], tuple[dict[str, Any], dict[str, int | None]]] = lambda: ({}, {}),
 ) -> list[dict[str, Any]]:
+    """The row's first call with the default policy, then `peers()`' first calls, then
+    the prediction alone and a full search, each on a fresh chain."""
     first = run(call, kt.AutotunePolicy.from_env(), shipped=True)
+    peers_first_s, peer_peaks = peers()
     predicted = run(call, kt.AutotunePolicy(budget=kt.FirstCallBudget(candidates=0)), shipped=True)
     full = run(
         call,
@@ -272,8 +377,10 @@ def measure(
                 "shape": label,
                 "first_call_s": first.wall_s,
                 "first_call_how": first.how.get(key),
+                "first_call_peak_bytes": first.peak_bytes,
                 # The whole call's first call: the key's share is not apart from the rest.
-                "peer_first_call_s": dict(peers_first_s or {}),
+                "peer_first_call_s": dict(peers_first_s),
+                "peer_peak_bytes": dict(peer_peaks),
                 "full_search_s": full.wall_s,
                 "full_timer": report.timer,
                 "full_timer_note": report.timer_note,
@@ -310,7 +417,10 @@ def measure(
                 "errors": errors,
                 "regret": {},
                 "note": how,
-                "peer_first_call_s": dict(peers_first_s or {}),
+                "first_call_s": first.wall_s,
+                "first_call_peak_bytes": first.peak_bytes,
+                "peer_first_call_s": dict(peers_first_s),
+                "peer_peak_bytes": dict(peer_peaks),
             }
         )
     return out
@@ -326,8 +436,9 @@ def summary(results: Sequence[dict[str, Any]]) -> str:
     lines = [
         "| op | shapes | predicted: median / worst | first call: median / worst | "
         "heuristic: median / worst | first call s: median / worst | "
-        "first call ÷ best peer's: median / worst | full search s: median |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "first call ÷ best peer's: median / worst | memory ÷ smallest peer's: median / worst | "
+        "full search s: median |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     by_key: dict[str, list[dict[str, Any]]] = {}
     for r in results:
@@ -343,19 +454,41 @@ def summary(results: Sequence[dict[str, Any]]) -> str:
         first = [g["first_call_s"] for g in group]
         full = [g["full_search_s"] for g in group]
         ratios = [r for r in map(over_best_peer, group) if r is not None]
-        ratio = f"{statistics.median(ratios):.2f}x / {max(ratios):.2f}x" if ratios else "-"
+        memory = [r for r in map(memory_over_peer, group) if r is not None]
         lines.append(
             f"| {key} | {len(group)} | {' | '.join(cells)} | "
-            f"{statistics.median(first):.1f} / {max(first):.1f} | {ratio} | "
-            f"{statistics.median(full):.1f} |"
+            f"{statistics.median(first):.1f} / {max(first):.1f} | {_ratios(ratios)} | "
+            f"{_ratios(memory)} | {statistics.median(full):.1f} |"
         )
     return "\n".join(lines)
+
+
+def _ratios(values: Sequence[float]) -> str:
+    return f"{statistics.median(values):.2f}x / {max(values):.2f}x" if values else "-"
+
+
+def memory_over_peer(row: dict[str, Any]) -> float | None:
+    """The row's compiled memory over the smallest peer's (None: not known)."""
+    peaks = [b for b in row.get("peer_peak_bytes", {}).values() if b]
+    mine = row.get("first_call_peak_bytes")
+    return mine / min(peaks) if peaks and mine else None
 
 
 def over_best_peer(row: dict[str, Any]) -> float | None:
     """The row's first call over the fastest peer's first call (None: no peer ran)."""
     times = [t for t in row.get("peer_first_call_s", {}).values() if isinstance(t, float)]
     return row["first_call_s"] / min(times) if times and min(times) > 0 else None
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 1024**3:.2f} GiB" if n >= 1024**3 else f"{n / 1024**2:.1f} MiB"
+
+
+def _memory_text(row: dict[str, Any]) -> str:
+    mine = row.get("first_call_peak_bytes")
+    parts = [f"kt {_bytes(mine)}"] if mine else []
+    parts += [f"{n} {_bytes(b)}" for n, b in row.get("peer_peak_bytes", {}).items() if b]
+    return "memory " + ", ".join(parts) if parts else "memory -"
 
 
 def _peers_text(peers: dict[str, Any]) -> str:
@@ -388,16 +521,17 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     )
     results: list[dict[str, Any]] = []
     for op in args.ops.split(","):
+        grad = args.grad or op in TRAINED
         for label, fn, fn_args, peers in rows(op, args.smoke):
-            # The peers first, as a user would have met them before trying kerneltune.
-            peers_s = peer_first_calls(peers, fn_args, args.grad)
-            for r in measure(op, label, as_call(fn, fn_args, args.grad), peers_s):
+            peer_calls = functools.partial(peer_first_calls, peers, fn_args, grad)
+            for r in measure(op, label, as_call(fn, fn_args, grad), peer_calls):
                 results.append(r)
                 reg = r["regret"]
                 print(
                     f"{op:10s} {label:24s} {r.get('key') or '-':22s} "
                     f"first {r.get('first_call_s', 0):6.1f} s ({r.get('first_call_how')}; "
-                    f"{_peers_text(r.get('peer_first_call_s', {}))}), "
+                    f"{_peers_text(r.get('peer_first_call_s', {}))}; "
+                    f"{_memory_text(r)}), "
                     f"full {r.get('full_search_s', 0):6.1f} s; regret predicted "
                     f"{_pct(reg.get('predicted'))}, first call {_pct(reg.get('first call'))}, "
                     f"heuristic {_pct(reg.get('heuristic'))}"

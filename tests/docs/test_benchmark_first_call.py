@@ -38,8 +38,12 @@ class Ten(kt.Kernel):
 def test_a_row_reports_each_configs_regret_against_the_full_search(monkeypatch):
     monkeypatch.setenv("KERNELTUNE_FIRST_CALL_CANDIDATES", "2")
     x = jax.random.normal(jax.random.PRNGKey(0), (96, 96))
-    (row,) = first_call_gpu.measure("ten", "96x96", lambda ex: ex(Ten(), x))
+    call = first_call_gpu.as_call(lambda ex, x: ex(Ten(), x), (x,), grad=False)
+    (row,) = first_call_gpu.measure("ten", "96x96", call)
     assert row["key"] == "first_call_gpu_ten@v0" and not row["errors"]
+    # The first call is a user's jitted step: its compiled program's memory holds at
+    # least the argument and the result.
+    assert row["first_call_peak_bytes"] >= 2 * x.nbytes
     # The first call timed the heuristic and 2 others of 10 (no table, no neighbour).
     assert row["first_call_how"] == "budgeted"
     regrets = row["regret"]
@@ -90,10 +94,12 @@ def test_peers_first_calls_are_timed_from_a_fresh_jit_and_a_failure_is_data():
     def broken(x):
         raise ValueError("this peer cannot run it")
 
-    out = first_call_gpu.peer_first_calls({"plain": jax.nn.softmax, "broken": broken}, (x,), False)
+    peers = {"plain": jax.nn.softmax, "broken": broken}
+    out, peaks = first_call_gpu.peer_first_calls(peers, (x,), False)
     assert isinstance(out["plain"], float) and out["plain"] > 0
     assert out["broken"] == "failed: ValueError: this peer cannot run it"
-    grad = first_call_gpu.peer_first_calls({"plain": jnp.matmul}, (x, x.T), True)
+    assert peaks["plain"] >= 2 * x.nbytes and "broken" not in peaks
+    grad, _ = first_call_gpu.peer_first_calls({"plain": jnp.matmul}, (x, x.T), True)
     assert isinstance(grad["plain"], float)
 
 
@@ -106,8 +112,17 @@ def test_the_summary_gives_the_first_call_over_the_fastest_peers():
         "peer_first_call_s": {"plain": 4.0, "tokamax": 2.0, "other": "failed: x"},
     }
     assert first_call_gpu.over_best_peer(row) == pytest.approx(3.0)
-    assert "| 6.0 / 6.0 | 3.00x / 3.00x | 20.0 |" in first_call_gpu.summary([row])
+    assert "| 6.0 / 6.0 | 3.00x / 3.00x | - | 20.0 |" in first_call_gpu.summary([row])
     assert first_call_gpu.over_best_peer({**row, "peer_first_call_s": {}}) is None
+    # Memory: the compiled program's over the smallest peer's (a peer without a figure
+    # is left out).
+    sized = {
+        **row,
+        "first_call_peak_bytes": 300,
+        "peer_peak_bytes": {"plain": 200, "tokamax": None},
+    }
+    assert first_call_gpu.memory_over_peer(sized) == pytest.approx(1.5)
+    assert "| 3.00x / 3.00x | 1.50x / 1.50x | 20.0 |" in first_call_gpu.summary([sized])
 
 
 def test_each_op_offers_the_peers_a_user_has():
@@ -115,3 +130,59 @@ def test_each_op_offers_the_peers_a_user_has():
     assert set(ragged[3]) >= {"plain"} and ragged[3]["plain"] is jax.lax.ragged_dot
     assert set(next(first_call_gpu.rows("attention", smoke=True))[3]) == {"plain"}
     assert next(first_call_gpu.rows("layer_norm", smoke=True))[3] == {}  # no plain JAX op
+
+
+def test_the_model_pieces_are_trained_against_plain_jax():
+    for op in first_call_gpu.TRAINED:
+        label, fn, args, peers = next(first_call_gpu.rows(op, smoke=True))
+        assert "plain" in peers, op
+        # kerneltune's row and plain JAX's compute the same loss (JAX's default dtype
+        # promotion, which jax.nn's attention needs for bf16 on a CPU).
+        with jax.numpy_dtype_promotion("standard"):
+            ours = fn(None, *args)  # the default executor
+            theirs = peers["plain"](*args)
+        ours_sum = jnp.sum(jnp.asarray(ours, jnp.float32))
+        theirs_sum = jnp.sum(jnp.asarray(theirs, jnp.float32))
+        assert jnp.allclose(ours_sum, theirs_sum, rtol=5e-2, atol=5e-2), (op, ours_sum, theirs_sum)
+
+
+def test_a_training_step_differentiates_every_float_array_of_a_pytree():
+    params = {"w": jnp.full((3, 2), 2.0), "b": jnp.ones((2,))}
+    labels = jnp.array([1, 0, 1], jnp.int32)
+
+    def loss(p, labels):
+        return (jnp.ones((3,)) @ p["w"] + p["b"]) * labels.sum().astype(jnp.float32)
+
+    grads = first_call_gpu.step_of(loss, grad=True)(params, labels)
+    # The float leaves in pytree order (b, w); the integer labels are not differentiated.
+    assert len(grads) == 2
+    assert jnp.allclose(grads[0], 2.0) and jnp.allclose(grads[1], 2.0)
+
+
+def test_the_model_pieces_shapes_are_in_no_shipped_table():
+    """The first call is measured at shapes no table holds: a table key would answer it
+    untimed and flatter the prediction."""
+    import json
+    from pathlib import Path
+
+    tables = Path(first_call_gpu.__file__).parent.parent / "kerneltune" / "kernels" / "tables"
+    entries = [e for f in tables.glob("*.json") for e in json.loads(f.read_text())["entries"]]
+    assert entries
+    ragged = {
+        (e["shape"]["sizes"][0], e["shape"]["sizes"][2])
+        for e in entries
+        if e["op_id"].startswith("ragged_dot@")
+    }
+    for s in first_call_gpu.MOE:
+        assert (s.tokens * s.top_k, s.experts) not in ragged, s
+    vocabularies = {
+        e["shape"]["sizes"][4] for e in entries if e["op_id"].startswith("linear_softmax")
+    }
+    assert not {v for _, _, v in first_call_gpu.LOSS_HEAD} & vocabularies
+    glu_sizes = {
+        n
+        for e in entries
+        if e["op_id"].startswith("gated_linear_unit")
+        for n in e["shape"]["sizes"]
+    }
+    assert not {s.hidden for s in first_call_gpu.BLOCK} & glu_sizes
