@@ -50,6 +50,7 @@ import dataclasses
 import functools
 import importlib
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -539,20 +540,20 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
                     + (f"  ERRORS {r['errors']}" if r.get("errors") else ""),
                     flush=True,
                 )
+            _save(args.json, device, with_tokamax, results)
     print(summary(results))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "device": device,
-                    "jax": jax.__version__,
-                    "tokamax": with_tokamax,
-                    "rows": results,
-                },
-                f,
-                indent=1,
-            )
     return results
+
+
+def _save(path: str | None, device: str, with_tokamax: str, results: list[dict[str, Any]]) -> None:
+    """Writes the rows so far (after each row: a run stopped at a device's time limit
+    keeps what it measured), through a temporary file so a stop never leaves half a file."""
+    if not path:
+        return
+    doc = {"device": device, "jax": jax.__version__, "tokamax": with_tokamax, "rows": results}
+    with open(path + ".tmp", "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ have one config each on a CPU)."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -162,9 +164,6 @@ def test_a_training_step_differentiates_every_float_array_of_a_pytree():
 def test_the_model_pieces_shapes_are_in_no_shipped_table():
     """The first call is measured at shapes no table holds: a table key would answer it
     untimed and flatter the prediction."""
-    import json
-    from pathlib import Path
-
     tables = Path(first_call_gpu.__file__).parent.parent / "kerneltune" / "kernels" / "tables"
     entries = [e for f in tables.glob("*.json") for e in json.loads(f.read_text())["entries"]]
     assert entries
@@ -186,3 +185,19 @@ def test_the_model_pieces_shapes_are_in_no_shipped_table():
         for n in e["shape"]["sizes"]
     }
     assert not {s.hidden for s in first_call_gpu.BLOCK} & glu_sizes
+
+
+def test_the_rows_are_saved_after_each_row(tmp_path, monkeypatch):
+    """A run stopped at a device's time limit keeps the rows it measured."""
+    saved = []
+    real_save = first_call_gpu._save
+
+    def save(path, *args):
+        real_save(path, *args)
+        saved.append(len(json.loads(Path(path).read_text())["rows"]))
+
+    monkeypatch.setattr(first_call_gpu, "_save", save)
+    out = tmp_path / "rows.json"
+    rows = first_call_gpu.main(["--smoke", "--ops", "softmax,layer_norm", "--json", str(out)])
+    assert saved == [1, 2] and len(rows) == 2
+    assert not (tmp_path / "rows.json.tmp").exists()
