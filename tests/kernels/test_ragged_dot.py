@@ -591,13 +591,21 @@ def test_the_reference_one_group_at_a_time_is_jax_ragged_dot(
         return ragged_dot_xla(a, b, group_sizes, offset, out_dtype="float32")
 
     w = jax.random.normal(jax.random.key(2), (max(m, 1), n))
+
+    def value_and_grads(f):
+        # The value and the gradients of `sum(f(a, b) * w)` (the cotangent `w`) in one
+        # program: each side compiles once per drawn shape, not once for the value and
+        # again for the gradients (op by op, every primitive would compile alone).
+        def both(a, b):
+            out, pullback = jax.vjp(f, a, b)
+            return out, pullback(w)
+
+        return jax.jit(both)(lhs, rhs)
+
     with jax.default_matmul_precision("highest"):
-        # Each compiled whole: op by op, every primitive compiles alone per shape.
-        np.testing.assert_allclose(
-            jax.jit(ours)(lhs, rhs), jax.jit(jax_s)(lhs, rhs), rtol=1e-5, atol=1e-5
-        )
-        got = jax.jit(jax.grad(lambda a, b: (ours(a, b) * w).sum(), (0, 1)))(lhs, rhs)
-        want = jax.jit(jax.grad(lambda a, b: (jax_s(a, b) * w).sum(), (0, 1)))(lhs, rhs)
+        got_out, got = value_and_grads(ours)
+        want_out, want = value_and_grads(jax_s)
+    np.testing.assert_allclose(got_out, want_out, rtol=1e-5, atol=1e-5)
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
