@@ -272,6 +272,9 @@ def test_the_script_as_two_processes_gives_the_one_process_losses():
 
     procs = [launch(i) for i in range(2)]
     try:
+        # The one-process run while the two processes start (they spend seconds
+        # importing JAX and joining): the same run, overlapped rather than after them.
+        one = train.main(common)
         outs = [p.communicate(timeout=240) for p in procs]
     finally:
         for p in procs:
@@ -282,7 +285,6 @@ def test_the_script_as_two_processes_gives_the_one_process_losses():
         assert p.returncode == 0, err[-3000:]
     lines = [line for line in outs[0][0].splitlines() if "losses:" in line]
     assert "2 process(es), mesh {'data': 1, 'expert': 4}" in outs[0][0]
-    one = train.main(common)
     for line in lines:
         name = line.split()[0]
         got = [float(v) for v in line.split("losses:")[1].split("step")[0].split()]
