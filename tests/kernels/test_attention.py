@@ -383,14 +383,27 @@ def test_the_chunked_reference_matches_the_whole_one_in_values_and_gradients(cau
     def chunked(q, k, v):
         return attention_forward_chunked(q, k, v, causal=causal, sm_scale=scale, score_bytes=9216)
 
+    def odd(q, k, v):
+        return attention_forward_chunked(
+            q, k, v, causal=causal, sm_scale=scale, score_bytes=768 * 7
+        )
+
+    def value_and_grads(f):
+        # The value and the gradients in one compiled program (op by op, every
+        # primitive compiles alone).
+        def both(q, k, v, do):
+            out, pullback = jax.vjp(f, q, k, v)
+            return out, pullback(do)
+
+        return jax.jit(both)(q, k, v, do)
+
     assert "scan[" in jax.make_jaxpr(chunked)(q, k, v).pretty_print()  # it is chunked
-    np.testing.assert_allclose(chunked(q, k, v), whole(q, k, v), rtol=1e-5, atol=1e-5)
-    grads = [jax.vjp(f, q, k, v)[1](do) for f in (chunked, whole)]
-    for a, b in zip(*grads, strict=True):
+    (got, got_grads), (want, want_grads) = (value_and_grads(f) for f in (chunked, whole))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    for a, b in zip(got_grads, want_grads, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
     # Rows that do not divide the sequence: the largest divisor that fits is used.
-    odd = attention_forward_chunked(q, k, v, causal=causal, sm_scale=scale, score_bytes=768 * 7)
-    np.testing.assert_allclose(odd, whole(q, k, v), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(jax.jit(odd)(q, k, v), want, rtol=1e-5, atol=1e-5)
 
 
 def test_a_forward_longer_than_any_measured_times_the_libraries_and_default_blocks(monkeypatch):
