@@ -503,12 +503,16 @@ def test_attention_through_the_pallas_interpreter_matches_jax_nn(
         f32 = [a.astype(jnp.float32) for a in (q, k, v)]
         return jax.nn.dot_product_attention(*f32, scale=scale, is_causal=causal)
 
+    def value_and_grads(fn):
+        # The value and the gradients in one compiled program, not one each.
+        return jax.jit(lambda q, k, v: (fn(q, k, v), jax.grad(loss(fn), (0, 1, 2))(q, k, v)))
+
     with options.scoped(platform="triton"):
-        got = jax.jit(ours)(q, k, v)
-        grads = jax.jit(jax.grad(loss(ours), (0, 1, 2)))(q, k, v)
+        got, grads = value_and_grads(ours)(q, k, v)
     # The reference compiled whole (op by op, each primitive compiles alone per shape).
-    close(got, jax.jit(ref)(q, k, v), tol=TOL[dtype])
-    for g, r in zip(grads, jax.jit(jax.grad(loss(ref), (0, 1, 2)))(q, k, v), strict=True):
+    want, want_grads = value_and_grads(ref)(q, k, v)
+    close(got, want, tol=TOL[dtype])
+    for g, r in zip(grads, want_grads, strict=True):
         close(g, r, tol=TOL[dtype])
 
 
