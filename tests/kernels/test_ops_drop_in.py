@@ -555,8 +555,13 @@ def test_norms_and_softmax_through_the_pallas_interpreter_match_jax(shape, op, s
 def test_matmul_through_the_pallas_interpreter_matches_jnp(shapes, seed):
     a, b = rand(shapes[0], seed=seed), rand(shapes[1], seed=seed + 1)
     with options.scoped(platform="triton"):
-        got = jax.jit(lambda a, b: matmul(a, b, executor=EX))(a, b)
-        grads = jax.jit(jax.grad(lambda a, b: matmul(a, b, executor=EX).sum(), (0, 1)))(a, b)
+        # The value and the gradients in one compiled program, not one each.
+        got, grads = jax.jit(
+            lambda a, b: (
+                matmul(a, b, executor=EX),
+                jax.grad(lambda a, b: matmul(a, b, executor=EX).sum(), (0, 1))(a, b),
+            )
+        )(a, b)
     close(got, a @ b, tol=TOL[jnp.float32])
     want = jax.jit(jax.grad(lambda a, b: (a @ b).sum(), (0, 1)))(a, b)  # compiled whole
     for g, r in zip(grads, want, strict=True):
