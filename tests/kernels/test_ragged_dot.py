@@ -4,6 +4,8 @@ gradients through the two backward kernels, transformations, errors and tuning."
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -48,13 +50,18 @@ def operands(seed, m, k, n, g, dtype=F32):
 
 def reference_value_and_grads(lhs, rhs, sizes, dout, preferred=None):
     """`jax.lax.ragged_dot`'s value and gradients (of `sum(out * dout)`)."""
+    return _reference_value_and_grads(lhs, rhs, sizes, dout, preferred=preferred)
 
+
+# Compiled whole: op by op, each primitive compiled alone for every shape. The group
+# sizes and `dout` are arguments, so calls at the same shapes share one compile.
+@functools.partial(jax.jit, static_argnames=("preferred",))
+def _reference_value_and_grads(lhs, rhs, sizes, dout, *, preferred):
     def loss(a, b):
         out = jax.lax.ragged_dot(a, b, sizes, preferred_element_type=preferred)
         return jnp.sum(out.astype(F32) * dout), out
 
-    # Compiled whole: op by op, each primitive compiled alone for every shape.
-    (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(lhs, rhs)
+    (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(lhs, rhs)
     return out, grads
 
 
