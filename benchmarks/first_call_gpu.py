@@ -25,6 +25,7 @@ experts; a test checks that they stay apart).
     python -m benchmarks.first_call_gpu --ops ragged_dot,matmul --json first_call.json
     python -m benchmarks.first_call_gpu --ops ragged_dot,attention --grad  # backward keys too
     python -m benchmarks.first_call_gpu --ops moe,loss_head,block   # model pieces, trained
+    python -m benchmarks.first_call_gpu --ops ragged_dot --grad --shapes 3,4,5  # some shapes
     python -m benchmarks.first_call_gpu --smoke                  # tiny shapes, any device
 
 Run from the repository root. The rows run one after another in one process, each
@@ -508,7 +509,13 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument(
         "--grad", action="store_true", help="forward + backward: the backward kernels' keys too"
     )
+    p.add_argument(
+        "--shapes",
+        default=None,
+        help="comma-separated indices of each op's shapes to run (0-based; default: all)",
+    )
     args = p.parse_args(argv)
+    picked = None if args.shapes is None else {int(i) for i in args.shapes.split(",")}
     if not h.on_gpu() and not args.smoke:
         print("first_call_gpu: no GPU found (use --smoke to check the script on a CPU).")
         return []
@@ -523,7 +530,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     for op in args.ops.split(","):
         grad = args.grad or op in TRAINED
-        for label, fn, fn_args, peers in rows(op, args.smoke):
+        for i, (label, fn, fn_args, peers) in enumerate(rows(op, args.smoke)):
+            if picked is not None and i not in picked:
+                continue
             peer_calls = functools.partial(peer_first_calls, peers, fn_args, grad)
             for r in measure(op, label, as_call(fn, fn_args, grad), peer_calls):
                 results.append(r)

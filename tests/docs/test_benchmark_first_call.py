@@ -201,3 +201,10 @@ def test_the_rows_are_saved_after_each_row(tmp_path, monkeypatch):
     rows = first_call_gpu.main(["--smoke", "--ops", "softmax,layer_norm", "--json", str(out)])
     assert saved == [1, 2] and len(rows) == 2
     assert not (tmp_path / "rows.json.tmp").exists()
+
+
+def test_shapes_picks_rows_by_index():
+    """`--shapes` resumes a run that a device's time limit stopped part way."""
+    assert first_call_gpu.main(["--smoke", "--ops", "softmax", "--shapes", "1"]) == []
+    (row,) = first_call_gpu.main(["--smoke", "--ops", "softmax", "--shapes", "0"])
+    assert row["shape"] == "64x96"
