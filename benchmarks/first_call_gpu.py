@@ -66,6 +66,7 @@ from benchmarks import loss_head_gpu
 from benchmarks import model_blocks as mb
 from examples.moe import model as moe_model
 from kerneltune._src.caching.shipped import package_tables
+from kerneltune._src.cli.demo_measure import program_peak
 from kerneltune._src.selection.prediction import config_id
 from kerneltune.kernels.ragged_dot import shapes as ragged_shapes
 from kerneltune.kernels.ragged_dot import tokamax_backend as ragged_tokamax
@@ -152,8 +153,9 @@ def rows(op: str, smoke: bool) -> Iterator[tuple[str, Callable[..., Any], tuple[
             yield label, attend, qkv, {"plain": plain_attention}
     elif op == "ragged_dot":
         peers: Peers = {"plain": jax.lax.ragged_dot}
-        if ragged_tokamax.installed():
-            peers["tokamax"] = importlib.import_module("tokamax").ragged_dot
+        tk = _tokamax()
+        if tk is not None:
+            peers["tokamax"] = tk.ragged_dot
         for m, k, n, g in SMOKE["ragged_dot"] if smoke else RAGGED:
 
             def grouped(ex: kt.Executor, lhs: Any, rhs: Any, sizes: Any) -> Any:
@@ -248,14 +250,7 @@ def first_call(step: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, in
     and run once. Returns the result and the compiled program's memory (arguments,
     outputs, temporaries; None where the platform does not say)."""
     compiled = jax.jit(step).lower(*args).compile()
-    out = jax.block_until_ready(compiled(*args))
-    try:
-        m = compiled.memory_analysis()
-    except Exception:  # a platform that does not analyse memory
-        m = None
-    if m is None:
-        return out, None
-    return out, int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes)
+    return jax.block_until_ready(compiled(*args)), program_peak(compiled)
 
 
 def as_call(fn: Callable[..., Any], args: tuple[Any, ...], grad: bool) -> Call:

@@ -48,15 +48,12 @@ def operands(seed, m, k, n, g, dtype=F32):
     return lhs, rhs, dout
 
 
-def reference_value_and_grads(lhs, rhs, sizes, dout, preferred=None):
-    """`jax.lax.ragged_dot`'s value and gradients (of `sum(out * dout)`)."""
-    return _reference_value_and_grads(lhs, rhs, sizes, dout, preferred=preferred)
-
-
 # Compiled whole: op by op, each primitive compiled alone for every shape. The group
 # sizes and `dout` are arguments, so calls at the same shapes share one compile.
 @functools.partial(jax.jit, static_argnames=("preferred",))
-def _reference_value_and_grads(lhs, rhs, sizes, dout, *, preferred):
+def reference_value_and_grads(lhs, rhs, sizes, dout, preferred=None):
+    """`jax.lax.ragged_dot`'s value and gradients (of `sum(out * dout)`)."""
+
     def loss(a, b):
         out = jax.lax.ragged_dot(a, b, sizes, preferred_element_type=preferred)
         return jnp.sum(out.astype(F32) * dout), out

@@ -170,12 +170,12 @@ def combine(
     if winner is not None:
         # As one process decides (`winner.fastest`): within the noise band of the
         # lowest, the earliest candidate wins, and the chain lists the heuristic first.
-        lowest = combined[winner]
+        lowest, coverage_rank = combined[winner], rank(winner)[0]
         assert lowest is not None
         winner = next(
             i
             for i in eligible
-            if rank(i)[0] == rank(winner)[0] and ties(combined[i], lowest)  # type: ignore[arg-type]
+            if rank(i)[0] == coverage_rank and ties(combined[i], lowest)  # type: ignore[arg-type]
         )
     local = {pid: _local_winner(p) for pid, p in sorted(payloads.items())}
     return Agreement(

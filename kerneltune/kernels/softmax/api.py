@@ -106,8 +106,9 @@ def softmax(
             ) from None
     if axis is None:
         axis = tuple(range(x.ndim))
-    one_axis = jnp.issubdtype(x.dtype, jnp.floating) and x.ndim > 0 and axis != ()
-    axes = normalize_axes(op, axis, x.ndim) if one_axis else ()
+    # The kernel takes floating x over one axis; anything else is jax.nn.softmax's.
+    takes_axes = jnp.issubdtype(x.dtype, jnp.floating) and x.ndim > 0 and axis != ()
+    axes = normalize_axes(op, axis, x.ndim) if takes_axes else ()
     if len(axes) != 1 or where is not None:
         return jax.nn.softmax(x, axis=axis, where=where)
     ex = executor if executor is not None else default_executor()
