@@ -374,6 +374,9 @@ def measure(
                 "shape": label,
                 "first_call_s": first.wall_s,
                 "first_call_how": first.how.get(key),
+                # The prediction's call, after the first call and the peers' (so XLA's
+                # and the kernels' in-process caches may flatter it).
+                "predicted_call_s": predicted.wall_s,
                 "first_call_peak_bytes": first.peak_bytes,
                 # The whole call's first call: the key's share is not apart from the rest.
                 "peer_first_call_s": dict(peers_first_s),
@@ -537,6 +540,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
                     f"first {r.get('first_call_s', 0):6.1f} s ({r.get('first_call_how')}; "
                     f"{_peers_text(r.get('peer_first_call_s', {}))}; "
                     f"{_memory_text(r)}), "
+                    f"predicted untimed {r.get('predicted_call_s', 0):.1f} s, "
                     f"full {r.get('full_search_s', 0):6.1f} s; regret predicted "
                     f"{_pct(reg.get('predicted'))}, first call {_pct(reg.get('first call'))}, "
                     f"heuristic {_pct(reg.get('heuristic'))}"

@@ -99,11 +99,16 @@ def _free_port() -> int:
 
 def _block(smoke: bool) -> tuple[Any, tuple[Any, ...]]:
     """The GPT block's training step on kerneltune's ops, and its arguments."""
+    import jax
+
     from benchmarks import model_blocks as mb
     from benchmarks import model_gpu
 
     s = model_gpu.GPT_SMOKE if smoke else model_gpu.GPT
-    return mb.train_step("gpt", mb.kerneltune_ops(), s), mb.block_inputs("gpt", s)
+    # One program draws every input: drawn op by op, each new shape compiles its own
+    # small programs (3 s of every run's start-up on a CPU).
+    inputs = jax.jit(lambda: mb.block_inputs("gpt", s))()
+    return mb.train_step("gpt", mb.kerneltune_ops(), s), inputs
 
 
 def _configs(result: Any) -> dict[str, Any]:
@@ -128,9 +133,11 @@ def _per_key(result: Any) -> dict[str, str]:
 def worker(args: argparse.Namespace) -> None:
     """One process of a run: tunes the block with `kt.autotune` and writes what it
     tuned itself and the configs it ended with to `args.out`."""
+    launched = args.launched or time.time()
+    marks = {"python": time.time() - launched}
     import jax
 
-    launched = args.launched or time.time()
+    marks["jax imported"] = time.time() - launched
     if args.processes > 1:
         jax.distributed.initialize(
             coordinator_address=f"127.0.0.1:{args.port}",
@@ -138,8 +145,11 @@ def worker(args: argparse.Namespace) -> None:
             process_id=args.worker,
             initialization_timeout=120,
         )
+    jax.devices()
+    marks["devices up"] = time.time() - launched
     import kerneltune as kt
 
+    marks["kerneltune imported"] = time.time() - launched
     mine: list[str] = []
     shared: list[str] = []
     started: dict[str, float] = {}
@@ -158,7 +168,9 @@ def worker(args: argparse.Namespace) -> None:
     kt.default_executor().chooser.on_event = on_event
     step, block_args = _block(args.smoke)
     startup = time.time() - launched
+    marks["step built"] = startup
     result = kt.autotune(step, *block_args)
+    marks["tuned"] = time.time() - launched
     doc = {
         "tuned": sorted(set(mine)),
         "shared": sorted(set(shared)),
@@ -166,7 +178,10 @@ def worker(args: argparse.Namespace) -> None:
         "per_key": _per_key(result),
     }
     with open(args.out, "w") as f:
-        json.dump({**doc, "startup_s": startup, "tuning_s": tuning[0]}, f)
+        json.dump({**doc, "startup_s": startup, "tuning_s": tuning[0], "marks": marks}, f)
+    # The parent reads how long the process took to exit after this (JAX's shutdown).
+    with open(args.out + ".done", "w") as f:
+        f.write(repr(time.time()))
 
 
 def _processes(n: int, smoke: bool, workdir: str) -> Run:
@@ -195,6 +210,7 @@ def _processes(n: int, smoke: bool, workdir: str) -> Run:
             return run
         logs.append(out)
     run.wall_s = time.perf_counter() - start
+    ended = time.time()
     failed = [i for i, p in enumerate(procs) if p.returncode != 0]
     if failed:
         run.error = f"process {failed[0]} exited with {procs[failed[0]].returncode}"
@@ -205,6 +221,12 @@ def _processes(n: int, smoke: bool, workdir: str) -> Run:
         with open(path) as f:
             docs.append(json.load(f))
     run.keys = len(docs[0]["configs"])
+    for i, (d, path) in enumerate(zip(docs, outs)):
+        with open(path + ".done") as f:
+            exit_s = ended - float(f.read())
+        # Seconds from launch at which each phase ended: where the start-up goes.
+        phases = ", ".join(f"{k} {v:.1f}" for k, v in d.get("marks", {}).items())
+        print(f"    process {i}: {phases}, exited {exit_s:.1f} s after", file=sys.stderr)
     for i, d in enumerate(docs):
         for key in d["shared"] + d["tuned"]:
             together = " (together)" if key in d["shared"] else ""
