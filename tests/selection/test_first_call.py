@@ -52,7 +52,9 @@ class Reps(kt.Kernel):
 
 
 def budgeted_executor(events=None, persistent=None, **budget):
-    budget = {"candidates": 2, "key_s": 600.0, "process_s": 600.0, **budget}
+    # The timed path: trusting the prediction (the default) would skip it at any key
+    # with a tuned neighbour.
+    budget = {"candidates": 2, "key_s": 600.0, "process_s": 600.0, "trust_prediction": False, **budget}
     on_event = None if events is None else (lambda e, **d: events.append((e, d)))
     chain = kt.ConfigSelectorChain(
         kt.ConfigCache(),
@@ -114,6 +116,26 @@ def test_a_budget_that_cuts_the_first_choice_keeps_it_rather_than_a_faster_build
     assert not first_call.first_choice_untimed(plan, _report(2, [(1, "ok"), (2, "ok")]))
     assert not first_call.first_choice_untimed(plan, _report(2, [(1, "failed"), (2, "ok")]))
     assert not first_call.first_choice_untimed(plan, _report(1, [(1, "ok"), (2, "pruned")]))
+
+
+def test_a_prediction_from_tuned_calls_nearby_is_used_untimed_by_default():
+    events = []
+    kernel = Reps()
+    ex = budgeted_executor(events, trust_prediction=True)
+    # No tuned call nearby: the first key times its shortlist, as before...
+    first = kt.explain(kernel, jnp.ones((8, 8)), executor=ex)
+    assert first.tier == "autotune" and first.cfg == RepCfg(reps=6) and first.budgeted
+    # ...and a key next to it takes that winner untimed: no candidate built or timed.
+    kernel.traced.clear()
+    events.clear()
+    second = kt.explain(kernel, jnp.ones((8, 16)), executor=ex)
+    assert second.tier == "predicted" and second.cfg == RepCfg(reps=6)
+    assert not kernel.traced
+    assert not [e for e, _ in events if e.startswith("autotune")]
+    assert "rests on timings of tuned calls nearby" in second.budget
+    assert "KERNELTUNE_FIRST_CALL_TRUST_PREDICTION" in second.budget
+    # Untimed configs are never cached: a full tuning still tunes the key.
+    assert ex.chooser.cache.get(second.device, second.op_id_v, second.call_key) is None
 
 
 def test_once_the_process_budget_is_spent_new_keys_use_their_prediction_untimed():
@@ -323,8 +345,9 @@ def test_a_space_the_shortlist_covers_is_not_budgeted():
 def test_the_default_policy_takes_its_budget_from_the_options(monkeypatch):
     for name in ("CANDIDATES", "KEY_S", "PROCESS_S"):
         monkeypatch.delenv(f"KERNELTUNE_FIRST_CALL_{name}", raising=False)
+    monkeypatch.delenv("KERNELTUNE_FIRST_CALL_TRUST_PREDICTION", raising=False)
     assert kt.AutotunePolicy.from_env().budget == kt.FirstCallBudget(
-        candidates=3, key_s=5.0, process_s=20.0
+        candidates=3, key_s=5.0, process_s=20.0, trust_prediction=True
     )
     assert kt.AutotunePolicy().budget is None  # a chain built by hand searches in full
     monkeypatch.setenv("KERNELTUNE_FIRST_CALL_CANDIDATES", "1")
@@ -334,11 +357,17 @@ def test_the_default_policy_takes_its_budget_from_the_options(monkeypatch):
     assert budget == kt.FirstCallBudget(candidates=1, key_s=2.5, process_s=float("inf"))
     monkeypatch.setenv("KERNELTUNE_FIRST_CALL_CANDIDATES", "all")
     assert kt.AutotunePolicy.from_env().budget is None
+    monkeypatch.setenv("KERNELTUNE_FIRST_CALL_TRUST_PREDICTION", "0")
+    assert kt.AutotunePolicy.from_env().budget is None  # CANDIDATES=all still rules
+    monkeypatch.setenv("KERNELTUNE_FIRST_CALL_CANDIDATES", "3")
+    assert kt.AutotunePolicy.from_env().budget.trust_prediction is False
     monkeypatch.setenv("KERNELTUNE_FIRST_CALL_CANDIDATES", "-1")
     with pytest.raises(ValueError, match=r"KERNELTUNE_FIRST_CALL_CANDIDATES='-1'.*or all"):
         kt.AutotunePolicy.from_env()
     with pytest.raises(ValueError, match="key_s must be a positive number"):
         kt.FirstCallBudget(key_s=0)
+    with pytest.raises(TypeError, match="trust_prediction must be a bool, got 'yes'"):
+        kt.FirstCallBudget(trust_prediction="yes")
     with pytest.raises(TypeError, match="budget must be a FirstCallBudget"):
         kt.AutotunePolicy(budget=3)
 
@@ -353,14 +382,15 @@ def test_a_policy_override_can_lift_the_budget():
 # -- every process of a job follows one plan ---------------------------------------------
 
 
-def plan_of(sizes_fast, spent_s=0.0, process_s=100.0):
-    """A plan for one key whose nearest tuned call found `sizes_fast` fastest."""
+def plan_of(sizes_fast, spent_s=0.0, process_s=100.0, trust=False):
+    """A plan for one key whose nearest tuned call found `sizes_fast` fastest (None:
+    no tuned call nearby)."""
     space = [RepCfg(reps=r) for r in range(1, 9)]
     calls = [
         TimedCall(CallShape("f", (8, 8)), {"reps": sizes_fast}, (({"reps": sizes_fast}, 1e-3),))
-    ]
+    ] if sizes_fast is not None else []
     predicted = prediction.predict((8, 16), space, RepCfg(reps=6), calls)
-    budget = kt.FirstCallBudget(candidates=2, process_s=process_s)
+    budget = kt.FirstCallBudget(candidates=2, process_s=process_s, trust_prediction=trust)
     return first_call.plan(predicted, space, budget, spent_s)
 
 
@@ -396,6 +426,26 @@ def test_no_process_times_when_one_has_spent_its_budget(monkeypatch):
     assert all(p.shortlist == () for p in plans)
     assert all("spent its first-call tuning budget" in p.why_untimed for p in plans)
     assert plans[0].untimed[0] == plans[1].untimed[0] == RepCfg(reps=2)
+
+
+def test_a_process_that_trusts_its_prediction_makes_every_process_use_process_zeros(
+    monkeypatch,
+):
+    # Process 1 has a tuned call nearby, process 0 none: nobody times, and both use
+    # process 0's untimed order (its heuristic first), so their programs agree.
+    local = threading.local()
+    monkeypatch.setattr(distributed, "current_peers", lambda: local.peers)
+    key = ("cpu|cpu", "op@v0", "k4")
+
+    def body(peers):
+        local.peers = peers
+        near = None if peers.process_id == 0 else 2
+        return first_call.agreed(key, plan_of(sizes_fast=near, trust=True), what="op")
+
+    plans = run_as_processes(2, body, FakeKV())
+    assert all(p.shortlist == () for p in plans)
+    assert all("rests on timings of tuned calls nearby" in p.why_untimed for p in plans)
+    assert plans[0].untimed[0] == plans[1].untimed[0] == RepCfg(reps=6)
 
 
 def test_one_process_keeps_its_own_plan():

@@ -228,10 +228,13 @@ def _budget_text() -> str:
     budget = AutotunePolicy.from_env().budget
     if budget is None:
         return "else a full search on the first call (KERNELTUNE_FIRST_CALL_CANDIDATES=all)"
-    return (
-        f"else a first call timing the heuristic and {budget.candidates} predicted "
-        f"configs, {budget.key_s:g} s a key and {budget.process_s:g} s in all"
+    timed = (
+        f"a first call timing the heuristic and {budget.candidates} predicted configs, "
+        f"{budget.key_s:g} s a key and {budget.process_s:g} s in all"
     )
+    if budget.trust_prediction:
+        return f"else the config predicted from tuned calls nearby, untimed, else {timed}"
+    return f"else {timed}"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -219,6 +219,13 @@ FIRST_CALL_PROCESS_S = _seconds_option(
     "new keys use their predicted config untimed.",
 )
 
+FIRST_CALL_TRUST_PREDICTION = _flag_option(
+    "first_call_trust_prediction",
+    True,
+    "A new key whose prediction drew on timings of tuned calls nearby uses it untimed "
+    "(one compile); off: the first call times the shortlist at every new key.",
+)
+
 _OPTIONS: dict[str, Option[Any]] = {
     o.name: o
     for o in (
@@ -233,6 +240,7 @@ _OPTIONS: dict[str, Option[Any]] = {
         FIRST_CALL_CANDIDATES,
         FIRST_CALL_KEY_S,
         FIRST_CALL_PROCESS_S,
+        FIRST_CALL_TRUST_PREDICTION,
     )
 }
 

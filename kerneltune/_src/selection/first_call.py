@@ -1,11 +1,12 @@
 """The first call of a key under a `FirstCallBudget`: what it times, and what it uses
 when it times nothing.
 
-A key no cache holds is predicted (`prediction.py`) from the tuned calls near it. The
-first call then times the heuristic and the `candidates` configs predicted fastest,
-within `key_s` seconds, while the selector chain has spent less than `process_s`
-seconds that way (`Ledger`); otherwise it uses the predicted config untimed. Processes
-of one job settle the plan together (`agreed`): each must time the same candidates, or
+A key no cache holds is predicted (`prediction.py`) from the tuned calls near it. Where
+timings of those calls inform the prediction, the first call uses the predicted config
+untimed (`trust_prediction`). Otherwise it times the heuristic and the `candidates`
+configs predicted fastest, within `key_s` seconds, while the selector chain has spent
+less than `process_s` seconds that way (`Ledger`); after that, the prediction untimed.
+Processes of one job settle the plan together (`agreed`): each must time the same candidates, or
 none, and use the same config, although their caches and their time spent may differ.
 """
 
@@ -110,6 +111,12 @@ def plan(
     untimed = tuple(predicted.usable())
     if budget.candidates == 0:
         why = "the first-call budget times no candidate (KERNELTUNE_FIRST_CALL_CANDIDATES=0)"
+        return Plan(predicted, space, (), untimed, why)
+    if budget.trust_prediction and predicted.informed:
+        why = (
+            "the prediction rests on timings of tuned calls nearby "
+            "(KERNELTUNE_FIRST_CALL_TRUST_PREDICTION=1)"
+        )
         return Plan(predicted, space, (), untimed, why)
     if spent_s >= budget.process_s:
         why = (

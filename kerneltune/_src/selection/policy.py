@@ -31,9 +31,18 @@ class FirstCallBudget:
     caches: a full tuning (`kt.autotune`, `autotune_lowered`, `kerneltune tune`)
     completes its search.
 
+    A key whose prediction drew on timings of tuned calls nearby takes the predicted
+    config untimed (`trust_prediction`): its first call costs one compile, as a peer's
+    does. At held-out shapes on an H200 that config was 0-5% behind a full search
+    where the short timing took 14-16 s for a grouped matmul's training call
+    (BENCHMARKS.md, 2026-11-28). Only keys with nothing tuned nearby (a family no table
+    holds: users' own kernels, new dtypes) time the shortlist.
+
     Attributes:
       candidates: predicted-fastest configs timed beside the heuristic (0: none, the
         prediction is used untimed).
+      trust_prediction: a prediction drawn from timings of tuned calls nearby is used
+        untimed; False: the shortlist is timed at every new key.
       key_s: seconds one key's tuning may take: candidates still building then are
         abandoned (the first in line, the prediction's choice, is waited for as long
         again) and timing stops (making the inputs and the reference output come on
@@ -45,12 +54,17 @@ class FirstCallBudget:
     candidates: int = 3
     key_s: float = 5.0
     process_s: float = 20.0
+    trust_prediction: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.candidates, bool) or not isinstance(self.candidates, int):
             raise TypeError(f"FirstCallBudget.candidates must be an int, got {self.candidates!r}.")
         if self.candidates < 0:
             raise ValueError(f"FirstCallBudget.candidates must be >= 0, got {self.candidates!r}.")
+        if not isinstance(self.trust_prediction, bool):
+            raise TypeError(
+                f"FirstCallBudget.trust_prediction must be a bool, got {self.trust_prediction!r}."
+            )
         for name in ("key_s", "process_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
@@ -69,6 +83,7 @@ class FirstCallBudget:
             candidates=candidates,
             key_s=options.FIRST_CALL_KEY_S.value,
             process_s=options.FIRST_CALL_PROCESS_S.value,
+            trust_prediction=options.FIRST_CALL_TRUST_PREDICTION.value,
         )
 
 

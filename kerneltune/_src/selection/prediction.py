@@ -85,6 +85,12 @@ class Prediction:
         it, else the heuristic (which is what the kernel would have used)."""
         return self.usable()[0]
 
+    @property
+    def informed(self) -> bool:
+        """Some tuned call nearby timed some of the candidates: the ranking rests on
+        measurements, not on the heuristic alone."""
+        return any(s is not None for s in self.slowdowns)
+
     def usable(self) -> list[Any]:
         """The configs worth using untimed, in order: those some tuned call measured,
         predicted fastest first, up to the heuristic; then the heuristic."""
