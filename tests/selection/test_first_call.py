@@ -54,7 +54,13 @@ class Reps(kt.Kernel):
 def budgeted_executor(events=None, persistent=None, **budget):
     # The timed path: trusting the prediction (the default) would skip it at any key
     # with a tuned neighbour.
-    budget = {"candidates": 2, "key_s": 600.0, "process_s": 600.0, "trust_prediction": False, **budget}
+    budget = {
+        "candidates": 2,
+        "key_s": 600.0,
+        "process_s": 600.0,
+        "trust_prediction": False,
+        **budget,
+    }
     on_event = None if events is None else (lambda e, **d: events.append((e, d)))
     chain = kt.ConfigSelectorChain(
         kt.ConfigCache(),
@@ -386,9 +392,11 @@ def plan_of(sizes_fast, spent_s=0.0, process_s=100.0, trust=False):
     """A plan for one key whose nearest tuned call found `sizes_fast` fastest (None:
     no tuned call nearby)."""
     space = [RepCfg(reps=r) for r in range(1, 9)]
-    calls = [
-        TimedCall(CallShape("f", (8, 8)), {"reps": sizes_fast}, (({"reps": sizes_fast}, 1e-3),))
-    ] if sizes_fast is not None else []
+    calls = (
+        [TimedCall(CallShape("f", (8, 8)), {"reps": sizes_fast}, (({"reps": sizes_fast}, 1e-3),))]
+        if sizes_fast is not None
+        else []
+    )
     predicted = prediction.predict((8, 16), space, RepCfg(reps=6), calls)
     budget = kt.FirstCallBudget(candidates=2, process_s=process_s, trust_prediction=trust)
     return first_call.plan(predicted, space, budget, spent_s)
