@@ -9,11 +9,17 @@ Because the held-out key's table entry times every candidate, each figure is a r
 regret (the recorded time of the config chosen over the best recorded time, minus 1),
 not an estimate:
 
-- "predicted": the predicted config, used untimed (a first call once the process's
-  budget is spent, or `KERNELTUNE_FIRST_CALL_CANDIDATES=0`);
-- "first call": the fastest (by the recorded times) of the heuristic and the 3
-  candidates predicted fastest, which the first call under the default budget times;
+- "predicted": the predicted config, used untimed;
+- "first call": what the default policy's first call uses: the predicted config where
+  timings of the neighbours informed it (`FirstCallBudget.trust_prediction`), else the
+  fastest of the timed shortlist;
+- "shortlist": the fastest (by the recorded times) of the heuristic and the 3
+  candidates predicted fastest, which a first call times where it does not trust the
+  prediction (`KERNELTUNE_FIRST_CALL_TRUST_PREDICTION=0`);
 - "heuristic": the kernel's heuristic config (no tuning, no prediction).
+
+"slower than untuned" counts the keys where the first call's config is more than 2%
+slower than the heuristic's (a step slower than no tuning at all).
 
 A key whose family has no other key in the table ("alone") is predicted with no
 neighbour, which gives the heuristic, and its first call times the configs nearest the
@@ -43,7 +49,7 @@ from kerneltune._src.caching.shipped import PACKAGE_TABLES
 from kerneltune._src.caching.tuned_neighbours import TimedCall, outcomes_of
 from kerneltune._src.selection import prediction
 
-METHODS = ("predicted", "first call", "heuristic")
+METHODS = ("predicted", "first call", "shortlist", "heuristic")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +102,7 @@ def held_out(
         return None if t is None else t / best - 1
 
     timed = [r for r in map(regret, pred.shortlist(shortlist)) if r is not None]
+    short = min(timed) if timed else None
     return Outcome(
         table=table,
         op=entry.op_id_v,
@@ -103,7 +110,8 @@ def held_out(
         neighbours=len(pred.neighbours),
         regret={
             "predicted": regret(pred.best),
-            "first call": min(timed) if timed else None,
+            "first call": regret(pred.best) if pred.informed else short,
+            "shortlist": short,
             "heuristic": None if heuristic is None else regret(heuristic),
         },
         exact=prediction.config_id(pred.best) == prediction.config_id(entry.cfg),
@@ -140,6 +148,7 @@ def summary(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
             "keys": len(group),
             "alone": sum(not o.neighbours for o in group),
             "exact": sum(o.exact for o in group) / len(group),
+            "slower": sum(_slower_than_untuned(o) for o in group),
         }
         for m in METHODS:
             known = [o.regret[m] for o in group if o.regret[m] is not None]
@@ -153,6 +162,13 @@ def summary(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
     return rows
 
 
+def _slower_than_untuned(o: Outcome) -> bool:
+    first, untuned = o.regret["first call"], o.regret["heuristic"]
+    if untuned is None:
+        return False
+    return first is None or (1 + first) > (1 + untuned) * 1.02
+
+
 def _pct(x: float | None) -> str:
     if x == float("inf"):
         return "failed"
@@ -162,7 +178,8 @@ def _pct(x: float | None) -> str:
 def markdown(rows: Sequence[dict[str, Any]]) -> str:
     head = (
         "| table | op | keys (alone) | exact | predicted: median / worst | first call: "
-        "median / worst | heuristic: median / worst |\n| --- | --- | --- | --- | --- | --- | --- |"
+        "median / worst | shortlist: median / worst | heuristic: median / worst | "
+        "slower than untuned |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     )
     lines = [head]
     for r in rows:
@@ -172,7 +189,7 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
         lines.append(
             f"| {r['table']} | {r['op']} | {r['keys']} ({r['alone']}) | {_pct(r['exact'])} | "
             + " | ".join(cells)
-            + f" |{note}"
+            + f" | {r['slower']} |{note}"
         )
     return "\n".join(lines)
 
