@@ -7,8 +7,8 @@ out (`KERNELTUNE_SHIPPED=0`), so that every key is tuned:
 
 - `1 process`: `kt.autotune(step, params, x)` in one process on one GPU;
 - `--workers N`: the calls the step records (`kt.record_calls`, a manifest), tuned by
-  `kerneltune tune MANIFEST --workers N`: N worker processes, one GPU each, the keys
-  dealt by estimated cost;
+  `kerneltune tune MANIFEST --workers N`: N worker processes, one GPU each, joined as
+  one JAX job (each family's costliest key tuned together, the others dealt);
 - `N processes`: N processes on this host, one GPU each, joined by
   `jax.distributed.initialize`, each calling `kt.autotune(step, params, x)`: the
   processes tune each family's first key together (a slice of its candidates each),
@@ -286,12 +286,14 @@ def _workers(n: int, smoke: bool, workdir: str) -> Run:
         return run
     with open(result) as f:
         run.keys = len(json.load(f)["entries"])
-    # The worker table `kerneltune tune` prints: worker, gpu, keys, with a config, exit.
+    # The worker table `kerneltune tune` prints: worker, gpu, keys together, keys
+    # alone, with a config, exit.
     for line in done.stdout.splitlines():
         cells = line.split()
-        if len(cells) == 5 and cells[0].isdigit() and cells[2].isdigit():
-            run.tuned_by.append(int(cells[2]))
-    run.once = sum(run.tuned_by) == run.keys if run.tuned_by else None
+        if len(cells) == 6 and cells[0].isdigit() and cells[2].isdigit() and cells[3].isdigit():
+            run.shared = int(cells[2])
+            run.tuned_by.append(int(cells[3]))
+    run.once = sum(run.tuned_by) + run.shared == run.keys if run.tuned_by else None
     return run
 
 

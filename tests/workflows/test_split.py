@@ -53,3 +53,23 @@ def test_a_family_of_one_key_is_dealt_whole_not_shared():
     assert split.seeds_of(records) == []
     # A key recorded twice is still one key.
     assert split.seeds_of([records[0], records[0]]) == []
+
+
+def test_the_parent_of_workers_foresees_every_processs_plan():
+    # `kerneltune tune --workers` reports what each worker tunes without asking it:
+    # `plans_for` must give what `plan` gives each process of the job.
+    from tests.tuning.test_distributed import FakeKV, run_as_processes
+
+    records = [
+        FakeRecord("matmul@v3", "k1", 512),
+        FakeRecord("matmul@v3", "k2", 4096),
+        FakeRecord("matmul@v3", "k3", 1024),
+        FakeRecord("matmul@v3", "k6", 2048),
+        FakeRecord("norm@v1", "k0", 64),
+    ]
+    plans = run_as_processes(2, lambda peers: split.plan(records, peers), FakeKV())
+    assert split.plans_for(records, 2) == plans
+    # The dear matmul by both; the rest dealt by cost, each key once.
+    assert [r.call_key for r in plans[0].seeds] == ["k2"]
+    dealt = [r.call_key for p in plans for r in p.share]
+    assert sorted(dealt) == ["k0", "k1", "k3", "k6"]

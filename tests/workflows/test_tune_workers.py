@@ -1,4 +1,5 @@
-"""`kerneltune tune --workers N`: keys dealt by cost, one process each, results merged."""
+"""`kerneltune tune --workers N`: one process each, joined as one JAX job (seeds tuned
+together, the other keys dealt by cost), results merged."""
 
 import os
 import subprocess
@@ -95,6 +96,11 @@ def test_two_workers_give_the_same_entries_as_one(tmp_path):
         assert done.returncode == 0, done.stdout + done.stderr
         if workers == 2:
             assert "tuning in 2 worker processes" in done.stdout
+            # One job: the family's costliest key (48²) tuned by both together, a
+            # slice of its candidates each; the three others dealt (2 and 1).
+            rows = [line.split() for line in done.stdout.splitlines()]
+            table = [r[2:4] for r in rows if len(r) == 6 and r[0] in ("0", "1")]
+            assert sorted(table) == [["1", "1"], ["1", "2"]], done.stdout
         results[workers] = kt.AutotuningResult.load(out, TYPES)
         # Every key landed in the shared persistent cache too.
         assert len(kt.PersistentCache(str(cache))) == len(keys)
@@ -109,8 +115,8 @@ def test_two_workers_give_the_same_entries_as_one(tmp_path):
 
 def test_a_worker_that_dies_loses_only_its_unfinished_keys(tmp_path):
     path = tmp_path / "manifest.json"
-    # Dealt by cost: worker 0 gets 48², worker 1 gets 40² and then the dying 32²
-    # (its op id sorts last, so worker 1 finishes 40² first).
+    # The steady family's costliest key (48²) is tuned by both workers together; the
+    # rest is dealt by cost: 40² to worker 0, the dying 32² to worker 1.
     keys = record_manifest(path, [(SteadyKernel(), 48), (SteadyKernel(), 40), (DyingKernel(), 32)])
     out = tmp_path / "out.json"
     done = tune("--cache-dir", str(tmp_path / "cache"), "tune", str(path), "--workers", "2",
@@ -118,6 +124,8 @@ def test_a_worker_that_dies_loses_only_its_unfinished_keys(tmp_path):
                 env={DIE: "1"})  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
     assert "worker 1 exited with 3" in done.stdout
+    # Worker 0 finished its keys, then could only wait for the dead one: stopped.
+    assert "worker 0 stopped: its keys were done" in done.stdout
     assert "worker 1: no config for zzz_dying" in done.stdout
     assert "2 of 3 calls have a config" in done.stdout
     result = kt.AutotuningResult.load(out, TYPES)

@@ -61,8 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_positive_int,
         default=None,
         metavar="N",
-        help="tune in N worker processes, one per GPU, keys dealt by estimated cost, "
-        "results merged (default: one per visible GPU; 1 without GPUs)",
+        help="tune in N worker processes, one per GPU, joined as one JAX job: each "
+        "family's costliest key tuned by all of them together, the others dealt by "
+        "estimated cost; results merged (default: one per visible GPU; 1 without GPUs)",
     )
     parser.add_argument(
         "--out",
@@ -89,6 +90,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # A worker of `--workers` tunes exactly the keys its parent dealt it; one of
     # `--isolate` also keeps a journal and skips the candidates its parent names.
     parser.add_argument("--keys", metavar="FILE", help=argparse.SUPPRESS)
+    # A worker of `--workers` joins its siblings' JAX job (`jax.distributed`).
+    parser.add_argument("--coordinator", metavar="HOST:PORT", help=argparse.SUPPRESS)
+    parser.add_argument("--processes", type=_positive_int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--process-id", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--journal", metavar="FILE", help=argparse.SUPPRESS)
     parser.add_argument("--exclude", metavar="FILE", help=argparse.SUPPRESS)
     parser.add_argument("--op", help='only this op: "matmul" (any version) or "matmul@v1"')
@@ -132,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
     from kerneltune._src.kernel import recording
     from kerneltune._src.workflows import offline
 
+    if args.coordinator:
+        _join_job(args)
     _import_kernels(args.imports)
     try:
         loaded = manifest.load_manifest(args.manifest)
@@ -223,35 +230,65 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_workers(args: argparse.Namespace, records: list[Any], count: int, gpus: list[str]) -> int:
-    """`--workers N`: tunes `records` in N processes and merges their results."""
+    """`--workers N`: tunes `records` in N processes of one JAX job and merges their
+    results."""
     from kerneltune._src.cli.cache_commands import print_table
+    from kerneltune._src.workflows import split
 
     print(
         f"tuning in {count} worker processes"
         + (f" on GPUs {', '.join(gpus[:count])}" if gpus else "")
     )
-    result, runs = tune_workers.run_workers(records, count, _worker_command(args), gpus=gpus)
+    plans = split.plans_for(records, count)
+    result, runs = tune_workers.run_workers(records, plans, _worker_command(args), gpus=gpus)
     print_table(
-        ["worker", "gpu", "keys", "with a config", "exit"],
-        [
-            [
-                str(x)
-                for x in (r.index, r.gpu or "-", len(r.assigned), len(r.finished), r.returncode)
-            ]
-            for r in runs
-        ],
+        ["worker", "gpu", "keys together", "keys alone", "with a config", "exit"],
+        [_worker_row(r) for r in runs],
     )
+    have = {(e.op_id_v, e.call_key) for e in result} if result is not None else set()
     failed = False
     for r in runs:
-        if r.returncode != 0:
+        if r.stopped:
+            print(
+                f"worker {r.index} stopped: its keys were done, and the job could not "
+                "finish without the worker that failed"
+            )
+        elif r.returncode != 0:
             failed = True
             tail = "\n".join(r.log.strip().splitlines()[-5:])
             print(f"worker {r.index} exited with {r.returncode}; last lines:\n{tail}")
-        for record in r.unfinished:
-            failed = failed or r.returncode != 0
-            print(f"worker {r.index}: no config for {record.op_id_v} {record.signature}")
+        for record in r.alone:
+            if record.key not in have:
+                failed = True
+                print(f"worker {r.index}: no config for {record.op_id_v} {record.signature}")
+    for record in plans[0].seeds if plans else ():
+        if record.key not in have:
+            failed = True
+            print(f"all workers: no config for {record.op_id_v} {record.signature}")
     _save_merged(args, result, len(records))
     return 1 if failed else 0
+
+
+def _worker_row(r: Any) -> list[str]:
+    exit_text = "stopped" if r.stopped else str(r.returncode)
+    cells = (r.index, r.gpu or "-", len(r.together), len(r.alone), len(r.finished), exit_text)
+    return [str(c) for c in cells]
+
+
+def _join_job(args: argparse.Namespace) -> None:
+    """A `--workers` worker: joins its siblings' JAX job before anything starts JAX."""
+    import jax
+
+    try:
+        jax.distributed.initialize(
+            coordinator_address=args.coordinator,
+            num_processes=args.processes,
+            process_id=args.process_id,
+            initialization_timeout=120,
+        )
+    except Exception as e:  # a worker that cannot join must say why, not hang its parent
+        raise CommandError(f"worker {args.process_id}: cannot join the job at "
+                           f"{args.coordinator}: {e}") from None  # fmt: skip
 
 
 def _start_journal(args: argparse.Namespace) -> None:

@@ -76,6 +76,22 @@ def seeds_of(records: Sequence[Record]) -> list[Record]:
     return sorted((r for f, r in best.items() if len(keys[f]) > 1), key=lambda r: r.key)
 
 
+def _deal(records: Sequence[Record], count: int) -> tuple[list[Record], list[list[Record]]]:
+    """The seeds of `records` (every process holding all of them), and each of `count`
+    processes' share of the rest."""
+    seeds = seeds_of(records)
+    seeded = {r.key for r in seeds}
+    return seeds, deal_by_cost([r for r in records if r.key not in seeded], count)
+
+
+def plans_for(records: Sequence[Record], count: int) -> list[Plan]:
+    """Every process's plan, in process order, for a job of `count` processes that all
+    hold `records` (`kerneltune tune --workers`: the parent knows what each worker will
+    tune without asking them). `plan` gives the same, each process its own."""
+    seeds, shares = _deal(records, count)
+    return [Plan(seeds, sorted(share, key=lambda r: r.key)) for share in shares]
+
+
 def plan(records: Sequence[Record], peers: Peers, *, timeout_s: float | None = None) -> Plan:
     """The seeds every process tunes together and this process's share of the rest."""
     mine = sorted({r.key for r in records})
@@ -91,10 +107,8 @@ def plan(records: Sequence[Record], peers: Peers, *, timeout_s: float | None = N
         for op_id_v, call_key in files.loads(text):
             holders.setdefault((str(op_id_v), str(call_key)), []).append(pid)
     everyone = [r for r in records if len(holders.get(r.key, ())) == peers.num_processes]
-    seeds = seeds_of(everyone)
-    seeded = {r.key for r in seeds}
-    everyone = [r for r in everyone if r.key not in seeded]
-    share = deal_by_cost(everyone, peers.num_processes)[peers.process_id]
+    seeds, shares = _deal(everyone, peers.num_processes)
+    share = shares[peers.process_id]
     some = [
         r
         for r in records

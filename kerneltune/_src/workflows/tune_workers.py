@@ -1,11 +1,18 @@
-"""`kerneltune tune --workers N`: one worker process per local GPU, keys dealt by cost.
+"""`kerneltune tune --workers N`: one worker process per local GPU, joined as one JAX job.
 
 The parent never starts JAX: a JAX process that touched a GPU holds most of its memory,
-which would starve the workers. It deals the manifest's records to the workers by
-estimated cost (longest first, each to the least loaded worker), starts one
-`kerneltune tune` per worker on its own GPU (`CUDA_VISIBLE_DEVICES`), and merges what
-they wrote. A worker rewrites its result file after every key, so a worker that dies
-loses only the keys it had not finished; the parent names them and exits with 1.
+which would starve the workers. It starts one `kerneltune tune` per worker on its own
+GPU (`CUDA_VISIBLE_DEVICES`), joined by `jax.distributed` as the processes of one job,
+and each tunes as any process of a job does (`split.py`): each family's costliest key
+by all of them together, each timing a slice of its candidates, the other keys dealt
+by estimated cost and tuned warm from those. Dealt whole instead, every worker paid a
+cold search of its own: on 2 H200s a GPT block's tuning took 23.6 s with 2 workers and
+23.7 s with one process (BENCHMARKS.md, 2026-11-28), against 16.7 s for a 2-process job.
+
+A worker rewrites its result file after every key it tunes. A job cannot finish
+without all its processes, so once a worker dies the parent stops each of the others
+when its file holds every key it was to tune (or when it gives up waiting for the dead
+one: `KERNELTUNE_AGREE_TIMEOUT`), and names the keys left without a config.
 
 On a machine without GPUs the workers are plain processes (e.g. to tune several CPU
 shapes at once, or to test this module).
@@ -16,9 +23,11 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import os
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -113,20 +122,27 @@ def read_keys(path: str) -> set[tuple[str, str]]:
 
 @dataclasses.dataclass(frozen=True)
 class WorkerRun:
-    """What one worker was given and what came back."""
+    """What one worker was to tune and what came back.
+
+    Attributes:
+      index: the worker's number (its process id in the job).
+      gpu: the GPU it ran on (None: a plain process).
+      together: the keys it was to tune with every other worker (the seeds).
+      alone: the keys it was to tune by itself.
+      returncode: its exit status (negative: stopped by a signal, see `stopped`).
+      finished: the keys its result file holds.
+      stopped: the parent stopped it after another worker died.
+      log: its output.
+    """
 
     index: int
     gpu: str | None
-    assigned: tuple[Any, ...]
+    together: tuple[Any, ...]
+    alone: tuple[Any, ...]
     returncode: int
     finished: frozenset[tuple[str, str]]
     log: str
-
-    @property
-    def unfinished(self) -> list[Any]:
-        """Assigned records with no result (the worker died before them, or they
-        failed or could not be tuned)."""
-        return [r for r in self.assigned if (r.op_id_v, r.call_key) not in self.finished]
+    stopped: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,12 +169,22 @@ class WorkerCommand:
 
 def run_workers(
     records: Sequence[Any],
-    count: int,
+    plans: Sequence[Any],
     command: WorkerCommand,
     *,
     gpus: Sequence[str] = (),
+    poll_s: float = 0.2,
 ) -> tuple[Any, list[WorkerRun]]:
-    """Tunes `records` in `count` worker processes and merges their results.
+    """Tunes `records` in one worker process per plan, joined as one JAX job, and
+    merges their results.
+
+    Args:
+      records: what to tune.
+      plans: per worker, what it will tune (`split.plans_for`: `seeds` with every
+        other worker, `share` alone); the workers derive the same plans themselves.
+      command: what every worker is told.
+      gpus: the GPU of each worker, in order (none: plain processes).
+      poll_s: how often the parent looks at its workers.
 
     Returns:
       `(result, runs)`: the merged `AutotuningResult` (None when no worker finished a
@@ -166,40 +192,107 @@ def run_workers(
     """
     from kerneltune._src.caching.result import AutotuningResult
 
-    parts = deal_by_cost(records, count)
+    count = len(plans)
+    coordinator = f"127.0.0.1:{_free_port()}"
     with tempfile.TemporaryDirectory(prefix="kerneltune-workers-") as tmp:
-        procs = []
-        for i, part in enumerate(parts):
-            keys_path = os.path.join(tmp, f"keys{i}.json")
+        keys_path = os.path.join(tmp, "keys.json")
+        write_keys(keys_path, records)
+        workers = []
+        for i, worker_plan in enumerate(plans):
             out_path = os.path.join(tmp, f"result{i}.json")
             log_path = os.path.join(tmp, f"log{i}.txt")
-            write_keys(keys_path, part)
-            argv = command.argv(keys_path, out_path)
+            job = ("--coordinator", coordinator, "--processes", str(count), "--process-id", str(i))
             env = dict(os.environ)
             gpu = gpus[i] if i < len(gpus) else None
             if gpu is not None:
                 env["CUDA_VISIBLE_DEVICES"] = gpu
             log = open(log_path, "w")  # closed once the process ends
-            procs.append((i, gpu, part, out_path, log_path, log, subprocess.Popen(
-                argv, env=env, stdout=log, stderr=subprocess.STDOUT
-            )))  # fmt: skip
+            proc = subprocess.Popen(
+                command.argv(keys_path, out_path, *job),
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+            mine = {r.key for r in (*worker_plan.seeds, *worker_plan.share)}
+            workers.append(_Worker(i, gpu, worker_plan, out_path, log_path, log, proc, mine))
+        _wait(workers, poll_s)
         runs, results = [], []
-        for i, gpu, part, out_path, log_path, log, proc in procs:
-            code = proc.wait()
-            log.close()
+        for w in workers:
+            w.log.close()
+            result = _load_result(AutotuningResult, w.out_path)
             finished: frozenset[tuple[str, str]] = frozenset()
-            if os.path.exists(out_path):
-                try:
-                    result = AutotuningResult.load(out_path)
-                except ValueError:
-                    result = None
-                if result is not None:
-                    results.append(result)
-                    finished = frozenset((e.op_id_v, e.call_key) for e in result)
-            with open(log_path, errors="replace") as f:
+            if result is not None:
+                results.append(result)
+                finished = frozenset((e.op_id_v, e.call_key) for e in result)
+            with open(w.log_path, errors="replace") as f:
                 text = f.read()
-            runs.append(WorkerRun(i, gpu, tuple(part), code, finished, text))
+            runs.append(
+                WorkerRun(w.index, w.gpu, tuple(w.plan.seeds), tuple(w.plan.share),
+                          w.proc.returncode, finished, text, w.stopped)
+            )  # fmt: skip
     merged = None
     for result in results:
         merged = result if merged is None else merged | result
     return merged, runs
+
+
+@dataclasses.dataclass
+class _Worker:
+    index: int
+    gpu: str | None
+    plan: Any
+    out_path: str
+    log_path: str
+    log: Any
+    proc: subprocess.Popen[bytes]
+    keys: set[tuple[str, str]]
+    stopped: bool = False
+
+
+def _wait(workers: Sequence[_Worker], poll_s: float) -> None:
+    """Waits for every worker. Once one has failed, the job cannot finish: each other
+    worker is stopped as soon as its result file holds all its keys (it would only
+    wait for the dead one), or once it exits on its own."""
+    while True:
+        running = [w for w in workers if w.proc.poll() is None]
+        if not running:
+            return
+        if any(w.proc.returncode not in (None, 0) for w in workers if not w.stopped):
+            for w in running:
+                if w.keys <= _keys_in(w.out_path):
+                    w.stopped = True
+                    w.proc.terminate()
+                    try:
+                        w.proc.wait(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        w.proc.kill()
+                        w.proc.wait()
+        time.sleep(poll_s)
+
+
+def _keys_in(path: str) -> set[tuple[str, str]]:
+    """The keys of the result file at `path` (none while it is missing or partial)."""
+    try:
+        doc = files.read_json(path)
+    except (OSError, ValueError):
+        return set()
+    entries = doc.get("entries") if isinstance(doc, dict) else None
+    if not isinstance(entries, list):
+        return set()
+    return {(str(e.get("op_id")), str(e.get("call_key"))) for e in entries if isinstance(e, dict)}
+
+
+def _load_result(result_type: Any, path: str) -> Any:
+    if not os.path.exists(path):
+        return None
+    try:
+        return result_type.load(path)
+    except ValueError:
+        return None
+
+
+def _free_port() -> int:
+    """A TCP port free on this host now, for the job's coordinator."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
