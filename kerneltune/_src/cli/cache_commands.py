@@ -81,6 +81,16 @@ def format_cfg(cfg: Any) -> str:
     return str(cfg)
 
 
+def cfg_text(cfg: Any) -> str:
+    """A config (a dataclass or a dict of fields) as `format_cfg` prints it."""
+    from kerneltune._src.core.keys import config_to_dict
+
+    try:
+        return format_cfg(config_to_dict(cfg))
+    except TypeError:
+        return str(cfg)
+
+
 def _compact(value: Any) -> str:
     if isinstance(value, (dict, list)):
         return json.dumps(value, separators=(",", ":"))

@@ -16,6 +16,7 @@ import argparse
 import importlib
 from typing import Any
 
+from kerneltune._src.cli import tune_processes
 from kerneltune._src.cli.errors import CommandError
 from kerneltune._src.workflows import tune_workers
 
@@ -133,12 +134,12 @@ def run(args: argparse.Namespace) -> int:
     """Runs `kerneltune tune`; returns the exit status (1 when a call failed)."""
     from kerneltune._src.caching import manifest
     from kerneltune._src.caching.cache_entry import op_matches
-    from kerneltune._src.cli.cache_commands import format_time, print_table
+    from kerneltune._src.cli.cache_commands import cfg_text, format_time, print_table
     from kerneltune._src.kernel import recording
     from kerneltune._src.workflows import offline
 
     if args.coordinator:
-        _join_job(args)
+        tune_processes.join_job(args)
     _import_kernels(args.imports)
     try:
         loaded = manifest.load_manifest(args.manifest)
@@ -164,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
     if args.journal:
         _start_journal(args)
     elif args.isolate and not args.keys:
-        return _run_isolated(args, mine)
+        return tune_processes.run_isolated(args, mine)
     gpus = tune_workers.visible_gpus()
     workers = args.workers if args.workers is not None else max(len(gpus), 1)
     if gpus and workers > len(gpus):
@@ -177,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
         )
         workers = len(gpus)
     if workers > 1 and not args.keys:
-        return _run_workers(args, mine, min(workers, max(len(mine), 1)), gpus)
+        return tune_processes.run_workers(args, mine, min(workers, max(len(mine), 1)), gpus)
 
     selector = _selector(args)
     location = getattr(selector.persistent, "location", None)
@@ -208,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
                 format_time(entry.heuristic_time_s if entry is not None else None),
                 format_time(entry.best_time_s if entry is not None else None),
                 f"{entry.speedup:.2f}x" if entry is not None and entry.speedup else "-",
-                _shorten(_cfg_text(entry.cfg), 40) if entry is not None else "-",
+                _shorten(cfg_text(entry.cfg), 40) if entry is not None else "-",
                 o.status if o.error is None else f"{o.status}: {_shorten(o.error, 60)}",
             ]
         )
@@ -229,68 +230,6 @@ def run(args: argparse.Namespace) -> int:
     return 1 if counts["failed"] else 0
 
 
-def _run_workers(args: argparse.Namespace, records: list[Any], count: int, gpus: list[str]) -> int:
-    """`--workers N`: tunes `records` in N processes of one JAX job and merges their
-    results."""
-    from kerneltune._src.cli.cache_commands import print_table
-    from kerneltune._src.workflows import split
-
-    print(
-        f"tuning in {count} worker processes"
-        + (f" on GPUs {', '.join(gpus[:count])}" if gpus else "")
-    )
-    plans = split.plans_for(records, count)
-    result, runs = tune_workers.run_workers(records, plans, _worker_command(args), gpus=gpus)
-    print_table(
-        ["worker", "gpu", "keys together", "keys alone", "with a config", "exit"],
-        [_worker_row(r) for r in runs],
-    )
-    have = {(e.op_id_v, e.call_key) for e in result} if result is not None else set()
-    failed = False
-    for r in runs:
-        if r.stopped:
-            print(
-                f"worker {r.index} stopped: its keys were done, and the job could not "
-                "finish without the worker that failed"
-            )
-        elif r.returncode != 0:
-            failed = True
-            tail = "\n".join(r.log.strip().splitlines()[-5:])
-            print(f"worker {r.index} exited with {r.returncode}; last lines:\n{tail}")
-        for record in r.alone:
-            if record.key not in have:
-                failed = True
-                print(f"worker {r.index}: no config for {record.op_id_v} {record.signature}")
-    for record in plans[0].seeds if plans else ():
-        if record.key not in have:
-            failed = True
-            print(f"all workers: no config for {record.op_id_v} {record.signature}")
-    _save_merged(args, result, len(records))
-    return 1 if failed else 0
-
-
-def _worker_row(r: Any) -> list[str]:
-    exit_text = "stopped" if r.stopped else str(r.returncode)
-    cells = (r.index, r.gpu or "-", len(r.together), len(r.alone), len(r.finished), exit_text)
-    return [str(c) for c in cells]
-
-
-def _join_job(args: argparse.Namespace) -> None:
-    """A `--workers` worker: joins its siblings' JAX job before anything starts JAX."""
-    import jax
-
-    try:
-        jax.distributed.initialize(
-            coordinator_address=args.coordinator,
-            num_processes=args.processes,
-            process_id=args.process_id,
-            initialization_timeout=120,
-        )
-    except Exception as e:  # a worker that cannot join must say why, not hang its parent
-        raise CommandError(f"worker {args.process_id}: cannot join the job at "
-                           f"{args.coordinator}: {e}") from None  # fmt: skip
-
-
 def _start_journal(args: argparse.Namespace) -> None:
     from kerneltune._src.core import files
     from kerneltune._src.tuning import journal
@@ -302,42 +241,6 @@ def _start_journal(args: argparse.Namespace) -> None:
         except (OSError, ValueError) as e:
             raise CommandError(f"cannot read --exclude {args.exclude}: {e}") from None
     journal.configure(args.journal, excluded=excluded)
-
-
-def _run_isolated(args: argparse.Namespace, records: list[Any]) -> int:
-    """`--isolate`: tunes `records` in worker processes that may crash or hang."""
-    from kerneltune._src.workflows import isolation
-
-    print("tuning in an isolated worker process")
-    result, culprits, code = isolation.tune_isolated(
-        records, _worker_command(args), run_timeout_s=args.run_timeout
-    )
-    for c in culprits:
-        what = f"candidate {_cfg_text(c.cfg)}" if c.cfg else "the key"
-        print(f"{c.op_id_v} {c.call_key[:12]}: {what} was dropped: {c.reason}")
-    _save_merged(args, result, len(records))
-    lost_keys = any(not c.cfg for c in culprits)
-    return 1 if code or lost_keys else 0
-
-
-def _worker_command(args: argparse.Namespace) -> Any:
-    """What this command's worker processes are told (`--workers`, `--isolate`)."""
-    return tune_workers.WorkerCommand(
-        manifest=args.manifest,
-        imports=tuple(args.imports),
-        cache_dir=getattr(args, "cache_dir", None),
-        op=args.op,
-        force=args.force,
-    )
-
-
-def _save_merged(args: argparse.Namespace, result: Any, total: int) -> None:
-    """Says how many calls got a config and writes them to `--out`."""
-    tuned = len(result) if result is not None else 0
-    print(f"{tuned} of {total} calls have a config")
-    if args.out and result is not None:
-        result.save(args.out)
-        print(f"wrote {tuned} tuned configs to {args.out}")
 
 
 def _positive_float(text: str) -> float:
@@ -397,16 +300,6 @@ def _selector(args: argparse.Namespace) -> Any:
     return ConfigSelectorChain(
         ConfigCache(), policy=AutotunePolicy(), persistent=persistent, tuner=tuner
     )
-
-
-def _cfg_text(cfg: Any) -> str:
-    from kerneltune._src.cli.cache_commands import format_cfg
-    from kerneltune._src.core.keys import config_to_dict
-
-    try:
-        return format_cfg(config_to_dict(cfg))
-    except TypeError:
-        return str(cfg)
 
 
 def _shorten(text: str, width: int) -> str:
