@@ -17,13 +17,24 @@ ratio of the two, the same program) shows how far apart identical programs time 
 process. "consts" counts JAX's "constants were captured" warnings.
 
 Rows: the GPT and Llama blocks of `model_gpu` (shapes in the shipped tables), the same
-blocks at sizes in no table ("_off"), and causal grouped-query attention forward +
-backward at 32k, 64k and 128k tokens (B1, 16/4 heads, head dim 128, bf16).
+blocks at sizes in no table ("_off"), causal grouped-query attention forward +
+backward at 32k, 64k and 128k tokens (B1, 16/4 heads, head dim 128, bf16), and the
+MoE layer of `examples/moe` at two sizes in no table ("moe_off16": 16 experts top-2,
+D 3072, F 8192; "moe_off48": 48 experts top-6, D 2048, F 1536), whose processes time
+tokamax's layer too where it is installed ("× tokamax").
+
+Variants: "plain" (plain JAX), "kt" and "kt_cold" (above), "tokamax" (the MoE layer on
+tokamax's grouped matmul), and "kt_autotuned": kerneltune's first call, then
+`kt.autotune(step, ...)` (its wall: "autotune s", issue 45's 30 s), then the step as a
+new `jax.jit` traces it with the tuned configs: the step time is the tuned one's.
+
+    python -m benchmarks.first_use_gpu --rows moe_off16,moe_off48 --variants tokamax,kt,kt_autotuned
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import pathlib
@@ -41,6 +52,7 @@ import jax.numpy as jnp
 
 from benchmarks import harness as h
 from benchmarks import model_blocks as mb
+from examples.moe import model as moe_model
 
 BLOCKS = {
     "gpt": ("gpt", mb.BlockShape(batch=8, seq=2048, dim=2048, heads=16, kv_heads=16, hidden=8192)),
@@ -50,13 +62,19 @@ BLOCKS = {
     "llama_off": ("llama", mb.BlockShape(4, 4096, 2048, 16, 4, 5632)),
 }
 LONG = {"attn32k": 32768, "attn64k": 65536, "attn128k": 131072}
-ROWS = (*BLOCKS, *LONG)
+#: The MoE layer at sizes no shipped table holds (`first_call_gpu.MOE`'s).
+MOE = {
+    "moe_off16": moe_model.MoEShape("held-out", 6144, 3072, 8192, 16, 2),
+    "moe_off48": moe_model.MoEShape("held-out", 4096, 2048, 1536, 48, 6),
+}
+ROWS = (*BLOCKS, *LONG, *MOE)
 # Tiny rows that run anywhere (a check of the benchmark itself, wall clock on a CPU).
 SMOKE_BLOCKS = {"gpt_smoke": ("gpt", mb.BlockShape(1, 64, 64, 2, 2, 128))}
 SMOKE_LONG = {"attn_smoke": 64}
+SMOKE_MOE = {"moe_smoke": moe_model.MoEShape("smoke", 32, 32, 32, 4, 2)}
 # "plain_labelled": plain JAX's ops with kerneltune's labels on their instructions (a
 # control: the step of the same program, labelled, against plain's in one process).
-VARIANTS = ("plain", "kt", "kt_cold", "plain_labelled")
+VARIANTS = ("plain", "kt", "kt_cold", "plain_labelled", "tokamax", "kt_autotuned")
 ROUNDS = 5
 ROOT = pathlib.Path(__file__).resolve().parent.parent  # where `-m benchmarks...` imports
 
@@ -79,9 +97,28 @@ def _kt_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     return attention(q, k, v, is_causal=True)
 
 
+def _tokamax() -> Any:
+    """The `tokamax` module where installed, else None."""
+    from kerneltune.kernels.ragged_dot import tokamax_backend
+
+    return importlib.import_module("tokamax") if tokamax_backend.installed() else None
+
+
 def step_for(row: str, variant: str) -> Callable[..., Any]:
     """The row's jitted training step with the variant's ops (a new jit each call)."""
     plain = variant in ("plain", "plain_labelled")
+    moes = {**MOE, **SMOKE_MOE}
+    if row in moes:
+        if variant == "tokamax":
+            tk = _tokamax()
+            if tk is None:
+                raise SystemExit("the tokamax variant needs tokamax installed")
+            ops = moe_model.tokamax_ops(tk)
+        else:
+            ops = moe_model.jax_ops() if plain else moe_model.kerneltune_ops()
+        return jax.jit(jax.value_and_grad(moe_model.loss_fn(ops, moes[row])))
+    if variant == "tokamax":
+        raise SystemExit(f"the tokamax variant is for the MoE rows, not {row}")
     blocks = {**BLOCKS, **SMOKE_BLOCKS}
     if row in blocks:
         block, shape = blocks[row]
@@ -99,6 +136,9 @@ def step_for(row: str, variant: str) -> Callable[..., Any]:
 
 def args_for(row: str) -> tuple[Any, ...]:
     """The row's inputs, on the device (every variant of a row takes the same)."""
+    moes = {**MOE, **SMOKE_MOE}
+    if row in moes:
+        return (moe_model.init_params(moes[row]), *moe_model.inputs(moes[row]))
     blocks = {**BLOCKS, **SMOKE_BLOCKS}
     if row in blocks:
         block, shape = blocks[row]
@@ -182,7 +222,17 @@ def child(row: str, variant: str) -> dict[str, Any]:
         stats = device.memory_stats() or {}
         out["peak_gib"] = stats.get("peak_bytes_in_use", 0) / 2**30
     out["consts"] = sum("constants were captured" in str(w.message) for w in caught)
+    if variant == "kt_autotuned":
+        import kerneltune as kt
+
+        start = time.perf_counter()
+        kt.autotune(step, *args)
+        out["autotune_s"] = time.perf_counter() - start
+        step = step_for(row, variant)  # a new jit: traced with the tuned configs
+        out["peak_gib"] = (device.memory_stats() or {}).get("peak_bytes_in_use", 0) / 2**30
     sessions = {variant: h.session(step, [args])}
+    if row in {**MOE, **SMOKE_MOE} and variant != "tokamax" and _tokamax() is not None:
+        sessions["tokamax"] = h.session(step_for(row, "tokamax"), [args])
     if variant != "plain":
         # Plain JAX's step timed in this process too, in interleaved rounds, and a
         # second compilation of it: the same program, so plain/plain_again is how far
@@ -194,6 +244,8 @@ def child(row: str, variant: str) -> dict[str, Any]:
     if "plain" in times and variant != "plain":
         out["plain_step_ms"] = times["plain"] * 1e3
         out["plain_again_ms"] = times["plain_again"] * 1e3
+    if "tokamax" in times and variant != "tokamax":
+        out["tokamax_step_ms"] = times["tokamax"] * 1e3
     return out
 
 
@@ -232,6 +284,10 @@ def describe(rows: dict[str, dict[str, dict[str, Any]]], row: str) -> str:
             f"{variant}: step {r['step_ms']:.2f} ms, first {r['first_s']:.1f} s, "
             f"peak {r['peak_gib']:.2f} GiB, consts {r['consts']}"
         )
+        if "autotune_s" in r:
+            text += f", autotune {r['autotune_s']:.1f} s"
+        if "tokamax_step_ms" in r:
+            text += f", {r['tokamax_step_ms'] / r['step_ms']:.3f}× tokamax's step"
         if "plain_step_ms" in r:
             text += f", {r['plain_step_ms'] / r['step_ms']:.3f}× plain's step (same process"
             if "plain_again_ms" in r:  # plain's program compiled twice: the noise floor
@@ -288,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, dict[str, Any
         print(json.dumps(child(*a.child)), flush=True)
         return {}
     rows, variants = a.rows.split(","), a.variants.split(",")
-    every_row = (*ROWS, *SMOKE_BLOCKS, *SMOKE_LONG)
+    every_row = (*ROWS, *SMOKE_BLOCKS, *SMOKE_LONG, *SMOKE_MOE)
     for name, allowed in ((rows, every_row), (variants, VARIANTS)):
         unknown = sorted(set(name) - set(allowed))
         if unknown:

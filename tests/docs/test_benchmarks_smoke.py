@@ -435,6 +435,27 @@ def test_the_first_use_benchmark_runs_each_variant_in_fresh_processes_and_prints
         first_use_gpu.main(["--rows", "attn_smoke", "--repeat", "0"])
 
 
+def test_the_first_use_benchmark_tunes_the_moe_layer_with_kt_autotune_and_times_it_after():
+    # Issue 45's MoE line: the first step, `kt.autotune(step)`'s wall, the tuned step.
+    from benchmarks import first_use_gpu
+
+    results = first_use_gpu.main(
+        ["--rows", "moe_smoke", "--variants", "kt_autotuned", "--timeout", "300"]
+    )
+    r = results["moe_smoke"]["kt_autotuned"]
+    assert "error" not in r, r
+    assert r["autotune_s"] > 0 and _positive(r["step_ms"]) and _positive(r["plain_step_ms"])
+    # The MoE layer's step is plain JAX's loss: both steps give the same loss and grads.
+    plain, args = first_use_gpu.step_and_args("moe_smoke", "plain")
+    ours, _ = first_use_gpu.step_and_args("moe_smoke", "kt")
+    (l1, g1), (l2, g2) = plain(*args), ours(*args)
+    assert jnp.allclose(l1, l2, rtol=2e-2)
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2), strict=True):
+        assert jnp.allclose(a.astype(jnp.float32), b.astype(jnp.float32), rtol=5e-2, atol=5e-2)
+    with pytest.raises(SystemExit, match="tokamax variant is for the MoE rows"):
+        first_use_gpu.step_for("gpt_smoke", "tokamax")
+
+
 def test_labelled_plain_ops_are_plain_jaxs_values_with_kerneltunes_labels():
     # The control for the step ratio: plain JAX's program with only labels added.
     import kerneltune as kt
