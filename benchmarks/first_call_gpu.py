@@ -49,7 +49,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import importlib
 import json
 import os
 import statistics
@@ -153,7 +152,7 @@ def rows(op: str, smoke: bool) -> Iterator[tuple[str, Callable[..., Any], tuple[
             yield label, attend, qkv, {"plain": plain_attention}
     elif op == "ragged_dot":
         peers: Peers = {"plain": jax.lax.ragged_dot}
-        tk = _tokamax()
+        tk = h.tokamax()
         if tk is not None:
             peers["tokamax"] = tk.ragged_dot
         for m, k, n, g in SMOKE["ragged_dot"] if smoke else RAGGED:
@@ -165,7 +164,7 @@ def rows(op: str, smoke: bool) -> Iterator[tuple[str, Callable[..., Any], tuple[
             args = (h.normal(0, (m, k)), h.normal(1, (g, k, n)), sizes)
             yield f"{m}x{k}x{n} E{g}", grouped, args, peers
     elif op == "moe":
-        tk = _tokamax()
+        tk = h.tokamax()
         for shape in SMOKE["moe"] if smoke else MOE:
             params = moe_model.init_params(shape)
             x, target = moe_model.inputs(shape)
@@ -178,7 +177,7 @@ def rows(op: str, smoke: bool) -> Iterator[tuple[str, Callable[..., Any], tuple[
                 peers["tokamax"] = moe_model.loss_fn(moe_model.tokamax_ops(tk), shape)
             yield str(shape), moe, (params, x, target), peers
     elif op == "loss_head":
-        tk = _tokamax()
+        tk = h.tokamax()
         for rows_, width, vocab in SMOKE["loss_head"] if smoke else LOSS_HEAD:
 
             def head(ex: kt.Executor, x: Any, labels: Any, w: Any) -> Any:
@@ -191,7 +190,7 @@ def rows(op: str, smoke: bool) -> Iterator[tuple[str, Callable[..., Any], tuple[
                 peers["tokamax"] = loss_head_gpu.tokamax_loss(tk)
             yield f"{rows_}x{width}->{vocab}", head, args, peers
     elif op == "block":
-        tk = _tokamax()
+        tk = h.tokamax()
         for shape in SMOKE["block"] if smoke else BLOCK:
             params, x = mb.block_inputs("llama", shape)
 
@@ -204,11 +203,6 @@ def rows(op: str, smoke: bool) -> Iterator[tuple[str, Callable[..., Any], tuple[
             yield f"llama {shape}", block, (params, x), peers
     else:
         raise SystemExit(f"--ops: unknown op {op!r}; known: {', '.join(OPS)}")
-
-
-def _tokamax() -> Any:
-    """The `tokamax` module where installed, else None."""
-    return importlib.import_module("tokamax") if ragged_tokamax.installed() else None
 
 
 def _llama_with(ops: mb.Ops, shape: mb.BlockShape, p: Any, x: Any) -> Any:

@@ -34,7 +34,6 @@ new `jax.jit` traces it with the tuned configs: the step time is the tuned one's
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import pathlib
@@ -97,20 +96,13 @@ def _kt_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     return attention(q, k, v, is_causal=True)
 
 
-def _tokamax() -> Any:
-    """The `tokamax` module where installed, else None."""
-    from kerneltune.kernels.ragged_dot import tokamax_backend
-
-    return importlib.import_module("tokamax") if tokamax_backend.installed() else None
-
-
 def step_for(row: str, variant: str) -> Callable[..., Any]:
     """The row's jitted training step with the variant's ops (a new jit each call)."""
     plain = variant in ("plain", "plain_labelled")
     moes = {**MOE, **SMOKE_MOE}
     if row in moes:
         if variant == "tokamax":
-            tk = _tokamax()
+            tk = h.tokamax()
             if tk is None:
                 raise SystemExit("the tokamax variant needs tokamax installed")
             ops = moe_model.tokamax_ops(tk)
@@ -231,7 +223,7 @@ def child(row: str, variant: str) -> dict[str, Any]:
         step = step_for(row, variant)  # a new jit: traced with the tuned configs
         out["peak_gib"] = (device.memory_stats() or {}).get("peak_bytes_in_use", 0) / 2**30
     sessions = {variant: h.session(step, [args])}
-    if row in {**MOE, **SMOKE_MOE} and variant != "tokamax" and _tokamax() is not None:
+    if row in {**MOE, **SMOKE_MOE} and variant != "tokamax" and h.tokamax() is not None:
         sessions["tokamax"] = h.session(step_for(row, "tokamax"), [args])
     if variant != "plain":
         # Plain JAX's step timed in this process too, in interleaved rounds, and a

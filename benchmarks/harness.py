@@ -9,6 +9,7 @@ fit in L2 are rotated so that no call reads what the previous ones left in cache
 
 from __future__ import annotations
 
+import importlib
 import math
 import re
 import statistics
@@ -27,6 +28,14 @@ L2_BYTES = 50 * 2**20  # an H100's and an H200's L2 cache
 SESSION_S = 0.2
 MIN_CALLS, MAX_CALLS = 5, 100
 SESSION_OUTPUT_BYTES = 8 * 2**30  # bounds the outputs, alive until a session ends
+
+
+def tokamax() -> Any:
+    """The `tokamax` module where it is installed (as kerneltune's grouped matmul finds
+    it), else None."""
+    from kerneltune.kernels.ragged_dot import tokamax_backend
+
+    return importlib.import_module("tokamax") if tokamax_backend.installed() else None
 
 
 def normal(seed: int, shape: Sequence[int], dtype: Any = jnp.bfloat16) -> jax.Array:

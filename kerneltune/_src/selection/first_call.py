@@ -6,8 +6,9 @@ timings of those calls inform the prediction, the first call uses the predicted 
 untimed (`trust_prediction`). Otherwise it times the heuristic and the `candidates`
 configs predicted fastest, within `key_s` seconds, while the selector chain has spent
 less than `process_s` seconds that way (`Ledger`); after that, the prediction untimed.
-Processes of one job settle the plan together (`agreed`): each must time the same candidates, or
-none, and use the same config, although their caches and their time spent may differ.
+Processes of one job settle the plan together (`agreed`): each must time the same
+candidates, or none, and use the same config, although their caches and their time
+spent may differ.
 """
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ def tune_isolated(
             sys.stdout.flush()  # the worker prints its own progress and table here
             proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL if quiet else None)
             code, hung = _wait(proc, paths["journal"])
-            finished = _load(paths["out"])
+            finished = tune_workers.load_result(paths["out"])
             if finished is not None:
                 results.append(finished)
             done = {(e.op_id_v, e.call_key) for e in finished} if finished is not None else set()
@@ -184,17 +184,6 @@ def _wait(proc: subprocess.Popen[bytes], journal_path: str) -> tuple[int, dict[s
         if running is not None and time.time() - running["since"] > running["bound_s"]:
             proc.kill()
             return proc.wait(), running
-
-
-def _load(path: str) -> Any:
-    from kerneltune._src.caching.result import AutotuningResult
-
-    if not os.path.exists(path):
-        return None
-    try:
-        return AutotuningResult.load(path)
-    except ValueError:
-        return None
 
 
 def _as_item(c: Culprit) -> dict[str, Any]:

@@ -190,8 +190,6 @@ def run_workers(
       `(result, runs)`: the merged `AutotuningResult` (None when no worker finished a
       key) and one `WorkerRun` per worker.
     """
-    from kerneltune._src.caching.result import AutotuningResult
-
     count = len(plans)
     coordinator = f"127.0.0.1:{_free_port()}"
     with tempfile.TemporaryDirectory(prefix="kerneltune-workers-") as tmp:
@@ -213,22 +211,19 @@ def run_workers(
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-            mine = {r.key for r in (*worker_plan.seeds, *worker_plan.share)}
-            workers.append(_Worker(i, gpu, worker_plan, out_path, log_path, log, proc, mine))
+            workers.append(_Worker(i, gpu, worker_plan, out_path, log_path, log, proc))
         _wait(workers, poll_s)
         runs, results = [], []
         for w in workers:
             w.log.close()
-            result = _load_result(AutotuningResult, w.out_path)
-            finished: frozenset[tuple[str, str]] = frozenset()
+            result = load_result(w.out_path)
             if result is not None:
                 results.append(result)
-                finished = frozenset((e.op_id_v, e.call_key) for e in result)
             with open(w.log_path, errors="replace") as f:
                 text = f.read()
             runs.append(
                 WorkerRun(w.index, w.gpu, tuple(w.plan.seeds), tuple(w.plan.share),
-                          w.proc.returncode, finished, text, w.stopped)
+                          w.proc.returncode, frozenset(_keys(result)), text, w.stopped)
             )  # fmt: skip
     merged = None
     for result in results:
@@ -245,8 +240,12 @@ class _Worker:
     log_path: str
     log: Any
     proc: subprocess.Popen[bytes]
-    keys: set[tuple[str, str]]
     stopped: bool = False
+
+    @property
+    def keys(self) -> set[tuple[str, str]]:
+        """The keys this worker tunes, together with the others or alone."""
+        return {r.key for r in (*self.plan.seeds, *self.plan.share)}
 
 
 def _wait(workers: Sequence[_Worker], poll_s: float) -> None:
@@ -259,7 +258,7 @@ def _wait(workers: Sequence[_Worker], poll_s: float) -> None:
             return
         if any(w.proc.returncode not in (None, 0) for w in workers if not w.stopped):
             for w in running:
-                if w.keys <= _keys_in(w.out_path):
+                if w.keys <= _keys(load_result(w.out_path)):
                     w.stopped = True
                     w.proc.terminate()
                     try:
@@ -270,25 +269,22 @@ def _wait(workers: Sequence[_Worker], poll_s: float) -> None:
         time.sleep(poll_s)
 
 
-def _keys_in(path: str) -> set[tuple[str, str]]:
-    """The keys of the result file at `path` (none while it is missing or partial)."""
-    try:
-        doc = files.read_json(path)
-    except (OSError, ValueError):
-        return set()
-    entries = doc.get("entries") if isinstance(doc, dict) else None
-    if not isinstance(entries, list):
-        return set()
-    return {(str(e.get("op_id")), str(e.get("call_key"))) for e in entries if isinstance(e, dict)}
+def load_result(path: str) -> Any:
+    """The `AutotuningResult` a worker wrote to `path`; None while it is missing or
+    unreadable (a worker that died before its first key)."""
+    from kerneltune._src.caching.result import AutotuningResult
 
-
-def _load_result(result_type: Any, path: str) -> Any:
     if not os.path.exists(path):
         return None
     try:
-        return result_type.load(path)
+        return AutotuningResult.load(path)
     except ValueError:
         return None
+
+
+def _keys(result: Any) -> set[tuple[str, str]]:
+    """The (op id, call key) of each entry of `result` (none for None)."""
+    return set() if result is None else {(e.op_id_v, e.call_key) for e in result}
 
 
 def _free_port() -> int:
