@@ -46,8 +46,10 @@ from typing import Any
 from kerneltune._src.caching import storage
 from kerneltune._src.caching.cache_entry import CacheEntry, entry_from_document
 from kerneltune._src.caching.shipped import PACKAGE_TABLES
-from kerneltune._src.caching.tuned_neighbours import TimedCall, outcomes_of
+from kerneltune._src.caching.tuned_neighbours import TimedCall, current_names, outcomes_of
 from kerneltune._src.selection import prediction
+from kerneltune.kernels.gated_linear_unit.api import GatedLinearUnit
+from kerneltune.kernels.matmul.api import Matmul
 
 METHODS = ("predicted", "first call", "shortlist", "heuristic")
 
@@ -74,11 +76,30 @@ class Outcome:
     exact: bool
 
 
+#: The ops whose config fields were renamed after some table entries were stored
+#: (`bm`/`bn`/`bk`): their entries are read under today's names, as the selection
+#: chain reads them (`tuned_neighbours.timed_calls`), so that a key of either naming
+#: informs a key of the other.
+RENAMED = {k.op_id: k.config_type for k in (Matmul, GatedLinearUnit)}
+
+
 def load(path: str) -> list[CacheEntry]:
     return [
-        entry_from_document(doc, f"{path}#{i}")
+        _current_names(entry_from_document(doc, f"{path}#{i}"))
         for i, doc in enumerate(storage.read_export_file(path))
     ]
+
+
+def _current_names(e: CacheEntry) -> CacheEntry:
+    cls = RENAMED.get(e.op_id_v.partition("@")[0])
+    if cls is None:
+        return e
+    return dataclasses.replace(
+        e,
+        cfg=current_names(e.cfg, cls),
+        heuristic_cfg=current_names(e.heuristic_cfg, cls),
+        timings=tuple({**t, "cfg": current_names(t.get("cfg"), cls)} for t in e.timings),
+    )
 
 
 def _times(entry: CacheEntry) -> dict[str, float]:

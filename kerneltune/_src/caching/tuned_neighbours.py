@@ -23,7 +23,7 @@ from kerneltune._src.caching.cache_entry import CacheEntry
 from kerneltune._src.caching.shipped import ShippedTables, device_kind_of
 from kerneltune._src.core import call_shapes
 from kerneltune._src.core.call_shapes import CallShape
-from kerneltune._src.core.configs import config_from_dict
+from kerneltune._src.core.configs import config_from_dict, with_current_names
 from kerneltune._src.tuning import config_space
 
 logger = logging.getLogger("kerneltune")
@@ -179,6 +179,7 @@ def timed_calls(
     shape: CallShape | None,
     dev: str,
     op_id_v: str,
+    cfg_type: type[Any] | None = None,
     *,
     local: LocalIndex | None = None,
     persistent: Any = None,
@@ -190,7 +191,12 @@ def timed_calls(
     of those holds a call of the family, the shipped tables of the other GPU models of
     this architecture (`shipped.ARCHITECTURES`): a Hopper GPU with no table of its own
     for an op predicts from another Hopper's. [] when the call has no shape. A cache
-    that cannot be read adds nothing (a prediction is an optimisation)."""
+    that cannot be read adds nothing (a prediction is an optimisation).
+
+    A stored config is a field dict under the names of when it was stored; with
+    `cfg_type`, each one's fields are renamed to `cfg_type`'s names now
+    (`renamed_fields`), so that it matches the candidates it predicts. (Without that,
+    the H200 table's 15 matmul keys stored as `bm`/`bn`/`bk` informed no prediction.)"""
     if shape is None:
         return []
     found: dict[tuple[int, ...], TimedCall] = {}
@@ -206,21 +212,33 @@ def timed_calls(
     if persistent is not None:
         try:
             stored = persistent.entries(readonly_layers=True, op_id=op_id_v)
-            add(_timed_entries(e for e in stored if e.dev == dev))
+            add(_timed_entries((e for e in stored if e.dev == dev), cfg_type))
         except Exception as e:
             logger.warning("kerneltune: no prediction from the persistent cache: %s", e)
     if shipped is not None:
-        add(_timed_entries(shipped.entries_of(dev, op_id_v)))
+        add(_timed_entries(shipped.entries_of(dev, op_id_v), cfg_type))
         if not found and isinstance(shipped, ShippedTables):
-            add(_timed_entries(shipped.sibling_entries_of(dev, op_id_v), borrowed=True))
+            add(_timed_entries(shipped.sibling_entries_of(dev, op_id_v), cfg_type, borrowed=True))
     return list(found.values())
 
 
-def _timed_entries(entries: Iterable[CacheEntry], borrowed: bool = False) -> Iterator[TimedCall]:
+def _timed_entries(
+    entries: Iterable[CacheEntry], cfg_type: type[Any] | None, borrowed: bool = False
+) -> Iterator[TimedCall]:
     for e in entries:
         if e.shape is not None:
             kind = device_kind_of(e.dev) if borrowed else ""
-            yield TimedCall(e.shape, e.cfg, outcomes_of(e.timings), borrowed_from=kind)
+            outcomes = tuple((current_names(c, cfg_type), t) for c, t in outcomes_of(e.timings))
+            winner = current_names(e.cfg, cfg_type)
+            yield TimedCall(e.shape, winner, outcomes, borrowed_from=kind)
+
+
+def current_names(cfg: Any, cfg_type: type[Any] | None) -> Any:
+    """A stored config's field dict with the fields `cfg_type` renamed since under
+    their names now; anything else as it is."""
+    if cfg_type is None or not isinstance(cfg, Mapping):
+        return cfg
+    return dict(with_current_names(cfg_type, cfg))
 
 
 def hints(

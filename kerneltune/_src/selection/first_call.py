@@ -90,7 +90,13 @@ def predict_call(
     """The prediction for a call, from the tuned calls of its family known here."""
     shape = inv.shape
     calls = tuned_neighbours.timed_calls(
-        shape, key[0], key[1], local=local, persistent=persistent, shipped=shipped
+        shape,
+        key[0],
+        key[1],
+        hooks.config_type_of(kernel, inv),
+        local=local,
+        persistent=persistent,
+        shipped=shipped,
     )
     return prediction.predict(
         None if shape is None else shape.sizes,
