@@ -24,8 +24,8 @@ D 3072, F 8192; "moe_off48": 48 experts top-6, D 2048, F 1536), whose processes 
 tokamax's layer too where it is installed ("× tokamax").
 
 Variants: "plain" (plain JAX), "kt" and "kt_cold" (above), "tokamax" (the MoE layer on
-tokamax's grouped matmul), and "kt_autotuned": kerneltune's first call, then
-`kt.autotune(step, ...)` (its wall: "autotune s", issue 45's 30 s), then the step as a
+tokamax's grouped matmul, the blocks on tokamax's ops), and "kt_autotuned": kerneltune's
+first call, then `kt.autotune(step, ...)` (its wall: "autotune s", issue 45's 30 s), then the step as a
 new `jax.jit` traces it with the tuned configs: the step time is the tuned one's.
 
     python -m benchmarks.first_use_gpu --rows moe_off16,moe_off48 --variants tokamax,kt,kt_autotuned
@@ -109,12 +109,17 @@ def step_for(row: str, variant: str) -> Callable[..., Any]:
         else:
             ops = moe_model.jax_ops() if plain else moe_model.kerneltune_ops()
         return jax.jit(jax.value_and_grad(moe_model.loss_fn(ops, moes[row])))
-    if variant == "tokamax":
-        raise SystemExit(f"the tokamax variant is for the MoE rows, not {row}")
     blocks = {**BLOCKS, **SMOKE_BLOCKS}
+    if variant == "tokamax" and row not in blocks:
+        raise SystemExit(f"the tokamax variant is for the MoE rows and the blocks, not {row}")
     if row in blocks:
         block, shape = blocks[row]
         ops = mb.plain_ops() if plain else mb.kerneltune_ops()
+        if variant == "tokamax":
+            tk = h.tokamax()
+            if tk is None:
+                raise SystemExit("the tokamax variant needs tokamax installed")
+            ops = mb.tokamax_ops(tk)
         if variant == "plain_labelled":
             ops = mb.labelled_ops(ops)
         return mb.train_step(block, ops, shape)
