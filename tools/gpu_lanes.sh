@@ -5,7 +5,8 @@
 #
 #   DEADLINE_S=560 tools/gpu_lanes.sh 'name1::cmd; cmd' 'name2::cmd' ...
 #
-# Lane i gets GPU i (CUDA_VISIBLE_DEVICES), wrapping around when lanes outnumber GPUs.
+# Lane i gets GPU i (CUDA_VISIBLE_DEVICES), wrapping around when lanes outnumber GPUs;
+# GPUS="2 3" keeps the lanes on those GPUs (the others left free for timed work).
 # Commands run under bash in the repository root; $TK (tokamax wheels unpacked) and
 # $NOTK (no tokamax) are PYTHONPATH values for commands to choose between.
 set -uo pipefail
@@ -20,12 +21,13 @@ if [ -d .gpu-wheels ] && [ ! -d /tmp/site/tokamax ]; then
     --target /tmp/site .gpu-wheels/*.whl >/dev/null 2>&1 || echo "tokamax wheels: install failed"
 fi
 export TK=.:/tmp/site NOTK=. JAX_PLATFORMS=cuda PYTHONUNBUFFERED=1
-gpus=$(nvidia-smi -L | wc -l)
+read -r -a gpu_ids <<<"${GPUS:-$(seq -s ' ' 0 $(( $(nvidia-smi -L | wc -l) - 1 )))}"
+gpus=${#gpu_ids[@]}
 i=0
 for lane in "$@"; do
   name=${lane%%::*}
   cmds=${lane#*::}
-  gpu=$(( i % gpus ))
+  gpu=${gpu_ids[$(( i % gpus ))]}
   (
     export CUDA_VISIBLE_DEVICES=$gpu
     left=$(( deadline - $(date +%s) ))

@@ -32,7 +32,9 @@ for which in "$@"; do
   done
 done
 [ ${#lanes[@]} -eq 0 ] && { echo "ONLY='${ONLY:-}' names no lane" >&2; exit 2; }
-if [ ${#lanes[@]} -gt "$(nvidia-smi -L | wc -l)" ]; then
+gpu_count=$(nvidia-smi -L | wc -l)
+[ -n "${GPUS:-}" ] && gpu_count=$(wc -w <<<"$GPUS")
+if [ ${#lanes[@]} -gt "$gpu_count" ]; then
   export XLA_PYTHON_CLIENT_PREALLOCATE=false
 fi
 OUT=${OUT:-/tmp/lanes} DEADLINE_S=${DEADLINE_S:-555} tools/gpu_lanes.sh "${lanes[@]}"
