@@ -17,14 +17,16 @@ ratio of the two, the same program) shows how far apart identical programs time 
 process. "consts" counts JAX's "constants were captured" warnings.
 
 Rows: the GPT and Llama blocks of `model_gpu` (shapes in the shipped tables), the same
-blocks at sizes in no table ("_off"), causal grouped-query attention forward +
-backward at 32k, 64k and 128k tokens (B1, 16/4 heads, head dim 128, bf16), and the
-MoE layer of `examples/moe` at two sizes in no table ("moe_off16": 16 experts top-2,
-D 3072, F 8192; "moe_off48": 48 experts top-6, D 2048, F 1536), whose processes time
-tokamax's layer too where it is installed ("× tokamax").
+blocks at sizes in no table ("_off", "llama_off2"), causal grouped-query attention
+forward + backward at 32k, 64k and 128k tokens (B1, 16/4 heads, head dim 128, bf16),
+the MoE layer of `examples/moe` at two sizes in no table ("moe_off16": 16 experts
+top-2, D 3072, F 8192; "moe_off48": 48 experts top-6, D 2048, F 1536) and the loss
+head's training step at two vocabularies in no table ("head_50k": 8192x2048 -> 50304;
+"head_152k": 4096x3072 -> 151936; plain JAX with logits in bf16). The MoE and loss
+head processes time tokamax's step too where it is installed ("× tokamax").
 
 Variants: "plain" (plain JAX), "kt" and "kt_cold" (above), "tokamax" (the MoE layer on
-tokamax's grouped matmul, the blocks on tokamax's ops), and "kt_autotuned": kerneltune's
+tokamax's grouped matmul, the blocks and the loss head on tokamax's ops), and "kt_autotuned": kerneltune's
 first call, then `kt.autotune(step, ...)` (its wall: "autotune s", issue 45's 30 s), then the step as a
 new `jax.jit` traces it with the tuned configs: the step time is the tuned one's.
 
@@ -50,6 +52,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks import harness as h
+from benchmarks import loss_head_gpu
 from benchmarks import model_blocks as mb
 from examples.moe import model as moe_model
 
@@ -59,18 +62,24 @@ BLOCKS = {
     # Batch and sequence in no shipped table.
     "gpt_off": ("gpt", mb.BlockShape(6, 3072, 2048, 16, 16, 8192)),
     "llama_off": ("llama", mb.BlockShape(4, 4096, 2048, 16, 4, 5632)),
+    # `first_call_gpu.BLOCK`'s second: D 4096, 32/8 heads, MLP 11008.
+    "llama_off2": ("llama", mb.BlockShape(2, 2048, 4096, 32, 8, 11008)),
 }
+#: The loss head (rows x width -> vocabulary) at `first_call_gpu.LOSS_HEAD`'s sizes:
+#: GPT-2's vocabulary and Qwen's, in no shipped table.
+HEADS = {"head_50k": (8192, 2048, 50304), "head_152k": (4096, 3072, 151936)}
 LONG = {"attn32k": 32768, "attn64k": 65536, "attn128k": 131072}
 #: The MoE layer at sizes no shipped table holds (`first_call_gpu.MOE`'s).
 MOE = {
     "moe_off16": moe_model.MoEShape("held-out", 6144, 3072, 8192, 16, 2),
     "moe_off48": moe_model.MoEShape("held-out", 4096, 2048, 1536, 48, 6),
 }
-ROWS = (*BLOCKS, *LONG, *MOE)
+ROWS = (*BLOCKS, *LONG, *MOE, *HEADS)
 # Tiny rows that run anywhere (a check of the benchmark itself, wall clock on a CPU).
 SMOKE_BLOCKS = {"gpt_smoke": ("gpt", mb.BlockShape(1, 64, 64, 2, 2, 128))}
 SMOKE_LONG = {"attn_smoke": 64}
 SMOKE_MOE = {"moe_smoke": moe_model.MoEShape("smoke", 32, 32, 32, 4, 2)}
+SMOKE_HEADS = {"head_smoke": (64, 32, 256)}
 # "plain_labelled": plain JAX's ops with kerneltune's labels on their instructions (a
 # control: the step of the same program, labelled, against plain's in one process).
 VARIANTS = ("plain", "kt", "kt_cold", "plain_labelled", "tokamax", "kt_autotuned")
@@ -96,30 +105,46 @@ def _kt_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     return attention(q, k, v, is_causal=True)
 
 
+def _kt_loss_head(x: jax.Array, labels: jax.Array, w: jax.Array) -> jax.Array:
+    from kerneltune.kernels import linear_softmax_cross_entropy
+
+    return linear_softmax_cross_entropy(x, labels, w)
+
+
+def _tokamax() -> Any:
+    tk = h.tokamax()
+    if tk is None:
+        raise SystemExit("the tokamax variant needs tokamax installed")
+    return tk
+
+
 def step_for(row: str, variant: str) -> Callable[..., Any]:
     """The row's jitted training step with the variant's ops (a new jit each call)."""
     plain = variant in ("plain", "plain_labelled")
+    if row in {**HEADS, **SMOKE_HEADS}:
+        loss = (
+            loss_head_gpu.tokamax_loss(_tokamax())
+            if variant == "tokamax"
+            else loss_head_gpu.plain_loss_bf16_logits if plain else _kt_loss_head
+        )
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 2)))
     moes = {**MOE, **SMOKE_MOE}
     if row in moes:
         if variant == "tokamax":
-            tk = h.tokamax()
-            if tk is None:
-                raise SystemExit("the tokamax variant needs tokamax installed")
-            ops = moe_model.tokamax_ops(tk)
+            ops = moe_model.tokamax_ops(_tokamax())
         else:
             ops = moe_model.jax_ops() if plain else moe_model.kerneltune_ops()
         return jax.jit(jax.value_and_grad(moe_model.loss_fn(ops, moes[row])))
     blocks = {**BLOCKS, **SMOKE_BLOCKS}
     if variant == "tokamax" and row not in blocks:
-        raise SystemExit(f"the tokamax variant is for the MoE rows and the blocks, not {row}")
+        raise SystemExit(
+            f"the tokamax variant is for the MoE rows, the blocks and the loss heads, not {row}"
+        )
     if row in blocks:
         block, shape = blocks[row]
         ops = mb.plain_ops() if plain else mb.kerneltune_ops()
         if variant == "tokamax":
-            tk = h.tokamax()
-            if tk is None:
-                raise SystemExit("the tokamax variant needs tokamax installed")
-            ops = mb.tokamax_ops(tk)
+            ops = mb.tokamax_ops(_tokamax())
         if variant == "plain_labelled":
             ops = mb.labelled_ops(ops)
         return mb.train_step(block, ops, shape)
@@ -136,6 +161,11 @@ def args_for(row: str) -> tuple[Any, ...]:
     moes = {**MOE, **SMOKE_MOE}
     if row in moes:
         return (moe_model.init_params(moes[row]), *moe_model.inputs(moes[row]))
+    heads = {**HEADS, **SMOKE_HEADS}
+    if row in heads:
+        rows, width, vocab = heads[row]
+        labels = jax.random.randint(jax.random.key(2), (rows,), 0, vocab, jnp.int32)
+        return h.normal(0, (rows, width)), labels, h.normal(1, (width, vocab)) * 0.02
     blocks = {**BLOCKS, **SMOKE_BLOCKS}
     if row in blocks:
         block, shape = blocks[row]
@@ -228,7 +258,8 @@ def child(row: str, variant: str) -> dict[str, Any]:
         step = step_for(row, variant)  # a new jit: traced with the tuned configs
         out["peak_gib"] = (device.memory_stats() or {}).get("peak_bytes_in_use", 0) / 2**30
     sessions = {variant: h.session(step, [args])}
-    if row in {**MOE, **SMOKE_MOE} and variant != "tokamax" and h.tokamax() is not None:
+    with_tokamax = {**MOE, **SMOKE_MOE, **HEADS, **SMOKE_HEADS}
+    if row in with_tokamax and variant != "tokamax" and h.tokamax() is not None:
         sessions["tokamax"] = h.session(step_for(row, "tokamax"), [args])
     if variant != "plain":
         # Plain JAX's step timed in this process too, in interleaved rounds, and a
@@ -341,7 +372,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, dict[str, Any
         print(json.dumps(child(*a.child)), flush=True)
         return {}
     rows, variants = a.rows.split(","), a.variants.split(",")
-    every_row = (*ROWS, *SMOKE_BLOCKS, *SMOKE_LONG, *SMOKE_MOE)
+    every_row = (*ROWS, *SMOKE_BLOCKS, *SMOKE_LONG, *SMOKE_MOE, *SMOKE_HEADS)
     for name, allowed in ((rows, every_row), (variants, VARIANTS)):
         unknown = sorted(set(name) - set(allowed))
         if unknown:

@@ -452,8 +452,23 @@ def test_the_first_use_benchmark_tunes_the_moe_layer_with_kt_autotune_and_times_
     assert jnp.allclose(l1, l2, rtol=2e-2)
     for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2), strict=True):
         assert jnp.allclose(a.astype(jnp.float32), b.astype(jnp.float32), rtol=5e-2, atol=5e-2)
-    with pytest.raises(SystemExit, match="tokamax variant is for the MoE rows"):
-        first_use_gpu.step_for("gpt_smoke", "tokamax")
+    with pytest.raises(SystemExit, match="tokamax variant is for the MoE rows, the blocks"):
+        first_use_gpu.step_for("attn_smoke", "tokamax")
+
+
+def test_the_first_use_benchmarks_loss_head_is_plain_jaxs_loss_and_gradients():
+    # The loss head rows (issue 45's two vocabularies, in fresh processes): kerneltune's
+    # training step gives plain JAX's loss and gradients.
+    from benchmarks import first_use_gpu
+
+    plain, args = first_use_gpu.step_and_args("head_smoke", "plain")
+    ours, _ = first_use_gpu.step_and_args("head_smoke", "kt")
+    assert args[0].shape == (64, 32) and args[2].shape == (32, 256)
+    (l1, g1), (l2, g2) = plain(*args), ours(*args)
+    assert jnp.allclose(l1, l2, rtol=2e-2)
+    for a, b in zip(g1, g2, strict=True):
+        assert a.shape == b.shape
+        assert jnp.allclose(a.astype(jnp.float32), b.astype(jnp.float32), rtol=5e-2, atol=5e-3)
 
 
 def test_labelled_plain_ops_are_plain_jaxs_values_with_kerneltunes_labels():
