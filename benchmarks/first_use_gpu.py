@@ -122,11 +122,10 @@ def step_for(row: str, variant: str) -> Callable[..., Any]:
     """The row's jitted training step with the variant's ops (a new jit each call)."""
     plain = variant in ("plain", "plain_labelled")
     if row in {**HEADS, **SMOKE_HEADS}:
-        loss = (
-            loss_head_gpu.tokamax_loss(_tokamax())
-            if variant == "tokamax"
-            else loss_head_gpu.plain_loss_bf16_logits if plain else _kt_loss_head
-        )
+        if variant == "tokamax":
+            loss = loss_head_gpu.tokamax_loss(_tokamax())
+        else:
+            loss = loss_head_gpu.plain_loss_bf16_logits if plain else _kt_loss_head
         return jax.jit(jax.value_and_grad(loss, argnums=(0, 2)))
     moes = {**MOE, **SMOKE_MOE}
     if row in moes:

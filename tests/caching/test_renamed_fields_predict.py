@@ -38,7 +38,10 @@ def old_entry(sizes: tuple[int, ...], times: dict[int, float]) -> kt.CacheEntry:
 
 def test_stored_old_names_are_read_under_the_names_of_now(tmp_path):
     path = tmp_path / "t.json"
-    entries = [old_entry((1024, 1024), {64: 2e-3, 128: 1e-3}), old_entry((4096, 1024), {64: 3e-3, 128: 1e-3})]
+    entries = [
+        old_entry((1024, 1024), {64: 2e-3, 128: 1e-3}),
+        old_entry((4096, 1024), {64: 3e-3, 128: 1e-3}),
+    ]
     storage.write_export_file(str(path), [e.to_document() for e in entries], exported=0.0)
     tables = shipped.ShippedTables([path])
     shape = CallShape("fam", (2048, 1024))
