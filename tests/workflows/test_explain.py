@@ -87,3 +87,28 @@ def test_a_stored_config_that_cannot_run_here_is_a_miss_and_an_override_an_error
         why = kt.explain(kernel, x, executor=executor(cache_miss_fallback="heuristics"))
     assert why.tier == "heuristics"
     assert any(t == "overlay" and "cannot run here" in r for t, r in why.misses)
+
+
+def test_stored_timings_mark_the_winner_stored_under_old_field_names():
+    # A matmul entry stored before `bm`/`bn`/`bk` became `block_m`/`block_n`/`block_k`:
+    # the winner it loads as is still the candidate marked "*".
+    from kerneltune._src.core.configs import config_to_dict
+    from kerneltune._src.workflows.explain import stored_timings
+    from kerneltune.kernels.matmul.config import MatmulConfig
+
+    win = MatmulConfig(backend="triton", block_m=64)
+    before = {"block_m": "bm", "block_n": "bn", "block_k": "bk"}
+    old = {before.get(k, k): v for k, v in config_to_dict(win).items()}
+    other = {**old, "bm": 128}
+    entry = kt.CacheEntry(
+        "matmul@v3",
+        "key",
+        win,
+        timings=[
+            {"cfg": other, "status": "ok", "time_s": 2e-3},
+            {"cfg": old, "status": "ok", "time_s": 1e-3},
+        ],
+    )
+    lines = stored_timings(entry)
+    marked = [line for line in lines[1:] if line.lstrip().startswith("*")]
+    assert len(marked) == 1 and "bm=64" in marked[0] and "1.0000 ms" in marked[0]
