@@ -147,3 +147,38 @@ def test_more_workers_than_gpus_are_capped_at_one_per_gpu(tmp_path):
     assert "only 1 visible GPU(s)" in done.stdout and "tuning in 1 worker(s)" in done.stdout
     assert "worker processes" not in done.stdout  # tuned here, not in 2 workers
     assert {(e.op_id_v, e.call_key) for e in kt.AutotuningResult.load(out, TYPES)} == keys
+
+
+def test_a_stopped_worker_that_ignores_sigterm_is_killed_after_a_short_grace(tmp_path, monkeypatch):
+    # A worker of a JAX job does not exit on SIGTERM (`jax.distributed` takes it as a
+    # preemption notice): the parent waited 30 s for each one it stopped after a
+    # sibling died. Its keys are in its result file (written atomically): a kill loses
+    # nothing, so the grace is short.
+    import time
+
+    from kerneltune._src.workflows import tune_workers as tw
+
+    ignores = (
+        "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('ready', flush=True); time.sleep(120)"
+    )
+    done_keys = {("op@v1", "k0")}
+    plan = SimpleNamespace(seeds=(), share=(SimpleNamespace(key=("op@v1", "k0")),))
+    dead = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    dead.wait()
+    alive = subprocess.Popen([sys.executable, "-c", ignores], stdout=subprocess.PIPE, text=True)
+    assert alive.stdout.readline().strip() == "ready"  # SIGTERM is ignored from here
+    monkeypatch.setattr(tw, "load_result", lambda path: path)
+    monkeypatch.setattr(tw, "_keys", lambda result: done_keys if result == "full" else set())
+    workers = [
+        tw._Worker(0, None, plan, "full", "", None, alive),
+        tw._Worker(1, None, SimpleNamespace(seeds=(), share=()), "none", "", None, dead),
+    ]
+    start = time.perf_counter()
+    try:
+        tw._wait(workers, poll_s=0.05)
+    finally:
+        alive.kill()
+        alive.stdout.close()
+    assert workers[0].stopped and alive.returncode is not None
+    assert time.perf_counter() - start < 15  # 30 s and more before
