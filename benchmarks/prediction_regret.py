@@ -43,13 +43,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import kerneltune.kernels  # noqa: F401  (defines, so registers, the bundled kernels)
 from kerneltune._src.caching import storage
 from kerneltune._src.caching.cache_entry import CacheEntry, entry_from_document
 from kerneltune._src.caching.shipped import PACKAGE_TABLES
 from kerneltune._src.caching.tuned_neighbours import TimedCall, current_names, outcomes_of
+from kerneltune._src.kernel.base import registered_kernels
 from kerneltune._src.selection import prediction
-from kerneltune.kernels.gated_linear_unit.api import GatedLinearUnit
-from kerneltune.kernels.matmul.api import Matmul
 
 METHODS = ("predicted", "first call", "shortlist", "heuristic")
 
@@ -76,11 +76,15 @@ class Outcome:
     exact: bool
 
 
-#: The ops whose config fields were renamed after some table entries were stored
-#: (`bm`/`bn`/`bk`): their entries are read under today's names, as the selection
-#: chain reads them (`tuned_neighbours.timed_calls`), so that a key of either naming
-#: informs a key of the other.
-RENAMED = {k.op_id: k.config_type for k in (Matmul, GatedLinearUnit)}
+#: The config types, by op, whose fields were renamed after some table entries were
+#: stored (the matmul's and GLU's `bm`/`bn`/`bk`): their entries are read under
+#: today's names, as the selection chain reads them (`tuned_neighbours.timed_calls`),
+#: so that a key of either naming informs a key of the other.
+RENAMED = {
+    k.op_id: k.config_type
+    for k in registered_kernels().values()
+    if getattr(getattr(k, "config_type", None), "renamed_fields", None)
+}
 
 
 def load(path: str) -> list[CacheEntry]:
