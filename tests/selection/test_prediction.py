@@ -220,3 +220,29 @@ def test_the_replay_scores_a_key_against_its_recorded_times():
     assert outcome.regret["predicted"] == outcome.regret["heuristic"]
     assert 0.8 < outcome.regret["heuristic"] < 0.9
     assert outcome.regret["first call"] < outcome.regret["heuristic"]
+
+
+def test_the_replay_reads_old_field_names_as_the_selection_chain_does():
+    # A matmul key stored as `bm`/`bn`/`bk` and one stored as `block_*`: each informs
+    # the other's prediction in the replay, as in `tuned_neighbours.timed_calls`.
+    import kerneltune as kt
+    from kerneltune._src.core.configs import config_to_dict
+    from kerneltune.kernels.matmul.config import MatmulConfig
+
+    def entry(sizes, old_names):
+        rows = []
+        for m, t in ((64, 2e-3), (128, 1e-3)):
+            cfg = config_to_dict(MatmulConfig(backend="triton", block_m=m))
+            if old_names:
+                cfg = {{"block_m": "bm", "block_n": "bn", "block_k": "bk"}.get(k, k): v
+                       for k, v in cfg.items()}  # fmt: skip
+            rows.append({"cfg": cfg, "status": "ok", "time_s": t})
+        return kt.CacheEntry("matmul@v3", f"k{sizes}", rows[1]["cfg"], timings=rows,
+                             shape=CallShape("fam", sizes), heuristic_cfg=rows[0]["cfg"])  # fmt: skip
+
+    old, new = entry((1024, 1024), True), entry((2048, 1024), False)
+    entries = [prediction_regret._current_names(e) for e in (old, new)]
+    assert all("bm" not in t["cfg"] for e in entries for t in e.timings)
+    outcomes = prediction_regret.replay(entries, "t")
+    assert [o.neighbours for o in outcomes] == [1, 1]
+    assert all(o.exact and o.regret["predicted"] == 0.0 for o in outcomes)
