@@ -83,9 +83,10 @@ def ragged_all_to_all_compiles(mesh):
 def pallas_ops(tuned=False):
     """kerneltune's ragged_dot on the interpreted Triton kernel: small tiles, or each
     key tuned when the block is traced (inside `shard_map`, on per-device shapes)."""
-    # Three candidates a key: tuning inside shard_map is what is tested, not the search
-    # (the whole interpreted space took 50 s of the suite).
-    tuner = kt.Tuner(progress=False, iters=1, target_sample_s=1e-4, max_evals=3)
+    # Two candidates a key (the heuristic and one other): tuning inside shard_map is
+    # what is tested, not the search (the whole interpreted space took 50 s of the
+    # suite, three a key 40 s, two 31 s).
+    tuner = kt.Tuner(progress=False, iters=1, target_sample_s=1e-4, max_evals=2)
     ex = executor(tuner=tuner) if tuned else heuristics_executor()
     kernel = RaggedDotInterpret(executor=ex)
     small = RaggedDotConfig(block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=2)
