@@ -47,7 +47,8 @@ import kerneltune.kernels  # noqa: F401  (defines, so registers, the bundled ker
 from kerneltune._src.caching import storage
 from kerneltune._src.caching.cache_entry import CacheEntry, entry_from_document
 from kerneltune._src.caching.shipped import PACKAGE_TABLES
-from kerneltune._src.caching.tuned_neighbours import TimedCall, current_names, outcomes_of
+from kerneltune._src.caching.tuned_neighbours import TimedCall, outcomes_of
+from kerneltune._src.core.configs import current_names
 from kerneltune._src.kernel.base import registered_kernels
 from kerneltune._src.selection import prediction
 

@@ -23,7 +23,7 @@ from kerneltune._src.caching.cache_entry import CacheEntry
 from kerneltune._src.caching.shipped import ShippedTables, device_kind_of
 from kerneltune._src.core import call_shapes
 from kerneltune._src.core.call_shapes import CallShape
-from kerneltune._src.core.configs import config_from_dict, with_current_names
+from kerneltune._src.core.configs import config_from_dict, current_names
 from kerneltune._src.tuning import config_space
 
 logger = logging.getLogger("kerneltune")
@@ -231,14 +231,6 @@ def _timed_entries(
             outcomes = tuple((current_names(c, cfg_type), t) for c, t in outcomes_of(e.timings))
             winner = current_names(e.cfg, cfg_type)
             yield TimedCall(e.shape, winner, outcomes, borrowed_from=kind)
-
-
-def current_names(cfg: Any, cfg_type: type[Any] | None) -> Any:
-    """A stored config's field dict with the fields `cfg_type` renamed since under
-    their names now; anything else as it is."""
-    if cfg_type is None or not isinstance(cfg, Mapping):
-        return cfg
-    return dict(with_current_names(cfg_type, cfg))
 
 
 def hints(

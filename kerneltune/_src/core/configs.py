@@ -91,6 +91,16 @@ def with_current_names(cls: type, data: Mapping[str, Any]) -> Mapping[str, Any]:
     return {renamed.get(k, k): v for k, v in data.items()}
 
 
+def current_names(cfg: Any, cfg_type: type | None) -> Any:
+    """A stored config (a field dict, as caches and tables hold it) under the field
+    names `cfg_type` has now, as a new dict; anything else (a config instance, None)
+    as it is. Where stored configs are compared with live ones (predictions, `explain`)
+    a config stored before a rename then matches the config it is."""
+    if cfg_type is None or not isinstance(cfg, Mapping):
+        return cfg
+    return dict(with_current_names(cfg_type, cfg))
+
+
 def config_from_dict(data: Mapping[str, Any], cls: type[T]) -> T:
     """Builds `cls` from plain data, checking every field against its annotation and
     recursing into nested dataclass fields.

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from kerneltune._src.caching.cache_entry import CacheEntry
-from kerneltune._src.core.configs import config_to_dict, with_current_names
+from kerneltune._src.core.configs import config_to_dict, current_names
 from kerneltune._src.execution.eager_programs import CallOptions
 from kerneltune._src.kernel.base import Kernel
 from kerneltune._src.selection.chain import ConfigSelectorChain
@@ -96,14 +96,6 @@ def _fields(cfg: Any) -> str:
     return " ".join(f"{k}={v}" for k, v in sorted(cfg.items()) if v is not None)
 
 
-def _current(stored: Any, cfg: Any) -> Any:
-    """A stored candidate's fields under the names `cfg`'s type has now (a candidate
-    stored before a field rename still matches the winner it is)."""
-    if isinstance(stored, dict) and dataclasses.is_dataclass(cfg):
-        return dict(with_current_names(type(cfg), stored))
-    return stored
-
-
 def stored_timings(entry: CacheEntry) -> list[str]:
     """Lines describing what a persistent cache entry recorded about its tuning."""
     e = entry
@@ -116,7 +108,7 @@ def stored_timings(entry: CacheEntry) -> list[str]:
     ranked = sorted(e.candidates, key=lambda c: (c.get("time_s") is None, c.get("time_s") or 0))
     winner = config_to_dict(e.cfg)
     for c in ranked:
-        mark = "*" if _current(c.get("cfg"), e.cfg) == winner else " "
+        mark = "*" if current_names(c.get("cfg"), type(e.cfg)) == winner else " "
         t = c.get("time_s")
         when = f"{t * 1e3:9.4f} ms" if t is not None else f"{c.get('status')}: {c.get('error')}"
         lines.append(f"   {mark} {when}  {_fields(c.get('cfg'))}")
