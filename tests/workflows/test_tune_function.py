@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import kerneltune as kt
+from kerneltune._src.kernel.backends import Backend, BackendKernel
 from tests.helpers import CostInProgram
 from tests.offline_kernels import CHEAPEST, LoopKernel, SinKernel
 
@@ -215,3 +216,60 @@ def test_the_whole_function_decision_is_agreed_between_processes(monkeypatch):
     assert entry.cfg == FusedCfg(50, 299)  # the agreed choice, not the local one
     (whole,) = [k for k in seen if k[1] == tune_function.WHOLE_FUNCTION_OP]
     assert len(whole[2]) > 8  # keyed by the tuned calls, the same in every process
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendCost:
+    backend: str
+    cost: int
+
+
+class _Pallas(Backend):
+    """Stands for a Pallas kernel on the device (a custom call XLA fuses nothing into);
+    its code is plain JAX so that it runs here."""
+
+    name = "pallas"
+    lowering = "mosaic_gpu"
+    differentiated_by_jax = True
+
+    def run(self, kernel, x, *, cfg):
+        with jax.named_scope(f"ktcost_{cfg.cost}"):
+            return x + 1.0
+
+
+class _Xla(_Pallas):
+    name = "xla"
+    lowering = None
+    plain_jax = True
+
+
+class PallasOrXla(BackendKernel[BackendCost]):
+    op_id = "pallas_or_xla"
+    config_type = BackendCost
+    backends = (_Pallas(), _Xla())
+
+    def __init__(self, tuned_backend):
+        super().__init__(f"pallas_or_xla_{tuned_backend}")
+        self.tuned_backend = tuned_backend
+
+    def heuristic_cfg(self, inv):
+        return BackendCost("pallas", 100)
+
+    def search_space(self, inv):
+        return [BackendCost("pallas", 100), BackendCost(self.tuned_backend, 50)], []
+
+
+@pytest.mark.parametrize("tuned_backend, timed_whole", [("pallas", False), ("xla", True)])
+def test_the_whole_function_is_timed_only_when_a_change_involves_xla_code(
+    monkeypatch, tuned_backend, timed_whole
+):
+    # From one Pallas kernel to another, the kernel's time alone is its time in the
+    # function (no fusion): the function is not compiled and timed twice more.
+    monkeypatch.setattr(BackendKernel, "use_interpreter", lambda self: False)
+    monkeypatch.setattr(BackendKernel, "runs_pallas", lambda self: True)
+    kernel = PallasOrXla(tuned_backend)
+    tuner = CountingTuner()
+    (entry,) = kt.autotune(lambda x: kernel(x).sum(), jnp.ones((8, 8)), tuner=tuner)
+    assert entry.cfg == BackendCost(tuned_backend, 50)
+    assert ("the whole function" in tuner.tuned) is timed_whole
+    assert len(tuner.tuned) == 1 + timed_whole

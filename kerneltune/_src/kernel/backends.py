@@ -67,6 +67,11 @@ class Backend:
         kernel cannot be interpreted).
       plain_jax: True when its code is plain JAX (no Pallas, no library): it runs on
         every platform, CPUs and TPUs included.
+      backward_tuned_apart: True when its `vjp` runs the same backward whatever its
+        config: kernels keyed and tuned for themselves (a grouped matmul's d_lhs and
+        d_rhs, the attention backward kernel), fed residuals no config changes. A
+        training key times such candidates forward only and adds their backward's time,
+        measured once (`selection/training_keys.py`).
     """
 
     name: ClassVar[str]
@@ -74,6 +79,7 @@ class Backend:
     lowering: ClassVar[str | None] = None
     interprets: ClassVar[bool] = False
     plain_jax: ClassVar[bool] = False
+    backward_tuned_apart: ClassVar[bool] = False
 
     #: `run(kernel, *args, cfg, **kwargs) -> out`: the op's output for `args` with
     #: `cfg` (each backend takes the op's own arguments, hence the loose type).

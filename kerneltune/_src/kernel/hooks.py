@@ -118,3 +118,35 @@ def concrete_inputs(
 
 def context_of(inv: Invocation[Any, Any]) -> str | None:
     return inv.method if inv.method == "shard_map" else None
+
+
+def backward_tuned_apart(kernel: Kernel[Any, Any], cfg: Any) -> bool:
+    """True when the backward of `cfg` is the same whatever the config (its backend's
+    `backward_tuned_apart`): timing such a candidate with its backward adds the same
+    time to every one of them."""
+    if not isinstance(kernel, BackendKernel):
+        return False
+    backend = _backend_or_none(kernel, cfg)
+    return (
+        backend is not None and backend.backward_tuned_apart and not backend.differentiated_by_jax
+    )
+
+
+def runs_alone(kernel: Kernel[Any, Any], cfg: Any) -> bool:
+    """True when `cfg` runs as a Pallas kernel compiled for the device (Triton or
+    Mosaic GPU): one custom call that XLA fuses none of its neighbours' work into, so
+    its time measured alone is its time inside a program. False for XLA's own code,
+    libraries (cuDNN, tokamax: what they run is theirs to choose) and the interpreter."""
+    if not isinstance(kernel, BackendKernel) or kernel.use_interpreter():
+        return False
+    backend = _backend_or_none(kernel, cfg)
+    return backend is not None and backend.lowering is not None
+
+
+def _backend_or_none(kernel: BackendKernel[Any], cfg: Any) -> Any:
+    """The backend that runs `cfg`, or None for a config that names none of the
+    kernel's backends (such a config is treated as the general case)."""
+    try:
+        return kernel.backend_of(cfg)
+    except (AttributeError, ValueError):
+        return None

@@ -12,6 +12,7 @@ from kerneltune._src.core import scope, tracing
 from kerneltune._src.kernel import dispatch, hooks
 from kerneltune._src.kernel.base import Invocation, Kernel
 from kerneltune._src.kernel.methods import bound, methods_of
+from kerneltune._src.selection import training_keys
 from kerneltune._src.tuning import distributed, shared
 from kerneltune._src.tuning.protocol import run_tuner
 from kerneltune._src.tuning.report import TuningReport
@@ -65,18 +66,38 @@ def tune_key(
     # it, or every array made here would be a tracer of the user's program.
     with tracing.outside_traces():
         args, kwargs = hooks.concrete_inputs(kernel, inv)
-        report: TuningReport = run_tuner(
-            tuner,
-            make_fn,
-            args,
-            kwargs,
-            timed,
-            reference_cfg=heuristic,
-            backward=backward,
-            name=f"{inv.op_id_v}({inv.signature})",
-            reference_fn=bound(kernel, methods_of(kernel, context).reference),
-            hints=hints,
-        )
+
+        def tune(
+            cands: list[Any], *, backward: bool, hints: list[Any], reference_cfg: Any
+        ) -> TuningReport:
+            return run_tuner(
+                tuner,
+                make_fn,
+                args,
+                kwargs,
+                cands,
+                reference_cfg=reference_cfg,
+                backward=backward,
+                name=f"{inv.op_id_v}({inv.signature})",
+                reference_fn=bound(kernel, methods_of(kernel, context).reference),
+                hints=hints,
+            )
+
+        report: TuningReport | None = None
+        # A full search, by this process alone: candidates whose backward is the same
+        # kernels whatever their config are timed forward only (`training_keys`). A
+        # budgeted first call (a shortlist of a few) and a shared tuning (slices
+        # merged across processes) time every candidate with its backward.
+        if backward and space is None and not shared.active():
+            report = training_keys.tune_in_two(
+                tune,
+                timed,
+                apart=lambda cfg: hooks.backward_tuned_apart(kernel, cfg),
+                heuristic=heuristic,
+                hints=hints,
+            )
+        if report is None:
+            report = tune(timed, backward=backward, hints=hints, reference_cfg=heuristic)
     # With several processes, every one must end with the same winner (SPMD).
     if shared.active():
         report = shared.agree(key, report, candidates)

@@ -8,9 +8,13 @@ traced before or not) uses them on its next call.
 
 Each key is tuned alone, but inside `f` XLA fuses a library backend's work with its
 neighbours (a norm into the next matmul, a bias into cuBLAS's epilogue), which a
-kernel timed alone cannot show. So when tuning changed any config, `f` itself is timed
-with the tuned configs and with the heuristic ones, side by side; the tuned ones are
-kept only when `f` is measurably faster with them (never slower than not tuning).
+kernel timed alone cannot show. So when tuning changed a config whose tuned or
+heuristic backend is not a Pallas kernel of its own, `f` itself is timed with the
+tuned configs and with the heuristic ones, side by side; the tuned ones are kept only
+when `f` is measurably faster with them (never slower than not tuning). Where every
+change is from one Pallas kernel to another (a custom call XLA fuses nothing into:
+`hooks.runs_alone`), the kernels' own times already say it, and `f` is not compiled
+twice more to say it again.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from kerneltune._src.caching.result import AutotuningResult
 from kerneltune._src.core import keys
 from kerneltune._src.core.configs import config_from_dict, config_to_dict
 from kerneltune._src.execution.default import selector_of
-from kerneltune._src.kernel import recording
+from kerneltune._src.kernel import hooks, recording
 from kerneltune._src.selection.chain import ConfigSelectorChain, policy_override
 from kerneltune._src.tuning import distributed
 from kerneltune._src.tuning.programs import split_static
@@ -95,7 +99,28 @@ def autotune_function(
     result = offline.result_of(outcomes)
     if not any(o.status == "tuned" for o in outcomes):
         return result  # every config came from the caches: decided before
+    kernels = {(r.op_id_v, r.call_key): r.kernel for r in matched if r.kernel is not None}
+    if only_pallas_changed(result, kernels):
+        return result
     return keep_if_faster(chain, call, specs, result)
+
+
+def only_pallas_changed(result: AutotuningResult, kernels: dict[tuple[str, str], Any]) -> bool:
+    """True when every config tuning changed (from its heuristic) runs, tuned and
+    heuristic alike, as a Pallas kernel on the device (`hooks.runs_alone`): timed
+    alone, each is timed as it runs inside the function."""
+    baseline = _heuristic_result(result)
+    if baseline is None:
+        return True  # nothing changed
+    for tuned, heuristic in zip(result, baseline, strict=True):
+        if config_to_dict(tuned.cfg) == config_to_dict(heuristic.cfg):
+            continue
+        kernel = kernels.get((tuned.op_id_v, tuned.call_key))
+        if kernel is None:
+            return False
+        if not (hooks.runs_alone(kernel, tuned.cfg) and hooks.runs_alone(kernel, heuristic.cfg)):
+            return False
+    return True
 
 
 #: The op id under which processes agree on keeping tuned configs for a whole function.

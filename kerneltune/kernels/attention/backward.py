@@ -32,6 +32,9 @@ class BackwardKernelGradient(Backend):
     """A forward backend whose residual is the log-sum-exp and whose backward is the
     `AttentionBackward` kernel (`kernel.backward`)."""
 
+    # The backward kernels take no part of this config: tuned at their own keys.
+    backward_tuned_apart = True
+
     def vjp(self, kernel: Any, lse, out, dout, q, k, v, *, cfg, causal: bool, sm_scale: float):
         # The backward kernel works on every query head; a group's k and v cotangents
         # are the sums over its query heads.

@@ -12,6 +12,9 @@ class PallasGradient(Backend):
     """A backend whose backward is `d_x = d_out · yᵀ` and `d_y = xᵀ · d_out`, each a
     call of the kernel itself."""
 
+    # The backward kernels take no part of this config: tuned at their own keys.
+    backward_tuned_apart = True
+
     def vjp(self, kernel: Any, residuals, out, dout, x, y, *, cfg):
         ex = kernel.inner_executor()
         dout = dout.astype(x.dtype)

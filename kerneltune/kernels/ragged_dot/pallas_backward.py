@@ -16,6 +16,9 @@ class PallasGradient(Backend):
     kernel's executor. With a `group_offset`, both take it too: d_lhs is zero outside
     the local groups' rows, and d_rhs (`[G_local, K, N]`) reads only those rows."""
 
+    # The backward kernels take no part of this config: tuned at their own keys.
+    backward_tuned_apart = True
+
     def vjp(
         self, kernel: Any, residuals, out, dout, lhs, rhs, group_sizes, group_offset=None, *,
         cfg, out_dtype,
