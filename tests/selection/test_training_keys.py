@@ -185,3 +185,23 @@ def test_hints_go_to_the_stage_of_their_candidates():
         tune, ["o1", "s1", "s2"], apart=apart, heuristic="o1", hints=["s2", "o1"]
     )
     assert seen == {False: (["s2"], None), True: (["o1"], "o1")}
+
+
+def test_with_hints_only_the_hinted_own_backward_candidates_are_timed():
+    # A warm search reaches an own-backward candidate only as the heuristic or a hint:
+    # timing all of them (XLA's dense ragged_dot with its backward) cost 12-18 s a key.
+    timed = {}
+
+    def tune(cands, **kw):
+        timed[kw["backward"]] = list(cands)
+        return _report(cands[0], *(_result(c, 1.0 + i) for i, c in enumerate(cands)))
+
+    apart = lambda c: c.startswith("s")  # noqa: E731
+    cands = ["s1", "o1", "s2", "o2", "o3"]
+    got = training_keys.tune_in_two(tune, cands, apart=apart, heuristic="s1", hints=["o2", "s2"])
+    assert timed[True] == ["s1", "o2"]
+    status = {c.cfg: c.status for c in got.candidates}
+    assert [c.cfg for c in got.candidates] == cands
+    assert status == {"s1": "ok", "s2": "ok", "o2": "ok", "o1": "pruned", "o3": "pruned"}
+    training_keys.tune_in_two(tune, cands, apart=apart, heuristic="s1", hints=[])
+    assert timed[True] == ["s1", "o1", "o2", "o3"]  # no hints: the whole space
