@@ -6,10 +6,13 @@ plots; the keys an earlier demo tuned forgotten."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import sys
 import types
 
+import jax
+import numpy as np
 import pytest
 
 from kerneltune._src.cli import demo, demo_cases, demo_results, demo_sample
@@ -256,3 +259,24 @@ def test_a_row_reports_the_wall_of_each_of_its_phases(tmp_path):
     assert list(phases) == ["inputs", "first calls", "timing"]
     assert all(s >= 0 for s in phases.values()) and sum(phases.values()) <= wall
     assert phases["first calls"] > 0 and row.results["kt_chosen"].status == "ok"
+
+
+def test_the_rows_input_programs_are_compiled_before_the_rows_and_draw_the_same_inputs(
+    monkeypatch,
+):
+    # Compiled together up front (one by one they were 9 s of the GPU demo): each makes
+    # the arrays the row's own program makes from the same seed, and a row whose
+    # program does not build is left to measure_row, which reports it.
+    cases = [c for c in demo_cases.cases(on_gpu=False) if c.name in ("softmax", "matmul")]
+    broken = dataclasses.replace(cases[0], name="broken", args=lambda seed: 1 / 0)
+    made = demo.input_programs([*cases, broken])
+    assert sorted(made) == ["matmul", "softmax"]
+    for case in cases:
+        for seed in (0, 1):
+            ours = jax.tree_util.tree_leaves(made[case.name](seed))
+            theirs = jax.tree_util.tree_leaves(jax.jit(case.args)(seed))
+            assert all(np.array_equal(a, b) for a, b in zip(ours, theirs, strict=True))
+    assert not np.array_equal(
+        jax.tree_util.tree_leaves(made["softmax"](0))[0],
+        jax.tree_util.tree_leaves(made["softmax"](1))[0],
+    )

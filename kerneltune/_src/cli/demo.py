@@ -19,11 +19,13 @@ from BENCHMARKS.md follows.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import datetime
 import importlib
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -117,21 +119,48 @@ def selected(ops: str | None, cases: list[demo_cases.Case]) -> list[demo_cases.C
     return [c for c in cases if c.name in wanted]
 
 
+def input_programs(cases: list[demo_cases.Case]) -> dict[str, Callable[[int], Any]]:
+    """Each row's input program (`case.args`: one program a row makes its inputs with,
+    from a seed), compiled before the rows run: traced one after another, compiled all
+    at once (XLA compiles off Python's lock). One by one, row by row, they were 9 s of
+    the demo on an H200; none of it is a measured column's. A row whose program fails
+    here is left out: `measure_row` compiles it itself, and reports what fails."""
+    lowered = {}
+    for case in cases:
+        try:
+            lowered[case.name] = jax.jit(case.args).lower(0)
+        except Exception:  # measure_row meets it again, and says what went wrong
+            continue
+    if not lowered:
+        return {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(lowered)) as pool:
+        futures = {name: pool.submit(low.compile) for name, low in lowered.items()}
+    made = {}
+    for name, future in futures.items():
+        if future.exception() is None:
+            made[name] = future.result()
+    return made
+
+
 def measure_row(
     case: demo_cases.Case,
     implementations: dict[str, Any],
     plan: Rounds,
     recorder: Recorder,
     rotate: bool,
+    make: Callable[[int], Any] | None = None,
 ) -> tuple[Row, list[Any], str, dict[str, float]]:
     """Every implementation's first call, then their interleaved timing. Returns the
     row, the keys the chosen column tuned, the timer's name, and the wall seconds of
-    each phase ("inputs", "first calls", "timing": what the progress line shows)."""
+    each phase ("inputs", "first calls", "timing": what the progress line shows).
+    `make(seed)`: the row's compiled input program (`input_programs`), else compiled
+    here."""
     phases: dict[str, float] = {}
     t0 = time.perf_counter()
     # One program makes a row's inputs from the seed: drawn op by op, each array cost a
     # few compiles of its own (about 13 s of the demo on an H200).
-    make = jax.jit(case.args)
+    if make is None:
+        make = jax.jit(case.args)
     args = make(0)
     sets = [leaves(args)]
     if rotate and demo_cases.arg_bytes(args) < ROTATE_BELOW_BYTES:
@@ -276,11 +305,20 @@ def run(args: argparse.Namespace) -> int:
         "kt_chosen": demo_executors.chosen(persistent, recorder, interpret=not gpu),
     }
     plan = GPU_ROUNDS if gpu else CPU_ROUNDS
+    t0 = time.perf_counter()
+    makers = input_programs(cases)
+    print(
+        f"[0/{len(cases)}] the rows' input programs: {time.perf_counter() - t0:.1f} s",
+        file=sys.stderr,
+        flush=True,
+    )
     rows, tuned_keys, timers = [], [], set()
     for i, case in enumerate(cases, 1):
         t0 = time.perf_counter()
         fns = implementations_of(case, tokamax, tokamax_note, executors)
-        row, tuned, timer, phases = measure_row(case, fns, plan, recorder, rotate=gpu)
+        row, tuned, timer, phases = measure_row(
+            case, fns, plan, recorder, rotate=gpu, make=makers.get(case.name)
+        )
         rows.append(row)
         tuned_keys += tuned
         timers.add(timer)
