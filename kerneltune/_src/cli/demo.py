@@ -135,7 +135,7 @@ def input_programs(cases: list[demo_cases.Case]) -> dict[str, Callable[[int], An
         return {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(lowered)) as pool:
         futures = {name: pool.submit(low.compile) for name, low in lowered.items()}
-    made = {}
+    made: dict[str, Callable[[int], Any]] = {}
     for name, future in futures.items():
         if future.exception() is None:
             made[name] = future.result()

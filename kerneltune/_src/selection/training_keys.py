@@ -98,7 +98,9 @@ def merged(
     for c in second.candidates:
         by_cfg[c.cfg] = c  # the fastest shared one: its own forward + backward time
     results = tuple(by_cfg.get(c) or _not_reached(c) for c in candidates)
-    heuristic_times = [r.time_s for r in results if r.ok and r.cfg == heuristic]
+    heuristic_times = [
+        r.time_s for r in results if r.time_s is not None and r.ok and r.cfg == heuristic
+    ]
     phases = {
         k: first.phases_s.get(k, 0.0) + second.phases_s.get(k, 0.0)
         for k in {*first.phases_s, *second.phases_s}
