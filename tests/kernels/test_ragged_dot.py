@@ -527,6 +527,33 @@ def test_tuning_under_jit_picks_a_validated_candidate_for_each_product():
         assert report.best.backend == "triton"
 
 
+def test_a_full_search_of_the_training_forward_times_its_pallas_candidates_forward_only():
+    # They share the dlhs/drhs kernels' backward: searched forward only, that backward
+    # timed once (`selection/training_keys`), and the gradient is still the reference's.
+    events: list = []
+    tuner = kt.Tuner(progress=False, iters=1, target_sample_s=1e-4)
+    ex = executor(events=events, tuner=tuner, budget=None)  # a full search, no first-call budget
+    kernel = RaggedDotInterpret(executor=ex)
+    lhs, rhs, dout = operands(9, 32, 16, 16, 2)
+    sizes = jnp.array([5, 20], jnp.int32)
+
+    def loss(a, b):  # a training step: the gradient taken inside jit, as models do
+        out = ex(kernel, a, b, sizes)
+        return jnp.sum(out.astype(F32) * dout), out
+
+    (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(lhs, rhs)
+    want, want_grads = reference_value_and_grads(lhs, rhs, sizes, dout)
+    assert_close(out, want, F32)
+    for got, ref in zip(grads, want_grads, strict=True):
+        assert_close(got, ref, F32)
+    tuned = {d["op_id"]: d["report"] for e, d in events if e == "autotune_finish"}
+    forward = tuned["ragged_dot-interpret@v1"]
+    assert "forward only" in forward.strategy
+    assert "forward only" not in tuned["ragged_dot_dlhs-interpret@v1"].strategy
+    timed = [c for c in forward.candidates if c.ok]
+    assert len(timed) >= 2 and forward.best in [c.cfg for c in timed]
+
+
 def test_cpu_kernel_runs_xla_and_is_differentiated_by_jax():
     kernel = RaggedDot()
     # Off GPUs the portable XLA backend runs every config, and JAX differentiates it.
