@@ -12,7 +12,7 @@ import pytest
 
 import kerneltune as kt
 from kerneltune._src.core import tracing
-from tests.helpers import cost_tuner, executor
+from tests.helpers import cost_tuner, costed_sin, executor
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -21,23 +21,6 @@ class PassCosts:
 
     fwd: int
     bwd: int
-
-
-def _costed(fwd: int, bwd: int):
-    @jax.custom_vjp
-    def f(x):
-        with jax.named_scope(f"ktcost_{fwd}"):
-            return jnp.sin(x) * 1.0
-
-    def f_fwd(x):
-        return f(x), x
-
-    def f_bwd(x, g):
-        with jax.named_scope(f"ktcost_{bwd}"):
-            return (jnp.cos(x) * g,)
-
-    f.defvjp(f_fwd, f_bwd)
-    return f
 
 
 class TwoPass(kt.Kernel):
@@ -49,7 +32,7 @@ class TwoPass(kt.Kernel):
     tunes_training_apart = True
 
     def run(self, x, *, cfg):
-        return _costed(cfg.fwd, cfg.bwd)(x)
+        return costed_sin(cfg.fwd, cfg.bwd)(x)
 
     def heuristic_cfg(self, inv):
         return PassCosts(fwd=8, bwd=8)

@@ -16,7 +16,7 @@ import kerneltune as kt
 from kerneltune._src.kernel.backends import Backend, BackendKernel
 from kerneltune._src.selection import training_keys
 from kerneltune._src.tuning.report import CandidateResult, TuningReport
-from tests.helpers import CostInProgram, executor
+from tests.helpers import CostInProgram, costed_sin, executor
 
 #: What the shared backward costs, whatever the forward config.
 SHARED_BACKWARD = 10
@@ -59,23 +59,6 @@ class SharedBackward(Backend):
             return (jnp.cos(x) * dout,)
 
 
-def _own_costed(fwd, bwd):
-    @jax.custom_vjp
-    def f(x):
-        with jax.named_scope(f"ktcost_{fwd}"):
-            return jnp.sin(x) * 1.0
-
-    def f_fwd(x):
-        return f(x), x
-
-    def f_bwd(x, g):
-        with jax.named_scope(f"ktcost_{bwd}"):
-            return (jnp.cos(x) * g,)
-
-    f.defvjp(f_fwd, f_bwd)
-    return f
-
-
 class OwnBackward(Backend):
     """A backend JAX differentiates: its backward comes with its config, as XLA's or
     tokamax's does."""
@@ -85,7 +68,7 @@ class OwnBackward(Backend):
     plain_jax = True
 
     def run(self, kernel, x, *, cfg):
-        return _own_costed(cfg.fwd, cfg.bwd)(x)
+        return costed_sin(cfg.fwd, cfg.bwd)(x)
 
 
 class Mixed(BackendKernel[Costs]):

@@ -75,7 +75,7 @@ def tune_in_two(
         hints=[h for h in hints if h in own],
         reference_cfg=heuristic if heuristic in own else fastest,
     )
-    forward_s = _time_of(first, fastest)
+    forward_s = first.best_time_s  # `fastest` is `first.best`
     both_s = _time_of(second, fastest)
     if forward_s is None or both_s is None:
         return None

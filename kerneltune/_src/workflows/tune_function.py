@@ -99,19 +99,23 @@ def autotune_function(
     result = offline.result_of(outcomes)
     if not any(o.status == "tuned" for o in outcomes):
         return result  # every config came from the caches: decided before
-    kernels = {(r.op_id_v, r.call_key): r.kernel for r in matched if r.kernel is not None}
-    if only_pallas_changed(result, kernels):
-        return result
-    return keep_if_faster(chain, call, specs, result)
-
-
-def only_pallas_changed(result: AutotuningResult, kernels: dict[tuple[str, str], Any]) -> bool:
-    """True when every config tuning changed (from its heuristic) runs, tuned and
-    heuristic alike, as a Pallas kernel on the device (`hooks.runs_alone`): timed
-    alone, each is timed as it runs inside the function."""
     baseline = _heuristic_result(result)
     if baseline is None:
-        return True  # nothing changed
+        return result  # tuning changed nothing: nothing to compare
+    kernels = {(r.op_id_v, r.call_key): r.kernel for r in matched if r.kernel is not None}
+    if only_pallas_changed(result, baseline, kernels):
+        return result
+    return keep_if_faster(chain, call, specs, result, baseline)
+
+
+def only_pallas_changed(
+    result: AutotuningResult,
+    baseline: AutotuningResult,
+    kernels: dict[tuple[str, str], Any],
+) -> bool:
+    """True when every config tuning changed (`result` against its heuristic
+    `baseline`) runs, tuned and heuristic alike, as a Pallas kernel on the device
+    (`hooks.runs_alone`): timed alone, each is timed as it runs inside the function."""
     for tuned, heuristic in zip(result, baseline, strict=True):
         if config_to_dict(tuned.cfg) == config_to_dict(heuristic.cfg):
             continue
@@ -132,12 +136,11 @@ def keep_if_faster(
     call: Callable[..., Any],
     specs: list[jax.ShapeDtypeStruct],
     result: AutotuningResult,
+    baseline: AutotuningResult,
 ) -> AutotuningResult:
-    """`result`, or its heuristic configs where `call` is not measurably faster with
-    the tuned ones (timed whole, side by side; ties keep the heuristic)."""
-    baseline = _heuristic_result(result)
-    if baseline is None:
-        return result  # tuning changed nothing: nothing to compare
+    """`result`, or `baseline` (its heuristic configs, `_heuristic_result`) where
+    `call` is not measurably faster with the tuned ones (timed whole, side by side;
+    ties keep the heuristic)."""
     variants = {HEURISTIC: baseline, TUNED: result}
 
     def make_fn(which: str) -> Callable[..., Any]:
