@@ -121,3 +121,59 @@ def test_jax_still_lowers_what_it_is_given():
     out = lowered.compile()(jnp.ones((2, 3)), jnp.ones((3, 4)))
     assert out.shape == (2, 4) and float(out[0, 0]) == 3.0
     assert jax.jit(lambda a: a).lower(jnp.ones(1)) is not None  # the lock is free again
+
+
+def test_a_holder_lets_others_lower_while_a_kernel_in_its_trace_tunes():
+    # A training candidate's backward calls kernels that tune their own keys in the
+    # middle of its trace: seconds of compiles and timing in which other tunings'
+    # lowerings used to wait for the lock the holder kept.
+    x = jnp.ones((4,))
+    released, lowered_beside = threading.Event(), threading.Event()
+    inside_again: list[bool] = []
+
+    def outer(v):
+        with programs.lowering_released():
+            released.set()
+            assert lowered_beside.wait(5)  # another thread lowered meanwhile
+        inside_again.append(programs._LOWERING.locked())  # taken back
+        return v * 2.0
+
+    def beside():
+        assert released.wait(5)
+        programs.lower_alone(lambda v: v + 1.0, [x], wait_s=2.0)
+        lowered_beside.set()
+
+    other = threading.Thread(target=beside)
+    other.start()
+    programs.lower_alone(outer, [x], wait_s=5.0)
+    other.join(10)
+    assert lowered_beside.is_set() and inside_again == [True]
+    assert not programs._LOWERING.locked()
+
+
+def test_only_the_holders_own_thread_lets_go_of_the_lock():
+    # A job in a copy of the holder's context lowers under the holder's turn; letting
+    # go there would free a lock another thread's trace is in the middle of.
+    x = jnp.ones((4,))
+    seen: list[bool] = []
+
+    def outer(v):
+        ctx = contextvars.copy_context()
+
+        def job():
+            with programs.lowering_released():
+                seen.append(programs._LOWERING.locked())
+
+        t = threading.Thread(target=ctx.run, args=(job,))
+        t.start()
+        t.join(10)
+        return v
+
+    programs.lower_alone(outer, [x], wait_s=5.0)
+    assert seen == [True]
+
+
+def test_trace_alone_traces_without_compiling():
+    out = programs.trace_alone(lambda a: a.sum(axis=0), [jax.ShapeDtypeStruct((3, 5), jnp.float32)])
+    assert out.shape == (5,) and out.dtype == jnp.float32
+    assert not programs._LOWERING.locked()

@@ -2,7 +2,9 @@
 what a selector chain remembers of its tunings between calls (`TunedKeys`).
 
 - Threads that miss the same key at once tune it once (one lock per key); with
-  `forbid_reautotune`, a later miss reuses the result.
+  `forbid_reautotune`, a later miss reuses the result. A miss inside a tuning's
+  lowering (a kernel called by a candidate's backward) lets go of the lowering lock
+  while it tunes or waits (`programs.lowering_released`).
 - Under a `FirstCallBudget`, a miss times only the shortlist a prediction ranks best
   (`first_call.py`), or nothing: the predicted config is then used untimed, kept for
   the key in this process and never cached.
@@ -27,7 +29,7 @@ from kerneltune._src.kernel import hooks
 from kerneltune._src.kernel.base import Invocation, Kernel
 from kerneltune._src.selection import first_call, key_tuning, tiers
 from kerneltune._src.selection.policy import AutotunePolicy, FirstCallBudget, completes_budgeted
-from kerneltune._src.tuning import warm_start
+from kerneltune._src.tuning import programs, warm_start
 from kerneltune._src.tuning.report import TuningReport
 
 
@@ -85,7 +87,9 @@ class Autotune:
             return tiers.Miss("not allowed by the policy")
         complete = completes_budgeted(policy)
         tuned = self.tuned
-        with tuned.lock_for(key):
+        # A miss inside a lowering (a kernel its trace calls) lets other threads lower
+        # while this key is tuned, or while another thread's tuning of it ends.
+        with programs.lowering_released(), tuned.lock_for(key):
             # Another thread may have tuned this key while we waited for the lock.
             cfg = self.cache.get(*key)
             budgeted = cfg is not None and self.cache.is_budgeted(*key)

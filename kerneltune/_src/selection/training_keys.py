@@ -13,6 +13,13 @@ timed forward + backward beside the candidates whose backward is their own (stag
 two). The backward's share, that candidate's two times apart, is added to every
 forward-only time, so the report's times all mean forward + backward.
 
+The kernels that shared backward calls have keys of their own (a grouped matmul's
+`dlhs` and `drhs`), tuned on a miss when a program calling them is first traced. Stage
+two's first lowering used to do it, after stage one; now a thread traces one shared
+candidate's backward beside stage one (`select_backward`), so the backward's keys are
+tuned while stage one's candidates compile and run. Both take turns at JAX's tracer
+(`programs.lower_alone`), and each waits for the device while the other times.
+
 Stage two times the candidates with their own backward that a search of the whole
 space would reach: with hints (the winners at neighbouring shapes), a warm search
 starts from them and the heuristic and climbs among Pallas tiles, so only an own-backward
@@ -23,10 +30,12 @@ lowering compiles in 11-23 s with its backward and took 9 GiB more, to lose 12-3
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kerneltune._src.tuning import programs
 from kerneltune._src.tuning.report import CandidateResult, TuningReport, format_seconds
 
 #: `tune(candidates, *, backward, hints, reference_cfg) -> TuningReport`.
@@ -47,6 +56,7 @@ def tune_in_two(
     apart: Callable[[Any], bool],
     heuristic: Any,
     hints: Sequence[Any],
+    select_backward: Callable[[Any], None] | None = None,
 ) -> TuningReport | None:
     """The key's report, its Pallas candidates timed forward only (see the module's
     docstring); None when the two stages cannot stand for one search (fewer than two
@@ -54,16 +64,28 @@ def tune_in_two(
     the caller then times every candidate with its backward.
 
     `tune` runs the tuner on a candidate list; `apart(cfg)` says whether `cfg`'s
-    backward is the same for all such configs."""
+    backward is the same for all such configs; `select_backward(cfg)` traces `cfg`'s
+    backward (run on a thread beside stage one, and waited for before stage two)."""
     shared, own = split(candidates, apart)
     if len(shared) < 2:
         return None
-    first = tune(
-        shared,
-        backward=False,
-        hints=[h for h in hints if h in shared],
-        reference_cfg=heuristic if heuristic in shared else None,
-    )
+    beside = None
+    if select_backward is not None:
+        probe = heuristic if heuristic in shared else shared[0]
+        run = contextvars.copy_context().run  # the caller's scope, policy and chain
+        beside = programs.Background(run, select_backward, probe, name="kerneltune-backward")
+    try:
+        first = tune(
+            shared,
+            backward=False,
+            hints=[h for h in hints if h in shared],
+            reference_cfg=heuristic if heuristic in shared else None,
+        )
+    finally:
+        if beside is not None:
+            # Stage two's lowering would wait, holding JAX's tracer, for the keys
+            # that thread is tuning, and their candidates need the tracer to build.
+            beside.result(timeout_s=None)
     fastest = first.best
     if fastest is None:
         return None

@@ -5,11 +5,12 @@ advisory work run in the background."""
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -62,6 +63,18 @@ def calling(fn: Callable[..., Any], rebuild: Callable[..., Any]) -> Callable[...
         return fn(*a, **k)
 
     return call
+
+
+def trace_with_backward(
+    fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
+) -> None:
+    """Traces `fn`'s forward + backward on abstract copies of `(args, kwargs)`, taking
+    turns with the lowerings (`trace_alone`). Nothing is lowered or compiled: what it
+    is for is the kernels its backward calls, which pick their configs (tuned on a
+    miss) as they would in the first lowering of that program."""
+    arrays, rebuild = split_static(args, kwargs)
+    abstract = [jax.ShapeDtypeStruct(jnp.shape(a), a.dtype) for a in arrays]
+    trace_alone(with_backward(calling(fn, rebuild)), abstract)
 
 
 def lowering(
@@ -137,6 +150,9 @@ _HOLDS_LOWERING = contextvars.ContextVar("kerneltune_holds_lowering", default=Fa
 LOWERING_WAIT_S = 300.0
 #: When the lowering holding `_LOWERING` took it (`time.monotonic()`; None: free).
 _held_since: float | None = None
+#: The thread that took `_LOWERING` (None: free). Jobs a holder submits see
+#: `_HOLDS_LOWERING` too, but only the holder's own thread may let go of the lock.
+_holder: int | None = None
 
 
 def lower_alone(fn: Callable[..., Any], args: Sequence[Any], wait_s: float = LOWERING_WAIT_S):
@@ -155,23 +171,62 @@ def lower_alone(fn: Callable[..., Any], args: Sequence[Any], wait_s: float = LOW
     the first candidate behind it waits out the rest of `wait_s`, the next ones fail at
     once.
     """
-    global _held_since
+    return _alone(lambda: jax.jit(fn).lower(*args), wait_s)
+
+
+def trace_alone(fn: Callable[..., Any], args: Sequence[Any], wait_s: float = LOWERING_WAIT_S):
+    """`jax.eval_shape(fn, *args)` (a trace, nothing lowered or compiled), taking turns
+    with the lowerings as `lower_alone` does: what it is for is the kernels its trace
+    selects (tuned on a miss, in `lowering_released`)."""
+    return _alone(lambda: jax.eval_shape(fn, *args), wait_s)
+
+
+def _alone(trace: Callable[[], Any], wait_s: float) -> Any:
+    global _held_since, _holder
     if _HOLDS_LOWERING.get():
-        return jax.jit(fn).lower(*args)
+        return trace()
     since = _held_since  # read without the lock: only a holder writes it
     left = wait_s if since is None else max(0.0, wait_s - (time.monotonic() - since))
     if not _LOWERING.acquire(timeout=left):
         raise TimeoutError(
             f"another lowering held JAX's tracer for more than {wait_s:.0f} s; not lowered"
         )
-    _held_since = time.monotonic()
+    _held_since, _holder = time.monotonic(), threading.get_ident()
     token = _HOLDS_LOWERING.set(True)
     try:
-        return jax.jit(fn).lower(*args)
+        return trace()
     finally:
         _HOLDS_LOWERING.reset(token)
-        _held_since = None
+        _held_since = _holder = None
         _LOWERING.release()
+
+
+@contextlib.contextmanager
+def lowering_released() -> Iterator[None]:
+    """Lets go of the lowering lock for the block, when this context holds it, and
+    takes it back after.
+
+    A kernel traced inside a lowering (a training candidate's backward calls the
+    gradient kernels) tunes its own key, or waits for another thread tuning that key,
+    in the middle of the holder's trace. That takes seconds of compiles and timing, in
+    which the holder's trace does nothing: holding the lock through them stalled every
+    other tuning's lowering (and a thread tuning that key, which needs the lock to
+    lower its candidates, waited out `LOWERING_WAIT_S`). The nested tuning's own
+    lowerings take turns with everyone's, as at the top level.
+    """
+    global _held_since, _holder
+    if not _HOLDS_LOWERING.get() or _holder != threading.get_ident():
+        yield  # not held, or held by the lowering this job is part of: it goes ahead
+        return
+    token = _HOLDS_LOWERING.set(False)
+    _held_since = _holder = None
+    _LOWERING.release()
+    try:
+        yield
+    finally:
+        _LOWERING.acquire()
+        _held_since, _holder = time.monotonic(), threading.get_ident()
+        _HOLDS_LOWERING.reset(token)
 
 
 def compile_lowered(lowered: Any, what: str = "this candidate") -> Any:
@@ -183,15 +238,17 @@ def compile_lowered(lowered: Any, what: str = "this candidate") -> Any:
 
 
 class Background:
-    """Runs `fn(*args)` on a daemon thread; `result()` waits for it (None if it
-    raised: what it computes is advisory)."""
+    """Runs `fn(*args)` on a daemon thread named `name`; `result()` waits for it (None
+    if it raised: what it computes is advisory)."""
 
-    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+    def __init__(
+        self, fn: Callable[..., Any], *args: Any, name: str = "kerneltune-background"
+    ) -> None:
         self._result: Any = None
         # Held here, not in the thread's arguments: the thread drops them inside its
         # stage, so what they hold is freed before interpreter exit stops waiting.
         self._call: tuple[Callable[..., Any], tuple[Any, ...]] | None = (fn, args)
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
@@ -202,10 +259,10 @@ class Background:
             try:
                 self._result = fn(*args)
             except Exception as e:
-                logger.debug("background check failed: %s", e)
+                logger.debug("background work failed: %s", e)
             finally:
                 del fn, args
 
-    def result(self, timeout_s: float = 60.0) -> Any:
+    def result(self, timeout_s: float | None = 60.0) -> Any:
         self._thread.join(timeout_s)
         return self._result
