@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import pathlib
 import statistics
@@ -211,6 +212,8 @@ def trace_keys(device: Any, keys: list[dict[str, Any]]) -> None:
                     "evaluated": sum(c.status != "pruned" for c in cands),
                     "timed": sum(c.time_s is not None for c in cands),
                     "strategy": getattr(report, "strategy", None),
+                    "timer": getattr(report, "timer", None),
+                    "timer_note": getattr(report, "timer_note", None),
                     "in_use_gib": round(
                         (device.memory_stats() or {}).get("bytes_in_use", 0) / 2**30, 2
                     ),
@@ -230,14 +233,34 @@ def trace_keys(device: Any, keys: list[dict[str, Any]]) -> None:
     chain.on_event = on_event
 
 
+class RetriedSessions(logging.Handler):
+    """Counts the CUPTI sessions run again because other threads launched kernels
+    during them (kerneltune logs each at debug level)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.count = 0
+
+    def attach(self) -> None:
+        log = logging.getLogger("kerneltune")
+        log.setLevel(logging.DEBUG)
+        log.addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "counted other launches" in record.getMessage():
+            self.count += 1
+
+
 def child(row: str, variant: str) -> dict[str, Any]:
     """One (row, variant) in this fresh process: first call, peak memory, step time."""
     device = jax.local_devices()[0]
     out: dict[str, Any] = {"row": row, "variant": variant, "device": device.device_kind}
     out["jax"] = jax.__version__
+    retries = RetriedSessions()
     if variant != "plain" and os.environ.get("FIRST_USE_TRACE"):
         out["keys"] = []
         trace_keys(device, out["keys"])
+        retries.attach()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         step, args = step_and_args(row, variant)
@@ -256,6 +279,7 @@ def child(row: str, variant: str) -> dict[str, Any]:
         out["autotune_s"] = time.perf_counter() - start
         step = step_for(row, variant)  # a new jit: traced with the tuned configs
         out["peak_gib"] = (device.memory_stats() or {}).get("peak_bytes_in_use", 0) / 2**30
+    out["cupti_retries"] = retries.count  # in the first call and kt.autotune
     sessions = {variant: h.session(step, [args])}
     with_tokamax = {**MOE, **SMOKE_MOE, **HEADS, **SMOKE_HEADS}
     if row in with_tokamax and variant != "tokamax" and h.tokamax() is not None:

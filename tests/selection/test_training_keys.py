@@ -229,3 +229,39 @@ def test_the_shared_backward_is_selected_beside_stage_one_and_before_stage_two()
     # The heuristic's backward, on its own thread, done before stage two began.
     assert order == ["backward of 5 on kerneltune-backward", "stage one", "stage two"]
     assert report is not None and report.best == shared[1]
+
+
+def test_a_cupti_pause_in_stage_one_does_not_wait_for_the_backward_thread():
+    # A CUPTI session spoilt by other threads' launches pauses their counted stages
+    # (lowerings, compiles, runs) and waits for those under way. The backward's thread
+    # runs whole tunings: counted as one stage, each pause waited 30 s for it on an
+    # H200 (kt.autotune of an MoE layer: 36 s became 66 s).
+    import threading
+    import time
+
+    from kerneltune._src.tuning import stages
+
+    release = threading.Event()
+    shared = [Costs(backend="shared", fwd=f) for f in (5, 1)]
+    waited: list[tuple[bool, float]] = []
+
+    def tune(cands, *, backward, hints, reference_cfg):
+        if not backward:
+            start = time.perf_counter()
+            with stages.others_paused(2.0) as quiet:
+                waited.append((quiet, time.perf_counter() - start))
+            release.set()
+        results = tuple(CandidateResult(cfg=c, status="ok", time_s=c.fwd * 1e-6) for c in cands)
+        return TuningReport(best=cands[0], candidates=results, timer="cost")
+
+    report = training_keys.tune_in_two(
+        tune,
+        shared,
+        apart=lambda c: c.backend == "shared",
+        heuristic=shared[0],
+        hints=[],
+        select_backward=lambda cfg: release.wait(5),
+    )
+    assert report is not None
+    ((quiet, seconds),) = waited
+    assert quiet and seconds < 1.0

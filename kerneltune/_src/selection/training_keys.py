@@ -32,11 +32,14 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import logging
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kerneltune._src.tuning import programs
 from kerneltune._src.tuning.report import CandidateResult, TuningReport, format_seconds
+
+logger = logging.getLogger("kerneltune")
 
 #: `tune(candidates, *, backward, hints, reference_cfg) -> TuningReport`.
 TuneFn = Callable[..., TuningReport]
@@ -72,8 +75,7 @@ def tune_in_two(
     beside = None
     if select_backward is not None:
         probe = heuristic if heuristic in shared else shared[0]
-        run = contextvars.copy_context().run  # the caller's scope, policy and chain
-        beside = programs.Background(run, select_backward, probe, name="kerneltune-backward")
+        beside = _Beside(select_backward, probe)
     try:
         first = tune(
             shared,
@@ -85,7 +87,7 @@ def tune_in_two(
         if beside is not None:
             # Stage two's lowering would wait, holding JAX's tracer, for the keys
             # that thread is tuning, and their candidates need the tracer to build.
-            beside.result(timeout_s=None)
+            beside.join()
     fastest = first.best
     if fastest is None:
         return None
@@ -102,6 +104,34 @@ def tune_in_two(
     if forward_s is None or both_s is None:
         return None
     return merged(candidates, first, second, fastest, max(0.0, both_s - forward_s), heuristic)
+
+
+class _Beside:
+    """`select(cfg)` on a thread of its own, in a copy of the caller's context (its
+    scope, policy and chain); a failure is logged, and stage two's lowering then
+    selects the backward's kernels itself.
+
+    Not a counted stage (`stages.exit_waits_for_this`), as `programs.Background` is: a
+    CUPTI session spoilt by other threads' launches waits for the counted stages to
+    end, and this thread runs whole tunings. Their own lowerings and compiles are
+    counted where they run."""
+
+    def __init__(self, select: Callable[[Any], None], cfg: Any) -> None:
+        run = contextvars.copy_context().run
+        self._thread = threading.Thread(
+            target=run, args=(self._select, select, cfg), name="kerneltune-backward", daemon=True
+        )
+        self._thread.start()
+
+    @staticmethod
+    def _select(select: Callable[[Any], None], cfg: Any) -> None:
+        try:
+            select(cfg)
+        except Exception as e:
+            logger.debug("selecting the shared backward's kernels beside stage one failed: %s", e)
+
+    def join(self) -> None:
+        self._thread.join()
 
 
 def merged(

@@ -238,17 +238,15 @@ def compile_lowered(lowered: Any, what: str = "this candidate") -> Any:
 
 
 class Background:
-    """Runs `fn(*args)` on a daemon thread named `name`; `result()` waits for it (None
-    if it raised: what it computes is advisory)."""
+    """Runs `fn(*args)` on a daemon thread; `result()` waits for it (None if it
+    raised: what it computes is advisory)."""
 
-    def __init__(
-        self, fn: Callable[..., Any], *args: Any, name: str = "kerneltune-background"
-    ) -> None:
+    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
         self._result: Any = None
         # Held here, not in the thread's arguments: the thread drops them inside its
         # stage, so what they hold is freed before interpreter exit stops waiting.
         self._call: tuple[Callable[..., Any], tuple[Any, ...]] | None = (fn, args)
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
@@ -259,10 +257,10 @@ class Background:
             try:
                 self._result = fn(*args)
             except Exception as e:
-                logger.debug("background work failed: %s", e)
+                logger.debug("background check failed: %s", e)
             finally:
                 del fn, args
 
-    def result(self, timeout_s: float | None = 60.0) -> Any:
+    def result(self, timeout_s: float = 60.0) -> Any:
         self._thread.join(timeout_s)
         return self._result
