@@ -120,6 +120,35 @@ def test_cupti_timer_reads_device_time(monkeypatch):
     assert timing.CuptiTimer().sample(fn, [[x]], 2, 0) == pytest.approx(3e-3)
 
 
+def test_detaching_cupti_waits_for_another_tunings_session(monkeypatch):
+    # CUPTI takes one subscriber: a timer's closing session overlapping another
+    # tuning's sample failed ("Attempted to subscribe to CUPTI while another
+    # subscriber ... is active") and sent that process to the wall clock for good.
+    detached = threading.Event()
+
+    def measure(f, *, iterations=1):
+        def run(*args):
+            detached.set()  # only the closing session runs through the plain API here
+            return f(*args), [1.0] * iterations
+
+        return run
+
+    def attached(f, *, iterations=1):
+        return lambda *args: (f(*args), [1.0] * iterations)
+
+    fake_measure_api(monkeypatch, measure)
+    monkeypatch.setattr(timing, "_attached_session", lambda: attached)
+    timer = timing.CuptiTimer(keep_attached=True)
+    fn, x = compiled_square()
+    assert timer.sample(fn, [[x]], 2, 0) == pytest.approx(1e-3)
+    with timing.DEVICE_LOCK:  # another tuning's sample is in its session
+        closing = threading.Thread(target=timer.close)
+        closing.start()
+        assert not detached.wait(0.3)
+    closing.join(5)
+    assert detached.is_set()
+
+
 def test_a_cupti_session_holds_a_bounded_number_of_outputs(monkeypatch):
     # JAX's profiler keeps every iteration's outputs until its session ends: one
     # session of many calls of a 75 MB layer norm raised an H100 process's peak by

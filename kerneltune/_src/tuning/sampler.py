@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import random
 import statistics
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,8 +23,9 @@ from kerneltune._src.tuning.candidate import Candidate, describe, failure_status
 from kerneltune._src.tuning.progress import Progress
 from kerneltune._src.tuning.settings import BenchSettings
 
-#: One process times one thing at a time on the device, even when several threads tune.
-DEVICE_LOCK = threading.Lock()
+#: One process times one thing at a time on the device, even when several threads tune
+#: (defined beside the timers, whose CUPTI sessions must never overlap).
+DEVICE_LOCK = timing.DEVICE_LOCK
 
 #: Default target duration of one sample, by timer. Device time needs no amortising of
 #: dispatch: a few calls per sample are enough.

@@ -37,6 +37,11 @@ from kerneltune._src.tuning import stages
 
 logger = logging.getLogger("kerneltune")
 
+#: Held by whatever runs on the device for a measurement: a sample (`sampler`), a
+#: candidate's first runs (`first_run`), and the CUPTI session that detaches a timer.
+#: CUPTI takes one subscriber at a time, so two sessions must never overlap.
+DEVICE_LOCK = threading.Lock()
+
 #: Whether the default CUPTI timer keeps CUPTI attached between samples (see
 #: `CuptiTimer`): on an H200 with jax 0.11.2 a session cost 14 ms of host time when
 #: detaching after each and 1.7 ms when not.
@@ -149,7 +154,13 @@ class CuptiTimer:
         self._last = None
         try:
             measure, _, extra = self._measure  # type: ignore[misc]
-            measure(fn, **extra)(*args)  # a plain session detaches at its end
+            # A plain session detaches at its end. Another tuning's sample may be in
+            # a session now (a training key's backward kernels are tuned beside its
+            # forward search): overlapping it failed with "Attempted to subscribe to
+            # CUPTI while another subscriber ... is active", and that process fell
+            # back to the wall clock for good (an MoE layer's kt.autotune, H200).
+            with DEVICE_LOCK:
+                measure(fn, **extra)(*args)
         except Exception as e:
             logger.debug("detaching CUPTI failed: %s", e)
 
