@@ -112,10 +112,8 @@ def test_the_shared_backward_is_lowered_once_and_times_mean_forward_plus_backwar
     times = {c.cfg.fwd if c.cfg.backend == "shared" else "own": c.time_s for c in report.candidates}
     assert times == pytest.approx({5: 15e-6, 1: 11e-6, 3: 13e-6, 7: 17e-6, "own": 8e-6}, rel=1e-6)
     assert report.heuristic_time_s == pytest.approx(15e-6)
-    # Two backward traces: the fastest shared candidate's, lowered in stage two, and
-    # the heuristic's, traced beside stage one (nothing compiled) so that the kernels
-    # it calls pick their configs then. Before, all four were lowered.
-    assert counted.traced_backwards == 2
+    # One shared candidate traced its backward (the fastest); before, all four did.
+    assert counted.traced_backwards == 1
     assert "forward only for the 4 candidates" in report.strategy
 
 
@@ -190,78 +188,3 @@ def test_with_hints_only_the_hinted_own_backward_candidates_are_timed():
     assert status == {"s1": "ok", "s2": "ok", "o2": "ok", "o1": "pruned", "o3": "pruned"}
     training_keys.tune_in_two(tune, cands, apart=apart, heuristic="s1", hints=[])
     assert timed[True] == ["s1", "o1", "o2", "o3"]  # no hints: the whole space
-
-
-def test_the_shared_backward_is_selected_beside_stage_one_and_before_stage_two():
-    # Stage one and the backward's trace wait for each other: they must run at once.
-    import threading
-
-    stage_one_running, backward_traced = threading.Event(), threading.Event()
-    order: list[str] = []
-    shared = [Costs(backend="shared", fwd=f) for f in (5, 1, 3)]
-
-    def tune(cands, *, backward, hints, reference_cfg):
-        if not backward:
-            stage_one_running.set()
-            assert backward_traced.wait(5), "the backward was not traced beside stage one"
-            order.append("stage one")
-            results = tuple(CandidateResult(cfg=c, status="ok", time_s=c.fwd * 1e-6) for c in cands)
-            return TuningReport(best=cands[1], candidates=results, timer="cost")
-        order.append("stage two")
-        results = tuple(
-            CandidateResult(cfg=c, status="ok", time_s=(c.fwd + 10) * 1e-6) for c in cands
-        )
-        return TuningReport(best=cands[0], candidates=results, timer="cost")
-
-    def select_backward(cfg):
-        assert stage_one_running.wait(5)
-        order.append(f"backward of {cfg.fwd} on {threading.current_thread().name}")
-        backward_traced.set()
-
-    report = training_keys.tune_in_two(
-        tune,
-        shared,
-        apart=lambda c: c.backend == "shared",
-        heuristic=shared[0],
-        hints=[],
-        select_backward=select_backward,
-    )
-    # The heuristic's backward, on its own thread, done before stage two began.
-    assert order == ["backward of 5 on kerneltune-backward", "stage one", "stage two"]
-    assert report is not None and report.best == shared[1]
-
-
-def test_a_cupti_pause_in_stage_one_does_not_wait_for_the_backward_thread():
-    # A CUPTI session spoilt by other threads' launches pauses their counted stages
-    # (lowerings, compiles, runs) and waits for those under way. The backward's thread
-    # runs whole tunings: counted as one stage, each pause waited 30 s for it on an
-    # H200 (kt.autotune of an MoE layer: 36 s became 66 s).
-    import threading
-    import time
-
-    from kerneltune._src.tuning import stages
-
-    release = threading.Event()
-    shared = [Costs(backend="shared", fwd=f) for f in (5, 1)]
-    waited: list[tuple[bool, float]] = []
-
-    def tune(cands, *, backward, hints, reference_cfg):
-        if not backward:
-            start = time.perf_counter()
-            with stages.others_paused(2.0) as quiet:
-                waited.append((quiet, time.perf_counter() - start))
-            release.set()
-        results = tuple(CandidateResult(cfg=c, status="ok", time_s=c.fwd * 1e-6) for c in cands)
-        return TuningReport(best=cands[0], candidates=results, timer="cost")
-
-    report = training_keys.tune_in_two(
-        tune,
-        shared,
-        apart=lambda c: c.backend == "shared",
-        heuristic=shared[0],
-        hints=[],
-        select_backward=lambda cfg: release.wait(5),
-    )
-    assert report is not None
-    ((quiet, seconds),) = waited
-    assert quiet and seconds < 1.0

@@ -171,9 +171,3 @@ def test_only_the_holders_own_thread_lets_go_of_the_lock():
 
     programs.lower_alone(outer, [x], wait_s=5.0)
     assert seen == [True]
-
-
-def test_trace_alone_traces_without_compiling():
-    out = programs.trace_alone(lambda a: a.sum(axis=0), [jax.ShapeDtypeStruct((3, 5), jnp.float32)])
-    assert out.shape == (5,) and out.dtype == jnp.float32
-    assert not programs._LOWERING.locked()

@@ -13,7 +13,7 @@ from kerneltune._src.kernel import dispatch, hooks
 from kerneltune._src.kernel.base import Invocation, Kernel
 from kerneltune._src.kernel.methods import bound, methods_of
 from kerneltune._src.selection import training_keys
-from kerneltune._src.tuning import distributed, programs, shared
+from kerneltune._src.tuning import distributed, shared
 from kerneltune._src.tuning.protocol import run_tuner
 from kerneltune._src.tuning.report import TuningReport
 
@@ -95,9 +95,6 @@ def tune_key(
                 apart=lambda cfg: hooks.backward_tuned_apart(kernel, cfg),
                 heuristic=heuristic,
                 hints=hints,
-                select_backward=lambda cfg: programs.trace_with_backward(
-                    make_fn(cfg), args, kwargs
-                ),
             )
         if report is None:
             report = tune(timed, backward=backward, hints=hints, reference_cfg=heuristic)

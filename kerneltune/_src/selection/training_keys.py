@@ -13,13 +13,6 @@ timed forward + backward beside the candidates whose backward is their own (stag
 two). The backward's share, that candidate's two times apart, is added to every
 forward-only time, so the report's times all mean forward + backward.
 
-The kernels that shared backward calls have keys of their own (a grouped matmul's
-`dlhs` and `drhs`), tuned on a miss when a program calling them is first traced. Stage
-two's first lowering used to do it, after stage one; now a thread traces one shared
-candidate's backward beside stage one (`select_backward`), so the backward's keys are
-tuned while stage one's candidates compile and run. Both take turns at JAX's tracer
-(`programs.lower_alone`), and each waits for the device while the other times.
-
 Stage two times the candidates with their own backward that a search of the whole
 space would reach: with hints (the winners at neighbouring shapes), a warm search
 starts from them and the heuristic and climbs among Pallas tiles, so only an own-backward
@@ -30,16 +23,11 @@ lowering compiles in 11-23 s with its backward and took 9 GiB more, to lose 12-3
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
-import logging
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from kerneltune._src.tuning.report import CandidateResult, TuningReport, format_seconds
-
-logger = logging.getLogger("kerneltune")
 
 #: `tune(candidates, *, backward, hints, reference_cfg) -> TuningReport`.
 TuneFn = Callable[..., TuningReport]
@@ -59,7 +47,6 @@ def tune_in_two(
     apart: Callable[[Any], bool],
     heuristic: Any,
     hints: Sequence[Any],
-    select_backward: Callable[[Any], None] | None = None,
 ) -> TuningReport | None:
     """The key's report, its Pallas candidates timed forward only (see the module's
     docstring); None when the two stages cannot stand for one search (fewer than two
@@ -67,27 +54,16 @@ def tune_in_two(
     the caller then times every candidate with its backward.
 
     `tune` runs the tuner on a candidate list; `apart(cfg)` says whether `cfg`'s
-    backward is the same for all such configs; `select_backward(cfg)` traces `cfg`'s
-    backward (run on a thread beside stage one, and waited for before stage two)."""
+    backward is the same for all such configs."""
     shared, own = split(candidates, apart)
     if len(shared) < 2:
         return None
-    beside = None
-    if select_backward is not None:
-        probe = heuristic if heuristic in shared else shared[0]
-        beside = _Beside(select_backward, probe)
-    try:
-        first = tune(
-            shared,
-            backward=False,
-            hints=[h for h in hints if h in shared],
-            reference_cfg=heuristic if heuristic in shared else None,
-        )
-    finally:
-        if beside is not None:
-            # Stage two's lowering would wait, holding JAX's tracer, for the keys
-            # that thread is tuning, and their candidates need the tracer to build.
-            beside.join()
+    first = tune(
+        shared,
+        backward=False,
+        hints=[h for h in hints if h in shared],
+        reference_cfg=heuristic if heuristic in shared else None,
+    )
     fastest = first.best
     if fastest is None:
         return None
@@ -104,34 +80,6 @@ def tune_in_two(
     if forward_s is None or both_s is None:
         return None
     return merged(candidates, first, second, fastest, max(0.0, both_s - forward_s), heuristic)
-
-
-class _Beside:
-    """`select(cfg)` on a thread of its own, in a copy of the caller's context (its
-    scope, policy and chain); a failure is logged, and stage two's lowering then
-    selects the backward's kernels itself.
-
-    Not a counted stage (`stages.exit_waits_for_this`), as `programs.Background` is: a
-    CUPTI session spoilt by other threads' launches waits for the counted stages to
-    end, and this thread runs whole tunings. Their own lowerings and compiles are
-    counted where they run."""
-
-    def __init__(self, select: Callable[[Any], None], cfg: Any) -> None:
-        run = contextvars.copy_context().run
-        self._thread = threading.Thread(
-            target=run, args=(self._select, select, cfg), name="kerneltune-backward", daemon=True
-        )
-        self._thread.start()
-
-    @staticmethod
-    def _select(select: Callable[[Any], None], cfg: Any) -> None:
-        try:
-            select(cfg)
-        except Exception as e:
-            logger.debug("selecting the shared backward's kernels beside stage one failed: %s", e)
-
-    def join(self) -> None:
-        self._thread.join()
 
 
 def merged(

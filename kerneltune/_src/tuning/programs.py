@@ -65,18 +65,6 @@ def calling(fn: Callable[..., Any], rebuild: Callable[..., Any]) -> Callable[...
     return call
 
 
-def trace_with_backward(
-    fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
-) -> None:
-    """Traces `fn`'s forward + backward on abstract copies of `(args, kwargs)`, taking
-    turns with the lowerings (`trace_alone`). Nothing is lowered or compiled: what it
-    is for is the kernels its backward calls, which pick their configs (tuned on a
-    miss) as they would in the first lowering of that program."""
-    arrays, rebuild = split_static(args, kwargs)
-    abstract = [jax.ShapeDtypeStruct(jnp.shape(a), a.dtype) for a in arrays]
-    trace_alone(with_backward(calling(fn, rebuild)), abstract)
-
-
 def lowering(
     make_fn: Callable[[Any], Callable[..., Any]],
     rebuild: Callable[..., Any],
@@ -166,25 +154,15 @@ def lower_alone(fn: Callable[..., Any], args: Sequence[Any], wait_s: float = LOW
 
     A lowering nested in the holder's, such as a kernel that tunes another op while it
     is traced, runs in a context copied from the holder. The holder is waiting on it, so
-    it goes ahead. A `TimeoutError` fails this candidate once the holder has held the
+    it goes ahead (where the tuning lets go of the lock, `lowering_released`, its
+    lowerings take turns with everyone's instead). A `TimeoutError` fails this candidate once the holder has held the
     lock for `wait_s`, so the tuning does not hang behind a lowering that never ends:
     the first candidate behind it waits out the rest of `wait_s`, the next ones fail at
     once.
     """
-    return _alone(lambda: jax.jit(fn).lower(*args), wait_s)
-
-
-def trace_alone(fn: Callable[..., Any], args: Sequence[Any], wait_s: float = LOWERING_WAIT_S):
-    """`jax.eval_shape(fn, *args)` (a trace, nothing lowered or compiled), taking turns
-    with the lowerings as `lower_alone` does: what it is for is the kernels its trace
-    selects (tuned on a miss, in `lowering_released`)."""
-    return _alone(lambda: jax.eval_shape(fn, *args), wait_s)
-
-
-def _alone(trace: Callable[[], Any], wait_s: float) -> Any:
     global _held_since, _holder
     if _HOLDS_LOWERING.get():
-        return trace()
+        return jax.jit(fn).lower(*args)
     since = _held_since  # read without the lock: only a holder writes it
     left = wait_s if since is None else max(0.0, wait_s - (time.monotonic() - since))
     if not _LOWERING.acquire(timeout=left):
@@ -194,7 +172,7 @@ def _alone(trace: Callable[[], Any], wait_s: float) -> Any:
     _held_since, _holder = time.monotonic(), threading.get_ident()
     token = _HOLDS_LOWERING.set(True)
     try:
-        return trace()
+        return jax.jit(fn).lower(*args)
     finally:
         _HOLDS_LOWERING.reset(token)
         _held_since = _holder = None
