@@ -8,10 +8,9 @@ Two timers sit behind one small `Timer` protocol:
 - `WallClockTimer` runs many calls per sample and divides the host time by their
   number, so the dispatch cost is amortised. Works everywhere; the fallback.
 
-CUPTI allows one subscriber per process. When the JAX profiler has run in this process
-(or is running, or an external CUPTI tool such as Nsight is attached), CUPTI measurement
-has been seen to abort the whole process ("activity records were dropped"), so
-`choose_timer` falls back to the wall clock in that case and says why.
+CUPTI allows one subscriber per process. Where the JAX profiler ran (or runs, or a tool
+such as Nsight is attached), CUPTI has aborted the process ("activity records were
+dropped"): `choose_timer` then falls back to the wall clock and says why.
 """
 
 from __future__ import annotations
@@ -37,20 +36,17 @@ from kerneltune._src.tuning import stages
 
 logger = logging.getLogger("kerneltune")
 
-#: Held by whatever runs on the device for a measurement: a sample (`sampler`), a
-#: candidate's first runs (`first_run`), and the CUPTI session that detaches a timer.
-#: CUPTI takes one subscriber at a time, so two sessions must never overlap.
+#: Held by device work for a measurement (samples, first runs, the session detaching
+#: CUPTI): CUPTI takes one subscriber, so sessions on two threads must never overlap.
 DEVICE_LOCK = threading.Lock()
 
-#: Whether the default CUPTI timer keeps CUPTI attached between samples (see
-#: `CuptiTimer`): on an H200 with jax 0.11.2 a session cost 14 ms of host time when
-#: detaching after each and 1.7 ms when not.
+#: Whether the default CUPTI timer keeps CUPTI attached between samples: a session cost
+#: 14 ms of host time detaching after each, 1.7 ms not (H200, jax 0.11.2).
 CUPTI_KEEP_ATTACHED = True
 
-#: The most output bytes one CUPTI session may hold. The profiler keeps every
-#: iteration's outputs alive until its session ends, so a session of many calls of a
-#: large-output kernel held many copies at once (on an H100, tuning a layer norm of
-#: 75 MB raised the process's peak by 1.5 GiB). Longer samples run several sessions.
+#: The most output bytes one CUPTI session may hold: the profiler keeps every call's
+#: outputs until its session ends (tuning a 75 MB layer norm on an H100 raised the
+#: peak by 1.5 GiB). Longer samples run several sessions.
 MAX_SESSION_OUTPUT_BYTES = 256 << 20
 
 #: Environment variables that mean another CUPTI client is injected into the process.
@@ -154,25 +150,19 @@ class CuptiTimer:
         self._last = None
         try:
             measure, _, extra = self._measure  # type: ignore[misc]
-            # A plain session detaches at its end. Another tuning's sample may be in
-            # a session now (a training key's backward kernels are tuned beside its
-            # forward search): overlapping it failed with "Attempted to subscribe to
-            # CUPTI while another subscriber ... is active", and that process fell
-            # back to the wall clock for good (an MoE layer's kt.autotune, H200).
+            # A plain session detaches at its end; overlapping another thread's
+            # session, it failed ("another subscriber ... is active", on an H200).
             with DEVICE_LOCK:
                 measure(fn, **extra)(*args)
         except Exception as e:
             logger.debug("detaching CUPTI failed: %s", e)
 
 
-#: A CUPTI session records every kernel the process launches while it runs: XLA's
-#: autotuning in a compile on another thread adds launches, and the profiler then finds
-#: a count not divisible by the session's calls, or names that differ between calls.
-#: Such a session runs again, this many times at most, with the other threads' stages
-#: paused (`stages.others_paused`), waiting `FOREIGN_LAUNCH_QUIET_S` at most for those
-#: under way. Retries after short sleeps were not enough on an H200: while the grouped
-#: matmul's XLA candidate compiled, 4 keys of a table run and a benchmark process were
-#: timed by the wall clock instead (BENCHMARKS.md, 2026-11-28).
+#: A CUPTI session counts every kernel the process launches, so XLA's autotuning in a
+#: compile on another thread spoils it (a launch count not divisible by the calls, or
+#: names that differ). It runs again, this many times at most, with the other threads'
+#: stages paused (`stages.others_paused`; `FOREIGN_LAUNCH_QUIET_S` at most for those
+#: under way): retries after short sleeps were not enough on an H200 (BENCHMARKS.md).
 FOREIGN_LAUNCH_RETRIES = 3
 FOREIGN_LAUNCH_QUIET_S = 30.0
 
@@ -334,10 +324,9 @@ def install_profiler_observer() -> None:
     no other trace in JAX's state, yet CUPTI measurements after it can abort the
     process.
 
-    Called when the first `Tuner` is built, never on import (importing kerneltune
-    leaves JAX untouched). A trace taken before that is still seen while it runs; one
-    that already ended is not: call `note_profiler_used()` after such a trace. Where
-    JAX's private layout is unknown, nothing can be wrapped: a warning says so once."""
+    Called when the first `Tuner` is built, never on import. A trace that ended before
+    that is not seen: call `note_profiler_used()` after it. Where JAX's private layout
+    is unknown, nothing can be wrapped: a warning says so once."""
     global _observer_unavailable_warned
     try:
         import jax.profiler as public
