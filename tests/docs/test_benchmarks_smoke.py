@@ -606,3 +606,24 @@ def test_the_strip_width_benchmark_says_what_it_needs_and_checks_its_shapes(caps
     for bad in ("12x3", "8x8x8x0", "axbxcxd"):
         with pytest.raises(argparse.ArgumentTypeError, match=r"--shapes: .* ROWSxKxNxEXPERTS"):
             strips.parse_shape(bad)
+
+
+@pytest.mark.slow
+def test_candidate_builds_benchmark_times_each_way_and_checks_the_workers_programs(capsys):
+    from benchmarks import candidate_builds_gpu as builds
+
+    result = builds.main(["--smoke", "--configs", "1", "--workers", "1"])
+    printed = capsys.readouterr().out
+    rows = result["rows"]
+    for way in ("serial", "threads"):
+        assert _positive(rows[way]["wall_s"]) and _positive(rows[way]["lower_s"]), rows[way]
+        assert rows[way]["wall_s"] >= rows[way]["lower_s"]
+    if builds.can_serialize():
+        # The worker's export, loaded here, computes what lowering here computes.
+        assert rows["workers"]["same_output"] is True
+        assert _positive(rows["workers"]["workers_s"]) and _positive(rows["workers"]["load_s"])
+    else:
+        assert "flatbuffers" in rows["workers"]["error"]
+    assert "vs serial" in printed and "1.00x" in printed  # serial is the baseline
+    with pytest.raises(ValueError, match="--configs 9: at most"):
+        builds.run(9, 1, smoke=True)
