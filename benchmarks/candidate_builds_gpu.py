@@ -82,13 +82,25 @@ def product(cfg: RaggedDotConfig, smoke: bool) -> Callable[..., Any]:
     return lambda x, dout, sizes: transposed_ragged_dot_mosaic(x, dout, sizes, cfg)
 
 
-def operands(smoke: bool) -> tuple[jax.Array, jax.Array, jax.Array]:
+def specs(smoke: bool) -> tuple[jax.ShapeDtypeStruct, ...]:
+    """The operands' shapes: x `[M, K]`, d_out `[M, N]`, group sizes `[G]`."""
     m, k, n, g = SMOKE_SHAPE if smoke else SHAPE
     dtype = jnp.float32 if smoke else jnp.bfloat16
-    x = jax.random.normal(jax.random.key(0), (m, k), dtype)
-    dout = jax.random.normal(jax.random.key(1), (m, n), dtype)
-    sizes = jnp.asarray(ragged_shapes.skewed(m, g, empty=1), jnp.int32)
-    return x, dout, sizes
+    return (
+        jax.ShapeDtypeStruct((m, k), dtype),
+        jax.ShapeDtypeStruct((m, n), dtype),
+        jax.ShapeDtypeStruct((g,), jnp.int32),
+    )
+
+
+def operands(smoke: bool) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Random operands of `specs`' shapes, routed with skew and one empty group."""
+    x, dout, sizes = specs(smoke)
+    return (
+        jax.random.normal(jax.random.key(0), x.shape, x.dtype),
+        jax.random.normal(jax.random.key(1), dout.shape, dout.dtype),
+        jnp.asarray(ragged_shapes.skewed(x.shape[0], sizes.shape[0], empty=1), jnp.int32),
+    )
 
 
 def _lower(cfg: RaggedDotConfig, args: Sequence[Any], smoke: bool) -> Any:
@@ -170,8 +182,9 @@ def _worker_command(out: str, indices: Sequence[int], smoke: bool) -> list[str]:
 
 
 def worker(out: str, indices: Sequence[int], smoke: bool) -> None:
-    """A worker process: exports the configs at `indices` to `out/<index>.export`."""
-    cfgs, args = configs(smoke), operands(smoke)
+    """A worker process: exports the configs at `indices` to `out/<index>.export`
+    (traced on the operands' shapes: no array is made here)."""
+    cfgs, args = configs(smoke), specs(smoke)
     for i in indices:
         exported = jax.export.export(jax.jit(product(cfgs[i], smoke)))(*args)
         with open(os.path.join(out, f"{i}.export"), "wb") as f:
@@ -186,7 +199,7 @@ def run(n: int, count: int, smoke: bool) -> dict[str, Any]:
             f"--configs {n}: at most {len(every) // 3} here (3 ways, distinct configs)"
         )
     jax.block_until_ready(args)
-    _lower(every[-1], args, smoke).compile()  # JAX's own first-use costs, outside the rows
+    _lower(every[-1], args, smoke).compile()  # JAX's first compile, outside the rows
     rows: dict[str, Any] = {
         "serial": serial(every[:n], args, smoke),
         "threads": threads(every[n : 2 * n], args, smoke),
