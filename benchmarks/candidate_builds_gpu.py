@@ -138,27 +138,31 @@ def can_serialize() -> bool:
     return importlib.util.find_spec("flatbuffers") is not None
 
 
-def workers(
-    cfgs: Sequence[RaggedDotConfig], args: Sequence[Any], smoke: bool, count: int
-) -> dict[str, Any]:
-    """Exports in `count` worker processes, loads and compiles here; checks the first
-    config's output against the same config lowered here."""
+def workers(indices: Sequence[int], args: Sequence[Any], smoke: bool, count: int) -> dict[str, Any]:
+    """Exports `configs(smoke)[i]` for `i` in `indices` in `count` worker processes,
+    loads and compiles them here; checks the first one's output against the same
+    config lowered here."""
+    cfgs = configs(smoke)
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
-        shares = [list(range(len(cfgs)))[i::count] for i in range(count)]
         env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+        shares = [list(indices)[w::count] for w in range(count)]
         procs = [
-            subprocess.Popen(_worker_command(out, share, smoke), env=env)
+            subprocess.Popen(
+                _worker_command(out, share, smoke), env=env, stderr=subprocess.PIPE, text=True
+            )
             for share in shares
             if share
         ]
-        failed = [p.args for p in procs if p.wait() != 0]
-        if failed:
-            raise RuntimeError(f"a worker failed: {failed[0]}")
+        for proc in procs:
+            _, err = proc.communicate()
+            if proc.returncode != 0:
+                tail = " | ".join(err.strip().splitlines()[-3:])
+                raise RuntimeError(f"a worker exited with {proc.returncode}: {tail}")
         exported_s = time.perf_counter() - start
         load_start = time.perf_counter()
         lowered = []
-        for i in range(len(cfgs)):
+        for i in indices:
             with open(os.path.join(out, f"{i}.export"), "rb") as f:
                 loaded = jax.export.deserialize(bytearray(f.read()))
             lowered.append(jax.jit(loaded.call).lower(*args))
@@ -166,7 +170,7 @@ def workers(
         compiled = _compile_on_threads(lowered)
         wall = time.perf_counter() - start
     got = np.asarray(compiled[0](*args), np.float32)
-    want = np.asarray(jax.jit(product(cfgs[0], smoke))(*args), np.float32)
+    want = np.asarray(jax.jit(product(cfgs[indices[0]], smoke))(*args), np.float32)
     return {
         "wall_s": wall,
         "workers_s": exported_s,
@@ -204,10 +208,13 @@ def run(n: int, count: int, smoke: bool) -> dict[str, Any]:
         "serial": serial(every[:n], args, smoke),
         "threads": threads(every[n : 2 * n], args, smoke),
     }
-    if can_serialize():
-        rows["workers"] = workers(every[2 * n : 3 * n], args, smoke, count)
-    else:
+    if not can_serialize():
         rows["workers"] = {"error": "n/a: jax.export needs flatbuffers to serialize"}
+    else:
+        try:
+            rows["workers"] = workers(range(2 * n, 3 * n), args, smoke, count)
+        except Exception as e:  # the other rows still print
+            rows["workers"] = {"error": f"failed: {type(e).__name__}: {e}"[:400]}
     return {
         "device": jax.devices()[0].device_kind,
         "jax": jax.__version__,

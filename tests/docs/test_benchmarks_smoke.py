@@ -627,3 +627,23 @@ def test_candidate_builds_benchmark_times_each_way_and_checks_the_workers_progra
     assert "vs serial" in printed and "1.00x" in printed  # serial is the baseline
     with pytest.raises(ValueError, match="--configs 9: at most"):
         builds.run(9, 1, smoke=True)
+
+
+def test_a_failing_candidate_builds_worker_is_a_row_that_says_why(monkeypatch):
+    import sys
+
+    from benchmarks import candidate_builds_gpu as builds
+
+    if not builds.can_serialize():
+        pytest.skip("jax.export cannot serialize without flatbuffers")
+    monkeypatch.setattr(
+        builds,
+        "_worker_command",
+        lambda *a: [sys.executable, "-c", "raise SystemExit('no GPU here')"],
+    )
+    result = builds.run(1, 1, smoke=True)
+    assert result["rows"]["workers"]["error"].startswith(
+        "failed: RuntimeError: a worker exited with 1"
+    )
+    assert "no GPU here" in result["rows"]["workers"]["error"]
+    assert _positive(result["rows"]["serial"]["wall_s"])  # the other rows still ran
