@@ -44,6 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import harness as h
 from kerneltune.kernels.ragged_dot import shapes as ragged_shapes
 from kerneltune.kernels.ragged_dot.config import RaggedDotConfig
 
@@ -97,8 +98,8 @@ def operands(smoke: bool) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Random operands of `specs`' shapes, routed with skew and one empty group."""
     x, dout, sizes = specs(smoke)
     return (
-        jax.random.normal(jax.random.key(0), x.shape, x.dtype),
-        jax.random.normal(jax.random.key(1), dout.shape, dout.dtype),
+        h.normal(0, x.shape, x.dtype),
+        h.normal(1, dout.shape, dout.dtype),
         jnp.asarray(ragged_shapes.skewed(x.shape[0], sizes.shape[0], empty=1), jnp.int32),
     )
 
@@ -214,7 +215,7 @@ def run(n: int, count: int, smoke: bool) -> dict[str, Any]:
         try:
             rows["workers"] = workers(range(2 * n, 3 * n), args, smoke, count)
         except Exception as e:  # the other rows still print
-            rows["workers"] = {"error": f"failed: {type(e).__name__}: {e}"[:400]}
+            rows["workers"] = {"error": f"failed: {h.error_text(e)}"}
     return {
         "device": jax.devices()[0].device_kind,
         "jax": jax.__version__,

@@ -12,10 +12,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kerneltune._src.tuning import inputs, journal, run_bound
+from kerneltune._src.tuning import inputs, journal, run_bound, timing
 from kerneltune._src.tuning.candidate import Candidate, describe, failure_status
 from kerneltune._src.tuning.output_checks import OutputChecks
-from kerneltune._src.tuning.sampler import DEVICE_LOCK
 from kerneltune._src.tuning.settings import BenchSettings
 
 
@@ -82,7 +81,7 @@ class FirstRuns:
         journal.running(c.cfg, bound)
         t_first = time.perf_counter()
         try:
-            with DEVICE_LOCK:
+            with timing.DEVICE_LOCK:
                 out, times = run_bound.warm_up(
                     c.compiled, self._args(), max(1, self._settings.warmup), bound
                 )

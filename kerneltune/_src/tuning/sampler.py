@@ -23,10 +23,6 @@ from kerneltune._src.tuning.candidate import Candidate, describe, failure_status
 from kerneltune._src.tuning.progress import Progress
 from kerneltune._src.tuning.settings import BenchSettings
 
-#: One process times one thing at a time on the device, even when several threads tune
-#: (defined beside the timers, whose CUPTI sessions must never overlap).
-DEVICE_LOCK = timing.DEVICE_LOCK
-
 #: Default target duration of one sample, by timer. Device time needs no amortising of
 #: dispatch: a few calls per sample are enough.
 DEFAULT_TARGET_SAMPLE_S = {"cupti": 1e-3, "wallclock": 2e-3}
@@ -187,7 +183,7 @@ class Sampler:
         calls = self._calls_for(c)
         start = len(c.samples) * calls
         try:
-            with DEVICE_LOCK:
+            with timing.DEVICE_LOCK:  # one thing timed at a time, whatever thread tunes
                 seconds = self.timer.sample(c.compiled, self._arg_sets(), calls, start)
         except timing.TimerFailed as e:
             self._switch_to_wallclock(str(e))
