@@ -95,3 +95,24 @@ def test_a_long_calls_calibration_is_its_first_sample_and_a_short_one_is_not():
     assert errors == {} and times == {"long": 0.5, "short": 0.001}
     assert [c for f, c in timer.sampled if f == "long"] == [1, 1, 1]  # 3 rounds, no extra
     assert [c for f, c in timer.sampled if f == "short"] == [1, 10, 10, 10]  # sizing + 3
+
+
+class _Outputs:
+    """A program whose outputs are `nbytes` bytes (what `calls_per_session` reads)."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.out_info = jax.ShapeDtypeStruct((nbytes,), jnp.uint8)
+
+
+@pytest.mark.parametrize("timer_name, calls", [("cupti", 2), ("wallclock", 33)])
+def test_a_cupti_sample_is_one_session(timer_name, calls):
+    # A 300 us layer norm with 128 MiB of output: 33 calls make a 10 ms sample, but one
+    # CUPTI session holds the outputs of 2 (`MAX_SESSION_OUTPUT_BYTES`); more calls ran
+    # 17 sessions a sample, each with its own fixed cost. The wall clock has no
+    # sessions and keeps the long sample.
+    big = _Outputs(128 << 20)
+    timer = _StepTimer({big: 300e-6})
+    timer.name = timer_name
+    plan = dm.Rounds(rounds=2, sample_s=0.01, max_calls=50)
+    dm._interleaved(timer, {"norm": big}, [()], plan)
+    assert [c for _, c in timer.sampled] == [1, calls, calls]

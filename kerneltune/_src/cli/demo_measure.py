@@ -19,7 +19,13 @@ from typing import Any
 
 import jax
 
-from kerneltune._src.tuning.timing import Timer, TimerFailed, choose_timer
+from kerneltune._src.tuning.timing import (
+    CuptiTimer,
+    Timer,
+    TimerFailed,
+    calls_per_session,
+    choose_timer,
+)
 
 #: Status of a measurement: timed, not offered ("n/a"), or why it did not run.
 OK, NA, FAILED, OOM = "ok", "n/a", "failed", "oom"
@@ -119,12 +125,18 @@ def _calls(
     timer: Timer, fn: Any, sets: Sequence[Sequence[Any]], plan: Rounds
 ) -> tuple[int, float | None]:
     """Calls per sample: about `plan.sample_s` of them, from one call timed on the
-    first argument set. Returns the count and, when it is one call, that call's time:
+    first argument set, no more than one CUPTI session holds. Returns the count and, when it is one call, that call's time:
     it is the first round's sample, so a long call is not run once more for nothing."""
     if plan.max_calls <= 1:
         return 1, None
     one = timer.sample(fn, sets, 1, 0)
     calls = max(1, min(plan.max_calls, round(plan.sample_s / max(one, 1e-7))))
+    if timer.name == CuptiTimer.name:
+        # A CUPTI session keeps every call's outputs, so a sample of large outputs ran
+        # as many sessions, each with a fixed cost of its own: the layer norm row's 33
+        # calls were 17 sessions a sample and 1.5 s of timing on an H200. Device time
+        # needs no long sample; one session is one.
+        calls = calls_per_session(fn, calls)
     return calls, one if calls == 1 else None
 
 
