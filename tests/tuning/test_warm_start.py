@@ -426,3 +426,30 @@ def test_ship_tables_missing_only_tunes_a_key_its_table_would_answer_from_a_neig
     table = shipped_neighbour(tmp_path, inv, 3.8)
     d = chain_for(shipped=ListedOnly(table)).decide(inv, k)
     assert d.tier == "autotune" and d.cfg == BackendCfg("xla")
+
+
+class CountingEvaluator(FakeEvaluator):
+    """Counts the batches (`evaluate` calls): each costs a compile latency on a GPU."""
+
+    def __init__(self, time_of, workers):
+        super().__init__(time_of)
+        self.workers, self.batches = workers, []
+
+    def evaluate(self, indices, rounds=None):
+        self.batches.append(list(indices))
+        return super().evaluate(indices, rounds)
+
+
+@pytest.mark.parametrize("workers, batches", [(32, [16, 6]), (8, [10, 6, 6])])
+def test_a_budget_that_compiles_at_once_fills_the_first_batch(workers, batches):
+    # The budget is a quarter of the 108 configs (27). With 32 compile threads, the
+    # first batch also takes the configs one step from the second hint and one field
+    # from the first (16 configs, one compile latency): the best is among them, and
+    # the climb needs one batch less. With 8 threads the first batch stays as it was.
+    best = Tile(256, 128, 64, 8, 3)
+    hints = (SPACE.index(Tile(64, 128, 64, 4, 3)), SPACE.index(Tile(256, 128, 64, 4, 3)))
+    ev = CountingEvaluator(landscape(best), workers)
+    warm_start.WarmStart(hints).search(ev)
+    assert [len(b) for b in ev.batches] == batches
+    assert (SPACE.index(best) in ev.batches[0]) == (workers == 32)
+    assert SPACE.index(best) in ev.seen and len(ev.seen) <= 27

@@ -4,10 +4,12 @@ The best config of a call is usually the best, or one field away from the best, 
 same op at a nearby size (another sequence length, another batch). So instead of
 sampling the whole space, a warm search evaluates the heuristic config, the neighbours'
 winners and the configs one step from the nearest neighbour's winner (one field moved
-to its next smaller or larger value), in one batch (one compile latency on a GPU); then
-it climbs: while a config one step from the best so far is faster, it moves there. At a
-local optimum it widens once, to every config one field away; it stops when that brings
-nothing, or when its budget (a quarter of the space by default) is spent. When every
+to its next smaller or larger value), in one batch (one compile latency on a GPU),
+filled up to the budget when the budget is no more than the configs that compile at
+once; then it climbs: while a config one step from the best so far is faster, it moves
+there. At a local optimum it widens once, to every config one field away; it stops
+when that brings nothing, or when its budget (a quarter of the space by default) is
+spent. When every
 config it tried failed, it hands over to coordinate descent over the rest of the space.
 """
 
@@ -79,6 +81,15 @@ class WarmStart:
         first = _unique([*reference, *hints, *steps.adjacent(hints[0])])
         budget = self.max_evals if self.max_evals is not None else round(self.fraction * n)
         budget = min(n, max(budget, len(first)))
+        if budget <= ev.workers:
+            # A batch no wider than the compile threads costs one compile latency, so
+            # spending the whole budget at once costs no more wall time than its first
+            # part, and it spares the climb's later batches, each a compile latency of
+            # its own (1-3 s a Mosaic candidate: two batches a key were most of an MoE
+            # layer's `kt.autotune`). It adds the configs one step from the other hints,
+            # then one field from the nearest (benchmarks/warm_replay.py: same regret).
+            more = [*(j for h in hints[1:] for j in steps.adjacent(h)), *steps.one_field(hints[0])]
+            first = _unique([*first, *more])[:budget]
         times = dict(ev.evaluate(first))
         best = _best(times)
         widened = False
