@@ -277,6 +277,9 @@ def child(row: str, variant: str) -> dict[str, Any]:
         start = time.perf_counter()
         kt.autotune(step, *args)
         out["autotune_s"] = time.perf_counter() - start
+        from kerneltune._src.tuning import lowering_pool
+
+        out["lowered_by"] = dict(lowering_pool.lowered_by)  # worker processes or here
         step = step_for(row, variant)  # a new jit: traced with the tuned configs
         out["peak_gib"] = (device.memory_stats() or {}).get("peak_bytes_in_use", 0) / 2**30
     out["cupti_retries"] = retries.count  # in the first call and kt.autotune

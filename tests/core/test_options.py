@@ -20,4 +20,5 @@ def test_options_are_typed_objects_with_a_scoped_override(monkeypatch):
         "platform", "stamp", "record", "autotune", "cache_dir", "cache_readonly", "agree_timeout", "shipped",
         "first_call_candidates", "first_call_key_s", "first_call_process_s",
         "first_call_trust_prediction",
+        "lowering_workers",
     }  # fmt: skip

@@ -116,6 +116,16 @@ def _count_or_all(raw: str) -> int | None:
     return count
 
 
+def _count_or_auto(raw: str) -> int | None:
+    value = raw.strip().lower()
+    if value == "auto":
+        return None
+    count = int(value)
+    if count < 0:
+        raise ValueError(raw)
+    return count
+
+
 def _choice_option(
     name: str, default: T, legal: tuple[str, ...], help: str, *, unset: str = ""
 ) -> Option[T]:
@@ -226,6 +236,18 @@ FIRST_CALL_TRUST_PREDICTION = _flag_option(
     "(one compile); off: the first call times the shortlist at every new key.",
 )
 
+LOWERING_WORKERS: Option[int | None] = Option(
+    name="lowering_workers",
+    default=None,
+    parse=_count_or_auto,
+    allowed="a whole number >= 0, or auto",
+    help=(
+        "How many worker processes lower a search's candidates side by side (0: none, "
+        "every candidate is lowered in the tuning process; auto: 4 on a CUDA GPU when the "
+        "process may use at least 8 CPU cores, else none)."
+    ),
+)
+
 _OPTIONS: dict[str, Option[Any]] = {
     o.name: o
     for o in (
@@ -241,6 +263,7 @@ _OPTIONS: dict[str, Option[Any]] = {
         FIRST_CALL_KEY_S,
         FIRST_CALL_PROCESS_S,
         FIRST_CALL_TRUST_PREDICTION,
+        LOWERING_WORKERS,
     )
 }
 

@@ -9,6 +9,7 @@ exactly what runs.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -58,6 +59,19 @@ def kernel_function(
         return run(*args, cfg=cfg, **kwargs)
 
     return plain
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelFunction:
+    """`kernel_function(kernel, cfg, context)` as a function of `cfg`: what a tuning
+    builds its candidates from. A module-level object, so it pickles with its kernel,
+    and a lowering worker process builds the same program (`tuning/lowering_pool.py`)."""
+
+    kernel: Kernel[Any, Any]
+    context: str | None = None
+
+    def __call__(self, cfg: Any) -> Callable[..., Any]:
+        return kernel_function(self.kernel, cfg, self.context)
 
 
 def _require_run(kernel: Kernel[Any, Any], found: KernelMethods) -> Callable[..., Any]:

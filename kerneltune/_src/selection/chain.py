@@ -36,6 +36,7 @@ from kerneltune._src.selection.policy import completes_budgeted
 from kerneltune._src.selection.policy import forward_autotune_only as forward_autotune_only
 from kerneltune._src.selection.policy import forward_only_active as forward_only_active
 from kerneltune._src.selection.policy import policy_override as policy_override
+from kerneltune._src.tuning import lowering_worker
 from kerneltune._src.tuning.report import TuningReport
 from kerneltune._src.tuning.tuner import Tuner
 
@@ -143,6 +144,7 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
     def decide(self, inv: Invocation[Cfg, Out], kernel: Kernel[Cfg, Out]) -> Decision:
         """Like `choose`, and says which tier supplied the config and why the tiers
         before it missed."""
+        lowering_worker.refuse_selection(f"{kernel.op_id!r}")
         inv = hooks.as_keyed_by(inv, kernel)
         dev = inv.device_fingerprint
         key: CacheKey = (dev, inv.op_id_v, inv.call_key)

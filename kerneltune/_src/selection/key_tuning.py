@@ -48,8 +48,8 @@ def tune_key(
         candidates = [heuristic, *(c for c in candidates if c != heuristic)]
     context = hooks.context_of(inv)
 
-    def make_fn(cfg: Any) -> Callable[..., Any]:
-        return dispatch.kernel_function(kernel, cfg, context)
+    # An object, not a closure: it pickles, so worker processes can lower candidates.
+    make_fn = dispatch.KernelFunction(kernel, context)
 
     backward = backward and not scope.current().forward_only
     # In a shared tuning each process times a slice (the heuristic and hints in all).

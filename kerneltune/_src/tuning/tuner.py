@@ -27,7 +27,16 @@ from typing import Any, Generic
 
 from kerneltune._src.core import keys, tracing
 from kerneltune._src.core.kernel_types import Cfg
-from kerneltune._src.tuning import inputs, programs, run_report, search, timing, warm_start, winner
+from kerneltune._src.tuning import (
+    inputs,
+    lowering_pool,
+    programs,
+    run_report,
+    search,
+    timing,
+    warm_start,
+    winner,
+)
 from kerneltune._src.tuning.bench import Bench
 from kerneltune._src.tuning.candidate import describe
 from kerneltune._src.tuning.compiling import default_workers
@@ -261,7 +270,9 @@ class Tuner(Generic[Cfg]):
             # Everything that is not needed to start compiling (choosing the timer, the
             # input copies, the all-zero check) happens while the first candidates compile.
             bench = self._bench(
-                programs.lowering(make_fn, rebuild, arrays, backward=backward),
+                lowering_pool.lowering(
+                    make_fn, rebuild, arrays, backward=backward, candidates=len(candidates)
+                ),
                 programs.compile_lowered,
                 arrays,
                 candidates,

@@ -35,7 +35,7 @@ from kerneltune._src.selection.chain import (
     policy_override,
 )
 from kerneltune._src.selection.decision import Decision
-from kerneltune._src.tuning import distributed, journal, shared
+from kerneltune._src.tuning import distributed, journal, lowering_pool, shared
 from kerneltune._src.workflows import outcome_entries as entries
 from kerneltune._src.workflows import split
 
@@ -89,6 +89,7 @@ def tune_records(
     them together, each timing a slice of its candidates; every other key by one of
     them) and every process returns every record's outcome, with the same configs.
     """
+    lowering_pool.start_early()  # up by the time the first key's search lowers
     chain = selector_of(selector)
     peers = current_peers()
     if peers is None or peers.num_processes < 2:

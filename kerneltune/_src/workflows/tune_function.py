@@ -32,7 +32,7 @@ from kerneltune._src.core.configs import config_from_dict, config_to_dict
 from kerneltune._src.execution.default import selector_of
 from kerneltune._src.kernel import hooks, recording
 from kerneltune._src.selection.chain import ConfigSelectorChain, policy_override
-from kerneltune._src.tuning import distributed
+from kerneltune._src.tuning import distributed, lowering_pool
 from kerneltune._src.tuning.programs import split_static
 from kerneltune._src.tuning.protocol import run_tuner
 from kerneltune._src.workflows import offline
@@ -70,6 +70,7 @@ def autotune_function(
     """
     if not callable(f):
         raise TypeError(f"autotune needs a Kernel or a function, got {type(f).__qualname__}.")
+    lowering_pool.start_early()  # up by the time the first key's search lowers
     chain = selector_of(selector)
     if tuner is not None:
         chain = ConfigSelectorChain(
