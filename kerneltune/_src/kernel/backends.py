@@ -141,6 +141,12 @@ class BackendKernel(Kernel[Cfg, Any]):
         self.executor = executor
         self.interpret = bool(interpret)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy in another process (a lowering worker, `tuning/lowering_pool.py`) runs
+        # its inner calls through that process's default executor: an executor holds
+        # this process's caches and locks, which neither pickle nor belong there.
+        return {**self.__dict__, "executor": None}
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         names = [b.name for b in cls.backends]

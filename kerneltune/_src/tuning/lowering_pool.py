@@ -294,7 +294,13 @@ def lowering(
         pickle.dumps((make_fn, specs))
     except Exception as e:  # a closure, a lambda, a constant that does not pickle
         logger.debug("lowering candidates here: %s does not pickle (%s)", make_fn, e)
-        return here
+        why = f"here: the program does not pickle ({type(e).__name__})"
+
+        def pickle_failed(cfg: Any) -> Any:
+            lowered_by[why] += 1
+            return here(cfg)
+
+        return pickle_failed
     pool = shared_pool(count)
 
     def lower(cfg: Any) -> Any:
