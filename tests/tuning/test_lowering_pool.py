@@ -149,6 +149,8 @@ def test_what_a_worker_cannot_take_is_lowered_here_as_before(two_workers, case):
 
 
 def test_the_number_of_workers_is_an_option_with_a_clear_error(monkeypatch):
+    monkeypatch.delenv("KERNELTUNE_LOWERING_WORKERS", raising=False)
+    assert lowering_pool.configured_workers() == 0  # off unless asked for
     monkeypatch.setenv("KERNELTUNE_LOWERING_WORKERS", "3")
     assert lowering_pool.configured_workers() == 3
     monkeypatch.setenv("KERNELTUNE_LOWERING_WORKERS", "auto")

@@ -238,13 +238,13 @@ FIRST_CALL_TRUST_PREDICTION = _flag_option(
 
 LOWERING_WORKERS: Option[int | None] = Option(
     name="lowering_workers",
-    default=None,
+    default=0,
     parse=_count_or_auto,
     allowed="a whole number >= 0, or auto",
     help=(
-        "How many worker processes lower a search's candidates side by side (0: none, "
-        "every candidate is lowered in the tuning process; auto: 4 on a CUDA GPU when the "
-        "process may use at least 8 CPU cores, else none)."
+        "How many worker processes lower a search's candidates side by side (0, the "
+        "default: none, every candidate is lowered in the tuning process; auto: 4 on a "
+        "CUDA GPU when the process may use at least 8 CPU cores, else none)."
     ),
 )
 

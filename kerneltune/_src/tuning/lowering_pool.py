@@ -19,10 +19,18 @@ chooses), a program the worker could not export or whose kernels choose a config
 every candidate until a worker has started. The tuner validates every candidate's
 output against the reference either way.
 
-`KERNELTUNE_LOWERING_WORKERS` sets how many workers run (0: none). By default, 4 on a
-CUDA GPU when this process may use at least 8 CPU cores, else none. They start at the
-first search of at least `MIN_CANDIDATES` candidates, serve the process's later
-searches, and end with it. Each holds a CUDA context on the GPU (no preallocation).
+`KERNELTUNE_LOWERING_WORKERS` sets how many workers run: 0 (the default) none, `auto` 4
+on a CUDA GPU when this process may use at least 8 CPU cores. They start with
+`kt.autotune` and `kerneltune tune`, or at the first search of at least
+`MIN_CANDIDATES` candidates, serve the process's later searches, and end with it. Each
+holds a CUDA context on the GPU (no preallocation).
+
+Off by default until a GPU shows them paying: alone they did not shorten an MoE layer's
+`kt.autotune` on an H200 (40.6 / 36.2 s against 35.6-38.6 s, BENCHMARKS.md), whose
+searches then took two or three batches of a few candidates a key, each batch waiting
+on its compiles. A warm search now spends a budget no wider than the compile threads in
+one batch (`warm_start.py`), 12 Mosaic candidates a key, whose lowerings are what the
+workers take side by side.
 """
 
 from __future__ import annotations
