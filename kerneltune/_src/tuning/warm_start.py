@@ -89,6 +89,10 @@ class WarmStart:
             # layer's `kt.autotune`). It adds the configs one step from the other hints,
             # then one field from the nearest (benchmarks/warm_replay.py: same regret).
             more = [*(j for h in hints[1:] for j in steps.adjacent(h)), *steps.one_field(hints[0])]
+            # The fraction rounded down, which the climb then keeps to: a padded first
+            # batch and a climb of one more config would be two compile latencies.
+            fill = self.max_evals if self.max_evals is not None else int(self.fraction * n)
+            budget = max(len(first), min(budget, fill))
             first = _unique([*first, *more])[:budget]
         times = dict(ev.evaluate(first))
         best = _best(times)
