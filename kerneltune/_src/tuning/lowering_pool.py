@@ -71,6 +71,12 @@ START_TIMEOUT_S = 120.0
 
 #: How this process's candidates were lowered: "worker", or "here: <why>".
 lowered_by: Counter[str] = Counter()
+_counting = threading.Lock()
+
+
+def _count(way: str) -> None:
+    with _counting:  # compile threads lower side by side
+        lowered_by[way] += 1
 
 
 def configured_workers() -> int:
@@ -305,7 +311,7 @@ def lowering(
         why = f"here: the program does not pickle ({type(e).__name__})"
 
         def pickle_failed(cfg: Any) -> Any:
-            lowered_by[why] += 1
+            _count(why)
             return here(cfg)
 
         return pickle_failed
@@ -313,13 +319,13 @@ def lowering(
 
     def lower(cfg: Any) -> Any:
         if not pool.ready:
-            lowered_by["here: no worker has started"] += 1
+            _count("here: no worker has started")
             return here(cfg)
         flags = {name: getattr(jax.config, name) for name in JAX_FLAGS if hasattr(jax.config, name)}
         try:
             request = pickle.dumps((make_fn, cfg, specs, backward, flags))
         except Exception:  # this config does not pickle
-            lowered_by["here: the config does not pickle"] += 1
+            _count("here: the config does not pickle")
             return here(cfg)
         try:
             status, value = pool.submit(request).result()
@@ -327,9 +333,9 @@ def lowering(
             status, value = "error", str(e)
         if status != "ok":
             logger.debug("a lowering worker did not lower %s: %s", cfg, value)
-            lowered_by[f"here: {value.splitlines()[0][:80]}"] += 1
+            _count(f"here: {value.splitlines()[0][:80]}")
             return here(cfg)
-        lowered_by["worker"] += 1
+        _count("worker")
         exported = jax.export.deserialize(bytearray(value))
         return programs.lower_alone(exported.call, arrays)
 
