@@ -161,8 +161,16 @@ def names(events):
 
 def rand(shape, dtype=jnp.float32, *, seed=None):
     """Standard normal values drawn in float32, then cast to `dtype`; a fresh seed unless
-    one is given."""
+    one is given.
+
+    On a CPU NumPy draws them: JAX's generator compiles a program (and the cast
+    another) for every new shape, about 0.1 s each, which the tests' many shapes added
+    up to tens of seconds of the suite. On an accelerator JAX draws them as before, so
+    the GPU tests keep the inputs their seeds gave."""
     seed = np.random.randint(0, 2**31 - 1) if seed is None else seed
+    if jax.default_backend() == "cpu":
+        drawn = np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
+        return jnp.asarray(drawn.astype(dtype))
     return jax.random.normal(jax.random.PRNGKey(seed), shape, dtype=jnp.float32).astype(dtype)
 
 
