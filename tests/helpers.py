@@ -169,9 +169,17 @@ def rand(shape, dtype=jnp.float32, *, seed=None):
     the GPU tests keep the inputs their seeds gave."""
     seed = np.random.randint(0, 2**31 - 1) if seed is None else seed
     if jax.default_backend() == "cpu":
-        drawn = np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
-        return jnp.asarray(drawn.astype(dtype))
+        return normal(np.random.default_rng(seed), shape, dtype)
     return jax.random.normal(jax.random.PRNGKey(seed), shape, dtype=jnp.float32).astype(dtype)
+
+
+def normal(rng, shape, dtype=jnp.float32, *, scale=1.0):
+    """Standard normal values times `scale`, drawn in float32 by the NumPy generator
+    `rng`, then cast to `dtype` (a JAX array). JAX's generator would compile a program
+    for every new shape, about 0.1 s each: tests that draw their shapes paid it for
+    every example."""
+    drawn = rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)
+    return jnp.asarray(drawn.astype(dtype))
 
 
 def close(actual, expected, *, tol):
