@@ -173,13 +173,19 @@ def rand(shape, dtype=jnp.float32, *, seed=None):
     return jax.random.normal(jax.random.PRNGKey(seed), shape, dtype=jnp.float32).astype(dtype)
 
 
-def normal(rng, shape, dtype=jnp.float32, *, scale=1.0):
-    """Standard normal values times `scale`, drawn in float32 by the NumPy generator
-    `rng`, then cast to `dtype` (a JAX array). JAX's generator would compile a program
-    for every new shape, about 0.1 s each: tests that draw their shapes paid it for
-    every example."""
-    drawn = rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)
+def normal(rng, shape, dtype=jnp.float32, *, loc=0.0, scale=1.0):
+    """Normal values of mean `loc` and deviation `scale`, drawn in float32 by the NumPy
+    generator `rng`, then cast to `dtype` (a JAX array). JAX's generator would compile a
+    program for every new shape, about 0.1 s each: tests over many shapes paid it for
+    every one."""
+    drawn = np.float32(loc) + rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)
     return jnp.asarray(drawn.astype(dtype))
+
+
+def host_rng(key):
+    """A NumPy generator seeded by the JAX key `key` (the `key` fixture's, whose seed
+    the test prints), for `normal`."""
+    return np.random.default_rng(np.asarray(jax.random.key_data(key)))
 
 
 def close(actual, expected, *, tol):
