@@ -63,13 +63,15 @@ def test_documents_describe_the_same_attention_as_the_segment_ids(seed, causal):
 
 
 def test_ids_the_layout_cannot_express_are_not_packable():
+    # Compiled whole (op by op, each of its primitives compiled alone for every call).
+    packable = jax.jit(cp.packable, static_argnames="slots")
     ordered = jnp.asarray([[0, 0, 1, 1, 2, 2]])
-    assert bool(cp.packable(ordered, ordered, slots=3))
-    assert not bool(cp.packable(ordered, ordered, slots=2))  # 3 documents, 2 slots
-    assert not bool(cp.packable(ordered, ordered + 1, slots=3))  # queries' and keys' differ
+    assert bool(packable(ordered, ordered, slots=3))
+    assert not bool(packable(ordered, ordered, slots=2))  # 3 documents, 2 slots
+    assert not bool(packable(ordered, ordered + 1, slots=3))  # queries' and keys' differ
     interleaved = jnp.asarray([[0, 1, 0, 1, 2, 2]])  # a document in two runs
-    assert not bool(cp.packable(interleaved, interleaved, slots=8))
-    assert not bool(cp.packable(ordered, ordered[:, :4], slots=8))  # other lengths
+    assert not bool(packable(interleaved, interleaved, slots=8))
+    assert not bool(packable(ordered, ordered[:, :4], slots=8))  # other lengths
 
 
 def test_packed_or_takes_the_packed_path_only_for_packable_ids_under_jit_and_grad():
@@ -105,8 +107,8 @@ def test_packed_or_takes_the_packed_path_only_for_packable_ids_under_jit_and_gra
     # 6 documents, 4 slots: the fallback ran (no marker).
     np.testing.assert_allclose(packed_marked(q, many), fallback_only(q, many), atol=1e-5)
     # Gradients go through the branch that ran (the marker is a constant).
-    g = jax.grad(lambda q: packed_marked(q, ordered).sum())(q)
-    g_ref = jax.grad(lambda q: fallback_only(q, ordered).sum())(q)
+    g = jax.jit(jax.grad(lambda q: packed_marked(q, ordered).sum()))(q)
+    g_ref = jax.jit(jax.grad(lambda q: fallback_only(q, ordered).sum()))(q)
     np.testing.assert_allclose(g, g_ref, atol=1e-4)
 
 
