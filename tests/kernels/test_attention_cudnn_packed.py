@@ -11,6 +11,7 @@ import pytest
 
 from kerneltune.kernels.attention import cudnn_packed as cp
 from kerneltune.kernels.attention.variants import VariantConfig
+from tests.helpers import rand
 
 # Tests of what happens off a GPU: on one, cuDNN and tokamax run (or name float32).
 cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu", reason="behaviour off a GPU")
@@ -77,7 +78,7 @@ def test_ids_the_layout_cannot_express_are_not_packable():
 def test_packed_or_takes_the_packed_path_only_for_packable_ids_under_jit_and_grad():
     # A stand-in for cuDNN: the "packed" path attends within the layout's segments, the
     # fallback with the segment ids; they agree, and a marker tells which one ran.
-    q = jax.random.normal(jax.random.key(0), (2, 12, 2, 8))
+    q = rand((2, 12, 2, 8), seed=0)
 
     def attend(q, allowed):
         logits = jnp.einsum("btnh,bsnh->bnts", q, q)
