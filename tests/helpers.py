@@ -161,16 +161,22 @@ def names(events):
 
 def rand(shape, dtype=jnp.float32, *, seed=None):
     """Standard normal values drawn in float32, then cast to `dtype`; a fresh seed unless
-    one is given.
-
-    On a CPU NumPy draws them: JAX's generator compiles a program (and the cast
-    another) for every new shape, about 0.1 s each, which the tests' many shapes added
-    up to tens of seconds of the suite. On an accelerator JAX draws them as before, so
-    the GPU tests keep the inputs their seeds gave."""
+    one is given (`rand_from` says how they are drawn)."""
     seed = np.random.randint(0, 2**31 - 1) if seed is None else seed
+    return rand_from(jax.random.PRNGKey(seed), shape, dtype)
+
+
+def rand_from(key, shape, dtype=jnp.float32):
+    """Standard normal values drawn in float32 from the JAX key `key`, then cast to
+    `dtype`.
+
+    On a CPU NumPy draws them (`host_rng`): JAX's generator compiles a program (and
+    the cast another) for every new shape, about 0.1 s each, which the tests' many
+    shapes added up to tens of seconds of the suite. On an accelerator JAX draws them
+    as before (`jax.random.normal`), so the GPU tests keep the inputs their seeds gave."""
     if jax.default_backend() == "cpu":
-        return normal(np.random.default_rng(seed), shape, dtype)
-    return jax.random.normal(jax.random.PRNGKey(seed), shape, dtype=jnp.float32).astype(dtype)
+        return normal(host_rng(key), shape, dtype)
+    return jax.random.normal(key, shape, jnp.float32).astype(dtype)
 
 
 def normal(rng, shape, dtype=jnp.float32, *, loc=0.0, scale=1.0):
