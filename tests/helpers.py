@@ -161,17 +161,46 @@ def names(events):
 
 def rand(shape, dtype=jnp.float32, *, seed=None):
     """Standard normal values drawn in float32, then cast to `dtype`; a fresh seed unless
-    one is given."""
+    one is given (`rand_from` says how they are drawn)."""
     seed = np.random.randint(0, 2**31 - 1) if seed is None else seed
-    return jax.random.normal(jax.random.PRNGKey(seed), shape, dtype=jnp.float32).astype(dtype)
+    return rand_from(jax.random.PRNGKey(seed), shape, dtype)
+
+
+def rand_from(key, shape, dtype=jnp.float32):
+    """Standard normal values drawn in float32 from the JAX key `key`, then cast to
+    `dtype`.
+
+    On a CPU NumPy draws them (`host_rng`): JAX's generator compiles a program (and
+    the cast another) for every new shape, about 0.1 s each, which the tests' many
+    shapes added up to tens of seconds of the suite. On an accelerator JAX draws them
+    as before (`jax.random.normal`), so the GPU tests keep the inputs their seeds gave."""
+    if jax.default_backend() == "cpu":
+        return normal(host_rng(key), shape, dtype)
+    return jax.random.normal(key, shape, jnp.float32).astype(dtype)
+
+
+def normal(rng, shape, dtype=jnp.float32, *, loc=0.0, scale=1.0):
+    """Normal values of mean `loc` and deviation `scale`, drawn in float32 by the NumPy
+    generator `rng`, then cast to `dtype` (a JAX array). JAX's generator would compile a
+    program for every new shape, about 0.1 s each: tests over many shapes paid it for
+    every one."""
+    drawn = np.float32(loc) + rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)
+    return jnp.asarray(drawn.astype(dtype))
+
+
+def host_rng(key):
+    """A NumPy generator seeded by the JAX key `key` (the `key` fixture's, whose seed
+    the test prints), for `normal`."""
+    return np.random.default_rng(np.asarray(jax.random.key_data(key)))
 
 
 def close(actual, expected, *, tol):
     """Asserts that `actual` has `expected`'s shape and matches it element-wise, in
     float32, within `tol` relative to each element and `tol` times the largest
     magnitude of `expected` (at least 1) absolute."""
-    actual = np.asarray(jnp.asarray(actual, jnp.float32))
-    expected = np.asarray(jnp.asarray(expected, jnp.float32))
+    # Cast on the host: JAX's cast compiles a program for every shape and dtype.
+    actual = np.asarray(actual).astype(np.float32)
+    expected = np.asarray(expected).astype(np.float32)
     assert actual.shape == expected.shape, (actual.shape, expected.shape)
     scale = max(1.0, float(np.abs(expected).max(initial=0)))
     np.testing.assert_allclose(actual, expected, rtol=tol, atol=tol * scale)

@@ -12,6 +12,7 @@ import pytest
 import kerneltune as kt
 from kerneltune import kernels as ktk
 from kerneltune._src.cli import demo_cases, demo_executors, demo_moe
+from tests.helpers import rand
 
 
 def _close(a, b, rtol=2e-4, atol=2e-5):
@@ -51,9 +52,9 @@ def test_the_interpreting_executor_runs_pallas_kernels_interpreted_only():
         on_event=lambda event, **data: seen.append(data["op_id"]),
     )
     ex = demo_executors.InterpretingExecutor(chain)
-    x = jax.random.normal(jax.random.key(0), (8, 128))
+    x = rand((8, 128), seed=0)
     np.testing.assert_allclose(ktk.softmax(x, executor=ex), jax.nn.softmax(x), rtol=1e-6)
-    q = jax.random.normal(jax.random.key(1), (1, 32, 2, 16))
+    q = rand((1, 32, 2, 16), seed=1)
     ktk.attention(q, q, q, is_causal=True, local_window_size=(8, 0), executor=ex)
     # Under jit (the flattened N-D call goes through `call_traced`) too.
     jax.jit(lambda a: ktk.layer_norm(a, executor=ex))(x.reshape(2, 4, 128))

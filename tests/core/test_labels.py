@@ -9,7 +9,7 @@ import pytest
 
 import kerneltune as kt
 from kerneltune._src.core import labels, options
-from tests.helpers import heuristics_executor
+from tests.helpers import heuristics_executor, rand
 from tests.offline_kernels import HEURISTIC, LoopKernel, SinKernel
 
 
@@ -50,7 +50,7 @@ def found_keys(text):
 def test_two_calls_found_in_all_three_texts(transform):
     ex, kernel = heuristics_executor(), LoopKernel()
     model = two_call_model(ex, kernel)
-    x = jax.random.normal(jax.random.PRNGKey(0), (16, 16))
+    x = rand((16, 16), seed=0)
     want = expected_keys(ex, kernel, x)
     assert len(want) == 2
     if transform == "jit":
@@ -71,7 +71,7 @@ def test_backward_kernel_has_its_own_label_under_grad():
     def loss(x):
         return jnp.sum(ex(fwd, x) ** 2)
 
-    x = jax.random.normal(jax.random.PRNGKey(1), (8, 8))
+    x = rand((8, 8), seed=1)
     lowered = jax.jit(jax.value_and_grad(loss)).lower(x)
     for name, text in three_texts(lowered).items():
         ops = {op for op, _ in found_keys(text)}
@@ -80,7 +80,7 @@ def test_backward_kernel_has_its_own_label_under_grad():
 
 def test_json_stamp_keeps_quotes_in_every_text():
     ex, kernel = heuristics_executor(), LoopKernel()
-    x = jax.random.normal(jax.random.PRNGKey(2), (8, 8))
+    x = rand((8, 8), seed=2)
     with options.scoped(stamp="json"):
         lowered = jax.jit(lambda x: ex(kernel, x)).lower(x)
         texts = three_texts(lowered)
@@ -93,7 +93,7 @@ def test_json_stamp_keeps_quotes_in_every_text():
 
 def test_no_labels_when_stamping_is_off():
     ex, kernel = heuristics_executor(), LoopKernel()
-    x = jax.random.normal(jax.random.PRNGKey(3), (8, 8))
+    x = rand((8, 8), seed=3)
     with options.scoped(stamp="none"):
         lowered = jax.jit(lambda x: ex(kernel, x)).lower(x)
     assert kt.find_labels_in_lowered(lowered) == []
@@ -133,7 +133,7 @@ def test_parse_label_keeps_colons_in_the_op_id():
 
 def test_labels_to_configs_reads_the_caches():
     ex, kernel = heuristics_executor(), LoopKernel()
-    x = jax.random.normal(jax.random.PRNGKey(4), (8, 8))
+    x = rand((8, 8), seed=4)
     lowered = jax.jit(lambda x: ex(kernel, x)).lower(x)
     assert kt.labels_to_configs(lowered, ex.chooser) == {}
     ((op, key),) = found_keys(lowered.as_text())
@@ -156,7 +156,7 @@ def test_labels_to_configs_types_persistent_entries_and_skips_invalid_ones(tmp_p
         policy=kt.AutotunePolicy(cache_miss_fallback="heuristics"),
         persistent=persistent,
     )
-    x = jax.random.normal(jax.random.PRNGKey(4), (8, 8))
+    x = rand((8, 8), seed=4)
     lowered = jax.jit(lambda x: kt.Executor(chain)(TypedLoop(), x)).lower(x)
     ((op, key),) = found_keys(lowered.as_text())
     persistent.put(kt.device_fingerprint(), op, key, LoopCfg(reps=3))

@@ -21,6 +21,7 @@ from kerneltune._src.kernel.base import make_invocation
 from kerneltune.kernels import GLUConfig, MatmulConfig, SoftmaxConfig
 from kerneltune.kernels._common import relative_error
 from kerneltune.kernels.matmul import api as matmul_api
+from tests.helpers import rand
 from tests.kernels.test_api import KERNELS
 
 PUBLIC = KERNELS  # every bundled kernel class
@@ -98,7 +99,7 @@ def test_every_op_still_runs_without_the_triton_lowering(no_triton_lowering):
     # Softmax's configs are its Triton kernel's: the fallback (XLA) runs them.
     kernel = kernels.Softmax()
     assert kernel.backend_of(SoftmaxConfig()).name == "xla"
-    x = jax.random.normal(jax.random.PRNGKey(0), (8, 128))
+    x = rand((8, 128), seed=0)
     policy = kt.AutotunePolicy(cache_miss_fallback="heuristics")
     ex = kt.Executor(kt.ConfigSelectorChain(kt.ConfigCache(), policy=policy))
     assert relative_error(ex(kernel, x), jax.nn.softmax(x)) <= 1e-6

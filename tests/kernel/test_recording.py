@@ -18,7 +18,7 @@ from kerneltune._src.caching import manifest
 from kerneltune._src.core import options
 from kerneltune._src.kernel import recording
 from kerneltune._src.kernel.base import make_invocation
-from tests.helpers import heuristics_executor
+from tests.helpers import heuristics_executor, rand
 from tests.offline_kernels import LoopKernel, ScaledKernel
 
 pytestmark = pytest.mark.usefixtures("empty_registry")
@@ -30,7 +30,7 @@ def leaves_of(record):
 
 def test_eager_calls_are_recorded_abstractly_and_once():
     ex, kernel = heuristics_executor(), LoopKernel()
-    x = jax.random.normal(jax.random.PRNGKey(0), (8, 8))
+    x = rand((8, 8), seed=0)
     with recording.record_calls():
         ex(kernel, x, alpha=0.5)
         ex(kernel, x, alpha=0.5)
@@ -65,7 +65,7 @@ def test_recording_under_jit_keeps_no_tracer_alive():
         return ex(kernel, x, alpha=3.0)
 
     with recording.record_calls():
-        out = jax.jit(model)(jax.random.normal(jax.random.PRNGKey(1), (8, 8)))
+        out = jax.jit(model)(rand((8, 8), seed=1))
     del out
     gc.collect()
     assert tracer_refs and all(ref() is None for ref in tracer_refs)

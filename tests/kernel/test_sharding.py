@@ -12,6 +12,7 @@ from kerneltune._src.caching import manifest
 from kerneltune._src.kernel import recording
 from kerneltune._src.kernel.sharding import per_shard_args, shard_shape
 from kerneltune._src.workflows import offline
+from tests.helpers import rand
 from tests.offline_kernels import (
     CHEAPEST,
     HEURISTIC,
@@ -49,7 +50,7 @@ def test_shard_shapes():
 def test_shard_map_runs_per_shard_and_tunes_per_shard_once():
     ex, events = tuning_executor()
     kernel, mesh = ShapeSpy(), mesh_2x2()
-    x = jax.random.normal(jax.random.PRNGKey(0), (16, 32, 32))
+    x = rand((16, 32, 32), seed=0)
     call = dict(method="shard_map", mesh=mesh, in_specs=(P(("x", "y")),), out_specs=P(("x", "y")))
     out = ex(kernel, x, **call)
     np.testing.assert_allclose(out, 2.0 * x, rtol=1e-6)
@@ -70,7 +71,7 @@ def test_shard_map_runs_per_shard_and_tunes_per_shard_once():
 
 def test_run_shard_map_is_preferred_when_defined():
     ex, _ = tuning_executor(fallback="heuristics")
-    x = jax.random.normal(jax.random.PRNGKey(1), (8, 4, 4))
+    x = rand((8, 4, 4), seed=1)
     out = ex(
         ShardAwareKernel(),
         x,
@@ -85,7 +86,7 @@ def test_run_shard_map_is_preferred_when_defined():
 def test_shard_map_records_replay_from_a_manifest(tmp_path):
     ex, _ = tuning_executor(fallback="heuristics")
     kernel, mesh = LoopKernel(), mesh_2x2()
-    x = jax.random.normal(jax.random.PRNGKey(2), (4, 32, 32))
+    x = rand((4, 32, 32), seed=2)
     call = dict(method="shard_map", mesh=mesh, in_specs=(P("y"),), out_specs=P("y"))
     with recording.record_calls():
         ex(kernel, x, alpha=2.0, **call)
@@ -145,8 +146,8 @@ def test_a_pallas_kernel_runs_per_shard_with_its_gradient():
         )
     )
     mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
-    x = jax.random.normal(jax.random.PRNGKey(0), (8, 32))
-    w = 1 + jax.random.normal(jax.random.PRNGKey(1), (32,))
+    x = rand((8, 32), seed=0)
+    w = 1 + rand((32,), seed=1)
     call = dict(method="shard_map", mesh=mesh, in_specs=(P("x"), P()), out_specs=P("x"))
 
     def ours(x):

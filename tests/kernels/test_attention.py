@@ -21,14 +21,14 @@ from kerneltune.kernels.attention import tokamax_backend as tb
 from kerneltune.kernels.attention.pallas_triton import block_sizes
 from kerneltune.kernels.attention.reference import attention_reference
 from kerneltune.kernels.attention.shapes import TEST_SHAPES
-from tests.helpers import value_and_grads
+from tests.helpers import host_rng, normal, value_and_grads
 
 BF16 = jnp.bfloat16
 
 
 def qkv(key, b, t, h, d, dtype=jnp.float32):
-    keys = jax.random.split(key, 4)
-    q, k, v, do = (jax.random.normal(kk, (b, t, h, d), jnp.float32).astype(dtype) for kk in keys)
+    rng = host_rng(key)
+    q, k, v, do = (normal(rng, (b, t, h, d), dtype) for _ in range(4))
     return q, k, v, do
 
 
@@ -291,10 +291,10 @@ def test_default_scale_is_inverse_sqrt_head_dim(key):
 
 
 def grouped_qkv(key, dtype=jnp.float32):
-    kq, kk, kv_, kd = jax.random.split(key, 4)
-    q = jax.random.normal(kq, (1, 32, 4, 16), jnp.float32).astype(dtype)
-    k, v = (jax.random.normal(x, (1, 32, 2, 16), jnp.float32).astype(dtype) for x in (kk, kv_))
-    do = jax.random.normal(kd, q.shape, jnp.float32).astype(dtype)
+    rng = host_rng(key)
+    q = normal(rng, (1, 32, 4, 16), dtype)
+    k, v = (normal(rng, (1, 32, 2, 16), dtype) for _ in range(2))
+    do = normal(rng, q.shape, dtype)
     return q, k, v, do
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from kerneltune.kernels.attention import cudnn_packed as cp
 from kerneltune.kernels.attention.variants import VariantConfig
+from tests.helpers import rand
 
 # Tests of what happens off a GPU: on one, cuDNN and tokamax run (or name float32).
 cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu", reason="behaviour off a GPU")
@@ -63,19 +64,21 @@ def test_documents_describe_the_same_attention_as_the_segment_ids(seed, causal):
 
 
 def test_ids_the_layout_cannot_express_are_not_packable():
+    # Compiled whole (op by op, each of its primitives compiled alone for every call).
+    packable = jax.jit(cp.packable, static_argnames="slots")
     ordered = jnp.asarray([[0, 0, 1, 1, 2, 2]])
-    assert bool(cp.packable(ordered, ordered, slots=3))
-    assert not bool(cp.packable(ordered, ordered, slots=2))  # 3 documents, 2 slots
-    assert not bool(cp.packable(ordered, ordered + 1, slots=3))  # queries' and keys' differ
+    assert bool(packable(ordered, ordered, slots=3))
+    assert not bool(packable(ordered, ordered, slots=2))  # 3 documents, 2 slots
+    assert not bool(packable(ordered, ordered + 1, slots=3))  # queries' and keys' differ
     interleaved = jnp.asarray([[0, 1, 0, 1, 2, 2]])  # a document in two runs
-    assert not bool(cp.packable(interleaved, interleaved, slots=8))
-    assert not bool(cp.packable(ordered, ordered[:, :4], slots=8))  # other lengths
+    assert not bool(packable(interleaved, interleaved, slots=8))
+    assert not bool(packable(ordered, ordered[:, :4], slots=8))  # other lengths
 
 
 def test_packed_or_takes_the_packed_path_only_for_packable_ids_under_jit_and_grad():
     # A stand-in for cuDNN: the "packed" path attends within the layout's segments, the
     # fallback with the segment ids; they agree, and a marker tells which one ran.
-    q = jax.random.normal(jax.random.key(0), (2, 12, 2, 8))
+    q = rand((2, 12, 2, 8), seed=0)
 
     def attend(q, allowed):
         logits = jnp.einsum("btnh,bsnh->bnts", q, q)
@@ -105,8 +108,8 @@ def test_packed_or_takes_the_packed_path_only_for_packable_ids_under_jit_and_gra
     # 6 documents, 4 slots: the fallback ran (no marker).
     np.testing.assert_allclose(packed_marked(q, many), fallback_only(q, many), atol=1e-5)
     # Gradients go through the branch that ran (the marker is a constant).
-    g = jax.grad(lambda q: packed_marked(q, ordered).sum())(q)
-    g_ref = jax.grad(lambda q: fallback_only(q, ordered).sum())(q)
+    g = jax.jit(jax.grad(lambda q: packed_marked(q, ordered).sum()))(q)
+    g_ref = jax.jit(jax.grad(lambda q: fallback_only(q, ordered).sum()))(q)
     np.testing.assert_allclose(g, g_ref, atol=1e-4)
 
 

@@ -13,6 +13,7 @@ from kerneltune.kernels import (
     NormConfig,
     RaggedDotConfig,
 )
+from tests.helpers import rand
 
 CONFIGS = [
     ("attention@v1", FwdParams(backend="cudnn")),
@@ -164,12 +165,12 @@ def test_new_ops_backends_survive_a_manifest_and_tuning(tmp_path, kernel_name):
     cls = getattr(kernels, kernel_name)
     kernel = cls()
     cfg_type = kernel.config_type
-    x = jax.random.normal(jax.random.PRNGKey(0), (16, 16), jnp.float32)
+    x = rand((16, 16), seed=0)
     if cls is kernels.LinearSoftmaxCrossEntropyInterpret:
         args = (x, jnp.arange(16) % 32, jnp.ones((16, 32)) / 4, jnp.ones(16, bool))
         kwargs = {"reduction": "mean"}
     else:
-        args = (x, jax.random.normal(jax.random.PRNGKey(1), (16, 2, 16)) / 4)
+        args = (x, rand((16, 2, 16), seed=1) / 4)
         kwargs = {"activation": jax.nn.silu}
     recording.clear_invocations()
     heuristics = kt.Executor(

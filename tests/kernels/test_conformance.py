@@ -29,6 +29,7 @@ from kerneltune._src.kernel.backends import BackendKernel
 from kerneltune._src.kernel.base import make_invocation
 from kerneltune.kernels._common import on_gpu, relative_error
 from kerneltune.kernels.attention.masking import Masks
+from tests.helpers import rand_from
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,46 +44,46 @@ class Op:
     dtype: Any = jnp.float32
 
 
-def normal(key, shape, dtype):
-    return jax.random.normal(key, shape, jnp.float32).astype(dtype)
-
-
 #: On a GPU the shapes grow to what the device kernels' smallest tiles take.
 S = 8 if on_gpu() else 1
 
 
 def _mm(key, dt):
     a, b = jax.random.split(key)
-    return normal(a, (32 * S, 32 * S), dt), normal(b, (32 * S, 32 * S), dt)
+    return rand_from(a, (32 * S, 32 * S), dt), rand_from(b, (32 * S, 32 * S), dt)
 
 
 def _ln(key, dt):
     a, b, c = jax.random.split(key, 3)
-    return normal(a, (8, 128), dt), 1 + 0.1 * normal(b, (128,), dt), 0.1 * normal(c, (128,), dt)
+    return (
+        rand_from(a, (8, 128), dt),
+        1 + 0.1 * rand_from(b, (128,), dt),
+        0.1 * rand_from(c, (128,), dt),
+    )
 
 
 def _rms(key, dt):
     a, b = jax.random.split(key)
-    return normal(a, (8, 128), dt), 1 + 0.1 * normal(b, (128,), dt)
+    return rand_from(a, (8, 128), dt), 1 + 0.1 * rand_from(b, (128,), dt)
 
 
 def _sm(key, dt):
-    return (normal(key, (8, 128), dt),)
+    return (rand_from(key, (8, 128), dt),)
 
 
 def _att(key, dt):
     a, b, c = jax.random.split(key, 3)
     # Grouped-query: 4 query heads share 2 key/value heads.
     return (
-        normal(a, (1, 64, 4, 64), dt),
-        normal(b, (1, 64, 2, 64), dt),
-        normal(c, (1, 64, 2, 64), dt),
+        rand_from(a, (1, 64, 4, 64), dt),
+        rand_from(b, (1, 64, 2, 64), dt),
+        rand_from(c, (1, 64, 2, 64), dt),
     )
 
 
 def _att_variant(key, dt):
     q, k, v = _att(key, dt)
-    bias = 0.5 * normal(jax.random.fold_in(key, 1), (1, 4, 64, 64), dt)
+    bias = 0.5 * rand_from(jax.random.fold_in(key, 1), (1, 4, 64, 64), dt)
     docs = jnp.repeat(jnp.arange(4, dtype=jnp.int32), 16)[None]
     masks = Masks(q_lengths=jnp.array([56], jnp.int32), q_segments=docs, kv_segments=docs)
     return q, k, v, bias, masks
@@ -92,12 +93,12 @@ def _rd(key, dt):
     a, b = jax.random.split(key)
     # Rows after the last group (60 of 64 are routed) and an empty expert.
     sizes = jnp.array([20, 0, 24, 16], jnp.int32) * S
-    return normal(a, (64 * S, 32 * S), dt), normal(b, (4, 32 * S, 32 * S), dt), sizes
+    return rand_from(a, (64 * S, 32 * S), dt), rand_from(b, (4, 32 * S, 32 * S), dt), sizes
 
 
 def _ce(key, dt):
     a, b, c = jax.random.split(key, 3)
-    x, w = normal(a, (64, 32), dt), 0.2 * normal(b, (32, 128), dt)
+    x, w = rand_from(a, (64, 32), dt), 0.2 * rand_from(b, (32, 128), dt)
     labels = jax.random.randint(c, (64,), 0, 128)
     where = jnp.arange(64) % 5 != 0
     return x, labels, w, where
@@ -105,7 +106,7 @@ def _ce(key, dt):
 
 def _glu(key, dt):
     a, b = jax.random.split(key)
-    return normal(a, (32, 64), dt), 0.2 * normal(b, (64, 2, 32), dt)
+    return rand_from(a, (32, 64), dt), 0.2 * rand_from(b, (64, 2, 32), dt)
 
 
 #: The eight public ops, attention twice: plain and its variants (bias, padding, segment
@@ -220,7 +221,7 @@ def test_values_match_the_reference(op, backend, monkeypatch):
 def test_gradients_match_the_reference(op, backend, monkeypatch):
     case, args, ours, reference, promotion = setup(op, backend, monkeypatch)
     shape = jax.eval_shape(reference, *args).shape
-    cot = jax.random.normal(jax.random.PRNGKey(7), shape, jnp.float32)
+    cot = rand_from(jax.random.PRNGKey(7), shape, jnp.float32)
 
     def grads(fn):
         def loss(*a):

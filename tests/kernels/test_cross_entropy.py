@@ -25,7 +25,7 @@ from kerneltune.kernels._common import relative_error, tolerance
 from kerneltune.kernels.cross_entropy import config as cc
 from kerneltune.kernels.cross_entropy.reference import cross_entropy_reference
 from kerneltune.kernels.cross_entropy.shapes import TEST_SHAPES
-from tests.helpers import heuristics_executor
+from tests.helpers import heuristics_executor, normal
 
 BF16 = jnp.bfloat16
 CHUNKED = CrossEntropyConfig(backend="chunked", chunk_size=16)
@@ -49,12 +49,13 @@ KERNEL = LinearSoftmaxCrossEntropyInterpret(executor=EX)
 
 
 def problem(seed, m, k, v, dtype=jnp.float32, masked=0.3):
-    a, b, c, d = jax.random.split(jax.random.PRNGKey(seed), 4)
-    x = jax.random.normal(a, (m, k), jnp.float32).astype(dtype)
-    w = (jax.random.normal(b, (k, v), jnp.float32) / np.sqrt(k) * 3).astype(dtype)
-    labels = jax.random.randint(c, (m,), 0, v)
-    where = jax.random.uniform(d, (m,)) >= masked
-    return x, labels, w, where.at[0].set(True)
+    rng = np.random.default_rng(seed)
+    x = normal(rng, (m, k), dtype)
+    w = normal(rng, (k, v), dtype, scale=3 / np.sqrt(k))
+    labels = jnp.asarray(rng.integers(0, v, m, dtype=np.int32))
+    where = rng.random(m) >= masked
+    where[0] = True
+    return x, labels, w, jnp.asarray(where)
 
 
 def reference_vjp(x, labels, w, where, reduction, dout):
@@ -84,7 +85,7 @@ def kernel_vjp(cfg, x, labels, w, where, reduction, dout):
 
 def cotangent(reduction, m, seed=7):
     if reduction == "none":
-        return jax.random.normal(jax.random.PRNGKey(seed), (m,), jnp.float32)
+        return normal(np.random.default_rng(seed), (m,))
     return jnp.float32(1.7)
 
 
@@ -476,8 +477,9 @@ _logsumexp_and_label_logit = jax.jit(
     backend=st.sampled_from(["xla", "triton"]),
 )
 def test_one_pass_logsumexp_and_label_logit_equal_xlas(rows, cols, scale, seed, backend):
-    x = jax.random.normal(jax.random.key(seed), (rows, cols)) * scale
-    labels = jax.random.randint(jax.random.key(seed + 1), (rows,), -3, cols + 3)
+    rng = np.random.default_rng(seed)
+    x = normal(rng, (rows, cols), scale=scale)
+    labels = jnp.asarray(rng.integers(-3, cols + 3, rows, dtype=np.int32))
     # Each pass and the reference compiled whole, once per drawn shape (op by op, each of
     # their primitives compiled alone for every draw).
     lse, picked = jax.jit(lse_passes()[backend])(x, labels)
@@ -488,20 +490,25 @@ def test_one_pass_logsumexp_and_label_logit_equal_xlas(rows, cols, scale, seed, 
 
 @pytest.mark.parametrize("backend", ["xla", "triton"])
 def test_one_pass_logsumexp_keeps_infinities_and_nans_as_logsumexp(backend):
-    lse_and_label_logit = lse_passes()[backend]
+    # Each pass compiled whole (op by op, each of its primitives compiled alone).
+    lse_and_label_logit = jax.jit(lse_passes()[backend])
     # 40 columns: the kernel's one block of 32, then 8 more folded in by XLA.
-    x = jax.random.normal(jax.random.key(0), (6, 40)) * 50
-    x = x.at[0].set(-jnp.inf).at[1, 3].set(jnp.nan).at[2, 5].set(jnp.inf)
-    x = x.at[3, :20].set(-jnp.inf)  # half a row out of the softmax
-    x = x.at[4, 36].set(jnp.inf)  # +inf past the kernel's block
-    x = x.at[5, 32:].set(-jnp.inf)  # a tail of -inf
-    labels = jnp.arange(6)
-    got, want = lse_and_label_logit(x, labels)[0], jax.nn.logsumexp(x, axis=-1)
+    x = np.random.default_rng(0).standard_normal((6, 40), np.float32) * np.float32(50)
+    x[0] = -np.inf
+    x[1, 3], x[2, 5] = np.nan, np.inf
+    x[3, :20] = -np.inf  # half a row out of the softmax
+    x[4, 36] = np.inf  # +inf past the kernel's block
+    x[5, 32:] = -np.inf  # a tail of -inf
+    labels = np.arange(6, dtype=np.int32)
+    got = lse_and_label_logit(jnp.asarray(x), jnp.asarray(labels))[0]
+    want = jax.jit(lambda x: jax.nn.logsumexp(x, axis=-1))(jnp.asarray(x))
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_allclose(got[~np.isnan(want)], want[~np.isnan(want)], rtol=1e-6)
     assert got[0] == -np.inf and got[2] == np.inf and got[4] == np.inf
     # Under vmap too (a batch of chunks).
-    batched = jax.vmap(lse_and_label_logit)(jnp.stack([x[3:], x[3:]]), jnp.stack([labels[3:]] * 2))
+    batched = jax.jit(jax.vmap(lse_and_label_logit))(
+        jnp.asarray(np.stack([x[3:], x[3:]])), jnp.asarray(np.stack([labels[3:]] * 2))
+    )
     np.testing.assert_allclose(batched[0][1], got[3:])
 
 

@@ -24,7 +24,7 @@ from kerneltune.kernels.gated_linear_unit import config as gc
 from kerneltune.kernels.gated_linear_unit import tokamax_backend
 from kerneltune.kernels.gated_linear_unit.reference import glu_reference
 from kerneltune.kernels.gated_linear_unit.shapes import TEST_SHAPES
-from tests.helpers import FixedChooser, heuristics_executor
+from tests.helpers import FixedChooser, heuristics_executor, normal
 
 BF16 = jnp.bfloat16
 FUSED = GLUConfig(backend="triton", block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=2)
@@ -44,10 +44,10 @@ ACTIVATIONS = {
 
 
 def operands(seed, m, k, n, dtype=jnp.float32):
-    a, b, c = jax.random.split(jax.random.PRNGKey(seed), 3)
-    x = jax.random.normal(a, (m, k), jnp.float32).astype(dtype)
-    w = (jax.random.normal(b, (k, 2, n), jnp.float32) / np.sqrt(k)).astype(dtype)
-    dout = jax.random.normal(c, (m, n), jnp.float32).astype(dtype)
+    rng = np.random.default_rng(seed)
+    x = normal(rng, (m, k), dtype)
+    w = normal(rng, (k, 2, n), dtype, scale=1 / np.sqrt(k))
+    dout = normal(rng, (m, n), dtype)
     return x, w, dout
 
 

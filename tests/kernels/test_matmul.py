@@ -17,7 +17,7 @@ from kerneltune.kernels._common import relative_error, tolerance
 from kerneltune.kernels.matmul import config as mc
 from kerneltune.kernels.matmul.pallas_triton import _grouped_tile, matmul_pallas
 from kerneltune.kernels.matmul.shapes import TEST_SHAPES
-from tests.helpers import FixedChooser, heuristics_executor, value_and_grads
+from tests.helpers import FixedChooser, heuristics_executor, host_rng, normal, value_and_grads
 
 BF16 = jnp.bfloat16
 
@@ -30,11 +30,8 @@ def key():
 
 
 def operands(key, m, k, n, dtype):
-    a, b = jax.random.split(key)
-    return (
-        jax.random.normal(a, (m, k), jnp.float32).astype(dtype),
-        jax.random.normal(b, (k, n), jnp.float32).astype(dtype),
-    )
+    rng = host_rng(key)
+    return normal(rng, (m, k), dtype), normal(rng, (k, n), dtype)
 
 
 def reference(x, y):

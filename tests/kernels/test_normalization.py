@@ -19,7 +19,7 @@ from kerneltune.kernels._common import relative_error, tolerance
 from kerneltune.kernels.normalization import config as nc
 from kerneltune.kernels.normalization.reference import layer_norm_reference, rms_norm_reference
 from kerneltune.kernels.normalization.shapes import TEST_SHAPES
-from tests.helpers import FixedChooser, heuristics_executor, value_and_grads
+from tests.helpers import FixedChooser, heuristics_executor, host_rng, normal, value_and_grads
 
 BF16 = jnp.bfloat16
 
@@ -28,14 +28,12 @@ executor = heuristics_executor
 
 
 def inputs(key, shape, dtype):
-    a, b, c, d = jax.random.split(key, 4)
+    rng = host_rng(key)
     n = shape[-1]
-    x = (2.0 + 3.0 * jax.random.normal(a, shape, jnp.float32)).astype(
-        dtype
-    )  # mean and scale away from 0, 1
-    w = (1.0 + 0.2 * jax.random.normal(b, (n,), jnp.float32)).astype(dtype)
-    bias = (0.2 * jax.random.normal(c, (n,), jnp.float32)).astype(dtype)
-    dout = jax.random.normal(d, shape, jnp.float32).astype(dtype)
+    x = normal(rng, shape, dtype, loc=2.0, scale=3.0)  # mean and scale away from 0, 1
+    w = normal(rng, (n,), dtype, loc=1.0, scale=0.2)
+    bias = normal(rng, (n,), dtype, scale=0.2)
+    dout = normal(rng, shape, dtype)
     return x, w, bias, dout
 
 

@@ -37,7 +37,7 @@ from kerneltune.kernels.ragged_dot import config as rc
 from kerneltune.kernels.ragged_dot import pallas_mosaic, tokamax_backend
 from kerneltune.kernels.ragged_dot.api import balanced_tuning_inputs
 from kerneltune.kernels.ragged_dot.pallas_triton import tile_schedule
-from tests.helpers import executor, heuristics_executor
+from tests.helpers import executor, heuristics_executor, normal
 
 F32, BF16 = jnp.float32, jnp.bfloat16
 SETTINGS = settings(
@@ -50,10 +50,10 @@ SMALL_N = RaggedDotConfig(
 
 
 def operands(seed, m, k, n, g_local, dtype=F32):
-    a, b, c = jax.random.split(jax.random.key(seed), 3)
-    lhs = jax.random.normal(a, (m, k), F32).astype(dtype)
-    rhs = jax.random.normal(b, (g_local, k, n), F32).astype(dtype)
-    dout = jax.random.normal(c, (m, n), F32)
+    rng = np.random.default_rng(seed)
+    lhs = normal(rng, (m, k), dtype)
+    rhs = normal(rng, (g_local, k, n), dtype)
+    dout = normal(rng, (m, n))
     return lhs, rhs, dout
 
 

@@ -12,7 +12,7 @@ from kerneltune.kernels._common import relative_error, tolerance
 from kerneltune.kernels.softmax import config as sc
 from kerneltune.kernels.softmax.reference import softmax_reference
 from kerneltune.kernels.softmax.shapes import TEST_SHAPES
-from tests.helpers import heuristics_executor
+from tests.helpers import heuristics_executor, host_rng, normal
 
 BF16 = jnp.bfloat16
 
@@ -37,10 +37,8 @@ def check(fn, x, dout, dtype, axis=-1):
 
 
 def data(key, shape, dtype):
-    a, b = jax.random.split(key)
-    return (3 * jax.random.normal(a, shape, jnp.float32)).astype(dtype), jax.random.normal(
-        b, shape, jnp.float32
-    ).astype(dtype)
+    rng = host_rng(key)
+    return normal(rng, shape, dtype, scale=3.0), normal(rng, shape, dtype)
 
 
 def test_candidates_prune_warps_a_row_cannot_use():

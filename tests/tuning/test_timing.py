@@ -10,7 +10,7 @@ import pytest
 
 from kerneltune._src.tuning import stages, timing
 from kerneltune._src.tuning.tuner import Tuner
-from tests.helpers import CostInProgram
+from tests.helpers import CostInProgram, rand
 
 
 @pytest.fixture
@@ -240,7 +240,7 @@ def test_a_timer_that_breaks_midway_falls_back_and_remeasures(fresh_profiler_sta
     from kerneltune._src.tuning import sampler
 
     monkeypatch.setattr(sampler.timing, "WallClockTimer", CostClock)
-    x = jax.random.normal(jax.random.PRNGKey(0), (16, 16), jnp.float32)
+    x = rand((16, 16), seed=0)
 
     def make_fn(k):
         def f(v):
@@ -275,7 +275,7 @@ class CountingDeviceTimer:
 
 
 def test_device_timers_take_the_first_round_while_compiling():
-    x = jax.random.normal(jax.random.PRNGKey(0), (32, 32), jnp.float32)
+    x = rand((32, 32), seed=0)
     timer = CountingDeviceTimer()
     tuner = Tuner(timer=timer, progress=False, iters=3, top_k=0, drop_factor=100.0)
     report = tuner.tune(lambda k: lambda v: v * 1.0 + k * 0.0, (x,), {}, [1, 2, 3])

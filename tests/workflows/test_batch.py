@@ -7,13 +7,14 @@ import pytest
 
 import kerneltune as kt
 from kerneltune._src.workflows.batch import pmap_with_config, vmap_with_config
+from tests.helpers import rand
 from tests.offline_kernels import CHEAPEST, HEURISTIC, LoopKernel, started, tuning_executor
 
 
 def test_vmap_with_config_tunes_once_for_the_whole_batch():
     ex, events = tuning_executor()
     f = vmap_with_config(LoopKernel(), executor=ex)
-    x = jax.random.normal(jax.random.PRNGKey(0), (6, 64, 64))
+    x = rand((6, 64, 64), seed=0)
     out = f(x, alpha=0.5)
     np.testing.assert_allclose(out, x * 0.5, rtol=1e-6)
     (tuned,) = started(events)
@@ -45,8 +46,8 @@ def test_vmap_with_config_in_axes_and_unmapped_arguments():
             return super().run(x, cfg=cfg) + y
 
     ex, events = tuning_executor(fallback="heuristics")
-    x = jax.random.normal(jax.random.PRNGKey(1), (8, 8, 5))
-    y = jax.random.normal(jax.random.PRNGKey(2), (8, 8))
+    x = rand((8, 8, 5), seed=1)
+    y = rand((8, 8), seed=2)
     f = vmap_with_config(AddKernel(), in_axes=(2, None), executor=ex)
     out = f(x, y)
     expected = jax.vmap(lambda a: a + y, in_axes=2)(x)
@@ -64,7 +65,7 @@ def test_pmap_with_config_tunes_once_for_every_device():
     assert n >= 2
     ex, events = tuning_executor()
     f = pmap_with_config(LoopKernel(), executor=ex)
-    x = jax.random.normal(jax.random.PRNGKey(3), (n, 64, 64))
+    x = rand((n, 64, 64), seed=3)
     out = f(x, alpha=2.0)
     np.testing.assert_allclose(out, x * 2.0, rtol=1e-6)
     assert len(out.sharding.device_set) == n

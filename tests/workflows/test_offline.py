@@ -9,6 +9,7 @@ import kerneltune as kt
 from kerneltune._src.caching.persistent import PersistentCache
 from kerneltune._src.kernel import recording
 from kerneltune._src.workflows import offline
+from tests.helpers import rand
 from tests.offline_kernels import (
     CANDIDATES,
     CHEAPEST,
@@ -53,7 +54,7 @@ def tuned(tmp_path_factory):
     chain, events = chain_with_events(persistent)
     ex, kernel = kt.Executor(chain), LoopKernel()
     model = make_model(ex, kernel)
-    x = jax.random.normal(jax.random.PRNGKey(0), (128, 128))
+    x = rand((128, 128), seed=0)
     with recording.record_calls():
         model(x)  # heuristics only: nothing is tuned at run time
     assert count(events, "autotune_start") == 0
@@ -149,7 +150,7 @@ def test_forward_and_backward_kernels_get_their_own_configs():
     def loss(x):
         return jnp.sum(ex(fwd, x) ** 2)
 
-    x = jax.random.normal(jax.random.PRNGKey(1), (64, 64))
+    x = rand((64, 64), seed=1)
     with recording.record_calls():
         jax.grad(loss)(x)
     recorded = recording.get_invocations()
@@ -221,7 +222,7 @@ def test_a_step_jitted_before_tuning_picks_up_the_tuned_configs_once():
         return make_model(ex, kernel)(x)
 
     step = jax.jit(model)
-    x = jax.random.normal(jax.random.PRNGKey(0), (128, 128))
+    x = rand((128, 128), seed=0)
     with recording.record_calls():
         step(x)  # heuristics: nothing is tuned at run time
     assert count(events, "heuristics") == 2 and len(traces) == 1

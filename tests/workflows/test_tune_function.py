@@ -10,7 +10,7 @@ import pytest
 
 import kerneltune as kt
 from kerneltune._src.kernel.backends import Backend, BackendKernel
-from tests.helpers import CostInProgram
+from tests.helpers import CostInProgram, rand
 from tests.offline_kernels import CHEAPEST, LoopKernel, SinKernel
 
 pytestmark = pytest.mark.usefixtures("empty_registry")
@@ -39,7 +39,7 @@ def test_a_whole_function_has_its_forward_and_backward_calls_tuned_once_each():
         return jnp.sum(sin(loop(x, alpha=alpha)) ** 2)
 
     step = jax.value_and_grad(loss)
-    x = jax.random.normal(jax.random.PRNGKey(0), (64, 64))
+    x = rand((64, 64), seed=0)
     tuner = CountingTuner()
     # Shapes are enough: tuning runs on random data of these shapes and dtypes.
     spec = jax.ShapeDtypeStruct(x.shape, x.dtype)
@@ -112,7 +112,7 @@ def test_a_step_jitted_and_run_before_uses_the_configs_after_one_retrace():
         traces.append(1)
         return loop(x, alpha=2.0).sum()
 
-    x = jax.random.normal(jax.random.PRNGKey(1), (32, 32))
+    x = rand((32, 32), seed=1)
     with kt.policy_override(autotune=False):
         step(x)  # the heuristic, as a job that has not tuned yet
         assert kt.explain(loop, x, alpha=2.0).tier == "heuristics"
