@@ -106,24 +106,19 @@ def _positive_float(raw: str) -> float:
     return value
 
 
-def _count_or_all(raw: str) -> int | None:
-    value = raw.strip().lower()
-    if value == "all":
-        return None
-    count = int(value)
-    if count < 0:
-        raise ValueError(raw)
-    return count
+def _count_or(word: str) -> Callable[[str], int | None]:
+    """A parser of a whole number >= 0, or `word` (parsed as None)."""
 
+    def parse(raw: str) -> int | None:
+        value = raw.strip().lower()
+        if value == word:
+            return None
+        count = int(value)
+        if count < 0:
+            raise ValueError(raw)
+        return count
 
-def _count_or_auto(raw: str) -> int | None:
-    value = raw.strip().lower()
-    if value == "auto":
-        return None
-    count = int(value)
-    if count < 0:
-        raise ValueError(raw)
-    return count
+    return parse
 
 
 def _choice_option(
@@ -209,7 +204,7 @@ SHIPPED = _flag_option(
 FIRST_CALL_CANDIDATES: Option[int | None] = Option(
     name="first_call_candidates",
     default=3,
-    parse=_count_or_all,
+    parse=_count_or("all"),
     allowed="a whole number >= 0, or all",
     help=(
         "How many of the candidates predicted fastest the first call of a new key times "
@@ -239,7 +234,7 @@ FIRST_CALL_TRUST_PREDICTION = _flag_option(
 LOWERING_WORKERS: Option[int | None] = Option(
     name="lowering_workers",
     default=0,
-    parse=_count_or_auto,
+    parse=_count_or("auto"),
     allowed="a whole number >= 0, or auto",
     help=(
         "How many worker processes lower a search's candidates side by side (0, the "

@@ -144,7 +144,8 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
     def decide(self, inv: Invocation[Cfg, Out], kernel: Kernel[Cfg, Out]) -> Decision:
         """Like `choose`, and says which tier supplied the config and why the tiers
         before it missed."""
-        lowering_worker.refuse_selection(f"{kernel.op_id!r}")
+        if lowering_worker.in_worker():  # a flag: every traced call passes here
+            lowering_worker.refuse_selection(repr(kernel.op_id))
         inv = hooks.as_keyed_by(inv, kernel)
         dev = inv.device_fingerprint
         key: CacheKey = (dev, inv.op_id_v, inv.call_key)

@@ -142,8 +142,7 @@ class _Worker:
     def ask(self, request: bytes, timeout_s: float) -> Any:
         assert self.proc.stdin is not None
         try:
-            self.proc.stdin.write(len(request).to_bytes(8, "little") + request)
-            self.proc.stdin.flush()
+            lowering_worker.send_bytes(self.proc.stdin, request)  # type: ignore[arg-type]
         except OSError as e:
             raise WorkerDied(f"a lowering worker ended ({self._why()})") from e
         return self.receive(timeout_s)
@@ -303,9 +302,8 @@ def lowering(
     count = configured_workers()
     if count == 0 or backward or candidates < MIN_CANDIDATES or not _one_device(arrays):
         return here
-    specs = _specs(arrays, rebuild)
-    try:
-        pickle.dumps((make_fn, specs))
+    try:  # once a search: every request carries these bytes
+        recipe = pickle.dumps((make_fn, _specs(arrays, rebuild), backward))
     except Exception as e:  # a closure, a lambda, a constant that does not pickle
         logger.debug("lowering candidates here: %s does not pickle (%s)", make_fn, e)
         why = f"here: the program does not pickle ({type(e).__name__})"
@@ -323,7 +321,7 @@ def lowering(
             return here(cfg)
         flags = {name: getattr(jax.config, name) for name in JAX_FLAGS if hasattr(jax.config, name)}
         try:
-            request = pickle.dumps((make_fn, cfg, specs, backward, flags))
+            request = pickle.dumps((recipe, cfg, flags))
         except Exception:  # this config does not pickle
             _count("here: the config does not pickle")
             return here(cfg)

@@ -1,7 +1,8 @@
 """A lowering worker process (`lowering_pool.py` starts it): reads requests from stdin,
 lowers each candidate's program, exports it and writes it back to stdout.
 
-A request is a pickled `(make_fn, cfg, specs, backward, jax_flags)`, each message
+A request is a pickled `(recipe, cfg, jax_flags)`, the recipe itself the pickle of
+`(make_fn, specs, backward)` (made once a search), each message
 framed by its length: the program is
 `make_fn(cfg)` called on `specs` (the tuning's arguments, arrays as
 `ShapeDtypeStruct`s), with its backward when `backward`, under the parent's JAX
@@ -65,7 +66,8 @@ def export_program(make_fn: Any, cfg: Any, specs: Any, backward: bool) -> bytes:
 def _answer(request: Any) -> tuple[str, Any]:
     import jax
 
-    make_fn, cfg, specs, backward, flags = request
+    recipe, cfg, flags = request
+    make_fn, specs, backward = pickle.loads(recipe)
     for name, value in flags.items():
         jax.config.update(name, value)
     try:
@@ -77,7 +79,11 @@ def _answer(request: Any) -> tuple[str, Any]:
 
 def send(stream: BinaryIO, message: Any) -> None:
     """Writes one message: its pickle's length (8 bytes), then the pickle."""
-    blob = pickle.dumps(message)
+    send_bytes(stream, pickle.dumps(message))
+
+
+def send_bytes(stream: BinaryIO, blob: bytes) -> None:
+    """Writes one message already pickled."""
     stream.write(len(blob).to_bytes(8, "little") + blob)
     stream.flush()
 
