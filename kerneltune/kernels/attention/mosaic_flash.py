@@ -1,0 +1,185 @@
+"""Flash attention of our own on Mosaic GPU (Hopper), forward: every variant that
+leaves logits out by position or by document (causal, a local window, sequence
+lengths, segment ids), with a logit soft cap, skipping the key blocks a query block
+cannot see.
+
+One warpgroup computes a block of `block_q` queries of one head (wgmma, M = 64 rows a
+warpgroup) against the key blocks `[lo, hi)` that `blocks.kv_block_ranges` gives it:
+under a window or causally that is a band, with packed documents only the blocks of
+the block's own documents. Keys and values of the next block are fetched by TMA while
+the current one is computed (two slots). Inside a block every logit is masked exactly
+(`_keep`), so the ranges only decide the work, never the result.
+
+The log-sum-exp is kept in base 2 (`log2 Σ 2^(c·log2 e)`, c the capped, scaled
+logit), the convention of `reference.py`, for the backward in
+`mosaic_flash_backward.py`. A query row that keeps no key comes out of the kernel with
+a log-sum-exp below `EMPTY_LSE`; `mosaic_flash_api.py` gives such rows what the
+reference gives them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from kerneltune.kernels.attention.mosaic_flash_layout import FlashShape, Registers, smem_tile
+
+LOG2E = math.log2(math.e)
+#: What a left-out logit becomes (base 2): finite, so a row with every logit left out
+#: gives finite weights rather than NaNs, and far below any real logit.
+MASKED = -1e30
+#: A row's log-sum-exp below this kept no key.
+EMPTY_LSE = -1e29
+
+
+def keep(shape: FlashShape, q_pos, k_pos, lens, q_seg, k_seg):
+    """Which logits of a `[rows, cols]` block take part: `q_pos`, `k_pos` the
+    block's query and key positions broadcast to the block; `lens` the batch row's
+    `(q_len, kv_len)`; `q_seg`, `k_seg` its segment ids broadcast likewise (None
+    without segment ids)."""
+    q_len, kv_len = lens
+    ok = (k_pos < kv_len) & (q_pos < q_len)
+    if shape.causal:
+        ok &= q_pos >= k_pos
+    if shape.window is not None:
+        left, right = shape.window
+        ok &= (q_pos <= k_pos + left) & (q_pos >= k_pos - right)
+    if q_seg is not None:
+        ok &= q_seg == k_seg
+    return ok
+
+
+def capped_logits(shape: FlashShape, s):
+    """Raw `q·k` logits to base-2 ones: scaled, soft-capped (`cap·tanh(x / cap)`), times
+    log2 e."""
+    s = s * jnp.float32(shape.scale)
+    if shape.soft_cap is not None:
+        cap = jnp.float32(shape.soft_cap)
+        s = cap * jnp.tanh(s / cap)
+    return s * jnp.float32(LOG2E)
+
+
+def forward_kernel(shape: FlashShape, interpreted: bool):
+    """The kernel body for `plgpu.kernel`: refs `(q, k, v, ranges, lens, q_seg, k_seg)`
+    in, `(out, lse)` out, then the scratch of `forward_scratch`."""
+    bq, bkv, d = shape.block_q, shape.block_kv, shape.head_dim
+    regs = Registers(interpreted)
+
+    def body(q_ref, k_ref, v_ref, ranges_ref, lens_ref, qseg_ref, kseg_ref, o_ref, lse_ref,
+             q_smem, k_smem, v_smem, qseg_smem, kseg_smem, lse_smem, q_bar, k_bar, v_bar):  # fmt: skip
+        b = lax.axis_index("batch")
+        h = lax.axis_index("heads")
+        qi = lax.axis_index("q_blocks")
+        kh = lax.div(h, jnp.int32(shape.groups))
+        q0 = qi * bq
+        lo = ranges_ref[b, qi, 0]
+        hi = ranges_ref[b, qi, 1]
+        lens = (lens_ref[b, 0], lens_ref[b, 1])
+        segmented = shape.segmented
+
+        plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(q0, bq), h], q_smem, q_bar.at[0])
+        if segmented:
+            plgpu.copy_gmem_to_smem(qseg_ref.at[b, pl.ds(q0, bq)], qseg_smem, q_bar.at[1])
+
+        def fetch(j, slot):
+            rows = pl.ds(j * bkv, bkv)
+            plgpu.copy_gmem_to_smem(k_ref.at[b, rows, kh], k_smem.at[slot], k_bar.at[slot])
+            plgpu.copy_gmem_to_smem(v_ref.at[b, rows, kh], v_smem.at[slot], v_bar.at[slot])
+            if segmented:
+                plgpu.copy_gmem_to_smem(
+                    kseg_ref.at[b, rows], kseg_smem.at[slot], k_bar.at[2 + slot]
+                )
+
+        @pl.when(lo < hi)
+        def _():
+            fetch(lo, 0)
+
+        plgpu.barrier_wait(q_bar.at[0])
+        q_seg = None
+        if segmented:
+            plgpu.barrier_wait(q_bar.at[1])
+            q_seg = lax.broadcast_in_dim(regs.rows(qseg_smem), (bq, bkv), [0])
+        rows_iota, cols_iota = regs.iota((bq, bkv), 0), regs.iota((bq, bkv), 1)
+        row_layout = plgpu.Layout.WGMMA.reduce(1)
+        m_i = regs.cast(jnp.full((bq,), MASKED, jnp.float32), row_layout)
+        l_i = regs.cast(jnp.full((bq,), 0.0, jnp.float32), row_layout)
+        acc = regs.cast(jnp.full((bq, d), 0.0, jnp.float32), plgpu.Layout.WGMMA)
+
+        def step(j, carry):
+            acc, m_i, l_i = carry
+            slot = lax.rem(j - lo, 2)
+
+            @pl.when(j + 1 < hi)
+            def _():
+                fetch(j + 1, 1 - slot)
+
+            plgpu.barrier_wait(k_bar.at[slot])
+
+            s = capped_logits(shape, regs.matmul(q_smem, k_smem.at[slot], transpose_b=True))
+            k_seg = None
+            if segmented:
+                plgpu.barrier_wait(k_bar.at[2 + slot])
+                k_seg = lax.broadcast_in_dim(regs.cols(kseg_smem.at[slot]), (bq, bkv), [1])
+            ok = keep(shape, rows_iota + q0, cols_iota + j * bkv, lens, q_seg, k_seg)
+            s = jnp.where(ok, s, jnp.float32(MASKED))
+            m_new = jnp.maximum(m_i, s.max(axis=1))
+            alpha = jnp.exp2(m_i - m_new)
+            p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
+            l_i = l_i * alpha + p.sum(axis=1)
+            acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+            plgpu.barrier_wait(v_bar.at[slot])
+
+            # A fresh accumulator added, not `run_state` on the running one: JAX's
+            # Mosaic GPU interpreter (the CPU tests) has no `run_state`.
+            acc = acc + regs.matmul(p.astype(v_ref.dtype), v_smem.at[slot])
+            return acc, m_new, l_i
+
+        acc, m_i, l_i = lax.fori_loop(lo, hi, step, (acc, m_i, l_i))
+        l_safe = jnp.maximum(l_i, jnp.float32(1e-30))
+        acc = acc / lax.broadcast_in_dim(l_safe, acc.shape, [0])
+        q_smem[...] = acc.astype(o_ref.dtype)
+        lse_smem[...] = m_i + jnp.log2(l_safe)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(q_smem, o_ref.at[b, pl.ds(q0, bq), h])
+        plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b, h, pl.ds(q0, bq)])
+        plgpu.wait_smem_to_gmem(0)
+
+    return body
+
+
+def forward_scratch(shape: FlashShape, dtype):
+    bq, bkv, d = shape.block_q, shape.block_kv, shape.head_dim
+    return [
+        smem_tile((bq, d), dtype),
+        smem_tile((2, bkv, d), dtype),
+        smem_tile((2, bkv, d), dtype),
+        plgpu.SMEM((bq,), jnp.int32),
+        plgpu.SMEM((2, bkv), jnp.int32),
+        plgpu.SMEM((bq,), jnp.float32),
+        plgpu.Barrier(num_barriers=2),
+        plgpu.Barrier(num_barriers=4),
+        plgpu.Barrier(num_barriers=2),
+    ]
+
+
+def flash_forward(shape: FlashShape, q, k, v, ranges, lens, q_seg, k_seg, *, interpret=None):
+    """`(out [B, T, N, D], lse [B, N, T])` of padded inputs (see `FlashShape`)."""
+    b, t, n, d = q.shape
+    out_type = (
+        jax.ShapeDtypeStruct(q.shape, q.dtype),
+        jax.ShapeDtypeStruct((b, n, t), jnp.float32),
+    )
+    return plgpu.kernel(
+        forward_kernel(shape, interpret is not None),
+        out_type=out_type,
+        scratch_types=forward_scratch(shape, q.dtype),
+        grid=(n, t // shape.block_q, b),
+        grid_names=("heads", "q_blocks", "batch"),
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+        interpret=interpret,
+    )(q, k, v, ranges, lens, q_seg, k_seg)

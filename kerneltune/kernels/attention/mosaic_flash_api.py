@@ -1,0 +1,134 @@
+"""`flash_attention_mosaic`: the Mosaic GPU flash kernels (`mosaic_flash.py`,
+`mosaic_flash_backward.py`) as one differentiable function of an attention variant's
+call, with what the kernels leave to XLA:
+
+- padding the sequences to whole blocks (the padded keys are masked by length, the
+  padded queries cut away);
+- which key blocks each query block visits (`mosaic_flash_layout`);
+- rows that keep no key: as in `jax.nn.dot_product_attention`, a query past its
+  length comes out zero, and any other query that keeps no key (its document has no
+  key, a window that reaches none) weighs every key alike. The kernels give such rows
+  no weight in the backward; the keys' share of the uniform weights is added here.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kerneltune.kernels.attention.masking import Masks
+from kerneltune.kernels.attention.mosaic_flash import EMPTY_LSE, flash_forward
+from kerneltune.kernels.attention.mosaic_flash_backward import flash_backward
+from kerneltune.kernels.attention.mosaic_flash_layout import (
+    FlashShape,
+    kv_block_ranges,
+    q_block_ranges,
+)
+
+
+def _pad(x: jax.Array, axis: int, to: int, value=0) -> jax.Array:
+    if x.shape[axis] == to:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, to - x.shape[axis])
+    return jnp.pad(x, widths, constant_values=value)
+
+
+def _round_up(n: int, block: int) -> int:
+    return -(-n // block) * block
+
+
+def flash_attention_mosaic(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    masks: Masks,
+    *,
+    scale: float,
+    causal: bool,
+    window: tuple[int, int] | None,
+    soft_cap: float | None,
+    block_q: int = 64,
+    block_kv: int = 64,
+    interpret=None,
+) -> jax.Array:
+    """Attention over `[B, T, N, D]` queries and `[B, S, K, D]` keys and values (16-bit,
+    `D` a multiple of 64) with `masks`' lengths and segment ids (no dense mask), a
+    window, a soft cap; `interpret`: JAX's Mosaic GPU interpreter's params (CPU tests).
+    """
+    b, t, n, d = q.shape
+    s, kheads = k.shape[1], k.shape[2]
+    segmented = masks.q_segments is not None
+    shape = FlashShape(
+        block_q=block_q, block_kv=block_kv, head_dim=d, groups=n // kheads, causal=causal,
+        window=window, soft_cap=soft_cap, scale=float(scale), segmented=segmented,
+    )  # fmt: skip
+    tp, sp = _round_up(t, block_q), _round_up(s, block_kv)
+    q_len = jnp.full((b,), t, jnp.int32) if masks.q_lengths is None else masks.q_lengths
+    kv_len = jnp.full((b,), s, jnp.int32) if masks.kv_lengths is None else masks.kv_lengths
+    lens = jnp.stack([jnp.clip(q_len, 0, t), jnp.clip(kv_len, 0, s)], axis=1).astype(jnp.int32)
+    if segmented:
+        q_seg = _pad(masks.q_segments.astype(jnp.int32), 1, tp, -1)
+        # Padded keys sort after every document, so ordered ids stay ordered.
+        k_seg = _pad(masks.kv_segments.astype(jnp.int32), 1, sp, np.iinfo(np.int32).max)
+    else:  # unread by the kernels (one block's worth, for their signature)
+        q_seg = jnp.zeros((b, tp), jnp.int32)
+        k_seg = jnp.zeros((b, sp), jnp.int32)
+    padded = Masks(
+        q_segments=q_seg if segmented else None, kv_segments=k_seg if segmented else None
+    )
+    kv_ranges = kv_block_ranges(shape, lens, padded, tp, sp)
+    q_ranges = q_block_ranges(kv_ranges, sp, block_kv)
+    run = _differentiable(shape, s, interpret)
+    out = run(
+        _pad(q, 1, tp), _pad(k, 1, sp), _pad(v, 1, sp), kv_ranges, q_ranges, lens, q_seg, k_seg
+    )
+    return out[:, :t]
+
+
+@functools.cache
+def _differentiable(shape: FlashShape, s: int, interpret):
+    """The kernels under one `custom_vjp` for a shape (`s` the unpadded key length)."""
+
+    def forward(q, k, v, kv_ranges, lens, q_seg, k_seg):
+        out, lse = flash_forward(shape, q, k, v, kv_ranges, lens, q_seg, k_seg, interpret=interpret)
+        t = q.shape[1]
+        valid = jnp.arange(t)[None] < lens[:, :1]  # [B, T]
+        empty = (lse < EMPTY_LSE) & valid[:, None]  # [B, N, T]
+        alike = jnp.mean(v[:, :s], axis=1, dtype=jnp.float32)  # every key weighed alike
+        alike = jnp.repeat(alike, shape.groups, axis=1).astype(out.dtype)  # [B, N, D]
+        out = jnp.where(jnp.moveaxis(empty, 1, 2)[..., None], alike[:, None], out)
+        out = jnp.where(valid[:, :, None, None], out, jnp.zeros((), out.dtype))
+        lse = jnp.where(empty | ~valid[:, None], jnp.inf, lse)
+        return out, (lse, empty)
+
+    @jax.custom_vjp
+    def run(q, k, v, kv_ranges, q_ranges, lens, q_seg, k_seg):
+        return forward(q, k, v, kv_ranges, lens, q_seg, k_seg)[0]
+
+    def run_fwd(q, k, v, kv_ranges, q_ranges, lens, q_seg, k_seg):
+        out, (lse, empty) = forward(q, k, v, kv_ranges, lens, q_seg, k_seg)
+        return out, (q, k, v, out, lse, empty, kv_ranges, q_ranges, lens, q_seg, k_seg)
+
+    def run_bwd(res, do):
+        q, k, v, out, lse, empty, kv_ranges, q_ranges, lens, q_seg, k_seg = res
+        delta = jnp.einsum("btnd,btnd->bnt", do.astype(jnp.float32), out.astype(jnp.float32))
+        dq, dk, dv = flash_backward(
+            shape, q, k, v, do, lse, delta, kv_ranges, q_ranges, lens, q_seg, k_seg,
+            interpret=interpret,
+        )  # fmt: skip
+        # The empty rows' uniform weights: each of the first `s` keys gets 1/s of them.
+        b, t, n, d = do.shape
+        spread = jnp.where(jnp.moveaxis(empty, 1, 2)[..., None], do.astype(jnp.float32), 0.0)
+        spread = spread.sum(axis=1).reshape(b, k.shape[2], shape.groups, d).sum(axis=2) / s
+        keys = (jnp.arange(k.shape[1]) < s)[None, :, None, None]
+        dv = (dv.astype(jnp.float32) + jnp.where(keys, spread[:, None], 0.0)).astype(dv.dtype)
+        zero = lambda x: np.zeros(x.shape, jax.dtypes.float0)  # noqa: E731
+        ints = (kv_ranges, q_ranges, lens, q_seg, k_seg)
+        return (dq, dk, dv, *map(zero, ints))
+
+    run.defvjp(run_fwd, run_bwd)
+    return run

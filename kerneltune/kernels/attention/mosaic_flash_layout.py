@@ -1,0 +1,147 @@
+"""How a call to the Mosaic GPU flash kernels is laid out: the static shape of the
+kernels (`FlashShape`), their shared-memory tiles, and which blocks each block of
+queries or keys has to visit (`kv_block_ranges`, `q_block_ranges`), computed in XLA
+before the kernels run from the call's lengths, window and documents.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from kerneltune.kernels.attention.masking import Masks, document_ranges
+
+
+@dataclasses.dataclass(frozen=True)
+class FlashShape:
+    """What the kernels are compiled for.
+
+    Attributes:
+      block_q, block_kv: rows of queries and of keys a step holds (multiples of 64).
+      head_dim: the heads' width (a multiple of 64).
+      groups: query heads per key head.
+      causal, window, soft_cap, scale: the variant (`window` a `(left, right)` pair).
+      segmented: whether segment ids are given.
+    """
+
+    block_q: int
+    block_kv: int
+    head_dim: int
+    groups: int
+    causal: bool
+    window: tuple[int, int] | None
+    soft_cap: float | None
+    scale: float
+    segmented: bool
+
+
+def smem_tile(shape: tuple[int, ...], dtype) -> plgpu.SMEM:
+    """A 16-bit tile in shared memory laid out for wgmma (8x64 tiles, 128-byte swizzle)."""
+    return plgpu.SMEM(
+        shape, dtype, transforms=(plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+    )
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def kv_block_ranges(shape: FlashShape, lens: jax.Array, masks: Masks, t: int, s: int) -> jax.Array:
+    """For each batch row and block of queries, the key blocks `[lo, hi)` that can hold
+    a kept logit, as int32 `[B, T / block_q, 2]`. `lens` is `[B, 2]` (the valid query
+    and key lengths); `masks` carries the segment ids (or none); `t`, `s` the padded
+    lengths."""
+    bq, bkv = shape.block_q, shape.block_kv
+    nq = t // bq
+    first = jnp.arange(nq, dtype=jnp.int32) * bq  # each block's first query
+    last = first + bq - 1
+    q_len, kv_len = lens[:, 0:1], lens[:, 1:2]
+    lo_pos = jnp.zeros((lens.shape[0], nq), jnp.int32)
+    hi_pos = jnp.broadcast_to(kv_len, (lens.shape[0], nq))
+    if shape.causal:
+        hi_pos = jnp.minimum(hi_pos, last[None] + 1)
+    if shape.window is not None:
+        left, right = shape.window
+        lo_pos = jnp.maximum(lo_pos, first[None] - left)
+        hi_pos = jnp.minimum(hi_pos, last[None] + right + 1)
+    docs = document_ranges(masks)
+    if docs is not None:
+        start, end = docs[0][:, 0], docs[1][:, 0]  # [B, T]
+        valid = jnp.arange(t)[None] < q_len
+        start = jnp.where(valid, start, s).reshape(-1, nq, bq).min(axis=2)
+        end = jnp.where(valid, end, 0).reshape(-1, nq, bq).max(axis=2)
+        lo_pos, hi_pos = jnp.maximum(lo_pos, start), jnp.minimum(hi_pos, end)
+    hi_pos = jnp.where(first[None] < q_len, hi_pos, 0)  # blocks of padding only
+    lo = lo_pos // bkv
+    hi = jnp.maximum(_cdiv(hi_pos, bkv), lo)
+    return jnp.stack([lo, hi], axis=-1).astype(jnp.int32)
+
+
+def q_block_ranges(kv_ranges: jax.Array, s: int, block_kv: int) -> jax.Array:
+    """The transpose of `kv_block_ranges`: for each batch row and block of keys, the
+    query blocks `[lo, hi)` whose key ranges hold it (every block in between is
+    visited; its logits are masked exactly), as int32 `[B, S / block_kv, 2]`."""
+    nk = s // block_kv
+    j = jnp.arange(nk, dtype=jnp.int32)
+    lo, hi = kv_ranges[..., 0:1], kv_ranges[..., 1:2]  # [B, nq, 1]
+    touches = (lo <= j) & (j < hi)  # [B, nq, nk]
+    nq = kv_ranges.shape[1]
+    i = jnp.arange(nq, dtype=jnp.int32)[None, :, None]
+    first = jnp.min(jnp.where(touches, i, nq), axis=1)
+    last = jnp.max(jnp.where(touches, i + 1, 0), axis=1)
+    first = jnp.minimum(first, last)
+    return jnp.stack([first, last], axis=-1).astype(jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Registers:
+    """Mosaic GPU's register-layout operations, or their plain equivalents where JAX's
+    Mosaic GPU interpreter runs the kernels (the CPU tests): it has no rule for
+    `layout_cast`, on which all three rest, and no register layouts to choose."""
+
+    interpreted: bool
+
+    def cast(self, x: jax.Array, layout) -> jax.Array:
+        return x if self.interpreted else plgpu.layout_cast(x, layout)
+
+    def iota(self, shape: tuple[int, int], dim: int) -> jax.Array:
+        """Positions along `dim` of a wgmma-shaped tile."""
+        if self.interpreted:
+            return jax.lax.broadcasted_iota(jnp.int32, shape, dim)
+        return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=plgpu.Layout.WGMMA)
+
+    def load(self, ref, layout) -> jax.Array:
+        return ref[...] if self.interpreted else plgpu.load(ref, (), layout=layout)
+
+    def rows(self, ref) -> jax.Array:
+        """A vector with one entry per row of a wgmma tile (per query)."""
+        return self.load(ref, plgpu.Layout.WGMMA.reduce(1))
+
+    def cols(self, ref) -> jax.Array:
+        """A vector with one entry per column of a wgmma tile (per key)."""
+        return self.load(ref, plgpu.Layout.WGMMA.reduce(0))
+
+    def matmul(self, a, b_ref, *, transpose_b: bool = False) -> jax.Array:
+        """`a · b` (`a · bᵀ` with `transpose_b`) in float32 on the tensor cores (wgmma):
+        `a` a shared-memory ref or a 16-bit array in registers, `b_ref` a ref. The
+        interpreter's wgmma takes no transposed ref, so it multiplies in XLA there."""
+        m = a.shape[0]
+        n = b_ref.shape[0] if transpose_b else b_ref.shape[1]
+        if self.interpreted:
+            a_val = a if isinstance(a, jax.Array) else a[...]
+            b_val = b_ref[...]
+            return jax.lax.dot_general(
+                a_val, b_val, (((1,), (1 if transpose_b else 0,)), ((), ())),
+                preferred_element_type=jnp.float32,
+            )  # fmt: skip
+        b = plgpu.transpose_ref(b_ref, (1, 0)) if transpose_b else b_ref
+
+        def product(acc_ref):
+            plgpu.wgmma(acc_ref, a, b)
+            return acc_ref[...]
+
+        return pl.run_scoped(product, plgpu.ACC((m, n), jnp.float32))
