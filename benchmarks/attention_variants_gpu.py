@@ -1,7 +1,8 @@
 """Attention variants at long context: kerneltune against cuDNN, XLA and tokamax.
 
     python -m benchmarks.attention_variants_gpu [--lengths 8192,16384] [--variants causal,docs4]
-        [--passes fwd,fwd+bwd] [--heads 16/4] [--batch 1] [--json OUT.json] [--smoke]
+        [--passes fwd,fwd+bwd] [--heads 16/4] [--batch 1] [--mosaic-blocks 64/64]
+        [--json OUT.json] [--smoke]
 
 Each row is one variant of grouped-query attention (head dim 128, bf16) at one length:
 
@@ -20,7 +21,10 @@ where it cannot run the call; `peer` is the best of cuDNN and tokamax (cuDNN alo
 where tokamax is not installed) and `x peer` kerneltune's speed over it (>1: faster).
 `first s` is kerneltune's first call (tuning included, default policy) and the best
 peer's; `GiB` is the compiled program's memory (arguments, outputs and temporaries,
-`memory_analysis`) of kerneltune's chosen program and of the best peer's.
+`memory_analysis`) of kerneltune's chosen program and of the best peer's. Then
+kerneltune asked for one backend by config: cuDNN's packed layout (`kt_packed`, packed
+documents) and its own Mosaic GPU kernel (`kt_mosaic`, every variant but the bias; at
+other blocks `kt_mosaic_<block_q>_<block_kv>`, `--mosaic-blocks 64/64,128/64`).
 """
 
 from __future__ import annotations
@@ -74,12 +78,20 @@ def call_parts(variant: str, b: int, t: int, n: int) -> tuple[dict[str, Any], di
     return static, arrays
 
 
+#: kerneltune's own Mosaic GPU kernel at the blocks timed ("kt_mosaic" columns).
+MOSAIC = {"kt_mosaic": VariantConfig(backend="mosaic")}
+
+
 def implementations(
-    static: dict[str, Any], docs: bool = False
+    static: dict[str, Any],
+    docs: bool = False,
+    bias: bool = False,
+    mosaic_configs: dict[str, VariantConfig] = MOSAIC,
 ) -> dict[str, Callable[..., Any] | None]:
     """`fn(q, k, v, arrays)` per implementation, None where it does not take the
     variant; the peers get segment ids as the equivalent dense mask. With `docs` (the
-    variant packs documents), also kerneltune on cuDNN's packed layout ("kt_packed")."""
+    variant packs documents), also kerneltune on cuDNN's packed layout ("kt_packed");
+    kerneltune's Mosaic kernel at each of `mosaic_configs` where there is no `bias`."""
     cap = static.get("logits_soft_cap")
     peer_static = {k: v for k, v in static.items() if k != "logits_soft_cap"}
 
@@ -116,13 +128,19 @@ def implementations(
 
     out["kerneltune"] = ours
 
-    def packed(q, k, v, arrays):
-        # cuDNN's packed layout, asked for explicitly (not yet chosen by default).
-        kw = {k: v for k, v in arrays.items() if k != "docs"}
-        kw.update(query_segment_ids=arrays["docs"], kv_segment_ids=arrays["docs"])
-        return attention(q, k, v, cfg=VariantConfig(backend="cudnn_packed"), **static, **kw)
+    def explicit(cfg: VariantConfig) -> Callable[..., Any]:
+        def run(q, k, v, arrays):
+            kw = {k: v for k, v in arrays.items() if k != "docs"}
+            if "docs" in arrays:
+                kw.update(query_segment_ids=arrays["docs"], kv_segment_ids=arrays["docs"])
+            return attention(q, k, v, cfg=cfg, **static, **kw)
 
-    out["kt_packed"] = packed if docs else None
+        return run
+
+    # Backends asked for by config, beside what the default policy chose.
+    out["kt_packed"] = explicit(VariantConfig(backend="cudnn_packed")) if docs else None
+    for name, cfg in mosaic_configs.items():
+        out[name] = None if bias else explicit(cfg)
     return out
 
 
@@ -156,7 +174,14 @@ def measure(fn: Callable[..., Any] | None, sets: list[Any]) -> dict[str, Any]:
 
 
 def row(
-    b: int, t: int, n: int, kv: int, variant: str, pass_: str, skip: Sequence[str] = ()
+    b: int,
+    t: int,
+    n: int,
+    kv: int,
+    variant: str,
+    pass_: str,
+    skip: Sequence[str] = (),
+    mosaic_configs: dict[str, VariantConfig] = MOSAIC,
 ) -> dict[str, Any]:
     d = 128
     static, arrays = call_parts(variant, b, t, n)
@@ -169,7 +194,10 @@ def row(
         )
     )
     results = {}
-    for name, fn in implementations(static, docs="docs" in arrays).items():
+    impls = implementations(
+        static, docs="docs" in arrays, bias="bias" in arrays, mosaic_configs=mosaic_configs
+    )
+    for name, fn in impls.items():
         if name in skip:
             results[name] = {"status": "skipped"}
             continue
@@ -205,8 +233,10 @@ def racy(r: dict[str, Any]) -> bool:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = "| shape | variant | pass | xla ms | cuDNN ms | tokamax ms | kerneltune ms | x peer | first s (kt / peer) | GiB (kt / peer) | kt packed ms | x peer |"
-    lines = [head, "|" + "---|" * 12]
+    extra = [name for name in rows[0] if name == "kt_packed" or name.startswith("kt_mosaic")]
+    head = "| shape | variant | pass | xla ms | cuDNN ms | tokamax ms | kerneltune ms | x peer | first s (kt / peer) | GiB (kt / peer) |"
+    head += "".join(f" {name} ms | x peer | first s | GiB |" for name in extra)
+    lines = [head, "|" + "---|" * (10 + 4 * len(extra))]
     for r in rows:
         peer = best_peer(r)
         ours = r["kerneltune"]
@@ -220,13 +250,17 @@ def table(rows: list[dict[str, Any]]) -> str:
         cells = [r["shape"], r["variant"], r["pass"], *(cell(r[p]) for p in (*PEERS, "kerneltune"))]
         if racy(r):
             cells[3 + PEERS.index("tokamax")] += RACY
-        packed = r.get("kt_packed", {"status": "n/a"})
-        packed_ratio = "-"
-        if peer is not None and packed["status"] == "ok":
-            packed_ratio = f"{peer[1]['ms'] / packed['ms']:.2f}x"
-        lines.append(
-            "| " + " | ".join([*cells, ratio, first, gib, cell(packed), packed_ratio]) + " |"
-        )
+        cells += [ratio, first, gib]
+        for name in extra:
+            m = r.get(name, {"status": "n/a"})
+            ok = m["status"] == "ok"
+            cells += [
+                cell(m),
+                f"{peer[1]['ms'] / m['ms']:.2f}x" if ok and peer is not None else "-",
+                f"{m['first_s']:.1f}" if ok else "-",
+                f"{m['gib']:.2f}" if ok else "-",
+            ]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -240,18 +274,31 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument("--heads", default="16/4", help="query/kv heads, comma-separated pairs")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--skip", default="", help="implementations not to time, e.g. xla")
+    p.add_argument(
+        "--mosaic-blocks",
+        default="64/64",
+        help="block_q/block_kv pairs of kerneltune's Mosaic kernel to time, comma-separated",
+    )
     p.add_argument("--json")
     p.add_argument("--smoke", action="store_true", help="tiny shapes (any device)")
     a = p.parse_args(argv)
     lengths = [256] if a.smoke else [int(x) for x in a.lengths.split(",")]
     heads = [tuple(int(x) for x in pair.split("/")) for pair in a.heads.split(",")]
     variants = ["causal", "docs4"] if a.smoke else a.variants.split(",")
+    mosaic = {}
+    for pair in a.mosaic_blocks.split(","):
+        bq, bkv = (int(x) for x in pair.split("/"))
+        name = "kt_mosaic" if pair == "64/64" else f"kt_mosaic_{bq}_{bkv}"
+        mosaic[name] = VariantConfig(backend="mosaic", block_q=bq, block_kv=bkv)
     rows = []
     for t in lengths:
         for n, kv in heads:
             for variant in variants:
                 for pass_ in a.passes.split(","):
-                    r = row(a.batch, t, n, kv, variant, pass_, skip=a.skip.split(","))
+                    r = row(
+                        a.batch, t, n, kv, variant, pass_, skip=a.skip.split(","),
+                        mosaic_configs=mosaic,
+                    )  # fmt: skip
                     rows.append(r)
                     print(table([r]).splitlines()[-1], flush=True)
     print()

@@ -1,5 +1,5 @@
 """On a GPU: every attention variant through each backend of `AttentionVariants`
-(cuDNN, cuDNN's packed layout, tokamax where installed, chunked XLA, whole-logits XLA) against the
+(cuDNN, cuDNN's packed layout, kerneltune's Mosaic kernel, tokamax where installed, chunked XLA, whole-logits XLA) against the
 whole-logits reference in float32, values and gradients. Skipped without a GPU."""
 
 import jax
@@ -45,6 +45,8 @@ TAKES = {
     "cudnn": {"window", "padded", "bias", "docs", "docs_shuffled", "docs_window_padded", "mask"},
     # Packed documents; interleaved ids run the fallback (decided at run time).
     "cudnn_packed": {"docs", "docs_shuffled"},
+    # kerneltune's Mosaic kernel: positions and documents, no bias or dense mask.
+    "mosaic": {"softcap", "window", "padded", "docs", "docs_shuffled", "docs_window_padded"},
     "tokamax": set(VARIANTS),
     "chunked": set(VARIANTS),
     "xla": set(VARIANTS),

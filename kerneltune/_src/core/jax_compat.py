@@ -7,6 +7,7 @@ alone (and its tests), not the layers above.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 
@@ -218,3 +219,22 @@ def show_triton_deprecation_once() -> None:
         if action == "ignore" and getattr(message, "pattern", None) == TRITON_DEPRECATION:
             return
     warnings.filterwarnings("ignore", message=TRITON_DEPRECATION)
+
+
+@functools.cache
+def mosaic_gpu_interpret_params() -> Any:
+    """Params that run a Mosaic GPU kernel (`plgpu.kernel(..., interpret=...)`) in JAX's
+    Mosaic GPU interpreter on any device, or None where this JAX has none: public as
+    `plgpu.InterpretGPUParams` from JAX 0.12, private before."""
+    try:
+        from jax.experimental.pallas import mosaic_gpu as plgpu
+    except Exception:  # an experimental module: any error means no interpreter
+        return None
+    params = getattr(plgpu, "InterpretGPUParams", None)
+    if params is None:
+        try:
+            from jax._src.pallas.mosaic_gpu.interpret import params as private
+        except Exception:
+            return None
+        params = getattr(private, "InterpretGPUParams", None)
+    return None if params is None else params()

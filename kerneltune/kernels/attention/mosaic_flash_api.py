@@ -19,6 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kerneltune._src.core import jax_compat
+from kerneltune._src.kernel.backends import Backend
+from kerneltune.kernels._common import is_hopper
 from kerneltune.kernels.attention.masking import Masks
 from kerneltune.kernels.attention.mosaic_flash import EMPTY_LSE, flash_forward
 from kerneltune.kernels.attention.mosaic_flash_backward import flash_backward
@@ -132,3 +135,42 @@ def _differentiable(shape: FlashShape, s: int, interpret):
 
     run.defvjp(run_fwd, run_bwd)
     return run
+
+
+#: The dtypes the kernels take (wgmma's 16-bit inputs).
+DTYPES = (np.dtype("float16"), np.dtype("bfloat16"))
+
+
+class MosaicFlashBackend(Backend):
+    """`flash_attention_mosaic` (Hopper; in JAX's Mosaic GPU interpreter elsewhere when
+    asked): causal, window, lengths, segment ids and a soft cap, no bias or dense
+    mask. Its `custom_vjp` runs the backward kernels; JAX differentiates around it."""
+
+    name = "mosaic"
+    differentiated_by_jax = True
+    lowering = "mosaic_gpu"
+    interprets = True
+
+    def unusable(self, kernel, inv, cfg) -> str | None:
+        q, k, _, bias, masks = inv.args
+        if bias is not None or masks.mask is not None:
+            return "kerneltune's Mosaic flash kernel takes no bias or dense mask"
+        if np.dtype(q.dtype) not in DTYPES or np.dtype(k.dtype) != np.dtype(q.dtype):
+            return f"kerneltune's Mosaic flash kernel takes float16 or bfloat16, not {q.dtype}"
+        if q.shape[-1] % 64 or q.shape[-1] > 128:
+            return f"kerneltune's Mosaic flash kernel takes head dims 64 and 128, not {q.shape[-1]}"
+        if not isinstance(inv.kwargs["sm_scale"], (int, float)):
+            return "kerneltune's Mosaic flash kernel takes a static scale"
+        if kernel.use_interpreter():
+            if jax_compat.mosaic_gpu_interpret_params() is None:
+                return "this JAX has no Mosaic GPU interpreter"
+        elif not is_hopper():
+            return "kerneltune's Mosaic flash kernel runs on Hopper GPUs (H100, H200)"
+        return super().unusable(kernel, inv, cfg)
+
+    def run(self, kernel, q, k, v, bias, masks, *, cfg, causal, sm_scale, window, soft_cap):
+        interpret = jax_compat.mosaic_gpu_interpret_params() if kernel.use_interpreter() else None
+        return flash_attention_mosaic(
+            q, k, v, masks, scale=sm_scale, causal=causal, window=window, soft_cap=soft_cap,
+            block_q=cfg.block_q, block_kv=cfg.block_kv, interpret=interpret,
+        )  # fmt: skip

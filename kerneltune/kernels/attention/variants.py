@@ -9,6 +9,10 @@ these features runs here instead, on one of:
 - "cudnn_packed": cuDNN's packed layout for segment ids that are packed documents
   (Hopper; `cudnn_packed.py`): it skips the blocks between documents. The heuristic's
   choice for segment ids from `PACKED_MIN_TOKENS` tokens;
+- "mosaic": kerneltune's own flash kernel on Mosaic GPU (Hopper; `mosaic_flash*.py`):
+  causal, window, lengths, segment ids and a soft cap in the kernel, skipping the key
+  blocks a query block cannot see (with packed documents, those of other documents);
+  no bias or dense mask;
 - "tokamax": tokamax's Mosaic GPU kernel (Hopper, where installed; every variant; a
   differentiated call with a mask runs `tokamax_backend.trusted_gradients` instead);
 - "chunked": XLA a block of queries at a time (every platform; memory grows with the
@@ -44,6 +48,7 @@ from kerneltune.kernels.attention.cudnn_packed import DOCUMENT_SLOTS, CudnnPacke
 from kerneltune.kernels.attention.features import MaterialisingBackend
 from kerneltune.kernels.attention.jax_nn import CudnnVariantBackend
 from kerneltune.kernels.attention.masking import Masks
+from kerneltune.kernels.attention.mosaic_flash_api import MosaicFlashBackend
 from kerneltune.kernels.attention.tokamax_backend import TokamaxVariantBackend
 
 #: The whole logits the "xla" backend may hold on a GPU before it is left out.
@@ -62,9 +67,11 @@ class VariantConfig(BackendConfig):
     """How an attention variant runs.
 
     Attributes:
-      backend: "cudnn", "cudnn_packed", "tokamax", "chunked" or "xla" (see the module
-        docstring).
-      block_q: ("chunked") queries per block; a power of two.
+      backend: "cudnn", "cudnn_packed", "mosaic", "tokamax", "chunked" or "xla" (see
+        the module docstring).
+      block_q: ("chunked", "mosaic") queries per block; a power of two (a multiple of
+        64 for "mosaic").
+      block_kv: ("mosaic") keys per block; 64 or 128.
 
     Example:
       >>> VariantConfig(block_q=256)  # backend="chunked", the default
@@ -75,10 +82,12 @@ class VariantConfig(BackendConfig):
 
     backend: str = "chunked"
     block_q: int | None = None
+    block_kv: int | None = None
 
     backend_fields: ClassVar[Mapping[str, Mapping[str, Any]]] = {
         "cudnn": {},
         "cudnn_packed": {},
+        "mosaic": {"block_q": 64, "block_kv": 64},
         "tokamax": {},
         "chunked": {"block_q": 512},
         "xla": {},
@@ -90,6 +99,12 @@ class VariantConfig(BackendConfig):
             isinstance(b, bool) or not isinstance(b, int) or b <= 0 or b & (b - 1)
         ):
             raise ValueError(f"VariantConfig.block_q must be a positive power of two, got {b!r}.")
+        if self.backend == "mosaic" and b is not None and b < 64:
+            raise ValueError(
+                f"VariantConfig.block_q must be at least 64 with backend='mosaic', got {b!r}."
+            )
+        if self.block_kv is not None and self.block_kv not in (64, 128):
+            raise ValueError(f"VariantConfig.block_kv must be 64 or 128, got {self.block_kv!r}.")
 
 
 def _logits_bytes(inv: Invocation[Any, Any], rows: int | None = None) -> int:
@@ -152,6 +167,7 @@ class AttentionVariants(BackendKernel[VariantConfig]):
     backends = (
         CudnnVariantBackend(),
         CudnnPackedBackend(),
+        MosaicFlashBackend(),
         TokamaxVariantBackend(),
         ChunkedBackend(),
         MaterialisingBackend(),

@@ -1,0 +1,185 @@
+"""kerneltune's Mosaic GPU flash attention (`mosaic_flash*.py`) in JAX's Mosaic GPU
+interpreter on the CPU: values and gradients of every variant it takes against the
+whole-logits reference, the block ranges that decide its work, and its refusals.
+
+The interpreter runs the kernels' TMA copies, barriers, loops and masking as written;
+its wgmma takes no transposed operand, so there the products run in XLA
+(`mosaic_flash_layout.Registers.matmul`). The GPU suite runs the same checks on the
+tensor cores (`test_gpu_attention_variants.py`).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kerneltune._src.core import jax_compat
+from kerneltune._src.kernel.base import Invocation
+from kerneltune.kernels.attention.features import attention_features_xla
+from kerneltune.kernels.attention.masking import Masks
+from kerneltune.kernels.attention.mosaic_flash_layout import (
+    FlashShape,
+    kv_block_ranges,
+    q_block_ranges,
+)
+from kerneltune.kernels.attention.variants import AttentionVariants, VariantConfig
+from tests.helpers import close, heuristics_executor, rand
+
+EX = heuristics_executor()
+B, T, S, N, K, H = 2, 100, 150, 4, 2, 64
+#: Three documents in the first batch row, two in the second; the queries' ids are
+#: the keys' cut to the queries' length.
+DOCS = np.stack([np.arange(S) * 3 // S, np.arange(S) * 2 // S]).astype(np.int32)
+
+needs_interpreter = pytest.mark.skipif(
+    jax_compat.mosaic_gpu_interpret_params() is None or jax.default_backend() != "cpu",
+    reason="JAX's Mosaic GPU interpreter on a CPU",
+)
+
+VARIANTS = {
+    "causal_softcap": dict(causal=True, soft_cap=5.0),
+    "window_padded": dict(causal=True, window=(40, 0), lengths=(70, 120)),
+    "docs": dict(causal=True, docs=True),
+    "docs_window_softcap_padded": dict(
+        causal=False, window=(30, 10), soft_cap=8.0, docs=True, lengths=(90, 140)
+    ),
+    # A query document with no key: the row weighs every key alike (as jax.nn does).
+    "docs_without_keys": dict(causal=False, docs=True, orphan=True),
+}
+
+
+def _masks(spec) -> Masks:
+    lengths = spec.get("lengths")
+    q_ids = k_ids = None
+    if spec.get("docs"):
+        k_ids = jnp.asarray(DOCS)
+        q_ids = k_ids[:, :T]
+        if spec.get("orphan"):
+            q_ids = jnp.where(q_ids == 1, 9, q_ids)
+    return Masks(
+        q_lengths=None if lengths is None else jnp.full((B,), lengths[0], jnp.int32),
+        kv_lengths=None if lengths is None else jnp.full((B,), lengths[1], jnp.int32),
+        q_segments=q_ids,
+        kv_segments=k_ids,
+    )
+
+
+@needs_interpreter
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_every_variant_matches_the_reference_values_and_gradients(variant):
+    spec = VARIANTS[variant]
+    masks = _masks(spec)
+    static = dict(
+        causal=spec["causal"], sm_scale=H**-0.5, window=spec.get("window"),
+        soft_cap=spec.get("soft_cap"),
+    )  # fmt: skip
+    kernel = AttentionVariants(executor=EX, interpret=True)
+    q = rand((B, T, N, H), seed=1).astype(jnp.bfloat16)
+    k = rand((B, S, K, H), seed=2).astype(jnp.bfloat16)
+    v = rand((B, S, K, H), seed=3).astype(jnp.bfloat16)
+    w = rand((B, T, N, H), seed=4)
+
+    def ours(q, k, v):
+        cfg = VariantConfig(backend="mosaic")
+        return EX(kernel, q, k, v, None, masks, cfg=cfg, **static).astype(jnp.float32)
+
+    def ref(q, k, v):
+        f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+        return attention_features_xla(
+            *f32, None, masks, scale=static["sm_scale"], is_causal=static["causal"],
+            local_window_size=static["window"], logits_soft_cap=static["soft_cap"],
+        )  # fmt: skip
+
+    def loss(fn):
+        return lambda *a: (fn(*a) * w).sum()
+
+    out, grads = jax.jit(jax.value_and_grad(loss(ours), (0, 1, 2)))(q, k, v)
+    want, want_grads = jax.value_and_grad(loss(ref), (0, 1, 2))(q, k, v)
+    close(jax.jit(ours)(q, k, v), ref(q, k, v), tol=2e-2)
+    for got, expected in zip(grads, want_grads, strict=True):
+        close(got.astype(jnp.float32), expected, tol=3e-2)
+
+
+@needs_interpreter
+def test_vmap_over_a_batch_of_calls_matches_each_call():
+    kernel = AttentionVariants(executor=EX, interpret=True)
+    q = rand((3, 1, 64, 2, H), seed=5).astype(jnp.bfloat16)
+    k = rand((3, 1, 64, 1, H), seed=6).astype(jnp.bfloat16)
+
+    def one(q, k):
+        return EX(kernel, q, k, k, None, Masks(), causal=True, sm_scale=0.125, window=None,
+                  soft_cap=30.0, cfg=VariantConfig(backend="mosaic"))  # fmt: skip
+
+    batched = jax.vmap(one)(q, k)
+    for i in range(3):
+        np.testing.assert_array_equal(batched[i], one(q[i], k[i]))
+
+
+def _shape(**kw) -> FlashShape:
+    base = dict(block_q=64, block_kv=64, head_dim=64, groups=1, causal=True, window=None,
+                soft_cap=None, scale=1.0, segmented=False)  # fmt: skip
+    return FlashShape(**{**base, **kw})
+
+
+def test_packed_documents_visit_only_their_own_key_blocks():
+    # 4 documents of 128 tokens, causal: a query block sees its own document's blocks
+    # up to its own, never another document's.
+    t = 512
+    ids = jnp.asarray(np.arange(t)[None] // 128, jnp.int32)
+    lens = jnp.asarray([[t, t]], jnp.int32)
+    ranges = kv_block_ranges(
+        _shape(segmented=True), lens, Masks(q_segments=ids, kv_segments=ids), t, t
+    )
+    want = [[2 * (i // 2), i + 1] for i in range(8)]
+    np.testing.assert_array_equal(ranges[0], want)
+    # Without the documents, causal alone: every block up to its own.
+    plain = kv_block_ranges(_shape(), lens, Masks(), t, t)
+    np.testing.assert_array_equal(plain[0], [[0, i + 1] for i in range(8)])
+    # The transpose: the key blocks' query blocks.
+    np.testing.assert_array_equal(
+        q_block_ranges(ranges, t, 64)[0], [[j, 2 * (j // 2) + 2] for j in range(8)]
+    )
+
+
+def test_a_window_and_lengths_bound_the_key_blocks():
+    t = 512
+    lens = jnp.asarray([[300, 200]], jnp.int32)
+    ranges = kv_block_ranges(_shape(window=(100, 0)), lens, Masks(), t, t)[0]
+    # Block i (queries 64i..64i+63) sees keys from 64i - 100 up to its last query, and
+    # none at or past 200; blocks of padded queries only (from 320) see nothing.
+    lo = [max(0, 64 * i - 100) // 64 for i in range(8)]
+    hi = [-(-min(64 * i + 64, 200) // 64) for i in range(8)]
+    got = np.asarray(ranges)
+    np.testing.assert_array_equal(got[:5, 0], lo[:5])
+    np.testing.assert_array_equal(got[:5, 1], [max(h, lo_) for h, lo_ in zip(hi[:5], lo[:5])])
+    assert (got[5:, 1] <= got[5:, 0]).all()
+
+
+def _invocation(q, bias=None, masks=Masks(), sm_scale=1.0):
+    static = {"causal": True, "sm_scale": sm_scale, "window": None, "soft_cap": None}
+    return Invocation("attention_variants", (q, q, q, bias, masks), static)
+
+
+def test_the_backend_names_what_it_does_not_take():
+    kernel = AttentionVariants(executor=EX, interpret=True)
+    backend = kernel.backend_named("mosaic")
+    q = jax.ShapeDtypeStruct((1, 64, 2, 64), jnp.bfloat16)
+    assert "bias" in backend.unusable(kernel, _invocation(q, bias=q), None)
+    mask = Masks(mask=jnp.ones((1, 1, 64, 64), bool))
+    assert "dense mask" in backend.unusable(kernel, _invocation(q, masks=mask), None)
+    wide = jax.ShapeDtypeStruct((1, 64, 2, 96), jnp.bfloat16)
+    assert "96" in backend.unusable(kernel, _invocation(wide), None)
+    f32 = jax.ShapeDtypeStruct((1, 64, 2, 64), jnp.float32)
+    assert "float32" in backend.unusable(kernel, _invocation(f32), None)
+
+
+def test_its_config_checks_its_blocks():
+    assert VariantConfig(backend="mosaic") == VariantConfig(
+        backend="mosaic", block_q=64, block_kv=64
+    )
+    with pytest.raises(ValueError, match="block_kv must be 64 or 128, got 96"):
+        VariantConfig(backend="mosaic", block_kv=96)
+    with pytest.raises(ValueError, match="at least 64 with backend='mosaic', got 32"):
+        VariantConfig(backend="mosaic", block_q=32)
+    with pytest.raises(ValueError, match="block_kv is a field of backend='mosaic'"):
+        VariantConfig(backend="chunked", block_kv=64)
