@@ -17,25 +17,20 @@ from kerneltune._src.core import jax_compat
 from kerneltune._src.kernel.base import Invocation
 from kerneltune.kernels.attention.features import attention_features_xla
 from kerneltune.kernels.attention.masking import Masks
-from kerneltune.kernels.attention.mosaic_flash_layout import (
-    FlashShape,
-    kv_block_ranges,
-    q_block_ranges,
-)
+from kerneltune.kernels.attention.mosaic_flash_layout import FlashShape, block_ranges
 from kerneltune.kernels.attention.variants import AttentionVariants, VariantConfig
 from tests.helpers import close, heuristics_executor, rand
 
 EX = heuristics_executor()
 B, T, S, N, K, H = 2, 100, 150, 4, 2, 64
-#: Three documents in the first batch row, two in the second; the queries' ids are
-#: the keys' cut to the queries' length.
-DOCS = np.stack([np.arange(S) * 3 // S, np.arange(S) * 2 // S]).astype(np.int32)
 
 needs_interpreter = pytest.mark.skipif(
     jax_compat.mosaic_gpu_interpret_params() is None or jax.default_backend() != "cpu",
     reason="JAX's Mosaic GPU interpreter on a CPU",
 )
 
+#: With `docs`: three documents in the first batch row, two in the second; the
+#: queries' ids are the keys' cut to the queries' length.
 VARIANTS = {
     "causal_softcap": dict(causal=True, soft_cap=5.0),
     "window_padded": dict(causal=True, window=(40, 0), lengths=(70, 120)),
@@ -45,15 +40,18 @@ VARIANTS = {
     ),
     # A query document with no key: the row weighs every key alike (as jax.nn does).
     "docs_without_keys": dict(causal=False, docs=True, orphan=True),
+    # 256 tokens in 2 documents: blocks below the diagonal are whole, run unmasked.
+    "whole_blocks": dict(causal=True, docs=True, t=256, s=256),
 }
 
 
 def _masks(spec) -> Masks:
     lengths = spec.get("lengths")
+    t, s = spec.get("t", T), spec.get("s", S)
     q_ids = k_ids = None
     if spec.get("docs"):
-        k_ids = jnp.asarray(DOCS)
-        q_ids = k_ids[:, :T]
+        k_ids = jnp.asarray(np.stack([np.arange(s) * 3 // s, np.arange(s) * 2 // s]), jnp.int32)
+        q_ids = k_ids[:, :t]
         if spec.get("orphan"):
             q_ids = jnp.where(q_ids == 1, 9, q_ids)
     return Masks(
@@ -74,10 +72,11 @@ def test_every_variant_matches_the_reference_values_and_gradients(variant):
         soft_cap=spec.get("soft_cap"),
     )  # fmt: skip
     kernel = AttentionVariants(executor=EX, interpret=True)
-    q = rand((B, T, N, H), seed=1).astype(jnp.bfloat16)
-    k = rand((B, S, K, H), seed=2).astype(jnp.bfloat16)
-    v = rand((B, S, K, H), seed=3).astype(jnp.bfloat16)
-    w = rand((B, T, N, H), seed=4)
+    t, s = spec.get("t", T), spec.get("s", S)
+    q = rand((B, t, N, H), seed=1).astype(jnp.bfloat16)
+    k = rand((B, s, K, H), seed=2).astype(jnp.bfloat16)
+    v = rand((B, s, K, H), seed=3).astype(jnp.bfloat16)
+    w = rand((B, t, N, H), seed=4)
 
     def ours(q, k, v):
         cfg = VariantConfig(backend="mosaic")
@@ -123,39 +122,51 @@ def _shape(**kw) -> FlashShape:
 
 def test_packed_documents_visit_only_their_own_key_blocks():
     # 4 documents of 128 tokens, causal: a query block sees its own document's blocks
-    # up to its own, never another document's.
+    # up to its own, never another document's; of those, the blocks before its own are
+    # whole (no logit masked), its own is on the diagonal.
     t = 512
     ids = jnp.asarray(np.arange(t)[None] // 128, jnp.int32)
     lens = jnp.asarray([[t, t]], jnp.int32)
-    ranges = kv_block_ranges(
-        _shape(segmented=True), lens, Masks(q_segments=ids, kv_segments=ids), t, t
-    )
-    want = [[2 * (i // 2), i + 1] for i in range(8)]
-    np.testing.assert_array_equal(ranges[0], want)
+    docs = Masks(q_segments=ids, kv_segments=ids)
+    kv, q = block_ranges(_shape(segmented=True), lens, docs, t, t)
+    first = [2 * (i // 2) for i in range(8)]
+    np.testing.assert_array_equal(kv[0, :, :2], [[f, i + 1] for i, f in enumerate(first)])
+    # (A query block with no whole block has the empty run at its end, [hi, hi).)
+    whole = [[f, i] if i > f else [i + 1, i + 1] for i, f in enumerate(first)]
+    np.testing.assert_array_equal(kv[0, :, 2:], whole)
+    # For each key block: the query blocks of its document from its own on; whole
+    # after its own.
+    last = [2 * (j // 2) + 2 for j in range(8)]
+    np.testing.assert_array_equal(q[0, :, :2], [[j, e] for j, e in enumerate(last)])
+    np.testing.assert_array_equal(q[0, :, 2:], [[min(j + 1, e), e] for j, e in enumerate(last)])
     # Without the documents, causal alone: every block up to its own.
-    plain = kv_block_ranges(_shape(), lens, Masks(), t, t)
-    np.testing.assert_array_equal(plain[0], [[0, i + 1] for i in range(8)])
-    # The transpose: the key blocks' query blocks.
-    np.testing.assert_array_equal(
-        q_block_ranges(ranges, t, 64)[0], [[j, 2 * (j // 2) + 2] for j in range(8)]
-    )
+    plain, _ = block_ranges(_shape(), lens, Masks(), t, t)
+    runs = [[0, i] if i else [1, 1] for i in range(8)]
+    np.testing.assert_array_equal(plain[0], [[0, i + 1, *r] for i, r in enumerate(runs)])
 
 
 def test_a_window_and_lengths_bound_the_key_blocks():
     t = 512
     lens = jnp.asarray([[300, 200]], jnp.int32)
-    ranges = kv_block_ranges(_shape(window=(100, 0)), lens, Masks(), t, t)[0]
+    got = np.asarray(block_ranges(_shape(window=(100, 0)), lens, Masks(), t, t)[0][0])
     # Block i (queries 64i..64i+63) sees keys from 64i - 100 up to its last query, and
     # none at or past 200; blocks of padded queries only (from 320) see nothing.
-    lo = [max(0, 64 * i - 100) // 64 for i in range(8)]
-    hi = [-(-min(64 * i + 64, 200) // 64) for i in range(8)]
-    got = np.asarray(ranges)
-    np.testing.assert_array_equal(got[:5, 0], lo[:5])
-    np.testing.assert_array_equal(got[:5, 1], [max(h, lo_) for h, lo_ in zip(hi[:5], lo[:5])])
+    for i in range(5):
+        lo = max(0, 64 * i - 100) // 64
+        hi = max(-(-min(64 * i + 64, 200) // 64), lo)
+        assert tuple(got[i, :2]) == (lo, hi), i
+        # Whole: keys from the block's last query − 100 to its first, below 200.
+        whole = [
+            j
+            for j in range(lo, hi)
+            if 64 * j >= 64 * i + 63 - 100 and 64 * j + 63 <= 64 * i and 64 * j + 63 < 200
+        ]
+        assert tuple(got[i, 2:]) == ((whole[0], whole[-1] + 1) if whole else (hi, hi)), i
     assert (got[5:, 1] <= got[5:, 0]).all()
 
 
-def _invocation(q, bias=None, masks=Masks(), sm_scale=1.0):
+def _invocation(q, bias=None, masks=None, sm_scale=1.0):
+    masks = Masks() if masks is None else masks
     static = {"causal": True, "sm_scale": sm_scale, "window": None, "soft_cap": None}
     return Invocation("attention_variants", (q, q, q, bias, masks), static)
 

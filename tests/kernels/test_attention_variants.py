@@ -265,7 +265,9 @@ def test_where_a_library_runs_the_call_only_the_heuristic_library_is_a_candidate
     monkeypatch.setattr(kernel, "runs_pallas", lambda: True)
     kept, pruned = kernel.search_space(_inv(8192, 8192, window=(512, 0), dtype=jnp.bfloat16))
     assert kept == [VariantConfig(backend="cudnn")]
-    assert {p.cfg.backend for p in pruned} == {"tokamax", "cudnn_packed", "xla", "chunked"}
+    assert {p.cfg.backend for p in pruned} == {
+        "tokamax", "cudnn_packed", "mosaic", "xla", "chunked"
+    }  # fmt: skip
     assert all("cudnn runs this variant" in p.reason for p in pruned)
     # Both libraries run it: the one the heuristic picks for the variant alone.
     monkeypatch.setattr(tokamax_backend, "unsupported", lambda dtype, head_dim: None)
@@ -277,6 +279,41 @@ def test_where_a_library_runs_the_call_only_the_heuristic_library_is_a_candidate
     # A soft cap without tokamax: nothing but XLA runs it.
     kept, _ = kernel.search_space(_inv(8192, 8192, soft_cap=30.0, dtype=jnp.bfloat16))
     assert {c.backend for c in kept} == {"xla", "chunked"}
+
+
+def test_on_a_hopper_gpu_kerneltunes_mosaic_kernel_takes_what_the_libraries_run_worse(
+    monkeypatch,
+):
+    from kerneltune.kernels.attention import jax_nn, tokamax_backend
+
+    monkeypatch.setattr(jax_nn, "on_gpu", lambda: True)
+    monkeypatch.setattr(tokamax_backend, "unsupported", lambda dtype, head_dim: "not installed")
+    kernel = AttentionVariants()
+    monkeypatch.setattr(kernel, "runs_pallas", lambda: True)
+    monkeypatch.setattr(kernel, "mosaic_runs", lambda inv: True)
+    mosaic = VariantConfig(backend="mosaic")
+    # A soft cap without tokamax: the kernel, alone (XLA's paths pruned with the reason).
+    capped = _inv(8192, 8192, soft_cap=30.0, dtype=jnp.bfloat16)
+    assert kernel.heuristic_cfg(capped) == mosaic
+    kept, pruned = kernel.search_space(capped)
+    assert kept == [mosaic] and all("Mosaic kernel runs" in p.reason for p in pruned)
+    # Packed documents in training below the packed layout's length: the kernel skips
+    # other documents' blocks in the backward; the forward alone keeps the library.
+    docs = _inv(4096, 4096, parts=("segments",), dtype=jnp.bfloat16)
+    assert kernel.heuristic_cfg(dataclasses.replace(docs, differentiated=True)) == mosaic
+    assert kernel.heuristic_cfg(docs) == VariantConfig(backend="cudnn")
+    # A window, padding: cuDNN stays.
+    window = _inv(8192, 8192, window=(512, 0), dtype=jnp.bfloat16)
+    assert kernel.heuristic_cfg(dataclasses.replace(window, differentiated=True)) == VariantConfig(
+        backend="cudnn"
+    )
+
+
+def test_the_mosaic_kernel_is_never_chosen_in_the_interpreter():
+    kernel = AttentionVariants(interpret=True)
+    capped = _inv(256, 256, soft_cap=30.0, dtype=jnp.bfloat16)
+    assert not kernel.mosaic_runs(capped)
+    assert kernel.heuristic_cfg(capped).backend != "mosaic"
 
 
 def test_traced_calls_are_tuned_on_even_documents_and_full_lengths():
@@ -378,7 +415,7 @@ def test_on_a_hopper_gpu_long_packed_documents_take_cudnns_packed_layout(monkeyp
     assert kernel.library_cfg(docs) == VariantConfig(backend="tokamax")
     kept, pruned = kernel.search_space(docs)
     assert kept == [VariantConfig(backend="cudnn_packed")]
-    assert {p.cfg.backend for p in pruned} == {"cudnn", "tokamax", "xla", "chunked"}
+    assert {p.cfg.backend for p in pruned} == {"cudnn", "tokamax", "mosaic", "xla", "chunked"}
     assert all("packed layout runs these documents" in p.reason for p in pruned)
     short = _inv(4096, 4096, parts=("segments",), dtype=bf16)
     assert kernel.heuristic_cfg(short) == VariantConfig(backend="tokamax")
@@ -391,8 +428,13 @@ def test_on_a_hopper_gpu_long_packed_documents_take_cudnns_packed_layout(monkeyp
         )
 
     assert kernel.heuristic_cfg(training(16384, 16)).backend == "cudnn_packed"  # 4 GiB
-    # 8 GiB: a library, and in training cuDNN (tokamax's backward with a mask races).
+    # 8 GiB: a library, and in training cuDNN (tokamax's backward with a mask races);
+    # kerneltune's Mosaic kernel where it runs (a Hopper GPU).
     assert kernel.heuristic_cfg(training(16384, 32)).backend == "cudnn"
+    monkeypatch.setattr(kernel, "mosaic_runs", lambda inv: True)
+    assert kernel.heuristic_cfg(training(16384, 32)).backend == "mosaic"
+    assert kernel.heuristic_cfg(training(16384, 16)).backend == "cudnn_packed"
+    monkeypatch.setattr(kernel, "mosaic_runs", lambda inv: False)
     assert kernel.heuristic_cfg(_inv(16384, 16384, parts=("segments",), dtype=bf16, n=32)) == (
         VariantConfig(backend="cudnn_packed")  # the forward alone needs no such buffers
     )

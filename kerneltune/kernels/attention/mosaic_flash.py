@@ -27,7 +27,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from kerneltune.kernels.attention.mosaic_flash_layout import FlashShape, Registers, smem_tile
+from kerneltune.kernels.attention.mosaic_flash_layout import FlashShape, Registers, smem_tile, visit
 
 LOG2E = math.log2(math.e)
 #: What a left-out logit becomes (base 2): finite, so a row with every logit left out
@@ -77,8 +77,8 @@ def forward_kernel(shape: FlashShape, interpreted: bool):
         qi = lax.axis_index("q_blocks")
         kh = lax.div(h, jnp.int32(shape.groups))
         q0 = qi * bq
-        lo = ranges_ref[b, qi, 0]
-        hi = ranges_ref[b, qi, 1]
+        lo, hi = ranges_ref[b, qi, 0], ranges_ref[b, qi, 1]
+        full_lo, full_hi = ranges_ref[b, qi, 2], ranges_ref[b, qi, 3]
         lens = (lens_ref[b, 0], lens_ref[b, 1])
         segmented = shape.segmented
 
@@ -110,7 +110,7 @@ def forward_kernel(shape: FlashShape, interpreted: bool):
         l_i = regs.cast(jnp.full((bq,), 0.0, jnp.float32), row_layout)
         acc = regs.cast(jnp.full((bq, d), 0.0, jnp.float32), plgpu.Layout.WGMMA)
 
-        def step(j, carry):
+        def step(j, carry, masked):
             acc, m_i, l_i = carry
             slot = lax.rem(j - lo, 2)
 
@@ -121,12 +121,14 @@ def forward_kernel(shape: FlashShape, interpreted: bool):
             plgpu.barrier_wait(k_bar.at[slot])
 
             s = capped_logits(shape, regs.matmul(q_smem, k_smem.at[slot], transpose_b=True))
-            k_seg = None
-            if segmented:
+            if segmented:  # every copy's barrier is waited on, to keep its phase
                 plgpu.barrier_wait(k_bar.at[2 + slot])
-                k_seg = lax.broadcast_in_dim(regs.cols(kseg_smem.at[slot]), (bq, bkv), [1])
-            ok = keep(shape, rows_iota + q0, cols_iota + j * bkv, lens, q_seg, k_seg)
-            s = jnp.where(ok, s, jnp.float32(MASKED))
+            if masked:
+                k_seg = None
+                if segmented:
+                    k_seg = lax.broadcast_in_dim(regs.cols(kseg_smem.at[slot]), (bq, bkv), [1])
+                ok = keep(shape, rows_iota + q0, cols_iota + j * bkv, lens, q_seg, k_seg)
+                s = jnp.where(ok, s, jnp.float32(MASKED))
             m_new = jnp.maximum(m_i, s.max(axis=1))
             alpha = jnp.exp2(m_i - m_new)
             p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
@@ -139,7 +141,7 @@ def forward_kernel(shape: FlashShape, interpreted: bool):
             acc = acc + regs.matmul(p.astype(v_ref.dtype), v_smem.at[slot])
             return acc, m_new, l_i
 
-        acc, m_i, l_i = lax.fori_loop(lo, hi, step, (acc, m_i, l_i))
+        acc, m_i, l_i = visit(lo, full_lo, full_hi, hi, step, (acc, m_i, l_i))
         l_safe = jnp.maximum(l_i, jnp.float32(1e-30))
         acc = acc / lax.broadcast_in_dim(l_safe, acc.shape, [0])
         q_smem[...] = acc.astype(o_ref.dtype)

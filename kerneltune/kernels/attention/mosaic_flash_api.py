@@ -25,11 +25,7 @@ from kerneltune.kernels._common import is_hopper
 from kerneltune.kernels.attention.masking import Masks
 from kerneltune.kernels.attention.mosaic_flash import EMPTY_LSE, flash_forward
 from kerneltune.kernels.attention.mosaic_flash_backward import flash_backward
-from kerneltune.kernels.attention.mosaic_flash_layout import (
-    FlashShape,
-    kv_block_ranges,
-    q_block_ranges,
-)
+from kerneltune.kernels.attention.mosaic_flash_layout import FlashShape, block_ranges
 
 
 def _pad(x: jax.Array, axis: int, to: int, value=0) -> jax.Array:
@@ -83,8 +79,7 @@ def flash_attention_mosaic(
     padded = Masks(
         q_segments=q_seg if segmented else None, kv_segments=k_seg if segmented else None
     )
-    kv_ranges = kv_block_ranges(shape, lens, padded, tp, sp)
-    q_ranges = q_block_ranges(kv_ranges, sp, block_kv)
+    kv_ranges, q_ranges = block_ranges(shape, lens, padded, tp, sp)
     run = _differentiable(shape, s, interpret)
     out = run(
         _pad(q, 1, tp), _pad(k, 1, sp), _pad(v, 1, sp), kv_ranges, q_ranges, lens, q_seg, k_seg

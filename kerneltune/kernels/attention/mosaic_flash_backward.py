@@ -15,6 +15,8 @@ log-sum-exp of +inf: their probabilities are 0 here.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -22,7 +24,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kerneltune.kernels.attention.mosaic_flash import LOG2E, MASKED, capped_logits, keep
-from kerneltune.kernels.attention.mosaic_flash_layout import FlashShape, Registers, smem_tile
+from kerneltune.kernels.attention.mosaic_flash_layout import FlashShape, Registers, smem_tile, visit
 
 
 def _logit_gradient(shape: FlashShape, p, dp, delta, s):
@@ -50,6 +52,7 @@ def dq_kernel(shape: FlashShape, interpreted: bool):
         kh = lax.div(h, jnp.int32(shape.groups))
         q0 = qi * bq
         lo, hi = ranges_ref[b, qi, 0], ranges_ref[b, qi, 1]
+        full_lo, full_hi = ranges_ref[b, qi, 2], ranges_ref[b, qi, 3]
         lens = (lens_ref[b, 0], lens_ref[b, 1])
         rows = pl.ds(q0, bq)
 
@@ -82,7 +85,7 @@ def dq_kernel(shape: FlashShape, interpreted: bool):
         q_pos, k_iota = regs.iota(tile, 0) + q0, regs.iota(tile, 1)
         dq = regs.cast(jnp.full((bq, d), 0.0, jnp.float32), plgpu.Layout.WGMMA)
 
-        def step(j, dq):
+        def step(j, dq, masked):
             slot = lax.rem(j - lo, 2)
 
             @pl.when(j + 1 < hi)
@@ -91,19 +94,21 @@ def dq_kernel(shape: FlashShape, interpreted: bool):
 
             plgpu.barrier_wait(k_bar.at[slot])
             s = capped_logits(shape, regs.matmul(q_smem, k_smem.at[slot], transpose_b=True))
-            k_seg = None
-            if shape.segmented:
+            if shape.segmented:  # every copy's barrier is waited on, to keep its phase
                 plgpu.barrier_wait(k_bar.at[4 + slot])
-                k_seg = lax.broadcast_in_dim(regs.cols(kseg_smem.at[slot]), tile, [1])
-            ok = keep(shape, q_pos, k_iota + j * bkv, lens, q_seg, k_seg)
-            s = jnp.where(ok, s, jnp.float32(MASKED))
+            if masked:
+                k_seg = None
+                if shape.segmented:
+                    k_seg = lax.broadcast_in_dim(regs.cols(kseg_smem.at[slot]), tile, [1])
+                ok = keep(shape, q_pos, k_iota + j * bkv, lens, q_seg, k_seg)
+                s = jnp.where(ok, s, jnp.float32(MASKED))
             p = jnp.exp2(s - lse)
             plgpu.barrier_wait(k_bar.at[2 + slot])
             dp = regs.matmul(do_smem, v_smem.at[slot], transpose_b=True)
             ds = _logit_gradient(shape, p, dp, delta, s)
             return dq + regs.matmul(ds.astype(k_ref.dtype), k_smem.at[slot])
 
-        dq = lax.fori_loop(lo, hi, step, dq) * jnp.float32(shape.scale)
+        dq = visit(lo, full_lo, full_hi, hi, step, dq) * jnp.float32(shape.scale)
         q_smem[...] = dq.astype(dq_ref.dtype)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(q_smem, dq_ref.at[b, rows, h])
@@ -140,6 +145,7 @@ def dkv_kernel(shape: FlashShape, interpreted: bool):
         kj = lax.axis_index("kv_blocks")
         k0 = kj * bkv
         lo, hi = ranges_ref[b, kj, 0], ranges_ref[b, kj, 1]
+        full_lo, full_hi = ranges_ref[b, kj, 2], ranges_ref[b, kj, 3]
         blocks = hi - lo
         lens = (lens_ref[b, 0], lens_ref[b, 1])
         keys = pl.ds(k0, bkv)
@@ -177,23 +183,27 @@ def dkv_kernel(shape: FlashShape, interpreted: bool):
         k_seg = lax.broadcast_in_dim(regs.rows(kseg_smem), tile, [0]) if shape.segmented else None
         zeros = regs.cast(jnp.full((bkv, d), 0.0, jnp.float32), plgpu.Layout.WGMMA)
 
-        def step(t, carry):
+        def step(i, carry, masked, head):
+            # Step t = head · blocks + (i − lo): query head kh·g + head, query block i.
             dk, dv = carry
+            t = head * blocks + i - lo
             slot = lax.rem(t, 2)
 
             @pl.when(t + 1 < steps)
             def _():
                 fetch(t + 1, 1 - slot)
 
-            q0 = (lo + lax.rem(t, blocks)) * bq
+            q0 = i * bq
             plgpu.barrier_wait(q_bar.at[slot])
             s = capped_logits(shape, regs.matmul(k_smem, q_smem.at[slot], transpose_b=True))
-            q_seg = None
-            if shape.segmented:
+            if shape.segmented:  # every copy's barrier is waited on, to keep its phase
                 plgpu.barrier_wait(q_bar.at[8 + slot])
-                q_seg = lax.broadcast_in_dim(regs.cols(qseg_smem.at[slot]), tile, [1])
-            ok = keep(shape, q_iota + q0, k_pos, lens, q_seg, k_seg)
-            s = jnp.where(ok, s, jnp.float32(MASKED))
+            if masked:
+                q_seg = None
+                if shape.segmented:
+                    q_seg = lax.broadcast_in_dim(regs.cols(qseg_smem.at[slot]), tile, [1])
+                ok = keep(shape, q_iota + q0, k_pos, lens, q_seg, k_seg)
+                s = jnp.where(ok, s, jnp.float32(MASKED))
             plgpu.barrier_wait(q_bar.at[4 + slot])
             p = jnp.exp2(s - lax.broadcast_in_dim(regs.cols(lse_smem.at[slot]), tile, [1]))
             plgpu.barrier_wait(q_bar.at[2 + slot])
@@ -205,7 +215,10 @@ def dkv_kernel(shape: FlashShape, interpreted: bool):
             dk = dk + regs.matmul(ds.astype(k_ref.dtype), q_smem.at[slot])
             return dk, dv
 
-        dk, dv = lax.fori_loop(0, steps, step, (zeros, zeros))
+        def one_head(head, carry):
+            return visit(lo, full_lo, full_hi, hi, functools.partial(step, head=head), carry)
+
+        dk, dv = lax.fori_loop(0, g, one_head, (zeros, zeros))
         k_smem[...] = (dk * jnp.float32(shape.scale)).astype(dk_ref.dtype)
         v_smem[...] = dv.astype(dv_ref.dtype)
         plgpu.commit_smem()

@@ -7,6 +7,7 @@ before the kernels run from the call's lengths, window and documents.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -50,13 +51,18 @@ def _cdiv(a, b):
     return -(-a // b)
 
 
-def kv_block_ranges(shape: FlashShape, lens: jax.Array, masks: Masks, t: int, s: int) -> jax.Array:
-    """For each batch row and block of queries, the key blocks `[lo, hi)` that can hold
-    a kept logit, as int32 `[B, T / block_q, 2]`. `lens` is `[B, 2]` (the valid query
-    and key lengths); `masks` carries the segment ids (or none); `t`, `s` the padded
-    lengths."""
+def block_ranges(
+    shape: FlashShape, lens: jax.Array, masks: Masks, t: int, s: int
+) -> tuple[jax.Array, jax.Array]:
+    """Which blocks each block visits, as int32 `[B, T / block_q, 4]` (for each block
+    of queries, key blocks) and `[B, S / block_kv, 4]` (for each block of keys, query
+    blocks): `[lo, hi)` can hold a kept logit (for a key block: every query block
+    between the first and the last whose range holds it); `[full_lo, full_hi)` within
+    it is the first run of blocks where every logit is kept, which the kernels visit
+    without masking. `lens` is `[B, 2]` (the valid query and key lengths); `masks`
+    carries the segment ids (or none); `t`, `s` the padded lengths."""
     bq, bkv = shape.block_q, shape.block_kv
-    nq = t // bq
+    nq, nk = t // bq, s // bkv
     first = jnp.arange(nq, dtype=jnp.int32) * bq  # each block's first query
     last = first + bq - 1
     q_len, kv_len = lens[:, 0:1], lens[:, 1:2]
@@ -78,23 +84,60 @@ def kv_block_ranges(shape: FlashShape, lens: jax.Array, masks: Masks, t: int, s:
     hi_pos = jnp.where(first[None] < q_len, hi_pos, 0)  # blocks of padding only
     lo = lo_pos // bkv
     hi = jnp.maximum(_cdiv(hi_pos, bkv), lo)
-    return jnp.stack([lo, hi], axis=-1).astype(jnp.int32)
-
-
-def q_block_ranges(kv_ranges: jax.Array, s: int, block_kv: int) -> jax.Array:
-    """The transpose of `kv_block_ranges`: for each batch row and block of keys, the
-    query blocks `[lo, hi)` whose key ranges hold it (every block in between is
-    visited; its logits are masked exactly), as int32 `[B, S / block_kv, 2]`."""
-    nk = s // block_kv
     j = jnp.arange(nk, dtype=jnp.int32)
-    lo, hi = kv_ranges[..., 0:1], kv_ranges[..., 1:2]  # [B, nq, 1]
-    touches = (lo <= j) & (j < hi)  # [B, nq, nk]
-    nq = kv_ranges.shape[1]
+    touches = (j >= lo[..., None]) & (j < hi[..., None])  # [B, nq, nk]
+    whole = _whole_blocks(shape, lens, masks, nq, nk) & touches
+    kv_ranges = jnp.stack([lo, hi, *_first_run(whole, lo, hi, axis=2)], axis=-1)
     i = jnp.arange(nq, dtype=jnp.int32)[None, :, None]
-    first = jnp.min(jnp.where(touches, i, nq), axis=1)
-    last = jnp.max(jnp.where(touches, i + 1, 0), axis=1)
-    first = jnp.minimum(first, last)
-    return jnp.stack([first, last], axis=-1).astype(jnp.int32)
+    q_lo = jnp.min(jnp.where(touches, i, nq), axis=1)
+    q_hi = jnp.maximum(jnp.max(jnp.where(touches, i + 1, 0), axis=1), 0)
+    q_lo = jnp.minimum(q_lo, q_hi)
+    q_ranges = jnp.stack([q_lo, q_hi, *_first_run(whole, q_lo, q_hi, axis=1)], axis=-1)
+    return kv_ranges.astype(jnp.int32), q_ranges.astype(jnp.int32)
+
+
+def _first_run(whole: jax.Array, lo: jax.Array, hi: jax.Array, axis: int):
+    """Along `axis` of `whole` `[B, nq, nk]`, the first run of True `[start, end)`, or
+    `[hi, hi)` where there is none (`lo`, `hi` without `axis`)."""
+    n = whole.shape[axis]
+    idx = jnp.arange(n, dtype=jnp.int32)
+    idx = idx[None, :, None] if axis == 1 else idx[None, None, :]
+    start = jnp.min(jnp.where(whole, idx, n), axis=axis)
+    start = jnp.minimum(start, hi)
+    after = ~whole & (idx > jnp.expand_dims(start, axis))
+    end = jnp.minimum(jnp.min(jnp.where(after, idx, n), axis=axis), hi)
+    return start, jnp.maximum(end, start)
+
+
+def _whole_blocks(shape: FlashShape, lens: jax.Array, masks: Masks, nq: int, nk: int) -> jax.Array:
+    """`[B, nq, nk]`: True where every logit of a query block against a key block is
+    kept (no position, length or document leaves one out)."""
+    bq, bkv = shape.block_q, shape.block_kv
+    q_first = (jnp.arange(nq, dtype=jnp.int32) * bq)[:, None]
+    q_last = q_first + bq - 1
+    k_first = (jnp.arange(nk, dtype=jnp.int32) * bkv)[None, :]
+    k_last = k_first + bkv - 1
+    full = (q_last < lens[:, 0, None, None]) & (k_last < lens[:, 1, None, None])
+    if shape.causal:
+        full &= (k_last <= q_first)[None]
+    if shape.window is not None:
+        left, right = shape.window
+        full &= ((k_first >= q_last - left) & (k_last <= q_first + right))[None]
+    if masks.q_segments is not None and masks.kv_segments is not None:
+        qs = masks.q_segments.reshape(-1, nq, bq)
+        ks = masks.kv_segments.reshape(-1, nk, bkv)
+        q_one = jnp.where(qs.min(axis=2) == qs.max(axis=2), qs.min(axis=2), -1)
+        k_one = jnp.where(ks.min(axis=2) == ks.max(axis=2), ks.min(axis=2), -2)
+        full &= q_one[:, :, None] == k_one[:, None, :]
+    return full
+
+
+def visit(lo, full_lo, full_hi, hi, step, carry):
+    """`step(j, carry, masked)` over the blocks `[lo, hi)`: masked on both sides of the
+    whole blocks `[full_lo, full_hi)`, unmasked on them."""
+    carry = jax.lax.fori_loop(lo, full_lo, functools.partial(step, masked=True), carry)
+    carry = jax.lax.fori_loop(full_lo, full_hi, functools.partial(step, masked=False), carry)
+    return jax.lax.fori_loop(full_hi, hi, functools.partial(step, masked=True), carry)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +181,7 @@ class Registers:
                 a_val, b_val, (((1,), (1 if transpose_b else 0,)), ((), ())),
                 preferred_element_type=jnp.float32,
             )  # fmt: skip
-        b = plgpu.transpose_ref(b_ref, (1, 0)) if transpose_b else b_ref
+        b = b_ref.transpose((1, 0)) if transpose_b else b_ref
 
         def product(acc_ref):
             plgpu.wgmma(acc_ref, a, b)

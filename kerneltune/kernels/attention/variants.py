@@ -175,27 +175,43 @@ class AttentionVariants(BackendKernel[VariantConfig]):
     fallback = "chunked"
 
     def heuristic_cfg(self, inv: Invocation[Any, Any]) -> VariantConfig:
-        """cuDNN's packed layout for segment ids from `PACKED_MIN_TOKENS` tokens where it
+        """Segment ids: cuDNN's packed layout from `PACKED_MIN_TOKENS` tokens where it
         runs (ids it cannot express run `library_cfg`'s choice, decided at run time)
         and, in training, its backward's extra memory is within `PACKED_BACKWARD_BYTES`;
-        else `library_cfg`."""
+        else in training kerneltune's Mosaic kernel, which skips other documents'
+        blocks in the backward too (on an H200 at 16k tokens, 4 documents, its
+        training step took 0.31x cuDNN's given the dense mask, 0.54x tokamax's, whose
+        gradients race; BENCHMARKS.md, 2026-11-29). Else `library_cfg`."""
         packed = self.backend_named("cudnn_packed")
+        segments = inv.args[4].q_segments is not None
         if (
             int(inv.args[0].shape[1]) >= PACKED_MIN_TOKENS
             and (not inv.differentiated or packed_backward_bytes(inv) <= PACKED_BACKWARD_BYTES)
             and packed.unusable(self, inv, None) is None
         ):
             return VariantConfig(backend="cudnn_packed")
+        if segments and inv.differentiated and self.mosaic_runs(inv):
+            return VariantConfig(backend="mosaic")
         return self.library_cfg(inv)
+
+    def mosaic_runs(self, inv: Invocation[Any, Any]) -> bool:
+        """Whether kerneltune's Mosaic kernel runs the call on the device (never chosen
+        in the interpreter, which is for tests)."""
+        if self.use_interpreter():
+            return False
+        return self.backend_named("mosaic").unusable(self, inv, None) is None
 
     def library_cfg(self, inv: Invocation[Any, Any]) -> VariantConfig:
         """tokamax for a soft cap, a bias, a mask or segment ids, else cuDNN, where they
-        run; else XLA: whole when the logits are small, a block of queries at a time
-        when not. On an H200 at 8k-32k tokens (BENCHMARKS.md, 2026-11-27) tokamax's
-        training step took 0.58-0.71x cuDNN's time with a bias or a mask and is the only
-        library with a soft cap; cuDNN's took 0.25-0.33x tokamax's with a window or
-        padding. In training with a mask or segment ids tokamax is left out: its
-        backward given a mask returned wrong gradients in some runs
+        run; a soft cap without tokamax, or a call neither library takes, on
+        kerneltune's Mosaic kernel where it runs; else XLA: whole when the logits are
+        small, a block of queries at a time when not. On an H200 at 8k-32k tokens
+        (BENCHMARKS.md, 2026-11-27) tokamax's training step took 0.58-0.71x cuDNN's
+        time with a bias or a mask and is the only library with a soft cap; cuDNN's
+        took 0.25-0.33x tokamax's with a window or padding; kerneltune's Mosaic kernel
+        took 1.7x tokamax's with a soft cap, 2.2x cuDNN's with a window (2026-11-29),
+        far less than XLA's paths. In training with a mask or segment ids tokamax is
+        left out: its backward given a mask returned wrong gradients in some runs
         (`tokamax_backend.trusted_gradients`)."""
         usable = {
             name: self.backend_named(name).unusable(self, inv, None) is None
@@ -203,14 +219,19 @@ class AttentionVariants(BackendKernel[VariantConfig]):
         }
         _, _, _, bias, masks = inv.args
         dense = bias is not None or masks.has_mask
+        soft_cap = inv.kwargs["soft_cap"] is not None
         if tokamax_untrusted(inv):  # its backend would run cuDNN or the chunked path
             usable["tokamax"] = False
-        if usable["tokamax"] and (dense or inv.kwargs["soft_cap"] is not None):
+        if usable["tokamax"] and (dense or soft_cap):
             return VariantConfig(backend="tokamax")
+        if soft_cap and self.mosaic_runs(inv):  # cuDNN takes no soft cap
+            return VariantConfig(backend="mosaic")
         if usable["cudnn"]:
             return VariantConfig(backend="cudnn")
         if usable["tokamax"]:
             return VariantConfig(backend="tokamax")
+        if self.mosaic_runs(inv):
+            return VariantConfig(backend="mosaic")
         if _logits_bytes(inv) <= SMALL_LOGITS_BYTES:
             return VariantConfig(backend="xla")
         return VariantConfig(backend="chunked", block_q=chunked_block_q(inv))
@@ -235,15 +256,20 @@ class AttentionVariants(BackendKernel[VariantConfig]):
         def untrusted(c: VariantConfig) -> str | None:
             return tokamax_untrusted(inv) if c.backend == "tokamax" else None
 
-        if runs and chosen.backend in ("cudnn", "cudnn_packed", "tokamax"):
-            why = (
-                "cuDNN's packed layout runs these documents; the libraries given the dense "
-                "mask measured 2.4-5x slower (H200, 8k-16k tokens)"
-                if chosen.backend == "cudnn_packed"
-                else f"{chosen.backend} runs this variant; the other library measured 1.4-4x "
-                "slower and XLA's paths 8-16x (H200, 8k-32k tokens)"
+        mosaic = VariantConfig(backend="mosaic")
+        if chosen.backend in ("cudnn", "cudnn_packed", "tokamax", "mosaic"):
+            why = {
+                "cudnn_packed": "cuDNN's packed layout runs these documents; the libraries "
+                "given the dense mask measured 2.4-5x slower (H200, 8k-16k tokens)",
+                "mosaic": "kerneltune's Mosaic kernel runs this call; XLA's paths and the "
+                "libraries given a dense mask measured slower (H200, 16k tokens)",
+            }.get(
+                chosen.backend,
+                f"{chosen.backend} runs this variant; the other library measured 1.4-4x "
+                "slower, kerneltune's Mosaic kernel 1.7-2.2x and XLA's paths 8-16x (H200, "
+                "8k-32k tokens)",
             )
-            others = [c for c in [*libraries, packed, *xla] if c != chosen]
+            others = [c for c in [*libraries, packed, mosaic, *xla] if c != chosen]
             return [chosen], [Pruned(c, untrusted(c) or why) for c in others]
         kept: list[VariantConfig] = []
         pruned: list[Pruned[VariantConfig]] = []
