@@ -42,6 +42,9 @@ VARIANTS = {
     "docs_without_keys": dict(causal=False, docs=True, orphan=True),
     # 256 tokens in 2 documents: blocks below the diagonal are whole, run unmasked.
     "whole_blocks": dict(causal=True, docs=True, t=256, s=256),
+    # Two warpgroups of 64 queries a block, sharing its keys: the first fetches, both
+    # release each slot before it is refilled.
+    "two_warpgroups": dict(causal=True, docs=True, soft_cap=5.0, lengths=(90, 140), block_q=128),
 }
 
 
@@ -79,7 +82,7 @@ def test_every_variant_matches_the_reference_values_and_gradients(variant):
     w = rand((B, t, N, H), seed=4)
 
     def ours(q, k, v):
-        cfg = VariantConfig(backend="mosaic")
+        cfg = VariantConfig(backend="mosaic", block_q=spec.get("block_q", 64))
         return EX(kernel, q, k, v, None, masks, cfg=cfg, **static).astype(jnp.float32)
 
     def ref(q, k, v):
@@ -190,7 +193,8 @@ def test_its_config_checks_its_blocks():
     )
     with pytest.raises(ValueError, match="block_kv must be 64 or 128, got 96"):
         VariantConfig(backend="mosaic", block_kv=96)
-    with pytest.raises(ValueError, match="at least 64 with backend='mosaic', got 32"):
-        VariantConfig(backend="mosaic", block_q=32)
+    for wrong in (32, 256):
+        with pytest.raises(ValueError, match=f"64 or 128 with backend='mosaic'.*got {wrong}"):
+            VariantConfig(backend="mosaic", block_q=wrong)
     with pytest.raises(ValueError, match="block_kv is a field of backend='mosaic'"):
         VariantConfig(backend="chunked", block_kv=64)

@@ -47,6 +47,8 @@ TAKES = {
     "cudnn_packed": {"docs", "docs_shuffled"},
     # kerneltune's Mosaic kernel: positions and documents, no bias or dense mask.
     "mosaic": {"softcap", "window", "padded", "docs", "docs_shuffled", "docs_window_padded"},
+    # The same with two warpgroups a block of queries (block_q=128).
+    "mosaic_128": {"softcap", "docs", "docs_window_padded"},
     "tokamax": set(VARIANTS),
     "chunked": set(VARIANTS),
     "xla": set(VARIANTS),
@@ -94,7 +96,11 @@ def test_every_variant_through_every_backend_matches_the_reference(backend, vari
         "bias": bias if kw.get("bias") else None,
         "mask": mask if kw.get("mask") else None,
     }
-    cfg = VariantConfig(backend=backend)
+    cfg = (
+        VariantConfig(backend="mosaic", block_q=128)
+        if backend == "mosaic_128"
+        else VariantConfig(backend=backend)
+    )
 
     def ours(q, k, v):
         return attention(q, k, v, cfg=cfg, **call_kw)

@@ -64,27 +64,41 @@ def capped_logits(shape: FlashShape, s):
     return s * jnp.float32(LOG2E)
 
 
+#: Query rows one warpgroup computes (wgmma's M).
+WARPGROUP_ROWS = 64
+
+
+def warpgroups(shape: FlashShape) -> int:
+    """Warpgroups of a forward block: `block_q / 64`, each its own rows, sharing the
+    block's keys and values (fetched once into shared memory for all of them)."""
+    return shape.block_q // WARPGROUP_ROWS
+
+
 def forward_kernel(shape: FlashShape, interpreted: bool):
     """The kernel body for `plgpu.kernel`: refs `(q, k, v, ranges, lens, q_seg, k_seg)`
     in, `(out, lse)` out, then the scratch of `forward_scratch`."""
-    bq, bkv, d = shape.block_q, shape.block_kv, shape.head_dim
+    bq, bkv, d = WARPGROUP_ROWS, shape.block_kv, shape.head_dim
+    wgs = warpgroups(shape)
     regs = Registers(interpreted)
 
     def body(q_ref, k_ref, v_ref, ranges_ref, lens_ref, qseg_ref, kseg_ref, o_ref, lse_ref,
-             q_smem, k_smem, v_smem, qseg_smem, kseg_smem, lse_smem, q_bar, k_bar, v_bar):  # fmt: skip
+             q_smem, k_smem, v_smem, qseg_smem, kseg_smem, lse_smem, q_bar, k_bar, v_bar,
+             consumed):  # fmt: skip
         b = lax.axis_index("batch")
         h = lax.axis_index("heads")
         qi = lax.axis_index("q_blocks")
+        wg = lax.axis_index("wg") if wgs > 1 else 0
         kh = lax.div(h, jnp.int32(shape.groups))
-        q0 = qi * bq
+        q0 = qi * shape.block_q + wg * bq  # this warpgroup's first query
         lo, hi = ranges_ref[b, qi, 0], ranges_ref[b, qi, 1]
         full_lo, full_hi = ranges_ref[b, qi, 2], ranges_ref[b, qi, 3]
         lens = (lens_ref[b, 0], lens_ref[b, 1])
         segmented = shape.segmented
+        q_smem, qseg_smem, lse_smem = q_smem.at[wg], qseg_smem.at[wg], lse_smem.at[wg]
 
-        plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(q0, bq), h], q_smem, q_bar.at[0])
+        plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(q0, bq), h], q_smem, q_bar.at[2 * wg])
         if segmented:
-            plgpu.copy_gmem_to_smem(qseg_ref.at[b, pl.ds(q0, bq)], qseg_smem, q_bar.at[1])
+            plgpu.copy_gmem_to_smem(qseg_ref.at[b, pl.ds(q0, bq)], qseg_smem, q_bar.at[2 * wg + 1])
 
         def fetch(j, slot):
             rows = pl.ds(j * bkv, bkv)
@@ -95,14 +109,14 @@ def forward_kernel(shape: FlashShape, interpreted: bool):
                     kseg_ref.at[b, rows], kseg_smem.at[slot], k_bar.at[2 + slot]
                 )
 
-        @pl.when(lo < hi)
+        @pl.when((lo < hi) & (wg == 0))  # the first warpgroup fetches for all
         def _():
             fetch(lo, 0)
 
-        plgpu.barrier_wait(q_bar.at[0])
+        plgpu.barrier_wait(q_bar.at[2 * wg])
         q_seg = None
         if segmented:
-            plgpu.barrier_wait(q_bar.at[1])
+            plgpu.barrier_wait(q_bar.at[2 * wg + 1])
             q_seg = lax.broadcast_in_dim(regs.rows(qseg_smem), (bq, bkv), [0])
         rows_iota, cols_iota = regs.iota((bq, bkv), 0), regs.iota((bq, bkv), 1)
         row_layout = plgpu.Layout.WGMMA.reduce(1)
@@ -114,8 +128,14 @@ def forward_kernel(shape: FlashShape, interpreted: bool):
             acc, m_i, l_i = carry
             slot = lax.rem(j - lo, 2)
 
-            @pl.when(j + 1 < hi)
+            @pl.when((j + 1 < hi) & (wg == 0))
             def _():
+                if wgs > 1:  # every warpgroup is done with the slot's previous block
+
+                    @pl.when(j > lo)
+                    def _():
+                        plgpu.barrier_wait(consumed.at[1 - slot])
+
                 fetch(j + 1, 1 - slot)
 
             plgpu.barrier_wait(k_bar.at[slot])
@@ -136,9 +156,9 @@ def forward_kernel(shape: FlashShape, interpreted: bool):
             acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
             plgpu.barrier_wait(v_bar.at[slot])
 
-            # A fresh accumulator added, not `run_state` on the running one: JAX's
-            # Mosaic GPU interpreter (the CPU tests) has no `run_state`.
-            acc = acc + regs.matmul(p.astype(v_ref.dtype), v_smem.at[slot])
+            acc = regs.matmul(p.astype(v_ref.dtype), v_smem.at[slot], acc=acc)
+            if wgs > 1:
+                plgpu.barrier_arrive(consumed.at[slot])
             return acc, m_new, l_i
 
         acc, m_i, l_i = visit(lo, full_lo, full_hi, hi, step, (acc, m_i, l_i))
@@ -155,17 +175,19 @@ def forward_kernel(shape: FlashShape, interpreted: bool):
 
 
 def forward_scratch(shape: FlashShape, dtype):
-    bq, bkv, d = shape.block_q, shape.block_kv, shape.head_dim
+    bkv, d, wgs = shape.block_kv, shape.head_dim, warpgroups(shape)
     return [
-        smem_tile((bq, d), dtype),
+        smem_tile((wgs, WARPGROUP_ROWS, d), dtype),
         smem_tile((2, bkv, d), dtype),
         smem_tile((2, bkv, d), dtype),
-        plgpu.SMEM((bq,), jnp.int32),
+        plgpu.SMEM((wgs, WARPGROUP_ROWS), jnp.int32),
         plgpu.SMEM((2, bkv), jnp.int32),
-        plgpu.SMEM((bq,), jnp.float32),
-        plgpu.Barrier(num_barriers=2),
+        plgpu.SMEM((wgs, WARPGROUP_ROWS), jnp.float32),
+        plgpu.Barrier(num_barriers=2 * wgs),
         plgpu.Barrier(num_barriers=4),
         plgpu.Barrier(num_barriers=2),
+        # Each warpgroup arrives when done with a slot; the first waits before refilling.
+        plgpu.Barrier(num_arrivals=wgs, num_barriers=2),
     ]
 
 
@@ -176,6 +198,9 @@ def flash_forward(shape: FlashShape, q, k, v, ranges, lens, q_seg, k_seg, *, int
         jax.ShapeDtypeStruct(q.shape, q.dtype),
         jax.ShapeDtypeStruct((b, n, t), jnp.float32),
     )
+    threads = (
+        {"num_threads": warpgroups(shape), "thread_name": "wg"} if warpgroups(shape) > 1 else {}
+    )
     return plgpu.kernel(
         forward_kernel(shape, interpret is not None),
         out_type=out_type,
@@ -184,4 +209,5 @@ def flash_forward(shape: FlashShape, q, k, v, ranges, lens, q_seg, k_seg, *, int
         grid_names=("heads", "q_blocks", "batch"),
         compiler_params=plgpu.CompilerParams(approx_math=True),
         interpret=interpret,
+        **threads,
     )(q, k, v, ranges, lens, q_seg, k_seg)

@@ -13,6 +13,7 @@ call, with what the kernels leave to XLA:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -23,7 +24,7 @@ from kerneltune._src.core import jax_compat
 from kerneltune._src.kernel.backends import Backend
 from kerneltune.kernels._common import is_hopper
 from kerneltune.kernels.attention.masking import Masks
-from kerneltune.kernels.attention.mosaic_flash import EMPTY_LSE, flash_forward
+from kerneltune.kernels.attention.mosaic_flash import EMPTY_LSE, WARPGROUP_ROWS, flash_forward
 from kerneltune.kernels.attention.mosaic_flash_backward import flash_backward
 from kerneltune.kernels.attention.mosaic_flash_layout import FlashShape, block_ranges
 
@@ -79,20 +80,32 @@ def flash_attention_mosaic(
     padded = Masks(
         q_segments=q_seg if segmented else None, kv_segments=k_seg if segmented else None
     )
-    kv_ranges, q_ranges = block_ranges(shape, lens, padded, tp, sp)
-    run = _differentiable(shape, s, interpret)
+    # The forward's blocks of queries may span several warpgroups; the backward's are
+    # one warpgroup's (its dk, dv kernel walks them as the columns of its tiles).
+    backward_shape = dataclasses.replace(shape, block_q=WARPGROUP_ROWS)
+    fwd_ranges = block_ranges(shape, lens, padded, tp, sp)[0]
+    kv_ranges, q_ranges = block_ranges(backward_shape, lens, padded, tp, sp)
+    run = _differentiable(shape, backward_shape, s, interpret)
     out = run(
-        _pad(q, 1, tp), _pad(k, 1, sp), _pad(v, 1, sp), kv_ranges, q_ranges, lens, q_seg, k_seg
+        _pad(q, 1, tp),
+        _pad(k, 1, sp),
+        _pad(v, 1, sp),
+        fwd_ranges,
+        kv_ranges,
+        q_ranges,
+        lens,
+        q_seg,
+        k_seg,
     )
     return out[:, :t]
 
 
 @functools.cache
-def _differentiable(shape: FlashShape, s: int, interpret):
+def _differentiable(shape: FlashShape, backward_shape: FlashShape, s: int, interpret):
     """The kernels under one `custom_vjp` for a shape (`s` the unpadded key length)."""
 
-    def forward(q, k, v, kv_ranges, lens, q_seg, k_seg):
-        out, lse = flash_forward(shape, q, k, v, kv_ranges, lens, q_seg, k_seg, interpret=interpret)
+    def forward(q, k, v, ranges, lens, q_seg, k_seg):
+        out, lse = flash_forward(shape, q, k, v, ranges, lens, q_seg, k_seg, interpret=interpret)
         t = q.shape[1]
         valid = jnp.arange(t)[None] < lens[:, :1]  # [B, T]
         empty = (lse < EMPTY_LSE) & valid[:, None]  # [B, N, T]
@@ -104,18 +117,19 @@ def _differentiable(shape: FlashShape, s: int, interpret):
         return out, (lse, empty)
 
     @jax.custom_vjp
-    def run(q, k, v, kv_ranges, q_ranges, lens, q_seg, k_seg):
-        return forward(q, k, v, kv_ranges, lens, q_seg, k_seg)[0]
+    def run(q, k, v, fwd_ranges, kv_ranges, q_ranges, lens, q_seg, k_seg):
+        return forward(q, k, v, fwd_ranges, lens, q_seg, k_seg)[0]
 
-    def run_fwd(q, k, v, kv_ranges, q_ranges, lens, q_seg, k_seg):
-        out, (lse, empty) = forward(q, k, v, kv_ranges, lens, q_seg, k_seg)
-        return out, (q, k, v, out, lse, empty, kv_ranges, q_ranges, lens, q_seg, k_seg)
+    def run_fwd(q, k, v, fwd_ranges, kv_ranges, q_ranges, lens, q_seg, k_seg):
+        out, (lse, empty) = forward(q, k, v, fwd_ranges, lens, q_seg, k_seg)
+        res = (q, k, v, out, lse, empty, fwd_ranges, kv_ranges, q_ranges, lens, q_seg, k_seg)
+        return out, res
 
     def run_bwd(res, do):
-        q, k, v, out, lse, empty, kv_ranges, q_ranges, lens, q_seg, k_seg = res
+        q, k, v, out, lse, empty, fwd_ranges, kv_ranges, q_ranges, lens, q_seg, k_seg = res
         delta = jnp.einsum("btnd,btnd->bnt", do.astype(jnp.float32), out.astype(jnp.float32))
         dq, dk, dv = flash_backward(
-            shape, q, k, v, do, lse, delta, kv_ranges, q_ranges, lens, q_seg, k_seg,
+            backward_shape, q, k, v, do, lse, delta, kv_ranges, q_ranges, lens, q_seg, k_seg,
             interpret=interpret,
         )  # fmt: skip
         # The empty rows' uniform weights: each of the first `s` keys gets 1/s of them.
@@ -125,7 +139,7 @@ def _differentiable(shape: FlashShape, s: int, interpret):
         keys = (jnp.arange(k.shape[1]) < s)[None, :, None, None]
         dv = (dv.astype(jnp.float32) + jnp.where(keys, spread[:, None], 0.0)).astype(dv.dtype)
         zero = lambda x: np.zeros(x.shape, jax.dtypes.float0)  # noqa: E731
-        ints = (kv_ranges, q_ranges, lens, q_seg, k_seg)
+        ints = (fwd_ranges, kv_ranges, q_ranges, lens, q_seg, k_seg)
         return (dq, dk, dv, *map(zero, ints))
 
     run.defvjp(run_fwd, run_bwd)

@@ -106,7 +106,7 @@ def dq_kernel(shape: FlashShape, interpreted: bool):
             plgpu.barrier_wait(k_bar.at[2 + slot])
             dp = regs.matmul(do_smem, v_smem.at[slot], transpose_b=True)
             ds = _logit_gradient(shape, p, dp, delta, s)
-            return dq + regs.matmul(ds.astype(k_ref.dtype), k_smem.at[slot])
+            return regs.matmul(ds.astype(k_ref.dtype), k_smem.at[slot], acc=dq)
 
         dq = visit(lo, full_lo, full_hi, hi, step, dq) * jnp.float32(shape.scale)
         q_smem[...] = dq.astype(dq_ref.dtype)
@@ -207,12 +207,12 @@ def dkv_kernel(shape: FlashShape, interpreted: bool):
             plgpu.barrier_wait(q_bar.at[4 + slot])
             p = jnp.exp2(s - lax.broadcast_in_dim(regs.cols(lse_smem.at[slot]), tile, [1]))
             plgpu.barrier_wait(q_bar.at[2 + slot])
-            dv = dv + regs.matmul(p.astype(v_ref.dtype), do_smem.at[slot])
+            dv = regs.matmul(p.astype(v_ref.dtype), do_smem.at[slot], acc=dv)
             dp = regs.matmul(v_smem, do_smem.at[slot], transpose_b=True)
             plgpu.barrier_wait(q_bar.at[6 + slot])
             delta = lax.broadcast_in_dim(regs.cols(delta_smem.at[slot]), tile, [1])
             ds = _logit_gradient(shape, p, dp, delta, s)
-            dk = dk + regs.matmul(ds.astype(k_ref.dtype), q_smem.at[slot])
+            dk = regs.matmul(ds.astype(k_ref.dtype), q_smem.at[slot], acc=dk)
             return dk, dv
 
         def one_head(head, carry):

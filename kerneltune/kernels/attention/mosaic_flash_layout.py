@@ -168,20 +168,29 @@ class Registers:
         """A vector with one entry per column of a wgmma tile (per key)."""
         return self.load(ref, plgpu.Layout.WGMMA.reduce(0))
 
-    def matmul(self, a, b_ref, *, transpose_b: bool = False) -> jax.Array:
-        """`a · b` (`a · bᵀ` with `transpose_b`) in float32 on the tensor cores (wgmma):
-        `a` a shared-memory ref or a 16-bit array in registers, `b_ref` a ref. The
-        interpreter's wgmma takes no transposed ref, so it multiplies in XLA there."""
+    def matmul(self, a, b_ref, *, transpose_b: bool = False, acc=None) -> jax.Array:
+        """`a · b` (`a · bᵀ` with `transpose_b`) in float32 on the tensor cores (wgmma),
+        added to `acc` in place where given: `a` a shared-memory ref or a 16-bit array
+        in registers, `b_ref` a ref. The interpreter's wgmma takes no transposed ref
+        and it has no `run_state`, so it multiplies and adds in XLA there."""
         m = a.shape[0]
         n = b_ref.shape[0] if transpose_b else b_ref.shape[1]
         if self.interpreted:
             a_val = a if isinstance(a, jax.Array) else a[...]
             b_val = b_ref[...]
-            return jax.lax.dot_general(
+            out = jax.lax.dot_general(
                 a_val, b_val, (((1,), (1 if transpose_b else 0,)), ((), ())),
                 preferred_element_type=jnp.float32,
             )  # fmt: skip
+            return out if acc is None else acc + out
         b = b_ref.transpose((1, 0)) if transpose_b else b_ref
+
+        if acc is not None:
+
+            def accumulate(acc_ref):
+                plgpu.wgmma(acc_ref, a, b)
+
+            return pl.run_state(accumulate)(plgpu.ACC.init(acc))
 
         def product(acc_ref):
             plgpu.wgmma(acc_ref, a, b)

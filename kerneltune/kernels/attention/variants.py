@@ -69,8 +69,8 @@ class VariantConfig(BackendConfig):
     Attributes:
       backend: "cudnn", "cudnn_packed", "mosaic", "tokamax", "chunked" or "xla" (see
         the module docstring).
-      block_q: ("chunked", "mosaic") queries per block; a power of two (a multiple of
-        64 for "mosaic").
+      block_q: ("chunked", "mosaic") queries per block; a power of two ("mosaic": 64 or
+        128, one or two warpgroups of 64 queries sharing the block's keys).
       block_kv: ("mosaic") keys per block; 64 or 128.
 
     Example:
@@ -99,9 +99,10 @@ class VariantConfig(BackendConfig):
             isinstance(b, bool) or not isinstance(b, int) or b <= 0 or b & (b - 1)
         ):
             raise ValueError(f"VariantConfig.block_q must be a positive power of two, got {b!r}.")
-        if self.backend == "mosaic" and b is not None and b < 64:
+        if self.backend == "mosaic" and b not in (None, 64, 128):
             raise ValueError(
-                f"VariantConfig.block_q must be at least 64 with backend='mosaic', got {b!r}."
+                f"VariantConfig.block_q must be 64 or 128 with backend='mosaic' (one or two "
+                f"warpgroups of 64 queries), got {b!r}."
             )
         if self.block_kv is not None and self.block_kv not in (64, 128):
             raise ValueError(f"VariantConfig.block_kv must be 64 or 128, got {self.block_kv!r}.")
