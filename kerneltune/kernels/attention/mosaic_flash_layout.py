@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 
 import jax
 import jax.numpy as jnp
@@ -140,6 +141,13 @@ def visit(lo, full_lo, full_hi, hi, step, carry):
     return jax.lax.fori_loop(full_hi, hi, functools.partial(step, masked=True), carry)
 
 
+@functools.cache
+def _load_takes_index() -> bool:
+    """Whether `plgpu.load` requires an index after the ref (JAX 0.10)."""
+    idx = inspect.signature(plgpu.load).parameters.get("idx")
+    return idx is not None and idx.default is inspect.Parameter.empty
+
+
 @dataclasses.dataclass(frozen=True)
 class Registers:
     """Mosaic GPU's register-layout operations, or their plain equivalents where JAX's
@@ -158,7 +166,11 @@ class Registers:
         return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=plgpu.Layout.WGMMA)
 
     def load(self, ref, layout) -> jax.Array:
-        return ref[...] if self.interpreted else plgpu.load(ref, (), layout=layout)
+        if self.interpreted:
+            return ref[...]
+        if _load_takes_index():  # JAX 0.10; deprecated in 0.11, gone in 0.12
+            return plgpu.load(ref, (), layout=layout)
+        return plgpu.load(ref, layout=layout)
 
     def rows(self, ref) -> jax.Array:
         """A vector with one entry per row of a wgmma tile (per query)."""

@@ -176,23 +176,26 @@ class AttentionVariants(BackendKernel[VariantConfig]):
     fallback = "chunked"
 
     def heuristic_cfg(self, inv: Invocation[Any, Any]) -> VariantConfig:
-        """Segment ids: cuDNN's packed layout from `PACKED_MIN_TOKENS` tokens where it
-        runs (ids it cannot express run `library_cfg`'s choice, decided at run time)
-        and, in training, its backward's extra memory is within `PACKED_BACKWARD_BYTES`;
-        else in training kerneltune's Mosaic kernel, which skips other documents'
-        blocks in the backward too (on an H200 at 16k tokens, 4 documents, its
-        training step took 0.31x cuDNN's given the dense mask, 0.54x tokamax's, whose
-        gradients race; BENCHMARKS.md, 2026-11-29). Else `library_cfg`."""
+        """Segment ids in training: kerneltune's Mosaic kernel where it runs, which
+        skips other documents' blocks forward and backward in the memory of plain
+        attention. On an H200 at 16k tokens (BENCHMARKS.md, 2026-11-29) its training
+        step took 0.40x tokamax's given the dense mask with 4 documents and 0.14x with
+        16 (tokamax's gradients race; cuDNN's took 4.3x / 12.7x ours), holding 0.25 GiB
+        where cuDNN's packed layout held 4.84 for a step 1.2x faster with 4 documents
+        and 1.4x slower with 16. Segment ids otherwise: cuDNN's packed layout from
+        `PACKED_MIN_TOKENS` tokens where it runs (ids it cannot express run
+        `library_cfg`'s choice, decided at run time) and, in training, its backward's
+        extra memory is within `PACKED_BACKWARD_BYTES`. Else `library_cfg`."""
         packed = self.backend_named("cudnn_packed")
         segments = inv.args[4].q_segments is not None
+        if segments and inv.differentiated and self.mosaic_runs(inv):
+            return VariantConfig(backend="mosaic")
         if (
             int(inv.args[0].shape[1]) >= PACKED_MIN_TOKENS
             and (not inv.differentiated or packed_backward_bytes(inv) <= PACKED_BACKWARD_BYTES)
             and packed.unusable(self, inv, None) is None
         ):
             return VariantConfig(backend="cudnn_packed")
-        if segments and inv.differentiated and self.mosaic_runs(inv):
-            return VariantConfig(backend="mosaic")
         return self.library_cfg(inv)
 
     def mosaic_runs(self, inv: Invocation[Any, Any]) -> bool:
