@@ -178,14 +178,14 @@ class AttentionVariants(BackendKernel[VariantConfig]):
     def heuristic_cfg(self, inv: Invocation[Any, Any]) -> VariantConfig:
         """Segment ids in training: kerneltune's Mosaic kernel where it runs, which
         skips other documents' blocks forward and backward in the memory of plain
-        attention. On an H200 at 16k tokens (BENCHMARKS.md, 2026-11-29) its training
-        step took 0.40x tokamax's given the dense mask with 4 documents and 0.14x with
-        16 (tokamax's gradients race; cuDNN's took 4.3x / 12.7x ours), holding 0.25 GiB
-        where cuDNN's packed layout held 4.84 for a step 1.2x faster with 4 documents
-        and 1.4x slower with 16. Segment ids otherwise: cuDNN's packed layout from
-        `PACKED_MIN_TOKENS` tokens where it runs (ids it cannot express run
-        `library_cfg`'s choice, decided at run time) and, in training, its backward's
-        extra memory is within `PACKED_BACKWARD_BYTES`. Else `library_cfg`."""
+        attention. On an H200 at 8k-32k tokens (B1, 16/4 heads; BENCHMARKS.md,
+        2026-11-29) its training step took 0.28-0.32x tokamax's given the dense mask
+        with 4 documents and 0.08-0.27x with 16 (tokamax's gradients race; cuDNN's
+        took 4.8-21x ours), holding 0.13-0.51 GiB where cuDNN's packed layout held
+        2.30-10.69 GiB for a step 0.95-1.8x as long. Segment ids otherwise: cuDNN's
+        packed layout from `PACKED_MIN_TOKENS` tokens where it runs (ids it cannot
+        express run `library_cfg`'s choice, decided at run time) and, in training, its
+        backward's extra memory is within `PACKED_BACKWARD_BYTES`. Else `library_cfg`."""
         packed = self.backend_named("cudnn_packed")
         segments = inv.args[4].q_segments is not None
         if segments and inv.differentiated and self.mosaic_runs(inv):
