@@ -198,9 +198,7 @@ def flash_forward(shape: FlashShape, q, k, v, ranges, lens, q_seg, k_seg, *, int
         jax.ShapeDtypeStruct(q.shape, q.dtype),
         jax.ShapeDtypeStruct((b, n, t), jnp.float32),
     )
-    threads = (
-        {"num_threads": warpgroups(shape), "thread_name": "wg"} if warpgroups(shape) > 1 else {}
-    )
+    wgs = warpgroups(shape)
     return plgpu.kernel(
         forward_kernel(shape, interpret is not None),
         out_type=out_type,
@@ -209,5 +207,6 @@ def flash_forward(shape: FlashShape, q, k, v, ranges, lens, q_seg, k_seg, *, int
         grid_names=("heads", "q_blocks", "batch"),
         compiler_params=plgpu.CompilerParams(approx_math=True),
         interpret=interpret,
-        **threads,
+        num_threads=wgs if wgs > 1 else None,
+        thread_name="wg" if wgs > 1 else None,
     )(q, k, v, ranges, lens, q_seg, k_seg)

@@ -70,7 +70,7 @@ def flash_attention_mosaic(
     q_len = jnp.full((b,), t, jnp.int32) if masks.q_lengths is None else masks.q_lengths
     kv_len = jnp.full((b,), s, jnp.int32) if masks.kv_lengths is None else masks.kv_lengths
     lens = jnp.stack([jnp.clip(q_len, 0, t), jnp.clip(kv_len, 0, s)], axis=1).astype(jnp.int32)
-    if segmented:
+    if masks.q_segments is not None and masks.kv_segments is not None:
         q_seg = _pad(masks.q_segments.astype(jnp.int32), 1, tp, -1)
         # Padded keys sort after every document, so ordered ids stay ordered.
         k_seg = _pad(masks.kv_segments.astype(jnp.int32), 1, sp, np.iinfo(np.int32).max)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -41,7 +42,7 @@ class FlashShape:
     segmented: bool
 
 
-def smem_tile(shape: tuple[int, ...], dtype) -> plgpu.SMEM:
+def smem_tile(shape: tuple[int, ...], dtype) -> Any:
     """A 16-bit tile in shared memory laid out for wgmma (8x64 tiles, 128-byte swizzle)."""
     return plgpu.SMEM(
         shape, dtype, transforms=(plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
@@ -170,7 +171,7 @@ class Registers:
             return ref[...]
         if _load_takes_index():  # JAX 0.10; deprecated in 0.11, gone in 0.12
             return plgpu.load(ref, (), layout=layout)
-        return plgpu.load(ref, layout=layout)
+        return plgpu.load(ref, layout=layout)  # type: ignore[call-arg]  # JAX 0.11+
 
     def rows(self, ref) -> jax.Array:
         """A vector with one entry per row of a wgmma tile (per query)."""
