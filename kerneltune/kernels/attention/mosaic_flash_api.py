@@ -74,7 +74,7 @@ def flash_attention_mosaic(
         q_seg = _pad(masks.q_segments.astype(jnp.int32), 1, tp, -1)
         # Padded keys sort after every document, so ordered ids stay ordered.
         k_seg = _pad(masks.kv_segments.astype(jnp.int32), 1, sp, np.iinfo(np.int32).max)
-    else:  # unread by the kernels (one block's worth, for their signature)
+    else:  # unread by the kernels, which take the arrays all the same
         q_seg = jnp.zeros((b, tp), jnp.int32)
         k_seg = jnp.zeros((b, sp), jnp.int32)
     padded = Masks(
