@@ -11,6 +11,7 @@ import types
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from kerneltune._src.core import jax_compat
@@ -165,3 +166,30 @@ def test_the_function_inside_a_jitted_one_is_found_even_in_a_deep_copy():
     assert inner.__name__ == "silu"
     assert jax_compat.function_inside_jit(plain) is None
     assert jax_compat.function_inside_jit(object()) is None
+
+
+def test_mosaic_gpu_interpret_params_run_a_mosaic_gpu_kernel_on_the_cpu():
+    params = jax_compat.mosaic_gpu_interpret_params()
+    if params is None:
+        pytest.skip("this JAX has no Mosaic GPU interpreter")
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    def body(x_ref, o_ref, smem, bar):
+        plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(0, 128)], smem, bar.at[0])
+        plgpu.barrier_wait(bar.at[0])
+        smem[...] = smem[...] * 2.0
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(smem, o_ref.at[pl.ds(0, 128)])
+        plgpu.wait_smem_to_gmem(0)
+
+    from kerneltune.kernels.attention.mosaic_flash_layout import mosaic_kernel
+
+    x = jnp.arange(128, dtype=jnp.float32)
+    out = mosaic_kernel(
+        body,
+        out_type=jax.ShapeDtypeStruct((128,), jnp.float32),
+        scratch_types=[plgpu.SMEM((128,), jnp.float32), plgpu.Barrier(num_barriers=1)],
+        interpret=params,
+    )(x)
+    np.testing.assert_array_equal(out, 2 * x)

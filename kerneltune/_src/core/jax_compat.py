@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import jax
+
 
 def array_impl_type() -> type:
     """The class of a concrete `jax.Array` (`ArrayImpl`), found without creating an
@@ -225,7 +227,11 @@ def show_triton_deprecation_once() -> None:
 def mosaic_gpu_interpret_params() -> Any:
     """Params that run a Mosaic GPU kernel (`plgpu.kernel(..., interpret=...)`) in JAX's
     Mosaic GPU interpreter on any device, or None where this JAX has none: public as
-    `plgpu.InterpretGPUParams` from JAX 0.12, private before."""
+    `plgpu.InterpretGPUParams` from JAX 0.12, private before. JAX 0.10.0's interpreter
+    fails every TMA copy ("src must be a reference"); 0.10.2's runs them, so releases
+    before 0.10.2 count as having none."""
+    if tuple(jax.__version_info__[:3]) < (0, 10, 2):
+        return None
     try:
         from jax.experimental.pallas import mosaic_gpu as plgpu
     except Exception:  # an experimental module: any error means no interpreter

@@ -27,7 +27,13 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from kerneltune.kernels.attention.mosaic_flash_layout import FlashShape, Registers, smem_tile, visit
+from kerneltune.kernels.attention.mosaic_flash_layout import (
+    FlashShape,
+    Registers,
+    mosaic_kernel,
+    smem_tile,
+    visit,
+)
 
 LOG2E = math.log2(math.e)
 #: What a left-out logit becomes (base 2): finite, so a row with every logit left out
@@ -199,7 +205,7 @@ def flash_forward(shape: FlashShape, q, k, v, ranges, lens, q_seg, k_seg, *, int
         jax.ShapeDtypeStruct((b, n, t), jnp.float32),
     )
     wgs = warpgroups(shape)
-    return plgpu.kernel(
+    return mosaic_kernel(
         forward_kernel(shape, interpret is not None),
         out_type=out_type,
         scratch_types=forward_scratch(shape, q.dtype),

@@ -24,7 +24,13 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kerneltune.kernels.attention.mosaic_flash import LOG2E, MASKED, capped_logits, keep
-from kerneltune.kernels.attention.mosaic_flash_layout import FlashShape, Registers, smem_tile, visit
+from kerneltune.kernels.attention.mosaic_flash_layout import (
+    FlashShape,
+    Registers,
+    mosaic_kernel,
+    smem_tile,
+    visit,
+)
 
 
 def _logit_gradient(shape: FlashShape, p, dp, delta, s):
@@ -255,7 +261,7 @@ def flash_backward(
     s, kheads = k.shape[1], k.shape[2]
     params = plgpu.CompilerParams(approx_math=True)
     args = (q, k, v, do, lse, delta)
-    dq = plgpu.kernel(
+    dq = mosaic_kernel(
         dq_kernel(shape, interpret is not None),
         out_type=jax.ShapeDtypeStruct(q.shape, q.dtype),
         scratch_types=dq_scratch(shape, q.dtype),
@@ -264,7 +270,7 @@ def flash_backward(
         compiler_params=params,
         interpret=interpret,
     )(*args, kv_ranges, lens, q_seg, k_seg)
-    dk, dv = plgpu.kernel(
+    dk, dv = mosaic_kernel(
         dkv_kernel(shape, interpret is not None),
         out_type=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
         scratch_types=dkv_scratch(shape, q.dtype),

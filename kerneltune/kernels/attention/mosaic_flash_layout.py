@@ -142,6 +142,20 @@ def visit(lo, full_lo, full_hi, hi, step, carry):
     return jax.lax.fori_loop(full_hi, hi, functools.partial(step, masked=True), carry)
 
 
+def mosaic_kernel(body, *, out_type, scratch_types, **kwargs):
+    """`plgpu.kernel` with its outputs' and scratch's types under the names this JAX
+    takes: `out_type` and `scratch_types` from JAX 0.10.2, `out_shape` and
+    `scratch_shapes` in 0.10.0."""
+    if "out_type" in _kernel_params():
+        return plgpu.kernel(body, out_type=out_type, scratch_types=scratch_types, **kwargs)
+    return plgpu.kernel(body, out_type, scratch_shapes=scratch_types, **kwargs)
+
+
+@functools.cache
+def _kernel_params() -> frozenset[str]:
+    return frozenset(inspect.signature(plgpu.kernel).parameters)
+
+
 @functools.cache
 def _load_takes_index() -> bool:
     """Whether `plgpu.load` requires an index after the ref (JAX 0.10)."""
