@@ -12,6 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
 
 from kerneltune._src.core import jax_compat
 from kerneltune._src.kernel.base import Invocation
@@ -198,3 +200,64 @@ def test_its_config_checks_its_blocks():
             VariantConfig(backend="mosaic", block_q=wrong)
     with pytest.raises(ValueError, match="block_kv is a field of backend='mosaic'"):
         VariantConfig(backend="chunked", block_kv=64)
+
+
+@st.composite
+def _calls(draw):
+    """A drawn call: lengths, heads, the variant's parts, documents in or out of order."""
+    t, s = draw(st.integers(1, 160)), draw(st.integers(1, 160))
+    kheads, groups = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    causal = draw(st.booleans())
+    window = draw(st.none() | st.tuples(st.integers(0, 90), st.integers(0, 40)))
+    cap = draw(st.none() | st.floats(2.0, 30.0))
+    docs = draw(st.none() | st.tuples(st.integers(1, 4), st.booleans()))
+    lengths = draw(st.none() | st.tuples(st.integers(0, t), st.integers(0, s)))
+    return t, s, kheads, groups, causal, window, cap, docs, lengths
+
+
+@needs_interpreter
+@settings(max_examples=3, deadline=None, derandomize=True, phases=(Phase.generate,))
+@given(_calls())
+def test_drawn_calls_match_the_reference_values_and_gradients(call):
+    t, s, kheads, groups, causal, window, cap, docs, lengths = call
+    b, n = 1, kheads * groups
+    q_ids = k_ids = None
+    if docs is not None:
+        count, ordered = docs
+        k_ids = np.arange(s) * count // s
+        q_ids = np.arange(t) * count // t
+        if not ordered:  # documents interleaved: no key range, the ids alone
+            k_ids, q_ids = np.arange(s) % count, np.arange(t) % count
+        q_ids, k_ids = (jnp.asarray(x[None], jnp.int32) for x in (q_ids, k_ids))
+    masks = Masks(
+        q_lengths=None if lengths is None else jnp.asarray([lengths[0]], jnp.int32),
+        kv_lengths=None if lengths is None else jnp.asarray([lengths[1]], jnp.int32),
+        q_segments=q_ids,
+        kv_segments=k_ids,
+    )
+    static = dict(causal=causal, sm_scale=H**-0.5, window=window, soft_cap=cap)
+    kernel = AttentionVariants(executor=EX, interpret=True)
+    q = rand((b, t, n, H), seed=11).astype(jnp.bfloat16)
+    k = rand((b, s, kheads, H), seed=12).astype(jnp.bfloat16)
+    v = rand((b, s, kheads, H), seed=13).astype(jnp.bfloat16)
+    w = rand((b, t, n, H), seed=14)
+
+    def ours(q, k, v):
+        cfg = VariantConfig(backend="mosaic")
+        return EX(kernel, q, k, v, None, masks, cfg=cfg, **static).astype(jnp.float32)
+
+    def ref(q, k, v):
+        f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+        return attention_features_xla(
+            *f32, None, masks, scale=H**-0.5, is_causal=causal, local_window_size=window,
+            logits_soft_cap=cap,
+        )  # fmt: skip
+
+    def loss(fn):
+        return lambda *a: (fn(*a) * w).sum()
+
+    out, grads = jax.value_and_grad(loss(ours), (0, 1, 2))(q, k, v)
+    want, want_grads = jax.value_and_grad(loss(ref), (0, 1, 2))(q, k, v)
+    close(ours(q, k, v), ref(q, k, v), tol=2e-2)
+    for got, expected in zip(grads, want_grads, strict=True):
+        close(got.astype(jnp.float32), expected, tol=3e-2)
