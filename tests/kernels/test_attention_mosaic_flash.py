@@ -42,7 +42,7 @@ VARIANTS = {
     ),
     # A query document with no key: the row weighs every key alike (as jax.nn does).
     "docs_without_keys": dict(causal=False, docs=True, orphan=True),
-    # 256 tokens in 2 documents: blocks below the diagonal are whole, run unmasked.
+    # 256 tokens in 3 and 2 documents: blocks below the diagonal are whole, run unmasked.
     "whole_blocks": dict(causal=True, docs=True, t=256, s=256),
     # Two warpgroups of 64 queries a block, sharing its keys: the first fetches, both
     # release each slot before it is refilled.
@@ -150,6 +150,20 @@ def test_packed_documents_visit_only_their_own_key_blocks():
     np.testing.assert_array_equal(plain[0], [[0, i + 1, *r] for i, r in enumerate(runs)])
 
 
+def test_a_block_of_several_documents_is_never_whole_whatever_the_ids():
+    # Query block 0 holds documents 0, -1 and 5; key block 0 is all -1. A sentinel id
+    # for "several documents" (-1 once) made the pair whole: it ran unmasked, and the
+    # queries of document 0 attended to document -1's keys.
+    t = 128
+    q_ids = jnp.asarray([[0] * 32 + [-1] * 32 + [5] * 64], jnp.int32)
+    k_ids = jnp.asarray([[-1] * 64 + [5] * 64], jnp.int32)
+    lens = jnp.asarray([[t, t]], jnp.int32)
+    docs = Masks(q_segments=q_ids, kv_segments=k_ids)
+    kv, _ = block_ranges(_shape(causal=False, segmented=True), lens, docs, t, t)
+    assert tuple(np.asarray(kv[0, 0, 2:])) == (1, 1)  # no whole block: all masked
+    assert tuple(np.asarray(kv[0, 1, 2:])) == (1, 2)  # 5 against 5: whole
+
+
 def test_a_window_and_lengths_bound_the_key_blocks():
     t = 512
     lens = jnp.asarray([[300, 200]], jnp.int32)
@@ -187,6 +201,27 @@ def test_the_backend_names_what_it_does_not_take():
     assert "96" in backend.unusable(kernel, _invocation(wide), None)
     f32 = jax.ShapeDtypeStruct((1, 64, 2, 64), jnp.float32)
     assert "float32" in backend.unusable(kernel, _invocation(f32), None)
+
+
+@needs_interpreter
+def test_a_window_wider_than_int32_is_the_whole_sequence():
+    kernel = AttentionVariants(executor=EX, interpret=True)
+    q = rand((1, 64, 2, H), seed=7).astype(jnp.bfloat16)
+    k = rand((1, 64, 1, H), seed=8).astype(jnp.bfloat16)
+
+    def run(window, cfg):
+        return EX(kernel, q, k, k, None, Masks(), causal=False, sm_scale=0.125,
+                  window=window, soft_cap=None, cfg=cfg)  # fmt: skip
+
+    got = run((2**31 - 1, 2**33), VariantConfig(backend="mosaic"))
+    np.testing.assert_array_equal(got, run(None, VariantConfig(backend="mosaic")))
+
+
+def test_an_empty_sequence_is_refused_with_the_reason():
+    kernel = AttentionVariants(executor=EX, interpret=True)
+    empty = jax.ShapeDtypeStruct((1, 0, 2, 64), jnp.bfloat16)
+    reason = kernel.backend_named("mosaic").unusable(kernel, _invocation(empty), None)
+    assert "empty sequence" in reason
 
 
 def test_its_config_checks_its_blocks():

@@ -3,12 +3,13 @@ leaves logits out by position or by document (causal, a local window, sequence
 lengths, segment ids), with a logit soft cap, skipping the key blocks a query block
 cannot see.
 
-One warpgroup computes a block of `block_q` queries of one head (wgmma, M = 64 rows a
-warpgroup) against the key blocks `[lo, hi)` that `blocks.kv_block_ranges` gives it:
-under a window or causally that is a band, with packed documents only the blocks of
-the block's own documents. Keys and values of the next block are fetched by TMA while
-the current one is computed (two slots). Inside a block every logit is masked exactly
-(`_keep`), so the ranges only decide the work, never the result.
+A block of `block_q` queries of one head (one warpgroup of 64 rows, wgmma's M, or two
+sharing the block's keys) meets the key blocks `[lo, hi)` that
+`mosaic_flash_layout.block_ranges` gives it: under a window or causally a band, with
+packed documents only the blocks of the block's own documents. Keys and values of the
+next block are fetched by TMA while the current one is computed (two slots). The
+blocks at the edges are masked logit by logit (`keep`); the run of whole blocks
+between them, where `block_ranges` found every logit kept, is not.
 
 The log-sum-exp is kept in base 2 (`log2 Σ 2^(c·log2 e)`, c the capped, scaled
 logit), the convention of `reference.py`, for the backward in

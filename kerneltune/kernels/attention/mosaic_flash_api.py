@@ -62,6 +62,8 @@ def flash_attention_mosaic(
     b, t, n, d = q.shape
     s, kheads = k.shape[1], k.shape[2]
     segmented = masks.q_segments is not None
+    if window is not None:  # a reach past both sequences changes nothing: kept in int32
+        window = (min(window[0], t + s), min(window[1], t + s))
     shape = FlashShape(
         block_q=block_q, block_kv=block_kv, head_dim=d, groups=n // kheads, causal=causal,
         window=window, soft_cap=soft_cap, scale=float(scale), segmented=segmented,
@@ -162,6 +164,8 @@ class MosaicFlashBackend(Backend):
 
     def unusable(self, kernel, inv, cfg) -> str | None:
         q, k, _, bias, masks = inv.args
+        if q.shape[1] == 0 or k.shape[1] == 0:
+            return "kerneltune's Mosaic flash kernel takes no empty sequence"
         if bias is not None or masks.mask is not None:
             return "kerneltune's Mosaic flash kernel takes no bias or dense mask"
         if np.dtype(q.dtype) not in DTYPES or np.dtype(k.dtype) != np.dtype(q.dtype):

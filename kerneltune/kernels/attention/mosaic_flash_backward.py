@@ -4,7 +4,7 @@ attention's backward is usually split.
 - `dq`: a block of queries of one head walks its key blocks (the forward's ranges),
   recomputing the probabilities from the saved base-2 log-sum-exp.
 - `dk, dv`: a block of keys of one key head walks, for each query head of its group,
-  the query blocks whose ranges hold it (`mosaic_flash_layout.q_block_ranges`), so a
+  the query blocks whose ranges hold it (`mosaic_flash_layout.block_ranges`), so a
   grouped-query call sums its heads in registers, not in memory.
 
 The inputs of the next step are fetched by TMA while the current one is computed (two

@@ -1,7 +1,7 @@
 """How a call to the Mosaic GPU flash kernels is laid out: the static shape of the
 kernels (`FlashShape`), their shared-memory tiles, and which blocks each block of
-queries or keys has to visit (`kv_block_ranges`, `q_block_ranges`), computed in XLA
-before the kernels run from the call's lengths, window and documents.
+queries or keys has to visit (`block_ranges`), computed in XLA before the kernels run
+from the call's lengths, window and documents.
 """
 
 from __future__ import annotations
@@ -128,9 +128,12 @@ def _whole_blocks(shape: FlashShape, lens: jax.Array, masks: Masks, nq: int, nk:
     if masks.q_segments is not None and masks.kv_segments is not None:
         qs = masks.q_segments.reshape(-1, nq, bq)
         ks = masks.kv_segments.reshape(-1, nk, bkv)
-        q_one = jnp.where(qs.min(axis=2) == qs.max(axis=2), qs.min(axis=2), -1)
-        k_one = jnp.where(ks.min(axis=2) == ks.max(axis=2), ks.min(axis=2), -2)
-        full &= q_one[:, :, None] == k_one[:, None, :]
+        # Whole only where both blocks hold one document, the same one (a flag per
+        # block, not a sentinel id: any integer is a document's id).
+        q_doc, k_doc = qs.min(axis=2), ks.min(axis=2)
+        q_one, k_one = q_doc == qs.max(axis=2), k_doc == ks.max(axis=2)
+        same = q_doc[:, :, None] == k_doc[:, None, :]
+        full &= q_one[:, :, None] & k_one[:, None, :] & same
     return full
 
 

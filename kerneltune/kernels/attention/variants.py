@@ -241,12 +241,15 @@ class AttentionVariants(BackendKernel[VariantConfig]):
         return VariantConfig(backend="chunked", block_q=chunked_block_q(inv))
 
     def search_space(self, inv: Invocation[Any, Any]):
-        """Where cuDNN or tokamax runs the call, the library the heuristic picks alone:
+        """Where the heuristic picks cuDNN, its packed layout, tokamax or kerneltune's
+        Mosaic kernel (at its default blocks), that config alone; for the libraries:
         on an H200 at 8k-32k tokens (BENCHMARKS.md, 2026-11-27) the other library's
         training step took 1.4-1.7x as long with a bias, a mask or segment ids and 3-4x
         with a window or padding, and XLA's paths 8-16x, while timing them made the
-        first call 5-8 s longer (tokamax compiles for 7-8 s). Elsewhere the whole logits
-        where they fit and the chunked path's query blocks."""
+        first call 5-8 s longer (tokamax compiles for 7-8 s); for the Mosaic kernel, two
+        warpgroups a block (`block_q=128`) ran no faster than one (H200, 2026-11-29).
+        Elsewhere the whole logits where they fit and the chunked path's query
+        blocks."""
         libraries = [VariantConfig(backend="cudnn"), VariantConfig(backend="tokamax")]
         runs = [
             c for c in libraries if self.backend_named(c.backend).unusable(self, inv, c) is None
