@@ -159,6 +159,10 @@ def test_a_window_wider_than_the_sequence_is_no_window_as_in_jax_nn():
     q, k, v = _qkv(seed=40, s=T)
     got = attention(q, k, v, local_window_size=(10 * T, 10 * T), executor=EX)
     close(got, jax.nn.dot_product_attention(q, k, v), tol=1e-5)
+    # Past int32 too: positions plus such a reach overflowed ("An overflow was
+    # encountered while parsing an argument to a jitted computation").
+    got = attention(q, k, v, local_window_size=(2**33, 2**31), executor=EX)
+    close(got, jax.nn.dot_product_attention(q, k, v), tol=1e-5)
 
 
 @pytest.mark.parametrize(

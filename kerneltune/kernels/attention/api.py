@@ -387,6 +387,9 @@ def attention(
         kv_segments=kv_segments,
     )
     window = _check_window(local_window_size)
+    if window is not None:  # a reach past every key changes nothing (jax.nn takes it):
+        reach = max(t, s)  # held to the longer sequence, positions stay within int32
+        window = (min(window[0], reach), min(window[1], reach))
     if logits_soft_cap is not None and not (
         isinstance(logits_soft_cap, (int, float))
         and not isinstance(logits_soft_cap, bool)
