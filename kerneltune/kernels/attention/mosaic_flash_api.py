@@ -85,8 +85,10 @@ def flash_attention_mosaic(
     # The forward's blocks of queries may span several warpgroups; the backward's are
     # one warpgroup's (its dk, dv kernel walks them as the columns of its tiles).
     backward_shape = dataclasses.replace(shape, block_q=WARPGROUP_ROWS)
-    fwd_ranges = block_ranges(shape, lens, padded, tp, sp)[0]
     kv_ranges, q_ranges = block_ranges(backward_shape, lens, padded, tp, sp)
+    fwd_ranges = (
+        kv_ranges if shape == backward_shape else block_ranges(shape, lens, padded, tp, sp)[0]
+    )
     run = _differentiable(shape, backward_shape, s, interpret)
     out = run(
         _pad(q, 1, tp),

@@ -49,10 +49,6 @@ def smem_tile(shape: tuple[int, ...], dtype) -> Any:
     )
 
 
-def _cdiv(a, b):
-    return -(-a // b)
-
-
 def block_ranges(
     shape: FlashShape, lens: jax.Array, masks: Masks, t: int, s: int
 ) -> tuple[jax.Array, jax.Array]:
@@ -85,14 +81,14 @@ def block_ranges(
         lo_pos, hi_pos = jnp.maximum(lo_pos, start), jnp.minimum(hi_pos, end)
     hi_pos = jnp.where(first[None] < q_len, hi_pos, 0)  # blocks of padding only
     lo = lo_pos // bkv
-    hi = jnp.maximum(_cdiv(hi_pos, bkv), lo)
+    hi = jnp.maximum(pl.cdiv(hi_pos, bkv), lo)
     j = jnp.arange(nk, dtype=jnp.int32)
     touches = (j >= lo[..., None]) & (j < hi[..., None])  # [B, nq, nk]
     whole = _whole_blocks(shape, lens, masks, nq, nk) & touches
     kv_ranges = jnp.stack([lo, hi, *_first_run(whole, lo, hi, axis=2)], axis=-1)
     i = jnp.arange(nq, dtype=jnp.int32)[None, :, None]
     q_lo = jnp.min(jnp.where(touches, i, nq), axis=1)
-    q_hi = jnp.maximum(jnp.max(jnp.where(touches, i + 1, 0), axis=1), 0)
+    q_hi = jnp.max(jnp.where(touches, i + 1, 0), axis=1)
     q_lo = jnp.minimum(q_lo, q_hi)
     q_ranges = jnp.stack([q_lo, q_hi, *_first_run(whole, q_lo, q_hi, axis=1)], axis=-1)
     return kv_ranges.astype(jnp.int32), q_ranges.astype(jnp.int32)

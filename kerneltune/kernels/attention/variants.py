@@ -228,9 +228,7 @@ class AttentionVariants(BackendKernel[VariantConfig]):
             usable["tokamax"] = False
         if usable["tokamax"] and (dense or soft_cap):
             return VariantConfig(backend="tokamax")
-        if soft_cap and self.mosaic_runs(inv):  # cuDNN takes no soft cap
-            return VariantConfig(backend="mosaic")
-        if usable["cudnn"]:
+        if usable["cudnn"]:  # never with a soft cap: those reach the Mosaic kernel below
             return VariantConfig(backend="cudnn")
         if usable["tokamax"]:
             return VariantConfig(backend="tokamax")
