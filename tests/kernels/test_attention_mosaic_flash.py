@@ -19,7 +19,7 @@ from kerneltune._src.core import jax_compat
 from kerneltune._src.kernel.base import Invocation
 from kerneltune.kernels.attention.features import attention_features_xla
 from kerneltune.kernels.attention.masking import Masks
-from kerneltune.kernels.attention.mosaic_flash_layout import FlashShape, block_ranges
+from kerneltune.kernels.attention.mosaic_flash_layout import FlashShape, Visits, block_ranges
 from kerneltune.kernels.attention.variants import AttentionVariants, VariantConfig
 from tests.helpers import close, heuristics_executor, rand
 
@@ -182,6 +182,31 @@ def test_a_window_and_lengths_bound_the_key_blocks():
         ]
         assert tuple(got[i, 2:]) == ((whole[0], whole[-1] + 1) if whole else (hi, hi)), i
     assert (got[5:, 1] <= got[5:, 0]).all()
+
+
+@pytest.mark.parametrize(
+    ("ranges", "order", "masked"),
+    [
+        # (lo, hi, full_lo, full_hi), as `block_ranges` gives them
+        ((2, 9, 4, 7), [2, 3, 7, 8, 4, 5, 6], 4),  # masked on both sides of the run
+        ((0, 5, 0, 3), [3, 4, 0, 1, 2], 2),  # masked after the run only
+        ((1, 5, 5, 5), [1, 2, 3, 4], 4),  # no whole block
+        ((3, 6, 3, 6), [3, 4, 5], 0),  # every block whole
+        ((4, 4, 4, 4), [], 0),  # nothing to visit
+    ],
+)
+def test_the_kernels_visit_every_block_once_masked_ones_first(ranges, order, masked):
+    ranges_ref = jnp.asarray([[ranges]], jnp.int32)
+    visits = Visits.read(ranges_ref, 0, 0)
+    assert int(visits.count) == len(order) and int(visits.masked) == masked
+    assert [int(visits.block(jnp.int32(n))) for n in range(len(order))] == order
+
+    def step(n, seen, masked):  # record each step's block and whether it was masked
+        return seen.at[n].set(visits.block(n) * 2 + int(masked))
+
+    seen = visits.run(step, jnp.full((8,), -1, jnp.int32))
+    want = [j * 2 + (n < masked) for n, j in enumerate(order)]
+    assert list(np.asarray(seen)) == want + [-1] * (8 - len(order))
 
 
 def _invocation(q, bias=None, masks=None, sm_scale=1.0):

@@ -9,7 +9,8 @@ sharing the block's keys) meets the key blocks `[lo, hi)` that
 packed documents only the blocks of the block's own documents. Keys and values of the
 next block are fetched by TMA while the current one is computed (two slots). The
 blocks at the edges are masked logit by logit (`keep`); the run of whole blocks
-between them, where `block_ranges` found every logit kept, is not.
+between them, where `block_ranges` found every logit kept, is not (the masked blocks
+are visited first, in one loop, `Visits`).
 
 The log-sum-exp is kept in base 2 (`log2 Σ 2^(c·log2 e)`, c the capped, scaled
 logit), the convention of `reference.py`, for the backward in
@@ -31,9 +32,9 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from kerneltune.kernels.attention.mosaic_flash_layout import (
     FlashShape,
     Registers,
+    Visits,
     mosaic_kernel,
     smem_tile,
-    visit,
 )
 
 LOG2E = math.log2(math.e)
@@ -97,8 +98,7 @@ def forward_kernel(shape: FlashShape, interpreted: bool):
         wg = lax.axis_index("wg") if wgs > 1 else 0
         kh = lax.div(h, jnp.int32(shape.groups))
         q0 = qi * shape.block_q + wg * bq  # this warpgroup's first query
-        lo, hi = ranges_ref[b, qi, 0], ranges_ref[b, qi, 1]
-        full_lo, full_hi = ranges_ref[b, qi, 2], ranges_ref[b, qi, 3]
+        visits = Visits.read(ranges_ref, b, qi)
         lens = (lens_ref[b, 0], lens_ref[b, 1])
         segmented = shape.segmented
         q_smem, qseg_smem, lse_smem = q_smem.at[wg], qseg_smem.at[wg], lse_smem.at[wg]
@@ -116,9 +116,9 @@ def forward_kernel(shape: FlashShape, interpreted: bool):
                     kseg_ref.at[b, rows], kseg_smem.at[slot], k_bar.at[2 + slot]
                 )
 
-        @pl.when((lo < hi) & (wg == 0))  # the first warpgroup fetches for all
+        @pl.when((visits.count > 0) & (wg == 0))  # the first warpgroup fetches for all
         def _():
-            fetch(lo, 0)
+            fetch(visits.block(0), 0)
 
         plgpu.barrier_wait(q_bar.at[2 * wg])
         q_seg = None
@@ -131,19 +131,19 @@ def forward_kernel(shape: FlashShape, interpreted: bool):
         l_i = regs.cast(jnp.full((bq,), 0.0, jnp.float32), row_layout)
         acc = regs.cast(jnp.full((bq, d), 0.0, jnp.float32), plgpu.Layout.WGMMA)
 
-        def step(j, carry, masked):
+        def step(n, carry, masked):
             acc, m_i, l_i = carry
-            slot = lax.rem(j - lo, 2)
+            j, slot = visits.block(n), lax.rem(n, 2)
 
-            @pl.when((j + 1 < hi) & (wg == 0))
+            @pl.when((n + 1 < visits.count) & (wg == 0))
             def _():
                 if wgs > 1:  # every warpgroup is done with the slot's previous block
 
-                    @pl.when(j > lo)
+                    @pl.when(n > 0)
                     def _():
                         plgpu.barrier_wait(consumed.at[1 - slot])
 
-                fetch(j + 1, 1 - slot)
+                fetch(visits.block(n + 1), 1 - slot)
 
             plgpu.barrier_wait(k_bar.at[slot])
 
@@ -168,7 +168,7 @@ def forward_kernel(shape: FlashShape, interpreted: bool):
                 plgpu.barrier_arrive(consumed.at[slot])
             return acc, m_new, l_i
 
-        acc, m_i, l_i = visit(lo, full_lo, full_hi, hi, step, (acc, m_i, l_i))
+        acc, m_i, l_i = visits.run(step, (acc, m_i, l_i))
         l_safe = jnp.maximum(l_i, jnp.float32(1e-30))
         acc = acc / lax.broadcast_in_dim(l_safe, acc.shape, [0])
         q_smem[...] = acc.astype(o_ref.dtype)

@@ -27,9 +27,9 @@ from kerneltune.kernels.attention.mosaic_flash import LOG2E, MASKED, capped_logi
 from kerneltune.kernels.attention.mosaic_flash_layout import (
     FlashShape,
     Registers,
+    Visits,
     mosaic_kernel,
     smem_tile,
-    visit,
 )
 
 
@@ -57,8 +57,7 @@ def dq_kernel(shape: FlashShape, interpreted: bool):
         qi = lax.axis_index("q_blocks")
         kh = lax.div(h, jnp.int32(shape.groups))
         q0 = qi * bq
-        lo, hi = ranges_ref[b, qi, 0], ranges_ref[b, qi, 1]
-        full_lo, full_hi = ranges_ref[b, qi, 2], ranges_ref[b, qi, 3]
+        visits = Visits.read(ranges_ref, b, qi)
         lens = (lens_ref[b, 0], lens_ref[b, 1])
         rows = pl.ds(q0, bq)
 
@@ -78,9 +77,9 @@ def dq_kernel(shape: FlashShape, interpreted: bool):
                     kseg_ref.at[b, keys], kseg_smem.at[slot], k_bar.at[4 + slot]
                 )
 
-        @pl.when(lo < hi)
+        @pl.when(visits.count > 0)
         def _():
-            fetch(lo, 0)
+            fetch(visits.block(0), 0)
 
         for i in range(5 if shape.segmented else 4):
             plgpu.barrier_wait(q_bar.at[i])
@@ -91,12 +90,12 @@ def dq_kernel(shape: FlashShape, interpreted: bool):
         q_pos, k_iota = regs.iota(tile, 0) + q0, regs.iota(tile, 1)
         dq = regs.cast(jnp.full((bq, d), 0.0, jnp.float32), plgpu.Layout.WGMMA)
 
-        def step(j, dq, masked):
-            slot = lax.rem(j - lo, 2)
+        def step(n, dq, masked):
+            j, slot = visits.block(n), lax.rem(n, 2)
 
-            @pl.when(j + 1 < hi)
+            @pl.when(n + 1 < visits.count)
             def _():
-                fetch(j + 1, 1 - slot)
+                fetch(visits.block(n + 1), 1 - slot)
 
             plgpu.barrier_wait(k_bar.at[slot])
             s = capped_logits(shape, regs.matmul(q_smem, k_smem.at[slot], transpose_b=True))
@@ -114,7 +113,7 @@ def dq_kernel(shape: FlashShape, interpreted: bool):
             ds = _logit_gradient(shape, p, dp, delta, s)
             return regs.matmul(ds.astype(k_ref.dtype), k_smem.at[slot], acc=dq)
 
-        dq = visit(lo, full_lo, full_hi, hi, step, dq) * jnp.float32(shape.scale)
+        dq = visits.run(step, dq) * jnp.float32(shape.scale)
         q_smem[...] = dq.astype(dq_ref.dtype)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(q_smem, dq_ref.at[b, rows, h])
@@ -150,9 +149,8 @@ def dkv_kernel(shape: FlashShape, interpreted: bool):
         kh = lax.axis_index("heads")
         kj = lax.axis_index("kv_blocks")
         k0 = kj * bkv
-        lo, hi = ranges_ref[b, kj, 0], ranges_ref[b, kj, 1]
-        full_lo, full_hi = ranges_ref[b, kj, 2], ranges_ref[b, kj, 3]
-        blocks = hi - lo
+        visits = Visits.read(ranges_ref, b, kj)
+        blocks = visits.count
         lens = (lens_ref[b, 0], lens_ref[b, 1])
         keys = pl.ds(k0, bkv)
 
@@ -162,9 +160,9 @@ def dkv_kernel(shape: FlashShape, interpreted: bool):
             plgpu.copy_gmem_to_smem(kseg_ref.at[b, keys], kseg_smem, k_bar.at[2])
 
         def fetch(t, slot):
-            # Step t: query head kh·g + t // blocks, query block lo + t % blocks.
+            # Step t: query head kh·g + t // blocks, the query block of visit t % blocks.
             h = kh * g + lax.div(t, blocks)
-            rows = pl.ds((lo + lax.rem(t, blocks)) * bq, bq)
+            rows = pl.ds(visits.block(lax.rem(t, blocks)) * bq, bq)
             plgpu.copy_gmem_to_smem(q_ref.at[b, rows, h], q_smem.at[slot], q_bar.at[slot])
             plgpu.copy_gmem_to_smem(do_ref.at[b, rows, h], do_smem.at[slot], q_bar.at[2 + slot])
             plgpu.copy_gmem_to_smem(lse_ref.at[b, h, rows], lse_smem.at[slot], q_bar.at[4 + slot])
@@ -189,11 +187,11 @@ def dkv_kernel(shape: FlashShape, interpreted: bool):
         k_seg = lax.broadcast_in_dim(regs.rows(kseg_smem), tile, [0]) if shape.segmented else None
         zeros = regs.cast(jnp.full((bkv, d), 0.0, jnp.float32), plgpu.Layout.WGMMA)
 
-        def step(i, carry, masked, head):
-            # Step t = head · blocks + (i − lo): query head kh·g + head, query block i.
+        def step(n, carry, masked, head):
+            # Step t = head · blocks + n: query head kh·g + head, the block of visit n.
             dk, dv = carry
-            t = head * blocks + i - lo
-            slot = lax.rem(t, 2)
+            t = head * blocks + n
+            i, slot = visits.block(n), lax.rem(t, 2)
 
             @pl.when(t + 1 < steps)
             def _():
@@ -222,7 +220,7 @@ def dkv_kernel(shape: FlashShape, interpreted: bool):
             return dk, dv
 
         def one_head(head, carry):
-            return visit(lo, full_lo, full_hi, hi, functools.partial(step, head=head), carry)
+            return visits.run(functools.partial(step, head=head), carry)
 
         dk, dv = lax.fori_loop(0, g, one_head, (zeros, zeros))
         k_smem[...] = (dk * jnp.float32(shape.scale)).astype(dk_ref.dtype)

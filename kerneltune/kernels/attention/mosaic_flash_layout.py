@@ -133,12 +133,50 @@ def _whole_blocks(shape: FlashShape, lens: jax.Array, masks: Masks, nq: int, nk:
     return full
 
 
-def visit(lo, full_lo, full_hi, hi, step, carry):
-    """`step(j, carry, masked)` over the blocks `[lo, hi)`: masked on both sides of the
-    whole blocks `[full_lo, full_hi)`, unmasked on them."""
-    carry = jax.lax.fori_loop(lo, full_lo, functools.partial(step, masked=True), carry)
-    carry = jax.lax.fori_loop(full_lo, full_hi, functools.partial(step, masked=False), carry)
-    return jax.lax.fori_loop(full_hi, hi, functools.partial(step, masked=True), carry)
+@dataclasses.dataclass(frozen=True)
+class Visits:
+    """The blocks `[lo, hi)` a block visits, in the order the kernels take them: the
+    masked ones first (those before the run of whole blocks `[full_lo, full_hi)`, then
+    those after it), then the whole ones. So every masked step shares one loop body and
+    every unmasked step another: a kernel compiles two bodies, not three.
+
+    The kernels count their steps `n` in this order (`0 <= n < count`), fetch the block
+    of step `n + 1` while computing step `n`, and alternate slots by `n % 2`."""
+
+    lo: jax.Array
+    hi: jax.Array
+    full_lo: jax.Array
+    full_hi: jax.Array
+
+    @classmethod
+    def read(cls, ranges_ref, b, i) -> Visits:
+        """Row `i` of batch row `b` of `block_ranges`'s output, read in a kernel (its
+        columns are `lo, hi, full_lo, full_hi`, this class's fields' order)."""
+        return cls(*(ranges_ref[b, i, c] for c in range(4)))
+
+    @property
+    def count(self) -> jax.Array:
+        return self.hi - self.lo
+
+    @property
+    def masked(self) -> jax.Array:
+        return (self.full_lo - self.lo) + (self.hi - self.full_hi)
+
+    def block(self, n: jax.Array) -> jax.Array:
+        """The block of step `n`."""
+        left = self.full_lo - self.lo
+        masked = self.masked
+        return jnp.where(
+            n < left,
+            self.lo + n,
+            jnp.where(n < masked, self.full_hi + (n - left), self.full_lo + (n - masked)),
+        )
+
+    def run(self, step, carry):
+        """`step(n, carry, masked)` over the steps, masked ones first."""
+        masked = self.masked
+        carry = jax.lax.fori_loop(0, masked, functools.partial(step, masked=True), carry)
+        return jax.lax.fori_loop(masked, self.count, functools.partial(step, masked=False), carry)
 
 
 def mosaic_kernel(body, *, out_type, scratch_types, **kwargs):
