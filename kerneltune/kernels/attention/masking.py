@@ -106,9 +106,11 @@ def document_ranges(masks: Masks) -> tuple[jax.Array, jax.Array] | None:
         return None
 
     def row(kv_row: jax.Array, q_row: jax.Array) -> tuple[jax.Array, jax.Array]:
+        # By sorting, not the default binary search: that is a loop whose every step
+        # waits on a GPU (about 0.35 ms a search at 8k tokens on an H200).
         return (
-            jnp.searchsorted(kv_row, q_row, side="left"),
-            jnp.searchsorted(kv_row, q_row, side="right"),
+            jnp.searchsorted(kv_row, q_row, side="left", method="sort"),
+            jnp.searchsorted(kv_row, q_row, side="right", method="sort"),
         )
 
     start, end = jax.vmap(row)(kv, q)
