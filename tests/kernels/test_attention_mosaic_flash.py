@@ -215,6 +215,29 @@ def test_the_block_ranges_documents_are_the_per_query_ranges_taken_over_each_blo
         assert tuple(got[i]) == (lo, hi), i
 
 
+@settings(max_examples=20, deadline=None, phases=[Phase.explicit, Phase.generate])
+@given(seed=st.integers(0, 2**16), ordered=st.booleans())
+def test_document_ranges_are_each_querys_documents_keys(seed, ordered):
+    """Per query, the keys `[start, end)` of its document where the kv ids never
+    decrease (a binary search, now by sorting), else every key."""
+    rng = np.random.default_rng(seed)
+    kv = rng.integers(-3, 5, size=(2, 40))
+    kv = np.sort(kv, axis=1) if ordered else kv
+    q = rng.integers(-4, 6, size=(2, 30))
+    masks = Masks(q_segments=jnp.asarray(q, jnp.int32), kv_segments=jnp.asarray(kv, jnp.int32))
+    start, end = (np.asarray(x)[:, 0] for x in document_ranges(masks))
+    for row in range(2):
+        if ordered:
+            want = (
+                np.searchsorted(kv[row], q[row], "left"),
+                np.searchsorted(kv[row], q[row], "right"),
+            )
+        else:
+            want = (np.zeros(30), np.full(30, 40))
+        np.testing.assert_array_equal(start[row], want[0])
+        np.testing.assert_array_equal(end[row], want[1])
+
+
 def test_the_block_ranges_run_no_loop():
     """On a GPU every step of a loop waits on the device: `jnp.searchsorted`'s binary
     searches made the ranges cost ten times the forward kernel at 8k tokens with 16
