@@ -104,17 +104,27 @@ def document_ranges(masks: Masks) -> tuple[jax.Array, jax.Array] | None:
     q, kv = masks.q_segments, masks.kv_segments
     if q is None or kv is None:
         return None
+    start, end = key_ranges(kv, q, q, method="sort")
+    return start[:, None, :], end[:, None, :]
 
-    def row(kv_row: jax.Array, q_row: jax.Array) -> tuple[jax.Array, jax.Array]:
-        # By sorting, not the default binary search: that is a loop whose every step
-        # waits on a GPU (about 0.35 ms a search at 8k tokens on an H200).
+
+def key_ranges(
+    kv: jax.Array, low: jax.Array, high: jax.Array, *, method: str
+) -> tuple[jax.Array, jax.Array]:
+    """For each pair of segment ids `low <= high` (`[B, M]` each), the keys `[start,
+    end)` whose ids lie between them, as two int32 `[B, M]`, where the batch row's kv
+    ids `[B, S]` never decrease; elsewhere every key. `method` is `jnp.searchsorted`'s,
+    never its default: that is a loop whose every step waits on a GPU (about 0.35 ms a
+    search at 8k tokens on an H200). "sort" suits many pairs, "compare_all" few."""
+
+    def row(kv_row: jax.Array, low_row: jax.Array, high_row: jax.Array):
         return (
-            jnp.searchsorted(kv_row, q_row, side="left", method="sort"),
-            jnp.searchsorted(kv_row, q_row, side="right", method="sort"),
+            jnp.searchsorted(kv_row, low_row, side="left", method=method),
+            jnp.searchsorted(kv_row, high_row, side="right", method=method),
         )
 
-    start, end = jax.vmap(row)(kv, q)
+    start, end = jax.vmap(row)(kv, low, high)
     ordered = jnp.all(kv[:, 1:] >= kv[:, :-1], axis=1, keepdims=True)
     start = jnp.where(ordered, start, 0).astype(jnp.int32)
     end = jnp.where(ordered, end, kv.shape[1]).astype(jnp.int32)
-    return start[:, None, :], end[:, None, :]
+    return start, end
