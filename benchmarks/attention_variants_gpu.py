@@ -3,6 +3,7 @@
     python -m benchmarks.attention_variants_gpu [--lengths 8192,16384] [--variants causal,docs4]
         [--passes fwd,fwd+bwd] [--heads 16/4] [--batch 1] [--mosaic-blocks 64/64]
         [--json OUT.json] [--smoke]
+    python -m benchmarks.attention_variants_gpu --check RUN.json [MORE.json ...]
 
 Each row is one variant of grouped-query attention (head dim 128, bf16) at one length:
 
@@ -25,6 +26,11 @@ peer's; `GiB` is the compiled program's memory (arguments, outputs and temporari
 kerneltune asked for one backend by config: cuDNN's packed layout (`kt_packed`, packed
 documents) and its own Mosaic GPU kernel (`kt_mosaic`, every variant but the bias; at
 other blocks `kt_mosaic_<block_q>_<block_kv>`, `--mosaic-blocks 64/64,128/64`).
+
+`--check` reads the rows of earlier runs' `--json` files and prints them with each row's
+misses of issue 44's bars (`misses`): kerneltune running every call a peer runs, at
+least as fast as the best peer (3x with 4 and 16 packed documents), its first call
+within 1.5x and its program memory within 1.1x of that peer's.
 """
 
 from __future__ import annotations
@@ -212,6 +218,57 @@ def best_peer(r: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
     return min(ran, key=lambda pr: pr[1]["ms"]) if ran else None
 
 
+#: Issue 44's bars against the best peer: speed (kerneltune's over the peer's), and
+#: the first call and program memory (kerneltune's over the peer's).
+MIN_SPEEDUP = 1.0
+MIN_DOCS_SPEEDUP = 3.0
+DOCS_BAR_VARIANTS = ("docs4", "docs16")
+MAX_FIRST_CALL = 1.5
+MAX_MEMORY = 1.1
+
+
+def misses(r: dict[str, Any]) -> list[str]:
+    """How row `r` misses issue 44's bars against its best peer; [] where it meets them
+    all, or where no peer runs the call (there is nothing to be measured against)."""
+    peer = best_peer(r)
+    ours = r["kerneltune"]
+    if peer is None:
+        return []
+    name, theirs = peer
+    if ours["status"] != "ok":
+        return [f"kerneltune {ours['status']} where {name} runs"]
+    out = []
+    want = MIN_DOCS_SPEEDUP if r["variant"] in DOCS_BAR_VARIANTS else MIN_SPEEDUP
+    if theirs["ms"] / ours["ms"] < want:
+        out.append(f"speed {theirs['ms'] / ours['ms']:.2f}x {name} (bar {want:g}x)")
+    if ours["first_s"] > MAX_FIRST_CALL * theirs["first_s"]:
+        out.append(
+            f"first call {ours['first_s']:.1f} s, {ours['first_s'] / theirs['first_s']:.2f}x "
+            f"{name}'s (bar {MAX_FIRST_CALL:g}x)"
+        )
+    if ours["gib"] > MAX_MEMORY * theirs["gib"]:
+        out.append(
+            f"memory {ours['gib']:.2f} GiB, {ours['gib'] / theirs['gib']:.2f}x "
+            f"{name}'s (bar {MAX_MEMORY:g}x)"
+        )
+    return out
+
+
+def check(paths: Sequence[str]) -> list[tuple[dict[str, Any], list[str]]]:
+    """The rows of the `--json` files at `paths`, each with its misses; prints them."""
+    rows = []
+    for path in paths:
+        with open(path) as f:
+            rows += json.load(f)
+    print(table(rows))
+    found = [(r, misses(r)) for r in rows]
+    missed = [(r, m) for r, m in found if m]
+    print(f"\nissue 44's bars: {len(rows) - len(missed)} of {len(rows)} rows meet them all")
+    for r, m in missed:
+        print(f"- {r['shape']} {r['variant']} {r['pass']}: " + "; ".join(m))
+    return found
+
+
 def cell(m: dict[str, Any]) -> str:
     return f"{m['ms']:.2f}" if m["status"] == "ok" else m["status"]
 
@@ -281,7 +338,12 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     )
     p.add_argument("--json")
     p.add_argument("--smoke", action="store_true", help="tiny shapes (any device)")
+    p.add_argument(
+        "--check", nargs="+", metavar="JSON", help="print earlier runs' rows and their misses"
+    )
     a = p.parse_args(argv)
+    if a.check:
+        return [r for r, _ in check(a.check)]
     lengths = [256] if a.smoke else [int(x) for x in a.lengths.split(",")]
     heads = [tuple(int(x) for x in pair.split("/")) for pair in a.heads.split(",")]
     variants = ["causal", "docs4"] if a.smoke else a.variants.split(",")

@@ -647,3 +647,40 @@ def test_a_failing_candidate_builds_worker_is_a_row_that_says_why(monkeypatch):
     )
     assert "no GPU here" in result["rows"]["workers"]["error"]
     assert _positive(result["rows"]["serial"]["wall_s"])  # the other rows still ran
+
+
+def test_the_attention_variants_check_names_every_bar_a_row_misses(tmp_path, capsys):
+    from benchmarks import attention_variants_gpu as av
+
+    def m(ms, first, gib):
+        return {"status": "ok", "ms": ms, "first_s": first, "gib": gib}
+
+    cudnn_ok, tokamax_ok = m(2.0, 4.0, 1.0), m(3.0, 1.0, 0.5)
+
+    def row(variant, ours, cudnn=cudnn_ok, tokamax=tokamax_ok):
+        return {
+            "shape": "B1 T8192 N16/4", "variant": variant, "pass": "fwd+bwd",
+            "xla": {"status": "skipped"}, "cudnn": cudnn, "tokamax": tokamax, "kerneltune": ours,
+        }  # fmt: skip
+
+    # The best peer is the faster: cuDNN at 2 ms, its first call 4 s and 1 GiB.
+    assert av.misses(row("causal", m(2.0, 6.0, 1.1))) == []
+    assert av.misses(row("causal", m(2.5, 6.1, 1.2))) == [
+        "speed 0.80x cudnn (bar 1x)",
+        "first call 6.1 s, 1.52x cudnn's (bar 1.5x)",
+        "memory 1.20 GiB, 1.20x cudnn's (bar 1.1x)",
+    ]
+    # Packed documents: 3x, at 4 and 16 documents only.
+    assert av.misses(row("docs4", m(0.7, 1.0, 0.1))) == ["speed 2.86x cudnn (bar 3x)"]
+    assert av.misses(row("docs2", m(0.7, 1.0, 0.1))) == []
+    assert av.misses(row("bias", {"status": "oom"})) == ["kerneltune oom where cudnn runs"]
+    nobody = {"status": "oom"}
+    assert av.misses(row("softcap", {"status": "failed"}, nobody, nobody)) == []
+
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps([row("causal", m(2.0, 1.0, 1.0)), row("docs16", m(1.0, 1.0, 1.0))]))
+    found = av.main(["--check", str(path)])
+    assert [r["variant"] for r in found] == ["causal", "docs16"]
+    printed = capsys.readouterr().out
+    assert "1 of 2 rows meet them all" in printed
+    assert "- B1 T8192 N16/4 docs16 fwd+bwd: speed 2.00x cudnn (bar 3x)" in printed
