@@ -8,7 +8,8 @@ these features runs here instead, on one of:
   to the left only);
 - "cudnn_packed": cuDNN's packed layout for segment ids that are packed documents
   (Hopper; `cudnn_packed.py`): it skips the blocks between documents. The heuristic's
-  choice for segment ids from `PACKED_MIN_TOKENS` tokens;
+  choice for the forward alone with segment ids from `PACKED_FORWARD_MIN_TOKENS`
+  tokens (from `PACKED_MIN_TOKENS` where the Mosaic kernel does not run);
 - "mosaic": kerneltune's own flash kernel on Mosaic GPU (Hopper; `mosaic_flash*.py`):
   causal, window, lengths, segment ids and a soft cap in the kernel, skipping the key
   blocks a query block cannot see (with packed documents, those of other documents);
@@ -128,6 +129,16 @@ def chunked_block_q(inv: Invocation[Any, Any], budget: int = BLOCK_LOGITS_BYTES)
 #: the dense mask (tokamax), its forward 0.10-0.50x. Shorter calls are not measured.
 PACKED_MIN_TOKENS = 8192
 
+#: Tokens from which the forward alone with segment ids goes to cuDNN's packed layout
+#: rather than kerneltune's Mosaic kernel (where it runs). On an H200 (BENCHMARKS.md,
+#: 2026-11-29, thirty-fourth session; 16/4 heads, 2, 4 and 16 documents) the kernel's
+#: forward took 0.11-0.41 ms at 8k tokens where the packed layout's took 0.30-0.64 ms,
+#: varying twofold between runs; at 16k the packed layout was faster with 2 and 4
+#: documents (1.00 and 0.55 ms against 1.42 and 0.74), at 32k with every count.
+#: Below 8k not measured: the kernel's blocks skip other documents there as well,
+#: where the libraries (the alternative) read every block.
+PACKED_FORWARD_MIN_TOKENS = 16384
+
 #: The most extra memory the packed layout's backward may take for the heuristic to
 #: choose it in training (`packed_backward_bytes`): on that H200 its training program
 #: held 2.24 GiB against tokamax's 0.25 at 8k tokens and 4.60 against 0.75 at 16k.
@@ -176,19 +187,21 @@ class AttentionVariants(BackendKernel[VariantConfig]):
     fallback = "chunked"
 
     def heuristic_cfg(self, inv: Invocation[Any, Any]) -> VariantConfig:
-        """Segment ids in training: kerneltune's Mosaic kernel where it runs, which
-        skips other documents' blocks forward and backward in the memory of plain
+        """Segment ids in training, and in the forward alone below
+        `PACKED_FORWARD_MIN_TOKENS` tokens: kerneltune's Mosaic kernel where it runs,
+        which skips other documents' blocks forward and backward in the memory of plain
         attention. On an H200 at 8k-32k tokens (B1, 16/4 heads; BENCHMARKS.md,
-        2026-11-29) its training step took 0.28-0.32x tokamax's given the dense mask
-        with 4 documents and 0.08-0.27x with 16 (tokamax's gradients race; cuDNN's
-        took 4.8-21x ours), holding 0.13-0.51 GiB where cuDNN's packed layout held
-        2.30-10.69 GiB for a step 0.95-1.8x as long. Segment ids otherwise: cuDNN's
+        2026-11-29) its training step took 0.29-0.30x tokamax's given the dense mask
+        with 4 documents and 0.08-0.11x with 16 (tokamax's gradients race; cuDNN's
+        took 5-22x ours), holding 0.13-0.51 GiB where cuDNN's packed layout held
+        2.30-10.69 GiB for a step 0.95-2.6x as long. Segment ids otherwise: cuDNN's
         packed layout from `PACKED_MIN_TOKENS` tokens where it runs (ids it cannot
         express run `library_cfg`'s choice, decided at run time) and, in training, its
         backward's extra memory is within `PACKED_BACKWARD_BYTES`. Else `library_cfg`."""
         packed = self.backend_named("cudnn_packed")
         segments = inv.args[4].q_segments is not None
-        if segments and inv.differentiated and self.mosaic_runs(inv):
+        short = int(inv.args[0].shape[1]) < PACKED_FORWARD_MIN_TOKENS
+        if segments and (inv.differentiated or short) and self.mosaic_runs(inv):
             return VariantConfig(backend="mosaic")
         if (
             int(inv.args[0].shape[1]) >= PACKED_MIN_TOKENS
