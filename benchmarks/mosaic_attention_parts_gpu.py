@@ -4,8 +4,11 @@ For causal attention over T tokens packed into documents (segment ids), each par
 its own jitted program, timed alone (CUPTI device time on a GPU):
 
 - `ranges`: the XLA code that finds which key blocks each query block visits
-  (`mosaic_flash_layout.block_ranges`), run before the kernels;
+  (`mosaic_flash_layout.block_ranges`) and puts the blocks in work order, most visits
+  first (`in_work_order`), run before the kernels;
 - `forward kernel`, `backward kernels`: the Mosaic kernels alone, on those ranges;
+- `... in position order`: the same kernels given the blocks in position order (what
+  the kernels did before `in_work_order`), for the difference the order makes;
 - `whole forward`, `whole training step`: `flash_attention_mosaic` as a call runs it,
   and the gradient of a sum of it.
 
@@ -36,7 +39,11 @@ from kerneltune.kernels.attention.masking import Masks
 from kerneltune.kernels.attention.mosaic_flash import flash_forward
 from kerneltune.kernels.attention.mosaic_flash_api import flash_attention_mosaic
 from kerneltune.kernels.attention.mosaic_flash_backward import flash_backward
-from kerneltune.kernels.attention.mosaic_flash_layout import FlashShape, block_ranges
+from kerneltune.kernels.attention.mosaic_flash_layout import (
+    FlashShape,
+    block_ranges,
+    in_work_order,
+)
 
 HEADS, KV_HEADS, HEAD_DIM = 16, 4, 128
 
@@ -60,8 +67,20 @@ def parts(t: int, docs: int, interpret: Any = None) -> dict[str, Any]:
             interpret=interpret,
         )  # fmt: skip
 
-    ranges = jax.jit(lambda ids: block_ranges(shape, lens, masks(ids), t, t))
+    def ordered(ids):
+        return tuple(in_work_order(r) for r in block_ranges(shape, lens, masks(ids), t, t))
+
+    def in_position_order(r):  # the blocks as the grid numbers them
+        blocks = jnp.broadcast_to(jnp.arange(r.shape[1], dtype=jnp.int32), r.shape[:2])
+        return jnp.concatenate([r, blocks[..., None]], axis=-1)
+
+    ranges = jax.jit(ordered)
     kv_ranges, q_ranges = ranges(ids)
+    kv_plain, q_plain = (
+        in_position_order(r) for r in jax.jit(block_ranges, static_argnums=(0, 3, 4))(
+            shape, lens, masks(ids), t, t
+        )
+    )  # fmt: skip
     forward = jax.jit(
         lambda q, k, v, r, ids: flash_forward(
             shape, q, k, v, r, lens, ids, ids, interpret=interpret
@@ -80,6 +99,10 @@ def parts(t: int, docs: int, interpret: Any = None) -> dict[str, Any]:
         "forward kernel": h.device_time(forward, [(q, k, v, kv_ranges, ids)]),
         "backward kernels": h.device_time(
             backward, [(q, k, v, do, lse, delta, kv_ranges, q_ranges, ids)]
+        ),
+        "forward kernel in position order": h.device_time(forward, [(q, k, v, kv_plain, ids)]),
+        "backward kernels in position order": h.device_time(
+            backward, [(q, k, v, do, lse, delta, kv_plain, q_plain, ids)]
         ),
         "whole forward": h.device_time(jax.jit(call), [(q, k, v, ids)]),
         "whole training step": h.device_time(train, [(q, k, v, ids)]),

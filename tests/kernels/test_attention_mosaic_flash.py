@@ -19,7 +19,13 @@ from kerneltune._src.core import jax_compat
 from kerneltune._src.kernel.base import Invocation
 from kerneltune.kernels.attention.features import attention_features_xla
 from kerneltune.kernels.attention.masking import Masks, document_ranges
-from kerneltune.kernels.attention.mosaic_flash_layout import FlashShape, Visits, block_ranges
+from kerneltune.kernels.attention.mosaic_flash_layout import (
+    BLOCK,
+    FlashShape,
+    Visits,
+    block_ranges,
+    in_work_order,
+)
 from kerneltune.kernels.attention.variants import AttentionVariants, VariantConfig
 from tests.helpers import close, heuristics_executor, rand
 
@@ -249,6 +255,30 @@ def test_the_block_ranges_run_no_loop():
     text = str(jax.make_jaxpr(lambda m: block_ranges(_shape(segmented=True), lens, m, t, t))(masks))
     assert "while" not in text and "scan" not in text
     assert "while" not in str(jax.make_jaxpr(document_ranges)(masks))
+
+
+def test_the_kernels_take_the_blocks_with_the_most_visits_first():
+    """The GPU starts a grid's blocks in order: causally, in position order the
+    longest blocks started last and made the kernel's tail."""
+    t = 512
+    lens = jnp.asarray([[t, t], [t, t]], jnp.int32)
+    ids = jnp.asarray(np.stack([np.arange(t) // 256, np.arange(t) // 128]), jnp.int32)
+    kv, q = block_ranges(_shape(segmented=True), lens, Masks(q_segments=ids, kv_segments=ids), t, t)
+    for ranges in (kv, q):
+        got = np.asarray(in_work_order(ranges))
+        assert got.shape == (2, 8, 5)
+        for b in range(2):
+            blocks = got[b, :, BLOCK]
+            assert sorted(blocks) == list(range(8))  # each block once
+            np.testing.assert_array_equal(got[b, :, :4], np.asarray(ranges)[b, blocks])
+            counts = got[b, :, 1] - got[b, :, 0]
+            assert (np.diff(counts) <= 0).all()  # most visits first
+            for c in set(counts):  # ties in position order
+                assert list(blocks[counts == c]) == sorted(blocks[counts == c])
+    # Two documents of 4 blocks: each document's last block first, its first last.
+    assert list(np.asarray(in_work_order(kv))[0, :, BLOCK]) == [3, 7, 2, 6, 1, 5, 0, 4]
+    # Key blocks, causally: already longest first.
+    assert list(np.asarray(in_work_order(q))[0, :, BLOCK]) == [0, 4, 1, 5, 2, 6, 3, 7]
 
 
 @pytest.mark.parametrize(

@@ -30,6 +30,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kerneltune.kernels.attention.mosaic_flash_layout import (
+    BLOCK,
     FlashShape,
     Registers,
     Visits,
@@ -84,7 +85,8 @@ def warpgroups(shape: FlashShape) -> int:
 
 def forward_kernel(shape: FlashShape, interpreted: bool):
     """The kernel body for `plgpu.kernel`: refs `(q, k, v, ranges, lens, q_seg, k_seg)`
-    in, `(out, lse)` out, then the scratch of `forward_scratch`."""
+    in (`ranges` from `in_work_order`), `(out, lse)` out, then the scratch of
+    `forward_scratch`."""
     bq, bkv, d = WARPGROUP_ROWS, shape.block_kv, shape.head_dim
     wgs = warpgroups(shape)
     regs = Registers(interpreted)
@@ -94,11 +96,12 @@ def forward_kernel(shape: FlashShape, interpreted: bool):
              consumed):  # fmt: skip
         b = lax.axis_index("batch")
         h = lax.axis_index("heads")
-        qi = lax.axis_index("q_blocks")
+        row = lax.axis_index("q_blocks")  # longest first: `in_work_order`
+        qi = ranges_ref[b, row, BLOCK]
         wg = lax.axis_index("wg") if wgs > 1 else 0
         kh = lax.div(h, jnp.int32(shape.groups))
         q0 = qi * shape.block_q + wg * bq  # this warpgroup's first query
-        visits = Visits.read(ranges_ref, b, qi)
+        visits = Visits.read(ranges_ref, b, row)
         lens = (lens_ref[b, 0], lens_ref[b, 1])
         segmented = shape.segmented
         q_smem, qseg_smem, lse_smem = q_smem.at[wg], qseg_smem.at[wg], lse_smem.at[wg]

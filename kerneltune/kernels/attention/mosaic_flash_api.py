@@ -4,7 +4,8 @@ call, with what the kernels leave to XLA:
 
 - padding the sequences to whole blocks (the padded keys are masked by length, the
   padded queries cut away);
-- which key blocks each query block visits (`mosaic_flash_layout`);
+- which key blocks each query block visits, the blocks with the most visits first
+  (`mosaic_flash_layout`);
 - rows that keep no key: as in `jax.nn.dot_product_attention`, a query past its
   length comes out zero, and any other query that keeps no key (its document has no
   key, a window that reaches none) weighs every key alike. The kernels give such rows
@@ -26,7 +27,11 @@ from kerneltune.kernels._common import is_hopper
 from kerneltune.kernels.attention.masking import Masks
 from kerneltune.kernels.attention.mosaic_flash import EMPTY_LSE, WARPGROUP_ROWS, flash_forward
 from kerneltune.kernels.attention.mosaic_flash_backward import flash_backward
-from kerneltune.kernels.attention.mosaic_flash_layout import FlashShape, block_ranges
+from kerneltune.kernels.attention.mosaic_flash_layout import (
+    FlashShape,
+    block_ranges,
+    in_work_order,
+)
 
 
 def _pad(x: jax.Array, axis: int, to: int, value=0) -> jax.Array:
@@ -86,8 +91,11 @@ def flash_attention_mosaic(
     # one warpgroup's (its dk, dv kernel walks them as the columns of its tiles).
     backward_shape = dataclasses.replace(shape, block_q=WARPGROUP_ROWS)
     kv_ranges, q_ranges = block_ranges(backward_shape, lens, padded, tp, sp)
+    kv_ranges, q_ranges = in_work_order(kv_ranges), in_work_order(q_ranges)
     fwd_ranges = (
-        kv_ranges if shape == backward_shape else block_ranges(shape, lens, padded, tp, sp)[0]
+        kv_ranges
+        if shape == backward_shape
+        else in_work_order(block_ranges(shape, lens, padded, tp, sp)[0])
     )
     run = _differentiable(shape, backward_shape, s, interpret)
     out = run(
