@@ -422,7 +422,7 @@ def test_drawn_calls_match_the_reference_values_and_gradients(call):
             logits_soft_cap=cap,
         )  # fmt: skip
 
-    out, grads = _output_and_gradients(ours, w, q, k, v, jit=False)
+    out, grads = _output_and_gradients(ours, w, q, k, v)
     want, want_grads = _output_and_gradients(ref, w, q, k, v, jit=False)
     close(out, want, tol=2e-2)
     for got, expected in zip(grads, want_grads, strict=True):
