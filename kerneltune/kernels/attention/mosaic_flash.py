@@ -172,6 +172,18 @@ def forward_kernel(shape: FlashShape, interpreted: bool):
             return acc, m_new, l_i
 
         acc, m_i, l_i = visits.run(step, (acc, m_i, l_i))
+        if wgs > 1:
+            # The first warpgroup waits on a slot's release before refilling it, from
+            # the second step to the last but one: the releases of the last two steps
+            # are left. It waits on them here, so that it observes every phase of each
+            # barrier once (JAX's Mosaic GPU interpreter checks that; with 3 or more
+            # blocks a block, it failed before).
+            for back in (2, 1):
+
+                @pl.when((wg == 0) & (visits.count >= back))
+                def _(back=back):
+                    plgpu.barrier_wait(consumed.at[lax.rem(visits.count - back, 2)])
+
         l_safe = jnp.maximum(l_i, jnp.float32(1e-30))
         acc = acc / lax.broadcast_in_dim(l_safe, acc.shape, [0])
         q_smem[...] = acc.astype(o_ref.dtype)

@@ -9,7 +9,9 @@ these features runs here instead, on one of:
 - "cudnn_packed": cuDNN's packed layout for segment ids that are packed documents
   (Hopper; `cudnn_packed.py`): it skips the blocks between documents. The heuristic's
   choice for the forward alone with segment ids from `PACKED_FORWARD_MIN_TOKENS`
-  tokens (from `PACKED_MIN_TOKENS` where the Mosaic kernel does not run);
+  tokens, and where the Mosaic kernel does not run for segment ids from
+  `PACKED_MIN_TOKENS` (in training while its backward's memory stays within
+  `PACKED_BACKWARD_BYTES`);
 - "mosaic": kerneltune's own flash kernel on Mosaic GPU (Hopper; `mosaic_flash*.py`):
   causal, window, lengths, segment ids and a soft cap in the kernel, skipping the key
   blocks a query block cannot see (with packed documents, those of other documents);
@@ -191,7 +193,7 @@ class AttentionVariants(BackendKernel[VariantConfig]):
         `PACKED_FORWARD_MIN_TOKENS` tokens: kerneltune's Mosaic kernel where it runs,
         which skips other documents' blocks forward and backward in the memory of plain
         attention. On an H200 at 8k-32k tokens (B1, 16/4 heads; BENCHMARKS.md,
-        2026-11-29) its training step took 0.29-0.30x tokamax's given the dense mask
+        2026-11-29) its training step took 0.28-0.29x tokamax's given the dense mask
         with 4 documents and 0.08-0.11x with 16 (tokamax's gradients race; cuDNN's
         took 5-22x ours), holding 0.13-0.51 GiB where cuDNN's packed layout held
         2.30-10.69 GiB for a step 0.95-2.6x as long. Segment ids otherwise: cuDNN's
@@ -279,8 +281,9 @@ class AttentionVariants(BackendKernel[VariantConfig]):
             why = {
                 "cudnn_packed": "cuDNN's packed layout runs these documents; the libraries "
                 "given the dense mask measured 2.4-5x slower (H200, 8k-16k tokens)",
-                "mosaic": "kerneltune's Mosaic kernel runs this call; XLA's paths and the "
-                "libraries given a dense mask measured slower (H200, 16k tokens)",
+                "mosaic": "kerneltune's Mosaic kernel runs this call; XLA's paths, the "
+                "libraries given a dense mask and, in the forward below 16k tokens, cuDNN's "
+                "packed layout measured slower (H200, 8k-16k tokens)",
             }.get(
                 chosen.backend,
                 f"{chosen.backend} runs this variant; the other library measured 1.4-4x "
