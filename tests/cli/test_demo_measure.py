@@ -116,3 +116,25 @@ def test_a_cupti_sample_is_one_session(timer_name, calls):
     plan = dm.Rounds(rounds=2, sample_s=0.01, max_calls=50)
     dm._interleaved(timer, {"norm": big}, [()], plan)
     assert [c for _, c in timer.sampled] == [1, calls, calls]
+
+
+def test_a_second_implementation_of_the_same_program_is_not_compiled_again():
+    """kerneltune untuned and as chosen lower to one program where tuning kept the
+    heuristic's configs: it is compiled once, and the second first call is its own
+    lowering plus the first's compile and run."""
+    x = jnp.ones((64, 64), jnp.float32)
+    built: dict = {}
+    first, a = dm.first_call(lambda m: jnp.tanh(m @ m), (x,), built, "kt_chosen")
+    again, b = dm.first_call(lambda m: jnp.tanh(m @ m), (x,), built, "kt_untuned")
+    other, c = dm.first_call(lambda m: jnp.sin(m @ m), (x,), built, "plain")
+    assert again is first and other is not first
+    assert dm.shared_with(b) == "kt_chosen" and dm.shared_with(a) is None
+    assert dm.shared_with(c) is None and c.note == ""
+    # The shared program once, "plain"'s under its own text.
+    assert sorted(p.impl for p in built.values()) == ["kt_chosen", "plain"]
+    chosen = next(p for p in built.values() if p.impl == "kt_chosen")
+    assert chosen.compiled is first and b.first_call_s > chosen.compile_run_s
+    assert b.peak_bytes == a.peak_bytes
+    # Without `built` (the earlier behaviour) every call compiles its own.
+    alone, _ = dm.first_call(lambda m: jnp.tanh(m @ m), (x,))
+    assert alone is not first

@@ -36,12 +36,14 @@ from kerneltune._src.cli.demo_measure import (
     GPU_ROUNDS,
     NA,
     OK,
+    Built,
     Measured,
     Rounds,
     error_line,
     first_call,
     interleaved,
     leaves,
+    shared_with,
     status_of,
 )
 from kerneltune._src.cli.demo_results import Comparison, Row, print_comparison, print_table, say
@@ -170,20 +172,27 @@ def measure_row(
     t0 = time.perf_counter()
     results: dict[str, Measured] = {}
     programs: dict[str, Any] = {}
+    built: dict[str, Built] = {}
     recorder.take()
     for impl in demo_results.FIRST_CALL_ORDER:
         fn = implementations[impl]
         if isinstance(fn, str):  # why it does not exist here
             results[impl] = Measured(NA, note=fn)
             continue
-        compiled, results[impl] = first_call(fn, args)
-        if compiled is not None:
+        compiled, results[impl] = first_call(fn, args, built, impl)
+        if compiled is not None and shared_with(results[impl]) is None:
             programs[impl] = compiled
     where, backend, tuned = chosen_from(recorder.take())
     phases["first calls"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     times, errors, timer = interleaved(programs, sets, plan)
     phases["timing"] = time.perf_counter() - t0
+    for impl, m in results.items():  # a shared program is timed once, for both
+        other = shared_with(m)
+        if other is not None and other in times:
+            times[impl] = times[other]
+        elif other is not None and other in errors:
+            errors[impl] = errors[other]
     for impl, t in times.items():
         results[impl].time_s = t
     for impl, text in errors.items():  # it compiled and ran once, then failed while timed

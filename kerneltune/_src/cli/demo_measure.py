@@ -101,11 +101,33 @@ def leaves(args: Sequence[Any]) -> list[Any]:
     return list(jax.tree.leaves(tuple(args)))
 
 
-def first_call(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Any, Measured]:
+@dataclasses.dataclass(frozen=True)
+class Built:
+    """A program one implementation of a row compiled: the executable, the wall of
+    compiling it and running it once, and whose it is."""
+
+    compiled: Any
+    compile_run_s: float
+    impl: str
+
+
+def first_call(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    built: dict[str, Built] | None = None,
+    impl: str = "",
+) -> tuple[Any, Measured]:
     """Lowers (traces, and so tunes kerneltune's calls), compiles and runs `fn` once on
     `args`, on the wall clock. Returns the compiled program, which takes `leaves(args)`
     (flat arrays, as the tuner's timed programs do), or None when it failed; and the
-    measurement so far."""
+    measurement so far.
+
+    `built` (the row's programs so far, by their lowered text) is where a program
+    another implementation of the row already compiled is found: kerneltune untuned
+    and as chosen lower to the same program where tuning kept the heuristic's configs.
+    That program is not compiled again: this first call is its own lowering plus the
+    other's compile and first run, what it costs alone, and its note names the other
+    (`shared_with`). `impl` names this implementation in `built`."""
     flat, tree = jax.tree.flatten(tuple(args))
 
     def on_leaves(*arrays: Any) -> Any:
@@ -113,12 +135,33 @@ def first_call(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Any, Measur
 
     t0 = time.perf_counter()
     try:
-        compiled = jax.jit(on_leaves).lower(*flat).compile()
+        lowered = jax.jit(on_leaves).lower(*flat)
+        text = lowered.as_text() if built is not None else ""
+        same = built.get(text) if built is not None else None
+        if same is not None:
+            wall = time.perf_counter() - t0 + same.compile_run_s
+            peak = program_peak(same.compiled)
+            return same.compiled, Measured(
+                OK, first_call_s=wall, peak_bytes=peak, note=SHARED + same.impl
+            )
+        t1 = time.perf_counter()
+        compiled = lowered.compile()
         jax.block_until_ready(compiled(*flat))
     except Exception as e:  # one implementation failing must not end the demo
         return None, failure(e)
-    wall = time.perf_counter() - t0
-    return compiled, Measured(OK, first_call_s=wall, peak_bytes=program_peak(compiled))
+    done = time.perf_counter()
+    if built is not None:
+        built[text] = Built(compiled, done - t1, impl)
+    return compiled, Measured(OK, first_call_s=done - t0, peak_bytes=program_peak(compiled))
+
+
+#: The note of a measurement whose program another implementation compiled.
+SHARED = "the program of "
+
+
+def shared_with(m: Measured) -> str | None:
+    """The implementation whose compiled program `m` ran (`first_call`), or None."""
+    return m.note.removeprefix(SHARED) if m.status == OK and m.note.startswith(SHARED) else None
 
 
 def _calls(

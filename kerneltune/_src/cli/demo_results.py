@@ -12,7 +12,7 @@ from typing import Any
 
 from kerneltune._src.caching import storage
 from kerneltune._src.cli.cache_commands import print_table
-from kerneltune._src.cli.demo_measure import OK, Measured
+from kerneltune._src.cli.demo_measure import OK, Measured, shared_with
 from kerneltune._src.core import files
 from kerneltune._src.tuning.report import format_seconds
 
@@ -221,6 +221,24 @@ def notes(rows: Sequence[Row]) -> list[str]:
     ]
 
 
+def shared_programs(rows: Sequence[Row]) -> list[str]:
+    """One line per pair of implementations that ran one compiled program (`first_call`
+    found it already built), with the rows it holds for."""
+    pairs: dict[tuple[str, str], list[str]] = {}
+    for r in rows:
+        for i in IMPLS:
+            m = r.results.get(i)
+            other = None if m is None else shared_with(m)
+            if other is not None:
+                pairs.setdefault((HEADINGS[i], HEADINGS.get(other, other)), []).append(r.label)
+    return [
+        f"{impl} lowered to the same program as {other}, which was compiled and timed once; "
+        f"{impl}'s first call is its own tracing plus that compile and first run "
+        f"({', '.join(labels)})."
+        for (impl, other), labels in pairs.items()
+    ]
+
+
 def summary(rows: Sequence[Row], interpreter: bool = False) -> str:
     """One line: where kerneltune as chosen is faster than the best of plain JAX and
     tokamax, where it is level with it, where slower, and the first calls' walls."""
@@ -273,6 +291,11 @@ def print_comparison(c: Comparison) -> None:
         "program: arguments, outputs, temporaries):"
     )
     print_table(*first_call_table(c.rows))
+    shared = shared_programs(c.rows)
+    if shared:
+        print()
+    for line in shared:
+        say(line)
     print()
     say(f"plain JAX is, per op: {'; '.join(f'{r.label}: {r.plain_name}' for r in c.rows)}.")
     print(summary(c.rows, c.interpreter))
