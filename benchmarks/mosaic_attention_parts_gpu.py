@@ -9,6 +9,9 @@ its own jitted program, timed alone (CUPTI device time on a GPU):
 - `forward kernel`, `backward kernels`: the Mosaic kernels alone, on those ranges;
 - `... in position order`: the same kernels given the blocks in position order (what
   the kernels did before `in_work_order`), for the difference the order makes;
+- `... in one order`: the kernels launched row by row of the work order for every head
+  (`FlashShape.heads_outermost=False`), one order over all the heads' blocks, where
+  the default takes each head's blocks in turn;
 - `whole forward`, `whole training step`: `flash_attention_mosaic` as a call runs it,
   and the gradient of a sum of it.
 
@@ -25,6 +28,7 @@ code, its times mean nothing.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -81,18 +85,27 @@ def parts(t: int, docs: int, interpret: Any = None) -> dict[str, Any]:
             shape, lens, masks(ids), t, t
         )
     )  # fmt: skip
-    forward = jax.jit(
-        lambda q, k, v, r, ids: flash_forward(
-            shape, q, k, v, r, lens, ids, ids, interpret=interpret
+
+    def forward_in(order):
+        return jax.jit(
+            lambda q, k, v, r, ids: flash_forward(
+                order, q, k, v, r, lens, ids, ids, interpret=interpret
+            )
         )
-    )
+
+    one_order = dataclasses.replace(shape, heads_outermost=False)
+    forward, forward_one = forward_in(shape), forward_in(one_order)
     out, lse = forward(q, k, v, kv_ranges, ids)
     delta = jnp.einsum("btnd,btnd->bnt", do.astype(jnp.float32), out.astype(jnp.float32))
-    backward = jax.jit(
-        lambda q, k, v, do, lse, delta, kr, qr, ids: flash_backward(
-            shape, q, k, v, do, lse, delta, kr, qr, lens, ids, ids, interpret=interpret
+
+    def backward_in(order):
+        return jax.jit(
+            lambda q, k, v, do, lse, delta, kr, qr, ids: flash_backward(
+                order, q, k, v, do, lse, delta, kr, qr, lens, ids, ids, interpret=interpret
+            )
         )
-    )
+
+    backward, backward_one = backward_in(shape), backward_in(one_order)
     train = jax.jit(jax.grad(lambda *a: call(*a).astype(jnp.float32).sum(), (0, 1, 2)))
     seconds = {
         "ranges": h.device_time(ranges, [(ids,)]),
@@ -101,8 +114,12 @@ def parts(t: int, docs: int, interpret: Any = None) -> dict[str, Any]:
             backward, [(q, k, v, do, lse, delta, kv_ranges, q_ranges, ids)]
         ),
         "forward kernel in position order": h.device_time(forward, [(q, k, v, kv_plain, ids)]),
+        "forward kernel in one order": h.device_time(forward_one, [(q, k, v, kv_ranges, ids)]),
         "backward kernels in position order": h.device_time(
             backward, [(q, k, v, do, lse, delta, kv_plain, q_plain, ids)]
+        ),
+        "backward kernels in one order": h.device_time(
+            backward_one, [(q, k, v, do, lse, delta, kv_ranges, q_ranges, ids)]
         ),
         "whole forward": h.device_time(jax.jit(call), [(q, k, v, ids)]),
         "whole training step": h.device_time(train, [(q, k, v, ids)]),

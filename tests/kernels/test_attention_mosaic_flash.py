@@ -8,6 +8,8 @@ its wgmma takes no transposed operand, so there the products run in XLA
 tensor cores (`test_gpu_attention_variants.py`).
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,6 +21,8 @@ from kerneltune._src.core import jax_compat
 from kerneltune._src.kernel.base import Invocation
 from kerneltune.kernels.attention.features import attention_features_xla
 from kerneltune.kernels.attention.masking import Masks, document_ranges
+from kerneltune.kernels.attention.mosaic_flash import flash_forward
+from kerneltune.kernels.attention.mosaic_flash_backward import flash_backward
 from kerneltune.kernels.attention.mosaic_flash_layout import (
     BLOCK,
     FlashShape,
@@ -294,6 +298,35 @@ def test_the_kernels_take_the_blocks_with_the_most_visits_first():
     assert list(np.asarray(in_work_order(kv))[0, :, BLOCK]) == [3, 7, 2, 6, 1, 5, 0, 4]
     # Key blocks, causally: already longest first.
     assert list(np.asarray(in_work_order(q))[0, :, BLOCK]) == [0, 4, 1, 5, 2, 6, 3, 7]
+
+
+@needs_interpreter
+def test_the_launch_order_over_every_heads_blocks_computes_the_same():
+    """`heads_outermost=False` launches each row of blocks for every head before the
+    next row (a measurement's alternative): the kernels' outputs are the same."""
+    t, n, kv = 192, 2, 1
+    ids = jnp.asarray(np.arange(t)[None] * 2 // t, jnp.int32)
+    masks = Masks(q_segments=ids, kv_segments=ids)
+    lens = jnp.asarray([[t, t]], jnp.int32)
+    shape = _shape(groups=n // kv, segmented=True)
+    kv_ranges, q_ranges = (in_work_order(r) for r in block_ranges(shape, lens, masks, t, t))
+    q = rand((1, t, n, H), seed=21).astype(jnp.bfloat16)
+    k = rand((1, t, kv, H), seed=22).astype(jnp.bfloat16)
+    v = rand((1, t, kv, H), seed=23).astype(jnp.bfloat16)
+    do = rand((1, t, n, H), seed=24).astype(jnp.bfloat16)
+    interpret = jax_compat.mosaic_gpu_interpret_params()
+    outs = []
+    for order in (shape, dataclasses.replace(shape, heads_outermost=False)):
+        out, lse = flash_forward(order, q, k, v, kv_ranges, lens, ids, ids, interpret=interpret)
+        delta = jnp.einsum("btnd,btnd->bnt", do.astype(jnp.float32), out.astype(jnp.float32))
+        grads = flash_backward(
+            order, q, k, v, do, lse, delta, kv_ranges, q_ranges, lens, ids, ids,
+            interpret=interpret,
+        )  # fmt: skip
+        outs.append([out, lse, *grads])
+    for a, b in zip(*outs, strict=True):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    assert float(jnp.abs(outs[0][2].astype(jnp.float32)).max()) > 0  # dq is not all zero
 
 
 @pytest.mark.parametrize(

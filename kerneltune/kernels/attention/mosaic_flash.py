@@ -34,6 +34,7 @@ from kerneltune.kernels.attention.mosaic_flash_layout import (
     FlashShape,
     Registers,
     Visits,
+    grid,
     mosaic_kernel,
     smem_tile,
 )
@@ -221,12 +222,13 @@ def flash_forward(shape: FlashShape, q, k, v, ranges, lens, q_seg, k_seg, *, int
         jax.ShapeDtypeStruct((b, n, t), jnp.float32),
     )
     wgs = warpgroups(shape)
+    dims, names = grid(shape, n, t // shape.block_q, b, "q_blocks")
     return mosaic_kernel(
         forward_kernel(shape, interpret is not None),
         out_type=out_type,
         scratch_types=forward_scratch(shape, q.dtype),
-        grid=(n, t // shape.block_q, b),
-        grid_names=("heads", "q_blocks", "batch"),
+        grid=dims,
+        grid_names=names,
         compiler_params=plgpu.CompilerParams(approx_math=True),
         interpret=interpret,
         num_threads=wgs if wgs > 1 else None,

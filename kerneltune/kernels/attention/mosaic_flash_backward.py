@@ -29,6 +29,7 @@ from kerneltune.kernels.attention.mosaic_flash_layout import (
     FlashShape,
     Registers,
     Visits,
+    grid,
     mosaic_kernel,
     smem_tile,
 )
@@ -262,21 +263,23 @@ def flash_backward(
     s, kheads = k.shape[1], k.shape[2]
     params = plgpu.CompilerParams(approx_math=True)
     args = (q, k, v, do, lse, delta)
+    dims, names = grid(shape, n, t // shape.block_q, b, "q_blocks")
     dq = mosaic_kernel(
         dq_kernel(shape, interpret is not None),
         out_type=jax.ShapeDtypeStruct(q.shape, q.dtype),
         scratch_types=dq_scratch(shape, q.dtype),
-        grid=(n, t // shape.block_q, b),
-        grid_names=("heads", "q_blocks", "batch"),
+        grid=dims,
+        grid_names=names,
         compiler_params=params,
         interpret=interpret,
     )(*args, kv_ranges, lens, q_seg, k_seg)
+    dkv_dims, dkv_names = grid(shape, kheads, s // shape.block_kv, b, "kv_blocks")
     dk, dv = mosaic_kernel(
         dkv_kernel(shape, interpret is not None),
         out_type=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
         scratch_types=dkv_scratch(shape, q.dtype),
-        grid=(kheads, s // shape.block_kv, b),
-        grid_names=("heads", "kv_blocks", "batch"),
+        grid=dkv_dims,
+        grid_names=dkv_names,
         compiler_params=params,
         interpret=interpret,
     )(*args, q_ranges, lens, q_seg, k_seg)

@@ -29,6 +29,10 @@ class FlashShape:
       groups: query heads per key head.
       causal, window, soft_cap, scale: the variant (`window` a `(left, right)` pair).
       segmented: whether segment ids are given.
+      heads_outermost: the launch order (`grid`): each head's blocks in turn (the
+        default), or each row of `in_work_order` for every head, one order over all
+        the heads' blocks (a scheduling model's better order, which reads every head's
+        keys at once; for measuring, `benchmarks/mosaic_attention_parts_gpu.py`).
     """
 
     block_q: int
@@ -40,6 +44,19 @@ class FlashShape:
     soft_cap: float | None
     scale: float
     segmented: bool
+    heads_outermost: bool = True
+
+
+def grid(
+    shape: FlashShape, heads: int, rows: int, batch: int, rows_name: str
+) -> tuple[tuple[int, int, int], tuple[str, str, str]]:
+    """A kernel's grid and its axes' names for `heads` x `rows` (of `in_work_order`) x
+    `batch` blocks. Mosaic GPU launches a grid's first dimension slowest, so with
+    `shape.heads_outermost` a head's rows go in work order before the next head's;
+    without it every head's block of a row goes before the next row's."""
+    if shape.heads_outermost:
+        return (heads, rows, batch), ("heads", rows_name, "batch")
+    return (rows, heads, batch), (rows_name, "heads", "batch")
 
 
 def smem_tile(shape: tuple[int, ...], dtype) -> Any:
