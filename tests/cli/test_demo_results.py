@@ -117,7 +117,7 @@ def test_a_file_that_is_no_comparison_is_refused(tmp_path):
 def test_columns_that_ran_one_program_are_named_with_their_rows():
     rows = [_row("attention", 1.0, 1.1, 1.0), _row("matmul", 1.0, "n/a", 1.0), _row("glu", 1, 1, 1)]
     for r in rows[:2]:
-        r.results["kt_untuned"].note = "the program of kt_chosen"
+        r.results["kt_untuned"].program_of = "kt_chosen"
     assert demo_results.shared_programs(rows) == [
         "kt untuned lowered to the same program as kt chosen, which was compiled and timed "
         "once; kt untuned's first call is its own tracing plus that compile and first run "

@@ -42,6 +42,8 @@ class Measured:
       peak_bytes: the compiled program's arguments + outputs + temporaries
         (`memory_analysis`), None where XLA does not say.
       note: why it is "n/a", or the error (one line).
+      program_of: the implementation whose compiled program this one ran, where
+        `first_call` found it already built ("" where it compiled its own).
     """
 
     status: str
@@ -49,6 +51,7 @@ class Measured:
     first_call_s: float | None = None
     peak_bytes: int | None = None
     note: str = ""
+    program_of: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,8 +129,8 @@ def first_call(
     another implementation of the row already compiled is found: kerneltune untuned
     and as chosen lower to the same program where tuning kept the heuristic's configs.
     That program is not compiled again: this first call is its own lowering plus the
-    other's compile and first run, what it costs alone, and its note names the other
-    (`shared_with`). `impl` names this implementation in `built`."""
+    other's compile and first run, what it costs alone, and its `program_of` names the
+    other. `impl` names this implementation in `built`."""
     flat, tree = jax.tree.flatten(tuple(args))
 
     def on_leaves(*arrays: Any) -> Any:
@@ -142,7 +145,7 @@ def first_call(
             wall = time.perf_counter() - t0 + same.compile_run_s
             peak = program_peak(same.compiled)
             return same.compiled, Measured(
-                OK, first_call_s=wall, peak_bytes=peak, note=SHARED + same.impl
+                OK, first_call_s=wall, peak_bytes=peak, program_of=same.impl
             )
         t1 = time.perf_counter()
         compiled = lowered.compile()
@@ -155,13 +158,9 @@ def first_call(
     return compiled, Measured(OK, first_call_s=done - t0, peak_bytes=program_peak(compiled))
 
 
-#: The note of a measurement whose program another implementation compiled.
-SHARED = "the program of "
-
-
 def shared_with(m: Measured) -> str | None:
     """The implementation whose compiled program `m` ran (`first_call`), or None."""
-    return m.note.removeprefix(SHARED) if m.status == OK and m.note.startswith(SHARED) else None
+    return m.program_of if m.status == OK and m.program_of else None
 
 
 def _calls(

@@ -202,11 +202,12 @@ class AttentionVariants(BackendKernel[VariantConfig]):
         backward's extra memory is within `PACKED_BACKWARD_BYTES`. Else `library_cfg`."""
         packed = self.backend_named("cudnn_packed")
         segments = inv.args[4].q_segments is not None
-        short = int(inv.args[0].shape[1]) < PACKED_FORWARD_MIN_TOKENS
+        tokens = int(inv.args[0].shape[1])
+        short = tokens < PACKED_FORWARD_MIN_TOKENS
         if segments and (inv.differentiated or short) and self.mosaic_runs(inv):
             return VariantConfig(backend="mosaic")
         if (
-            int(inv.args[0].shape[1]) >= PACKED_MIN_TOKENS
+            tokens >= PACKED_MIN_TOKENS
             and (not inv.differentiated or packed_backward_bytes(inv) <= PACKED_BACKWARD_BYTES)
             and packed.unusable(self, inv, None) is None
         ):
