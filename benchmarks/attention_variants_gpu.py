@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -363,6 +364,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
                     )  # fmt: skip
                     rows.append(r)
                     print(table([r]).splitlines()[-1], flush=True)
+                    if a.json:  # after every row: a run cut short keeps what it timed
+                        write_json(a.json, rows)
     print()
     print(table(rows))
     if any(racy(r) for r in rows):
@@ -372,10 +375,14 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         ratios = [best_peer(r)[1]["ms"] / r["kerneltune"]["ms"] for r in wins]  # type: ignore[index]
         print(f"\nkerneltune / best peer: median {statistics.median(ratios):.2f}x, "
               f"min {min(ratios):.2f}x over {len(ratios)} rows")  # fmt: skip
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1, default=lambda x: np.asarray(x).tolist())
     return rows
+
+
+def write_json(path: str, rows: list[dict[str, Any]]) -> None:
+    """`rows` to `path` whole: written beside it, then renamed over it."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(rows, f, indent=1, default=lambda x: np.asarray(x).tolist())
+    os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":
