@@ -15,8 +15,8 @@ are visited first, in one loop, `Visits`).
 The log-sum-exp is kept in base 2 (`log2 Σ 2^(c·log2 e)`, c the capped, scaled
 logit), the convention of `reference.py`, for the backward in
 `mosaic_flash_backward.py`. A query row that keeps no key comes out of the kernel with
-a log-sum-exp below `EMPTY_LSE`; `mosaic_flash_api.py` gives such rows what the
-reference gives them.
+a log-sum-exp below `EMPTY_LSE` and zeros; `mosaic_flash_api.py` gives those within
+their length what the reference gives them.
 """
 
 from __future__ import annotations
@@ -186,7 +186,12 @@ def forward_kernel(shape: FlashShape, interpreted: bool):
                     plgpu.barrier_wait(consumed.at[lax.rem(visits.count - back, 2)])
 
         l_safe = jnp.maximum(l_i, jnp.float32(1e-30))
-        acc = acc / lax.broadcast_in_dim(l_safe, acc.shape, [0])
+        # A row that kept no key (its max is still `MASKED`) comes out zero, as a query
+        # past its length must: then XLA needs no pass over the output for padding, and
+        # only a call with rows that keep no key inside their length needs one at all.
+        kept = m_i > jnp.float32(EMPTY_LSE)
+        inv_l = jnp.where(kept, 1.0 / l_safe, jnp.float32(0.0))
+        acc = acc * lax.broadcast_in_dim(inv_l, acc.shape, [0])
         q_smem[...] = acc.astype(o_ref.dtype)
         lse_smem[...] = m_i + jnp.log2(l_safe)
         plgpu.commit_smem()
