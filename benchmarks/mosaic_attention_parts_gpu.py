@@ -9,9 +9,9 @@ its own jitted program, timed alone (CUPTI device time on a GPU):
 - `forward kernel`, `backward kernels`: the Mosaic kernels alone, on those ranges;
 - `... in position order`: the same kernels given the blocks in position order (what
   the kernels did before `in_work_order`), for the difference the order makes;
-- `... in one order`: the kernels launched row by row of the work order for every head
-  (`FlashShape.heads_outermost=False`), one order over all the heads' blocks, where
-  the default takes each head's blocks in turn;
+- `... each head in turn`: the kernels launched head by head (`FlashShape.heads_outermost=True`),
+  where the default launches each row of the work order for every head, one order
+  over all the heads' blocks;
 - `whole forward`, `whole training step`: `flash_attention_mosaic` as a call runs it,
   and the gradient of a sum of it.
 
@@ -89,12 +89,13 @@ def parts(t: int, docs: int, interpret: Any = None) -> dict[str, Any]:
     def forward_in(order):
         return jax.jit(
             lambda q, k, v, r, ids: flash_forward(
-                order, q, k, v, r, lens, ids, ids, interpret=interpret
+                order, q, k, v, r, lens, ids, ids, alike, interpret=interpret
             )
         )
 
-    one_order = dataclasses.replace(shape, heads_outermost=False)
-    forward, forward_one = forward_in(shape), forward_in(one_order)
+    alike = jnp.mean(v, axis=1, dtype=jnp.float32)  # what rows that keep no key get
+    in_turn = dataclasses.replace(shape, heads_outermost=True)
+    forward, forward_in_turn = forward_in(shape), forward_in(in_turn)
     out, lse = forward(q, k, v, kv_ranges, ids)
     delta = jnp.einsum("btnd,btnd->bnt", do.astype(jnp.float32), out.astype(jnp.float32))
 
@@ -105,7 +106,7 @@ def parts(t: int, docs: int, interpret: Any = None) -> dict[str, Any]:
             )
         )
 
-    backward, backward_one = backward_in(shape), backward_in(one_order)
+    backward, backward_in_turn = backward_in(shape), backward_in(in_turn)
     train = jax.jit(jax.grad(lambda *a: call(*a).astype(jnp.float32).sum(), (0, 1, 2)))
     seconds = {
         "ranges": h.device_time(ranges, [(ids,)]),
@@ -114,12 +115,14 @@ def parts(t: int, docs: int, interpret: Any = None) -> dict[str, Any]:
             backward, [(q, k, v, do, lse, delta, kv_ranges, q_ranges, ids)]
         ),
         "forward kernel in position order": h.device_time(forward, [(q, k, v, kv_plain, ids)]),
-        "forward kernel in one order": h.device_time(forward_one, [(q, k, v, kv_ranges, ids)]),
+        "forward kernel each head in turn": h.device_time(
+            forward_in_turn, [(q, k, v, kv_ranges, ids)]
+        ),
         "backward kernels in position order": h.device_time(
             backward, [(q, k, v, do, lse, delta, kv_plain, q_plain, ids)]
         ),
-        "backward kernels in one order": h.device_time(
-            backward_one, [(q, k, v, do, lse, delta, kv_ranges, q_ranges, ids)]
+        "backward kernels each head in turn": h.device_time(
+            backward_in_turn, [(q, k, v, do, lse, delta, kv_ranges, q_ranges, ids)]
         ),
         "whole forward": h.device_time(jax.jit(call), [(q, k, v, ids)]),
         "whole training step": h.device_time(train, [(q, k, v, ids)]),

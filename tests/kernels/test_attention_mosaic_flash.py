@@ -302,8 +302,8 @@ def test_the_kernels_take_the_blocks_with_the_most_visits_first():
 
 @needs_interpreter
 def test_the_launch_order_over_every_heads_blocks_computes_the_same():
-    """`heads_outermost=False` launches each row of blocks for every head before the
-    next row (a measurement's alternative): the kernels' outputs are the same."""
+    """`heads_outermost=True` launches each head's blocks in turn where the default
+    launches each row of blocks for every head: the kernels' outputs are the same."""
     t, n, kv = 192, 2, 1
     ids = jnp.asarray(np.arange(t)[None] * 2 // t, jnp.int32)
     masks = Masks(q_segments=ids, kv_segments=ids)
@@ -316,8 +316,11 @@ def test_the_launch_order_over_every_heads_blocks_computes_the_same():
     do = rand((1, t, n, H), seed=24).astype(jnp.bfloat16)
     interpret = jax_compat.mosaic_gpu_interpret_params()
     outs = []
-    for order in (shape, dataclasses.replace(shape, heads_outermost=False)):
-        out, lse = flash_forward(order, q, k, v, kv_ranges, lens, ids, ids, interpret=interpret)
+    for order in (shape, dataclasses.replace(shape, heads_outermost=True)):
+        alike = jnp.mean(v, axis=1, dtype=jnp.float32)
+        out, lse = flash_forward(
+            order, q, k, v, kv_ranges, lens, ids, ids, alike, interpret=interpret
+        )
         delta = jnp.einsum("btnd,btnd->bnt", do.astype(jnp.float32), out.astype(jnp.float32))
         grads = flash_backward(
             order, q, k, v, do, lse, delta, kv_ranges, q_ranges, lens, ids, ids,

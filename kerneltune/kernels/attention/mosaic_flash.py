@@ -15,8 +15,8 @@ are visited first, in one loop, `Visits`).
 The log-sum-exp is kept in base 2 (`log2 Σ 2^(c·log2 e)`, c the capped, scaled
 logit), the convention of `reference.py`, for the backward in
 `mosaic_flash_backward.py`. A query row that keeps no key comes out of the kernel with
-a log-sum-exp below `EMPTY_LSE` and zeros; `mosaic_flash_api.py` gives those within
-their length what the reference gives them.
+a log-sum-exp below `EMPTY_LSE` (`mosaic_flash_api.py` gives it an infinite one for
+the backward) and the output the reference gives it.
 """
 
 from __future__ import annotations
@@ -85,16 +85,16 @@ def warpgroups(shape: FlashShape) -> int:
 
 
 def forward_kernel(shape: FlashShape, interpreted: bool):
-    """The kernel body for `plgpu.kernel`: refs `(q, k, v, ranges, lens, q_seg, k_seg)`
-    in (`ranges` from `in_work_order`), `(out, lse)` out, then the scratch of
+    """The kernel body for `plgpu.kernel`: refs `(q, k, v, ranges, lens, q_seg, k_seg,
+    alike)` in (`ranges` from `in_work_order`), `(out, lse)` out, then the scratch of
     `forward_scratch`."""
     bq, bkv, d = WARPGROUP_ROWS, shape.block_kv, shape.head_dim
     wgs = warpgroups(shape)
     regs = Registers(interpreted)
 
-    def body(q_ref, k_ref, v_ref, ranges_ref, lens_ref, qseg_ref, kseg_ref, o_ref, lse_ref,
-             q_smem, k_smem, v_smem, qseg_smem, kseg_smem, lse_smem, q_bar, k_bar, v_bar,
-             consumed):  # fmt: skip
+    def body(q_ref, k_ref, v_ref, ranges_ref, lens_ref, qseg_ref, kseg_ref, alike_ref, o_ref,
+             lse_ref, q_smem, k_smem, v_smem, qseg_smem, kseg_smem, lse_smem, alike_smem,
+             q_bar, k_bar, v_bar, consumed):  # fmt: skip
         b = lax.axis_index("batch")
         h = lax.axis_index("heads")
         row = lax.axis_index("q_blocks")  # longest first: `in_work_order`
@@ -106,10 +106,12 @@ def forward_kernel(shape: FlashShape, interpreted: bool):
         lens = (lens_ref[b, 0], lens_ref[b, 1])
         segmented = shape.segmented
         q_smem, qseg_smem, lse_smem = q_smem.at[wg], qseg_smem.at[wg], lse_smem.at[wg]
+        alike_smem = alike_smem.at[wg]
 
-        plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(q0, bq), h], q_smem, q_bar.at[2 * wg])
+        plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(q0, bq), h], q_smem, q_bar.at[3 * wg])
         if segmented:
-            plgpu.copy_gmem_to_smem(qseg_ref.at[b, pl.ds(q0, bq)], qseg_smem, q_bar.at[2 * wg + 1])
+            plgpu.copy_gmem_to_smem(qseg_ref.at[b, pl.ds(q0, bq)], qseg_smem, q_bar.at[3 * wg + 1])
+        plgpu.copy_gmem_to_smem(alike_ref.at[b, kh], alike_smem, q_bar.at[3 * wg + 2])
 
         def fetch(j, slot):
             rows = pl.ds(j * bkv, bkv)
@@ -124,10 +126,10 @@ def forward_kernel(shape: FlashShape, interpreted: bool):
         def _():
             fetch(visits.block(0), 0)
 
-        plgpu.barrier_wait(q_bar.at[2 * wg])
+        plgpu.barrier_wait(q_bar.at[3 * wg])
         q_seg = None
         if segmented:
-            plgpu.barrier_wait(q_bar.at[2 * wg + 1])
+            plgpu.barrier_wait(q_bar.at[3 * wg + 1])
             q_seg = lax.broadcast_in_dim(regs.rows(qseg_smem), (bq, bkv), [0])
         rows_iota, cols_iota = regs.iota((bq, bkv), 0), regs.iota((bq, bkv), 1)
         row_layout = plgpu.Layout.WGMMA.reduce(1)
@@ -186,12 +188,17 @@ def forward_kernel(shape: FlashShape, interpreted: bool):
                     plgpu.barrier_wait(consumed.at[lax.rem(visits.count - back, 2)])
 
         l_safe = jnp.maximum(l_i, jnp.float32(1e-30))
-        # A row that kept no key (its max is still `MASKED`) comes out zero, as a query
-        # past its length must: then XLA needs no pass over the output for padding, and
-        # only a call with rows that keep no key inside their length needs one at all.
+        # A row that kept no key (its max is still `MASKED`) comes out as the reference
+        # gives it here, so that XLA needs no pass over the output: zero past the
+        # query's length, else every key weighed alike (`alike`, the mean of the values).
         kept = m_i > jnp.float32(EMPTY_LSE)
         inv_l = jnp.where(kept, 1.0 / l_safe, jnp.float32(0.0))
+        in_length = jnp.where(rows_iota + q0 < lens[0], jnp.float32(1.0), jnp.float32(0.0))
+        fill = jnp.where(kept, jnp.float32(0.0), in_length.max(axis=1))
+        plgpu.barrier_wait(q_bar.at[3 * wg + 2])
+        alike = lax.broadcast_in_dim(regs.cols(alike_smem), acc.shape, [1])
         acc = acc * lax.broadcast_in_dim(inv_l, acc.shape, [0])
+        acc = acc + lax.broadcast_in_dim(fill, acc.shape, [0]) * alike
         q_smem[...] = acc.astype(o_ref.dtype)
         lse_smem[...] = m_i + jnp.log2(l_safe)
         plgpu.commit_smem()
@@ -211,7 +218,8 @@ def forward_scratch(shape: FlashShape, dtype):
         plgpu.SMEM((wgs, WARPGROUP_ROWS), jnp.int32),
         plgpu.SMEM((2, bkv), jnp.int32),
         plgpu.SMEM((wgs, WARPGROUP_ROWS), jnp.float32),
-        plgpu.Barrier(num_barriers=2 * wgs),
+        plgpu.SMEM((wgs, d), jnp.float32),
+        plgpu.Barrier(num_barriers=3 * wgs),  # per warpgroup: queries, their ids, `alike`
         plgpu.Barrier(num_barriers=4),
         plgpu.Barrier(num_barriers=2),
         # Each warpgroup arrives when done with a slot; the first waits before refilling.
@@ -219,8 +227,12 @@ def forward_scratch(shape: FlashShape, dtype):
     ]
 
 
-def flash_forward(shape: FlashShape, q, k, v, ranges, lens, q_seg, k_seg, *, interpret=None):
-    """`(out [B, T, N, D], lse [B, N, T])` of padded inputs (see `FlashShape`)."""
+def flash_forward(
+    shape: FlashShape, q, k, v, ranges, lens, q_seg, k_seg, alike, *, interpret=None
+):
+    """`(out [B, T, N, D], lse [B, N, T])` of padded inputs (see `FlashShape`); `alike`
+    `[B, K, D]` float32, what a query within its length that keeps no key gets (the
+    reference's: the mean of the unpadded values)."""
     b, t, n, d = q.shape
     out_type = (
         jax.ShapeDtypeStruct(q.shape, q.dtype),
@@ -238,4 +250,4 @@ def flash_forward(shape: FlashShape, q, k, v, ranges, lens, q_seg, k_seg, *, int
         interpret=interpret,
         num_threads=wgs if wgs > 1 else None,
         thread_name="wg" if wgs > 1 else None,
-    )(q, k, v, ranges, lens, q_seg, k_seg)
+    )(q, k, v, ranges, lens, q_seg, k_seg, alike)

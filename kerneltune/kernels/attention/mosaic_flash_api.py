@@ -20,7 +20,6 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from kerneltune._src.core import jax_compat
 from kerneltune._src.kernel.backends import Backend
@@ -118,20 +117,15 @@ def _differentiable(shape: FlashShape, backward_shape: FlashShape, s: int, inter
     """The kernels under one `custom_vjp` for a shape (`s` the unpadded key length)."""
 
     def forward(q, k, v, ranges, lens, q_seg, k_seg):
-        # Rows that keep no key come out of the kernel zero: right past a query's
-        # length; within it they weigh every key alike, a pass over the output that
-        # only a call with such rows takes (`lax.cond`; causal packed documents have none).
-        out, lse = flash_forward(shape, q, k, v, ranges, lens, q_seg, k_seg, interpret=interpret)
+        # Rows that keep no key come out of the kernel as the reference gives them
+        # (zero past the query's length, else `alike`): no pass over the output here.
+        alike = jnp.mean(v[:, :s], axis=1, dtype=jnp.float32)  # [B, K, D]
+        out, lse = flash_forward(
+            shape, q, k, v, ranges, lens, q_seg, k_seg, alike, interpret=interpret
+        )
         t = q.shape[1]
         valid = jnp.arange(t)[None] < lens[:, :1]  # [B, T]
         empty = (lse < EMPTY_LSE) & valid[:, None]  # [B, N, T]
-
-        def weigh_alike(out):
-            alike = jnp.mean(v[:, :s], axis=1, dtype=jnp.float32)  # every key weighed alike
-            alike = jnp.repeat(alike, shape.groups, axis=1).astype(out.dtype)  # [B, N, D]
-            return jnp.where(jnp.moveaxis(empty, 1, 2)[..., None], alike[:, None], out)
-
-        out = lax.cond(jnp.any(empty), weigh_alike, lambda out: out, out)
         lse = jnp.where(empty | ~valid[:, None], jnp.inf, lse)
         return out, (lse, empty)
 
@@ -151,15 +145,12 @@ def _differentiable(shape: FlashShape, backward_shape: FlashShape, s: int, inter
             backward_shape, q, k, v, do, lse, delta, kv_ranges, q_ranges, lens, q_seg, k_seg,
             interpret=interpret,
         )  # fmt: skip
-        def spread_alike(dv):
-            # The empty rows' uniform weights: each of the first `s` keys gets 1/s of them.
-            b, t, n, d = do.shape
-            spread = jnp.where(jnp.moveaxis(empty, 1, 2)[..., None], do.astype(jnp.float32), 0.0)
-            spread = spread.sum(axis=1).reshape(b, k.shape[2], shape.groups, d).sum(axis=2) / s
-            keys = (jnp.arange(k.shape[1]) < s)[None, :, None, None]
-            return (dv.astype(jnp.float32) + jnp.where(keys, spread[:, None], 0.0)).astype(dv.dtype)
-
-        dv = lax.cond(jnp.any(empty), spread_alike, lambda dv: dv, dv)
+        # The empty rows' uniform weights: each of the first `s` keys gets 1/s of them.
+        b, t, n, d = do.shape
+        spread = jnp.where(jnp.moveaxis(empty, 1, 2)[..., None], do.astype(jnp.float32), 0.0)
+        spread = spread.sum(axis=1).reshape(b, k.shape[2], shape.groups, d).sum(axis=2) / s
+        keys = (jnp.arange(k.shape[1]) < s)[None, :, None, None]
+        dv = (dv.astype(jnp.float32) + jnp.where(keys, spread[:, None], 0.0)).astype(dv.dtype)
         zero = lambda x: np.zeros(x.shape, jax.dtypes.float0)  # noqa: E731
         ints = (fwd_ranges, kv_ranges, q_ranges, lens, q_seg, k_seg)
         return (dq, dk, dv, *map(zero, ints))
