@@ -227,9 +227,7 @@ def forward_scratch(shape: FlashShape, dtype):
     ]
 
 
-def flash_forward(
-    shape: FlashShape, q, k, v, ranges, lens, q_seg, k_seg, alike, *, interpret=None
-):
+def flash_forward(shape: FlashShape, q, k, v, ranges, lens, q_seg, k_seg, alike, *, interpret=None):
     """`(out [B, T, N, D], lse [B, N, T])` of padded inputs (see `FlashShape`); `alike`
     `[B, K, D]` float32, what a query within its length that keeps no key gets (the
     reference's: the mean of the unpadded values)."""
