@@ -31,7 +31,7 @@ class FlashShape:
       segmented: whether segment ids are given.
       heads_outermost: the launch order (`grid`): each row of `in_work_order` for
         every head, one order over all the heads' blocks (the default), or each head's
-        blocks in turn. One order was 2-8% faster in the forward and 3-23% in the
+        blocks in turn. One order was 1-10% faster in the forward and 1-23% in the
         backward at 8k and 16k tokens (H200, `benchmarks/mosaic_attention_parts_gpu.py`):
         each head's longest blocks start first, where in turn the last head's started
         after every other head's short ones.
