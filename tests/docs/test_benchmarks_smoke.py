@@ -684,3 +684,29 @@ def test_the_attention_variants_check_names_every_bar_a_row_misses(tmp_path, cap
     printed = capsys.readouterr().out
     assert "1 of 2 rows meet them all" in printed
     assert "- B1 T8192 N16/4 docs16 fwd+bwd: speed 2.00x cudnn (bar 3x)" in printed
+
+
+def test_the_attention_variants_json_keeps_the_rows_timed_before_a_run_is_cut_short(
+    tmp_path, monkeypatch
+):
+    from benchmarks import attention_variants_gpu as av
+
+    timed = []
+
+    def row(b, t, n, kv, variant, pass_, **kw):
+        if timed:  # the second row: the run is cut short (a time limit, a crash)
+            raise KeyboardInterrupt
+        timed.append(variant)
+        ok = {"status": "ok", "ms": 1.0, "first_s": 1.0, "gib": 1.0}
+        return {
+            "shape": f"B{b} T{t} N{n}/{kv}", "variant": variant, "pass": pass_,
+            "xla": {"status": "skipped"}, "cudnn": ok, "tokamax": ok, "kerneltune": ok,
+        }  # fmt: skip
+
+    monkeypatch.setattr(av, "row", row)
+    out = tmp_path / "run.json"
+    with pytest.raises(KeyboardInterrupt):
+        av.main(["--lengths", "8192", "--variants", "causal,window", "--passes", "fwd",
+                 "--json", str(out)])  # fmt: skip
+    assert [r["variant"] for r in json.loads(out.read_text())] == ["causal"]
+    assert not (tmp_path / "run.json.tmp").exists()
