@@ -121,13 +121,11 @@ def in_work_order(ranges: jax.Array) -> jax.Array:
     The GPU starts a grid's blocks in order, each when a slot frees, so a long block
     started last is the kernel's tail. In position order that is what a causal call
     does: its last query blocks visit the most key blocks, and each document's last
-    blocks do with packed documents. The kernels' grids put the heads outermost
-    (Mosaic GPU launches the last grid dimension fastest), so the order holds within
-    each head, and the last head's shortest blocks end the kernel. A model of an H200's
-    264 slots (two blocks an SM, greedy list scheduling) puts what this order saves at
-    4-6% of a kernel's time at 8k tokens, 6-8% at 16k and 3-4% at 32k. One order over
-    every head's blocks would save 12-15% at 8k; not taken, unmeasured: every head's
-    keys would then be read at once, where now one head's share the L2 cache. Ties keep
+    blocks do with packed documents. The kernels' grids (`grid`) launch each row of
+    this order for every head before the next row, so every head's longest blocks go
+    first. On an H200 at 8k tokens (BENCHMARKS.md, 2026-11-29) that made the forward
+    kernel 4-12% and the backward kernels 5-23% faster than position order; the same
+    order taken head by head gained half as much or less. Ties keep
     position order."""
     count = ranges[..., 1] - ranges[..., 0]
     order = jnp.argsort(-count, axis=1, stable=True).astype(jnp.int32)
