@@ -158,26 +158,54 @@ def training(fn: Callable[..., Any]) -> Callable[..., Any]:
     )
 
 
-def program_gib(fn: Callable[..., Any], args: Sequence[Any]) -> float:
-    m = jax.jit(fn).lower(*args).compile().memory_analysis()
+def program_gib(compiled: jax.stages.Compiled) -> float:
+    m = compiled.memory_analysis()
     total = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
     return total / 2**30
 
 
 def measure(fn: Callable[..., Any] | None, sets: list[Any]) -> dict[str, Any]:
-    """First call wall, median device time and program memory, or why it failed."""
+    """First call wall and program memory, or why it failed; where it ran, also
+    `"session"`: a timing session of its compiled program (`harness.session`), for
+    `row` to time beside the others'."""
     if fn is None:
         return {"status": "n/a"}
-    jitted = jax.jit(fn)
     try:
-        first = h.timed_first_call(jitted, sets[0])
-        gib = program_gib(fn, sets[0])
-        ms = h.device_time(jitted, sets) * 1e3
+        first = h.timed_first_call(jax.jit(fn), sets[0])
+        compiled = jax.jit(fn).lower(*sets[0]).compile()
+        session = h.session(compiled, sets)
     except Exception as e:  # out of memory, or a shape the library refuses
-        text = h.error_text(e)
-        oom = "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
-        return {"status": "oom" if oom else "failed", "error": text}
-    return {"status": "ok", "ms": ms, "first_s": first, "gib": gib}
+        return failure(e)
+    return {"status": "ok", "first_s": first, "gib": program_gib(compiled), "session": session}
+
+
+def failure(e: BaseException) -> dict[str, Any]:
+    text = h.error_text(e)
+    oom = "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
+    return {"status": "oom" if oom else "failed", "error": text}
+
+
+#: Rounds of a row's interleaved timing (`harness.interleaved_times`).
+TIMING_ROUNDS = 5
+
+
+def time_together(results: dict[str, dict[str, Any]]) -> None:
+    """Times the implementations that ran in interleaved rounds, each round one session
+    of every one of them: a drift of the GPU's clocks over a row then hits them all
+    alike, where timed one after another it favoured whichever came first (one program
+    read 0.88-0.91x itself, H200, 2026-11-29). Sets each one's `"ms"`, or its failure."""
+    sessions = {n: r.pop("session") for n, r in results.items() if "session" in r}
+    try:
+        times = h.interleaved_times(sessions, rounds=TIMING_ROUNDS)
+    except Exception:  # one of them fails when timed beside the others: each alone
+        times = {}
+        for name, session in sessions.items():
+            try:
+                times[name] = session()
+            except Exception as e:
+                results[name] = failure(e)
+    for name, seconds in times.items():
+        results[name]["ms"] = seconds * 1e3
 
 
 def row(
@@ -210,7 +238,8 @@ def row(
             continue
         fn = fn if fn is None or pass_ == "fwd" else training(fn)
         results[name] = measure(fn, sets)
-        jax.clear_caches()
+        jax.clear_caches()  # each first call compiles afresh
+    time_together(results)
     return {"shape": f"B{b} T{t} N{n}/{kv}", "variant": variant, "pass": pass_, **results}
 
 

@@ -162,10 +162,12 @@ ROUNDS = 9
 
 
 def session(fn: Callable[..., Any], sets: Sequence[Any]) -> Callable[[], float]:
-    """Compiles `fn` (jitted here unless it already is) and sizes a timing session;
-    each call of the result runs one session and returns the median seconds per call,
-    cycling through the argument sets; CUPTI device time on a GPU, else wall time."""
-    fn = fn if hasattr(fn, "lower") else jax.jit(fn)
+    """Compiles `fn` (jitted here unless it already is, or is a compiled program,
+    `jax.stages.Compiled`, which `jax.clear_caches` leaves compiled) and sizes a timing
+    session; each call of the result runs one session and returns the median seconds
+    per call, cycling through the argument sets; CUPTI device time on a GPU, else wall
+    time."""
+    fn = fn if hasattr(fn, "lower") or isinstance(fn, jax.stages.Compiled) else jax.jit(fn)
     out = jax.block_until_ready(fn(*sets[0]))  # compiles; not timed
     calls = session_calls(statistics.median(call_times(fn, sets, 2)), nbytes(out))
     return lambda: statistics.median(call_times(fn, sets, calls))

@@ -710,3 +710,42 @@ def test_the_attention_variants_json_keeps_the_rows_timed_before_a_run_is_cut_sh
                  "--json", str(out)])  # fmt: skip
     assert [r["variant"] for r in json.loads(out.read_text())] == ["causal"]
     assert not (tmp_path / "run.json.tmp").exists()
+
+
+def test_the_attention_variants_rows_time_their_implementations_in_interleaved_rounds():
+    from benchmarks import attention_variants_gpu as av
+
+    calls = []
+
+    def session(name, seconds):
+        def run():
+            calls.append(name)
+            return seconds
+
+        return run
+
+    results = {
+        "cudnn": {"status": "ok", "first_s": 1.0, "gib": 1.0, "session": session("cudnn", 2e-3)},
+        "kerneltune": {"status": "ok", "first_s": 1.0, "gib": 1.0,
+                       "session": session("kerneltune", 1e-3)},
+        "xla": {"status": "skipped"},
+    }  # fmt: skip
+    av.time_together(results)
+    assert results["cudnn"]["ms"] == pytest.approx(2.0)
+    assert results["kerneltune"]["ms"] == pytest.approx(1.0)
+    assert all("session" not in r for r in results.values())
+    assert results["xla"] == {"status": "skipped"}
+    # Every round times each once, and the rounds alternate which goes first.
+    assert len(calls) == 2 * av.TIMING_ROUNDS
+    assert calls[:4] == ["cudnn", "kerneltune", "kerneltune", "cudnn"]
+
+    def out_of_memory():
+        raise RuntimeError("RESOURCE_EXHAUSTED: out of memory")
+
+    results = {
+        "cudnn": {"status": "ok", "first_s": 1.0, "gib": 1.0, "session": session("cudnn", 2e-3)},
+        "tokamax": {"status": "ok", "first_s": 1.0, "gib": 1.0, "session": out_of_memory},
+    }
+    av.time_together(results)  # one fails beside the others: each is timed alone
+    assert results["cudnn"]["ms"] == pytest.approx(2.0)
+    assert results["tokamax"]["status"] == "oom"
