@@ -53,12 +53,20 @@ VARIANTS = {
     # A query document with no key: the row weighs every key alike (as jax.nn does).
     "docs_without_keys": dict(causal=False, docs=True, orphan=True),
     # 256 tokens in 3 and 2 documents: blocks below the diagonal are whole, run unmasked.
-    "whole_blocks": dict(causal=True, docs=True, t=256, s=256),
+    # (Two query heads on one key head: the interpreter's time grows with the grid.)
+    "whole_blocks": dict(causal=True, docs=True, t=256, s=256, heads=(2, 1)),
     # Two warpgroups of 64 queries a block, sharing its keys: the first fetches, both
     # release each slot before it is refilled. In the first batch row the second block
     # of 128 queries visits the most key blocks, so it is taken first (`in_work_order`).
     "two_warpgroups": dict(
-        causal=True, docs=True, soft_cap=5.0, lengths=(250, 256), block_q=128, t=256, s=256
+        causal=True,
+        docs=True,
+        soft_cap=5.0,
+        lengths=(250, 256),
+        block_q=128,
+        t=256,
+        s=256,
+        heads=(2, 1),
     ),
 }
 
@@ -104,10 +112,11 @@ def test_every_variant_matches_the_reference_values_and_gradients(variant):
     )  # fmt: skip
     kernel = AttentionVariants(executor=EX, interpret=True)
     t, s = spec.get("t", T), spec.get("s", S)
-    q = rand((B, t, N, H), seed=1).astype(jnp.bfloat16)
-    k = rand((B, s, K, H), seed=2).astype(jnp.bfloat16)
-    v = rand((B, s, K, H), seed=3).astype(jnp.bfloat16)
-    w = rand((B, t, N, H), seed=4)
+    n, kv = spec.get("heads", (N, K))
+    q = rand((B, t, n, H), seed=1).astype(jnp.bfloat16)
+    k = rand((B, s, kv, H), seed=2).astype(jnp.bfloat16)
+    v = rand((B, s, kv, H), seed=3).astype(jnp.bfloat16)
+    w = rand((B, t, n, H), seed=4)
 
     def ours(q, k, v):
         cfg = VariantConfig(backend="mosaic", block_q=spec.get("block_q", 64))
