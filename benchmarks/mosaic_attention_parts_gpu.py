@@ -1,7 +1,8 @@
 """Where kerneltune's Mosaic GPU attention spends its time, part by part.
 
 For causal attention over T tokens packed into documents (segment ids), each part is
-its own jitted program, timed alone (CUPTI device time on a GPU):
+its own jitted program, the parts timed in interleaved rounds (CUPTI device time on a
+GPU; one round with `--smoke`):
 
 - `ranges`: the XLA code that finds which key blocks each query block visits
   (`mosaic_flash_layout.block_ranges`) and puts the blocks in work order, most visits
@@ -50,6 +51,8 @@ from kerneltune.kernels.attention.mosaic_flash_layout import (
 )
 
 HEADS, KV_HEADS, HEAD_DIM = 16, 4, 128
+#: Rounds of the parts' interleaved timing (`harness.interleaved_times`).
+ROUNDS = 5
 
 
 def parts(t: int, docs: int, interpret: Any = None) -> dict[str, Any]:
@@ -108,25 +111,24 @@ def parts(t: int, docs: int, interpret: Any = None) -> dict[str, Any]:
 
     backward, backward_in_turn = backward_in(shape), backward_in(in_turn)
     train = jax.jit(jax.grad(lambda *a: call(*a).astype(jnp.float32).sum(), (0, 1, 2)))
-    seconds = {
-        "ranges": h.device_time(ranges, [(ids,)]),
-        "forward kernel": h.device_time(forward, [(q, k, v, kv_ranges, ids)]),
-        "backward kernels": h.device_time(
-            backward, [(q, k, v, do, lse, delta, kv_ranges, q_ranges, ids)]
+    bwd_args = (q, k, v, do, lse, delta)
+    parts = {
+        "ranges": (ranges, (ids,)),
+        "forward kernel": (forward, (q, k, v, kv_ranges, ids)),
+        "backward kernels": (backward, (*bwd_args, kv_ranges, q_ranges, ids)),
+        "forward kernel in position order": (forward, (q, k, v, kv_plain, ids)),
+        "forward kernel each head in turn": (forward_in_turn, (q, k, v, kv_ranges, ids)),
+        "backward kernels in position order": (backward, (*bwd_args, kv_plain, q_plain, ids)),
+        "backward kernels each head in turn": (
+            backward_in_turn,
+            (*bwd_args, kv_ranges, q_ranges, ids),
         ),
-        "forward kernel in position order": h.device_time(forward, [(q, k, v, kv_plain, ids)]),
-        "forward kernel each head in turn": h.device_time(
-            forward_in_turn, [(q, k, v, kv_ranges, ids)]
-        ),
-        "backward kernels in position order": h.device_time(
-            backward, [(q, k, v, do, lse, delta, kv_plain, q_plain, ids)]
-        ),
-        "backward kernels each head in turn": h.device_time(
-            backward_in_turn, [(q, k, v, do, lse, delta, kv_ranges, q_ranges, ids)]
-        ),
-        "whole forward": h.device_time(jax.jit(call), [(q, k, v, ids)]),
-        "whole training step": h.device_time(train, [(q, k, v, ids)]),
+        "whole forward": (jax.jit(call), (q, k, v, ids)),
+        "whole training step": (train, (q, k, v, ids)),
     }
+    # In interleaved rounds, so that the orders compared are timed under the same clocks.
+    sessions = {name: h.session(fn, [args]) for name, (fn, args) in parts.items()}
+    seconds = h.interleaved_times(sessions, rounds=1 if interpret is not None else ROUNDS)
     visited = int((kv_ranges[..., 1] - kv_ranges[..., 0]).sum())
     whole = int((kv_ranges[..., 3] - kv_ranges[..., 2]).sum())
     return {"docs": docs, "pairs": visited, "whole": whole, "seconds": seconds}
