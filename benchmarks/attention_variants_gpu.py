@@ -192,8 +192,9 @@ TIMING_ROUNDS = 5
 def time_together(results: dict[str, dict[str, Any]]) -> None:
     """Times the implementations that ran in interleaved rounds, each round one session
     of every one of them: a drift of the GPU's clocks over a row then hits them all
-    alike, where timed one after another it favoured whichever came first (one program
-    read 0.88-0.91x itself, H200, 2026-11-29). Sets each one's `"ms"`, or its failure."""
+    alike, where timed one after another it could favour whichever came first (timed
+    so, kerneltune's windowed forward read 0.88-0.91x the cuDNN function it calls; H200,
+    2026-11-29). Sets each one's `"ms"`, or its failure."""
     sessions = {n: r.pop("session") for n, r in results.items() if "session" in r}
     try:
         times = h.interleaved_times(sessions, rounds=TIMING_ROUNDS)
