@@ -30,7 +30,6 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kerneltune.kernels.attention.mosaic_flash_layout import (
-    BLOCK,
     FlashShape,
     Registers,
     Visits,
@@ -97,12 +96,10 @@ def forward_kernel(shape: FlashShape, interpreted: bool):
              q_bar, k_bar, v_bar, consumed):  # fmt: skip
         b = lax.axis_index("batch")
         h = lax.axis_index("heads")
-        row = lax.axis_index("q_blocks")  # longest first: `in_work_order`
-        qi = ranges_ref[b, row, BLOCK]
+        qi, visits = Visits.of_step(ranges_ref, b, "q_blocks")
         wg = lax.axis_index("wg") if wgs > 1 else 0
         kh = lax.div(h, jnp.int32(shape.groups))
         q0 = qi * shape.block_q + wg * bq  # this warpgroup's first query
-        visits = Visits.read(ranges_ref, b, row)
         lens = (lens_ref[b, 0], lens_ref[b, 1])
         segmented = shape.segmented
         q_smem, qseg_smem, lse_smem = q_smem.at[wg], qseg_smem.at[wg], lse_smem.at[wg]

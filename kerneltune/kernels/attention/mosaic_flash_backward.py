@@ -25,7 +25,6 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kerneltune.kernels.attention.mosaic_flash import LOG2E, MASKED, capped_logits, keep
 from kerneltune.kernels.attention.mosaic_flash_layout import (
-    BLOCK,
     FlashShape,
     Registers,
     Visits,
@@ -56,11 +55,9 @@ def dq_kernel(shape: FlashShape, interpreted: bool):
              qseg_smem, kseg_smem, q_bar, k_bar):  # fmt: skip
         b = lax.axis_index("batch")
         h = lax.axis_index("heads")
-        row = lax.axis_index("q_blocks")  # longest first: `in_work_order`
-        qi = ranges_ref[b, row, BLOCK]
+        qi, visits = Visits.of_step(ranges_ref, b, "q_blocks")
         kh = lax.div(h, jnp.int32(shape.groups))
         q0 = qi * bq
-        visits = Visits.read(ranges_ref, b, row)
         lens = (lens_ref[b, 0], lens_ref[b, 1])
         rows = pl.ds(q0, bq)
 
@@ -150,10 +147,8 @@ def dkv_kernel(shape: FlashShape, interpreted: bool):
              qseg_smem, kseg_smem, k_bar, q_bar):  # fmt: skip
         b = lax.axis_index("batch")
         kh = lax.axis_index("heads")
-        row = lax.axis_index("kv_blocks")  # longest first: `in_work_order`
-        kj = ranges_ref[b, row, BLOCK]
+        kj, visits = Visits.of_step(ranges_ref, b, "kv_blocks")
         k0 = kj * bkv
-        visits = Visits.read(ranges_ref, b, row)
         blocks = visits.count
         lens = (lens_ref[b, 0], lens_ref[b, 1])
         keys = pl.ds(k0, bkv)

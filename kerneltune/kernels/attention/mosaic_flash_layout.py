@@ -219,6 +219,14 @@ class Visits:
         class's fields' order)."""
         return cls(*(ranges_ref[b, i, c] for c in range(4)))
 
+    @classmethod
+    def of_step(cls, ranges_ref, b, axis: str) -> tuple[jax.Array, Visits]:
+        """The block this grid step computes and its visits: the row of batch row `b`
+        of `in_work_order`'s output at the step's index along grid axis `axis` (longest
+        first), read in a kernel."""
+        row = jax.lax.axis_index(axis)
+        return ranges_ref[b, row, BLOCK], cls.read(ranges_ref, b, row)
+
     @property
     def count(self) -> jax.Array:
         return self.hi - self.lo
