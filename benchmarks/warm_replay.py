@@ -8,9 +8,11 @@ error, and reports the *regret* (the recorded time of the config it would pick o
 best recorded time) and the fraction of the space it evaluated. Exhaustive search and
 the cold budgeted search (coordinate descent) run on the same replay, as baselines.
 `batches` counts the evaluations that built new configs: each is a compile latency on
-a GPU (the replay's evaluator compiles 16 at once, as a 16-core GPU host does).
+a GPU (the replay's evaluator compiles 16 at once, as a 16-core GPU host does;
+`--compiles-at-once 1` replays a space of Mosaic GPU kernels, which a process compiles
+one at a time).
 
-    python -m benchmarks.warm_replay [TABLE] [--seeds 10] [--noise 0.01]
+    python -m benchmarks.warm_replay [TABLE] [--seeds 10] [--noise 0.01] [--compiles-at-once 16]
 
 `--space triton` (or `pallas`) replays the configs of that backend only: a space
 without a library backend that wins everywhere, as a user's own Pallas kernel has.
@@ -57,10 +59,11 @@ class ReplayEvaluator:
         *,
         noise: float,
         seed: int,
+        workers: int = 16,
     ):
         self.candidates = cfgs
         self.reference_index = reference
-        self.workers = 16
+        self.workers = workers
         self.times, self.noise = times, noise
         self.rng = random.Random(seed)
         self.measured: dict[int, float | None] = {}
@@ -104,6 +107,7 @@ def replay_shape(
     backend: str | None,
     seeds: Iterable[int],
     noise: float,
+    workers: int = 16,
 ) -> list[ReplayOutcome]:
     cfgs, times = space_of(entry, backend)
     ok = [t for t in times if t is not None]
@@ -126,7 +130,7 @@ def replay_shape(
             ("exhaustive", search.Exhaustive()),
         ]
         for name, strategy in methods:
-            ev = ReplayEvaluator(cfgs, times, reference, noise=noise, seed=seed)
+            ev = ReplayEvaluator(cfgs, times, reference, noise=noise, seed=seed, workers=workers)
             strategy.search(ev)
             regret = times[ev.pick()] / best - 1  # type: ignore[operator]
             out.append(
@@ -149,6 +153,7 @@ def replay(
     backend: str | None = None,
     seeds: Iterable[int] = range(10),
     noise: float = 0.01,
+    workers: int = 16,
 ) -> list[ReplayOutcome]:
     """Every shape of every family with at least 3 shapes, held out in turn."""
     families: dict[tuple[str, str], list[CacheEntry]] = {}
@@ -161,7 +166,12 @@ def replay(
             continue
         for i, e in enumerate(group):
             out += replay_shape(
-                e, group[:i] + group[i + 1 :], backend=backend, seeds=list(seeds), noise=noise
+                e,
+                group[:i] + group[i + 1 :],
+                backend=backend,
+                seeds=list(seeds),
+                noise=noise,
+                workers=workers,
             )
     return out
 
@@ -198,13 +208,23 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--noise", type=float, default=0.01, help="relative measurement error (sd)")
     p.add_argument("--space", default=None, help="one backend's configs only (triton, pallas)")
+    p.add_argument(
+        "--compiles-at-once", type=int, default=16,
+        help="configs that compile in the wall time of one (1: Mosaic GPU kernels)",
+    )  # fmt: skip
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    rows = summary(
-        replay(load(args.table), backend=args.space, seeds=range(args.seeds), noise=args.noise)
+    outcomes = replay(
+        load(args.table),
+        backend=args.space,
+        seeds=range(args.seeds),
+        noise=args.noise,
+        workers=args.compiles_at_once,
     )
+    rows = summary(outcomes)
     print(
-        f"table {args.table}, space {args.space or 'all backends'}, {args.seeds} seeds, noise {args.noise:.0%}"
+        f"table {args.table}, space {args.space or 'all backends'}, {args.seeds} seeds, "
+        f"noise {args.noise:.0%}, {args.compiles_at_once} compiles at once"
     )
     print(
         "| op | method | shapes | median regret | p90 regret | worst regret | median evaluated "

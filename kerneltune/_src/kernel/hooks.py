@@ -143,6 +143,17 @@ def runs_alone(kernel: Kernel[Any, Any], cfg: Any) -> bool:
     return backend is not None and backend.lowering is not None
 
 
+def compiles_one_at_a_time(kernel: Kernel[Any, Any], cfg: Any) -> bool:
+    """True when `cfg` runs a Mosaic GPU kernel on the device. jaxlib compiles Mosaic
+    GPU kernels under one process-wide lock (`CachedCompile` in its custom call), so
+    such candidates compile one after another whatever the compile threads: a batch
+    of N costs N compiles, not one."""
+    if not isinstance(kernel, BackendKernel) or kernel.use_interpreter():
+        return False
+    backend = _backend_or_none(kernel, cfg)
+    return backend is not None and backend.lowering == "mosaic_gpu"
+
+
 def _backend_or_none(kernel: BackendKernel[Any], cfg: Any) -> Any:
     """The backend that runs `cfg`, or None for a config that names none of the
     kernel's backends (such a config is treated as the general case)."""

@@ -70,6 +70,9 @@ def tune_key(
         def tune(
             cands: list[Any], *, backward: bool, hints: list[Any], reference_cfg: Any
         ) -> TuningReport:
+            # Mostly Mosaic GPU candidates compile one at a time: a search that pads
+            # its batches to the compile threads would pay for every padded config.
+            alone = sum(hooks.compiles_one_at_a_time(kernel, c) for c in cands)
             return run_tuner(
                 tuner,
                 make_fn,
@@ -81,6 +84,7 @@ def tune_key(
                 name=f"{inv.op_id_v}({inv.signature})",
                 reference_fn=bound(kernel, methods_of(kernel, context).reference),
                 hints=hints,
+                compiles_at_once=1 if 2 * alone > len(cands) else None,
             )
 
         report: TuningReport | None = None

@@ -130,7 +130,8 @@ class Bench:
 
     @property
     def workers(self) -> int:
-        return self._settings.max_workers
+        at_once, threads = self._settings.compiles_at_once, self._settings.max_workers
+        return threads if at_once is None else min(at_once, threads)
 
     @property
     def pending(self) -> int:

@@ -48,16 +48,20 @@ def run_tuner(
     name: str,
     reference_fn: Callable[..., Any] | None = None,
     hints: Sequence[Any] = (),
+    compiles_at_once: int | None = None,
 ) -> TuningReport:
     """Tunes one key with `tuner`; a tuner's failure to pick any config is a report
     whose `best` is None (the chain then falls back to the heuristic). `hints` (the
-    winners at neighbouring shapes) reach a `tune` that takes them."""
+    winners at neighbouring shapes) and `compiles_at_once` (`Tuner.tune`) reach a
+    `tune` that takes them."""
     if not uses_own_autotune(tuner):
         extra: dict[str, Any] = {}
         if reference_fn is not None:
             extra["reference_fn"] = reference_fn
         if hints and _takes(tuner.tune, "hints"):
             extra["hints"] = list(hints)
+        if compiles_at_once is not None and _takes(tuner.tune, "compiles_at_once"):
+            extra["compiles_at_once"] = compiles_at_once
         return tuner.tune(
             make_fn,
             args,

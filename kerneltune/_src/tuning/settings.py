@@ -26,6 +26,9 @@ class BenchSettings:
     run_timeout_s: float | None = None  # None: from the heuristic's first run
     abandon_late: bool = False  # at the deadline, abandon candidates not yet run
     first_grace_s: float = 0.0  # ...but the first candidate, this much later
+    # Candidates that compile in the wall time of one: max_workers, or 1 where the
+    # process compiles its kernels one at a time (Mosaic GPU).
+    compiles_at_once: int | None = None
 
 
 def check_tuner_arguments(

@@ -213,6 +213,7 @@ class Tuner(Generic[Cfg]):
         name: str = "",
         reference_fn: Callable[..., Any] | None = None,
         hints: Sequence[Cfg] = (),
+        compiles_at_once: int | None = None,
     ) -> TuningReport:
         """Evaluates candidates (all of them, or those the search strategy picks) and
         reports every one.
@@ -238,6 +239,9 @@ class Tuner(Generic[Cfg]):
           hints: configs that won at neighbouring shapes of the same op, nearest first.
             With the "auto" strategy and a space of at least `WARM_MIN_SPACE`
             candidates, the search starts from them (`warm_start.strategy_for`).
+          compiles_at_once: how many candidates compile in the wall time of one (None:
+            `max_workers`). 1 where the process compiles its kernels one at a time
+            (Mosaic GPU): a search then adds no configs to a batch for free.
 
         Returns:
           A `TuningReport`; its `best` is None when every candidate failed (the caller
@@ -281,6 +285,7 @@ class Tuner(Generic[Cfg]):
                 progress,
                 deadline,
                 expected=expected,
+                compiles_at_once=compiles_at_once,
             )
             zero_check = programs.Background(inputs.all_zero_floats, arrays)
             try:
@@ -329,6 +334,7 @@ class Tuner(Generic[Cfg]):
         *,
         validate: bool = True,
         expected: Callable[[list[list[Any]]], Any] | None = None,
+        compiles_at_once: int | None = None,
     ) -> Bench:
         rotate = self.rotate_bytes
         if rotate is None:
@@ -353,6 +359,7 @@ class Tuner(Generic[Cfg]):
             run_timeout_s=self.run_timeout_s,
             abandon_late=self.abandon_late,
             first_grace_s=(self.time_budget_s or 0.0) if self.abandon_late else 0.0,
+            compiles_at_once=compiles_at_once,
         )
         return Bench(
             lower, finish, arg_sets, candidates, reference_cfg, timer, settings, progress,
