@@ -130,3 +130,13 @@ def test_a_key_of_mostly_one_at_a_time_candidates_is_tuned_with_compiles_at_once
     out = ex(kernel, jnp.linspace(0.0, 1.0, 16))
     assert jnp.allclose(out, jnp.sin(jnp.linspace(0.0, 1.0, 16)))
     assert seen == [at_once]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "1"])
+def test_tune_names_a_bad_compiles_at_once(bad):
+    with pytest.raises(
+        ValueError, match=r"compiles_at_once=\.\.\.\) must be an integer >= 1 or None, got"
+    ):
+        kt.Tuner(timer=CostInProgram()).tune(
+            lambda fwd: costed_sin(fwd, 0), (jnp.ones(8),), {}, [1, 2], compiles_at_once=bad
+        )

@@ -250,11 +250,21 @@ class Tuner(Generic[Cfg]):
 
         Raises:
           NoCandidatesError: `candidates` is empty (a ValueError and a RuntimeError).
+          ValueError: `compiles_at_once` is not an integer >= 1 or None.
         """
         candidates = list(candidates)
         if not candidates:
             raise NoCandidatesError(
                 f"Tuner.tune got an empty candidate list for {name or 'a kernel'}."
+            )
+        if compiles_at_once is not None and (
+            isinstance(compiles_at_once, bool)
+            or not isinstance(compiles_at_once, int)
+            or compiles_at_once < 1
+        ):
+            raise ValueError(
+                "Tuner.tune(compiles_at_once=...) must be an integer >= 1 or None, "
+                f"got {compiles_at_once!r}."
             )
         start = time.perf_counter()
         arrays, rebuild = programs.concrete_arrays(args, kwargs, seed=self.seed)
