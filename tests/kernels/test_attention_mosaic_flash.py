@@ -44,16 +44,17 @@ needs_interpreter = pytest.mark.skipif(
 #: With `docs`: three documents in the first batch row, two in the second; the
 #: queries' ids are the keys' cut to the queries' length.
 VARIANTS = {
+    # Four query heads on two key heads (which key head a query head reads) in two
+    # variants; the others take two on one: the interpreter's time grows with the grid.
     "causal_softcap": dict(causal=True, soft_cap=5.0),
-    "window_padded": dict(causal=True, window=(40, 0), lengths=(70, 120)),
+    "window_padded": dict(causal=True, window=(40, 0), lengths=(70, 120), heads=(2, 1)),
     "docs": dict(causal=True, docs=True),
     "docs_window_softcap_padded": dict(
-        causal=False, window=(30, 10), soft_cap=8.0, docs=True, lengths=(90, 140)
+        causal=False, window=(30, 10), soft_cap=8.0, docs=True, lengths=(90, 140), heads=(2, 1)
     ),
     # A query document with no key: the row weighs every key alike (as jax.nn does).
-    "docs_without_keys": dict(causal=False, docs=True, orphan=True),
+    "docs_without_keys": dict(causal=False, docs=True, orphan=True, heads=(2, 1)),
     # 256 tokens in 3 and 2 documents: blocks below the diagonal are whole, run unmasked.
-    # (Two query heads on one key head: the interpreter's time grows with the grid.)
     "whole_blocks": dict(causal=True, docs=True, t=256, s=256, heads=(2, 1)),
     # Two warpgroups of 64 queries a block, sharing its keys: the first fetches, both
     # release each slot before it is refilled. In the first batch row the second block
