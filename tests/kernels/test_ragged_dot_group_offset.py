@@ -320,14 +320,16 @@ def test_the_mosaic_path_computes_the_local_rows_given_jaxs_kernel_contract(monk
     monkeypatch.setattr(pallas_mosaic, "_require", lambda product: found)
     lhs, rhs, dout, sizes, offset = _case()
     cfg = RaggedDotConfig(backend="mosaic", block_m=64, block_n=64, block_k=64)
-    out = pallas_mosaic.ragged_dot_mosaic(lhs, rhs, sizes, cfg, transpose_rhs=False,
-                                          group_offset=offset)  # fmt: skip
+    with jax.disable_jit():  # the kernel's call is jitted: run it eagerly to read its sizes
+        out = pallas_mosaic.ragged_dot_mosaic(lhs, rhs, sizes, cfg, transpose_rhs=False,
+                                              group_offset=offset)  # fmt: skip
     # Groups 2..4 are rows 17..39 of 48: rows 0-16 join the first, 40-47 the last.
     assert seen[-1] == [17 + 0, 14, 9 + 8]
     want, (want_lhs, _) = sliced_reference(lhs, rhs, sizes, CASE["offset"], dout)
     assert relative_error(out, want) <= tolerance(F32)
-    d_lhs = pallas_mosaic.ragged_dot_mosaic(dout, rhs, sizes, cfg, transpose_rhs=True,
-                                            group_offset=offset)  # fmt: skip
+    with jax.disable_jit():
+        d_lhs = pallas_mosaic.ragged_dot_mosaic(dout, rhs, sizes, cfg, transpose_rhs=True,
+                                                group_offset=offset)  # fmt: skip
     assert relative_error(d_lhs, want_lhs) <= tolerance(F32)
 
 
