@@ -476,3 +476,42 @@ def test_drawn_calls_match_the_reference_values_and_gradients(call):
     close(out, want, tol=2e-2)
     for got, expected in zip(grads, want_grads, strict=True):
         close(got.astype(jnp.float32), expected, tol=3e-2)
+
+
+@needs_interpreter
+def test_a_program_calling_attention_twice_at_one_shape_traces_each_kernel_once(monkeypatch):
+    """Two layers' attention at the same shapes (a model that is not scanned): each
+    kernel is traced once for the program, so JAX lowers it once."""
+    from kerneltune.kernels.attention import mosaic_flash_api
+
+    traced = []
+
+    def counting(name, fn):
+        def wrapper(*args, **kwargs):
+            traced.append(name)
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(
+        mosaic_flash_api, "flash_forward", counting("fwd", mosaic_flash_api.flash_forward)
+    )
+    monkeypatch.setattr(
+        mosaic_flash_api, "flash_backward", counting("bwd", mosaic_flash_api.flash_backward)
+    )
+    mosaic_flash_api._differentiable.cache_clear()
+    kernel = AttentionVariants(executor=EX, interpret=True)
+    masks = _masks(VARIANTS["docs"])
+    cfg = VariantConfig(backend="mosaic")
+    static = dict(causal=True, sm_scale=H**-0.5, window=None, soft_cap=None)
+
+    def two_layers(q, k, v):
+        first = EX(kernel, q, k, v, None, masks, cfg=cfg, **static)
+        second = EX(kernel, first, k, v, None, masks, cfg=cfg, **static)
+        return second.astype(jnp.float32).sum()
+
+    q = jax.ShapeDtypeStruct((B, T, N, H), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((B, S, K, H), jnp.bfloat16)
+    jax.jit(jax.grad(two_layers, (0, 1, 2))).trace(q, k, k)
+    mosaic_flash_api._differentiable.cache_clear()
+    assert sorted(traced) == ["bwd", "fwd"]

@@ -114,15 +114,22 @@ def flash_attention_mosaic(
 
 @functools.cache
 def _differentiable(shape: FlashShape, backward_shape: FlashShape, s: int, interpret):
-    """The kernels under one `custom_vjp` for a shape (`s` the unpadded key length)."""
+    """The kernels under one `custom_vjp` for a shape (`s` the unpadded key length).
+
+    Each kernel is called through one jitted function per shape: a program that calls
+    attention at the same shapes again (every layer of a model that is not scanned)
+    traces each kernel once and JAX lowers it once, where each call would otherwise
+    lower its own copy (about half a second of Python a Mosaic GPU kernel)."""
+    forward_kernel = jax.jit(functools.partial(flash_forward, shape, interpret=interpret))
+    backward_kernel = jax.jit(
+        functools.partial(flash_backward, backward_shape, interpret=interpret)
+    )
 
     def forward(q, k, v, ranges, lens, q_seg, k_seg):
         # Rows that keep no key come out of the kernel as the reference gives them
         # (zero past the query's length, else `alike`): no pass over the output here.
         alike = jnp.mean(v[:, :s], axis=1, dtype=jnp.float32)  # [B, K, D]
-        out, lse = flash_forward(
-            shape, q, k, v, ranges, lens, q_seg, k_seg, alike, interpret=interpret
-        )
+        out, lse = forward_kernel(q, k, v, ranges, lens, q_seg, k_seg, alike)
         t = q.shape[1]
         valid = jnp.arange(t)[None] < lens[:, :1]  # [B, T]
         empty = (lse < EMPTY_LSE) & valid[:, None]  # [B, N, T]
@@ -141,10 +148,9 @@ def _differentiable(shape: FlashShape, backward_shape: FlashShape, s: int, inter
     def run_bwd(res, do):
         q, k, v, out, lse, empty, fwd_ranges, kv_ranges, q_ranges, lens, q_seg, k_seg = res
         delta = jnp.einsum("btnd,btnd->bnt", do.astype(jnp.float32), out.astype(jnp.float32))
-        dq, dk, dv = flash_backward(
-            backward_shape, q, k, v, do, lse, delta, kv_ranges, q_ranges, lens, q_seg, k_seg,
-            interpret=interpret,
-        )  # fmt: skip
+        dq, dk, dv = backward_kernel(
+            q, k, v, do, lse, delta, kv_ranges, q_ranges, lens, q_seg, k_seg
+        )
         # The empty rows' uniform weights: each of the first `s` keys gets 1/s of them.
         b, t, n, d = do.shape
         spread = jnp.where(jnp.moveaxis(empty, 1, 2)[..., None], do.astype(jnp.float32), 0.0)
