@@ -141,7 +141,7 @@ def _call(
     return _jitted(fn, blocks, tuple(sorted(extra.items())))(a, b, group_sizes.astype(jnp.int32))
 
 
-@functools.cache
+@functools.lru_cache(maxsize=256)  # a tuning builds one a config: keep the recent ones
 def _jitted(
     fn: Callable[..., jax.Array],
     blocks: tuple[int, int, int, int, int],
