@@ -49,7 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import harness as h
-from kerneltune._src.cli.demo_measure import program_peak
+from kerneltune._src.cli.demo_measure import program_peak, status_of
 from kerneltune.kernels import attention
 from kerneltune.kernels.attention.variants import VariantConfig
 
@@ -183,8 +183,7 @@ def measure(fn: Callable[..., Any] | None, sets: list[Any]) -> dict[str, Any]:
 
 def failure(e: BaseException) -> dict[str, Any]:
     text = h.error_text(e)
-    oom = "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
-    return {"status": "oom" if oom else "failed", "error": text}
+    return {"status": status_of(text), "error": text}
 
 
 #: Rounds of a row's interleaved timing (`harness.interleaved_times`).

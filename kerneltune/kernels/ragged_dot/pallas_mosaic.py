@@ -123,39 +123,20 @@ def unsupported(product: str, offset: bool = False) -> str | None:
     return None
 
 
-def _call(
-    fn: Callable[..., jax.Array],
-    cfg: RaggedDotConfig,
-    a: jax.Array,
-    b: jax.Array,
-    group_sizes: jax.Array,
-    **extra: Any,
-) -> jax.Array:
-    """`fn(a, b, group_sizes=..., <cfg's blocks>, **extra)` through one jitted function
-    per kernel and config (`_jitted`): a program that calls the same kernel at the same
-    shapes twice (an MoE layer's gate and up projections, forward and backward) traces
-    it once and JAX lowers it once. Lowering a Mosaic GPU kernel is Python work of about
-    half a second, one at a time."""
-    bm, bn, bk = cfg.blocks
-    blocks = (bm, bn, bk, cfg.max_concurrent_steps, cfg.grid_block_n)
-    return _jitted(fn, blocks, tuple(sorted(extra.items())))(a, b, group_sizes.astype(jnp.int32))
-
-
 @functools.lru_cache(maxsize=256)  # a tuning builds one a config: keep the recent ones
-def _jitted(
-    fn: Callable[..., jax.Array],
-    blocks: tuple[int, int, int, int, int],
-    extra: tuple[tuple[str, Any], ...],
-) -> Callable[..., jax.Array]:
-    bm, bn, bk, steps, grid_block_n = blocks
-
-    def kernel(a: jax.Array, b: jax.Array, group_sizes: jax.Array) -> jax.Array:
-        return fn(
-            a, b, group_sizes=group_sizes, block_m=bm, block_n=bn, block_k=bk,
-            max_concurrent_steps=steps, grid_block_n=grid_block_n, **dict(extra),
-        )  # fmt: skip
-
-    return jax.jit(kernel)
+def _jitted(fn: Callable[..., jax.Array], cfg: RaggedDotConfig, **extra: Any) -> Any:
+    """`fn` with `cfg`'s blocks, jitted once per kernel and config: a program that calls
+    the same kernel at the same shapes twice (an MoE layer's gate and up projections,
+    forward and backward) traces it once and JAX lowers it once. Lowering a Mosaic GPU
+    kernel is Python work of about half a second, one at a time."""
+    bm, bn, bk = cfg.blocks
+    return jax.jit(
+        functools.partial(
+            fn, block_m=bm, block_n=bn, block_k=bk,
+            max_concurrent_steps=cfg.max_concurrent_steps, grid_block_n=cfg.grid_block_n,
+            **extra,
+        )
+    )  # fmt: skip
 
 
 def _require(product: str) -> MosaicFunction:
@@ -198,12 +179,12 @@ def ragged_dot_mosaic(
     found = _require("dlhs" if transpose_rhs else "fwd")
     extra = {"transpose_rhs": True} if transpose_rhs else {}
     if group_offset is None:
-        out = _call(found.fn, cfg, lhs, rhs, group_sizes, **extra)
+        out = _jitted(found.fn, cfg, **extra)(lhs, rhs, group_sizes=group_sizes.astype(jnp.int32))
         return rows_after_groups_zeroed(out, group_sizes)
     m = lhs.shape[0]
     sizes, start = groups_lib.local_groups(group_sizes, group_offset, rhs.shape[0], m)
     cover, end = edge_groups(sizes, start, m)
-    out = _call(found.fn, cfg, lhs, rhs, cover, **extra)
+    out = _jitted(found.fn, cfg, **extra)(lhs, rhs, group_sizes=cover.astype(jnp.int32))
     return groups_lib.rows_outside_zeroed(out, start, end)
 
 
@@ -212,7 +193,7 @@ def transposed_ragged_dot_mosaic(
 ) -> jax.Array:
     """d_rhs `[G, K, N]`: `lhs[rows of g]ᵀ · dout[rows of g]` per group."""
     found = _require("drhs")
-    return _call(found.fn, cfg, lhs, dout, group_sizes)
+    return _jitted(found.fn, cfg)(lhs, dout, group_sizes=group_sizes.astype(jnp.int32))
 
 
 class MosaicBackend(PallasGradient):
