@@ -275,12 +275,25 @@ def test_blocks_compute_the_same_values_with_plain_and_kerneltune_ops(block):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_the_tuner_benchmark_methods_and_diagnostics_run_tiny_on_a_cpu():
+def test_the_tuner_benchmark_methods_and_diagnostics_run_tiny_on_a_cpu(monkeypatch):
     # The diagnostics once called a helper that had moved, and nothing ran them on a CPU.
     from benchmarks import tuner_diag, tuner_methods, tuner_space
+    from kerneltune._src.tuning import programs
 
+    # Their threads once traced Pallas kernels at once, which crashed a CI worker
+    # (a segmentation fault): every lowering must take its turn at the tracer.
+    lowered = []
+    take_turns = programs.lower_alone
+
+    def counted(fn, args, *rest, **kwargs):
+        lowered.append(fn)
+        return take_turns(fn, args, *rest, **kwargs)
+
+    monkeypatch.setattr(programs, "lower_alone", counted)
     diag = tuner_diag.work_diag(tiny=True)
     assert all(v > 0 for k, v in diag["compile_scaling"].items() if k.endswith("compiling"))
+    cands = tuner_space.space(True)
+    assert len(lowered) == len(cands) + len(cands[-6:] + cands[:2])
     shape = tuner_space.TINY_SHAPES[1]
     result = tuner_methods.work_kerneltune(shape, True, "coordinate")
     assert result["winner"] is not None and result["evaluated"] >= 2
