@@ -51,8 +51,7 @@ test-oldest-jax: $(OLDEST_STAMP)
 # installed is not the newest release the registry offers.
 NEWEST_VENV ?= .venv-newest-jax
 
-# Two workers, as `make test`: beside it (.ci/run) they share the cores, and once it
-# ends they keep both busy (one worker left a core idle for the last ten minutes).
+# Two workers, as `make test`, after it (.ci/run): one worker left a core idle.
 test-newest-jax:
 	NEWEST_VENV=$(NEWEST_VENV) python3 tools/newest_jax_venv.py
 	$(NEWEST_VENV)/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist worksteal
