@@ -188,3 +188,40 @@ def test_with_hints_only_the_hinted_own_backward_candidates_are_timed():
     assert status == {"s1": "ok", "s2": "ok", "o2": "ok", "o1": "pruned", "o3": "pruned"}
     training_keys.tune_in_two(tune, cands, apart=apart, heuristic="s1", hints=[])
     assert timed[True] == ["s1", "o1", "o2", "o3"]  # no hints: the whole space
+
+
+def test_with_no_own_backward_candidate_in_reach_the_second_stage_is_not_run():
+    # It would time the fastest shared candidate against nothing: on an MoE layer it
+    # cost each forward key a reference compile, inputs and first runs.
+    stages = []
+
+    def tune(cands, **kw):
+        stages.append(kw["backward"])
+        return _report(cands[1], *(_result(c, 2.0 - i) for i, c in enumerate(cands)))
+
+    apart = lambda c: c.startswith("s")  # noqa: E731
+    cands = ["o1", "s1", "s2", "o2"]
+    got = training_keys.tune_in_two(tune, cands, apart=apart, heuristic="s1", hints=["s2"])
+    assert stages == [False]
+    assert got.best == "s2" and got.best_time_s == 1.0  # forward only, as timed
+    assert [c.cfg for c in got.candidates] == cands
+    assert {c.cfg: c.status for c in got.candidates} == {
+        "o1": "pruned", "s1": "ok", "s2": "ok", "o2": "pruned",
+    }  # fmt: skip
+    assert "forward only: every candidate in reach shares one backward" in got.strategy
+
+
+class SharedOnly(Mixed):
+    op_id = "mixed-backward-shared-only"
+
+    def interpret_candidates(self, inv):
+        return [Costs(backend="shared", fwd=f) for f in (1, 3, 7)]
+
+
+def test_a_key_whose_candidates_all_share_the_backward_traces_it_only_for_the_step(counted):
+    report = _tune_a_training_step(SharedOnly(interpret=True))
+    assert report.best == Costs(backend="shared", fwd=1)
+    assert report.best_time_s == pytest.approx(1e-6)  # its forward alone
+    assert report.speedup == pytest.approx(5.0)
+    assert "not timed here" in report.strategy
+    assert counted.traced_backwards == 1  # the step's own backward; no second stage

@@ -15,10 +15,17 @@ forward-only time, so the report's times all mean forward + backward.
 
 Stage two times the candidates with their own backward that a search of the whole
 space would reach: with hints (the winners at neighbouring shapes), a warm search
-starts from them and the heuristic and climbs among Pallas tiles, so only an own-backward
-candidate among those; without hints, all of them. (Timing them all regardless cost an
-MoE layer's `kt.autotune` 12-18 s a key on an H200: `jax.lax.ragged_dot`'s dense
-lowering compiles in 11-23 s with its backward and took 9 GiB more, to lose 12-36x.)
+starts from them and the heuristic and climbs among Pallas tiles, so only an
+own-backward candidate among those; without hints, all of them. (Timing them all
+regardless cost an MoE layer's `kt.autotune` 12-18 s a key on an H200:
+`jax.lax.ragged_dot`'s dense lowering compiles in 11-23 s with its backward and took
+9 GiB more, to lose 12-36x.)
+
+When no such candidate is in reach, stage two is not run: it would time the fastest
+shared candidate against nothing, and that candidate's backward is tuned at its own
+keys anyway. The report's times are then forward only, and its strategy says so. (On
+an MoE layer each forward key's second stage cost a reference compile, inputs and
+first runs, seconds of `kt.autotune` that decided nothing.)
 """
 
 from __future__ import annotations
@@ -69,6 +76,8 @@ def tune_in_two(
         return None
     if hints:
         own = [c for c in own if c == heuristic or c in hints]
+    if not own:
+        return forward_only(candidates, first)
     second = tune(
         [fastest, *own],
         backward=True,
@@ -121,6 +130,21 @@ def merged(
         strategy=strategy,
         validated=first.validated and second.validated,
         phases_s=phases,
+    )
+
+
+def forward_only(candidates: Sequence[Any], first: TuningReport) -> TuningReport:
+    """Stage one's report as the key's, in the candidates' order, when no candidate
+    with its own backward is in reach: its times are forward only."""
+    by_cfg = {c.cfg: c for c in first.candidates}
+    results = tuple(by_cfg.get(c) or _not_reached(c) for c in candidates)
+    return dataclasses.replace(
+        first,
+        candidates=results,
+        strategy=(
+            f"{first.strategy}, forward only: every candidate in reach shares one backward, "
+            "tuned at its own keys (not timed here)"
+        ),
     )
 
 
