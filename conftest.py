@@ -19,6 +19,13 @@ os.environ.setdefault(
     ),
 )
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# XLA:CPU runs programs on a pool of as many threads as cores (2 in CI). JAX's Mosaic GPU
+# interpreter runs a kernel of two warpgroups as two programs on threads of their own,
+# from inside a host callback, and each waits at the kernel's barriers in callbacks of
+# its own: with the callback and one warpgroup holding both pool threads, the other
+# warpgroup never ran and the test hung (py-spy, jax 0.10.2, `make test` on 2 cores).
+# PJRT_NPROC sizes that pool (jaxlib reads it when it creates the CPU client).
+os.environ.setdefault("PJRT_NPROC", "8")
 # Never touch the user's real cache from tests.
 os.environ["KERNELTUNE_CACHE_DIR"] = tempfile.mkdtemp(prefix="kerneltune-test-cache-")
 
