@@ -23,7 +23,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # interpreter runs a kernel of two warpgroups as two programs on threads of their own,
 # from inside a host callback, and each waits at the kernel's barriers in callbacks of
 # its own: with the callback and one warpgroup holding both pool threads, the other
-# warpgroup never ran and the test hung (py-spy, jax 0.10.2, `make test` on 2 cores).
+# warpgroup never ran and the test hung (py-spy, jax 0.10.2, `pytest -n 2` on 2 cores).
 # PJRT_NPROC sizes that pool (jaxlib reads it when it creates the CPU client).
 os.environ.setdefault("PJRT_NPROC", "8")
 # Never touch the user's real cache from tests.
