@@ -106,7 +106,7 @@ def merged(
         by_cfg.setdefault(c.cfg, _plus(c, backward_s))
     for c in second.candidates:
         by_cfg[c.cfg] = c  # the fastest shared one: its own forward + backward time
-    results = tuple(by_cfg.get(c) or _not_reached(c) for c in candidates)
+    results = _in_order(candidates, by_cfg)
     heuristic_times = [
         r.time_s for r in results if r.time_s is not None and r.ok and r.cfg == heuristic
     ]
@@ -136,11 +136,9 @@ def merged(
 def forward_only(candidates: Sequence[Any], first: TuningReport) -> TuningReport:
     """Stage one's report as the key's, in the candidates' order, when no candidate
     with its own backward is in reach: its times are forward only."""
-    by_cfg = {c.cfg: c for c in first.candidates}
-    results = tuple(by_cfg.get(c) or _not_reached(c) for c in candidates)
     return dataclasses.replace(
         first,
-        candidates=results,
+        candidates=_in_order(candidates, {c.cfg: c for c in first.candidates}),
         strategy=(
             f"{first.strategy}, forward only: every candidate in reach shares one backward, "
             "tuned at its own keys (not timed here)"
@@ -151,6 +149,13 @@ def forward_only(candidates: Sequence[Any], first: TuningReport) -> TuningReport
 def _time_of(report: TuningReport, cfg: Any) -> float | None:
     times = [c.time_s for c in report.candidates if c.ok and c.cfg == cfg]
     return min(times) if times else None  # type: ignore[type-var]
+
+
+def _in_order(
+    candidates: Sequence[Any], by_cfg: dict[Any, CandidateResult]
+) -> tuple[CandidateResult, ...]:
+    """The results in the candidates' order; a candidate no stage timed is not reached."""
+    return tuple(by_cfg.get(c) or _not_reached(c) for c in candidates)
 
 
 def _not_reached(cfg: Any) -> CandidateResult:

@@ -48,15 +48,15 @@ def check_tuner_arguments(
     timer: Any,
 ) -> None:
     """Raises a ValueError naming the first `Tuner` argument out of its range."""
-    _check_int("warmup", warmup, 0)
-    _check_int("iters", iters, 1)
-    _check_int("top_k", top_k, 0)
+    check_int("warmup", warmup, 0)
+    check_int("iters", iters, 1)
+    check_int("top_k", top_k, 0)
     if max_evals is not None:
-        _check_int("max_evals", max_evals, 1)
+        check_int("max_evals", max_evals, 1)
     if remeasure_iters is not None:
-        _check_int("remeasure_iters", remeasure_iters, 0)
+        check_int("remeasure_iters", remeasure_iters, 0)
     if max_workers is not None:
-        _check_int("max_workers", max_workers, 1)
+        check_int("max_workers", max_workers, 1)
     for name, value in (
         ("time_budget_s", time_budget_s),
         ("compile_timeout_s", compile_timeout_s),
@@ -78,6 +78,13 @@ def check_tuner_arguments(
         )
 
 
-def _check_int(name: str, value: Any, minimum: int) -> None:
+def check_int(
+    name: str, value: Any, minimum: int, *, where: str = "Tuner", optional: bool = False
+) -> None:
+    """Raises a ValueError naming `where(name=...)` unless `value` is an integer (not a
+    bool) >= `minimum`, or None where `optional`."""
+    if optional and value is None:
+        return
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"Tuner({name}=...) must be an integer >= {minimum}, got {value!r}.")
+        allowed = f"an integer >= {minimum}{' or None' if optional else ''}"
+        raise ValueError(f"{where}({name}=...) must be {allowed}, got {value!r}.")

@@ -43,7 +43,7 @@ from kerneltune._src.tuning.compiling import default_workers
 from kerneltune._src.tuning.progress import Progress
 from kerneltune._src.tuning.report import TuningReport
 from kerneltune._src.tuning.sampler import TimerSource
-from kerneltune._src.tuning.settings import BenchSettings, check_tuner_arguments
+from kerneltune._src.tuning.settings import BenchSettings, check_int, check_tuner_arguments
 from kerneltune._src.tuning.winner import NOISE_BAND as NOISE_BAND
 from kerneltune._src.tuning.winner import Decide as Decide
 from kerneltune._src.tuning.winner import fastest as fastest
@@ -257,15 +257,7 @@ class Tuner(Generic[Cfg]):
             raise NoCandidatesError(
                 f"Tuner.tune got an empty candidate list for {name or 'a kernel'}."
             )
-        if compiles_at_once is not None and (
-            isinstance(compiles_at_once, bool)
-            or not isinstance(compiles_at_once, int)
-            or compiles_at_once < 1
-        ):
-            raise ValueError(
-                "Tuner.tune(compiles_at_once=...) must be an integer >= 1 or None, "
-                f"got {compiles_at_once!r}."
-            )
+        check_int("compiles_at_once", compiles_at_once, 1, where="Tuner.tune", optional=True)
         start = time.perf_counter()
         arrays, rebuild = programs.concrete_arrays(args, kwargs, seed=self.seed)
         with tracing.outside_traces():
