@@ -141,6 +141,13 @@ PACKED_MIN_TOKENS = 8192
 #: where the libraries (the alternative) read every block.
 PACKED_FORWARD_MIN_TOKENS = 16384
 
+#: Tokens from which a causal forward with sequence lengths (padding) alone goes to
+#: tokamax rather than cuDNN, where tokamax runs. On an H200 (BENCHMARKS.md, 2026-11-29,
+#: 70% of T valid) tokamax's forward took 0.95x cuDNN's at B2 32/8 heads and 0.93x at B1
+#: 16/4 at 16k tokens, in two runs each, while at 8k it took 1.01-1.07x; in training
+#: cuDNN's step is 3-4x faster (tokamax's backward), so training keeps cuDNN.
+TOKAMAX_PADDED_FORWARD_MIN_TOKENS = 16384
+
 #: The most extra memory the packed layout's backward may take for the heuristic to
 #: choose it in training (`packed_backward_bytes`): on that H200 its training program
 #: held 2.24 GiB against tokamax's 0.25 at 8k tokens and 4.60 against 0.75 at 16k.
@@ -222,8 +229,9 @@ class AttentionVariants(BackendKernel[VariantConfig]):
         return self.backend_named("mosaic").unusable(self, inv, None) is None
 
     def library_cfg(self, inv: Invocation[Any, Any]) -> VariantConfig:
-        """tokamax for a soft cap, a bias, a mask or segment ids, else cuDNN, where they
-        run; a soft cap without tokamax, or a call neither library takes, on
+        """tokamax for a soft cap, a bias, a mask or segment ids, and for a long causal
+        forward with sequence lengths alone (`TOKAMAX_PADDED_FORWARD_MIN_TOKENS`), else
+        cuDNN, where they run; a soft cap without tokamax, or a call neither library takes, on
         kerneltune's Mosaic kernel where it runs; else XLA: whole when the logits are
         small, a block of queries at a time when not. On an H200 at 8k-32k tokens
         (BENCHMARKS.md, 2026-11-27) tokamax's training step took 0.58-0.71x cuDNN's
@@ -242,7 +250,7 @@ class AttentionVariants(BackendKernel[VariantConfig]):
         soft_cap = inv.kwargs["soft_cap"] is not None
         if tokamax_untrusted(inv):  # its backend would run cuDNN or the chunked path
             usable["tokamax"] = False
-        if usable["tokamax"] and (dense or soft_cap):
+        if usable["tokamax"] and (dense or soft_cap or self._padded_long_forward(inv)):
             return VariantConfig(backend="tokamax")
         if usable["cudnn"]:  # never with a soft cap: those reach the Mosaic kernel below
             return VariantConfig(backend="cudnn")
@@ -253,6 +261,21 @@ class AttentionVariants(BackendKernel[VariantConfig]):
         if _logits_bytes(inv) <= SMALL_LOGITS_BYTES:
             return VariantConfig(backend="xla")
         return VariantConfig(backend="chunked", block_q=chunked_block_q(inv))
+
+    @staticmethod
+    def _padded_long_forward(inv: Invocation[Any, Any]) -> bool:
+        """A causal forward alone whose only feature is sequence lengths, from
+        `TOKAMAX_PADDED_FORWARD_MIN_TOKENS` tokens (where tokamax's forward measured
+        faster than cuDNN's)."""
+        masks = inv.args[4]
+        lengths = masks.q_lengths is not None or masks.kv_lengths is not None
+        return (
+            lengths
+            and not inv.differentiated
+            and inv.kwargs["causal"]
+            and inv.kwargs["window"] is None
+            and int(inv.args[0].shape[1]) >= TOKAMAX_PADDED_FORWARD_MIN_TOKENS
+        )
 
     def search_space(self, inv: Invocation[Any, Any]):
         """Where the heuristic picks cuDNN, its packed layout, tokamax or kerneltune's
