@@ -7,7 +7,7 @@ STAMP := $(VENV)/.kerneltune-installed
 
 DOCS_STAMP := $(VENV)/.kerneltune-docs-installed
 
-.PHONY: demo test test-oldest-jax test-newest-jax docs lint typecheck clean
+.PHONY: demo test test-slow test-oldest-jax test-newest-jax docs lint typecheck clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -18,10 +18,16 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m kerneltune demo
 
+# The suite without the tests marked slow (8 s or more each on a 2-core CPU: the
+# benchmarks' smoke runs, jobs of several processes, the Mosaic interpreter's larger
+# grids), which `make test-slow` runs; CI runs both, and the newest-JAX suite runs all.
 test: $(STAMP)
 	$(VENV)/bin/ruff check kerneltune tests benchmarks examples tools
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q -n 2 --dist worksteal
+	$(PY) -m pytest -q -n 2 --dist worksteal -m "not slow"
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist worksteal -m slow
 
 # The oldest JAX pyproject.toml allows, in a venv of its own: the tests that exercise
 # JAX's APIs most (every bundled kernel under every transform, selection, offline and

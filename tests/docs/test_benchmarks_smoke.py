@@ -361,6 +361,7 @@ def test_loss_head_benchmark_rejects_zero_rounds():
         loss_head_gpu.main(["--smoke", "--rounds", "0"])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_head_ceiling_benchmark_times_the_heads_the_products_and_the_model(capsys):
     from benchmarks import head_ceiling_gpu
@@ -412,6 +413,7 @@ def test_duty_cycle_benchmark_times_each_program_in_both_regimes(capsys):
         duty_cycle_gpu.main(["--rounds", "0"])
 
 
+@pytest.mark.slow
 def test_the_first_use_benchmark_runs_each_variant_in_fresh_processes_and_prints_medians(
     tmp_path, capsys
 ):
@@ -448,6 +450,7 @@ def test_the_first_use_benchmark_runs_each_variant_in_fresh_processes_and_prints
         first_use_gpu.main(["--rows", "attn_smoke", "--repeat", "0"])
 
 
+@pytest.mark.slow
 def test_the_first_use_benchmark_tunes_the_moe_layer_with_kt_autotune_and_times_it_after():
     # Issue 45's MoE line: the first step, `kt.autotune(step)`'s wall, the tuned step.
     from benchmarks import first_use_gpu
@@ -502,6 +505,7 @@ def test_labelled_plain_ops_are_plain_jaxs_values_with_kerneltunes_labels():
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_attention_variants_smoke_run_times_kerneltune_and_the_peers_that_run(tmp_path, capsys):
     from benchmarks import attention_variants_gpu

@@ -102,8 +102,15 @@ def _output_and_gradients(fn, w, q, k, v, *, jit=True):
     return out, grads
 
 
+#: Variants of 12 s or more in the interpreter on a 2-core CPU: `make test-slow` runs them.
+SLOW_VARIANTS = ("two_warpgroups", "whole_blocks")
+
+
 @needs_interpreter
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize(
+    "variant",
+    [pytest.param(v, marks=pytest.mark.slow) if v in SLOW_VARIANTS else v for v in VARIANTS],
+)
 def test_every_variant_matches_the_reference_values_and_gradients(variant):
     spec = VARIANTS[variant]
     masks = _masks(spec)
@@ -310,6 +317,7 @@ def test_the_kernels_take_the_blocks_with_the_most_visits_first():
     assert list(np.asarray(in_work_order(q))[0, :, BLOCK]) == [0, 4, 1, 5, 2, 6, 3, 7]
 
 
+@pytest.mark.slow
 @needs_interpreter
 def test_the_launch_order_over_every_heads_blocks_computes_the_same():
     """`heads_outermost=True` launches each head's blocks in turn where the default
@@ -433,6 +441,7 @@ def _calls(draw):
     return t, s, kheads, groups, causal, window, cap, docs, lengths
 
 
+@pytest.mark.slow
 @needs_interpreter
 @settings(max_examples=3, deadline=None, derandomize=True, phases=(Phase.generate,))
 @given(_calls())

@@ -12,7 +12,7 @@ from kerneltune.kernels.attention import tokamax_backend
 from kerneltune.kernels.attention.features import attention_features_xla
 from kerneltune.kernels.attention.masking import Masks
 from kerneltune.kernels.attention.variants import VariantConfig
-from tests.helpers import close, rand
+from tests.helpers import close, heuristics_executor, rand
 
 pytestmark = pytest.mark.gpu
 
@@ -158,3 +158,41 @@ def test_a_long_soft_capped_call_runs_without_the_whole_logits():
     arrays = [rand(s.shape, seed=i).astype(s.dtype) for i, s in enumerate((q, kv, kv))]
     compiled = jax.jit(jax.grad(step, (0, 1, 2))).lower(*arrays).compile()
     assert compiled.memory_analysis().temp_size_in_bytes < 4 * 2**30
+
+
+@pytest.mark.parametrize("tokamax", ["with tokamax", "without tokamax"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_every_variant_by_default_matches_the_reference_with_and_without_tokamax(
+    variant, tokamax, monkeypatch
+):
+    """What a user gets without naming a backend: the heuristic's choice, with tokamax as
+    installed here and with it hidden, when the choice falls to cuDNN, kerneltune's
+    Mosaic kernel or XLA's paths. Values and gradients against the reference."""
+    if tokamax == "without tokamax":
+        monkeypatch.setattr(tokamax_backend, "installed", lambda: False)
+    q, k, v, bias, mask = _arrays()
+    kw = dict(VARIANTS[variant])
+    call_kw = {
+        **kw,
+        "bias": bias if kw.get("bias") else None,
+        "mask": mask if kw.get("mask") else None,
+    }
+    events: list = []
+    ex = heuristics_executor(events=events)
+
+    def ours(q, k, v):
+        return attention(q, k, v, executor=ex, **call_kw)
+
+    def ref(q, k, v):
+        return _reference(q, k, v, bias, mask, kw)
+
+    close(jax.jit(ours)(q, k, v), ref(q, k, v), tol=3e-2)
+    w = rand((B, T, N, H), seed=9)
+    got = jax.grad(lambda *a: (ours(*a).astype(jnp.float32) * w).sum(), (0, 1, 2))(q, k, v)
+    want = jax.grad(lambda *a: (ref(*a) * w).sum(), (0, 1, 2))(q, k, v)
+    for g, e in zip(got, want):
+        close(g, e, tol=5e-2)
+    chosen = {getattr(data.get("cfg"), "backend", None) for _, data in events} - {None}
+    assert chosen, events
+    if tokamax == "without tokamax":
+        assert "tokamax" not in chosen, chosen

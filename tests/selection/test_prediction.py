@@ -130,6 +130,7 @@ json.dump(out, sys.stdout, sort_keys=True)
 """
 
 
+@pytest.mark.slow
 def test_another_process_predicts_the_same_configs():
     # The prediction must be the same on every process of a job: nothing in it may
     # depend on hashing, set order, the time or the process.

@@ -159,7 +159,7 @@ def _each_key_tuned_once_but_the_seed(results):
     return seed
 
 
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_offline_tuning_is_split_so_each_key_is_tuned_once(n):
     # Before: under jax.distributed every process tuned every recorded key (and agreed
     # on each); now each key is tuned by one process (the family's first by all

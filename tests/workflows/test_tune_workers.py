@@ -80,6 +80,7 @@ def test_key_files_round_trip_and_reject_other_documents(tmp_path):
         read_keys(str(tmp_path / "other.json"))
 
 
+@pytest.mark.slow
 def test_two_workers_give_the_same_entries_as_one(tmp_path):
     path = tmp_path / "manifest.json"
     keys = record_manifest(
@@ -113,6 +114,7 @@ def test_two_workers_give_the_same_entries_as_one(tmp_path):
     assert winners[0] == winners[1] == dict.fromkeys(keys, CHEAPEST)
 
 
+@pytest.mark.slow
 def test_a_worker_that_dies_loses_only_its_unfinished_keys(tmp_path):
     path = tmp_path / "manifest.json"
     # The steady family's costliest key (48²) is tuned by both workers together; the
