@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m kerneltune demo
 
-# The suite without the tests marked slow (8 s or more each on a 2-core CPU: the
+# The suite without the tests marked slow (the longest, 7 s or more each on a 2-core CPU: the
 # benchmarks' smoke runs, jobs of several processes, the Mosaic interpreter's larger
 # grids), which `make test-slow` runs; CI runs both, and the newest-JAX suite runs all.
 test: $(STAMP)

@@ -134,6 +134,7 @@ def test_each_op_offers_the_peers_a_user_has():
     assert next(first_call_gpu.rows("layer_norm", smoke=True))[3] == {}  # no plain JAX op
 
 
+@pytest.mark.slow
 def test_the_model_pieces_are_trained_against_plain_jax():
     for op in first_call_gpu.TRAINED:
         label, fn, args, peers = next(first_call_gpu.rows(op, smoke=True))

@@ -246,6 +246,7 @@ def test_table_lists_failures_with_their_implementation():
     assert "softmax fwd 8x8 kt_tuned: E: x" in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", ["gpt", "llama"])
 def test_blocks_compute_the_same_values_with_plain_and_kerneltune_ops(block):
     shape = model_gpu.FAMILIES[block].smoke[0]

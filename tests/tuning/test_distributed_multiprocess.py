@@ -98,7 +98,7 @@ def _launch(
     [
         # Alone, process 0 would pick b or c and process 1 a or c.
         (2, ["a", "b"]),
-        (4, ["a", "b", "a", ""]),
+        pytest.param(4, ["a", "b", "a", ""], marks=pytest.mark.slow),
     ],
 )
 def test_every_process_ends_with_the_same_config(n, slow):
