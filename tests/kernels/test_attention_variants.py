@@ -271,9 +271,16 @@ def test_a_long_padded_causal_forward_goes_to_tokamax_and_its_training_to_cudnn(
     assert kernel.heuristic_cfg(windowed).backend == "cudnn"
     both_ways = dataclasses.replace(long, kwargs={**long.kwargs, "causal": False})
     assert kernel.heuristic_cfg(both_ways).backend == "cudnn"
-    assert kernel.search_space(long)[0] == [VariantConfig(backend="tokamax")]
+    kept, pruned = kernel.search_space(long)
+    assert kept == [VariantConfig(backend="tokamax")]
+    assert {p.cfg.backend: p.reason for p in pruned}["cudnn"].startswith(
+        "tokamax runs this long causal forward with lengths; cuDNN's forward measured 1.05"
+    )
     monkeypatch.setattr(tokamax_backend, "unsupported", lambda dtype, head_dim: "not installed")
     assert kernel.heuristic_cfg(long).backend == "cudnn"
+    kept, pruned = kernel.search_space(long)
+    assert kept == [VariantConfig(backend="cudnn")]
+    assert all(not p.reason.startswith("tokamax runs") for p in pruned)
 
 
 def test_the_search_space_leaves_out_whole_logits_too_large_with_the_reason():

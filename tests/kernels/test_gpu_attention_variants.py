@@ -82,13 +82,9 @@ def _reference(q, k, v, bias, mask, kw):
         )  # fmt: skip
 
 
-@pytest.mark.parametrize("backend", list(TAKES))
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_every_variant_through_every_backend_matches_the_reference(backend, variant):
-    if variant not in TAKES[backend]:
-        pytest.skip(f"{backend} does not take {variant}")
-    if backend == "tokamax" and tokamax_backend.unsupported(np.dtype(jnp.bfloat16), H):
-        pytest.skip(tokamax_backend.unsupported(np.dtype(jnp.bfloat16), H))
+def _matches_the_reference(variant, **how):
+    """`attention` on the variant's arrays, called with `how` (a `cfg` or an `executor`),
+    against the float32 reference: values, and gradients of a weighted sum."""
     q, k, v, bias, mask = _arrays()
     kw = dict(VARIANTS[variant])
     call_kw = {
@@ -96,14 +92,9 @@ def test_every_variant_through_every_backend_matches_the_reference(backend, vari
         "bias": bias if kw.get("bias") else None,
         "mask": mask if kw.get("mask") else None,
     }
-    cfg = (
-        VariantConfig(backend="mosaic", block_q=128)
-        if backend == "mosaic_128"
-        else VariantConfig(backend=backend)
-    )
 
     def ours(q, k, v):
-        return attention(q, k, v, cfg=cfg, **call_kw)
+        return attention(q, k, v, **how, **call_kw)
 
     def ref(q, k, v):
         return _reference(q, k, v, bias, mask, kw)
@@ -114,6 +105,21 @@ def test_every_variant_through_every_backend_matches_the_reference(backend, vari
     want = jax.grad(lambda *a: (ref(*a) * w).sum(), (0, 1, 2))(q, k, v)
     for g, e in zip(got, want):
         close(g, e, tol=5e-2)
+
+
+@pytest.mark.parametrize("backend", list(TAKES))
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_every_variant_through_every_backend_matches_the_reference(backend, variant):
+    if variant not in TAKES[backend]:
+        pytest.skip(f"{backend} does not take {variant}")
+    if backend == "tokamax" and tokamax_backend.unsupported(np.dtype(jnp.bfloat16), H):
+        pytest.skip(tokamax_backend.unsupported(np.dtype(jnp.bfloat16), H))
+    cfg = (
+        VariantConfig(backend="mosaic", block_q=128)
+        if backend == "mosaic_128"
+        else VariantConfig(backend=backend)
+    )
+    _matches_the_reference(variant, cfg=cfg)
 
 
 @pytest.mark.parametrize("variant", ["docs", "docs_shuffled", "mask"])
@@ -170,28 +176,8 @@ def test_every_variant_by_default_matches_the_reference_with_and_without_tokamax
     Mosaic kernel or XLA's paths. Values and gradients against the reference."""
     if tokamax == "without tokamax":
         monkeypatch.setattr(tokamax_backend, "installed", lambda: False)
-    q, k, v, bias, mask = _arrays()
-    kw = dict(VARIANTS[variant])
-    call_kw = {
-        **kw,
-        "bias": bias if kw.get("bias") else None,
-        "mask": mask if kw.get("mask") else None,
-    }
     events: list = []
-    ex = heuristics_executor(events=events)
-
-    def ours(q, k, v):
-        return attention(q, k, v, executor=ex, **call_kw)
-
-    def ref(q, k, v):
-        return _reference(q, k, v, bias, mask, kw)
-
-    close(jax.jit(ours)(q, k, v), ref(q, k, v), tol=3e-2)
-    w = rand((B, T, N, H), seed=9)
-    got = jax.grad(lambda *a: (ours(*a).astype(jnp.float32) * w).sum(), (0, 1, 2))(q, k, v)
-    want = jax.grad(lambda *a: (ref(*a) * w).sum(), (0, 1, 2))(q, k, v)
-    for g, e in zip(got, want):
-        close(g, e, tol=5e-2)
+    _matches_the_reference(variant, executor=heuristics_executor(events=events))
     chosen = {getattr(data.get("cfg"), "backend", None) for _, data in events} - {None}
     assert chosen, events
     if tokamax == "without tokamax":

@@ -143,9 +143,10 @@ PACKED_FORWARD_MIN_TOKENS = 16384
 
 #: Tokens from which a causal forward with sequence lengths (padding) alone goes to
 #: tokamax rather than cuDNN, where tokamax runs. On an H200 (BENCHMARKS.md, 2026-11-29,
-#: 70% of T valid) tokamax's forward took 0.95x cuDNN's at B2 32/8 heads and 0.93x at B1
-#: 16/4 at 16k tokens, in two runs each, while at 8k it took 1.01-1.07x; in training
-#: cuDNN's step is 3-4x faster (tokamax's backward), so training keeps cuDNN.
+#: 70% of T valid) tokamax's forward took 0.95x cuDNN's time at B2 32/8 heads and
+#: 0.93-0.95x at B1 16/4 at 16k tokens (two runs each), 0.94x at B2 32/8 at 32k, and
+#: 1.01-1.07x at 8k; in training cuDNN's step is 3-4x faster (tokamax's backward), so
+#: training keeps cuDNN.
 TOKAMAX_PADDED_FORWARD_MIN_TOKENS = 16384
 
 #: The most extra memory the packed layout's backward may take for the heuristic to
@@ -231,8 +232,8 @@ class AttentionVariants(BackendKernel[VariantConfig]):
     def library_cfg(self, inv: Invocation[Any, Any]) -> VariantConfig:
         """tokamax for a soft cap, a bias, a mask or segment ids, and for a long causal
         forward with sequence lengths alone (`TOKAMAX_PADDED_FORWARD_MIN_TOKENS`), else
-        cuDNN, where they run; a soft cap without tokamax, or a call neither library takes, on
-        kerneltune's Mosaic kernel where it runs; else XLA: whole when the logits are
+        cuDNN, where they run; a soft cap without tokamax, or a call neither library
+        takes, on kerneltune's Mosaic kernel where it runs; else XLA: whole when the logits are
         small, a block of queries at a time when not. On an H200 at 8k-32k tokens
         (BENCHMARKS.md, 2026-11-27) tokamax's training step took 0.58-0.71x cuDNN's
         time with a bias or a mask and is the only library with a soft cap; cuDNN's
@@ -305,11 +306,16 @@ class AttentionVariants(BackendKernel[VariantConfig]):
             why = {
                 "cudnn_packed": "cuDNN's packed layout runs these documents; the libraries "
                 "given the dense mask measured 2.4-5x slower (H200, 8k-16k tokens)",
+                "padded_forward": "tokamax runs this long causal forward with lengths; "
+                "cuDNN's forward measured 1.05-1.08x its time and XLA's paths far slower "
+                "(H200, 16k-32k tokens)",
                 "mosaic": "kerneltune's Mosaic kernel runs this call; XLA's paths, the "
                 "libraries given a dense mask and, in the forward below 16k tokens, cuDNN's "
                 "packed layout measured slower (H200, 8k-16k tokens)",
             }.get(
-                chosen.backend,
+                "padded_forward"
+                if chosen.backend == "tokamax" and self._padded_long_forward(inv)
+                else chosen.backend,
                 f"{chosen.backend} runs this variant; the other library measured 1.4-4x "
                 "slower, kerneltune's Mosaic kernel 1.7-2.2x and XLA's paths 8-16x (H200, "
                 "8k-32k tokens)",
