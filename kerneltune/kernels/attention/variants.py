@@ -233,8 +233,8 @@ class AttentionVariants(BackendKernel[VariantConfig]):
         """tokamax for a soft cap, a bias, a mask or segment ids, and for a long causal
         forward with sequence lengths alone (`TOKAMAX_PADDED_FORWARD_MIN_TOKENS`), else
         cuDNN, where they run; a soft cap without tokamax, or a call neither library
-        takes, on kerneltune's Mosaic kernel where it runs; else XLA: whole when the logits are
-        small, a block of queries at a time when not. On an H200 at 8k-32k tokens
+        takes, on kerneltune's Mosaic kernel where it runs; else XLA: whole when the
+        logits are small, a block of queries at a time when not. On an H200 at 8k-32k tokens
         (BENCHMARKS.md, 2026-11-27) tokamax's training step took 0.58-0.71x cuDNN's
         time with a bias or a mask and is the only library with a soft cap; cuDNN's
         took 0.25-0.33x tokamax's with a window or padding; kerneltune's Mosaic kernel
@@ -306,20 +306,21 @@ class AttentionVariants(BackendKernel[VariantConfig]):
             why = {
                 "cudnn_packed": "cuDNN's packed layout runs these documents; the libraries "
                 "given the dense mask measured 2.4-5x slower (H200, 8k-16k tokens)",
-                "padded_forward": "tokamax runs this long causal forward with lengths; "
-                "cuDNN's forward measured 1.05-1.08x its time and XLA's paths far slower "
-                "(H200, 16k-32k tokens)",
                 "mosaic": "kerneltune's Mosaic kernel runs this call; XLA's paths, the "
                 "libraries given a dense mask and, in the forward below 16k tokens, cuDNN's "
                 "packed layout measured slower (H200, 8k-16k tokens)",
             }.get(
-                "padded_forward"
-                if chosen.backend == "tokamax" and self._padded_long_forward(inv)
-                else chosen.backend,
+                chosen.backend,
                 f"{chosen.backend} runs this variant; the other library measured 1.4-4x "
                 "slower, kerneltune's Mosaic kernel 1.7-2.2x and XLA's paths 8-16x (H200, "
                 "8k-32k tokens)",
             )
+            if chosen.backend == "tokamax" and self._padded_long_forward(inv):
+                why = (
+                    "tokamax runs this long causal forward with lengths; cuDNN's forward "
+                    "measured 1.05-1.08x its time and XLA's paths far slower (H200, 16k-32k "
+                    "tokens)"
+                )
             others = [c for c in [*libraries, packed, mosaic, *xla] if c != chosen]
             return [chosen], [Pruned(c, untrusted(c) or why) for c in others]
         kept: list[VariantConfig] = []
