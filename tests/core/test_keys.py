@@ -140,6 +140,18 @@ def test_config_json_round_trip_keeps_types():
     assert back == cfg and type(back.fwd) is kt.FwdParams and back.shape == (1, 2)
 
 
+def test_config_json_round_trip_keeps_none_in_an_object_field():
+    # `object` admits every value, None included: a config holding None there must
+    # load back (a persisted entry would otherwise be skipped and retuned every run).
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Loose:
+        extra: object = None
+        block: int = 8
+
+    assert kt.from_json(kt.to_json(Loose()), Loose) == Loose()
+    assert kt.from_json(kt.to_json(Loose(extra=3)), Loose) == Loose(extra=3)
+
+
 def test_from_json_names_unknown_fields():
     with pytest.raises(TypeError, match=r"FwdParams has no field\(s\) \['block'\]"):
         kt.from_json('{"block": 3}', kt.FwdParams)

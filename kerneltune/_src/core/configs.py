@@ -138,7 +138,8 @@ def _wrong(value: Any, where: str, expected: str) -> InvalidConfig:
 
 def _check(value: Any, hint: Any, where: str) -> Any:
     """`value` as the type `hint` asks for; raises InvalidConfig when it is not one."""
-    if hint is None or hint is Any or isinstance(hint, (str, typing.TypeVar)):
+    # `object` admits every value, None included, as `Any` does.
+    if hint is None or hint is Any or hint is object or isinstance(hint, (str, typing.TypeVar)):
         return value
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is typing.Annotated:
