@@ -108,7 +108,7 @@ def test_the_cpu_demo_summarises_and_shows_the_gpu_sample_with_its_sources(cpu_d
     sample = out[out.index("What the same table measured on GPUs") :]
     rows = _table(sample, "op")
     assert [r[0] for r in demo_sample.ROWS] == list(rows)
-    assert rows["ragged_dot"][2:6] == ["42.2 ms", "15.3 ms", "7.57 ms", "7.01 ms"]
+    assert rows["ragged_dot"][2:6] == ["20.8 ms", "10.5 ms", "4.23 ms", "3.46 ms"]
     assert all(re.fullmatch(r"H[12]00 \[\d\]", cells[-1]) for cells in rows.values())
     for n, (heading, _) in demo_sample.SOURCES.items():
         assert f'[{n}] BENCHMARKS.md, "{heading}' in " ".join(sample.split())
