@@ -4,6 +4,7 @@
 # 4-GPU host, memory allocated on demand so that two processes share a GPU):
 #
 #   tools/gpu_suite.sh TK NOTK     # on the device machine, carry: [".gpu-wheels"]
+#                                  # (made here by `tools/gpu_wheels.sh`)
 #
 # Lanes: the ops and the attention variants; the heuristics, the Triton deprecation
 # and the expert-parallel example; the conformance suite's values; its gradients,
