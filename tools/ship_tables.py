@@ -8,6 +8,8 @@ run it on each GPU model the package supports, from the repository root:
 
     PYTHONPATH=. python -m tools.ship_tables [--ops matmul,layer_norm,...,blocks]
     PYTHONPATH=. python -m tools.ship_tables --ops blocks --missing-only  # new keys only
+    PYTHONPATH=. python -m tools.ship_tables --ops attention_variants,attention_variants_grad \
+        --missing-only  # soft cap, window, lengths, bias, packed documents
 
 On a host with several GPUs, one process a GPU, each tuning a disjoint part of the
 run's calls (`--shard I/N`, 1-based: `1/4` to `4/4`) into a table file of its own;
@@ -68,6 +70,22 @@ ATTENTION = [
     for d in (64, 128)
     for c in (False, True)
 ]
+#: Attention variants, causal: (sequence, variant) as `benchmarks/attention_variants_gpu.py`
+#: builds them (soft cap 50, window 4096, lengths at 70%, a bias, packed documents), at
+#: `VARIANT_HEADS`. Packed documents are keyed once, on an even split into 4: the count
+#: of documents is data, not part of the key. A bias is `[1, heads, T, T]` (8 GiB at 16k
+#: in bf16), so it stops at 8k. Without these entries a variant's first call at a new
+#: shape times a shortlist (`selection/first_call.py`); with them it uses the predicted
+#: config untimed, one compile, as a peer's first call.
+ATTENTION_VARIANTS = [
+    (t, variant)
+    for variant in ("softcap", "window", "padded", "docs4", "bias")
+    for t in (4096, 8192, 16384)
+    if not (variant == "bias" and t > 8192)
+]
+#: (batch, query heads, key/value heads, head dim) of `ATTENTION_VARIANTS`: grouped-query
+#: attention as Llama 3 8B has it (neighbours of 32/8 by head counts' sizes).
+VARIANT_HEADS = (1, 16, 4, 128)
 #: Grouped matmul (MoE experts): (m routed rows, k, n, experts), skewed routing with one
 #: empty expert, as `benchmarks/first_call_gpu.py` calls it (whose held-out `RAGGED`
 #: shapes these must not be: `tests/tuning/test_ship_tables.py`). Ordered by experts,
@@ -107,6 +125,8 @@ def grid(op: str, rows: frozenset[str] = frozenset()) -> Iterator[tuple[str, Cal
                 )
 
             yield f"B{b} T{t} N{n} H{d}{' causal' if causal else ''}", call
+    elif op in ("attention_variants", "attention_variants_grad"):
+        yield from variants_grid(grad=op == "attention_variants_grad")
     elif op in ("ragged_dot", "ragged_dot_grad"):
         yield from ragged_grid(grad=op == "ragged_dot_grad")
     elif op == "blocks":
@@ -174,6 +194,33 @@ def grid(op: str, rows: frozenset[str] = frozenset()) -> Iterator[tuple[str, Cal
         yield op, example_step
     else:
         raise SystemExit(f"--ops: unknown op {op!r}")
+
+
+def variants_grid(*, grad: bool) -> Iterator[tuple[str, Call]]:
+    """`ATTENTION_VARIANTS`' forward calls, or (`grad`) the gradients with respect to
+    q, k and v (the backward's keys and the forward's residual-saving keys)."""
+    from benchmarks import attention_variants_gpu as av
+
+    b, n, n_kv, d = VARIANT_HEADS
+    for t, variant in ATTENTION_VARIANTS:
+
+        def call(ex: kt.Executor, t: int = t, variant: str = variant) -> Any:
+            # Inputs made when the call runs, as `ragged_grid`'s: a bias is gigabytes.
+            q = h.normal(0, (b, t, n, d))
+            k, v = h.normal(1, (b, t, n_kv, d)), h.normal(2, (b, t, n_kv, d))
+            static, arrays = av.call_parts(variant, b, t, n)
+            docs = arrays.pop("docs", None)
+            if docs is not None:
+                arrays.update(query_segment_ids=docs, kv_segment_ids=docs)
+
+            def f(q: Any, k: Any, v: Any) -> Any:
+                return kt.kernels.attention(q, k, v, executor=ex, **static, **arrays)
+
+            if not grad:
+                return f(q, k, v)
+            return jax.grad(lambda *a: f(*a).astype("float32").sum(), argnums=(0, 1, 2))(q, k, v)
+
+        yield f"T{t} {variant}", call
 
 
 def ragged_grid(*, grad: bool) -> Iterator[tuple[str, Call]]:

@@ -182,3 +182,43 @@ def test_an_entry_missing_a_field_is_refused_with_a_message_not_a_traceback(tmp_
     assert merge_tables.main([str(path), "--out", str(tmp_path / "m.json")]) == 1
     err = capsys.readouterr().err
     assert err.startswith("merge_tables: KeyError") and "dev" in err
+
+
+def test_the_variants_grid_calls_each_variant_with_its_arrays(monkeypatch):
+    # Each label's call is the variant it names: packed documents reach the op as
+    # segment ids (equal to the dense mask a peer gets), the gradient covers q, k and v.
+    import jax
+
+    from benchmarks import attention_variants_gpu as av
+    from kerneltune import kernels as ktk
+
+    monkeypatch.setattr(st, "ATTENTION_VARIANTS", [(64, v) for v in ("docs4", "softcap", "bias")])
+    monkeypatch.setattr(st, "VARIANT_HEADS", (1, 2, 1, 32))
+    forward = dict(st.grid("attention_variants"))
+    assert list(forward) == ["T64 docs4", "T64 softcap", "T64 bias"]
+    out = forward["T64 docs4"](None)  # the default executor, as a user's call
+    assert (out.shape, out.dtype) == ((1, 64, 2, 32), jnp.bfloat16)
+    q, k, v = (
+        st.h.normal(0, (1, 64, 2, 32)),
+        st.h.normal(1, (1, 64, 1, 32)),
+        st.h.normal(2, (1, 64, 1, 32)),
+    )
+    _, arrays = av.call_parts("docs4", 1, 64, 2)
+    docs = arrays["docs"]
+    mask = (docs[:, :, None] == docs[:, None, :])[:, None]
+    masked = ktk.attention(q, k, v, is_causal=True, mask=mask)
+    causal = ktk.attention(q, k, v, is_causal=True)
+    f32 = jnp.float32
+    assert float(jnp.abs(out.astype(f32) - masked.astype(f32)).max()) < 2e-2
+    assert float(jnp.abs(out.astype(f32) - causal.astype(f32)).max()) > 0.1
+
+    grads = dict(st.grid("attention_variants_grad"))["T64 bias"](None)
+    assert [g.shape for g in grads] == [(1, 64, 2, 32), (1, 64, 1, 32), (1, 64, 1, 32)]
+    assert all(bool(jnp.isfinite(g.astype(f32)).all()) for g in jax.tree.leaves(grads))
+
+
+def test_the_variants_grid_keeps_every_variant_and_no_bias_beyond_8k():
+    variants = {v for _, v in st.ATTENTION_VARIANTS}
+    assert variants == {"softcap", "window", "padded", "docs4", "bias"}
+    assert max(t for t, v in st.ATTENTION_VARIANTS if v == "bias") == 8192
+    assert len(st.ATTENTION_VARIANTS) == len(set(st.ATTENTION_VARIANTS)) == 14
