@@ -20,7 +20,7 @@ cd "$(dirname "$0")/.."
 lanes=()
 for which in "$@"; do
   case "$which" in TK | NOTK) ;; *) echo "usage: $0 [TK] [NOTK]" >&2; exit 2 ;; esac
-  run="PYTHONPATH=\$$which python3 -m pytest -q -p no:cacheprovider -rfE --durations=8"
+  run="PYTHONPATH=\$$which python3 -m pytest -q -p no:cacheprovider -rfEs --durations=8"
   all=(
     "ops_$which::$run -m gpu tests/kernels/test_gpu_ops.py tests/kernels/test_gpu_attention_variants.py"
     "heuristics_$which::$run -m gpu tests/kernels/test_gpu_heuristics.py tests/kernels/test_gpu_triton_deprecation.py tests/docs/test_example_moe_ep.py"
