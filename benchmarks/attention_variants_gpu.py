@@ -87,6 +87,15 @@ def call_parts(variant: str, b: int, t: int, n: int) -> tuple[dict[str, Any], di
     return static, arrays
 
 
+def kerneltune_arrays(arrays: dict[str, Any]) -> dict[str, Any]:
+    """`call_parts`' arrays as `kerneltune.kernels.attention` takes them: the documents
+    (`docs`) as query and key/value segment ids."""
+    out = {k: v for k, v in arrays.items() if k != "docs"}
+    if "docs" in arrays:
+        out.update(query_segment_ids=arrays["docs"], kv_segment_ids=arrays["docs"])
+    return out
+
+
 #: kerneltune's own Mosaic GPU kernel at the blocks timed ("kt_mosaic" columns).
 MOSAIC = {"kt_mosaic": VariantConfig(backend="mosaic")}
 
@@ -130,19 +139,13 @@ def implementations(
     )
 
     def ours(q, k, v, arrays):
-        kw = {k: v for k, v in arrays.items() if k != "docs"}
-        if "docs" in arrays:
-            kw.update(query_segment_ids=arrays["docs"], kv_segment_ids=arrays["docs"])
-        return attention(q, k, v, **static, **kw)
+        return attention(q, k, v, **static, **kerneltune_arrays(arrays))
 
     out["kerneltune"] = ours
 
     def explicit(cfg: VariantConfig) -> Callable[..., Any]:
         def run(q, k, v, arrays):
-            kw = {k: v for k, v in arrays.items() if k != "docs"}
-            if "docs" in arrays:
-                kw.update(query_segment_ids=arrays["docs"], kv_segment_ids=arrays["docs"])
-            return attention(q, k, v, cfg=cfg, **static, **kw)
+            return attention(q, k, v, cfg=cfg, **static, **kerneltune_arrays(arrays))
 
         return run
 

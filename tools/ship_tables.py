@@ -210,16 +210,12 @@ def variants_grid(*, grad: bool) -> Iterator[tuple[str, Call]]:
             q = h.normal(0, (b, t, n, d))
             k, v = h.normal(1, (b, t, n_kv, d)), h.normal(2, (b, t, n_kv, d))
             static, arrays = av.call_parts(variant, b, t, n)
-            docs = arrays.pop("docs", None)
-            if docs is not None:
-                arrays.update(query_segment_ids=docs, kv_segment_ids=docs)
 
-            def f(q: Any, k: Any, v: Any) -> Any:
-                return kt.kernels.attention(q, k, v, executor=ex, **static, **arrays)
+            def f(q: Any, k: Any, v: Any, arrays: dict[str, Any]) -> Any:
+                kw = av.kerneltune_arrays(arrays)
+                return kt.kernels.attention(q, k, v, executor=ex, **static, **kw)
 
-            if not grad:
-                return f(q, k, v)
-            return jax.grad(lambda *a: f(*a).astype("float32").sum(), argnums=(0, 1, 2))(q, k, v)
+            return (av.training(f) if grad else f)(q, k, v, arrays)
 
         yield f"T{t} {variant}", call
 
