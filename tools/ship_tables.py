@@ -8,8 +8,6 @@ run it on each GPU model the package supports, from the repository root:
 
     PYTHONPATH=. python -m tools.ship_tables [--ops matmul,layer_norm,...,blocks]
     PYTHONPATH=. python -m tools.ship_tables --ops blocks --missing-only  # new keys only
-    PYTHONPATH=. python -m tools.ship_tables --ops attention_variants,attention_variants_grad \
-        --missing-only  # soft cap, window, lengths, bias, packed documents
 
 On a host with several GPUs, one process a GPU, each tuning a disjoint part of the
 run's calls (`--shard I/N`, 1-based: `1/4` to `4/4`) into a table file of its own;
@@ -70,23 +68,6 @@ ATTENTION = [
     for d in (64, 128)
     for c in (False, True)
 ]
-#: Attention variants, causal: (sequence, variant) as `benchmarks/attention_variants_gpu.py`
-#: builds them (soft cap 50, window 4096, lengths at 70%, a bias, packed documents), at
-#: `VARIANT_HEADS`. Packed documents are keyed once, on an even split into 4: the count
-#: of documents is data, not part of the key. A bias is `[1, heads, T, T]` (8 GiB at 16k
-#: in bf16), so it stops at 8k. Without these entries a variant's first call at a new
-#: shape times a shortlist (`selection/first_call.py`); with them it uses the predicted
-#: config untimed, one compile, as a peer's first call.
-ATTENTION_VARIANTS = [
-    (t, variant)
-    for variant in ("softcap", "window", "padded", "docs4", "bias")
-    for t in (4096, 8192, 16384)
-    if not (variant == "bias" and t > 8192)
-]
-#: (batch, query heads, key/value heads, head dim) of `ATTENTION_VARIANTS`: grouped-query
-#: attention, four query heads a key/value head as in Llama 3 (the issue-44 grid's 16/4;
-#: its 32/8 calls find these as neighbours, head counts being sizes).
-VARIANT_HEADS = (1, 16, 4, 128)
 #: Grouped matmul (MoE experts): (m routed rows, k, n, experts), skewed routing with one
 #: empty expert, as `benchmarks/first_call_gpu.py` calls it (whose held-out `RAGGED`
 #: shapes these must not be: `tests/tuning/test_ship_tables.py`). Ordered by experts,
@@ -126,8 +107,6 @@ def grid(op: str, rows: frozenset[str] = frozenset()) -> Iterator[tuple[str, Cal
                 )
 
             yield f"B{b} T{t} N{n} H{d}{' causal' if causal else ''}", call
-    elif op in ("attention_variants", "attention_variants_grad"):
-        yield from variants_grid(grad=op == "attention_variants_grad")
     elif op in ("ragged_dot", "ragged_dot_grad"):
         yield from ragged_grid(grad=op == "ragged_dot_grad")
     elif op == "blocks":
@@ -195,29 +174,6 @@ def grid(op: str, rows: frozenset[str] = frozenset()) -> Iterator[tuple[str, Cal
         yield op, example_step
     else:
         raise SystemExit(f"--ops: unknown op {op!r}")
-
-
-def variants_grid(*, grad: bool) -> Iterator[tuple[str, Call]]:
-    """`ATTENTION_VARIANTS`' forward calls, or (`grad`) the gradients with respect to
-    q, k and v (the backward's keys and the forward's residual-saving keys)."""
-    from benchmarks import attention_variants_gpu as av
-
-    b, n, n_kv, d = VARIANT_HEADS
-    for t, variant in ATTENTION_VARIANTS:
-
-        def call(ex: kt.Executor, t: int = t, variant: str = variant) -> Any:
-            # Inputs made when the call runs, as `ragged_grid`'s: a bias is gigabytes.
-            q = h.normal(0, (b, t, n, d))
-            k, v = h.normal(1, (b, t, n_kv, d)), h.normal(2, (b, t, n_kv, d))
-            static, arrays = av.call_parts(variant, b, t, n)
-
-            def f(q: Any, k: Any, v: Any, arrays: dict[str, Any]) -> Any:
-                kw = av.kerneltune_arrays(arrays)
-                return kt.kernels.attention(q, k, v, executor=ex, **static, **kw)
-
-            return (av.training(f) if grad else f)(q, k, v, arrays)
-
-        yield f"T{t} {variant}", call
 
 
 def ragged_grid(*, grad: bool) -> Iterator[tuple[str, Call]]:
@@ -359,19 +315,42 @@ def main(argv: list[str] | None = None) -> None:
     part = f", shard {args.shard.index}/{args.shard.count}" if args.shard else ""
     print(f"{kind}: tuning into {cache.location}, table {out}{part}", flush=True)
     rows = frozenset(filter(None, args.rows.split(",")))
+    calls = ((op, label, call) for op in args.ops.split(",") for label, call in grid(op, rows))
     try:
-        calls = ((op, label, call) for op in args.ops.split(",") for label, call in grid(op, rows))
-        for op, label, call in in_shard(calls, args.shard):
-            start = time.perf_counter()
-            try:
-                jax.block_until_ready(call(ex))
-                note = ""
-            except Exception as e:  # one shape failing keeps the rest
-                note = f"  FAILED: {h.error_text(e)}"
-            took = time.perf_counter() - start
-            print(f"{op:14s} {label:28s} {took:6.1f} s{note}", flush=True)
+        untuned = run_calls(in_shard(calls, args.shard), ex, cache)
     finally:  # also when stopped part-way (Ctrl-C): the keys tuned so far are kept
         print(f"{write_table(cache, out)} entries in {out}", flush=True)
+    if untuned:
+        print(
+            f"{len(untuned)} call(s) added no key to the table: {', '.join(untuned)}. "
+            "Each key they asked for was already held (--missing-only), failed, or had "
+            "one candidate, the heuristic's, which every process chooses untimed.",
+            flush=True,
+        )
+
+
+def run_calls(
+    calls: Iterable[tuple[str, str, Call]], ex: kt.Executor, cache: kt.PersistentCache[Any]
+) -> list[str]:
+    """Runs each `(op, label, call)` through `ex`, printing its time and how many keys
+    it added to `cache`; returns the labels of the calls that added none (a table
+    that stays empty is otherwise found out only when it is shipped)."""
+    untuned = []
+    held = len(list(cache.entries()))
+    for op, label, call in calls:
+        start = time.perf_counter()
+        try:
+            jax.block_until_ready(call(ex))
+            note = ""
+        except Exception as e:  # one shape failing keeps the rest
+            note = f"  FAILED: {h.error_text(e)}"
+        took = time.perf_counter() - start
+        now = len(list(cache.entries()))
+        print(f"{op:14s} {label:28s} {took:6.1f} s  +{now - held} keys{note}", flush=True)
+        if now == held:
+            untuned.append(f"{op} {label}")
+        held = now
+    return untuned
 
 
 if __name__ == "__main__":
