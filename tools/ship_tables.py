@@ -336,7 +336,7 @@ def run_calls(
     it added to `cache`; returns the labels of the calls that added none (a table
     that stays empty is otherwise found out only when it is shipped)."""
     untuned = []
-    held = len(list(cache.entries()))
+    held = len(cache)
     for op, label, call in calls:
         start = time.perf_counter()
         try:
@@ -345,7 +345,7 @@ def run_calls(
         except Exception as e:  # one shape failing keeps the rest
             note = f"  FAILED: {h.error_text(e)}"
         took = time.perf_counter() - start
-        now = len(list(cache.entries()))
+        now = len(cache)
         print(f"{op:14s} {label:28s} {took:6.1f} s  +{now - held} keys{note}", flush=True)
         if now == held:
             untuned.append(f"{op} {label}")
