@@ -424,6 +424,85 @@ def test_a_forward_longer_than_any_measured_times_the_libraries_and_default_bloc
     assert ac.for_long_sequences(short, kept, pruned) == (kept, pruned)
 
 
+def test_a_long_causal_forward_alone_runs_tokamax_and_times_nothing_else(monkeypatch):
+    # On H100s and H200s tokamax's causal forward took 0.91-0.97x cuDNN's at 8k-32k
+    # tokens with head dim 128, but the H100 table (tuned without tokamax) predicted
+    # cuDNN: the forward read 0.92-0.96x the best peer's.
+    monkeypatch.setattr(ac, "cudnn_unsupported", lambda p: None)  # as on a Hopper GPU
+    monkeypatch.setattr(tb, "unsupported", lambda dtype, head_dim: None)  # tokamax there
+    long = ac.AttentionProblem(1, 16384, 16384, 16, 128, np.dtype(BF16), True)
+    assert ac.gpu_heuristic(long) == ac.TOKAMAX
+    kept, pruned = ac.fwd_candidates(long)
+    out, out_pruned = ac.for_tokamax_causal_forward(long, kept, pruned)
+    assert out == [ac.TOKAMAX]
+    assert {x.cfg for x in out_pruned} >= {ac.CUDNN, FwdParams(backend="xla")}
+    assert any("runs tokamax" in x.reason for x in out_pruned)
+    # The kernel's search space for such a call, and for it under a gradient.
+    q = jax.ShapeDtypeStruct((1, 16384, 16, 128), BF16)
+    args, kwargs = Attention().prepare(q, q, q, causal=True)
+    inv = kt.Invocation(op_id="attention", args=args, kwargs=kwargs)
+    assert Attention().search_space(inv)[0] == [ac.TOKAMAX]
+    trained = dataclasses.replace(inv, differentiated=True)
+    assert Attention().search_space(trained)[0] == [ac.CUDNN]
+    assert ac.gpu_heuristic(long, differentiated=True) == ac.CUDNN
+    # Elsewhere cuDNN stays: without the causal mask, with head dim 64, below 8k
+    # tokens (queries or keys), and where tokamax does not run.
+    for other in (
+        dataclasses.replace(long, causal=False),
+        dataclasses.replace(long, head_dim=64),
+        dataclasses.replace(long, q_len=4096, kv_len=4096),
+        dataclasses.replace(long, q_len=1),
+    ):
+        assert not ac.tokamax_causal_forward(other, differentiated=False)
+        assert ac.gpu_heuristic(other) == ac.CUDNN
+    at_8k = dataclasses.replace(long, q_len=8192, kv_len=8192)
+    assert ac.tokamax_causal_forward(at_8k, differentiated=False)
+    monkeypatch.setattr(tb, "unsupported", lambda dtype, head_dim: "not installed")
+    assert ac.gpu_heuristic(long) == ac.CUDNN
+    kept, pruned = ac.fwd_candidates(long)
+    assert ac.TOKAMAX not in kept
+    assert ac.for_tokamax_causal_forward(long, kept, pruned) == (kept, pruned)
+
+
+@pytest.mark.parametrize("head_dim", [64, 256])
+def test_tokamax_differentiated_runs_cudnn_where_cudnn_takes_the_call(monkeypatch, key, head_dim):
+    # tokamax is chosen for its forward; a training call hidden from kerneltune (under
+    # jax.checkpoint, keyed as a forward) would otherwise run tokamax's backward, whose
+    # training step took 1.11-1.14x cuDNN's (H100). Stand-ins tell the two apart: the
+    # "tokamax" forward is twice the attention, so its values and gradients differ.
+    def reference(q, k, v, *, causal, sm_scale):
+        return attention_reference(q, k, v, causal=causal, sm_scale=sm_scale)
+
+    def doubled(q, k, v, *, causal, sm_scale):
+        return 2 * reference(q, k, v, causal=causal, sm_scale=sm_scale)
+
+    monkeypatch.setattr(tb, "attention", doubled)
+    monkeypatch.setattr(tb, "cudnn_attention", reference)
+    rng = host_rng(key)
+    q, k, v = (normal(rng, (1, 16, 2, head_dim), BF16) for _ in range(3))
+    backend = tb.TokamaxBackend()
+
+    def run(q, k, v):
+        return backend.run(None, q, k, v, cfg=ac.TOKAMAX, causal=True, sm_scale=0.125)
+
+    def loss(f):
+        return lambda q: jnp.sum(f(q, k, v).astype(jnp.float32) ** 2)
+
+    want_fast = doubled(q, k, v, causal=True, sm_scale=0.125)
+    np.testing.assert_array_equal(jax.jit(run)(q, k, v), want_fast)  # evaluated: tokamax
+    cudnn_takes_it = head_dim <= 128  # cuDNN takes head dims up to 128
+    expect = reference if cudnn_takes_it else doubled
+    want_grad = jax.grad(loss(lambda q, k, v: expect(q, k, v, causal=True, sm_scale=0.125)))(q)
+    for got in (
+        jax.grad(loss(run))(q),
+        jax.grad(loss(jax.checkpoint(run)))(q),  # training hidden from kerneltune
+        jax.grad(loss(jax.jit(run)))(q),
+    ):
+        np.testing.assert_allclose(
+            got.astype(np.float32), want_grad.astype(np.float32), rtol=2e-2, atol=2e-2
+        )
+
+
 # --- unequal lengths in the fused backward -------------------------------------------
 
 

@@ -117,7 +117,9 @@ class Attention(BackendKernel[FwdParams]):
 
     def heuristic_cfg(self, inv: Invocation[Any, Any]) -> FwdParams:
         if self.runs_pallas() and not self.use_interpreter():
-            return config_lib.gpu_heuristic(problem_of(inv))
+            return config_lib.gpu_heuristic(
+                problem_of(inv), differentiated=bool(inv.differentiated)
+            )
         return config_lib.fwd_heuristic(problem_of(inv))
 
     def search_space(self, inv: Invocation[Any, Any]):
@@ -125,6 +127,8 @@ class Attention(BackendKernel[FwdParams]):
         kept, pruned = config_lib.fwd_candidates(p)
         if inv.differentiated:
             return config_lib.for_training(p, kept, pruned)
+        if config_lib.tokamax_causal_forward(p, differentiated=False):
+            return config_lib.for_tokamax_causal_forward(p, kept, pruned)
         return config_lib.for_long_sequences(p, kept, pruned)
 
     def interpret_candidates(self, inv: Invocation[Any, Any]) -> list[FwdParams]:

@@ -146,6 +146,48 @@ def fwd_candidates(
 LONGEST_MEASURED_SEQUENCE = 8192
 
 
+#: From this many queries and keys a causal forward alone with head dim 128 runs tokamax
+#: where tokamax runs, and nothing else is timed (`tokamax_causal_forward`). tokamax's
+#: forward took 0.91-0.97x cuDNN's time in every such call measured: on an H100
+#: (BENCHMARKS.md, 2026-12-06; B1, 16/4 heads) 0.96x at 8k, 0.91x at 16k and 0.95x at 32k
+#: tokens; on an H200 (2026-11-29) 0.97x in the table's B2 T8192 key, 0.92-0.96x at 16k
+#: (B1 16/4 and B2 32/8, four runs) and 0.95x at 32k. Where cuDNN's program ran instead
+#: (the H100 table, tuned without tokamax, predicts cuDNN) the forward read 0.92-0.96x
+#: the best peer's. Not so elsewhere: with head dim 64 and below 8k tokens cuDNN won
+#: the H200 table's keys by 1-6%, without the causal mask by 2.6x. A training call hidden
+#: from kerneltune (`jax.checkpoint`) reads as a forward: tokamax's backend then runs
+#: cuDNN's forward and backward (`tokamax_backend.TokamaxBackend`).
+TOKAMAX_CAUSAL_FORWARD_MIN_TOKENS = 8192
+
+
+def tokamax_causal_forward(p: AttentionProblem, *, differentiated: bool) -> bool:
+    """Whether `p` is a long causal forward alone that tokamax runs: see
+    `TOKAMAX_CAUSAL_FORWARD_MIN_TOKENS`."""
+    return (
+        not differentiated
+        and p.causal
+        and p.head_dim == 128
+        and min(p.q_len, p.kv_len) >= TOKAMAX_CAUSAL_FORWARD_MIN_TOKENS
+        and tokamax_backend.unsupported(p.dtype, p.head_dim) is None
+    )
+
+
+def for_tokamax_causal_forward(
+    p: AttentionProblem, kept: list[FwdParams], pruned: list[Pruned[FwdParams]]
+) -> tuple[list[FwdParams], list[Pruned[FwdParams]]]:
+    """The forward candidates of a long causal forward alone that tokamax runs
+    (`tokamax_causal_forward`): tokamax alone, so the first call compiles one program
+    and no table or prediction tuned without tokamax picks cuDNN's."""
+    if TOKAMAX not in kept:
+        return kept, pruned
+    why = (
+        f"a causal forward alone of {TOKAMAX_CAUSAL_FORWARD_MIN_TOKENS}+ tokens with head "
+        "dim 128 runs tokamax; cuDNN's forward measured 1.03-1.10x its time (H100, H200; "
+        "8k-32k tokens)"
+    )
+    return [TOKAMAX], pruned + [Pruned(c, why) for c in kept if c != TOKAMAX]
+
+
 def for_long_sequences(
     p: AttentionProblem, kept: list[FwdParams], pruned: list[Pruned[FwdParams]]
 ) -> tuple[list[FwdParams], list[Pruned[FwdParams]]]:
@@ -212,9 +254,12 @@ def cudnn_unsupported(p: AttentionProblem) -> str | None:
     return None
 
 
-def gpu_heuristic(p: AttentionProblem) -> FwdParams:
-    """cuDNN where it supports the call (the fastest attention measured on H100s,
-    forward and backward), else the Pallas kernel with JAX's defaults."""
+def gpu_heuristic(p: AttentionProblem, *, differentiated: bool = False) -> FwdParams:
+    """tokamax for a long causal forward alone where it runs (`tokamax_causal_forward`),
+    else cuDNN where it supports the call (the fastest attention measured on H100s in
+    training and in most forwards), else the Pallas kernel with JAX's defaults."""
+    if tokamax_causal_forward(p, differentiated=differentiated):
+        return TOKAMAX
     return CUDNN if cudnn_unsupported(p) is None else fwd_heuristic(p)
 
 

@@ -23,9 +23,14 @@ class CudnnBackend(Backend):
         return None if on_gpu() else "cuDNN's attention runs on NVIDIA GPUs"
 
     def run(self, kernel, q, k, v, *, cfg, causal: bool, sm_scale: float):
-        return jax.nn.dot_product_attention(
-            q, k, v, scale=sm_scale, is_causal=causal, implementation="cudnn"
-        )
+        return cudnn_attention(q, k, v, causal=causal, sm_scale=sm_scale)
+
+
+def cudnn_attention(q, k, v, *, causal: bool, sm_scale: float) -> jax.Array:
+    """Plain attention by cuDNN's fused kernel, through `jax.nn`."""
+    return jax.nn.dot_product_attention(
+        q, k, v, scale=sm_scale, is_causal=causal, implementation="cudnn"
+    )
 
 
 class XlaBackend(Backend):

@@ -2,13 +2,15 @@
 
 tokamax (openxla's kernel library) is not a dependency: where it is installed, its
 Hopper kernel (`tokamax.dot_product_attention(..., implementation="mosaic")`) joins the
-candidates, so a tuned call is never slower than what a tokamax user already has. It
-brings its own backward, which JAX differentiates like cuDNN's, except where a mask goes
-in: that backward races (`trusted_gradients`), so cuDNN or XLA differentiates those calls.
+candidates, so a tuned call is never slower than what a tokamax user already has.
 
-Measured on an H100 (BENCHMARKS.md, 2026-11-24): it beats cuDNN's forward at some
-causal shapes (B2 T4096 H128: 1.03×) and loses at the others and in every training step
-(0.87–0.99×), so the heuristic stays cuDNN and only tuning picks it.
+Its forward beats cuDNN's in long causal calls (0.91-0.97x cuDNN's time at 8k-32k tokens
+with head dim 128 on H100s and H200s, BENCHMARKS.md, 2026-12-06), where the attention
+heuristic picks it; its training step loses to cuDNN's at every measured shape (H100,
+2026-11-24: 0.87-0.99x). So a differentiated plain call runs cuDNN's forward and
+backward where cuDNN takes it; a variant call brings tokamax's own backward, except
+where a mask goes in: that backward races (`trusted_gradients`), so cuDNN or XLA
+differentiates those calls.
 """
 
 from __future__ import annotations
@@ -25,8 +27,12 @@ from kerneltune._src.kernel.backends import Backend
 from kerneltune.kernels._common import is_hopper, on_gpu
 from kerneltune.kernels.attention.chunked import attention_chunked
 from kerneltune.kernels.attention.forward_only import forward_only
-from kerneltune.kernels.attention.jax_nn import cudnn_variant, cudnn_variant_unsupported
-from kerneltune.kernels.attention.masking import document_ranges, segments_as_mask
+from kerneltune.kernels.attention.jax_nn import (
+    cudnn_attention,
+    cudnn_variant,
+    cudnn_variant_unsupported,
+)
+from kerneltune.kernels.attention.masking import Masks, document_ranges, segments_as_mask
 
 #: The dtypes its kernel takes.
 DTYPES = (np.dtype("float16"), np.dtype("bfloat16"))
@@ -63,7 +69,14 @@ def attention(q: Any, k: Any, v: Any, *, causal: bool, sm_scale: float) -> Any:
 
 class TokamaxBackend(Backend):
     """tokamax's Mosaic GPU attention (Hopper) where installed; it takes grouped-query
-    k and v as they are and brings its own backward, which JAX differentiates."""
+    k and v as they are. A call that something differentiates runs cuDNN's forward and
+    backward where cuDNN takes it (`forward_only`), else tokamax's own backward.
+
+    The forward alone is what tokamax is chosen for (its forward took 0.91-0.97x
+    cuDNN's time at 8k-32k causal tokens on H100s and H200s), but a training call that a
+    `jax.checkpoint` or a `jit` inside the gradient hides from kerneltune is keyed as a
+    forward, and there tokamax's own training step took 1.11-1.14x cuDNN's (H100,
+    BENCHMARKS.md, 2026-12-06)."""
 
     name = "tokamax"
     differentiated_by_jax = True
@@ -73,7 +86,17 @@ class TokamaxBackend(Backend):
         return unsupported(np.dtype(q.dtype), int(q.shape[-1]))
 
     def run(self, kernel, q, k, v, *, cfg, causal: bool, sm_scale: float):
-        return attention(q, k, v, causal=causal, sm_scale=sm_scale)
+        def fast(q, k, v):
+            return attention(q, k, v, causal=causal, sm_scale=sm_scale)
+
+        plain = Masks()
+        if cudnn_variant_unsupported(q, None, plain, causal=causal, window=None, soft_cap=None):
+            return fast(q, k, v)
+
+        def trained(q, k, v):
+            return cudnn_attention(q, k, v, causal=causal, sm_scale=sm_scale)
+
+        return forward_only(fast, trained)(q, k, v)
 
 
 def attention_variant(q, k, v, bias, masks, *, causal, sm_scale, window, soft_cap) -> Any:
