@@ -19,6 +19,14 @@ os.environ.setdefault(
     ),
 )
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# NumPy's OpenBLAS starts a thread per core, and its idle threads spin: beside other
+# busy processes (CI's "under load"), the tuner's small least-squares solves
+# (`config_space`) took 3-8x as long as on one thread (the warm-start replay: 3.4 s
+# against 7.7-27.7 s). The tests' arrays are small; one thread loses nothing. OpenBLAS
+# reads this when NumPy is first imported: pyproject.toml's addopts turn off jaxtyping's
+# pytest plugin, the one plugin that imported NumPy before this file. Processes the
+# tests start inherit it.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # XLA:CPU runs programs on a pool of as many threads as cores (2 in CI). JAX's Mosaic GPU
 # interpreter runs a kernel of two warpgroups as two programs on threads of their own,
 # from inside a host callback, and each waits at the kernel's barriers in callbacks of
