@@ -8,8 +8,12 @@ import tempfile
 
 def _jaxlib_version() -> tuple[int, ...]:
     """The installed jaxlib's release numbers ("0.10.2" -> (0, 10, 2)), read without
-    importing it."""
-    release = re.match(r"[\d.]*\d", importlib.metadata.version("jaxlib"))
+    importing it; () where its metadata cannot be read (a build from source)."""
+    try:
+        version = importlib.metadata.version("jaxlib")
+    except importlib.metadata.PackageNotFoundError:
+        return ()
+    release = re.match(r"[\d.]*\d", version)
     return tuple(int(part) for part in release.group().split(".")) if release else ()
 
 
