@@ -61,8 +61,10 @@ os.environ.setdefault("PJRT_NPROC", "8")
 # Never touch the user's real cache from tests.
 os.environ["KERNELTUNE_CACHE_DIR"] = tempfile.mkdtemp(prefix="kerneltune-test-cache-")
 
-import jax
-import pytest
+# After the environment above, which JAX reads when it is imported (the functions before
+# it make ruff's E402 count these as late).
+import jax  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 
