@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import os
 import pathlib
 import re
 
@@ -17,6 +18,14 @@ import kerneltune as kt
 #: import this checkout's `kerneltune` and `tests` (not an installed copy's).
 TESTS = pathlib.Path(__file__).resolve().parent
 ROOT = TESTS.parent
+
+
+def xla_flags_with_devices(count: int) -> str:
+    """This process's XLA flags (the root conftest.py's, which make compiles cheaper) with
+    `count` CPU devices instead of its four: for the processes of a job a test starts."""
+    flag = "--xla_force_host_platform_device_count"
+    kept = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(flag)]
+    return " ".join([f"{flag}={count}", *kept])
 
 
 class Layout(enum.Enum):

@@ -23,7 +23,7 @@ from examples.moe_ep import model as ep
 from examples.moe_ep import train
 from kerneltune.kernels import RaggedDotConfig, RaggedDotInterpret
 from kerneltune.kernels._common import relative_error
-from tests.helpers import ROOT, executor, heuristics_executor
+from tests.helpers import ROOT, executor, heuristics_executor, xla_flags_with_devices
 
 S = moe.MoEShape("tiny", 64, 16, 24, 8, 2, skew=1.0)
 TOL = 1e-5
@@ -258,7 +258,7 @@ def test_the_script_as_two_processes_gives_the_one_process_losses():
     env = {
         **os.environ,
         "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+        "XLA_FLAGS": xla_flags_with_devices(2),
         "KERNELTUNE_CACHE_DIR": "off",
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }

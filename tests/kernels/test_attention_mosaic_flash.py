@@ -140,7 +140,8 @@ def test_every_variant_matches_the_reference_values_and_gradients(variant):
         )  # fmt: skip
 
     out, grads = _output_and_gradients(ours, w, q, k, v)
-    want, want_grads = _output_and_gradients(ref, w, q, k, v, jit=False)
+    # The reference compiled whole: op by op, each of its ~80 primitives compiled alone.
+    want, want_grads = _output_and_gradients(ref, w, q, k, v)
     close(out, want, tol=2e-2)
     for got, expected in zip(grads, want_grads, strict=True):
         close(got.astype(jnp.float32), expected, tol=3e-2)
@@ -163,6 +164,14 @@ def test_vmap_over_a_batch_of_calls_matches_each_call():
         np.testing.assert_array_equal(batched[i], one(q[i], k[i]))
 
 
+#: `block_ranges`, `in_work_order` and `document_ranges` compiled whole, as the kernels'
+#: programs run them: called op by op, each of their primitives compiled alone for every
+#: new shape (about 60 programs a test).
+jit_block_ranges = jax.jit(block_ranges, static_argnums=(0, 3, 4))
+jit_in_work_order = jax.jit(in_work_order)
+jit_document_ranges = jax.jit(document_ranges)
+
+
 def _shape(**kw) -> FlashShape:
     base = dict(block_q=64, block_kv=64, head_dim=64, groups=1, causal=True, window=None,
                 soft_cap=None, scale=1.0, segmented=False)  # fmt: skip
@@ -177,7 +186,7 @@ def test_packed_documents_visit_only_their_own_key_blocks():
     ids = jnp.asarray(np.arange(t)[None] // 128, jnp.int32)
     lens = jnp.asarray([[t, t]], jnp.int32)
     docs = Masks(q_segments=ids, kv_segments=ids)
-    kv, q = block_ranges(_shape(segmented=True), lens, docs, t, t)
+    kv, q = jit_block_ranges(_shape(segmented=True), lens, docs, t, t)
     first = [2 * (i // 2) for i in range(8)]
     np.testing.assert_array_equal(kv[0, :, :2], [[f, i + 1] for i, f in enumerate(first)])
     # (A query block with no whole block has the empty run at its end, [hi, hi).)
@@ -189,7 +198,7 @@ def test_packed_documents_visit_only_their_own_key_blocks():
     np.testing.assert_array_equal(q[0, :, :2], [[j, e] for j, e in enumerate(last)])
     np.testing.assert_array_equal(q[0, :, 2:], [[min(j + 1, e), e] for j, e in enumerate(last)])
     # Without the documents, causal alone: every block up to its own.
-    plain, _ = block_ranges(_shape(), lens, Masks(), t, t)
+    plain, _ = jit_block_ranges(_shape(), lens, Masks(), t, t)
     runs = [[0, i] if i else [1, 1] for i in range(8)]
     np.testing.assert_array_equal(plain[0], [[0, i + 1, *r] for i, r in enumerate(runs)])
 
@@ -203,7 +212,7 @@ def test_a_block_of_several_documents_is_never_whole_whatever_the_ids():
     k_ids = jnp.asarray([[-1] * 64 + [5] * 64], jnp.int32)
     lens = jnp.asarray([[t, t]], jnp.int32)
     docs = Masks(q_segments=q_ids, kv_segments=k_ids)
-    kv, _ = block_ranges(_shape(causal=False, segmented=True), lens, docs, t, t)
+    kv, _ = jit_block_ranges(_shape(causal=False, segmented=True), lens, docs, t, t)
     assert tuple(np.asarray(kv[0, 0, 2:])) == (1, 1)  # no whole block: all masked
     assert tuple(np.asarray(kv[0, 1, 2:])) == (1, 2)  # 5 against 5: whole
 
@@ -211,7 +220,7 @@ def test_a_block_of_several_documents_is_never_whole_whatever_the_ids():
 def test_a_window_and_lengths_bound_the_key_blocks():
     t = 512
     lens = jnp.asarray([[300, 200]], jnp.int32)
-    got = np.asarray(block_ranges(_shape(window=(100, 0)), lens, Masks(), t, t)[0][0])
+    got = np.asarray(jit_block_ranges(_shape(window=(100, 0)), lens, Masks(), t, t)[0][0])
     # Block i (queries 64i..64i+63) sees keys from 64i - 100 up to its last query, and
     # none at or past 200; blocks of padded queries only (from 320) see nothing.
     for i in range(5):
@@ -247,8 +256,8 @@ def test_the_block_ranges_documents_are_the_per_query_ranges_taken_over_each_blo
     masks = Masks(q_segments=jnp.asarray(q_ids, jnp.int32), kv_segments=jnp.asarray(ids, jnp.int32))
     lens = jnp.asarray([[q_len, s]], jnp.int32)
     shape = _shape(causal=False, segmented=True)
-    got = np.asarray(block_ranges(shape, lens, masks, t, s)[0][0, :, :2])
-    start, end = (np.asarray(x)[0, 0] for x in document_ranges(masks))
+    got = np.asarray(jit_block_ranges(shape, lens, masks, t, s)[0][0, :, :2])
+    start, end = (np.asarray(x)[0, 0] for x in jit_document_ranges(masks))
     for i in range(t // 64):
         rows = [r for r in range(64 * i, 64 * i + 64) if r < q_len]
         if not rows:
@@ -269,7 +278,7 @@ def test_document_ranges_are_each_querys_documents_keys(seed, ordered):
     kv = np.sort(kv, axis=1) if ordered else kv
     q = rng.integers(-4, 6, size=(2, 30))
     masks = Masks(q_segments=jnp.asarray(q, jnp.int32), kv_segments=jnp.asarray(kv, jnp.int32))
-    start, end = (np.asarray(x)[:, 0] for x in document_ranges(masks))
+    start, end = (np.asarray(x)[:, 0] for x in jit_document_ranges(masks))
     for row in range(2):
         if ordered:
             want = (
@@ -301,9 +310,11 @@ def test_the_kernels_take_the_blocks_with_the_most_visits_first():
     t = 512
     lens = jnp.asarray([[t, t], [t, t]], jnp.int32)
     ids = jnp.asarray(np.stack([np.arange(t) // 256, np.arange(t) // 128]), jnp.int32)
-    kv, q = block_ranges(_shape(segmented=True), lens, Masks(q_segments=ids, kv_segments=ids), t, t)
+    kv, q = jit_block_ranges(
+        _shape(segmented=True), lens, Masks(q_segments=ids, kv_segments=ids), t, t
+    )
     for ranges in (kv, q):
-        got = np.asarray(in_work_order(ranges))
+        got = np.asarray(jit_in_work_order(ranges))
         assert got.shape == (2, 8, 5)
         for b in range(2):
             blocks = got[b, :, BLOCK]
@@ -314,9 +325,9 @@ def test_the_kernels_take_the_blocks_with_the_most_visits_first():
             for c in set(counts):  # ties in position order
                 assert list(blocks[counts == c]) == sorted(blocks[counts == c])
     # Two documents of 4 blocks: each document's last block first, its first last.
-    assert list(np.asarray(in_work_order(kv))[0, :, BLOCK]) == [3, 7, 2, 6, 1, 5, 0, 4]
+    assert list(np.asarray(jit_in_work_order(kv))[0, :, BLOCK]) == [3, 7, 2, 6, 1, 5, 0, 4]
     # Key blocks, causally: already longest first.
-    assert list(np.asarray(in_work_order(q))[0, :, BLOCK]) == [0, 4, 1, 5, 2, 6, 3, 7]
+    assert list(np.asarray(jit_in_work_order(q))[0, :, BLOCK]) == [0, 4, 1, 5, 2, 6, 3, 7]
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, xla_flags_with_devices
 
 # Candidate cost in matrix products; a candidate named in KT_TEST_SLOW costs SLOW× more.
 BASE = {"a": 1, "b": 1, "c": 6}
@@ -60,7 +60,7 @@ def _launch(
         child_env = {
             **os.environ,
             "JAX_PLATFORMS": "cpu",
-            "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+            "XLA_FLAGS": xla_flags_with_devices(1),
             "KERNELTUNE_CACHE_DIR": "off",
             "KT_TEST_SLOW": slow[pid],
             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),

@@ -293,14 +293,22 @@ def synthetic_make_fn(cfg):
     return lambda x: x * 0.0 + cost
 
 
-@pytest.mark.parametrize("strategy", ["coordinate", "halving"])
-def test_budgeted_search_through_the_tuner(strategy):
+@pytest.fixture(scope="module")
+def exhaustive_search():
+    """The exhaustive search of SPACE through the tuner: the same for every strategy
+    compared with it, so run once (its 108 candidates are 108 compiles)."""
     x = jnp.ones((4,), jnp.float32)
-    assert isinstance(CostFromOutput(), timing.Timer)
     exhaustive = Tuner(
         timer=CostFromOutput(), strategy="exhaustive", validate=False, progress=False
     )
-    full = exhaustive.tune(synthetic_make_fn, (x,), {}, SPACE, reference_cfg=HEURISTIC)
+    return exhaustive.tune(synthetic_make_fn, (x,), {}, SPACE, reference_cfg=HEURISTIC)
+
+
+@pytest.mark.parametrize("strategy", ["coordinate", "halving"])
+def test_budgeted_search_through_the_tuner(strategy, exhaustive_search):
+    x = jnp.ones((4,), jnp.float32)
+    assert isinstance(CostFromOutput(), timing.Timer)
+    full = exhaustive_search
     budgeted = Tuner(timer=CostFromOutput(), strategy=strategy, validate=False, progress=False)
     part = budgeted.tune(synthetic_make_fn, (x,), {}, SPACE, reference_cfg=HEURISTIC)
     assert part.strategy == strategy
