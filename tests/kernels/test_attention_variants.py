@@ -283,6 +283,101 @@ def test_a_long_padded_causal_forward_goes_to_tokamax_and_its_training_to_cudnn(
     assert all(not p.reason.startswith("tokamax runs") for p in pruned)
 
 
+def test_a_long_windowed_causal_forward_goes_to_tokamax_and_its_training_to_cudnn(monkeypatch):
+    """tokamax's windowed forward measured 0.97-0.98x cuDNN's time at 32k tokens (H100,
+    H200), 1.08x at 16k, its training step 2.4-7.5x; shorter, padded or non-causal
+    windowed calls keep cuDNN, and without tokamax the long forward does too."""
+    from kerneltune.kernels.attention import jax_nn, tokamax_backend
+
+    monkeypatch.setattr(jax_nn, "on_gpu", lambda: True)
+    monkeypatch.setattr(tokamax_backend, "unsupported", lambda dtype, head_dim: None)
+    kernel = AttentionVariants()
+    bf16 = jnp.bfloat16
+    long = _inv(32768, 32768, window=(4096, 0), dtype=bf16)
+    assert kernel.heuristic_cfg(long).backend == "tokamax"
+    assert kernel.heuristic_cfg(dataclasses.replace(long, differentiated=True)).backend == "cudnn"
+    assert kernel.heuristic_cfg(_inv(16384, 16384, window=(4096, 0), dtype=bf16)).backend == (
+        "cudnn"
+    )
+    padded = _inv(32768, 32768, parts=("lengths",), window=(4096, 0), dtype=bf16)
+    assert kernel.heuristic_cfg(padded).backend == "cudnn"
+    both_ways = dataclasses.replace(long, kwargs={**long.kwargs, "causal": False})
+    assert kernel.heuristic_cfg(both_ways).backend == "cudnn"
+    kept, pruned = kernel.search_space(long)
+    assert kept == [VariantConfig(backend="tokamax")]
+    assert {p.cfg.backend: p.reason for p in pruned}["cudnn"].startswith(
+        "tokamax runs this long causal forward with a window; cuDNN's forward measured 1.02"
+    )
+    monkeypatch.setattr(tokamax_backend, "unsupported", lambda dtype, head_dim: "not installed")
+    assert kernel.heuristic_cfg(long).backend == "cudnn"
+
+
+@pytest.mark.parametrize(
+    "parts, window, soft_cap, trained_by",
+    [
+        ((), (6, 0), None, "cudnn"),  # a window alone
+        (("lengths",), None, None, "cudnn"),  # sequence lengths alone
+        (("lengths",), (6, 0), None, "cudnn"),
+        (("bias",), None, None, "tokamax"),  # tokamax's step was the faster with a bias
+        ((), (6, 0), 20.0, "tokamax"),  # cuDNN has no soft cap
+    ],
+)
+def test_a_differentiated_tokamax_call_with_a_window_or_lengths_alone_runs_cudnn(
+    monkeypatch, parts, window, soft_cap, trained_by
+):
+    """tokamax runs long windowed or padded causal forwards; a training call hidden from
+    kerneltune (a `jax.checkpoint`, keyed as a forward) would otherwise run tokamax's
+    backward, 2.4-7.5x cuDNN's step. Stand-ins tell the two apart: the "tokamax"
+    forward is twice the attention, so its values and gradients differ."""
+    from kerneltune.kernels.attention import tokamax_backend
+
+    def reference(q, k, v, bias, masks, *, causal, sm_scale, window, soft_cap=None):
+        return attention_features_xla(
+            q, k, v, bias, masks, scale=sm_scale, is_causal=causal, local_window_size=window,
+            logits_soft_cap=soft_cap,
+        )  # fmt: skip
+
+    class FakeTokamax:
+        @staticmethod
+        def dot_product_attention(q, k, v, bias, mask, *, scale, is_causal, query_seq_lengths,
+                                  key_value_seq_lengths, local_window_size, logits_soft_cap,
+                                  implementation):  # fmt: skip
+            masks = Masks(mask=mask, q_lengths=query_seq_lengths, kv_lengths=key_value_seq_lengths)
+            return 2 * reference(
+                q, k, v, bias, masks, causal=is_causal, sm_scale=scale, window=local_window_size,
+                soft_cap=logits_soft_cap,
+            )  # fmt: skip
+
+    class Importer:
+        @staticmethod
+        def import_module(name):
+            assert name == "tokamax"
+            return FakeTokamax
+
+    monkeypatch.setattr(tokamax_backend, "importlib", Importer)
+    monkeypatch.setattr(tokamax_backend, "cudnn_variant", reference)
+    q, k, v = (x.astype(jnp.bfloat16) for x in _qkv(5, s=T))
+    bias = rand((1, N, T, T), seed=9).astype(jnp.bfloat16) if "bias" in parts else None
+    lengths = jnp.asarray([30, 22], jnp.int32) if "lengths" in parts else None
+    masks = Masks(q_lengths=lengths, kv_lengths=lengths)
+    kw = dict(causal=True, sm_scale=0.3, window=window, soft_cap=soft_cap)
+
+    def ours(q):
+        return tokamax_backend.attention_variant(q, k, v, bias, masks, **kw)
+
+    def expected(q):
+        out = reference(q, k, v, bias, masks, **kw)
+        return out if trained_by == "cudnn" else 2 * out
+
+    def loss(f):
+        return lambda q: jnp.sum(f(q).astype(jnp.float32) ** 2)
+
+    want = jax.grad(loss(expected))(q).astype(jnp.float32)
+    np.testing.assert_array_equal(jax.jit(ours)(q), 2 * reference(q, k, v, bias, masks, **kw))
+    for got in (jax.grad(loss(ours))(q), jax.grad(loss(jax.checkpoint(ours)))(q)):
+        np.testing.assert_allclose(got.astype(jnp.float32), want, rtol=2e-2, atol=2e-2)
+
+
 def test_the_search_space_leaves_out_whole_logits_too_large_with_the_reason():
     kept, pruned = AttentionVariants().search_space(_inv(32768, 32768, n=16))
     assert VariantConfig(backend="xla") not in kept

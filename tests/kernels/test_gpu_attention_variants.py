@@ -182,3 +182,39 @@ def test_every_variant_by_default_matches_the_reference_with_and_without_tokamax
     assert chosen, events
     if tokamax == "without tokamax":
         assert "tokamax" not in chosen, chosen
+
+
+def test_a_long_windowed_forward_runs_tokamax_and_hidden_training_runs_cudnn():
+    """A causal forward alone with a window at 32k tokens runs tokamax (its forward took
+    0.97-0.98x cuDNN's); a training call hidden from kerneltune by `jax.checkpoint` is
+    keyed as that forward and must get cuDNN's gradients, not tokamax's backward
+    (2.4-7.5x cuDNN's step)."""
+    reason = tokamax_backend.unsupported(np.dtype(jnp.bfloat16), 128)
+    if reason is not None:
+        pytest.skip(reason)
+    t, window = 32768, (4096, 0)
+    q = rand((1, t, 4, 128), seed=1).astype(jnp.bfloat16)
+    k = rand((1, t, 2, 128), seed=2).astype(jnp.bfloat16)
+    v = rand((1, t, 2, 128), seed=3).astype(jnp.bfloat16)
+    events: list = []
+    ex = heuristics_executor(events=events)
+
+    def ours(q, k, v):
+        return attention(q, k, v, is_causal=True, local_window_size=window, executor=ex)
+
+    def cudnn(q, k, v):
+        return jax.nn.dot_product_attention(
+            q, k, v, is_causal=True, local_window_size=window, implementation="cudnn"
+        )
+
+    close(jax.jit(ours)(q, k, v), cudnn(q, k, v), tol=2e-2)
+    chosen = {getattr(data.get("cfg"), "backend", None) for _, data in events} - {None}
+    assert chosen == {"tokamax"}, events
+
+    def loss(fn):
+        return lambda q, k, v: (fn(q, k, v).astype(jnp.float32) * rand(q.shape, seed=4)).sum()
+
+    got = jax.jit(jax.grad(loss(jax.checkpoint(ours)), argnums=(0, 1, 2)))(q, k, v)
+    want = jax.jit(jax.grad(loss(cudnn), argnums=(0, 1, 2)))(q, k, v)
+    for g, w in zip(got, want, strict=True):
+        close(g, w, tol=3e-2)

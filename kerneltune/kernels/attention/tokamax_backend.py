@@ -103,8 +103,10 @@ def attention_variant(q, k, v, bias, masks, *, causal, sm_scale, window, soft_ca
     """Any variant by tokamax's Mosaic kernel (it takes every one, soft cap included);
     segment ids go in as a mask, and also as each query's range of keys where tokamax
     takes one (`_packed_documents`). Where a mask goes in, a differentiated call runs
-    `trusted_gradients` instead, forward and backward (`forward_only`)."""
+    `trusted_gradients` instead, forward and backward (`forward_only`); where only a
+    window or sequence lengths do, cuDNN's forward and backward where cuDNN takes it."""
     static = dict(causal=causal, sm_scale=sm_scale, window=window, soft_cap=soft_cap)
+    unmasked = dict(causal=causal, window=window, soft_cap=soft_cap)
 
     def masked(q, k, v, bias, masks):
         tokamax = importlib.import_module("tokamax")
@@ -114,8 +116,19 @@ def attention_variant(q, k, v, bias, masks, *, causal, sm_scale, window, soft_ca
             local_window_size=window, logits_soft_cap=soft_cap, implementation="mosaic",
         )  # fmt: skip
 
-    if not masks.has_mask:  # tokamax's own backward
-        return masked(q, k, v, bias, masks)
+    if not masks.has_mask:
+        if bias is None and not cudnn_variant_unsupported(q, bias, masks, **unmasked):
+            # A window or sequence lengths alone: tokamax is chosen for such a forward
+            # (`variants.TOKAMAX_WINDOW_FORWARD_MIN_TOKENS`), but its training step took
+            # 2.4-7.5x cuDNN's (H100, H200), and a training call hidden from kerneltune by a
+            # `jax.checkpoint` is keyed as a forward: cuDNN differentiates it.
+            def by_cudnn(q, k, v, bias, masks):
+                return cudnn_variant(
+                    q, k, v, bias, masks, causal=causal, sm_scale=sm_scale, window=window
+                )
+
+            return forward_only(masked, by_cudnn)(q, k, v, bias, masks)
+        return masked(q, k, v, bias, masks)  # tokamax's own backward
 
     def forward(q, k, v, bias, masks):
         packed = _packed_documents() if masks.q_segments is not None else None

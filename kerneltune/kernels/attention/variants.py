@@ -149,6 +149,15 @@ PACKED_FORWARD_MIN_TOKENS = 16384
 #: training keeps cuDNN.
 TOKAMAX_PADDED_FORWARD_MIN_TOKENS = 16384
 
+#: Tokens from which a causal forward with a local window alone goes to tokamax rather
+#: than cuDNN, where tokamax runs. With a window of 4096 keys tokamax's forward took
+#: 0.97x cuDNN's time at 32k tokens on an H100 (B1 16/4 heads, two runs: 1.87 against
+#: 1.92 ms, 1.85 against 1.90; BENCHMARKS.md, 2026-12-06) and 0.98x on an H200 (B2 32/8,
+#: 2026-11-29), but 1.08x at 16k and 1.00-1.27x at 8k; cuDNN's windowed forward grows
+#: faster than the tokens do (2.15-2.4x per doubling against tokamax's 1.94-2.0x). In
+#: training cuDNN's step is 2.4-7.5x faster, so training keeps cuDNN.
+TOKAMAX_WINDOW_FORWARD_MIN_TOKENS = 32768
+
 #: The most extra memory the packed layout's backward may take for the heuristic to
 #: choose it in training (`packed_backward_bytes`): on that H200 its training program
 #: held 2.24 GiB against tokamax's 0.25 at 8k tokens and 4.60 against 0.75 at 16k.
@@ -231,7 +240,7 @@ class AttentionVariants(BackendKernel[VariantConfig]):
 
     def library_cfg(self, inv: Invocation[Any, Any]) -> VariantConfig:
         """tokamax for a soft cap, a bias, a mask or segment ids, and for a long causal
-        forward with sequence lengths alone (`TOKAMAX_PADDED_FORWARD_MIN_TOKENS`), else
+        forward with sequence lengths or a window alone (`_tokamax_long_forward`), else
         cuDNN, where they run; a soft cap without tokamax, or a call neither library
         takes, on kerneltune's Mosaic kernel where it runs; else XLA: whole when the
         logits are small, a block of queries at a time when not. On an H200 at 8k-32k tokens
@@ -251,7 +260,7 @@ class AttentionVariants(BackendKernel[VariantConfig]):
         soft_cap = inv.kwargs["soft_cap"] is not None
         if tokamax_untrusted(inv):  # its backend would run cuDNN or the chunked path
             usable["tokamax"] = False
-        if usable["tokamax"] and (dense or soft_cap or self._padded_long_forward(inv)):
+        if usable["tokamax"] and (dense or soft_cap or self._tokamax_long_forward(inv)):
             return VariantConfig(backend="tokamax")
         if usable["cudnn"]:  # never with a soft cap: those reach the Mosaic kernel below
             return VariantConfig(backend="cudnn")
@@ -264,19 +273,20 @@ class AttentionVariants(BackendKernel[VariantConfig]):
         return VariantConfig(backend="chunked", block_q=chunked_block_q(inv))
 
     @staticmethod
-    def _padded_long_forward(inv: Invocation[Any, Any]) -> bool:
+    def _tokamax_long_forward(inv: Invocation[Any, Any]) -> bool:
         """A causal forward alone whose only feature is sequence lengths, from
-        `TOKAMAX_PADDED_FORWARD_MIN_TOKENS` tokens (where tokamax's forward measured
-        faster than cuDNN's)."""
+        `TOKAMAX_PADDED_FORWARD_MIN_TOKENS` tokens, or a window alone, from
+        `TOKAMAX_WINDOW_FORWARD_MIN_TOKENS` (where tokamax's forward measured faster
+        than cuDNN's)."""
         masks = inv.args[4]
         lengths = masks.q_lengths is not None or masks.kv_lengths is not None
-        return (
-            lengths
-            and not inv.differentiated
-            and inv.kwargs["causal"]
-            and inv.kwargs["window"] is None
-            and int(inv.args[0].shape[1]) >= TOKAMAX_PADDED_FORWARD_MIN_TOKENS
-        )
+        window = inv.kwargs["window"]
+        tokens = int(inv.args[0].shape[1])
+        if inv.differentiated or not inv.kwargs["causal"]:
+            return False
+        if window is None:
+            return lengths and tokens >= TOKAMAX_PADDED_FORWARD_MIN_TOKENS
+        return not lengths and tokens >= TOKAMAX_WINDOW_FORWARD_MIN_TOKENS
 
     def search_space(self, inv: Invocation[Any, Any]):
         """Where the heuristic picks cuDNN, its packed layout, tokamax or kerneltune's
@@ -315,11 +325,15 @@ class AttentionVariants(BackendKernel[VariantConfig]):
                 "slower, kerneltune's Mosaic kernel 1.7-2.2x and XLA's paths 8-16x (H200, "
                 "8k-32k tokens)",
             )
-            if chosen.backend == "tokamax" and self._padded_long_forward(inv):
+            if chosen.backend == "tokamax" and self._tokamax_long_forward(inv):
                 why = (
                     "tokamax runs this long causal forward with lengths; cuDNN's forward "
                     "measured 1.05-1.08x its time and XLA's paths far slower (H200, 16k-32k "
                     "tokens)"
+                    if inv.kwargs["window"] is None
+                    else "tokamax runs this long causal forward with a window; cuDNN's "
+                    "forward measured 1.02-1.03x its time and XLA's paths far slower (H100, "
+                    "H200, 32k tokens)"
                 )
             others = [c for c in [*libraries, packed, mosaic, *xla] if c != chosen]
             return [chosen], [Pruned(c, untrusted(c) or why) for c in others]
