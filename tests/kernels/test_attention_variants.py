@@ -253,63 +253,47 @@ def test_on_a_gpu_the_libraries_are_chosen_for_what_they_take(monkeypatch):
     assert kernel.heuristic_cfg(_inv(4096, 4096, soft_cap=50.0, dtype=bf16)).backend == "chunked"
 
 
-def test_a_long_padded_causal_forward_goes_to_tokamax_and_its_training_to_cudnn(monkeypatch):
-    """tokamax's forward measured 5-7% faster than cuDNN's with padding at 16k tokens
-    (H200), its training step 3-4x slower; shorter, windowed or non-causal calls keep
+@pytest.mark.parametrize(
+    "feature, long_tokens, reason",
+    [
+        # tokamax's forward measured 5-7% faster than cuDNN's with padding at 16k tokens
+        # (H200), 1-7% slower at 8k; its training step 3-4x slower.
+        ("lengths", 16384, "with lengths; cuDNN's forward measured 1.05"),
+        # With a window of 4096: 2-3% faster at 32k (H100, H200), 8% slower at 16k; its
+        # training step 2.4-7.5x slower.
+        ("window", 32768, "with a window; cuDNN's forward measured 1.02"),
+    ],
+)
+def test_a_long_causal_forward_with_lengths_or_a_window_goes_to_tokamax_and_training_to_cudnn(
+    monkeypatch, feature, long_tokens, reason
+):
+    """Shorter calls, calls with both features, non-causal calls and training keep
     cuDNN, and without tokamax the long forward does too."""
     from kerneltune.kernels.attention import jax_nn, tokamax_backend
 
     monkeypatch.setattr(jax_nn, "on_gpu", lambda: True)
     monkeypatch.setattr(tokamax_backend, "unsupported", lambda dtype, head_dim: None)
     kernel = AttentionVariants()
-    bf16 = jnp.bfloat16
-    long = _inv(16384, 16384, parts=("lengths",), dtype=bf16)
+    kw = dict(parts=("lengths",)) if feature == "lengths" else dict(window=(4096, 0))
+    long = _inv(long_tokens, long_tokens, dtype=jnp.bfloat16, **kw)
     assert kernel.heuristic_cfg(long).backend == "tokamax"
     assert kernel.heuristic_cfg(dataclasses.replace(long, differentiated=True)).backend == "cudnn"
-    assert kernel.heuristic_cfg(_inv(8192, 8192, parts=("lengths",), dtype=bf16)).backend == "cudnn"
-    windowed = _inv(16384, 16384, parts=("lengths",), window=(4096, 0), dtype=bf16)
-    assert kernel.heuristic_cfg(windowed).backend == "cudnn"
+    shorter = _inv(long_tokens // 2, long_tokens // 2, dtype=jnp.bfloat16, **kw)
+    assert kernel.heuristic_cfg(shorter).backend == "cudnn"
+    both = _inv(32768, 32768, parts=("lengths",), window=(4096, 0), dtype=jnp.bfloat16)
+    assert kernel.heuristic_cfg(both).backend == "cudnn"
     both_ways = dataclasses.replace(long, kwargs={**long.kwargs, "causal": False})
     assert kernel.heuristic_cfg(both_ways).backend == "cudnn"
     kept, pruned = kernel.search_space(long)
     assert kept == [VariantConfig(backend="tokamax")]
     assert {p.cfg.backend: p.reason for p in pruned}["cudnn"].startswith(
-        "tokamax runs this long causal forward with lengths; cuDNN's forward measured 1.05"
+        "tokamax runs this long causal forward " + reason
     )
     monkeypatch.setattr(tokamax_backend, "unsupported", lambda dtype, head_dim: "not installed")
     assert kernel.heuristic_cfg(long).backend == "cudnn"
     kept, pruned = kernel.search_space(long)
     assert kept == [VariantConfig(backend="cudnn")]
     assert all(not p.reason.startswith("tokamax runs") for p in pruned)
-
-
-def test_a_long_windowed_causal_forward_goes_to_tokamax_and_its_training_to_cudnn(monkeypatch):
-    """tokamax's windowed forward measured 0.97-0.98x cuDNN's time at 32k tokens (H100,
-    H200), 1.08x at 16k, its training step 2.4-7.5x; shorter, padded or non-causal
-    windowed calls keep cuDNN, and without tokamax the long forward does too."""
-    from kerneltune.kernels.attention import jax_nn, tokamax_backend
-
-    monkeypatch.setattr(jax_nn, "on_gpu", lambda: True)
-    monkeypatch.setattr(tokamax_backend, "unsupported", lambda dtype, head_dim: None)
-    kernel = AttentionVariants()
-    bf16 = jnp.bfloat16
-    long = _inv(32768, 32768, window=(4096, 0), dtype=bf16)
-    assert kernel.heuristic_cfg(long).backend == "tokamax"
-    assert kernel.heuristic_cfg(dataclasses.replace(long, differentiated=True)).backend == "cudnn"
-    assert kernel.heuristic_cfg(_inv(16384, 16384, window=(4096, 0), dtype=bf16)).backend == (
-        "cudnn"
-    )
-    padded = _inv(32768, 32768, parts=("lengths",), window=(4096, 0), dtype=bf16)
-    assert kernel.heuristic_cfg(padded).backend == "cudnn"
-    both_ways = dataclasses.replace(long, kwargs={**long.kwargs, "causal": False})
-    assert kernel.heuristic_cfg(both_ways).backend == "cudnn"
-    kept, pruned = kernel.search_space(long)
-    assert kept == [VariantConfig(backend="tokamax")]
-    assert {p.cfg.backend: p.reason for p in pruned}["cudnn"].startswith(
-        "tokamax runs this long causal forward with a window; cuDNN's forward measured 1.02"
-    )
-    monkeypatch.setattr(tokamax_backend, "unsupported", lambda dtype, head_dim: "not installed")
-    assert kernel.heuristic_cfg(long).backend == "cudnn"
 
 
 @pytest.mark.parametrize(
