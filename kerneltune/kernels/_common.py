@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from kerneltune._src.kernel.backends import Pruned as Pruned
@@ -297,6 +298,21 @@ def interpreted(cls: type[T]) -> Callable[..., T]:
     make.__name__ = make.__qualname__ = f"{cls.__name__}Interpret"
     make.__doc__ = f"`{cls.__name__}` run by the Pallas interpreter on any device."
     return make
+
+
+def pallas_dot(
+    x: jax.Array, y: jax.Array, *, upcast: bool, trans_x: bool = False, trans_y: bool = False
+) -> jax.Array:
+    """`x · y` (either transposed) inside a Pallas kernel, accumulated in float32; with
+    `upcast` (the interpreter on CPUs: XLA:CPU has no bf16 × bf16 → f32 dot) the
+    operands are cast to float32 first."""
+    if upcast:
+        x, y = x.astype(jnp.float32), y.astype(jnp.float32)
+    if trans_x:
+        x = x.T
+    if trans_y:
+        y = y.T
+    return jnp.dot(x, y, preferred_element_type=jnp.float32)
 
 
 def jax_gpu_op(name: str) -> Any:

@@ -18,7 +18,6 @@ from kerneltune.kernels import Attention, AttentionBackward, AttentionInterpret,
 from kerneltune.kernels._common import on_gpu, relative_error, tolerance
 from kerneltune.kernels.attention import config as ac
 from kerneltune.kernels.attention import tokamax_backend as tb
-from kerneltune.kernels.attention.pallas_triton import block_sizes
 from kerneltune.kernels.attention.reference import attention_reference
 from kerneltune.kernels.attention.shapes import TEST_SHAPES
 from tests.helpers import host_rng, normal, value_and_grads
@@ -142,16 +141,6 @@ def test_the_backend_is_part_of_the_config_and_round_trips():
         assert cfg != FwdParams(backend="xla")
     with pytest.raises(ValueError, match=r"FwdParams.backend must be one of .*'tpu'"):
         FwdParams(backend="tpu")
-
-
-def test_params_map_onto_jax_block_sizes():
-    sizes = block_sizes(
-        FwdParams(q_blocksize=64, kv_blocksize=32), BwdParams(q_blocksize=16, kv_blocksize=64)
-    )
-    assert (sizes.block_q, sizes.block_k) == (64, 32)
-    # kv_blocksize is the block each program owns (dK/dV for keys, dQ for queries).
-    assert (sizes.block_kv_dkv, sizes.block_q_dq) == (64, 64)
-    assert (sizes.block_q_dkv, sizes.block_kv_dq) == (16, 16)
 
 
 # --- the XLA path -------------------------------------------------------------------

@@ -66,7 +66,7 @@ def sharding_fingerprint_of(sharding: Any) -> str:
     if isinstance(sharding, jax.sharding.NamedSharding):
         axes = ",".join(f"{name}={size}" for name, size in sharding.mesh.shape.items())
         return f"named[{axes}]{tuple(sharding.spec)!s}"
-    if isinstance(sharding, jax.sharding.SingleDeviceSharding):
+    if jax_compat.is_single_device_sharding(sharding):
         return "single"
     num = len(getattr(sharding, "device_set", ())) or 1
     return f"{type(sharding).__name__}[{num}]"

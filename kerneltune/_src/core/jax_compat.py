@@ -25,6 +25,16 @@ def array_impl_type() -> type:
     return ArrayImpl
 
 
+def is_single_device_sharding(sharding: Any) -> bool:
+    """True when `sharding` places an array on one device. JAX 0.12.1 deprecates the
+    class `jax.sharding.SingleDeviceSharding` in favour of this predicate; older JAX has
+    only the class."""
+    predicate = getattr(jax.sharding, "is_single_device_sharding", None)
+    if predicate is not None:
+        return bool(predicate(sharding))
+    return isinstance(sharding, jax.sharding.SingleDeviceSharding)
+
+
 def backends_initialized() -> bool:
     """True when this process has started a JAX backend (used by tests and by the
     parent of `kerneltune tune --workers`, which must not hold a GPU)."""
@@ -107,13 +117,6 @@ def profiler_entry_points() -> list[tuple[Any, str]]:
     if isinstance(session, type) and callable(getattr(session, "start", None)):
         points.append((session, "start"))
     return points
-
-
-def pallas_attention_backward(module: Any) -> Any:
-    """The private backward kernel (`_mha_backward`) of JAX's Pallas attention module
-    `module`, or None where it is missing. The caller checks its parameters and falls
-    back on differentiating JAX's public `mha` when they differ."""
-    return getattr(module, "_mha_backward", None)
 
 
 def function_inside_jit(obj: Any) -> Any:

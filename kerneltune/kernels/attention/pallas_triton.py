@@ -1,82 +1,118 @@
-"""JAX's Pallas GPU attention (`jax.experimental.pallas.ops.gpu.attention.mha`) with
-the launch parameters chosen by kerneltune.
+"""Flash attention, forward and backward, our Pallas kernels lowered by Triton, with
+the blocks, warps and stages chosen by kerneltune.
 
-The forward runs `mha(..., return_residuals=True)` for the output and log-sum-exp.
-The backward runs JAX's backward pass on those residuals with its own block sizes
-and warps, so forward and backward configs are independent. JAX keeps that backward
-entry point private (`_mha_backward`); when its signature is not the one expected,
-the backward falls back to differentiating `mha` itself with the backward config,
-which recomputes the forward (correct, slower), and logs that once.
+The forward keeps a block of queries resident and walks the keys a block at a time
+with an online softmax, so the scores are never whole; it returns the output and,
+for the backward, the base-2 log-sum-exp `[batch, heads, q_len]`. The backward runs
+two kernels on those residuals: one keeps a block of keys resident and walks the
+queries (dK, dV), the other keeps a block of queries resident and walks the keys
+(dQ). A causal call skips the blocks the mask hides (query i sees keys 0..i).
+
+Grouped-query k and v are read in place by the forward (query head h reads kv head
+h // group); the backward kernel takes them for every query head.
+
+JAX shipped such kernels in `jax.experimental.pallas.ops.gpu.attention` until 0.12.1
+removed them; these are ours, so the backend runs on every JAX kerneltune supports.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import logging
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
 
-from kerneltune._src.core import jax_compat
 from kerneltune._src.kernel.backends import Backend
 from kerneltune._src.params import BwdParams, FwdParams
-from kerneltune.kernels._common import accepts, jax_gpu_op, parameters
-from kerneltune.kernels.attention.backward import BackwardKernelGradient, every_head
+from kerneltune.kernels._common import pallas_dot, triton_compiler_params
+from kerneltune.kernels.attention.backward import BackwardKernelGradient
 from kerneltune.kernels.attention.config import bwd_splits_alike
 
-logger = logging.getLogger("kerneltune")
-
-_BACKWARD_PARAMS = (
-    "sm_scale",
-    "causal",
-    "block_sizes",
-    "backward_pass_impl",
-    "num_warps",
-    "num_stages",
-    "grid",
-    "interpret",
-    "debug",
-    "return_residuals",
-    "res",
-    "do",
-)
+F32 = jnp.float32
+LOG2E = 1.4426950408889634  # log2(e): scores are scaled into base 2 once, for exp2
 
 
-def _module() -> Any:
-    return jax_gpu_op("attention")
+def _block(wanted: int | None, length: int, default: int, what: str) -> int:
+    """`wanted` (or `default`), at most `length`, which it must divide."""
+    block = min(wanted or default, length)
+    if length % block:
+        raise ValueError(
+            f"attention: {what}={block} does not divide the sequence length {length}; "
+            "choose a block that divides it (the candidate space does)."
+        )
+    return block
 
 
-def block_sizes(fwd: FwdParams | None = None, bwd: BwdParams | None = None) -> Any:
-    """JAX's `BlockSizes` from our params (JAX's defaults where ours are None)."""
-    cls = _module().BlockSizes
-    default = cls.get_default()
-    names = {f.name for f in dataclasses.fields(cls)}
-    values = {name: getattr(default, name) for name in names}
-    kv_name = "block_k" if "block_k" in names else "block_kv"
-    if fwd is not None:
-        values["block_q"] = fwd.q_blocksize or values["block_q"]
-        values[kv_name] = fwd.kv_blocksize or values[kv_name]
-    if bwd is not None:
-        outer, inner = bwd.kv_blocksize, bwd.q_blocksize
-        for name, value in (
-            ("block_q_dkv", inner),
-            ("block_kv_dkv", outer),
-            ("block_q_dq", outer),
-            ("block_kv_dq", inner),
-        ):
-            if name in names and value is not None:
-                values[name] = value
-    return cls(**values)
+def _launch(num_warps: int | None, num_stages: int | None, interpret: bool) -> Any:
+    if interpret:
+        return None
+    return triton_compiler_params(num_warps=num_warps, num_stages=num_stages)
 
 
-def _mha_kwargs(**kwargs: Any) -> dict[str, Any]:
-    mha = _module().mha
-    params = parameters(mha) or ()
-    return {k: v for k, v in kwargs.items() if k in params and v is not None}
+def _seq_spec(length: int, d: int, *, head_of: Any = None) -> pl.BlockSpec:
+    """A whole sequence of one head of a `[batch, length, heads, d]` array, for the
+    program at grid position `(b, h, i)` (head `head_of(h)`, h by default)."""
+    head_of = head_of or (lambda h: h)
+    return pl.BlockSpec(
+        (pl.squeezed, length, pl.squeezed, d), lambda b, h, i: (b, 0, head_of(h), 0)
+    )
 
 
-def mha_forward(
+def _tile_spec(block: int, d: int) -> pl.BlockSpec:
+    """Block i of the sequence of head h of a `[batch, length, heads, d]` array."""
+    return pl.BlockSpec((pl.squeezed, block, pl.squeezed, d), lambda b, h, i: (b, i, h, 0))
+
+
+def _row_spec(length: int | None, block: int) -> pl.BlockSpec:
+    """Of a `[batch, heads, length]` statistic: block i, or the whole row (`length`)."""
+    if length is not None:
+        return pl.BlockSpec((pl.squeezed, pl.squeezed, length), lambda b, h, i: (b, h, 0))
+    return pl.BlockSpec((pl.squeezed, pl.squeezed, block), lambda b, h, i: (b, h, i))
+
+
+def _visible(q0: Any, k0: Any, block_q: int, block_kv: int) -> jax.Array:
+    """The causal mask of the tile of queries from `q0` and keys from `k0`."""
+    rows = q0 + lax.broadcasted_iota(jnp.int32, (block_q, block_kv), 0)
+    cols = k0 + lax.broadcasted_iota(jnp.int32, (block_q, block_kv), 1)
+    return rows >= cols
+
+
+# --- forward -----------------------------------------------------------------------
+
+
+def _forward_tile(
+    q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale, causal, block_q, block_kv, kv_len, upcast
+):
+    i = pl.program_id(2)
+    q = q_ref[...]
+    steps = kv_len // block_kv
+    if causal:  # the key blocks at or before this query block's last query
+        steps = jnp.minimum(steps, pl.cdiv((i + 1) * block_q, block_kv))
+
+    def step(j, carry):
+        top, total, acc = carry
+        k0 = j * block_kv
+        k, v = k_ref[pl.ds(k0, block_kv), :], v_ref[pl.ds(k0, block_kv), :]
+        s = pallas_dot(q, k, upcast=upcast, trans_y=True) * scale
+        if causal:
+            s = jnp.where(_visible(i * block_q, k0, block_q, block_kv), s, -jnp.inf)
+        new_top = jnp.maximum(top, jnp.max(s, axis=1))
+        p = jnp.exp2(s - new_top[:, None])
+        shrink = jnp.exp2(top - new_top)
+        acc = acc * shrink[:, None] + pallas_dot(p.astype(v.dtype), v, upcast=upcast)
+        return new_top, total * shrink + jnp.sum(p, axis=1), acc
+
+    d = q.shape[-1]
+    start = (jnp.full((block_q,), -jnp.inf, F32), jnp.zeros((block_q,), F32))
+    top, total, acc = lax.fori_loop(0, steps, step, (*start, jnp.zeros((block_q, d), F32)))
+    o_ref[...] = (acc / total[:, None]).astype(o_ref.dtype)
+    lse_ref[...] = top + jnp.log2(total)
+
+
+def flash_forward(
     q: jax.Array,
     k: jax.Array,
     v: jax.Array,
@@ -85,27 +121,100 @@ def mha_forward(
     causal: bool,
     sm_scale: float,
     interpret: bool,
-    return_residuals: bool,
-) -> Any:
-    """`mha` with `cfg`'s blocks, warps and stages; with `return_residuals`, also the
-    base-2 log-sum-exp `[batch, heads, q_len]`."""
-    mha = _module().mha
-    if return_residuals and not accepts(mha, "return_residuals"):
-        raise NotImplementedError("this JAX's mha cannot return its residuals (return_residuals=)")
-    kwargs = _mha_kwargs(
-        sm_scale=sm_scale,
-        causal=causal,
-        block_sizes=block_sizes(cfg),
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+) -> tuple[jax.Array, jax.Array]:
+    """The attention of `q` (`[batch, q_len, heads, d]`) over `k`, `v` (`[batch,
+    kv_len, kv_heads, d]`, kv_heads dividing heads) with `cfg`'s blocks, and its
+    base-2 log-sum-exp `[batch, heads, q_len]` (float32)."""
+    b, q_len, heads, d = q.shape
+    kv_len, group = k.shape[1], heads // k.shape[2]
+    block_q = _block(cfg.q_blocksize, q_len, 128, "q_blocksize")
+    block_kv = _block(cfg.kv_blocksize, kv_len, 128, "kv_blocksize")
+    kv_spec = _seq_spec(kv_len, d, head_of=lambda h: h // group)
+    return pl.pallas_call(
+        functools.partial(
+            _forward_tile,
+            scale=sm_scale * LOG2E,
+            causal=causal,
+            block_q=block_q,
+            block_kv=block_kv,
+            kv_len=kv_len,
+            upcast=interpret,
+        ),
+        out_shape=[
+            jax.ShapeDtypeStruct(q.shape, q.dtype),
+            jax.ShapeDtypeStruct((b, heads, q_len), F32),
+        ],
+        grid=(b, heads, q_len // block_q),
+        in_specs=[_tile_spec(block_q, d), kv_spec, kv_spec],
+        out_specs=[_tile_spec(block_q, d), _row_spec(None, block_q)],
+        compiler_params=_launch(cfg.num_warps, cfg.num_stages, interpret),
         interpret=interpret,
-    )
-    if return_residuals:
-        kwargs["return_residuals"] = True
-    return mha(q, k, v, None, **kwargs)
+        name="kerneltune_flash_forward",
+    )(q, k, v)
 
 
-def mha_backward(
+# --- backward ----------------------------------------------------------------------
+
+
+def _probabilities(q, k, lse, q0, k0, *, scale, causal, upcast):
+    """The softmax of the tile of queries from `q0` and keys from `k0`, rebuilt from
+    the forward's base-2 log-sum-exp (0 where the mask hides a key)."""
+    s = pallas_dot(q, k, upcast=upcast, trans_y=True) * scale
+    if causal:
+        s = jnp.where(_visible(q0, k0, q.shape[0], k.shape[0]), s, -jnp.inf)
+    return jnp.exp2(s - lse[:, None])
+
+
+def _dkdv_tile(
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref,
+    *, scale, sm_scale, causal, block_q, block_kv, q_len, upcast,
+):  # fmt: skip
+    j = pl.program_id(2)
+    k0 = j * block_kv
+    k, v = k_ref[...], v_ref[...]
+    first = k0 // block_q if causal else 0  # the query blocks before see none of these keys
+
+    def step(i, carry):
+        dk, dv = carry
+        q0 = i * block_q
+        rows = pl.ds(q0, block_q)
+        q, do = q_ref[rows, :], do_ref[rows, :]
+        p = _probabilities(q, k, lse_ref[rows], q0, k0, scale=scale, causal=causal, upcast=upcast)
+        dv = dv + pallas_dot(p.astype(do.dtype), do, upcast=upcast, trans_x=True)
+        dp = pallas_dot(do, v, upcast=upcast, trans_y=True)
+        ds = p * (dp - delta_ref[rows][:, None])
+        dk = dk + pallas_dot(ds.astype(q.dtype), q, upcast=upcast, trans_x=True)
+        return dk, dv
+
+    zeros = jnp.zeros(k.shape, F32)
+    dk, dv = lax.fori_loop(first, q_len // block_q, step, (zeros, zeros))
+    dk_ref[...] = (dk * sm_scale).astype(dk_ref.dtype)
+    dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+def _dq_tile(
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref,
+    *, scale, sm_scale, causal, block_q, block_kv, kv_len, upcast,
+):  # fmt: skip
+    i = pl.program_id(2)
+    q0 = i * block_q
+    q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
+    steps = kv_len // block_kv
+    if causal:
+        steps = jnp.minimum(steps, pl.cdiv(q0 + block_q, block_kv))
+
+    def step(j, dq):
+        k0 = j * block_kv
+        k, v = k_ref[pl.ds(k0, block_kv), :], v_ref[pl.ds(k0, block_kv), :]
+        p = _probabilities(q, k, lse, q0, k0, scale=scale, causal=causal, upcast=upcast)
+        ds = p * (pallas_dot(do, v, upcast=upcast, trans_y=True) - delta[:, None])
+        return dq + pallas_dot(ds.astype(k.dtype), k, upcast=upcast)
+
+    dq = lax.fori_loop(0, steps, step, jnp.zeros(q.shape, F32))
+    dq_ref[...] = (dq * sm_scale).astype(dq_ref.dtype)
+
+
+def flash_backward(
     q: jax.Array,
     k: jax.Array,
     v: jax.Array,
@@ -118,73 +227,88 @@ def mha_backward(
     sm_scale: float,
     interpret: bool,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """dq, dk, dv by JAX's Pallas backward kernel with `cfg`'s blocks and warps."""
-    module = _module()
-    sizes = block_sizes(FwdParams(q_blocksize=cfg.kv_blocksize, kv_blocksize=cfg.kv_blocksize), cfg)
-    backward = jax_compat.pallas_attention_backward(module)
-    if backward is not None and parameters(backward) == _BACKWARD_PARAMS:
-        dq, dk, dv, _ = backward(
-            sm_scale,
-            causal,
-            sizes,
-            "triton",
-            cfg.num_warps,
-            cfg.num_stages or 2,
-            None,
-            interpret,
-            False,
-            False,
-            (q, k, v, None, out, lse),
-            dout,
-        )
-        return dq, dk, dv
-    _warn_fallback_once(parameters(backward) if backward is not None else None)
-    kwargs = _mha_kwargs(
-        sm_scale=sm_scale,
-        causal=causal,
-        block_sizes=sizes,
-        num_warps=cfg.num_warps,
+    """dq, dk, dv of `flash_forward` (k and v for every query head) from its output and
+    log-sum-exp. Each kernel keeps an outer block (`cfg.kv_blocksize`) resident and
+    walks inner blocks (`cfg.q_blocksize`): keys resident for dK and dV, queries
+    resident for dQ."""
+    b, q_len, heads, d = q.shape
+    kv_len = k.shape[1]
+    # Σ_d out·dout per query: the softmax's Jacobian term, shared by both kernels.
+    delta = jnp.einsum("bqhd,bqhd->bhq", out.astype(F32), dout.astype(F32))
+    common = {"scale": sm_scale * LOG2E, "sm_scale": sm_scale, "causal": causal}
+    launch = _launch(cfg.num_warps, cfg.num_stages, interpret)
+
+    outer = _block(cfg.kv_blocksize, kv_len, 32, "kv_blocksize")
+    inner = _block(cfg.q_blocksize, q_len, 32, "q_blocksize")
+    dk, dv = pl.pallas_call(
+        functools.partial(
+            _dkdv_tile, block_q=inner, block_kv=outer, q_len=q_len, upcast=interpret, **common
+        ),
+        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        grid=(b, heads, kv_len // outer),
+        in_specs=[
+            _seq_spec(q_len, d),
+            _tile_spec(outer, d),
+            _tile_spec(outer, d),
+            _seq_spec(q_len, d),
+            _row_spec(q_len, inner),
+            _row_spec(q_len, inner),
+        ],
+        out_specs=[_tile_spec(outer, d), _tile_spec(outer, d)],
+        compiler_params=launch,
         interpret=interpret,
-    )
-    _, pullback = jax.vjp(lambda a, b, c: module.mha(a, b, c, None, **kwargs), q, k, v)
-    return pullback(dout)
+        name="kerneltune_flash_backward_dkdv",
+    )(q, k, v, dout, lse, delta)
+
+    outer = _block(cfg.kv_blocksize, q_len, 32, "kv_blocksize")
+    inner = _block(cfg.q_blocksize, kv_len, 32, "q_blocksize")
+    dq = pl.pallas_call(
+        functools.partial(
+            _dq_tile, block_q=outer, block_kv=inner, kv_len=kv_len, upcast=interpret, **common
+        ),
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        grid=(b, heads, q_len // outer),
+        in_specs=[
+            _tile_spec(outer, d),
+            _seq_spec(kv_len, d),
+            _seq_spec(kv_len, d),
+            _tile_spec(outer, d),
+            _row_spec(None, outer),
+            _row_spec(None, outer),
+        ],
+        out_specs=_tile_spec(outer, d),
+        compiler_params=launch,
+        interpret=interpret,
+        name="kerneltune_flash_backward_dq",
+    )(q, k, v, dout, lse, delta)
+    return dq, dk, dv
 
 
-@functools.cache
-def _warn_fallback_once(found: Any) -> None:
-    logger.warning(
-        "kerneltune attention: JAX's mha backward entry point has changed (found %s); "
-        "the backward pass differentiates mha instead, recomputing the forward.",
-        found,
-    )
+# --- backends ----------------------------------------------------------------------
 
 
 class TritonBackend(BackwardKernelGradient):
-    """JAX's Pallas `mha` forward with tuned blocks, lowered by Triton; the backward is
-    the `AttentionBackward` kernel (the config's backend is called "pallas")."""
+    """Our flash forward with tuned blocks, lowered by Triton; the backward is the
+    `AttentionBackward` kernel (the config's backend is called "pallas")."""
 
     name = "pallas"
     lowering = "triton"
     interprets = True
 
     def run(self, kernel, q, k, v, *, cfg: FwdParams, causal: bool, sm_scale: float):
-        return self._forward(kernel, q, k, v, cfg, causal, sm_scale, residuals=False)
+        return self.fwd_with_residuals(kernel, q, k, v, cfg=cfg, causal=causal, sm_scale=sm_scale)[
+            0
+        ]
 
     def fwd_with_residuals(self, kernel, q, k, v, *, cfg: FwdParams, causal: bool, sm_scale: float):
-        return self._forward(kernel, q, k, v, cfg, causal, sm_scale, residuals=True)
-
-    @staticmethod
-    def _forward(kernel, q, k, v, cfg, causal, sm_scale, *, residuals: bool):
-        # JAX's kernel wants k and v for every query head.
-        k, v = every_head(q, k), every_head(q, v)
-        return mha_forward(
-            q, k, v, cfg=cfg, causal=causal, sm_scale=sm_scale,
-            interpret=kernel.use_interpreter(), return_residuals=residuals,
-        )  # fmt: skip
+        out, lse = flash_forward(
+            q, k, v, cfg=cfg, causal=causal, sm_scale=sm_scale, interpret=kernel.use_interpreter()
+        )
+        return out, lse
 
 
 class TritonBackwardBackend(Backend):
-    """JAX's Pallas `mha` backward with tuned blocks, lowered by Triton."""
+    """Our flash backward with tuned blocks, lowered by Triton."""
 
     name = "pallas"
     lowering = "triton"
@@ -202,7 +326,7 @@ class TritonBackwardBackend(Backend):
     def run(
         self, kernel, q, k, v, out, lse, dout, *, cfg: BwdParams, causal: bool, sm_scale: float
     ):
-        return mha_backward(
+        return flash_backward(
             q, k, v, out, lse, dout, cfg=cfg, causal=causal, sm_scale=sm_scale,
             interpret=kernel.use_interpreter(),
         )  # fmt: skip

@@ -1,196 +1,223 @@
-"""Layer norm and RMS norm with JAX's Pallas GPU kernels
-(`jax.experimental.pallas.ops.gpu.layer_norm` / `rms_norm`), launched with the block
-size and warps chosen by kerneltune.
+"""Layer norm and RMS norm, forward and backward, our Pallas kernels lowered by
+Triton, launched with the block size and warps chosen by kerneltune.
 
-JAX's public `layer_norm`/`rms_norm` entry points compute their own block size and
-warps (they overwrite a `num_warps` argument), so the forward launches JAX's public
-kernel bodies (`layer_norm_forward_kernel`, `rms_norm_forward_kernel`) itself, one
-program per row, with our config; it keeps the statistics in float32. The backward is
-JAX's own (`layer_norm_backward`, `rms_norm_backward`) on those statistics. Where this
-JAX's kernel bodies or backward take other arguments than expected, the code raises a
-clear error (forward) or differentiates the XLA version (backward), logging once.
+One program per row. The row's block is the row padded to a power of two; the kernel
+walks it `cfg.block_size` elements at a time (masked past the row's end), first for
+the statistics (float32), then to write the output. The backward computes dx the
+same way, one program per row, from the forward's statistics; dweight and dbias are
+sums over rows, which XLA fuses.
+
+JAX shipped such kernels in `jax.experimental.pallas.ops.gpu.layer_norm` / `rms_norm`
+until 0.12.1 removed them; these are ours, so the backend runs on every JAX kerneltune
+supports.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 
 from kerneltune._src.kernel.backends import Backend
-from kerneltune.kernels._common import jax_gpu_op, parameters, triton_compiler_params
+from kerneltune.kernels._common import next_power_of_2, triton_compiler_params
 from kerneltune.kernels.normalization.config import NormConfig
-from kerneltune.kernels.normalization.reference import layer_norm_xla, rms_norm_xla
 
-logger = logging.getLogger("kerneltune")
-
-_BACKWARD_PARAMS = (
-    "num_warps",
-    "num_stages",
-    "eps",
-    "backward_pass_impl",
-    "interpret",
-    "res",
-    "do",
-)
+F32 = jnp.float32
 
 
-#: For each norm, JAX's kernel body and backward in its module
-#: `jax.experimental.pallas.ops.gpu.<norm>`, named in full so that a reader (or a
-#: search) finds them.
-_JAX_NAMES = {
-    "layer_norm": ("layer_norm_forward_kernel", "layer_norm_backward"),
-    "rms_norm": ("rms_norm_forward_kernel", "rms_norm_backward"),
-}
+def _triton() -> Any:
+    # Imported at trace time: a JAX without the Pallas Triton lowering still imports
+    # kerneltune (its Triton candidates are pruned with a reason instead).
+    from jax.experimental.pallas import triton as plt
+
+    return plt
 
 
-def _ops(which: str) -> Any:
-    return jax_gpu_op(which)
+def _chunk(ref: Any, i: Any, block: int, n: int) -> tuple[jax.Array, jax.Array]:
+    """Elements `[i·block, (i+1)·block)` of the row in `ref` (`[1, width]`) in float32,
+    zero past the row's end, and the mask of those inside it."""
+    start = i * block
+    inside = start + lax.broadcasted_iota(jnp.int32, (1, block), 1) < n
+    values = _triton().load(ref.at[:, pl.ds(start, block)], mask=inside, other=0)
+    return values.astype(F32), inside
 
 
-def _forward(
-    which: str,
+def _store_chunk(ref: Any, i: Any, block: int, values: jax.Array, inside: jax.Array) -> None:
+    _triton().store(ref.at[:, pl.ds(i * block, block)], values.astype(ref.dtype), mask=inside)
+
+
+def _forward_row(
+    x_ref, w_ref, b_ref, o_ref, mean_ref, rstd_ref, *, n: int, block: int, eps: float, centred: bool
+) -> None:
+    steps = pl.cdiv(n, block)
+    zeros = jnp.zeros((1, block), F32)
+
+    def add_x(i, acc):
+        return acc + _chunk(x_ref, i, block, n)[0]
+
+    mean = jnp.sum(lax.fori_loop(0, steps, add_x, zeros)) / n if centred else jnp.float32(0)
+
+    def add_square(i, acc):
+        x, inside = _chunk(x_ref, i, block, n)
+        return acc + jnp.where(inside, jnp.square(x - mean), 0.0)
+
+    rstd = lax.rsqrt(jnp.sum(lax.fori_loop(0, steps, add_square, zeros)) / n + eps)
+
+    def write(i, carry):
+        x, inside = _chunk(x_ref, i, block, n)
+        y = (x - mean) * rstd * _chunk(w_ref, i, block, n)[0]
+        if centred:
+            y = y + _chunk(b_ref, i, block, n)[0]
+        _store_chunk(o_ref, i, block, y, inside)
+        return carry
+
+    lax.fori_loop(0, steps, write, 0)
+    mean_ref[...] = jnp.full((1,), mean, F32)
+    rstd_ref[...] = jnp.full((1,), rstd, F32)
+
+
+def _backward_row(
+    x_ref, w_ref, dy_ref, mean_ref, rstd_ref, dx_ref, *, n: int, block: int, centred: bool
+) -> None:
+    # With x̂ = (x − mean)·rstd and g = weight·dy:
+    #   dx = rstd · (g − x̂·mean(x̂·g) − mean(g))   (RMS norm: without the last term).
+    steps = pl.cdiv(n, block)
+    mean, rstd = mean_ref[...], rstd_ref[...]
+
+    def terms(i):
+        x, inside = _chunk(x_ref, i, block, n)
+        g = _chunk(w_ref, i, block, n)[0] * _chunk(dy_ref, i, block, n)[0]
+        return jnp.where(inside, (x - mean) * rstd, 0.0), g, inside
+
+    def add(i, acc):
+        x_hat, g, _ = terms(i)
+        return acc[0] + x_hat * g, acc[1] + g
+
+    zeros = jnp.zeros((1, block), F32)
+    xg, gs = lax.fori_loop(0, steps, add, (zeros, zeros))
+    c1 = jnp.sum(xg) / n
+    c2 = jnp.sum(gs) / n if centred else jnp.float32(0)
+
+    def write(i, carry):
+        x_hat, g, inside = terms(i)
+        _store_chunk(dx_ref, i, block, rstd * (g - x_hat * c1 - c2), inside)
+        return carry
+
+    lax.fori_loop(0, steps, write, 0)
+
+
+def _specs(n: int, cfg: NormConfig) -> tuple[Any, Any, Any]:
+    """Block specs of one program per row: a `[rows, n]` array by row (the row padded
+    to a power of two, at least one step wide), a parameter (`[1, n]`) shared by all,
+    a statistic (`[rows]`) by element."""
+    width = max(next_power_of_2(n), cfg.block_size)
+    by_row = pl.BlockSpec((1, width), lambda r: (r, 0))
+    shared = pl.BlockSpec((1, width), lambda r: (0, 0))
+    return by_row, shared, pl.BlockSpec((1,), lambda r: (r,))
+
+
+def _launch(cfg: NormConfig, interpret: bool) -> Any:
+    return None if interpret else triton_compiler_params(num_warps=cfg.num_warps)
+
+
+def norm_forward(
     x: jax.Array,
     weight: jax.Array,
-    bias: jax.Array,
+    bias: jax.Array | None,
     *,
     cfg: NormConfig,
     eps: float,
     interpret: bool,
-    with_stats: bool,
-) -> Any:
-    module = _ops(which)
-    body_name = _JAX_NAMES[which][0]
-    body = getattr(module, body_name, None)
-    params = parameters(body) if body is not None else None
-    if body is None or params is None or not {"eps", "block_size"} <= set(params):
-        raise NotImplementedError(
-            f"this JAX's pallas.ops.gpu.{which}.{body_name} is missing or takes "
-            f"other arguments ({params}); use the XLA path (KERNELTUNE_PLATFORM=xla)."
-        )
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The norm of `x` over its last axis and its float32 statistics `(mean, rstd)`
+    (each of `x.shape[:-1]`): layer norm with a `bias`, RMS norm (mean 0) without."""
     n = x.shape[-1]
     rows = x.reshape((-1, n))
-    out_shape: Any = jax.ShapeDtypeStruct((n,), x.dtype)
-    if with_stats:
-        stat = jax.ShapeDtypeStruct((), jnp.float32)
-        stats = [stat, stat] if which == "layer_norm" else [stat]
-        out_shape = [out_shape, *stats]
-    call = pl.pallas_call(
-        functools.partial(body, eps=eps, block_size=cfg.block_size),
-        out_shape=out_shape,
-        grid=(),
-        compiler_params=None if interpret else triton_compiler_params(num_warps=cfg.num_warps),
+    centred = bias is not None
+    params = [weight.reshape((1, n)), (bias if centred else weight).reshape((1, n))]
+    by_row, shared, stat = _specs(n, cfg)
+    stat_shape = jax.ShapeDtypeStruct((rows.shape[0],), F32)
+    out, mean, rstd = pl.pallas_call(
+        functools.partial(_forward_row, n=n, block=cfg.block_size, eps=eps, centred=centred),
+        out_shape=[jax.ShapeDtypeStruct(rows.shape, x.dtype), stat_shape, stat_shape],
+        grid=(rows.shape[0],),
+        in_specs=[by_row, shared, shared],
+        out_specs=[by_row, stat, stat],
+        compiler_params=_launch(cfg, interpret),
         interpret=interpret,
-        name=f"kerneltune_{which}",
-    )
-    # JAX's kernel bodies mix the float32 statistics with the parameters, which only
-    # type-checks under standard dtype promotion when they are 16-bit: pass float32.
-    f32 = jnp.float32
-    result = jax.vmap(call, in_axes=(0, None, None))(rows, weight.astype(f32), bias.astype(f32))
-    if not with_stats:
-        return result.reshape(x.shape)
-    out, *stats = result
-    return out.reshape(x.shape), tuple(s.reshape(x.shape[:-1]) for s in stats)
+        name="kerneltune_norm_forward",
+    )(rows, *params)
+    batch = x.shape[:-1]
+    return out.reshape(x.shape), mean.reshape(batch), rstd.reshape(batch)
 
 
-def layer_norm_pallas(
-    x, weight, bias, *, cfg: NormConfig, eps: float, interpret: bool, with_stats: bool = False
-):
-    """Layer norm over the last axis; with `with_stats`, also `(mean, rstd)` in float32."""
-    return _forward(
-        "layer_norm", x, weight, bias, cfg=cfg, eps=eps, interpret=interpret, with_stats=with_stats
-    )
-
-
-def rms_norm_pallas(
-    x, weight, *, cfg: NormConfig, eps: float, interpret: bool, with_stats: bool = False
-):
-    """RMS norm over the last axis; with `with_stats`, also `(rstd,)` in float32."""
-    bias = jnp.zeros_like(weight)
-    return _forward(
-        "rms_norm", x, weight, bias, cfg=cfg, eps=eps, interpret=interpret, with_stats=with_stats
-    )
-
-
-def _jax_backward(which: str) -> Any:
-    backward = getattr(_ops(which), _JAX_NAMES[which][1], None)
-    if backward is not None and parameters(backward) == _BACKWARD_PARAMS:
-        return backward
-    _warn_fallback_once(which, parameters(backward) if backward is not None else None)
-    return None
-
-
-def layer_norm_backward_pallas(x, weight, bias, stats, dout, *, eps: float, interpret: bool):
-    """dx, dweight, dbias by JAX's Pallas backward (its own launch parameters)."""
-    backward = _jax_backward("layer_norm")
-    if backward is None:
-        _, pullback = jax.vjp(functools.partial(layer_norm_xla, eps=eps), x, weight, bias)
-        return pullback(dout)
-    mean, rstd = stats
-    return backward(None, None, eps, "triton", interpret, (x, weight, bias, mean, rstd), dout)
-
-
-def rms_norm_backward_pallas(x, weight, stats, dout, *, eps: float, interpret: bool):
-    """dx, dweight by JAX's Pallas backward (its own launch parameters)."""
-    backward = _jax_backward("rms_norm")
-    if backward is None:
-        _, pullback = jax.vjp(functools.partial(rms_norm_xla, eps=eps), x, weight)
-        return pullback(dout)
-    (rstd,) = stats
-    dx, dw, _ = backward(
-        None, None, eps, "triton", interpret, (x, weight, jnp.zeros_like(weight), rstd), dout
-    )
-    return dx, dw
-
-
-@functools.cache
-def _warn_fallback_once(which: str, found: Any) -> None:
-    logger.warning(
-        "kerneltune %s: JAX's %s_backward takes other arguments than expected (%s); the "
-        "backward pass differentiates the XLA version instead.",
-        which,
-        which,
-        found,
-    )
+def norm_backward(
+    x: jax.Array,
+    weight: jax.Array,
+    mean: jax.Array,
+    rstd: jax.Array,
+    dout: jax.Array,
+    *,
+    centred: bool,
+    cfg: NormConfig,
+    interpret: bool,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """dx (one program per row), dweight and dbias (sums over rows, by XLA) of the norm
+    whose forward gave `mean` and `rstd`."""
+    n = x.shape[-1]
+    rows, dy = x.reshape((-1, n)), dout.reshape((-1, n))
+    stats = mean.reshape(-1), rstd.reshape(-1)
+    by_row, shared, stat = _specs(n, cfg)
+    dx = pl.pallas_call(
+        functools.partial(_backward_row, n=n, block=cfg.block_size, centred=centred),
+        out_shape=jax.ShapeDtypeStruct(rows.shape, x.dtype),
+        grid=(rows.shape[0],),
+        in_specs=[by_row, shared, by_row, stat, stat],
+        out_specs=by_row,
+        compiler_params=_launch(cfg, interpret),
+        interpret=interpret,
+        name="kerneltune_norm_backward",
+    )(rows, weight.reshape((1, n)), dy, *stats)
+    x_hat = (rows.astype(F32) - stats[0][:, None]) * stats[1][:, None]
+    dy32 = dy.astype(F32)
+    dweight = jnp.sum(dy32 * x_hat, axis=0).astype(weight.dtype)
+    dbias = jnp.sum(dy32, axis=0).astype(weight.dtype)
+    return dx.reshape(x.shape), dweight, dbias
 
 
 class TritonBackend(Backend):
-    """JAX's Pallas norm kernels with a tuned block size and warp count, and JAX's
-    Pallas backward (the config's backend is called "pallas")."""
+    """Our Pallas norm kernels, forward and backward, with a tuned block size and warp
+    count (the config's backend is called "pallas")."""
 
     name = "pallas"
     lowering = "triton"
     interprets = True
 
     def run(self, kernel, x, *params, cfg: NormConfig, eps: float):
-        interpret = kernel.use_interpreter()
-        if kernel.which == "layer_norm":
-            weight, bias = params
-            return layer_norm_pallas(x, weight, bias, cfg=cfg, eps=eps, interpret=interpret)
-        (weight,) = params
-        return rms_norm_pallas(x, weight, cfg=cfg, eps=eps, interpret=interpret)
+        return self.fwd_with_residuals(kernel, x, *params, cfg=cfg, eps=eps)[0]
 
     def fwd_with_residuals(self, kernel, x, *params, cfg: NormConfig, eps: float):
-        interpret = kernel.use_interpreter()
-        if kernel.which == "layer_norm":
-            weight, bias = params
-            return layer_norm_pallas(
-                x, weight, bias, cfg=cfg, eps=eps, interpret=interpret, with_stats=True
-            )
-        (weight,) = params
-        return rms_norm_pallas(x, weight, cfg=cfg, eps=eps, interpret=interpret, with_stats=True)
+        weight, bias = params if kernel.which == "layer_norm" else (params[0], None)
+        out, mean, rstd = norm_forward(
+            x, weight, bias, cfg=cfg, eps=eps, interpret=kernel.use_interpreter()
+        )
+        return out, (mean, rstd)
 
     def vjp(self, kernel, stats, out, dout, x, *params, cfg: NormConfig, eps: float):
-        interpret = kernel.use_interpreter()
-        dout = dout.astype(x.dtype)
-        if kernel.which == "layer_norm":
-            weight, bias = params
-            return layer_norm_backward_pallas(
-                x, weight, bias, stats, dout, eps=eps, interpret=interpret
-            )
-        (weight,) = params
-        return rms_norm_backward_pallas(x, weight, stats, dout, eps=eps, interpret=interpret)
+        centred = kernel.which == "layer_norm"
+        mean, rstd = stats
+        dx, dweight, dbias = norm_backward(
+            x,
+            params[0],
+            mean,
+            rstd,
+            dout.astype(x.dtype),
+            centred=centred,
+            cfg=cfg,
+            interpret=kernel.use_interpreter(),
+        )
+        return (dx, dweight, dbias) if centred else (dx, dweight)

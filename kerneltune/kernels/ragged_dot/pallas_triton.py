@@ -34,7 +34,7 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kerneltune.kernels._common import launch_params, pad_to
+from kerneltune.kernels._common import launch_params, pad_to, pallas_dot
 from kerneltune.kernels.ragged_dot import groups as groups_lib
 from kerneltune.kernels.ragged_dot.config import RaggedDotConfig
 from kerneltune.kernels.ragged_dot.pallas_backward import PallasGradient
@@ -92,16 +92,6 @@ def tile_schedule(
     )
 
 
-def _dot(x: jax.Array, y: jax.Array, *, upcast: bool, trans_x: bool = False, trans_y: bool = False):
-    if upcast:  # the interpreter on CPUs: XLA:CPU has no bf16 x bf16 -> f32 dot.
-        x, y = x.astype(jnp.float32), y.astype(jnp.float32)
-    if trans_x:
-        x = x.T
-    if trans_y:
-        y = y.T
-    return jnp.dot(x, y, preferred_element_type=jnp.float32)
-
-
 def _grouped_kernel(
     group_ref, tile_ref, lo_ref, hi_ref, x_ref, w_ref, o_ref, *,
     block_m: int, block_n: int, block_k: int, steps: int, groups: int,
@@ -126,7 +116,7 @@ def _grouped_kernel(
             w = w_ref[expert, pl.ds(col0, block_n), pl.ds(k0, block_k)]
         else:
             w = w_ref[expert, pl.ds(k0, block_k), pl.ds(col0, block_n)]
-        return acc + _dot(x, w, upcast=upcast, trans_y=transpose_w)
+        return acc + pallas_dot(x, w, upcast=upcast, trans_y=transpose_w)
 
     acc = lax.fori_loop(0, n_steps, step, jnp.zeros((block_m, block_n), jnp.float32))
     rows = row0 + lax.broadcasted_iota(jnp.int32, (block_m, block_n), 0)
@@ -245,7 +235,7 @@ def _transposed_kernel(
         # Rows past the group belong to the next one (or are padding): masked out.
         a = jnp.where(keep, a, jnp.zeros_like(a))
         b = jnp.where(keep, b, jnp.zeros_like(b))
-        return acc + _dot(a, b, upcast=upcast, trans_x=True)
+        return acc + pallas_dot(a, b, upcast=upcast, trans_x=True)
 
     n_steps = (hi - lo + block_k - 1) // block_k
     acc = lax.fori_loop(0, n_steps, step, jnp.zeros((block_m, block_n), jnp.float32))

@@ -1,27 +1,55 @@
-"""JAX's Pallas GPU softmax (`jax.experimental.pallas.ops.gpu.softmax.softmax`) with
-the warp count chosen by kerneltune."""
+"""Softmax over the last axis, our Pallas kernel lowered by Triton: one program per
+row, the whole row (padded to a power of two) loaded at once, with the warp count
+chosen by kerneltune.
+
+JAX shipped such a kernel in `jax.experimental.pallas.ops.gpu.softmax` until 0.12.1
+removed it; this one is ours, so the backend runs on every JAX kerneltune supports.
+"""
 
 from __future__ import annotations
 
-import jax
+import functools
 
-from kerneltune.kernels._common import accepts, jax_gpu_op
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from kerneltune.kernels._common import next_power_of_2, triton_compiler_params
 from kerneltune.kernels.softmax.config import SoftmaxConfig
 from kerneltune.kernels.softmax.reference import SoftmaxGradient
 
 
-def softmax_pallas(x: jax.Array, *, cfg: SoftmaxConfig, interpret: bool) -> jax.Array:
-    """Softmax over the last axis by JAX's Pallas kernel with `cfg.num_warps`."""
-    module = jax_gpu_op("softmax")
+def _softmax_row(x_ref, o_ref, *, n: int, width: int) -> None:
+    # The block is the row padded to a power of two: the lanes past the row's end hold
+    # anything (Pallas drops them on the store) and must not reach the max or the sum.
+    inside = lax.broadcasted_iota(jnp.int32, (1, width), 1) < n
+    row = jnp.where(inside, x_ref[...].astype(jnp.float32), -jnp.inf)
+    e = jnp.exp(row - jnp.max(row, axis=1, keepdims=True))
+    o_ref[...] = (e / jnp.sum(e, axis=1, keepdims=True)).astype(o_ref.dtype)
 
-    kwargs = {"axis": -1, "interpret": interpret}
-    if accepts(module.softmax, "num_warps"):
-        kwargs["num_warps"] = cfg.num_warps
-    return module.softmax(x, **kwargs)
+
+def softmax_pallas(x: jax.Array, *, cfg: SoftmaxConfig, interpret: bool) -> jax.Array:
+    """Softmax over the last axis of `x` with `cfg.num_warps` warps per row."""
+    n = x.shape[-1]
+    rows = x.reshape((-1, n))
+    width = next_power_of_2(n)
+    block = pl.BlockSpec((1, width), lambda i: (i, 0))
+    out = pl.pallas_call(
+        functools.partial(_softmax_row, n=n, width=width),
+        out_shape=jax.ShapeDtypeStruct(rows.shape, x.dtype),
+        grid=(rows.shape[0],),
+        in_specs=[block],
+        out_specs=block,
+        compiler_params=None if interpret else triton_compiler_params(num_warps=cfg.num_warps),
+        interpret=interpret,
+        name="kerneltune_softmax",
+    )(rows)
+    return out.reshape(x.shape)
 
 
 class TritonBackend(SoftmaxGradient):
-    """JAX's Pallas softmax with a tuned warp count, lowered by Triton."""
+    """Our Pallas softmax with a tuned warp count, lowered by Triton."""
 
     name = "triton"
     lowering = "triton"
