@@ -79,7 +79,7 @@ BWD_BACKENDS = ("pallas", "xla")
 class BwdParams(_BlockParams):
     """Backward-pass launch parameters; `None` lets the kernel choose."""
 
-    #: "pallas" (JAX's fused Pallas backward; the block sizes above apply) or "xla"
+    #: "pallas" (kerneltune's Pallas flash backward; the block sizes above apply) or "xla"
     #: (the backward in XLA from the saved log-sum-exp, for lengths the fused kernel
     #: cannot split alike).
     backend: str = "pallas"

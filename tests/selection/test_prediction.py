@@ -214,12 +214,15 @@ def test_leave_one_out_first_call_regret_on_the_shipped_tables(table_rows):
 
 def test_the_replay_scores_a_key_against_its_recorded_times():
     entries = prediction_regret.load(str(PACKAGE_TABLES / "nvidia-h100-80gb-hbm3.json"))
-    (entry,) = [e for e in entries if e.op_id_v == "attention_bwd@v1"]
-    outcome = prediction_regret.held_out(entry, [], "t", 3)
-    # No neighbour: the prediction is the heuristic, 87.8% behind the best there.
+    softmax = [e for e in entries if e.op_id_v == "softmax@v1"]
+    outcomes = [prediction_regret.held_out(e, [], "t", 3) for e in softmax]
+    outcome = max(outcomes, key=lambda o: o.regret["heuristic"])
+    # No neighbour: the prediction is the heuristic (4 warps), 18.9% behind the best
+    # warp count at the table's widest-gap softmax key; the first call's shortlist of
+    # three times that best one.
     assert outcome.neighbours == 0
     assert outcome.regret["predicted"] == outcome.regret["heuristic"]
-    assert 0.8 < outcome.regret["heuristic"] < 0.9
+    assert 0.15 < outcome.regret["heuristic"] < 0.25
     assert outcome.regret["first call"] < outcome.regret["heuristic"]
 
 

@@ -73,7 +73,7 @@ def _check_qkv(op: str, q: Any, k: Any, v: Any, *, grouped: bool = False) -> Non
 
 class Attention(BackendKernel[FwdParams]):
     """Multi-head attention `softmax(q kᵀ · sm_scale) v` on `[batch, seq, heads,
-    head_dim]` arrays: JAX's Pallas `mha`, cuDNN, XLA or tokamax on GPUs (the config's
+    head_dim]` arrays: our Pallas flash attention, cuDNN, XLA or tokamax on GPUs (the config's
     `backend`), XLA elsewhere.
 
     Its config (`FwdParams`) is the forward's. The Pallas backend's gradient runs
@@ -148,7 +148,7 @@ class AttentionBackward(BackendKernel[BwdParams]):
 
     Tuned on its own inputs: when called under a trace, `tuning_inputs` draws random
     q, k, v and dout and runs the forward for `out` and `lse`, so the timed backward
-    sees consistent residuals. `BwdParams.backend` is "pallas" (JAX's fused backward)
+    sees consistent residuals. `BwdParams.backend` is "pallas" (our Pallas flash backward)
     or "xla" (where the fused kernel cannot split the lengths alike, and where Pallas
     does not run).
     """
@@ -333,7 +333,7 @@ def attention(
     segment ids (packed documents).
 
     Plain attention (causal or not, grouped-query included, any scale, sequences the
-    flash kernel's blocks tile) runs through the `Attention` kernel: cuDNN, JAX's Pallas
+    flash kernel's blocks tile) runs through the `Attention` kernel: cuDNN, our Pallas
     flash attention or tokamax on GPUs, tuned forward and backward; XLA on CPUs. A call
     with a bias, a mask, sequence lengths, segment ids, a local window or a soft cap
     runs through `AttentionVariants`: cuDNN or tokamax where they take it, else XLA a

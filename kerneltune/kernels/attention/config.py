@@ -4,10 +4,11 @@ backward kernel, each with a heuristic (JAX's defaults) and a pruned candidate s
 The two passes are separate ops (`attention` and `attention_bwd`), tuned separately:
 the best forward blocks say little about the best backward blocks.
 
-`BwdParams` names the backward kernel's two block sizes as JAX's fused backward
-kernel uses them: `kv_blocksize` is the block of keys/values each program owns while
-accumulating dK/dV (and, because the kernel requires the same number of blocks, the
-block of queries it owns while accumulating dQ); `q_blocksize` is the block of queries
+`BwdParams` names the backward kernels' two block sizes as JAX's fused backward
+kernel named them (ours keeps the meaning, so tuned configs carry over):
+`kv_blocksize` is the block of keys/values each program owns while accumulating
+dK/dV (and the block of queries it owns while accumulating dQ; the rules keep the
+two splits alike, as JAX's kernel required); `q_blocksize` is the block of queries
 its inner loop steps through for dK/dV (and the block of keys/values it steps through
 for dQ).
 """
@@ -276,12 +277,12 @@ def fwd_interpret_candidates(p: AttentionProblem) -> list[FwdParams]:
 # --- backward ----------------------------------------------------------------------
 
 
-#: The backward in XLA, for lengths JAX's fused backward cannot split alike.
+#: The backward in XLA, for lengths the Pallas backward's blocks cannot split alike.
 BWD_XLA = BwdParams(backend="xla")
 
 
 def bwd_splits_alike(q_len: int, kv_len: int, c: BwdParams) -> bool:
-    """Whether JAX's fused backward can run `c` at these lengths: its outer block
+    """Whether the Pallas backward can run `c` at these lengths: its outer block
     (`kv_blocksize`) must cut the queries and the keys into as many blocks each."""
     assert c.kv_blocksize is not None
     block = c.kv_blocksize
@@ -322,7 +323,7 @@ def bwd_rules(p: AttentionProblem, smem_limit: int | None = None):
         if not bwd_splits_alike(p.q_len, p.kv_len, c):
             return (
                 f"kv_blocksize={c.kv_blocksize} cuts the sequences ({p.q_len}, {p.kv_len}) "
-                "into different numbers of blocks; JAX's fused backward needs as many"
+                "into different numbers of blocks; the Pallas backward needs as many"
             )
         if p.kv_len % c.kv_blocksize or p.q_len % c.kv_blocksize:  # type: ignore[operator]
             return f"the sequences ({p.q_len}, {p.kv_len}) are not multiples of kv_blocksize={c.kv_blocksize}"

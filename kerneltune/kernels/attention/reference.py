@@ -24,7 +24,7 @@ def _scores(
     q: jax.Array, k: jax.Array, *, causal: bool, sm_scale: float, precision=None, q_start=0
 ) -> jax.Array:
     """Scaled scores `[batch, heads, q_len, kv_len]` in float32, masked when causal
-    (query i sees keys 0..i, as JAX's Pallas kernel does; `q` holds the queries from
+    (query i sees keys 0..i, as the Pallas flash kernel does; `q` holds the queries from
     position `q_start` on)."""
     s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32, precision=precision)
     s = s * jnp.float32(sm_scale)

@@ -1,4 +1,4 @@
-"""Layer norm and RMS norm: JAX's Pallas GPU kernels with tuned block sizes and warps,
+"""Layer norm and RMS norm: our Pallas GPU kernels with tuned block sizes and warps,
 XLA on CPUs."""
 
 from kerneltune.kernels.normalization.api import LayerNorm as LayerNorm

@@ -32,7 +32,7 @@ class _Norm(BackendKernel[NormConfig]):
     version = "1"
     config_type = NormConfig
     backends = (XlaBackend(), TritonBackend())
-    # A Pallas norm brings JAX's Pallas backward, which the forward's time does not
+    # A Pallas norm brings its Pallas backward, which the forward's time does not
     # show: on an H200 a layer norm 6% faster forward made a GPT block's training
     # step 9% slower. A call under a gradient is tuned on forward + backward.
     tunes_training_apart = True
@@ -75,8 +75,8 @@ class _Norm(BackendKernel[NormConfig]):
 
 
 class LayerNorm(_Norm):
-    """Layer norm over the last axis: JAX's Pallas GPU kernel with a tuned block size
-    and warp count on GPUs (JAX's Pallas backward), XLA elsewhere."""
+    """Layer norm over the last axis: our Pallas GPU kernel with a tuned block size
+    and warp count on GPUs (and our Pallas backward), XLA elsewhere."""
 
     op_id = "layer_norm"
     which = "layer_norm"
@@ -84,7 +84,7 @@ class LayerNorm(_Norm):
 
 
 class RMSNorm(_Norm):
-    """RMS norm over the last axis (`x / rms(x) · weight`): JAX's Pallas GPU kernel
+    """RMS norm over the last axis (`x / rms(x) · weight`): our Pallas GPU kernel
     with a tuned block size and warp count on GPUs, XLA elsewhere."""
 
     op_id = "rms_norm"

@@ -165,9 +165,9 @@ def norm_backward(
     centred: bool,
     cfg: NormConfig,
     interpret: bool,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """dx (one program per row), dweight and dbias (sums over rows, by XLA) of the norm
-    whose forward gave `mean` and `rstd`."""
+) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+    """dx (one program per row), dweight and dbias (sums over rows, by XLA; no dbias
+    for RMS norm) of the norm whose forward gave `mean` and `rstd`."""
     n = x.shape[-1]
     rows, dy = x.reshape((-1, n)), dout.reshape((-1, n))
     stats = mean.reshape(-1), rstd.reshape(-1)
@@ -185,7 +185,7 @@ def norm_backward(
     x_hat = (rows.astype(F32) - stats[0][:, None]) * stats[1][:, None]
     dy32 = dy.astype(F32)
     dweight = jnp.sum(dy32 * x_hat, axis=0).astype(weight.dtype)
-    dbias = jnp.sum(dy32, axis=0).astype(weight.dtype)
+    dbias = jnp.sum(dy32, axis=0).astype(weight.dtype) if centred else None
     return dx.reshape(x.shape), dweight, dbias
 
 

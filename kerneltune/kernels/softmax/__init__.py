@@ -1,4 +1,4 @@
-"""JAX's Pallas GPU softmax with a tuned warp count, XLA on CPUs."""
+"""Our Pallas GPU softmax with a tuned warp count, XLA on CPUs."""
 
 from kerneltune.kernels.softmax.api import Softmax as Softmax
 from kerneltune.kernels.softmax.api import SoftmaxInterpret as SoftmaxInterpret

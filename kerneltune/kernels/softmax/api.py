@@ -23,7 +23,7 @@ def problem_of(inv: Invocation[Any, Any]) -> SoftmaxProblem:
 
 
 class Softmax(BackendKernel[SoftmaxConfig]):
-    """Softmax over the last axis: JAX's Pallas GPU kernel with a tuned warp count on
+    """Softmax over the last axis: our Pallas GPU kernel with a tuned warp count on
     GPUs, XLA elsewhere. Its gradient is computed from the output (`p · (g − Σ g·p)`).
 
     `SoftmaxConfig` has no backend field: its configs are the Triton kernel's; XLA

@@ -1,4 +1,4 @@
-"""The softmax's config: JAX's Pallas softmax exposes one knob, its warp count."""
+"""The softmax's config: the Pallas softmax has one knob, its warp count."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from kerneltune.kernels._common import Pruned, RowsProblem, next_power_of_2, pru
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SoftmaxConfig:
-    """Launch parameters of JAX's Pallas softmax (one program per row; the whole row,
+    """Launch parameters of the Pallas softmax (one program per row; the whole row,
     padded to a power of two, is loaded at once).
 
     Example:

@@ -21,12 +21,17 @@ from kerneltune.kernels.softmax.reference import SoftmaxGradient
 
 
 def _softmax_row(x_ref, o_ref, *, n: int, width: int) -> None:
-    # The block is the row padded to a power of two: the lanes past the row's end hold
-    # anything (Pallas drops them on the store) and must not reach the max or the sum.
+    # Imported at trace time: a JAX without the Pallas Triton lowering still imports
+    # kerneltune (its Triton candidates are pruned with a reason instead).
+    from jax.experimental.pallas import triton as plt
+
+    # The block is the row padded to a power of two. Triton does not mask what lies
+    # past the row's end: loaded, it is the next row; stored, it would overwrite the
+    # next row. Both the load and the store are masked to the row.
     inside = lax.broadcasted_iota(jnp.int32, (1, width), 1) < n
-    row = jnp.where(inside, x_ref[...].astype(jnp.float32), -jnp.inf)
+    row = plt.load(x_ref, mask=inside, other=-jnp.inf).astype(jnp.float32)
     e = jnp.exp(row - jnp.max(row, axis=1, keepdims=True))
-    o_ref[...] = (e / jnp.sum(e, axis=1, keepdims=True)).astype(o_ref.dtype)
+    plt.store(o_ref, (e / jnp.sum(e, axis=1, keepdims=True)).astype(o_ref.dtype), mask=inside)
 
 
 def softmax_pallas(x: jax.Array, *, cfg: SoftmaxConfig, interpret: bool) -> jax.Array:
