@@ -240,21 +240,15 @@ def flash_backward(
 
     outer = _block(cfg.kv_blocksize, kv_len, 32, "kv_blocksize")
     inner = _block(cfg.q_blocksize, q_len, 32, "q_blocksize")
+    every_q, kv_tile, q_stats = _seq_spec(q_len, d), _tile_spec(outer, d), _row_spec(q_len, inner)
     dk, dv = pl.pallas_call(
         functools.partial(
             _dkdv_tile, block_q=inner, block_kv=outer, q_len=q_len, upcast=interpret, **common
         ),
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
         grid=(b, heads, kv_len // outer),
-        in_specs=[
-            _seq_spec(q_len, d),
-            _tile_spec(outer, d),
-            _tile_spec(outer, d),
-            _seq_spec(q_len, d),
-            _row_spec(q_len, inner),
-            _row_spec(q_len, inner),
-        ],
-        out_specs=[_tile_spec(outer, d), _tile_spec(outer, d)],
+        in_specs=[every_q, kv_tile, kv_tile, every_q, q_stats, q_stats],
+        out_specs=[kv_tile, kv_tile],
         compiler_params=launch,
         interpret=interpret,
         name="kerneltune_flash_backward_dkdv",
@@ -262,21 +256,19 @@ def flash_backward(
 
     outer = _block(cfg.kv_blocksize, q_len, 32, "kv_blocksize")
     inner = _block(cfg.q_blocksize, kv_len, 32, "q_blocksize")
+    q_tile, every_kv, tile_stats = (
+        _tile_spec(outer, d),
+        _seq_spec(kv_len, d),
+        _row_spec(None, outer),
+    )
     dq = pl.pallas_call(
         functools.partial(
             _dq_tile, block_q=outer, block_kv=inner, kv_len=kv_len, upcast=interpret, **common
         ),
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         grid=(b, heads, q_len // outer),
-        in_specs=[
-            _tile_spec(outer, d),
-            _seq_spec(kv_len, d),
-            _seq_spec(kv_len, d),
-            _tile_spec(outer, d),
-            _row_spec(None, outer),
-            _row_spec(None, outer),
-        ],
-        out_specs=_tile_spec(outer, d),
+        in_specs=[q_tile, every_kv, every_kv, q_tile, tile_stats, tile_stats],
+        out_specs=q_tile,
         compiler_params=launch,
         interpret=interpret,
         name="kerneltune_flash_backward_dq",
