@@ -138,7 +138,8 @@ def norm_forward(
     n = x.shape[-1]
     rows = x.reshape((-1, n))
     centred = bias is not None
-    params = [weight.reshape((1, n)), (bias if centred else weight).reshape((1, n))]
+    # RMS norm has no bias: the kernel's bias operand is the weight again, never read.
+    params = [weight.reshape((1, n)), (weight if bias is None else bias).reshape((1, n))]
     by_row, shared, stat = _specs(n, cfg)
     stat_shape = jax.ShapeDtypeStruct((rows.shape[0],), F32)
     out, mean, rstd = pl.pallas_call(
