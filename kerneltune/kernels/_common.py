@@ -316,9 +316,10 @@ def pallas_dot(
 
 
 def jax_gpu_op(name: str) -> Any:
-    """The module `jax.experimental.pallas.ops.gpu.<name>` (JAX's Pallas GPU kernels
-    that the bundled kernels wrap). JAX 0.11 deprecates these modules in favour of
-    tokamax; the warning would only point users at kerneltune's internals."""
+    """The module `jax.experimental.pallas.ops.gpu.<name>`: JAX's Mosaic GPU kernels
+    that the grouped matmul wraps (JAX 0.12.1 removed the Triton ones; kerneltune's
+    softmax, norms and attention have kernels of their own). A deprecation warning
+    from such a module would only point users at kerneltune's internals."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         return importlib.import_module(f"jax.experimental.pallas.ops.gpu.{name}")
