@@ -128,11 +128,23 @@ def triton_compiler_params(**fields: Any) -> Any:
 
 
 def launch_params(cfg: Any, *, interpret: bool) -> Any:
-    """`pallas_call`'s `compiler_params` for a config with `num_warps` and
-    `num_stages`: None in the interpreter, which takes no Triton parameters."""
+    """`pallas_call`'s `compiler_params` for a config with `num_warps` (and
+    `num_stages`, where it has one): None in the interpreter, which takes no Triton
+    parameters."""
     if interpret:
         return None
-    return triton_compiler_params(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return triton_compiler_params(
+        num_warps=cfg.num_warps, num_stages=getattr(cfg, "num_stages", None)
+    )
+
+
+def triton_ops() -> Any:
+    """`jax.experimental.pallas.triton` (masked `load` and `store`), imported when a
+    kernel is traced: a JAX without the Pallas Triton lowering still imports kerneltune
+    (its Triton candidates are pruned with a reason instead)."""
+    from jax.experimental.pallas import triton as plt
+
+    return plt
 
 
 @functools.cache

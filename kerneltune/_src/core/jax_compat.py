@@ -25,13 +25,16 @@ def array_impl_type() -> type:
     return ArrayImpl
 
 
+#: JAX's predicate where it has one (0.12.1 deprecates the class it replaces).
+_single_device_predicate = getattr(jax.sharding, "is_single_device_sharding", None)
+
+
 def is_single_device_sharding(sharding: Any) -> bool:
     """True when `sharding` places an array on one device. JAX 0.12.1 deprecates the
-    class `jax.sharding.SingleDeviceSharding` in favour of this predicate; older JAX has
+    class `jax.sharding.SingleDeviceSharding` in favour of a predicate; older JAX has
     only the class."""
-    predicate = getattr(jax.sharding, "is_single_device_sharding", None)
-    if predicate is not None:
-        return bool(predicate(sharding))
+    if _single_device_predicate is not None:
+        return bool(_single_device_predicate(sharding))
     return isinstance(sharding, jax.sharding.SingleDeviceSharding)
 
 

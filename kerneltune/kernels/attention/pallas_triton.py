@@ -27,12 +27,12 @@ from jax.experimental import pallas as pl
 
 from kerneltune._src.kernel.backends import Backend
 from kerneltune._src.params import BwdParams, FwdParams
-from kerneltune.kernels._common import pallas_dot, triton_compiler_params
+from kerneltune.kernels._common import launch_params, pallas_dot
 from kerneltune.kernels.attention.backward import BackwardKernelGradient
 from kerneltune.kernels.attention.config import bwd_splits_alike
+from kerneltune.kernels.attention.reference import LOG2E
 
 F32 = jnp.float32
-LOG2E = 1.4426950408889634  # log2(e): scores are scaled into base 2 once, for exp2
 
 
 def _block(wanted: int | None, length: int, default: int, what: str) -> int:
@@ -44,12 +44,6 @@ def _block(wanted: int | None, length: int, default: int, what: str) -> int:
             "choose a block that divides it (the candidate space does)."
         )
     return block
-
-
-def _launch(num_warps: int | None, num_stages: int | None, interpret: bool) -> Any:
-    if interpret:
-        return None
-    return triton_compiler_params(num_warps=num_warps, num_stages=num_stages)
 
 
 def _seq_spec(length: int, d: int, *, head_of: Any = None) -> pl.BlockSpec:
@@ -73,11 +67,15 @@ def _row_spec(length: int | None, block: int) -> pl.BlockSpec:
     return pl.BlockSpec((pl.squeezed, pl.squeezed, block), lambda b, h, i: (b, h, i))
 
 
-def _visible(q0: Any, k0: Any, block_q: int, block_kv: int) -> jax.Array:
-    """The causal mask of the tile of queries from `q0` and keys from `k0`."""
-    rows = q0 + lax.broadcasted_iota(jnp.int32, (block_q, block_kv), 0)
-    cols = k0 + lax.broadcasted_iota(jnp.int32, (block_q, block_kv), 1)
-    return rows >= cols
+def _scores(q, k, q0, k0, *, scale, causal, upcast) -> jax.Array:
+    """The scores (base 2) of the tile of queries from `q0` and keys from `k0`, -inf
+    where the causal mask hides a key (query i sees keys 0..i)."""
+    s = pallas_dot(q, k, upcast=upcast, trans_y=True) * scale
+    if not causal:
+        return s
+    rows = q0 + lax.broadcasted_iota(jnp.int32, s.shape, 0)
+    cols = k0 + lax.broadcasted_iota(jnp.int32, s.shape, 1)
+    return jnp.where(rows >= cols, s, -jnp.inf)
 
 
 # --- forward -----------------------------------------------------------------------
@@ -96,9 +94,7 @@ def _forward_tile(
         top, total, acc = carry
         k0 = j * block_kv
         k, v = k_ref[pl.ds(k0, block_kv), :], v_ref[pl.ds(k0, block_kv), :]
-        s = pallas_dot(q, k, upcast=upcast, trans_y=True) * scale
-        if causal:
-            s = jnp.where(_visible(i * block_q, k0, block_q, block_kv), s, -jnp.inf)
+        s = _scores(q, k, i * block_q, k0, scale=scale, causal=causal, upcast=upcast)
         new_top = jnp.maximum(top, jnp.max(s, axis=1))
         p = jnp.exp2(s - new_top[:, None])
         shrink = jnp.exp2(top - new_top)
@@ -147,7 +143,7 @@ def flash_forward(
         grid=(b, heads, q_len // block_q),
         in_specs=[_tile_spec(block_q, d), kv_spec, kv_spec],
         out_specs=[_tile_spec(block_q, d), _row_spec(None, block_q)],
-        compiler_params=_launch(cfg.num_warps, cfg.num_stages, interpret),
+        compiler_params=launch_params(cfg, interpret=interpret),
         interpret=interpret,
         name="kerneltune_flash_forward",
     )(q, k, v)
@@ -159,9 +155,7 @@ def flash_forward(
 def _probabilities(q, k, lse, q0, k0, *, scale, causal, upcast):
     """The softmax of the tile of queries from `q0` and keys from `k0`, rebuilt from
     the forward's base-2 log-sum-exp (0 where the mask hides a key)."""
-    s = pallas_dot(q, k, upcast=upcast, trans_y=True) * scale
-    if causal:
-        s = jnp.where(_visible(q0, k0, q.shape[0], k.shape[0]), s, -jnp.inf)
+    s = _scores(q, k, q0, k0, scale=scale, causal=causal, upcast=upcast)
     return jnp.exp2(s - lse[:, None])
 
 
@@ -236,7 +230,7 @@ def flash_backward(
     # Σ_d out·dout per query: the softmax's Jacobian term, shared by both kernels.
     delta = jnp.einsum("bqhd,bqhd->bhq", out.astype(F32), dout.astype(F32))
     common = {"scale": sm_scale * LOG2E, "sm_scale": sm_scale, "causal": causal}
-    launch = _launch(cfg.num_warps, cfg.num_stages, interpret)
+    launch = launch_params(cfg, interpret=interpret)
 
     outer = _block(cfg.kv_blocksize, kv_len, 32, "kv_blocksize")
     inner = _block(cfg.q_blocksize, q_len, 32, "q_blocksize")
@@ -288,15 +282,14 @@ class TritonBackend(BackwardKernelGradient):
     interprets = True
 
     def run(self, kernel, q, k, v, *, cfg: FwdParams, causal: bool, sm_scale: float):
-        return self.fwd_with_residuals(kernel, q, k, v, cfg=cfg, causal=causal, sm_scale=sm_scale)[
-            0
-        ]
+        out, _ = self.fwd_with_residuals(kernel, q, k, v, cfg=cfg, causal=causal, sm_scale=sm_scale)
+        return out
 
     def fwd_with_residuals(self, kernel, q, k, v, *, cfg: FwdParams, causal: bool, sm_scale: float):
-        out, lse = flash_forward(
+        # The residual is the base-2 log-sum-exp the backward kernel takes.
+        return flash_forward(
             q, k, v, cfg=cfg, causal=causal, sm_scale=sm_scale, interpret=kernel.use_interpreter()
         )
-        return out, lse
 
 
 class TritonBackwardBackend(Backend):

@@ -23,18 +23,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from kerneltune._src.kernel.backends import Backend
-from kerneltune.kernels._common import next_power_of_2, triton_compiler_params
+from kerneltune.kernels._common import launch_params, next_power_of_2, triton_ops
 from kerneltune.kernels.normalization.config import NormConfig
 
 F32 = jnp.float32
-
-
-def _triton() -> Any:
-    # Imported at trace time: a JAX without the Pallas Triton lowering still imports
-    # kerneltune (its Triton candidates are pruned with a reason instead).
-    from jax.experimental.pallas import triton as plt
-
-    return plt
 
 
 def _chunk(ref: Any, i: Any, block: int, n: int) -> tuple[jax.Array, jax.Array]:
@@ -42,12 +34,12 @@ def _chunk(ref: Any, i: Any, block: int, n: int) -> tuple[jax.Array, jax.Array]:
     zero past the row's end, and the mask of those inside it."""
     start = i * block
     inside = start + lax.broadcasted_iota(jnp.int32, (1, block), 1) < n
-    values = _triton().load(ref.at[:, pl.ds(start, block)], mask=inside, other=0)
+    values = triton_ops().load(ref.at[:, pl.ds(start, block)], mask=inside, other=0)
     return values.astype(F32), inside
 
 
 def _store_chunk(ref: Any, i: Any, block: int, values: jax.Array, inside: jax.Array) -> None:
-    _triton().store(ref.at[:, pl.ds(i * block, block)], values.astype(ref.dtype), mask=inside)
+    triton_ops().store(ref.at[:, pl.ds(i * block, block)], values.astype(ref.dtype), mask=inside)
 
 
 def _forward_row(
@@ -120,10 +112,6 @@ def _specs(n: int, cfg: NormConfig) -> tuple[Any, Any, Any]:
     return by_row, shared, pl.BlockSpec((1,), lambda r: (r,))
 
 
-def _launch(cfg: NormConfig, interpret: bool) -> Any:
-    return None if interpret else triton_compiler_params(num_warps=cfg.num_warps)
-
-
 def norm_forward(
     x: jax.Array,
     weight: jax.Array,
@@ -148,7 +136,7 @@ def norm_forward(
         grid=(rows.shape[0],),
         in_specs=[by_row, shared, shared],
         out_specs=[by_row, stat, stat],
-        compiler_params=_launch(cfg, interpret),
+        compiler_params=launch_params(cfg, interpret=interpret),
         interpret=interpret,
         name="kerneltune_norm_forward",
     )(rows, *params)
@@ -179,7 +167,7 @@ def norm_backward(
         grid=(rows.shape[0],),
         in_specs=[by_row, shared, by_row, stat, stat],
         out_specs=by_row,
-        compiler_params=_launch(cfg, interpret),
+        compiler_params=launch_params(cfg, interpret=interpret),
         interpret=interpret,
         name="kerneltune_norm_backward",
     )(rows, weight.reshape((1, n)), dy, *stats)

@@ -34,7 +34,7 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kerneltune.kernels._common import launch_params, pad_to, pallas_dot
+from kerneltune.kernels._common import launch_params, pad_to, pallas_dot, triton_ops
 from kerneltune.kernels.ragged_dot import groups as groups_lib
 from kerneltune.kernels.ragged_dot.config import RaggedDotConfig
 from kerneltune.kernels.ragged_dot.pallas_backward import PallasGradient
@@ -120,19 +120,11 @@ def _grouped_kernel(
 
     acc = lax.fori_loop(0, n_steps, step, jnp.zeros((block_m, block_n), jnp.float32))
     rows = row0 + lax.broadcasted_iota(jnp.int32, (block_m, block_n), 0)
-    _triton_store(
+    triton_ops().store(
         o_ref.at[pl.ds(row0, block_m), pl.ds(col0, block_n)],
         acc.astype(o_ref.dtype),
         mask=(rows >= lo) & (rows < hi),
     )
-
-
-def _triton_store(*args, **kwargs):
-    # Imported at trace time: a JAX without the Pallas Triton lowering still imports
-    # kerneltune (its Triton candidates are pruned with a reason instead).
-    from jax.experimental.pallas import triton as plt
-
-    return plt.store(*args, **kwargs)
 
 
 def _tiled_call(

@@ -15,16 +15,13 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kerneltune.kernels._common import next_power_of_2, triton_compiler_params
+from kerneltune.kernels._common import launch_params, next_power_of_2, triton_ops
 from kerneltune.kernels.softmax.config import SoftmaxConfig
 from kerneltune.kernels.softmax.reference import SoftmaxGradient
 
 
 def _softmax_row(x_ref, o_ref, *, n: int, width: int) -> None:
-    # Imported at trace time: a JAX without the Pallas Triton lowering still imports
-    # kerneltune (its Triton candidates are pruned with a reason instead).
-    from jax.experimental.pallas import triton as plt
-
+    plt = triton_ops()
     # The block is the row padded to a power of two. Triton does not mask what lies
     # past the row's end: loaded, it is the next row; stored, it would overwrite the
     # next row. Both the load and the store are masked to the row.
@@ -46,7 +43,7 @@ def softmax_pallas(x: jax.Array, *, cfg: SoftmaxConfig, interpret: bool) -> jax.
         grid=(rows.shape[0],),
         in_specs=[block],
         out_specs=block,
-        compiler_params=None if interpret else triton_compiler_params(num_warps=cfg.num_warps),
+        compiler_params=launch_params(cfg, interpret=interpret),
         interpret=interpret,
         name="kerneltune_softmax",
     )(rows)
