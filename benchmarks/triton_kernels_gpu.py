@@ -2,7 +2,10 @@
 attention; written when JAX 0.12.1 removed `pallas.ops.gpu`'s) at their default
 blocks, against what a user has without them: XLA's fusions, and for attention cuDNN
 (`jax.nn.dot_product_attention(implementation="cudnn")`). Forward + backward of a
-sum (softmax: forward), bf16, device time (median of interleaved sessions).
+sum (softmax: forward), bf16, device time (median of interleaved sessions); beside it
+each program's first call (lowering, compiling and one run, wall seconds; ours first, so
+ours pays the process's one-time costs) and its peak device memory (arguments, outputs
+and temporaries, `memory_analysis`).
 
     python -m benchmarks.triton_kernels_gpu
 
@@ -13,10 +16,13 @@ costs a user nothing unless tuning picks it, which it does only where it is fast
 
 from __future__ import annotations
 
+import time
+
 import jax
 import jax.numpy as jnp
 
 from benchmarks import harness as h
+from kerneltune._src.cli.demo_measure import program_peak
 from kerneltune._src.params import BwdParams, FwdParams
 from kerneltune.kernels.attention.backward import every_head, sum_over_groups
 from kerneltune.kernels.attention.pallas_triton import flash_backward, flash_forward
@@ -28,12 +34,30 @@ from kerneltune.kernels.softmax.pallas_triton import softmax_pallas
 
 F32 = jnp.float32
 
+#: A row: its name, then (device seconds, first-call seconds, peak bytes) of ours and of
+#: the baseline.
+Row = tuple[str, tuple[float, float, int | None], tuple[float, float, int | None]]
+
+
+def first_call(fn, args) -> tuple[float, int | None]:
+    """Wall seconds from lowering to the first result, and the program's peak bytes."""
+    t0 = time.perf_counter()
+    compiled = fn.lower(*args).compile()
+    jax.block_until_ready(compiled(*args))
+    return time.perf_counter() - t0, program_peak(compiled)
+
+
+def measure(fns: dict, sets) -> dict[str, tuple[float, float, int | None]]:
+    firsts = {name: first_call(fn, sets[0]) for name, fn in fns.items()}
+    times = h.interleaved_times({name: h.session(fn, sets) for name, fn in fns.items()})
+    return {name: (times[name], *firsts[name]) for name in fns}
+
 
 def _grad_of_sum(fn):
     return jax.jit(jax.grad(lambda *a: fn(*a).astype(F32).sum(), argnums=tuple(range(2))))
 
 
-def rowwise_rows(shape: tuple[int, int]) -> list[tuple[str, float, float]]:
+def rowwise_rows(shape: tuple[int, int]) -> list[Row]:
     rows, width = shape
     cfg = norm_config.heuristic(norm_config.NormProblem(rows, width, jnp.dtype(jnp.bfloat16)))
 
@@ -49,8 +73,8 @@ def rowwise_rows(shape: tuple[int, int]) -> list[tuple[str, float, float]]:
         ("layer_norm fwd+bwd", *_norm_pair(cfg, centred=True)),
         ("rms_norm fwd+bwd", *_norm_pair(cfg, centred=False)),
     ):
-        t = h.interleaved_times({"ours": h.session(ours, sets), "xla": h.session(xla, sets)})
-        out.append((f"{name} {rows}x{width}", t["ours"], t["xla"]))
+        m = measure({"ours": ours, "xla": xla}, sets)
+        out.append((f"{name} {rows}x{width}", m["ours"], m["xla"]))
     return out
 
 
@@ -78,7 +102,7 @@ def _norm_pair(cfg, *, centred: bool):
     return _grad_of_sum(ours), _grad_of_sum(xla)
 
 
-def attention_row(b: int, t: int, heads: int, kv_heads: int, d: int) -> tuple[str, float, float]:
+def attention_row(b: int, t: int, heads: int, kv_heads: int, d: int) -> Row:
     scale = d**-0.5
     fcfg = FwdParams(q_blocksize=128, kv_blocksize=64, num_warps=8, num_stages=2)
     bcfg = BwdParams(q_blocksize=32, kv_blocksize=64, num_warps=4)
@@ -113,18 +137,28 @@ def attention_row(b: int, t: int, heads: int, kv_heads: int, d: int) -> tuple[st
 
     sets = h.arg_sets(make)
     grad = {"ours": _grad_of_sum(ours), "cudnn": _grad_of_sum(cudnn)}
-    t_ = h.interleaved_times({k: h.session(f, sets) for k, f in grad.items()})
-    return (f"attention causal fwd+bwd B{b} T{t} {heads}/{kv_heads} d{d}", t_["ours"], t_["cudnn"])
+    m = measure(grad, sets)
+    return (f"attention causal fwd+bwd B{b} T{t} {heads}/{kv_heads} d{d}", m["ours"], m["cudnn"])
 
 
 def main() -> None:
     print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}")
-    print(f"{'row':52s} {'ours ms':>9s} {'baseline ms':>12s} {'x baseline':>10s}")
+    print(
+        f"{'row':52s} {'ours ms':>9s} {'baseline ms':>12s} {'x baseline':>10s}"
+        f" {'first s ours/base':>18s} {'peak MiB ours/base':>19s}"
+    )
     rows = rowwise_rows((8192, 4096)) + rowwise_rows((16384, 1000))
     rows.append(attention_row(2, 4096, 16, 4, 128))
     rows.append(attention_row(1, 8192, 16, 4, 64))
-    for name, ours, base in rows:
-        print(f"{name:52s} {ours * 1e3:9.3f} {base * 1e3:12.3f} {base / ours:9.2f}x")
+    for name, (ours, ours_first, ours_peak), (base, base_first, base_peak) in rows:
+        print(
+            f"{name:52s} {ours * 1e3:9.3f} {base * 1e3:12.3f} {base / ours:9.2f}x"
+            f" {ours_first:8.2f} / {base_first:<7.2f} {_mib(ours_peak):>8s} / {_mib(base_peak):<8s}"
+        )
+
+
+def _mib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**20:.0f}"
 
 
 if __name__ == "__main__":
