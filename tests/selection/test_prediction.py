@@ -182,12 +182,18 @@ def test_leave_one_out_first_call_regret_on_the_shipped_tables(table_rows):
     # The default first call trusts a prediction informed by timings nearby (one
     # compile instead of a shortlist's: 1.8-5.4 s against tokamax's 1.8-7.1 s at
     # held-out shapes on an H200, 2026-11-28, where it was at most 5.5% behind). Held
-    # out of these sparse tables, it misses the 15% worst case in five families:
+    # out of these sparse tables, it misses the 15% worst case in four families:
     # held at those figures, so that a worse prediction fails here.
+    # The H100 table's norms, softmax and attention were tuned again on kerneltune's own
+    # Pallas kernels (2026-12-06: their recorded Pallas times had been JAX's removed
+    # kernels'). Its layer norm now wins 8 of 10 forward keys with blocks and warps that
+    # vary with the width (XLA won 7 of 10 before); the softmax's and RMS norm's worst
+    # keys are at the grid's edge (4096 rows of 1024 or 2048), where 1 warp or the
+    # Pallas norm wins by 22-25% and every neighbour favours the heuristic's choice:
+    # the prediction is the heuristic's there, never worse.
     worst_trusted = {
-        ("nvidia-h100-80gb-hbm3", "attention@v1"): 0.755,
-        ("nvidia-h100-80gb-hbm3", "softmax@v1"): 0.19,
-        ("nvidia-h200", "layer_norm@v1"): 0.276,
+        ("nvidia-h100-80gb-hbm3", "rms_norm@v1"): 0.22,
+        ("nvidia-h100-80gb-hbm3", "softmax@v1"): 0.25,
         ("nvidia-h200", "ragged_dot@v1"): 0.269,
         ("nvidia-h200", "ragged_dot_dlhs@v1"): 0.922,
     }
@@ -202,8 +208,14 @@ def test_leave_one_out_first_call_regret_on_the_shipped_tables(table_rows):
         assert r["first call"]["worst"] <= worst_trusted.get((table, op), 0.15), (table, op)
         if r["keys"] >= 10:
             assert r["predicted"]["median"] <= r["heuristic"]["median"] + 1e-9, (table, op)
-            # The grouped matmul's 34 keys on the H200: 0.7% (its heuristic: 8.2%).
-            near = 0.01 if (table, op) == ("nvidia-h200", "ragged_dot@v1") else 0.005
+            # The grouped matmul's 34 keys on the H200: 0.7% (its heuristic: 8.2%); the
+            # H100's norms on kerneltune's kernels: layer norm 1.0% (its heuristic:
+            # 12.5%), RMS norm 1.8% (2.5%).
+            near = {
+                ("nvidia-h200", "ragged_dot@v1"): 0.01,
+                ("nvidia-h100-80gb-hbm3", "layer_norm@v1"): 0.011,
+                ("nvidia-h100-80gb-hbm3", "rms_norm@v1"): 0.019,
+            }.get((table, op), 0.005)
             assert r["predicted"]["median"] <= near, (table, op, r["predicted"])
             assert r["first call"]["median"] <= near, (table, op, r["first call"])
         elif r["keys"] - r["alone"] >= 3:
