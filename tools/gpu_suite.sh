@@ -6,8 +6,9 @@
 #   tools/gpu_suite.sh TK NOTK     # on the device machine, carry: [".gpu-wheels"]
 #                                  # (made here by `tools/gpu_wheels.sh`)
 #
-# Lanes: the ops and the attention variants; the heuristics, the Triton deprecation
-# and the expert-parallel example; the conformance suite's values; its gradients,
+# Lanes: the ops and the attention variants; the heuristics, the Triton deprecation,
+# kerneltune's Triton kernels, the shipped tables' configs and the expert-parallel
+# example; the conformance suite's values; its gradients,
 # vmap and shard_map. Each lane's log is $OUT/<lane>.log; the summary lines follow.
 # These tests check values, not speed, so sharing a GPU changes no outcome.
 # On a host of one GPU, where eight lanes do not end inside one call, ONLY picks lanes by
@@ -23,7 +24,7 @@ for which in "$@"; do
   run="PYTHONPATH=\$$which python3 -m pytest -q -p no:cacheprovider -rfEs --durations=8"
   all=(
     "ops_$which::$run -m gpu tests/kernels/test_gpu_ops.py tests/kernels/test_gpu_attention_variants.py"
-    "heuristics_$which::$run -m gpu tests/kernels/test_gpu_heuristics.py tests/kernels/test_gpu_triton_deprecation.py tests/docs/test_example_moe_ep.py"
+    "heuristics_$which::$run -m gpu tests/kernels/test_gpu_heuristics.py tests/kernels/test_gpu_triton_deprecation.py tests/kernels/test_gpu_triton_kernels.py tests/kernels/test_gpu_shipped_configs.py tests/docs/test_example_moe_ep.py"
     "values_$which::$run tests/kernels/test_conformance.py -k 'values_match or declares'"
     "transforms_$which::$run tests/kernels/test_conformance.py -k 'gradients or vmap or shard_map'"
   )
