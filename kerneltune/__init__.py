@@ -145,3 +145,13 @@ __all__ = [
     "verify_agreement",
     "vmap_with_config",
 ]
+
+
+def __getattr__(name: str):
+    # `kt.kernels.attention(...)` after a bare `import kerneltune as kt`: the bundled
+    # kernels load on first use, so importing kerneltune stays light.
+    if name == "kernels":
+        import importlib
+
+        return importlib.import_module("kerneltune.kernels")
+    raise AttributeError(f"module 'kerneltune' has no attribute {name!r}")

@@ -87,3 +87,24 @@ def test_the_workers_parent_starts_no_backend(tmp_path):
         """
     )
     assert out.split() == ["1", "False"]
+
+
+def test_the_bundled_kernels_load_on_first_use_of_kt_kernels():
+    # `kt.kernels` after a bare `import kerneltune as kt` raised AttributeError.
+    out = run_python(
+        """
+        import sys
+        import kerneltune as kt
+        print("kerneltune.kernels" in sys.modules)
+        print(kt.kernels.softmax.__module__)
+        try:
+            kt.no_such_name
+        except AttributeError as e:
+            print(e)
+        """
+    )
+    assert out.splitlines() == [
+        "False",
+        "kerneltune.kernels.softmax.api",
+        "module 'kerneltune' has no attribute 'no_such_name'",
+    ]
