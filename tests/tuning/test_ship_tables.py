@@ -213,3 +213,34 @@ def test_each_call_says_how_many_keys_it_added_and_the_run_names_those_that_adde
 def test_the_attention_variants_are_not_an_op_of_the_tables():
     with pytest.raises(SystemExit, match="unknown op 'attention_variants'"):
         list(st.grid("attention_variants"))
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_the_norm_grid_tunes_on_random_parameters_under_the_keys_of_the_defaults(op, monkeypatch):
+    # The grid called the norms with x alone: the bias was filled with zeros, and every
+    # layer_norm key was tuned under "timings on zeros can flatter some configs".
+    norm = getattr(kt.kernels, op)
+    given = []
+
+    def spy(*args, **kwargs):
+        given.append(args)
+        return norm(*args, **kwargs)
+
+    monkeypatch.setattr(kt.kernels, op, spy)
+    label, call = next(iter(st.grid(op)))
+    rows, width = map(int, label.split("x"))
+    keys = {}
+    for name, run in (
+        ("grid", call),
+        ("defaults", lambda ex: norm(jnp.ones((rows, width), jnp.bfloat16), executor=ex)),
+    ):
+        kt.clear_invocations()
+        with kt.record_calls():
+            run(kt.Executor(kt.ConfigSelectorChain(kt.ConfigCache())))
+        (recorded,) = kt.get_invocations().values()
+        keys[name] = set(recorded)
+    assert keys["grid"] == keys["defaults"]
+    (args,) = given
+    params = args[1:]
+    assert len(params) == {"layer_norm": 2, "rms_norm": 1}[op]
+    assert all(float(jnp.std(p.astype(jnp.float32))) > 0.5 for p in params)
