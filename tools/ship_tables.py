@@ -95,8 +95,12 @@ def grid(op: str, rows: frozenset[str] = frozenset()) -> Iterator[tuple[str, Cal
         # and zeros (the same key), and the tuner warns that zeros can flatter timings.
         params = {"layer_norm": 2, "rms_norm": 1, "softmax": 0}[op]
         for r, w in ROWS:
-            args = (h.normal(0, (r, w)), *(h.normal(1 + i, (w,)) for i in range(params)))
-            yield f"{r}x{w}", lambda ex, args=args, fn=fn: fn(*args, executor=ex)
+            arrays = (h.normal(0, (r, w)), *(h.normal(1 + i, (w,)) for i in range(params)))
+
+            def rows_call(ex: kt.Executor, arrays: tuple[Any, ...] = arrays) -> Any:
+                return fn(*arrays, executor=ex)
+
+            yield f"{r}x{w}", rows_call
     elif op in ("attention", "attention_grad"):
         for b, t, n, d, causal in ATTENTION[:: 1 if op == "attention" else 2]:
             q, k, v = (h.normal(i, (b, t, n, d)) for i in range(3))
