@@ -15,6 +15,7 @@ from kerneltune.kernels.attention.reference import attention_forward_xla
 from kerneltune.kernels.normalization.config import NormConfig
 from kerneltune.kernels.normalization.pallas_triton import norm_backward, norm_forward
 from kerneltune.kernels.normalization.reference import layer_norm_reference, rms_norm_reference
+from kerneltune.kernels.softmax import config as softmax_config
 from kerneltune.kernels.softmax.config import SoftmaxConfig
 from kerneltune.kernels.softmax.pallas_triton import softmax_pallas
 from tests.helpers import close, rand
@@ -24,11 +25,16 @@ pytestmark = pytest.mark.gpu
 BF16 = jnp.bfloat16
 
 
-@pytest.mark.parametrize("n", [100, 1000, 4096])
+@pytest.mark.parametrize("n", [100, 1000, 4096, 32768])
 @pytest.mark.parametrize("dtype", [jnp.float32, BF16], ids=["f32", "bf16"])
-def test_softmax_rows_of_any_width(n, dtype):
+@pytest.mark.parametrize("warps", ["heuristic", 4])
+def test_softmax_rows_of_any_width(n, dtype, warps):
     x = (rand((37, n), seed=n) * 4).astype(dtype)
-    got = jax.jit(lambda x: softmax_pallas(x, cfg=SoftmaxConfig(num_warps=4), interpret=False))(x)
+    if warps == "heuristic":  # 1 warp up to 2048 elements, 4 at 4096, 16 at 32768
+        cfg = softmax_config.heuristic(softmax_config.SoftmaxProblem(37, n, jnp.dtype(dtype)))
+    else:
+        cfg = SoftmaxConfig(num_warps=warps)
+    got = jax.jit(lambda x: softmax_pallas(x, cfg=cfg, interpret=False))(x)
     assert got.dtype == dtype
     close(got.astype(jnp.float32), jax.nn.softmax(x.astype(jnp.float32)), tol=1e-2)
 
