@@ -31,8 +31,9 @@ SoftmaxProblem = RowsProblem
 #: most this wide. From the shipped tables' exhaustive timings (bf16, H100 and H200,
 #: 4096 and 16384 rows of 1024 to 32768; 2026-12-06): 1 warp won or was within 3.2% up
 #: to 2048 elements, 4 at 4096 (within 3.3%), 8 at 8192 and 16384, 16 at 32768. JAX's
-#: default of 4 warps at every width was 16-25% behind at 1024 and 4-6% from 2048 on
-#: the H200, and never ahead by more than 3%.
+#: default of 4 warps at every width was 14-25% behind at 1024 on both GPUs, up to 10.5%
+#: at 2048 and 35% at 32768 on the H200, and at most 3% ahead of this rule anywhere
+#: (`benchmarks/softmax_heuristic_replay.py`).
 WARPS_UP_TO_WIDTH = ((1, 2048), (4, 4096), (8, 16384), (16, 131072))
 
 
