@@ -8,11 +8,11 @@ the times are the tables'.
 
 from __future__ import annotations
 
-import json
 import statistics
 
 import numpy as np
 
+from kerneltune._src.caching import storage
 from kerneltune._src.caching.shipped import PACKAGE_TABLES
 from kerneltune.kernels.softmax import config as softmax_config
 
@@ -23,7 +23,7 @@ FIXED_WARPS = 4
 def rows(path) -> list[tuple[int, int, int, float, float]]:
     """(rows, width, heuristic warps, its regret, 4 warps' regret) of each softmax key."""
     out = []
-    for e in json.loads(path.read_text())["entries"]:
+    for e in storage.read_export_file(str(path)):
         if not e["op_id"].startswith("softmax@"):
             continue
         r, w = e["shape"]["sizes"][:2]

@@ -16,13 +16,11 @@ costs a user nothing unless tuning picks it, which it does only where it is fast
 
 from __future__ import annotations
 
-import time
-
 import jax
 import jax.numpy as jnp
 
 from benchmarks import harness as h
-from kerneltune._src.cli.demo_measure import program_peak
+from kerneltune._src.cli.demo_measure import first_call
 from kerneltune._src.params import BwdParams, FwdParams
 from kerneltune.kernels.attention.backward import every_head, sum_over_groups
 from kerneltune.kernels.attention.pallas_triton import flash_backward, flash_forward
@@ -39,18 +37,14 @@ F32 = jnp.float32
 Row = tuple[str, tuple[float, float, int | None], tuple[float, float, int | None]]
 
 
-def first_call(fn, args) -> tuple[float, int | None]:
-    """Wall seconds from lowering to the first result, and the program's peak bytes."""
-    t0 = time.perf_counter()
-    compiled = fn.lower(*args).compile()
-    jax.block_until_ready(compiled(*args))
-    return time.perf_counter() - t0, program_peak(compiled)
-
-
 def measure(fns: dict, sets) -> dict[str, tuple[float, float, int | None]]:
-    firsts = {name: first_call(fn, sets[0]) for name, fn in fns.items()}
+    """Each program's device time, first call (lowering to first result) and peak."""
+    firsts = {name: first_call(fn, sets[0])[1] for name, fn in fns.items()}
+    for name, m in firsts.items():
+        if m.status != "ok":
+            raise RuntimeError(f"{name}: {m.note}")
     times = h.interleaved_times({name: h.session(fn, sets) for name, fn in fns.items()})
-    return {name: (times[name], *firsts[name]) for name in fns}
+    return {name: (times[name], firsts[name].first_call_s, firsts[name].peak_bytes) for name in fns}
 
 
 def _grad_of_sum(fn):

@@ -169,26 +169,6 @@ def _triton_params_class() -> type:
     )
 
 
-def accepts(fn: Callable[..., Any], *names: str) -> bool:
-    """True when `fn` (unwrapping decorators such as `custom_vjp` and `jit`) takes
-    every one of `names` as a parameter."""
-    params = parameters(fn)
-    return params is not None and all(n in params for n in names)
-
-
-def parameters(fn: Callable[..., Any]) -> tuple[str, ...] | None:
-    """Parameter names of `fn`, looking through `custom_vjp`/`jit` wrappers; None when
-    they cannot be read."""
-    for candidate in (fn, getattr(fn, "fun", None), getattr(fn, "__wrapped__", None)):
-        if candidate is None:
-            continue
-        try:
-            return tuple(inspect.signature(candidate).parameters)
-        except (TypeError, ValueError):
-            continue
-    return None
-
-
 # --- candidate spaces with reasons ---------------------------------------------------
 
 

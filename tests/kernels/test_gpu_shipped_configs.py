@@ -4,13 +4,12 @@ table (`tools.ship_tables`) brings configs no other test names (blocks and warp 
 of kerneltune's own Pallas kernels); this is where a wrong one would show. Skipped
 without a GPU, and for a GPU model whose table holds no such key."""
 
-import json
-
 import jax
 import jax.numpy as jnp
 import pytest
 
 import kerneltune.kernels as ktk
+from kerneltune._src.caching import storage
 from kerneltune._src.caching.shipped import PACKAGE_TABLES, device_kind_of
 from kerneltune._src.core import devices
 from kerneltune.kernels.normalization.config import NormConfig
@@ -31,7 +30,7 @@ def shipped_forward_keys():
     kind = device_kind_of(devices.device_fingerprint())
     found = []
     for path in sorted(PACKAGE_TABLES.glob("*.json")):
-        for e in json.loads(path.read_text())["entries"]:
+        for e in storage.read_export_file(str(path)):
             if e["op_id"] not in OPS or device_kind_of(e["dev"]) != kind:
                 continue
             if e["signature"].endswith("(training)"):
