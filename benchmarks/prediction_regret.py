@@ -18,6 +18,13 @@ not an estimate:
   prediction (`KERNELTUNE_FIRST_CALL_TRUST_PREDICTION=0`);
 - "heuristic": the kernel's heuristic config (no tuning, no prediction).
 
+The heuristic is the one the selection chain would use for the key today: the
+kernel's `heuristic_cfg` (`hooks.find_heuristic`) for the call rebuilt from the key's
+signature, as on the table's GPU model (`heuristic_now`), not the one recorded when the
+table was tuned, which a later heuristic may have replaced (the softmax's fixed 4 warps,
+the grouped matmul's 128x128 Mosaic tiles). A key whose call cannot be rebuilt keeps the
+recorded one (`Outcome.recorded_heuristic`).
+
 "slower than untuned" counts the keys where the first call's config is more than 2%
 slower than the heuristic's (a step slower than no tuning at all).
 
@@ -36,21 +43,31 @@ CPU only: it reads the tables and times nothing.
 from __future__ import annotations
 
 import argparse
+import ast
+import contextlib
 import dataclasses
 import json
+import re
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
+from unittest import mock
+
+import jax
+import jax.numpy as jnp
 
 import kerneltune.kernels  # noqa: F401  (defines, so registers, the bundled kernels)
 from kerneltune._src.caching import storage
-from kerneltune._src.caching.cache_entry import CacheEntry, entry_from_document
-from kerneltune._src.caching.shipped import PACKAGE_TABLES
+from kerneltune._src.caching.cache_entry import CacheEntry, entry_from_document, plain
+from kerneltune._src.caching.shipped import PACKAGE_TABLES, device_kind_of
 from kerneltune._src.caching.tuned_neighbours import TimedCall, outcomes_of
-from kerneltune._src.core.configs import current_names
-from kerneltune._src.kernel.base import registered_kernels
+from kerneltune._src.core import devices, keys, options
+from kerneltune._src.core.configs import config_to_dict, current_names
+from kerneltune._src.kernel import hooks
+from kerneltune._src.kernel.base import make_invocation, registered_kernels
 from kerneltune._src.selection import prediction
+from kerneltune.kernels import _common
 
 METHODS = ("predicted", "first call", "shortlist", "heuristic")
 
@@ -67,6 +84,8 @@ class Outcome:
       regret: per method, the recorded time of its config over the best, minus 1
         (None: that config failed at the key, or was not timed there).
       exact: the predicted config is the table's winner at the key.
+      recorded_heuristic: the key's call could not be rebuilt, so its heuristic is the
+        one recorded in the table, not the kernel's today.
     """
 
     table: str
@@ -75,6 +94,7 @@ class Outcome:
     neighbours: int
     regret: dict[str, float | None]
     exact: bool
+    recorded_heuristic: bool = False
 
 
 #: The config types, by op, whose fields were renamed after some table entries were
@@ -111,13 +131,136 @@ def _times(entry: CacheEntry) -> dict[str, float]:
     return {prediction.config_id(cfg): t for cfg, t in outcomes_of(entry.timings) if t is not None}
 
 
+class _Text:
+    """A static value a signature shows only by its repr (a function): kept as that
+    text, which no heuristic reads."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+_DTYPES = {short: name for name, short in keys.SHORT_DTYPE_NAMES.items()}
+_ARRAY = re.compile(r"(\w+)\[([\d,]*)\]")
+
+
+def _split(text: str) -> list[str]:
+    """`text` split at its top-level commas."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += (ch in "([<{") - (ch in ")]>}")
+        if ch == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    parts.append(text[start:].strip())
+    return [p for p in parts if p]
+
+
+def _value(text: str) -> Any:
+    array = _ARRAY.fullmatch(text)
+    if array:
+        dims = tuple(int(d) for d in array.group(2).split(",") if d)
+        return jax.ShapeDtypeStruct(dims, jnp.dtype(_DTYPES.get(array.group(1), array.group(1))))
+    if text.startswith("(") and text.endswith(")"):
+        return tuple(_value(p) for p in _split(text[1:-1]))
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return _Text(text)
+
+
+def rebuilt_call(signature: str) -> tuple[tuple[Any, ...], dict[str, Any], bool]:
+    """The abstract arguments, static values and training flag of a key's call, from
+    its signature (`keys.describe_abstract`: `bf16[16384,1024], eps=1e-06 (training)`)."""
+    training = signature.endswith(" (training)")
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    for part in _split(signature.removesuffix(" (training)")):
+        named = re.fullmatch(r"([A-Za-z_]\w*)=(.*)", part, re.DOTALL)
+        if named:
+            kwargs[named.group(1)] = _value(named.group(2))
+        else:
+            args.append(_value(part))
+    return tuple(args), kwargs, training
+
+
+class _Device:
+    """A stand-in for JAX's default device: a GPU of the table's model."""
+
+    platform = "gpu"
+
+    def __init__(self, kind: str) -> None:
+        self.device_kind = kind
+
+
+def _device_caches() -> tuple[Any, ...]:
+    return (
+        devices._default_device_kind,
+        devices.device_fingerprint,
+        _common.shared_memory_limit,
+    )
+
+
+@contextlib.contextmanager
+def on_gpu(kind: str) -> Iterator[None]:
+    """Kernel hooks called inside see JAX's default device as a GPU of `kind` (the
+    table's model), as where the table was tuned; what they cached of this device is
+    forgotten before and after."""
+    for cached in _device_caches():
+        cached.cache_clear()
+    try:
+        with (
+            mock.patch.object(jax, "devices", lambda *_: [_Device(kind)]),
+            options.PLATFORM.override("triton"),
+        ):
+            yield
+    finally:
+        for cached in _device_caches():
+            cached.cache_clear()
+
+
+def heuristic_now(entry: CacheEntry) -> Any:
+    """The heuristic the selection chain uses for `entry`'s call today (its fields), as
+    on the table's GPU model: the kernel's `heuristic_cfg` for the call rebuilt from the
+    signature. None where the op's kernel is not defined here or the call cannot be
+    rebuilt (its signature cut a long value short)."""
+    found = [
+        cls
+        for cls in registered_kernels().values()
+        if cls.op_id and f"{cls.op_id}@v{cls.version}" == entry.op_id_v
+    ]
+    if len(found) != 1:
+        return None
+    kernel = found[0]()
+    try:
+        args, kwargs, training = rebuilt_call(entry.signature)
+        inv = make_invocation(kernel, args, kwargs, differentiated=True if training else None)
+        if inv.signature != entry.signature:
+            return None
+        with on_gpu(device_kind_of(entry.dev)):
+            cfg = hooks.find_heuristic(kernel, inv)
+    except Exception:
+        return None
+    return None if cfg is None else plain(config_to_dict(cfg))
+
+
 def held_out(
-    entry: CacheEntry, others: Sequence[CacheEntry], table: str, shortlist: int
+    entry: CacheEntry,
+    others: Sequence[CacheEntry],
+    table: str,
+    shortlist: int,
+    heuristic: Any = None,
 ) -> Outcome:
-    """Predicts `entry`'s key from `others` (its family's other keys) and scores it."""
+    """Predicts `entry`'s key from `others` (its family's other keys) and scores it.
+    `heuristic`: the kernel's heuristic for the key (`heuristic_now`); None: the one the
+    table recorded."""
     calls = [TimedCall(o.shape, o.cfg, outcomes_of(o.timings)) for o in others if o.shape]
     candidates = [c["cfg"] for c in entry.timings]
-    heuristic = entry.heuristic_cfg if isinstance(entry.heuristic_cfg, dict) else None
+    recorded = heuristic is None
+    if recorded:
+        heuristic = entry.heuristic_cfg if isinstance(entry.heuristic_cfg, dict) else None
     assert entry.shape is not None
     pred = prediction.predict(entry.shape.sizes, candidates, heuristic, calls)
     times = _times(entry)
@@ -141,11 +284,12 @@ def held_out(
             "heuristic": None if heuristic is None else regret(heuristic),
         },
         exact=prediction.config_id(pred.best) == prediction.config_id(entry.cfg),
+        recorded_heuristic=recorded,
     )
 
 
 def replay(entries: Sequence[CacheEntry], table: str, shortlist: int = 3) -> list[Outcome]:
-    """Every key of the table held out in turn."""
+    """Every key of the table held out in turn, with the kernel's heuristic today."""
     out = []
     for i, e in enumerate(entries):
         if e.shape is None or not _times(e):
@@ -155,7 +299,7 @@ def replay(entries: Sequence[CacheEntry], table: str, shortlist: int = 3) -> lis
             for j, o in enumerate(entries)
             if j != i and o.op_id_v == e.op_id_v and o.shape and o.shape.family == e.shape.family
         ]
-        out.append(held_out(e, family, table, shortlist))
+        out.append(held_out(e, family, table, shortlist, heuristic_now(e)))
     return out
 
 
@@ -238,6 +382,9 @@ def main(argv: list[str] | None = None) -> None:
         "key (predicted with no neighbour: the heuristic)."
     )
     print(markdown(rows))
+    recorded = [f"{o.table} {o.op} {o.signature}" for o in outcomes if o.recorded_heuristic]
+    if recorded:
+        print(f"\nHeuristic as recorded in the table (call not rebuilt): {'; '.join(recorded)}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
