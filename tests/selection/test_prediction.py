@@ -84,20 +84,30 @@ def test_a_candidate_measured_slower_than_the_prior_ranks_after_unmeasured_ones(
     assert p.ranked[0] == HEURISTIC and p.ranked[-1] == slow
 
 
-def test_tuned_calls_too_far_away_leave_the_heuristic_untimed():
-    faster = Tile(bm=128, bn=64)
-    times = {HEURISTIC: 2e-3, faster: 1e-3}
-    # 7 apart (2^7 the size in all): too far to replace the heuristic, which is used
-    # untimed; the ranking (and so a timed shortlist) still follows the timings.
-    far = prediction.predict((256, 256), SPACE, HEURISTIC, [call((256 * 128, 256), times)])
-    assert far.far and far.best == HEURISTIC and far.usable() == [HEURISTIC]
-    assert far.ranked[0] == faster and far.shortlist(1) == [HEURISTIC, faster]
-    assert "too far" in far.describe()
-    # 5 apart, or two calls 6 apart (their weights add up to one 5.5 apart): near enough.
-    near = prediction.predict((256, 256), SPACE, HEURISTIC, [call((256 * 32, 256), times)])
-    assert not near.far and near.best == faster
-    pair = [call((256 * 64, 256), times), call((256, 256 * 64), times)]
-    assert prediction.predict((256, 256), SPACE, HEURISTIC, pair).best == faster
+HELD_OUT_DLHS = Path(__file__).parents[1] / "data" / "held_out_ragged_dot_dlhs_h100.json"
+
+
+def test_far_neighbours_still_inform_a_held_out_grouped_matmul_gradient():
+    # The grouped matmul's d_lhs at 8192x4096x1024 over 8 experts, a shape in no table,
+    # every candidate timed on an H100 (2026-12-06). Its four neighbours in the H200
+    # table are 6.8-11.5 apart, yet their ranking picks a config within 1% of the
+    # best, where the heuristic is 37.6% behind: a rule that let far neighbours fall
+    # back to the heuristic (tried 2026-12-07) failed here.
+    held = json.loads(HELD_OUT_DLHS.read_text())
+    times = {prediction.config_id(cfg): t for cfg, t in held["times_s"]}
+    best = min(times.values())
+    entries = prediction_regret.load(str(PACKAGE_TABLES / "nvidia-h200.json"))
+    calls = [
+        TimedCall(e.shape, e.cfg, prediction_regret.outcomes_of(e.timings))
+        for e in entries
+        if e.op_id_v == "ragged_dot_dlhs@v1" and e.shape
+    ]
+    assert len(calls) == 4
+    candidates = [cfg for cfg, _ in held["times_s"]]
+    p = prediction.predict(tuple(held["sizes"]), candidates, held["heuristic"], calls)
+    assert p.informed
+    assert times[prediction.config_id(p.best)] / best - 1 < 0.01
+    assert times[prediction.config_id(held["heuristic"])] / best - 1 > 0.3
 
 
 def test_the_untimed_choice_is_measured_and_falls_back_to_the_heuristic():
@@ -185,10 +195,12 @@ def test_leave_one_out_first_call_regret_on_the_shipped_tables(table_rows):
     # better in median and within 0.5% of the best. The grouped-matmul families hold
     # 4-5 keys far apart (the demo's and examples' MoE shapes, 2026-11-27): there the
     # prediction alone is up to 6% behind in median (docs/concepts.md). A family of 2
-    # keys (the loss head's: the demo's and the Llama example's, 10 apart) is predicted
-    # from a call too far to replace the heuristic (`prediction.FAR_DISTANCE`): 1.9%
-    # behind in median, as the heuristic (2026-12-07; 9.0% before, from the other
-    # key's timings at the prior's weight).
+    # keys (the loss head's: the demo's and the Llama example's, 10 apart, each
+    # predicted from the other alone) misses the 5% median: 9.0% behind (its heuristic
+    # 1.9%). Falling back to the heuristic where the neighbours are that far was tried
+    # and dropped (2026-12-07): at a held-out shape on an H100 it put the grouped
+    # matmul's d_lhs 37.6% behind where the far neighbours' ranking was exact
+    # (`test_far_neighbours_still_inform_a_held_out_grouped_matmul_gradient`).
     #
     # The shortlist holds the heuristic, which the replay takes from the kernel today
     # (`prediction_regret.heuristic_now`): the grouped matmul's 64x256 Mosaic tiles at
@@ -218,8 +230,11 @@ def test_leave_one_out_first_call_regret_on_the_shipped_tables(table_rows):
         ("nvidia-h200", "ragged_dot_dlhs@v1"): 0.922,
     }
     # Issue 45's 5% median for the first call, but for the grouped matmul's d_rhs (4
-    # keys, far apart: 6.0%).
-    median_trusted = {("nvidia-h200", "ragged_dot_drhs@v1"): 0.061}
+    # keys, far apart: 6.0%) and the loss head (above).
+    median_trusted = {
+        ("nvidia-h200", "ragged_dot_drhs@v1"): 0.061,
+        ("nvidia-h200", "linear_softmax_cross_entropy@v3"): 0.091,
+    }
     for (table, op), r in table_rows.items():
         if r["alone"] == r["keys"]:
             continue
@@ -247,9 +262,6 @@ def test_leave_one_out_first_call_regret_on_the_shipped_tables(table_rows):
             assert r["predicted"]["median"] <= 0.07, (table, op, r["predicted"])
             assert r["first call"]["median"] <= 0.07, (table, op, r["first call"])
     assert table_rows[("nvidia-h200", "ragged_dot@v1")]["heuristic"]["median"] > 0.04  # a real gap
-    loss_head = table_rows[("nvidia-h200", "linear_softmax_cross_entropy@v3")]
-    assert loss_head["first call"]["median"] == pytest.approx(0.019, abs=5e-4)
-    assert loss_head["first call"]["worst"] == pytest.approx(0.038, abs=5e-4)
 
 
 def test_the_replay_scores_the_kernels_heuristic_today_not_the_recorded_one():

@@ -13,10 +13,7 @@ A candidate no neighbour measured is predicted at the prior alone: after the mea
 ones expected to be faster than that, before the ones measured slower; among such
 candidates the heuristic comes first, then the configs nearest it (fewest fields
 changed). With no neighbour at all, the prediction is the heuristic, and the configs
-one field from it are next. Where the tuned calls are all far (their weights add up to
-less than one call `FAR_DISTANCE` away: sizes 64 times apart in all), the ranking stands
-but the config used untimed is the heuristic: so far off, a ranking is the prior's
-with the neighbours' tie-breaks, not evidence.
+one field from it are next.
 
 Everything here is a pure function of the candidates, the heuristic and the tuned
 calls, in an order fixed by their contents (never by the order a cache lists them), so
@@ -25,10 +22,10 @@ processes given the same data predict the same config.
 The weights were chosen on the leave-one-out replay of the shipped tables
 (`benchmarks/prediction_regret.py`): 4 neighbours, a decay of 4 and a prior of 1.5x at
 distance 1 gave the lowest worst-case regret of the seven variants tried there.
-`FAR_DISTANCE` was chosen there too and checked on held-out keys (chosen on half of
-each family's keys, reported on the other half: BENCHMARKS.md, 2026-12-07): it changes
-only the two loss-head keys of the H200 table, 10 apart (9.0% -> 1.9% behind in
-median); a bound of 5 or nearer also changed 6 keys 4-5 apart, 5 of them for the worse.
+Neighbours far away still decide: falling back to the heuristic where all of them were
+far (weights below one call 6 apart) fixed the loss head's two far-apart keys in that
+replay, but at a shape in no table, measured on an H100, it chose a config 37.6% behind
+where the far neighbours' choice was the best (BENCHMARKS.md, 2026-12-06/07).
 """
 
 from __future__ import annotations
@@ -55,9 +52,6 @@ PRIOR_SLOWDOWN = 1.5
 PRIOR_DISTANCE = 1.0
 #: A candidate that failed at a tuned call counts as this much slower than the best there.
 FAILED_SLOWDOWN = 4.0
-#: Tuned calls whose weights add up to less than one call this far away are too far to
-#: replace the heuristic.
-FAR_DISTANCE = 6.0
 
 
 def config_id(cfg: Any) -> str:
@@ -81,7 +75,6 @@ class Prediction:
       neighbours: the sizes of the tuned calls the prediction drew on, nearest first.
       borrowed_from: the other GPU models whose shipped tables those calls came from
         (`tuned_neighbours.timed_calls`: only where the call's own has none).
-      far: those calls are all far (`FAR_DISTANCE`): the heuristic is used untimed.
     """
 
     ranked: tuple[Any, ...]
@@ -89,13 +82,11 @@ class Prediction:
     heuristic: Any
     neighbours: tuple[tuple[int, ...], ...] = ()
     borrowed_from: tuple[str, ...] = ()
-    far: bool = False
 
     @property
     def best(self) -> Any:
         """The config to use untimed: the first ranked one when some tuned call measured
-        it and the tuned calls are not far, else the heuristic (which is what the kernel
-        would have used)."""
+        it, else the heuristic (which is what the kernel would have used)."""
         return self.usable()[0]
 
     @property
@@ -106,10 +97,7 @@ class Prediction:
 
     def usable(self) -> list[Any]:
         """The configs worth using untimed, in order: those some tuned call measured,
-        predicted fastest first, up to the heuristic; then the heuristic. Only the
-        heuristic where the tuned calls are far."""
-        if self.far and self.heuristic is not None:
-            return [self.heuristic]
+        predicted fastest first, up to the heuristic; then the heuristic."""
         out: list[Any] = []
         for cfg, slowdown in zip(self.ranked, self.slowdowns, strict=True):
             if self.heuristic is not None and cfg == self.heuristic:
@@ -144,11 +132,6 @@ class Prediction:
             return "no tuned call of this op and dtypes nearby: the heuristic first"
         sizes = ", ".join("x".join(map(str, s)) for s in self.neighbours)
         where = f" on {' and '.join(self.borrowed_from)}" if self.borrowed_from else ""
-        if self.far and self.heuristic is not None:
-            return (
-                f"the {len(self.neighbours)} tuned call(s) nearest in size ({sizes}) are too "
-                f"far to replace the heuristic: {self.best!r}"
-            )
         return (
             f"predicted from {len(self.neighbours)} tuned call(s){where} nearest in size "
             f"({sizes}): {self.best!r}"
@@ -172,7 +155,6 @@ def predict(
     near = [(d, call, _log_slowdowns(call)) for d, call in _nearest(sizes, calls)]
     near = [(d, call, slow) for d, call, slow in near if slow]
     evidence = [(DECAY**-d, slow) for d, _, slow in near]
-    far = bool(evidence) and sum(w for w, _ in evidence) < DECAY**-FAR_DISTANCE
     prior_w = DECAY**-PRIOR_DISTANCE
     here = config_space.config_point(heuristic) if heuristic is not None else None
     rows = []
@@ -194,7 +176,6 @@ def predict(
         heuristic=heuristic,
         neighbours=tuple(call.shape.sizes for _, call, _ in near),
         borrowed_from=tuple(sorted({c.borrowed_from for _, c, _ in near if c.borrowed_from})),
-        far=far,
     )
 
 
