@@ -65,6 +65,7 @@ from kerneltune._src.caching.tuned_neighbours import TimedCall, outcomes_of
 from kerneltune._src.core import devices, keys, options
 from kerneltune._src.core.configs import config_to_dict, current_names
 from kerneltune._src.kernel import hooks
+from kerneltune._src.kernel.backends import BackendKernel
 from kerneltune._src.kernel.base import make_invocation, registered_kernels
 from kerneltune._src.selection import prediction
 from kerneltune.kernels import _common
@@ -221,19 +222,31 @@ def on_gpu(kind: str) -> Iterator[None]:
             cached.cache_clear()
 
 
-def heuristic_now(entry: CacheEntry) -> Any:
-    """The heuristic the selection chain uses for `entry`'s call today (its fields), as
-    on the table's GPU model: the kernel's `heuristic_cfg` for the call rebuilt from the
-    signature. None where the op's kernel is not defined here or the call cannot be
-    rebuilt (its signature cut a long value short)."""
+def kernel_of(entry: CacheEntry) -> Any:
+    """An instance of the bundled kernel of `entry`'s op and version, or None."""
     found = [
         cls
         for cls in registered_kernels().values()
         if cls.op_id and f"{cls.op_id}@v{cls.version}" == entry.op_id_v
     ]
-    if len(found) != 1:
+    return found[0]() if len(found) == 1 else None
+
+
+def padded_work_of(entry: CacheEntry) -> Any:
+    """The work model the selection chain predicts `entry`'s op with
+    (`BackendKernel.padded_work`), or None."""
+    kernel = kernel_of(entry)
+    return kernel.padded_work if isinstance(kernel, BackendKernel) else None
+
+
+def heuristic_now(entry: CacheEntry) -> Any:
+    """The heuristic the selection chain uses for `entry`'s call today (its fields), as
+    on the table's GPU model: the kernel's `heuristic_cfg` for the call rebuilt from the
+    signature. None where the op's kernel is not defined here or the call cannot be
+    rebuilt (its signature cut a long value short)."""
+    kernel = kernel_of(entry)
+    if kernel is None:
         return None
-    kernel = found[0]()
     try:
         args, kwargs, training = rebuilt_call(entry.signature)
         inv = make_invocation(kernel, args, kwargs, differentiated=True if training else None)
@@ -262,7 +275,9 @@ def held_out(
     if recorded:
         heuristic = entry.heuristic_cfg if isinstance(entry.heuristic_cfg, dict) else None
     assert entry.shape is not None
-    pred = prediction.predict(entry.shape.sizes, candidates, heuristic, calls)
+    pred = prediction.predict(
+        entry.shape.sizes, candidates, heuristic, calls, padded_work_of(entry)
+    )
     times = _times(entry)
     best = min(times.values())
 

@@ -462,3 +462,32 @@ def test_one_process_keeps_its_own_plan():
     mine = plan_of(sizes_fast=2)
     assert first_call.agreed(("cpu|cpu", "op@v0", "k3"), mine, what="op") is mine
     assert dataclasses.replace(mine, shortlist=mine.space).partial is False
+
+
+def test_the_prediction_of_a_bundled_kernel_takes_its_tiles_work_model(monkeypatch):
+    from kerneltune._src.kernel.base import make_invocation
+    from kerneltune.kernels.ragged_dot.api import RaggedDotGradLhs
+
+    seen = {}
+
+    def predict(sizes, candidates, heuristic, calls, padded_work=None):
+        seen.update(sizes=sizes, padded_work=padded_work)
+        return prediction.Prediction(
+            ranked=tuple(candidates), slowdowns=(None,) * len(candidates), heuristic=None
+        )
+
+    monkeypatch.setattr(prediction, "predict", predict)
+    kernel = RaggedDotGradLhs()
+    args = (
+        jax.ShapeDtypeStruct((256, 96), jnp.bfloat16),
+        jax.ShapeDtypeStruct((4, 64, 96), jnp.bfloat16),
+        jax.ShapeDtypeStruct((4,), jnp.int32),
+    )
+    inv = make_invocation(kernel, args, {"out_dtype": "bfloat16"})
+    first_call.predict_call(
+        inv, kernel, ("dev", kernel.op_id_v), [], local=None, persistent=None, shipped=None
+    )
+    assert seen["sizes"] == (256, 96, 4, 64, 96, 4)
+    cfg = {"backend": "triton", "block_m": 64, "block_n": 128, "block_k": 32}
+    # d_lhs[256, 64] in tiles of 64 x 128: twice the columns.
+    assert seen["padded_work"](cfg, seen["sizes"]) == pytest.approx(2.0)

@@ -17,7 +17,7 @@ class: it runs the Pallas backends' code on any device, under the op id
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, Generic, TypeVar
 
 from kerneltune._src.core import devices, jax_compat
@@ -252,6 +252,13 @@ class BackendKernel(Kernel[Cfg, Any]):
     def interpret_candidates(self, inv: Invocation[Any, Any]) -> list[Cfg]:
         """A few candidates the Pallas interpreter can run in reasonable time."""
         raise NotImplementedError(f"{type(self).__qualname__} defines no interpret_candidates")
+
+    def padded_work(self, cfg: Any, sizes: Sequence[int]) -> float:
+        """The work `cfg` does at a call of `sizes` (`CallShape.sizes`) over the call's
+        own: tiles that stick out of the problem are computed whole. The prediction
+        scales a tuned call's timing of `cfg` by its ratio here to there. 1.0 (no
+        model) unless a kernel knows its tiles."""
+        return 1.0
 
     def manifest_kwargs(self) -> dict[str, Any]:
         """What another process rebuilds this kernel with (its executor stays here)."""

@@ -21,6 +21,7 @@ from typing import Any
 from kerneltune._src.caching import tuned_neighbours
 from kerneltune._src.caching.cache import CacheKey
 from kerneltune._src.kernel import hooks
+from kerneltune._src.kernel.backends import BackendKernel
 from kerneltune._src.kernel.base import Invocation, Kernel
 from kerneltune._src.selection import prediction
 from kerneltune._src.selection.policy import FirstCallBudget
@@ -103,6 +104,7 @@ def predict_call(
         candidates,
         hooks.find_heuristic(kernel, inv),
         calls,
+        kernel.padded_work if isinstance(kernel, BackendKernel) else None,
     )
 
 

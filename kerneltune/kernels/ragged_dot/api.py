@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import jax
@@ -18,7 +19,7 @@ from kerneltune.kernels._args import as_array
 from kerneltune.kernels._common import Pruned, interpreted, kernel_for
 from kerneltune.kernels.ragged_dot import config as config_lib
 from kerneltune.kernels.ragged_dot import groups as groups_lib
-from kerneltune.kernels.ragged_dot import pallas_mosaic, tokamax_backend
+from kerneltune.kernels.ragged_dot import pallas_mosaic, tile_work, tokamax_backend
 from kerneltune.kernels.ragged_dot.checks import (
     check_floats,
     check_offset,
@@ -115,6 +116,9 @@ class _RaggedDotKernel(BackendKernel[RaggedDotConfig]):
 
     def interpret_candidates(self, inv: Invocation[Any, Any]) -> list[RaggedDotConfig]:
         return config_lib.interpret_candidates(self.problem(inv))
+
+    def padded_work(self, cfg: Any, sizes: Sequence[int]) -> float:
+        return tile_work.padded_work(self.product, cfg, sizes)
 
     def tuning_inputs(self, inv: Invocation[Any, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return balanced_tuning_inputs(inv)
