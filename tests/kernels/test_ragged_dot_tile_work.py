@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
+from kerneltune._src.kernel.base import make_invocation
 from kerneltune.kernels.ragged_dot import tile_work
 from kerneltune.kernels.ragged_dot.api import RaggedDot, RaggedDotGradLhs, RaggedDotGradRhs
 from kerneltune.kernels.ragged_dot.config import XLA, RaggedDotConfig
@@ -13,47 +17,61 @@ def tiles(bm, bn, bk, backend="triton"):
     return RaggedDotConfig(backend=backend, block_m=bm, block_n=bn, block_k=bk)
 
 
+def sizes_of(kernel, *shapes, **kwargs):
+    """The key's sizes of a call of `kernel` on arrays of `shapes` (bf16; int32 last)."""
+    *arrays, groups = shapes
+    args = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in arrays]
+    args.append(jax.ShapeDtypeStruct(groups, jnp.int32))
+    if "offset" in kwargs:
+        args.append(jax.ShapeDtypeStruct((1,), jnp.int32))
+        kwargs.pop("offset")
+    return make_invocation(kernel, tuple(args), {"out_dtype": "bfloat16", **kwargs}).shape.sizes
+
+
 def test_columns_that_a_tile_does_not_divide_are_computed_whole():
-    # Forward: lhs[32768, 2048], rhs[64, 2048, 1408], 64 groups of 512 rows.
-    sizes = (32768, 2048, 64, 2048, 1408, 64)
+    sizes = sizes_of(RaggedDot(), (32768, 2048), (64, 2048, 1408), (64,))
     assert tile_work.padded_work("fwd", tiles(128, 256, 64), sizes) == pytest.approx(1536 / 1408)
     assert tile_work.padded_work("fwd", tiles(128, 128, 64), sizes) == pytest.approx(1.0)
-    # The same field dict a cache file holds.
-    as_dict = {"backend": "mosaic", "block_m": 128, "block_n": 256, "block_k": 64}
-    assert tile_work.padded_work("fwd", as_dict, sizes) == pytest.approx(1536 / 1408)
+    # The contracted axis too, and the same field dict a cache file holds.
+    as_dict = {"backend": "mosaic", "block_m": 128, "block_n": 256, "block_k": 96}
+    assert tile_work.padded_work("fwd", as_dict, sizes) == pytest.approx(1536 / 1408 * 2112 / 2048)
 
 
-def test_row_tiles_count_per_group_for_the_balanced_routing():
-    # 8192 rows over 256 groups: 32 rows a group, each in a tile of its own.
-    sizes = (8192, 2048, 256, 2048, 512, 256)
-    assert tile_work.padded_work("fwd", tiles(128, 128, 64), sizes) == pytest.approx(4.0)
-    assert tile_work.padded_work("fwd", tiles(32, 128, 64), sizes) == pytest.approx(1.0)
-    # 100 rows over 3 groups (34, 33, 33) in tiles of 32: rows 0-33 touch 2 tiles, 34-66
-    # 2 (tiles 1 and 2), 67-99 2 (tiles 2 and 3): 6 tiles of 32 rows for 100.
-    assert tile_work.padded_work("fwd", tiles(32, 16, 16), (100, 16, 3, 16, 16, 3)) == (
-        pytest.approx(6 * 32 / 100)
-    )
+def test_rows_are_not_counted():
+    # 32 rows an expert: 64-row tiles do twice the rows' work, and still won on an H200.
+    sizes = sizes_of(RaggedDot(), (8192, 2048), (256, 2048, 512), (256,))
+    assert tile_work.padded_work("fwd", tiles(64, 128, 64), sizes) == pytest.approx(1.0)
 
 
 def test_d_lhs_tiles_the_rhs_k_and_contracts_its_n():
-    # d_out[4096, 1408], rhs[8, 1000, 1408] -> d_lhs[4096, 1000], 1408 contracted.
-    sizes = (4096, 1408, 8, 1000, 1408, 8)
+    sizes = sizes_of(RaggedDotGradLhs(), (4096, 1408), (8, 1000, 1408), (8,))
+    assert tile_work.dims("dlhs", sizes) == (1000, 1408)
     assert tile_work.padded_work("dlhs", tiles(128, 128, 256), sizes) == pytest.approx(
         1024 / 1000 * 1536 / 1408
     )
 
 
-def test_d_rhs_walks_each_groups_rows_in_steps():
-    # lhs[96, 64], d_out[96, 48], 3 groups of 32 rows -> [3, 64, 48]; steps of 64 rows.
-    sizes = (96, 64, 96, 48, 3)
-    assert tile_work.padded_work("drhs", tiles(64, 32, 64), sizes) == pytest.approx(
-        64 * 64 * (3 * 64) / (64 * 48 * 96)
-    )
+def test_d_rhs_tiles_its_k_by_n_output():
+    sizes = sizes_of(RaggedDotGradRhs(), (96, 64), (96, 48), (3,))
+    assert tile_work.dims("drhs", sizes) == (64, 48)
+    assert tile_work.padded_work("drhs", tiles(64, 32, 64), sizes) == pytest.approx(64 / 48)
 
 
-def test_no_model_for_the_plain_jax_backend_or_foreign_sizes():
-    assert tile_work.padded_work("fwd", XLA, (8192, 2048, 256, 2048, 512, 256)) == 1.0
+def test_a_group_offset_call_reads_the_same_axes():
+    fwd = sizes_of(RaggedDot(), (4096, 1000), (2, 1000, 1408), (8,), offset=True)
+    assert len(fwd) == 7 and tile_work.dims("fwd", fwd) == (1408, 1000)
+    drhs = sizes_of(RaggedDotGradRhs(), (96, 64), (96, 48), (3,), offset=True, local_groups=2)
+    assert tile_work.dims("drhs", drhs) == (64, 48)
+
+
+def test_no_model_for_the_plain_jax_backend_odd_blocks_or_foreign_sizes():
+    sizes = (8192, 2048, 256, 2048, 1408, 256)
+    assert tile_work.padded_work("fwd", XLA, sizes) == 1.0
     assert tile_work.padded_work("fwd", tiles(128, 128, 64), (8192, 2048)) == 1.0
+    odd = {"backend": "triton", "block_m": 128, "block_n": True, "block_k": 64}
+    assert tile_work.padded_work("fwd", odd, sizes) == 1.0
+    numpy_ints = {"backend": "triton", "block_m": 128, "block_n": np.int64(256), "block_k": 64}
+    assert tile_work.padded_work("fwd", numpy_ints, sizes) == pytest.approx(1536 / 1408)
 
 
 def test_each_kernel_models_its_own_product():

@@ -18,6 +18,7 @@ from kerneltune._src.caching.shipped import PACKAGE_TABLES
 from kerneltune._src.caching.tuned_neighbours import TimedCall
 from kerneltune._src.core.call_shapes import CallShape
 from kerneltune._src.selection import prediction
+from kerneltune.kernels.ragged_dot.api import RaggedDotGradLhs
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout, whose code the child imports
 
@@ -89,6 +90,17 @@ def test_a_tuned_calls_timing_is_carried_by_the_tiles_work_here_over_there():
     assert prediction.predict((256, 512), SPACE, HEURISTIC, [there], _ceil_work).best == wide
 
 
+def test_a_failure_nearby_is_not_scaled_by_the_work():
+    wide = Tile(bm=128, bn=128)
+    # The wide tile failed at 256 x 192 (say, out of shared memory): at 256 x 256, where
+    # it computes a quarter less than there, the failure counts as it is.
+    there = call((256, 192), {HEURISTIC: 2e-3, wide: None})
+    plain = prediction.predict((256, 256), SPACE, HEURISTIC, [there])
+    modelled = prediction.predict((256, 256), SPACE, HEURISTIC, [there], _ceil_work)
+    i, j = plain.ranked.index(wide), modelled.ranked.index(wide)
+    assert modelled.slowdowns[j] == pytest.approx(plain.slowdowns[i])
+
+
 def test_a_candidate_that_failed_nearby_ranks_below_an_unmeasured_one():
     times = {HEURISTIC: 1e-3, Tile(bm=128, bn=128): None, Tile(bm=32, bn=32): 1.2e-3}
     p = prediction.predict((256, 256), SPACE, HEURISTIC, [call((256, 512), times)])
@@ -126,9 +138,11 @@ def test_far_neighbours_still_inform_a_held_out_grouped_matmul_gradient():
     ]
     assert len(calls) == 4
     candidates = [cfg for cfg, _ in held["times_s"]]
-    p = prediction.predict(tuple(held["sizes"]), candidates, held["heuristic"], calls)
-    assert p.informed
-    assert times[prediction.config_id(p.best)] / best - 1 < 0.01
+    # As the selection chain predicts it (with the kernel's tiles' work), and without.
+    for work in (RaggedDotGradLhs().padded_work, None):
+        p = prediction.predict(tuple(held["sizes"]), candidates, held["heuristic"], calls, work)
+        assert p.informed
+        assert times[prediction.config_id(p.best)] / best - 1 < 0.01
     assert times[prediction.config_id(held["heuristic"])] / best - 1 > 0.3
 
 
@@ -225,10 +239,9 @@ def test_leave_one_out_first_call_regret_on_the_shipped_tables(table_rows):
     # (`test_far_neighbours_still_inform_a_held_out_grouped_matmul_gradient`).
     #
     # The shortlist holds the heuristic, which the replay takes from the kernel today
-    # (`prediction_regret.heuristic_now`). Its grouped matmul's worst key, 8192 rows
-    # over 256 experts (32 rows an expert), is 14.5% behind (5.2% before the tiles'
-    # work model reordered the 3 predicted fastest; 17.4% with the heuristic the table
-    # recorded).
+    # (`prediction_regret.heuristic_now`): the grouped matmul's worst key is 5.2%
+    # behind (17.4% with the heuristic the table recorded, 128x128 Mosaic tiles at 32
+    # rows an expert).
     worst_shortlist: dict[tuple[str, str], float] = {}
     # The default first call trusts a prediction informed by timings nearby (one
     # compile instead of a shortlist's: 1.8-5.4 s against tokamax's 1.8-7.1 s at
@@ -244,11 +257,12 @@ def test_leave_one_out_first_call_regret_on_the_shipped_tables(table_rows):
     # - H100 RMS norm, 4096x2048: the Pallas norm wins, XLA (the heuristic and the
     #   prediction) 21.8% behind; its three neighbours 2 apart won with three configs.
     # - H200 grouped matmul, 16384 rows of 4096x32768 over 8 experts (21.9%): its
-    #   neighbours are 8 or more apart. Its worst keys before the tiles' work model
-    #   (`tile_work`, 2026-12-07), 32768 rows of 2048x1408 over 64 experts forward and
-    #   d_lhs, were 26.8% and 92.1% behind: the nearest key, the transposed
-    #   1408x2048, won with 128x256 tiles, which compute 9% more than 1408 columns
-    #   ask for; scaled by that, 0.0% both.
+    #   neighbours are 5-7 apart and their timings, shrunk to the prior, leave its
+    #   first three candidates within 0.1% of each other. The worst keys before the
+    #   tiles' work model (`tile_work`, 2026-12-07), 32768 rows of 2048x1408 over 64
+    #   experts forward and d_lhs, were 26.8% and 92.1% behind: the nearest key, the
+    #   transposed 1408x2048, won with 128x256 tiles, which compute 9% more than 1408
+    #   columns ask for; scaled by that, 0.0% both.
     worst_trusted = {
         ("nvidia-h100-80gb-hbm3", "rms_norm@v1"): 0.219,
         ("nvidia-h100-80gb-hbm3", "softmax@v1"): 0.25,

@@ -15,8 +15,9 @@ candidates the heuristic comes first, then the configs nearest it (fewest fields
 changed). With no neighbour at all, the prediction is the heuristic, and the configs
 one field from it are next. Where the kernel models its tiles' waste
 (`BackendKernel.padded_work`: the grouped matmuls), a tuned call's slowdown of a config
-is carried here scaled by the config's work here over its work there: 128×256 tiles
-that fit 2048 columns exactly compute 9% more than the 1408 columns asked for.
+is carried here scaled by the config's work here over its work there (a failure
+counts as it is): 128×256 tiles that fit 2048 columns exactly compute 9% more than the
+1408 columns asked for.
 
 Everything here is a pure function of the candidates, the heuristic and the tuned
 calls, in an order fixed by their contents (never by the order a cache lists them), so
@@ -170,8 +171,11 @@ def predict(
         num, den, seen = prior_w * math.log(PRIOR_SLOWDOWN), prior_w, False
         for w, there, slow in evidence:
             if cid in slow:
-                moved = _work_ratio(padded_work, cfg, sizes, there)
-                num, den, seen = num + w * (slow[cid] + moved), den + w, True
+                measured, timed = slow[cid]
+                # A failure does not scale with the work: only a time does.
+                if timed:
+                    measured += _work_ratio(padded_work, cfg, sizes, there)
+                num, den, seen = num + w * measured, den + w, True
         score = num / den
         moved = 0 if here is None else config_space.distance(config_space.config_point(cfg), here)
         is_heuristic = heuristic is not None and cfg == heuristic
@@ -214,15 +218,16 @@ def _nearest(
     return [(d, c) for d, _, c in found[:NEIGHBOURS]]
 
 
-def _log_slowdowns(call: TimedCall) -> Mapping[str, float]:
-    """log(time / best time) of each candidate the call measured (failures at
-    `FAILED_SLOWDOWN`); only its winner, at 0, when no time is known."""
+def _log_slowdowns(call: TimedCall) -> Mapping[str, tuple[float, bool]]:
+    """log(time / best time) of each candidate the call measured, and whether it is a
+    time (failures count at `FAILED_SLOWDOWN`); only its winner, at 0, when no time is
+    known."""
     times = [t for _, t in call.outcomes if t is not None]
     if not times:
-        return {config_id(call.winner): 0.0} if call.winner is not None else {}
+        return {config_id(call.winner): (0.0, False)} if call.winner is not None else {}
     best = min(times)
-    out: dict[str, float] = {}
+    out: dict[str, tuple[float, bool]] = {}
     for cfg, t in call.outcomes:
-        slow = math.log(FAILED_SLOWDOWN) if t is None else math.log(t / best)
+        slow = (math.log(FAILED_SLOWDOWN), False) if t is None else (math.log(t / best), True)
         out.setdefault(config_id(cfg), slow)
     return out
