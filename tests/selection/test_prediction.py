@@ -84,6 +84,8 @@ def test_a_tuned_calls_timing_is_carried_by_the_tiles_work_here_over_there():
     assert plain.best == wide
     modelled = prediction.predict((256, 192), SPACE, HEURISTIC, [there], _ceil_work)
     assert modelled.best == fitting
+    assert modelled.rescaled and "scaled by the tiles' padded work" in modelled.describe()
+    assert not plain.rescaled and "padded work" not in plain.describe()
     assert (
         modelled.slowdowns[modelled.ranked.index(wide)] > plain.slowdowns[plain.ranked.index(wide)]
     )

@@ -79,6 +79,8 @@ class Prediction:
       neighbours: the sizes of the tuned calls the prediction drew on, nearest first.
       borrowed_from: the other GPU models whose shipped tables those calls came from
         (`tuned_neighbours.timed_calls`: only where the call's own has none).
+      rescaled: some of those calls' timings were carried here scaled by the kernel's
+        model of its tiles' work (`padded_work`).
     """
 
     ranked: tuple[Any, ...]
@@ -86,6 +88,7 @@ class Prediction:
     heuristic: Any
     neighbours: tuple[tuple[int, ...], ...] = ()
     borrowed_from: tuple[str, ...] = ()
+    rescaled: bool = False
 
     @property
     def best(self) -> Any:
@@ -136,9 +139,10 @@ class Prediction:
             return "no tuned call of this op and dtypes nearby: the heuristic first"
         sizes = ", ".join("x".join(map(str, s)) for s in self.neighbours)
         where = f" on {' and '.join(self.borrowed_from)}" if self.borrowed_from else ""
+        scaled = ", their timings scaled by the tiles' padded work" if self.rescaled else ""
         return (
             f"predicted from {len(self.neighbours)} tuned call(s){where} nearest in size "
-            f"({sizes}): {self.best!r}"
+            f"({sizes}{scaled}): {self.best!r}"
         )
 
 
@@ -165,7 +169,7 @@ def predict(
     evidence = [(DECAY**-d, call.shape.sizes, slow) for d, call, slow in near]
     prior_w = DECAY**-PRIOR_DISTANCE
     here = config_space.config_point(heuristic) if heuristic is not None else None
-    rows = []
+    rows, rescaled = [], False
     for i, cfg in enumerate(candidates):
         cid = config_id(cfg)
         num, den, seen = prior_w * math.log(PRIOR_SLOWDOWN), prior_w, False
@@ -174,7 +178,8 @@ def predict(
                 measured, timed = slow[cid]
                 # A failure does not scale with the work: only a time does.
                 if timed:
-                    measured += _work_ratio(padded_work, cfg, sizes, there)
+                    ratio = _work_ratio(padded_work, cfg, sizes, there)
+                    measured, rescaled = measured + ratio, rescaled or ratio != 0.0
                 num, den, seen = num + w * measured, den + w, True
         score = num / den
         moved = 0 if here is None else config_space.distance(config_space.config_point(cfg), here)
@@ -188,6 +193,7 @@ def predict(
         heuristic=heuristic,
         neighbours=tuple(call.shape.sizes for _, call, _ in near),
         borrowed_from=tuple(sorted({c.borrowed_from for _, c, _ in near if c.borrowed_from})),
+        rescaled=rescaled,
     )
 
 
