@@ -239,6 +239,13 @@ def padded_work_of(entry: CacheEntry) -> Any:
     return kernel.padded_work if isinstance(kernel, BackendKernel) else None
 
 
+def across_sizes_of(entry: CacheEntry) -> Any:
+    """How the selection chain matches `entry`'s op's configs across sizes
+    (`BackendKernel.config_across_sizes`), or None."""
+    kernel = kernel_of(entry)
+    return kernel.config_across_sizes if isinstance(kernel, BackendKernel) else None
+
+
 def heuristic_now(entry: CacheEntry) -> Any:
     """The heuristic the selection chain uses for `entry`'s call today (its fields), as
     on the table's GPU model: the kernel's `heuristic_cfg` for the call rebuilt from the
@@ -276,7 +283,12 @@ def held_out(
         heuristic = entry.heuristic_cfg if isinstance(entry.heuristic_cfg, dict) else None
     assert entry.shape is not None
     pred = prediction.predict(
-        entry.shape.sizes, candidates, heuristic, calls, padded_work_of(entry)
+        entry.shape.sizes,
+        candidates,
+        heuristic,
+        calls,
+        padded_work=padded_work_of(entry),
+        across_sizes=across_sizes_of(entry),
     )
     times = _times(entry)
     best = min(times.values())

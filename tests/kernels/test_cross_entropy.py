@@ -627,3 +627,21 @@ def test_the_fused_kernel_keeps_an_infinite_logit_as_logsumexp_does():
     want = jax.nn.logsumexp(x @ w, axis=-1)
     assert lse[0] == np.inf == want[0]
     np.testing.assert_allclose(lse[1:], want[1:], rtol=1e-5)
+
+
+def test_one_chunk_is_the_same_config_at_any_length():
+    from kerneltune._src.core.configs import config_to_dict
+    from kerneltune.kernels.cross_entropy import config as ce_config
+    from kerneltune.kernels.cross_entropy.config import CrossEntropyConfig
+
+    one_at_4k = CrossEntropyConfig(backend="chunked", chunk_size=4096, logits_dtype="input")
+    # As a cache file holds it: every field.
+    one_at_16k = {**config_to_dict(one_at_4k), "chunk_size": 16384}
+    here, there = ce_config.across_sizes(one_at_4k, 4096), ce_config.across_sizes(one_at_16k, 16384)
+    assert here == there and here["chunk_size"] == ce_config.ONE_CHUNK
+    # 4096 tokens are four chunks of a 16384-token call; a call of 3000 tokens is one.
+    assert ce_config.across_sizes(one_at_4k, 16384)["chunk_size"] == 4096
+    assert ce_config.across_sizes(one_at_4k, 3000)["chunk_size"] == ce_config.ONE_CHUNK
+    # The plain-JAX config has no chunk.
+    xla = CrossEntropyConfig(backend="xla", logits_dtype="input")
+    assert ce_config.across_sizes(xla, 4096)["chunk_size"] is None

@@ -464,30 +464,53 @@ def test_one_process_keeps_its_own_plan():
     assert dataclasses.replace(mine, shortlist=mine.space).partial is False
 
 
-def test_the_prediction_of_a_bundled_kernel_takes_its_tiles_work_model(monkeypatch):
+def _predicted_with(monkeypatch, kernel, args, kwargs):
+    """What `first_call.predict_call` hands the prediction for a call of `kernel`."""
     from kerneltune._src.kernel.base import make_invocation
-    from kerneltune.kernels.ragged_dot.api import RaggedDotGradLhs
 
     seen = {}
 
-    def predict(sizes, candidates, heuristic, calls, padded_work=None):
-        seen.update(sizes=sizes, padded_work=padded_work)
+    def predict(sizes, candidates, heuristic, calls, padded_work=None, across_sizes=None):
+        seen.update(sizes=sizes, padded_work=padded_work, across_sizes=across_sizes)
         return prediction.Prediction(
             ranked=tuple(candidates), slowdowns=(None,) * len(candidates), heuristic=None
         )
 
     monkeypatch.setattr(prediction, "predict", predict)
-    kernel = RaggedDotGradLhs()
+    inv = make_invocation(kernel, args, kwargs)
+    first_call.predict_call(
+        inv, kernel, ("dev", kernel.op_id_v), [], local=None, persistent=None, shipped=None
+    )
+    return seen
+
+
+def test_the_prediction_of_a_bundled_kernel_takes_its_tiles_work_model(monkeypatch):
+    from kerneltune.kernels.ragged_dot.api import RaggedDotGradLhs
+
     args = (
         jax.ShapeDtypeStruct((256, 96), jnp.bfloat16),
         jax.ShapeDtypeStruct((4, 64, 96), jnp.bfloat16),
         jax.ShapeDtypeStruct((4,), jnp.int32),
     )
-    inv = make_invocation(kernel, args, {"out_dtype": "bfloat16"})
-    first_call.predict_call(
-        inv, kernel, ("dev", kernel.op_id_v), [], local=None, persistent=None, shipped=None
-    )
+    seen = _predicted_with(monkeypatch, RaggedDotGradLhs(), args, {"out_dtype": "bfloat16"})
     assert seen["sizes"] == (256, 96, 4, 64, 96, 4)
     cfg = {"backend": "triton", "block_m": 64, "block_n": 128, "block_k": 32}
     # d_lhs[256, 64] in tiles of 64 x 128: twice the columns.
     assert seen["padded_work"](cfg, seen["sizes"]) == pytest.approx(2.0)
+
+
+def test_the_prediction_of_the_loss_head_matches_one_chunk_at_any_length(monkeypatch):
+    from kerneltune.kernels.cross_entropy.api import LinearSoftmaxCrossEntropy
+
+    args = (
+        jax.ShapeDtypeStruct((4096, 64), jnp.bfloat16),
+        jax.ShapeDtypeStruct((4096,), jnp.int32),
+        jax.ShapeDtypeStruct((64, 1000), jnp.bfloat16),
+        jax.ShapeDtypeStruct((4096,), jnp.bool_),
+    )
+    seen = _predicted_with(monkeypatch, LinearSoftmaxCrossEntropy(), args, {})
+    across = seen["across_sizes"]
+    one = {"backend": "chunked", "chunk_size": 4096, "logits_dtype": "input"}
+    at_16k = (16384, 64, 16384, 64, 1000, 16384)
+    assert across(one, seen["sizes"]) == across({**one, "chunk_size": 16384}, at_16k)
+    assert across(one, at_16k)["chunk_size"] == 4096  # four chunks there

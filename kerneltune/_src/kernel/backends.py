@@ -260,6 +260,14 @@ class BackendKernel(Kernel[Cfg, Any]):
         model) unless a kernel knows its tiles."""
         return 1.0
 
+    def config_across_sizes(self, cfg: Any, sizes: Sequence[int]) -> Any:
+        """`cfg`, of a call of `sizes`, as it compares with the configs of calls of other
+        sizes: a field whose meaning depends on the sizes (a chunk as long as the call:
+        one chunk) in terms that hold at any size. The prediction matches a tuned call's
+        configs to the candidates here by it. `cfg` itself unless a kernel has such
+        fields; `cfg` may be a config or its field dict."""
+        return cfg
+
     def manifest_kwargs(self) -> dict[str, Any]:
         """What another process rebuilds this kernel with (its executor stays here)."""
         out: dict[str, Any] = {}

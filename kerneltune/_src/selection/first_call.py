@@ -99,12 +99,14 @@ def predict_call(
         persistent=persistent,
         shipped=shipped,
     )
+    bundled = kernel if isinstance(kernel, BackendKernel) else None
     return prediction.predict(
         None if shape is None else shape.sizes,
         candidates,
         hooks.find_heuristic(kernel, inv),
         calls,
-        kernel.padded_work if isinstance(kernel, BackendKernel) else None,
+        padded_work=None if bundled is None else bundled.padded_work,
+        across_sizes=None if bundled is None else bundled.config_across_sizes,
     )
 
 

@@ -13,7 +13,10 @@ A candidate no neighbour measured is predicted at the prior alone: after the mea
 ones expected to be faster than that, before the ones measured slower; among such
 candidates the heuristic comes first, then the configs nearest it (fewest fields
 changed). With no neighbour at all, the prediction is the heuristic, and the configs
-one field from it are next. Where the kernel models its tiles' waste
+one field from it are next. A kernel whose config fields mean different things at
+different sizes matches them in terms that hold at any size
+(`BackendKernel.config_across_sizes`: the loss head's chunk as long as the call is
+"one chunk" at any length). Where the kernel models its tiles' waste
 (`BackendKernel.padded_work`: the grouped matmuls), a tuned call's slowdown of a config
 is carried here scaled by the config's work here over its work there (a failure
 counts as it is): 128×256 tiles that fit 2048 columns exactly compute 9% more than the
@@ -152,6 +155,7 @@ def predict(
     heuristic: Any,
     calls: Sequence[TimedCall],
     padded_work: Callable[[Any, Sequence[int]], float] | None = None,
+    across_sizes: Callable[[Any, Sequence[int]], Any] | None = None,
 ) -> Prediction:
     """Ranks `candidates` for a call of `sizes` from the tuned `calls` of its family.
 
@@ -163,15 +167,22 @@ def predict(
       padded_work: the kernel's model of the work a config does at some sizes over the
         call's own (`BackendKernel.padded_work`); a tuned call's slowdown of a config
         counts scaled by that work here over there. None: no model.
+      across_sizes: the kernel's config as it compares across sizes
+        (`BackendKernel.config_across_sizes`): a tuned call's configs count for the
+        candidates they match so. None: configs match as they are.
     """
-    near = [(d, call, _log_slowdowns(call)) for d, call in _nearest(sizes, calls)]
+
+    def identity(cfg: Any, at: Sequence[int] | None) -> str:
+        return config_id(cfg if across_sizes is None or at is None else across_sizes(cfg, at))
+
+    near = [(d, call, _log_slowdowns(call, identity)) for d, call in _nearest(sizes, calls)]
     near = [(d, call, slow) for d, call, slow in near if slow]
     evidence = [(DECAY**-d, call.shape.sizes, slow) for d, call, slow in near]
     prior_w = DECAY**-PRIOR_DISTANCE
     here = config_space.config_point(heuristic) if heuristic is not None else None
     rows, rescaled = [], False
     for i, cfg in enumerate(candidates):
-        cid = config_id(cfg)
+        cid = identity(cfg, sizes)
         num, den, seen = prior_w * math.log(PRIOR_SLOWDOWN), prior_w, False
         for w, there, slow in evidence:
             if cid in slow:
@@ -224,16 +235,19 @@ def _nearest(
     return [(d, c) for d, _, c in found[:NEIGHBOURS]]
 
 
-def _log_slowdowns(call: TimedCall) -> Mapping[str, tuple[float, bool]]:
-    """log(time / best time) of each candidate the call measured, and whether it is a
-    time (failures count at `FAILED_SLOWDOWN`); only its winner, at 0, when no time is
-    known."""
+def _log_slowdowns(
+    call: TimedCall, identity: Callable[[Any, Sequence[int]], str]
+) -> Mapping[str, tuple[float, bool]]:
+    """log(time / best time) of each candidate the call measured, by its `identity` at
+    the call's sizes, and whether it is a time (failures count at `FAILED_SLOWDOWN`);
+    only its winner, at 0, when no time is known."""
+    sizes = call.shape.sizes
     times = [t for _, t in call.outcomes if t is not None]
     if not times:
-        return {config_id(call.winner): (0.0, False)} if call.winner is not None else {}
+        return {identity(call.winner, sizes): (0.0, False)} if call.winner is not None else {}
     best = min(times)
     out: dict[str, tuple[float, bool]] = {}
     for cfg, t in call.outcomes:
         slow = (math.log(FAILED_SLOWDOWN), False) if t is None else (math.log(t / best), True)
-        out.setdefault(config_id(cfg), slow)
+        out.setdefault(identity(cfg, sizes), slow)
     return out

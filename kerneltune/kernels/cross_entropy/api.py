@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -98,6 +99,10 @@ class LinearSoftmaxCrossEntropy(BackendKernel[CrossEntropyConfig]):
 
     def interpret_candidates(self, inv: Invocation[Any, Any]) -> list[CrossEntropyConfig]:
         return config_lib.interpret_candidates(problem_of(inv))
+
+    def config_across_sizes(self, cfg: Any, sizes: Sequence[int]) -> Any:
+        # sizes: x[M, K], labels[M], w[K, V], where[M].
+        return config_lib.across_sizes(cfg, int(sizes[0])) if sizes else cfg
 
     def tuning_inputs(self, inv: Invocation[Any, Any]):
         """Random x and w, labels drawn over the vocabulary, every token counted (the

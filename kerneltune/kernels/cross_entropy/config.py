@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
+from kerneltune._src.core.configs import config_to_dict
 from kerneltune._src.params import check_one_of, check_positive_power_of_two
 from kerneltune.kernels._common import (
     MAX_REGISTERS_PER_THREAD,
@@ -176,6 +177,25 @@ def one_chunk(p: CrossEntropyProblem) -> int:
     weights' dtype, every logit held (but no float32 `[M, V]` array, as XLA's
     differentiated program writes)."""
     return max(MIN_CHUNK, next_power_of_2(p.m))
+
+
+#: What a chunk as long as the call (`one_chunk`) is called when configs of calls of
+#: different lengths are compared (`across_sizes`).
+ONE_CHUNK = "one chunk"
+
+
+def across_sizes(cfg: Any, m: int) -> dict[str, Any]:
+    """`cfg`'s fields (of a call of `m` tokens) as they compare across lengths: a
+    `chunk_size` that makes the call one chunk is `ONE_CHUNK`, the same program (no scan,
+    every logit held) at any length, where 4096 tokens are one chunk of a 4096-token
+    call and four of a 16384-token one. Leave-one-out over the H200 table's two loss
+    heads (both won by one chunk), matching chunk sizes as numbers put the prediction
+    6.2% and 11.8% behind; as this, 0.0% (BENCHMARKS.md, 2026-12-07)."""
+    fields = config_to_dict(cfg)
+    chunk = fields.get("chunk_size")
+    if isinstance(chunk, int) and chunk >= max(MIN_CHUNK, next_power_of_2(max(m, 1))):
+        fields["chunk_size"] = ONE_CHUNK
+    return fields
 
 
 def chunk_too_large(p: CrossEntropyProblem, chunk: int, logits_dtype: str | None) -> str | None:
