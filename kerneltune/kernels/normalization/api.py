@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import jax
@@ -68,6 +68,10 @@ class _Norm(BackendKernel[NormConfig]):
 
     def interpret_candidates(self, inv: Invocation[Any, Any]) -> list[NormConfig]:
         return config_lib.interpret_candidates(problem_of(inv))
+
+    def config_across_sizes(self, cfg: Any, sizes: Sequence[int]) -> Any:
+        # sizes: x[rows, width], then each parameter's [width].
+        return config_lib.across_widths(cfg, int(sizes[1])) if len(sizes) > 1 else cfg
 
     def reference(self, x, *params, eps: float):
         """The op's math in plain JAX: second derivatives are taken from it."""

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from typing import Any
 
 import numpy as np
 
+from kerneltune._src.core.configs import config_to_dict
 from kerneltune._src.params import check_positive_power_of_two
 from kerneltune.kernels._common import Pruned, RowsProblem, next_power_of_2, powers_of_2, prune
 
@@ -45,6 +47,26 @@ def heuristic(p: NormProblem) -> NormConfig:
     block = min(65536 // np.dtype(p.dtype).itemsize, next_power_of_2(p.n))
     block = min(max(block, 128), 4096)
     return NormConfig(block_size=block, num_warps=min(max(block // 256, 1), 8))
+
+
+#: What a Pallas block that holds the whole row is called when configs of rows of
+#: different widths are compared (`across_widths`).
+WHOLE_ROW = "whole row"
+
+
+def across_widths(cfg: Any, width: int) -> dict[str, Any]:
+    """`cfg`'s fields (of rows of `width` elements) as they compare across widths: a
+    Pallas `block_size` that holds the whole row is `WHOLE_ROW` (the row read once, no
+    loop over blocks) at any width, where 1024 elements are the whole of a 1024-wide
+    row and a quarter of a 4096-wide one. Leave-one-out over the H100 table (BENCHMARKS.md,
+    2026-12-07): RMS norm 1.8% / 21.8% -> 0.4% / 14.3% behind the best, layer norm 1.0% /
+    10.0% -> 0.0% / 8.0%; 8 keys nearer, 2 further."""
+    fields = config_to_dict(cfg)
+    block = fields.get("block_size")
+    if fields.get("backend") == "pallas" and isinstance(block, int):
+        if block >= max(128, next_power_of_2(max(width, 1))):
+            fields["block_size"] = WHOLE_ROW
+    return fields
 
 
 def rules(p: NormProblem):
