@@ -120,6 +120,9 @@ class _RaggedDotKernel(BackendKernel[RaggedDotConfig]):
     def padded_work(self, cfg: Any, sizes: Sequence[int]) -> float:
         return tile_work.padded_work(self.product, cfg, sizes)
 
+    def config_across_sizes(self, cfg: Any, sizes: Sequence[int]) -> Any:
+        return config_lib.across_sizes(self.product, cfg, sizes)
+
     def tuning_inputs(self, inv: Invocation[Any, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return balanced_tuning_inputs(inv)
 

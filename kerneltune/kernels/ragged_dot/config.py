@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
+from kerneltune._src.core.configs import config_to_dict
 from kerneltune._src.params import check_one_of, check_positive
 from kerneltune.kernels._common import (
     MAX_REGISTERS_PER_THREAD,
@@ -446,3 +447,22 @@ def interpret_candidates(p: RaggedDotProblem) -> list[RaggedDotConfig]:
         if cfg not in out:
             out.append(cfg)
     return out
+
+
+def across_sizes(product: Product, cfg: Any, sizes: Any) -> dict[str, Any]:
+    """`cfg`'s fields (of a call of `sizes`, `CallShape.sizes`) as they compare across
+    sizes: the Triton `tile_order` as "longer" or "shorter", the output axis its
+    programs walk down first (rows for "m", columns for "n"), which names the same
+    schedule whichever of rows and columns is longer. The forward's output is `[M, N]`,
+    d_lhs's `[M, K]`; d_rhs keeps its order as it is. Leave-one-out over the H200 table
+    (BENCHMARKS.md, 2026-12-07), the one key whose output has more columns than rows
+    (16384 rows × 32768 columns over 8 experts) went from 21.9% behind the best to 0.0%,
+    its neighbours' "n" (along the shorter, columns there) matched to its "m"."""
+    fields = config_to_dict(cfg)
+    order = fields.get("tile_order")
+    if order not in ("m", "n") or product == "drhs" or len(sizes) < 6:
+        return fields
+    rows = sizes[0]
+    cols = sizes[4] if product == "fwd" else sizes[3]
+    fields["tile_order"] = "longer" if (order == "m") == (rows >= cols) else "shorter"
+    return fields
