@@ -55,19 +55,18 @@ from typing import Any
 from unittest import mock
 
 import jax
-import jax.numpy as jnp
 
 import kerneltune.kernels  # noqa: F401  (defines, so registers, the bundled kernels)
 from kerneltune._src.caching import storage
 from kerneltune._src.caching.cache_entry import CacheEntry, entry_from_document, plain
 from kerneltune._src.caching.shipped import PACKAGE_TABLES, device_kind_of
 from kerneltune._src.caching.tuned_neighbours import TimedCall, outcomes_of
-from kerneltune._src.core import devices, keys, options
+from kerneltune._src.cli import explain_command
+from kerneltune._src.core import devices, options
 from kerneltune._src.core.configs import config_to_dict, current_names
 from kerneltune._src.kernel import hooks
-from kerneltune._src.kernel.backends import BackendKernel
 from kerneltune._src.kernel.base import make_invocation, registered_kernels
-from kerneltune._src.selection import prediction
+from kerneltune._src.selection import first_call, prediction
 from kerneltune.kernels import _common
 
 METHODS = ("predicted", "first call", "shortlist", "heuristic")
@@ -143,10 +142,6 @@ class _Text:
         return self.text
 
 
-_DTYPES = {short: name for name, short in keys.SHORT_DTYPE_NAMES.items()}
-_ARRAY = re.compile(r"(\w+)\[([\d,]*)\]")
-
-
 def _split(text: str) -> list[str]:
     """`text` split at its top-level commas."""
     parts, depth, start = [], 0, 0
@@ -160,10 +155,9 @@ def _split(text: str) -> list[str]:
 
 
 def _value(text: str) -> Any:
-    array = _ARRAY.fullmatch(text)
-    if array:
-        dims = tuple(int(d) for d in array.group(2).split(",") if d)
-        return jax.ShapeDtypeStruct(dims, jnp.dtype(_DTYPES.get(array.group(1), array.group(1))))
+    array = explain_command.parse_argument(text)  # `bf16[16384,1024]`, as `explain` reads it
+    if isinstance(array, jax.ShapeDtypeStruct):
+        return array
     if text.startswith("(") and text.endswith(")"):
         return tuple(_value(p) for p in _split(text[1:-1]))
     try:
@@ -232,20 +226,6 @@ def kernel_of(entry: CacheEntry) -> Any:
     return found[0]() if len(found) == 1 else None
 
 
-def padded_work_of(entry: CacheEntry) -> Any:
-    """The work model the selection chain predicts `entry`'s op with
-    (`BackendKernel.padded_work`), or None."""
-    kernel = kernel_of(entry)
-    return kernel.padded_work if isinstance(kernel, BackendKernel) else None
-
-
-def across_sizes_of(entry: CacheEntry) -> Any:
-    """How the selection chain matches `entry`'s op's configs across sizes
-    (`BackendKernel.config_across_sizes`), or None."""
-    kernel = kernel_of(entry)
-    return kernel.config_across_sizes if isinstance(kernel, BackendKernel) else None
-
-
 def heuristic_now(entry: CacheEntry) -> Any:
     """The heuristic the selection chain uses for `entry`'s call today (its fields), as
     on the table's GPU model: the kernel's `heuristic_cfg` for the call rebuilt from the
@@ -278,6 +258,7 @@ def held_out(
     table recorded."""
     calls = [TimedCall(o.shape, o.cfg, outcomes_of(o.timings)) for o in others if o.shape]
     candidates = [c["cfg"] for c in entry.timings]
+    kernel = kernel_of(entry)
     recorded = heuristic is None
     if recorded:
         heuristic = entry.heuristic_cfg if isinstance(entry.heuristic_cfg, dict) else None
@@ -287,8 +268,7 @@ def held_out(
         candidates,
         heuristic,
         calls,
-        padded_work=padded_work_of(entry),
-        across_sizes=across_sizes_of(entry),
+        **({} if kernel is None else first_call.size_models(kernel)),
     )
     times = _times(entry)
     best = min(times.values())

@@ -99,15 +99,21 @@ def predict_call(
         persistent=persistent,
         shipped=shipped,
     )
-    bundled = kernel if isinstance(kernel, BackendKernel) else None
     return prediction.predict(
         None if shape is None else shape.sizes,
         candidates,
         hooks.find_heuristic(kernel, inv),
         calls,
-        padded_work=None if bundled is None else bundled.padded_work,
-        across_sizes=None if bundled is None else bundled.config_across_sizes,
+        **size_models(kernel),
     )
+
+
+def size_models(kernel: Kernel[Any, Any]) -> dict[str, Any]:
+    """What `prediction.predict` carries a kernel's tuned timings across sizes with: a
+    bundled kernel's `padded_work` and `config_across_sizes`; none for other kernels."""
+    if not isinstance(kernel, BackendKernel):
+        return {}
+    return {"padded_work": kernel.padded_work, "across_sizes": kernel.config_across_sizes}
 
 
 def plan(

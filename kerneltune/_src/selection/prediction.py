@@ -180,16 +180,21 @@ def predict(
     evidence = [(DECAY**-d, call.shape.sizes, slow) for d, call, slow in near]
     prior_w = DECAY**-PRIOR_DISTANCE
     here = config_space.config_point(heuristic) if heuristic is not None else None
+
+    def work(cfg: Any, at: Sequence[int]) -> float:
+        return 1.0 if padded_work is None else padded_work(cfg, at)
+
     rows, rescaled = [], False
     for i, cfg in enumerate(candidates):
         cid = identity(cfg, sizes)
+        work_here = 1.0 if sizes is None else work(cfg, sizes)
         num, den, seen = prior_w * math.log(PRIOR_SLOWDOWN), prior_w, False
         for w, there, slow in evidence:
             if cid in slow:
                 measured, timed = slow[cid]
                 # A failure does not scale with the work: only a time does.
                 if timed:
-                    ratio = _work_ratio(padded_work, cfg, sizes, there)
+                    ratio = math.log(work_here / work(cfg, there))
                     measured, rescaled = measured + ratio, rescaled or ratio != 0.0
                 num, den, seen = num + w * measured, den + w, True
         score = num / den
@@ -206,18 +211,6 @@ def predict(
         borrowed_from=tuple(sorted({c.borrowed_from for _, c, _ in near if c.borrowed_from})),
         rescaled=rescaled,
     )
-
-
-def _work_ratio(
-    padded_work: Callable[[Any, Sequence[int]], float] | None,
-    cfg: Any,
-    here: Sequence[int] | None,
-    there: Sequence[int],
-) -> float:
-    """log of `cfg`'s padded work at `here` over at `there` (0 without a model)."""
-    if padded_work is None or here is None:
-        return 0.0
-    return math.log(padded_work(cfg, here) / padded_work(cfg, there))
 
 
 def _nearest(

@@ -176,7 +176,11 @@ def one_chunk(p: CrossEntropyProblem) -> int:
     """The chunk size that makes `p` one chunk: no scan, `d_W` written once in the
     weights' dtype, every logit held (but no float32 `[M, V]` array, as XLA's
     differentiated program writes)."""
-    return max(MIN_CHUNK, next_power_of_2(p.m))
+    return _one_chunk_of(p.m)
+
+
+def _one_chunk_of(m: int) -> int:
+    return max(MIN_CHUNK, next_power_of_2(max(m, 1)))
 
 
 #: What a chunk as long as the call (`one_chunk`) is called when configs of calls of
@@ -193,7 +197,7 @@ def across_sizes(cfg: Any, m: int) -> dict[str, Any]:
     6.2% and 11.8% behind; as this, 0.0% (BENCHMARKS.md, 2026-12-07)."""
     fields = config_to_dict(cfg)
     chunk = fields.get("chunk_size")
-    if isinstance(chunk, int) and chunk >= max(MIN_CHUNK, next_power_of_2(max(m, 1))):
+    if isinstance(chunk, int) and chunk >= _one_chunk_of(m):
         fields["chunk_size"] = ONE_CHUNK
     return fields
 

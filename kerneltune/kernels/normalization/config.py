@@ -64,14 +64,19 @@ def across_widths(cfg: Any, width: int) -> dict[str, Any]:
     fields = config_to_dict(cfg)
     block = fields.get("block_size")
     if fields.get("backend") == "pallas" and isinstance(block, int):
-        if block >= max(128, next_power_of_2(max(width, 1))):
+        if block >= _row_block(width):
             fields["block_size"] = WHOLE_ROW
     return fields
 
 
+def _row_block(width: int) -> int:
+    """The smallest block that holds a row of `width` elements (128 at least)."""
+    return max(128, next_power_of_2(max(width, 1)))
+
+
 def rules(p: NormProblem):
     def covers_row(c: NormConfig) -> str | None:
-        if c.block_size > max(128, next_power_of_2(p.n)):
+        if c.block_size > _row_block(p.n):
             return f"block_size={c.block_size} is larger than the row ({p.n}): masked lanes only"
         return None
 

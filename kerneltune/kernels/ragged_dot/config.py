@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -449,7 +449,22 @@ def interpret_candidates(p: RaggedDotProblem) -> list[RaggedDotConfig]:
     return out
 
 
-def across_sizes(product: Product, cfg: Any, sizes: Any) -> dict[str, Any]:
+def dims(product: Product, sizes: Sequence[int]) -> tuple[int, int] | None:
+    """The two tiled axes of a call from its key's sizes (the dims of its arrays in
+    order, `CallShape.sizes`), in the order of the config's blocks that tile them:
+    forward `lhs[M, K], rhs[G, K, N], group_sizes[G]` → `(N, K)` (`block_n`, `block_k`);
+    d_lhs `d_out[M, N], rhs[G, K, N], group_sizes[G]` → `(K, N)` (`block_n`, `block_k`);
+    d_rhs `lhs[M, K], d_out[M, N], group_sizes[G]` → `(K, N)` (`block_m`, `block_n`).
+    None when the sizes are not a call of `product`."""
+    if product == "drhs":
+        return (sizes[1], sizes[3]) if len(sizes) >= 5 else None
+    if len(sizes) < 6:
+        return None
+    _, first, _, k, n, _ = sizes[:6]
+    return (n, first) if product == "fwd" else (k, first)
+
+
+def across_sizes(product: Product, cfg: Any, sizes: Sequence[int]) -> dict[str, Any]:
     """`cfg`'s fields (of a call of `sizes`, `CallShape.sizes`) as they compare across
     sizes: the Triton `tile_order` as "longer" or "shorter", the output axis its
     programs walk down first (rows for "m", columns for "n"), which names the same
@@ -460,9 +475,9 @@ def across_sizes(product: Product, cfg: Any, sizes: Any) -> dict[str, Any]:
     its neighbours' "n" (along the shorter, columns there) matched to its "m"."""
     fields = config_to_dict(cfg)
     order = fields.get("tile_order")
-    if order not in ("m", "n") or product == "drhs" or len(sizes) < 6:
+    found = dims(product, sizes)
+    if order not in ("m", "n") or product == "drhs" or found is None:
         return fields
-    rows = sizes[0]
-    cols = sizes[4] if product == "fwd" else sizes[3]
+    rows, cols = sizes[0], found[0]  # the output is [M, N] (forward) or [M, K] (d_lhs)
     fields["tile_order"] = "longer" if (order == "m") == (rows >= cols) else "shorter"
     return fields

@@ -22,10 +22,11 @@ tiles, twice the rows' work, and beats 32-row tiles by 16%.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from kerneltune.kernels.ragged_dot.config import Product
+from kerneltune._src.core.configs import config_to_dict
+from kerneltune.kernels.ragged_dot.config import Product, dims
 
 
 def _padded(size: int, block: int) -> float:
@@ -33,32 +34,17 @@ def _padded(size: int, block: int) -> float:
     return -(-size // block) * block / size
 
 
-def dims(product: Product, sizes: Sequence[int]) -> tuple[int, int] | None:
-    """The two tiled axes of a call from its key's sizes (the dims of its arrays in
-    order, `CallShape.sizes`), in the order of the config's blocks that tile them:
-    forward `lhs[M, K], rhs[G, K, N], group_sizes[G]` → `(N, K)` (`block_n`, `block_k`);
-    d_lhs `d_out[M, N], rhs[G, K, N], group_sizes[G]` → `(K, N)` (`block_n`, `block_k`);
-    d_rhs `lhs[M, K], d_out[M, N], group_sizes[G]` → `(K, N)` (`block_m`, `block_n`).
-    None when the sizes are not a call of `product`."""
-    if product == "drhs":
-        return (sizes[1], sizes[3]) if len(sizes) >= 5 else None
-    if len(sizes) < 6:
-        return None
-    _, first, _, k, n, _ = sizes[:6]
-    return (n, first) if product == "fwd" else (k, first)
-
-
 def padded_work(product: Product, cfg: Any, sizes: Sequence[int]) -> float:
     """The multiply work `cfg` does at a call of `sizes` over the call's own (1.0: no
     model for the backend, or sizes that are not the product's)."""
-    field = cfg.get if isinstance(cfg, Mapping) else lambda name: getattr(cfg, name, None)
+    fields = config_to_dict(cfg)
     found = dims(product, sizes)
-    if field("backend") not in ("triton", "mosaic") or found is None:
+    if fields.get("backend") not in ("triton", "mosaic") or found is None:
         return 1.0
     names = ("block_m", "block_n") if product == "drhs" else ("block_n", "block_k")
     work = 1.0
     for size, name in zip(found, names, strict=True):
-        block = field(name)
+        block = fields.get(name)
         if not isinstance(block, numbers.Integral) or isinstance(block, bool):
             return 1.0
         work *= _padded(max(int(size), 1), max(int(block), 1))
