@@ -94,9 +94,22 @@ def test_grad_matches_reference_with_static_kwargs(causal):
         np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5)
 
 
-def test_grad_under_jit_and_vmap():
+def assert_grads_close(ours, ref):
+    # The float32 rounding of a gradient element formed by cancellation scales with the
+    # largest terms, not with the element: an absolute tolerance in units of the
+    # gradient's largest entry. A fixed 2e-5 failed 3 of 300 draws (the seeds 94/95
+    # below among them; under `make test`, -5.00e-4 against -5.35e-4 where the largest
+    # entries are about 7).
+    for a, b in zip(ours, ref):
+        scale = max(1.0, float(np.abs(b).max()))
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5 * scale)
+
+
+@pytest.mark.parametrize("seed", [None, 94])
+def test_grad_under_jit_and_vmap(seed):
     ex = executor()
-    q, k = rand((3, 6, 4)), rand((3, 6, 4))
+    seeds = (None, None) if seed is None else (seed, seed + 1)
+    q, k = rand((3, 6, 4), seed=seeds[0]), rand((3, 6, 4), seed=seeds[1])
 
     def loss_ours(q, k):
         out = jax.vmap(lambda a, b: ex(SoftAttn(), a, b, alpha=2.5, causal=True))(q, k)
@@ -108,8 +121,7 @@ def test_grad_under_jit_and_vmap():
 
     ours = jax.jit(jax.grad(loss_ours, argnums=(0, 1)))(q, k)
     ref = jax.grad(loss_ref, argnums=(0, 1))(q, k)
-    for a, b in zip(ours, ref):
-        np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5)
+    assert_grads_close(ours, ref)
 
 
 def test_vjp_is_actually_used():
