@@ -128,6 +128,20 @@ def test_a_norm_block_holding_the_whole_row_is_the_same_config_at_any_width():
     assert kernel.config_across_sizes(xla, (4096, 1024, 1024)) == xla
 
 
+def test_softmax_warps_are_matched_across_widths_as_row_elements_a_thread():
+    from kerneltune.kernels.softmax.api import Softmax
+    from kerneltune.kernels.softmax.config import SoftmaxConfig
+
+    kernel = Softmax()
+    # 1 warp over a 1024-wide row and 2 over a 2048-wide one each give a thread 32
+    # elements; a 1000-wide row is padded to 1024.
+    one = kernel.config_across_sizes(SoftmaxConfig(num_warps=1), (4096, 1024))
+    assert one == {"elements_per_thread": 32}
+    assert kernel.config_across_sizes({"num_warps": 2}, (16384, 2048)) == one
+    assert kernel.config_across_sizes(SoftmaxConfig(num_warps=1), (8, 1000)) == one
+    assert kernel.config_across_sizes(SoftmaxConfig(num_warps=4), (4096, 1024)) != one
+
+
 def test_a_grouped_matmul_tile_order_is_matched_along_the_longer_or_shorter_axis():
     from kerneltune.kernels.ragged_dot.api import RaggedDot, RaggedDotGradRhs
     from kerneltune.kernels.ragged_dot.config import RaggedDotConfig
@@ -349,14 +363,12 @@ def test_leave_one_out_first_call_regret_on_the_shipped_tables(table_rows):
     # The default first call trusts a prediction informed by timings nearby (one
     # compile instead of a shortlist's: 1.8-5.4 s against tokamax's 1.8-7.1 s at
     # held-out shapes on an H200, 2026-11-28, where it was at most 5.5% behind). Held
-    # out of these sparse tables, it misses the 15% worst case in two families:
+    # out of these sparse tables, it misses the 15% worst case in one family. (The H100
+    # softmax at 4096x1024 was 24.9% behind while warps were matched as numbers: 1 warp
+    # won there, every neighbour 1-3 apart with 4 warps at wider rows; matched as the
+    # row elements a thread holds, 4.1% worst, 2026-12-07.)
     # held at those figures, so that a worse prediction fails here (2026-12-07,
     # docs/concepts.md says why each is left):
-    # - H100 softmax, 4096x1024: 1 warp wins, 4 warps 24.9% behind; the heuristic (1
-    #   warp up to 2048 elements) is right, but every neighbour (1-3 apart) won with 4
-    #   warps. Trusting the heuristic over a prediction less than 5% better puts it
-    #   at 3.2%, and the H100 layer norm (XLA heuristic 12.5% behind in median) at
-    #   28.5% worst.
     # - H200 grouped matmul, 8192 rows of 2048x512 over 256 experts (17.4%, 32 rows an
     #   expert): its neighbours have 64 rows an expert or more. The worst keys before
     #   the tiles' work model (`tile_work`, 2026-12-07), 32768 rows of 2048x1408 over 64
@@ -365,10 +377,7 @@ def test_leave_one_out_first_call_regret_on_the_shipped_tables(table_rows):
     #   columns ask for; scaled by that, 0.0% both. Then 16384 rows of 4096x32768 over
     #   8 experts (21.9%), the one key with more output columns than rows: its
     #   neighbours' tile order matched as along the shorter or longer axis, 0.0%.
-    worst_trusted = {
-        ("nvidia-h100-80gb-hbm3", "softmax@v1"): 0.25,
-        ("nvidia-h200", "ragged_dot@v1"): 0.175,
-    }
+    worst_trusted = {("nvidia-h200", "ragged_dot@v1"): 0.175}
     # Issue 45's 5% median for the first call, but for the grouped matmul's d_rhs (4
     # keys, far apart: 6.0%).
     median_trusted = {("nvidia-h200", "ragged_dot_drhs@v1"): 0.061}
@@ -384,14 +393,17 @@ def test_leave_one_out_first_call_regret_on_the_shipped_tables(table_rows):
         assert r["first call"]["median"] <= median_trusted.get((table, op), 0.05), (table, op)
         assert r["predicted"]["median"] <= median_trusted.get((table, op), 0.05), (table, op)
         if r["keys"] >= 10:
-            assert r["predicted"]["median"] <= r["heuristic"]["median"] + 1e-9, (table, op)
+            # The softmax's heuristic (warps by width) was fitted on these very keys
+            # (`softmax.config.WARPS_UP_TO_WIDTH`), so its 0.0% median is in-sample;
+            # the prediction, warps matched as elements a thread, is 0.5% (H100) and
+            # 0.7% (H200) behind in median, for a worst of 4.1% where numbers gave 24.9%.
+            fitted = {"softmax@v1": 0.008}.get(op, 1e-9)
+            assert r["predicted"]["median"] <= r["heuristic"]["median"] + fitted, (table, op)
             # The grouped matmul's 34 keys on the H200: 0.3% (its heuristic: 5.3%); the
             # H100's norms on kerneltune's kernels, a block holding the whole row matched
             # as such across widths: layer norm 0.0% (its heuristic: 12.5%), RMS norm
             # 0.4% (2.5%; 1.0% and 1.8% matching block sizes as numbers, 2026-12-07).
-            near = {
-                ("nvidia-h200", "ragged_dot@v1"): 0.005,
-            }.get((table, op), 0.005)
+            near = {"softmax@v1": 0.008}.get(op, 0.005)
             assert r["predicted"]["median"] <= near, (table, op, r["predicted"])
             assert r["first call"]["median"] <= near, (table, op, r["first call"])
         elif r["keys"] - r["alone"] >= 3:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -53,6 +54,10 @@ class Softmax(BackendKernel[SoftmaxConfig]):
 
     def interpret_candidates(self, inv: Invocation[Any, Any]) -> list[SoftmaxConfig]:
         return config_lib.interpret_candidates(problem_of(inv))
+
+    def config_across_sizes(self, cfg: Any, sizes: Sequence[int]) -> Any:
+        # sizes: x as [rows, width].
+        return config_lib.across_widths(cfg, int(sizes[-1])) if sizes else cfg
 
     def reference(self, x):
         """The op's math in plain JAX: second derivatives are taken from it."""

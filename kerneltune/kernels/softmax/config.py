@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
+from kerneltune._src.core.configs import config_to_dict
 from kerneltune._src.params import check_positive_power_of_two
 from kerneltune.kernels._common import Pruned, RowsProblem, next_power_of_2, prune
 
@@ -49,6 +51,19 @@ def heuristic(p: SoftmaxProblem) -> SoftmaxConfig:
     row = next_power_of_2(p.n)
     warps = next((w for w, widest in WARPS_UP_TO_WIDTH if row <= widest), 32)
     return SoftmaxConfig(num_warps=warps)
+
+
+def across_widths(cfg: Any, width: int) -> dict[str, Any]:
+    """`cfg`'s fields (of rows of `width` elements) as they compare across widths: the
+    warp count as the row elements each thread holds (the row padded to a power of two
+    over the threads). One program holds a whole row, so 2 warps over 2048 elements and
+    1 warp over 1024 each give a thread 32 elements; the winners at other widths of the
+    same rows tell more as elements a thread than as warps."""
+    fields = config_to_dict(cfg)
+    warps = fields.pop("num_warps", None)
+    if isinstance(warps, int) and warps > 0:
+        fields["elements_per_thread"] = next_power_of_2(max(width, 1)) / (32 * warps)
+    return fields
 
 
 def rules(p: SoftmaxProblem):
