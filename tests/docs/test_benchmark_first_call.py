@@ -209,3 +209,38 @@ def test_shapes_picks_rows_by_index():
     assert first_call_gpu.main(["--smoke", "--ops", "softmax", "--shapes", "1"]) == []
     (row,) = first_call_gpu.main(["--smoke", "--ops", "softmax", "--shapes", "0"])
     assert row["shape"] == "64x96"
+
+
+def test_the_breakdown_table_divides_by_the_fastest_peer_and_shows_failures():
+    from benchmarks import first_call_breakdown as fcb
+
+    def r(variant, first, autotune=True, compile_s=1.0):
+        return {"row": "head", "variant": variant, "autotune": autotune, "start_s": 2.0,
+                "lower_s": 0.1, "compile_s": compile_s, "first_call_s": first}  # fmt: skip
+
+    results = [
+        r("kerneltune", 3.0), r("plain", 2.5), r("tokamax", 1.5),
+        r("kerneltune", 0.9, autotune=False, compile_s=0.48),
+        {"row": "head", "variant": "tokamax", "autotune": False, "error": "exit 1: boom"},
+    ]  # fmt: skip
+    lines = fcb.table(results).splitlines()
+    kt_line = next(line for line in lines if "| kerneltune |" in line)
+    assert kt_line.endswith("| 0.48 | 2.00x |")  # 3.0 s over tokamax's 1.5 s
+    assert next(line for line in lines if "| tokamax |" in line).split("|")[6].strip() == "failed"
+    assert next(line for line in lines if "| plain |" in line).split("|")[6].strip() == "-"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_breakdown_runs_each_first_call_in_a_fresh_process(tmp_path):
+    from benchmarks import first_call_breakdown as fcb
+
+    out = tmp_path / "breakdown.json"
+    results = fcb.main(["--smoke", "--ops", "ragged_dot", "--no-autotune", "--json", str(out)])
+    assert json.loads(out.read_text()) == results
+    assert [(r["variant"], r["autotune"]) for r in results] == [
+        ("kerneltune", True), ("plain", True), ("kerneltune", False), ("plain", False),
+    ]  # fmt: skip
+    for r in results:
+        assert "error" not in r, r
+        assert 0 < r["lower_s"] < r["first_call_s"] and r["compile_s"] > 0 and r["start_s"] > 0

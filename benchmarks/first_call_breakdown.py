@@ -1,0 +1,216 @@
+"""Where a first call's seconds go: lowering (tracing, kerneltune's selection, Pallas and
+Mosaic lowering) against XLA's compile, and how much of the compile is XLA autotuning
+its GEMMs, for kerneltune and the peers a user has, each in a fresh process.
+
+`first_call_gpu.py` times every first call in one process, kerneltune's first; here
+each (row, variant) gets a process of its own, so no variant inherits another's
+warm-up (JAX's backend is up before the clock starts; its import and start are
+reported apart). A row is one of `first_call_gpu.py`'s rows (same shapes, same
+peers), run as a training step (the gradient of the sum of its output with respect to
+every float input) unless `--forward`. kerneltune runs on its default executor with
+an empty cache (`KERNELTUNE_CACHE_DIR` pointed at a fresh directory), so its first
+call is what a new user's is at a shape no cache holds.
+
+With `--no-autotune`, each variant runs once more in another fresh process compiled
+with `xla_gpu_autotune_level=0` (XLA's GEMM autotuning off): the difference is what
+XLA spends autotuning, which no op can skip for itself (the option is a whole
+program's).
+
+    python -m benchmarks.first_call_breakdown --ops loss_head --labels 4096x3072->151936 --no-autotune
+    python -m benchmarks.first_call_breakdown --ops ragged_dot --labels "8192x4096x1024 E8"
+    python -m benchmarks.first_call_breakdown --smoke   # tiny shapes, any device
+
+Run from the repository root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+#: XLA's compile options that turn its GEMM autotuning off (`--no-autotune`).
+NO_AUTOTUNE = {"xla_gpu_autotune_level": 0}
+
+
+def _row(op: str, label: str, smoke: bool) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    from benchmarks import first_call_gpu
+
+    for found, fn, args, peers in first_call_gpu.rows(op, smoke):
+        if found == label:
+            return fn, args, peers
+    raise SystemExit(f"--labels: {op} has no row {label!r}")
+
+
+def child(op: str, label: str, variant: str, autotune: bool, grad: bool, smoke: bool) -> dict:
+    """One first call in this process: seconds to import and start JAX, then to lower,
+    compile and run a fresh `jax.jit` of the row's step once."""
+    start = time.perf_counter()
+    import jax
+    import jax.numpy as jnp
+
+    import kerneltune as kt
+    from benchmarks import first_call_gpu
+
+    jnp.zeros(1).block_until_ready()
+    started = time.perf_counter() - start
+    fn, args, peers = _row(op, label, smoke)
+    if variant == "kerneltune":
+        fn = functools.partial(fn, kt.default_executor())
+    elif variant in peers:
+        fn = peers[variant]
+    else:
+        raise SystemExit(f"--variants: {variant!r} is not kerneltune or a peer of {sorted(peers)}")
+    step = first_call_gpu.step_of(fn, grad)
+    jax.block_until_ready(args)
+    t0 = time.perf_counter()
+    lowered = jax.jit(step).lower(*args)
+    t1 = time.perf_counter()
+    compiled = lowered.compile(compiler_options=None if autotune else NO_AUTOTUNE)
+    t2 = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    t3 = time.perf_counter()
+    return {
+        "row": f"{op} {label}",
+        "variant": variant,
+        "autotune": autotune,
+        "start_s": started,
+        "lower_s": t1 - t0,
+        "compile_s": t2 - t1,
+        "first_call_s": t3 - t0,
+    }
+
+
+def run_child(
+    op: str, label: str, variant: str, autotune: bool, grad: bool, smoke: bool, timeout_s: float
+) -> dict:
+    """`child` in a fresh process with an empty cache directory; a failure is a result."""
+    cmd = [sys.executable, "-m", "benchmarks.first_call_breakdown", "--child", op, label, variant]
+    cmd += [] if autotune else ["--no-autotune"]
+    cmd += [] if grad else ["--forward"]
+    cmd += ["--smoke"] if smoke else []
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "KERNELTUNE_CACHE_DIR": cache}
+        try:
+            done = subprocess.run(
+                cmd, env=env, capture_output=True, text=True, timeout=timeout_s, check=False
+            )
+        except subprocess.TimeoutExpired:
+            return {"row": f"{op} {label}", "variant": variant, "autotune": autotune,
+                    "error": f"no result after {timeout_s:.0f} s"}  # fmt: skip
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not lines:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        return {"row": f"{op} {label}", "variant": variant, "autotune": autotune,
+                "error": f"exit {done.returncode}: {tail[0][:200]}"}  # fmt: skip
+    return json.loads(lines[-1])
+
+
+def _s(result: dict | None, field: str) -> str:
+    if result is None:
+        return "-"
+    if "error" in result:
+        return "failed"
+    return f"{result[field]:.2f}"
+
+
+def table(results: Sequence[dict]) -> str:
+    """Markdown: per row and variant, lowering, compile and first call (with XLA's
+    autotuning), the compile without it where measured, and kerneltune's first call
+    over the fastest peer's."""
+    by = {(r["row"], r["variant"], r["autotune"]): r for r in results}
+    rows = list(dict.fromkeys(r["row"] for r in results))
+    lines = [
+        "| row | variant | lower s | compile s | first call s | compile s, no autotuning | ÷ best peer |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        variants = list(dict.fromkeys(r["variant"] for r in results if r["row"] == row))
+        firsts = {
+            v: by[(row, v, True)]["first_call_s"]
+            for v in variants
+            if (row, v, True) in by and "error" not in by[(row, v, True)]
+        }
+        peers = [t for v, t in firsts.items() if v != "kerneltune"]
+        for v in variants:
+            on, off = by.get((row, v, True)), by.get((row, v, False))
+            ratio = (
+                f"{firsts[v] / min(peers):.2f}x"
+                if v == "kerneltune" and v in firsts and peers
+                else ""
+            )
+            cells = [row, v, _s(on, "lower_s"), _s(on, "compile_s"), _s(on, "first_call_s"),
+                     _s(off, "compile_s"), ratio]  # fmt: skip
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def listed(ops: Sequence[str], smoke: bool) -> list[tuple[str, str, list[str]]]:
+    """`(op, label, peer names)` of each row of `ops`, read in a process of its own on
+    the CPU: building a row makes its arrays, which this process must not hold on the
+    GPU while the first calls run."""
+    cmd = [sys.executable, "-m", "benchmarks.first_call_breakdown", "--list", ",".join(ops)]
+    cmd += ["--smoke"] if smoke else []
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise SystemExit(done.stderr.strip().splitlines()[-1] if done.stderr else "--list failed")
+    return [tuple(r) for r in json.loads(done.stdout.strip().splitlines()[-1])]
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ops", default="ragged_dot,loss_head", help="rows of first_call_gpu's ops")
+    p.add_argument("--labels", default="", help="only these rows (comma-separated labels)")
+    p.add_argument("--variants", default="", help="default: kerneltune and every peer")
+    p.add_argument("--no-autotune", action="store_true", help="also with XLA's autotuning off")
+    p.add_argument("--forward", action="store_true", help="the forward alone, no gradient")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes: a check of the script")
+    p.add_argument("--timeout", type=float, default=180.0, help="seconds per process")
+    p.add_argument("--json", default=None, help="write every result here")
+    p.add_argument("--child", nargs=3, metavar=("OP", "LABEL", "VARIANT"), help=argparse.SUPPRESS)
+    p.add_argument("--list", default=None, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    grad = not a.forward
+    if a.child:
+        op, label, variant = a.child
+        print(json.dumps(child(op, label, variant, not a.no_autotune, grad, a.smoke)), flush=True)
+        return []
+    if a.list is not None:
+        from benchmarks import first_call_gpu
+
+        found = [
+            (op, label, list(peers))
+            for op in a.list.split(",")
+            for label, _, _, peers in first_call_gpu.rows(op, a.smoke)
+        ]
+        print(json.dumps(found))
+        return []
+    ops = [s for s in a.ops.split(",") if s]
+    wanted = [s for s in a.labels.split(",") if s]
+    results = []
+    for op, label, peers in listed(ops, a.smoke):
+        if wanted and label not in wanted:
+            continue
+        variants = [v for v in a.variants.split(",") if v] or ["kerneltune", *peers]
+        for autotune in (True, False) if a.no_autotune else (True,):
+            for v in variants:
+                r = run_child(op, label, v, autotune, grad, a.smoke, a.timeout)
+                print(json.dumps(r), flush=True)
+                results.append(r)
+    print(table(results))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return results
+
+
+if __name__ == "__main__":
+    main()
