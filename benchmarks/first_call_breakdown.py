@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 #: XLA's compile options that turn its GEMM autotuning off (`--no-autotune`).
@@ -207,8 +208,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                 results.append(r)
     print(table(results))
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(results, f, indent=1)
+        Path(a.json).write_text(json.dumps(results, indent=1))
     return results
 
 
