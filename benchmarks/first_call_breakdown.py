@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 #: XLA's compile options that turn its GEMM autotuning off (`--no-autotune`).
-NO_AUTOTUNE = {"xla_gpu_autotune_level": 0}
+NO_AUTOTUNE: dict[str, str | bool] = {"xla_gpu_autotune_level": "0"}
 
 
 def _row(op: str, label: str, smoke: bool) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
