@@ -34,10 +34,11 @@ Every first call is a user's: a fresh `jax.jit` of the row's step, lowered (trac
 and in kerneltune's so choosing and tuning its configs), compiled and run once.
 kerneltune's goes first, then the peers a user has for the row (plain JAX, cuDNN
 through `jax.nn`, tokamax where installed): a later program may reuse XLA's autotuning
-of an earlier one's matmuls, so this order favours the peers. The summary gives
-kerneltune's first call over the fastest peer's and its compiled program's memory
-(arguments, outputs, temporaries; tuning's own buffers are not in it) over the
-smallest peer's (issue 45's bars: 1.5x and 1.1x).
+of an earlier one's matmuls, so this order favours the peers (`first_call_breakdown.py`
+runs each first call in a fresh process instead, split into lowering and compile).
+The summary gives kerneltune's first call over the fastest peer's and its compiled
+program's memory (arguments, outputs, temporaries; tuning's own buffers are not in
+it) over the smallest peer's (issue 45's bars: 1.5x and 1.1x).
 
 The model pieces (`moe`: `examples/moe`'s block; `loss_head`: the loss head;
 `block`: a Llama-class block from `benchmarks/model_blocks.py`) are always timed as
