@@ -31,11 +31,12 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from benchmarks import fresh_process
 
 #: XLA's compile options that turn its GEMM autotuning off (`--no-autotune`).
 NO_AUTOTUNE: dict[str, str | bool] = {"xla_gpu_autotune_level": "0"}
@@ -97,21 +98,10 @@ def run_child(
     cmd += [] if autotune else ["--no-autotune"]
     cmd += [] if grad else ["--forward"]
     cmd += ["--smoke"] if smoke else []
-    with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "KERNELTUNE_CACHE_DIR": cache}
-        try:
-            done = subprocess.run(
-                cmd, env=env, capture_output=True, text=True, timeout=timeout_s, check=False
-            )
-        except subprocess.TimeoutExpired:
-            return {"row": f"{op} {label}", "variant": variant, "autotune": autotune,
-                    "error": f"no result after {timeout_s:.0f} s"}  # fmt: skip
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode or not lines:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-        return {"row": f"{op} {label}", "variant": variant, "autotune": autotune,
-                "error": f"exit {done.returncode}: {tail[0][:200]}"}  # fmt: skip
-    return json.loads(lines[-1])
+    result = fresh_process.json_result(cmd, timeout_s=timeout_s)
+    if "error" in result:
+        return {"row": f"{op} {label}", "variant": variant, "autotune": autotune, **result}
+    return result
 
 
 def _s(result: dict | None, field: str) -> str:

@@ -39,11 +39,8 @@ import argparse
 import json
 import logging
 import os
-import pathlib
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -52,8 +49,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from benchmarks import fresh_process, loss_head_gpu
 from benchmarks import harness as h
-from benchmarks import loss_head_gpu
 from benchmarks import model_blocks as mb
 from examples.moe import model as moe_model
 
@@ -85,7 +82,6 @@ SMOKE_HEADS = {"head_smoke": (64, 32, 256)}
 # control: the step of the same program, labelled, against plain's in one process).
 VARIANTS = ("plain", "kt", "kt_cold", "plain_labelled", "tokamax", "kt_autotuned")
 ROUNDS = 5
-ROOT = pathlib.Path(__file__).resolve().parent.parent  # where `-m benchmarks...` imports
 
 
 def _attention_step(impl: Callable[..., jax.Array]) -> Callable[..., Any]:
@@ -304,26 +300,15 @@ def child(row: str, variant: str) -> dict[str, Any]:
 
 
 def run_one(row: str, variant: str, timeout_s: float) -> dict[str, Any]:
-    env = dict(os.environ)
-    with tempfile.TemporaryDirectory() as cache_dir:
-        env["KERNELTUNE_CACHE_DIR"] = cache_dir  # empty: nothing tuned before
-        if variant == "kt_cold":
-            env["KERNELTUNE_SHIPPED"] = "0"
-        cmd = [sys.executable, "-m", "benchmarks.first_use_gpu", "--child", row, variant]
-        t0 = time.perf_counter()
-        try:
-            p = subprocess.run(
-                cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s
-            )
-        except subprocess.TimeoutExpired:
-            return {"row": row, "variant": variant, "error": f"no result after {timeout_s:.0f} s"}
-    for line in reversed(p.stdout.splitlines()):
-        if line.startswith("{"):
-            result = json.loads(line)
-            result["process_s"] = time.perf_counter() - t0
-            return result
-    tail = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
-    return {"row": row, "variant": variant, "error": f"rc {p.returncode}: {tail[:200]}"}
+    cmd = [sys.executable, "-m", "benchmarks.first_use_gpu", "--child", row, variant]
+    t0 = time.perf_counter()
+    result = fresh_process.json_result(
+        cmd, timeout_s=timeout_s, env={"KERNELTUNE_SHIPPED": "0"} if variant == "kt_cold" else None
+    )
+    if "error" in result:
+        return {"row": row, "variant": variant, **result}
+    result["process_s"] = time.perf_counter() - t0
+    return result
 
 
 def describe(rows: dict[str, dict[str, dict[str, Any]]], row: str) -> str:

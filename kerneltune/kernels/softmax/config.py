@@ -65,15 +65,21 @@ def across_widths(cfg: Any, width: int) -> dict[str, Any]:
     warps = fields.get("num_warps")
     if isinstance(warps, int) and warps > 0:
         del fields["num_warps"]
-        fields["elements_per_thread"] = next_power_of_2(max(width, 1)) / (32 * warps)
+        fields["elements_per_thread"] = _per_thread(width, warps)
     return fields
+
+
+def _per_thread(width: int, warps: int) -> int:
+    """The row elements each thread holds: the row padded to a power of two over the
+    threads of `warps` warps (0 where there are more threads than elements)."""
+    return next_power_of_2(max(width, 1)) // (32 * warps)
 
 
 def rules(p: SoftmaxProblem):
     row = next_power_of_2(p.n)
 
     def threads(c: SoftmaxConfig) -> str | None:
-        per_thread = row // (32 * c.num_warps)
+        per_thread = _per_thread(p.n, c.num_warps)
         if per_thread < 1:
             return f"{c.num_warps} warps have more threads than the row ({row} padded) has elements"
         if per_thread > 256:
