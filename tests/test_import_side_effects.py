@@ -108,3 +108,19 @@ def test_the_bundled_kernels_load_on_first_use_of_kt_kernels():
         "kerneltune.kernels.softmax.api",
         "module 'kerneltune' has no attribute 'no_such_name'",
     ]
+
+
+def test_import_leaves_jax_mosaic_gpu_unloaded_until_a_kernel_is_built():
+    # JAX's Mosaic GPU modules take a third of a second to import; only the attention's
+    # Mosaic flash kernels need them, and those import them when first built.
+    out = run_python(
+        """
+        import sys
+        import kerneltune, kerneltune.kernels
+        heavy = ("jax.experimental.mosaic.gpu", "jax._src.pallas.mosaic_gpu.core")
+        print(*[m in sys.modules for m in heavy])
+        from kerneltune.kernels.attention import mosaic_flash
+        print(*[m in sys.modules for m in heavy])
+        """
+    )
+    assert out.split() == ["False", "False", "True", "True"]

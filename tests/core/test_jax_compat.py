@@ -172,7 +172,7 @@ def test_mosaic_gpu_interpret_params_run_a_mosaic_gpu_kernel_on_the_cpu():
         plgpu.copy_smem_to_gmem(smem, o_ref.at[pl.ds(0, 128)])
         plgpu.wait_smem_to_gmem(0)
 
-    from kerneltune.kernels.attention.mosaic_flash_layout import mosaic_kernel
+    from kerneltune.kernels.attention.mosaic_flash_ops import mosaic_kernel
 
     x = jnp.arange(128, dtype=jnp.float32)
     out = mosaic_kernel(

@@ -4,7 +4,7 @@ whole-logits reference, the block ranges that decide its work, and its refusals.
 
 The interpreter runs the kernels' TMA copies, barriers, loops and masking as written;
 its wgmma takes no transposed operand, so there the products run in XLA
-(`mosaic_flash_layout.Registers.matmul`). The GPU suite runs the same checks on the
+(`mosaic_flash_ops.Registers.matmul`). The GPU suite runs the same checks on the
 tensor cores (`test_gpu_attention_variants.py`).
 """
 
@@ -515,12 +515,11 @@ def test_a_program_calling_attention_twice_at_one_shape_traces_each_kernel_once(
 
         return wrapper
 
-    monkeypatch.setattr(
-        mosaic_flash_api, "flash_forward", counting("fwd", mosaic_flash_api.flash_forward)
-    )
-    monkeypatch.setattr(
-        mosaic_flash_api, "flash_backward", counting("bwd", mosaic_flash_api.flash_backward)
-    )
+    from kerneltune.kernels.attention import mosaic_flash, mosaic_flash_backward
+
+    # The API imports the kernels where it builds them, so it reads these names then.
+    monkeypatch.setattr(mosaic_flash, "flash_forward", counting("fwd", flash_forward))
+    monkeypatch.setattr(mosaic_flash_backward, "flash_backward", counting("bwd", flash_backward))
     mosaic_flash_api._differentiable.cache_clear()
     kernel = AttentionVariants(executor=EX, interpret=True)
     masks = _masks(VARIANTS["docs"])

@@ -30,20 +30,18 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kerneltune.kernels.attention.mosaic_flash_layout import (
+    EMPTY_LSE,
+    WARPGROUP_ROWS,
     FlashShape,
-    Registers,
     Visits,
     grid,
-    mosaic_kernel,
-    smem_tile,
 )
+from kerneltune.kernels.attention.mosaic_flash_ops import Registers, mosaic_kernel, smem_tile
 
 LOG2E = math.log2(math.e)
 #: What a left-out logit becomes (base 2): finite, so a row with every logit left out
 #: gives finite weights rather than NaNs, and far below any real logit.
 MASKED = -1e30
-#: A row's log-sum-exp below this kept no key.
-EMPTY_LSE = -1e29
 
 
 def keep(shape: FlashShape, q_pos, k_pos, lens, q_seg, k_seg):
@@ -71,10 +69,6 @@ def capped_logits(shape: FlashShape, s):
         cap = jnp.float32(shape.soft_cap)
         s = cap * jnp.tanh(s / cap)
     return s * jnp.float32(LOG2E)
-
-
-#: Query rows one warpgroup computes (wgmma's M).
-WARPGROUP_ROWS = 64
 
 
 def warpgroups(shape: FlashShape) -> int:

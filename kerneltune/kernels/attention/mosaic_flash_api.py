@@ -25,9 +25,9 @@ from kerneltune._src.core import jax_compat
 from kerneltune._src.kernel.backends import Backend
 from kerneltune.kernels._common import is_hopper
 from kerneltune.kernels.attention.masking import Masks
-from kerneltune.kernels.attention.mosaic_flash import EMPTY_LSE, WARPGROUP_ROWS, flash_forward
-from kerneltune.kernels.attention.mosaic_flash_backward import flash_backward
 from kerneltune.kernels.attention.mosaic_flash_layout import (
+    EMPTY_LSE,
+    WARPGROUP_ROWS,
     FlashShape,
     block_ranges,
     in_work_order,
@@ -120,6 +120,11 @@ def _differentiable(shape: FlashShape, backward_shape: FlashShape, s: int, inter
     attention at the same shapes again (every layer of a model that is not scanned)
     traces each kernel once and JAX lowers it once, where each call would otherwise
     lower its own copy (about half a second of Python a Mosaic GPU kernel)."""
+    # The kernels import JAX's Mosaic GPU (a third of a second): imported here, where a
+    # kernel is first built, rather than by everyone who imports kerneltune.
+    from kerneltune.kernels.attention.mosaic_flash import flash_forward
+    from kerneltune.kernels.attention.mosaic_flash_backward import flash_backward
+
     forward_kernel = jax.jit(functools.partial(flash_forward, shape, interpret=interpret))
     backward_kernel = jax.jit(
         functools.partial(flash_backward, backward_shape, interpret=interpret)

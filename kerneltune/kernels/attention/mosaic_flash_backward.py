@@ -24,14 +24,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kerneltune.kernels.attention.mosaic_flash import LOG2E, MASKED, capped_logits, keep
-from kerneltune.kernels.attention.mosaic_flash_layout import (
-    FlashShape,
-    Registers,
-    Visits,
-    grid,
-    mosaic_kernel,
-    smem_tile,
-)
+from kerneltune.kernels.attention.mosaic_flash_layout import FlashShape, Visits, grid
+from kerneltune.kernels.attention.mosaic_flash_ops import Registers, mosaic_kernel, smem_tile
 
 
 def _logit_gradient(shape: FlashShape, p, dp, delta, s):

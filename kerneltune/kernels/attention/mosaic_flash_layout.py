@@ -1,5 +1,5 @@
 """How a call to the Mosaic GPU flash kernels is laid out: the static shape of the
-kernels (`FlashShape`), their shared-memory tiles, and which blocks each block of
+kernels (`FlashShape`), the rows a warpgroup holds, and which blocks each block of
 queries or keys has to visit (`block_ranges`), computed in XLA before the kernels run
 from the call's lengths, window and documents.
 """
@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kerneltune.kernels.attention.masking import Masks, key_ranges
+
+#: Query rows one warpgroup computes (wgmma's M).
+WARPGROUP_ROWS = 64
+#: A row's log-sum-exp below this kept no key (the forward kernel's output for such rows).
+EMPTY_LSE = -1e29
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,13 +61,6 @@ def grid(
     if shape.heads_outermost:
         return (heads, rows, batch), ("heads", rows_name, "batch")
     return (rows, heads, batch), (rows_name, "heads", "batch")
-
-
-def smem_tile(shape: tuple[int, ...], dtype) -> Any:
-    """A 16-bit tile in shared memory laid out for wgmma (8x64 tiles, 128-byte swizzle)."""
-    return plgpu.SMEM(
-        shape, dtype, transforms=(plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
-    )
 
 
 def block_ranges(
@@ -250,87 +245,3 @@ class Visits:
         masked = self.masked
         carry = jax.lax.fori_loop(0, masked, functools.partial(step, masked=True), carry)
         return jax.lax.fori_loop(masked, self.count, functools.partial(step, masked=False), carry)
-
-
-def mosaic_kernel(body, *, out_type, scratch_types, **kwargs):
-    """`plgpu.kernel` with its outputs' and scratch's types under the names this JAX
-    takes: `out_type` and `scratch_types` from JAX 0.10.2, `out_shape` and
-    `scratch_shapes` in 0.10.0."""
-    if "out_type" in _kernel_params():
-        return plgpu.kernel(body, out_type=out_type, scratch_types=scratch_types, **kwargs)
-    return plgpu.kernel(body, out_type, scratch_shapes=scratch_types, **kwargs)
-
-
-@functools.cache
-def _kernel_params() -> frozenset[str]:
-    return frozenset(inspect.signature(plgpu.kernel).parameters)
-
-
-@functools.cache
-def _load_takes_index() -> bool:
-    """Whether `plgpu.load` requires an index after the ref (JAX 0.10)."""
-    idx = inspect.signature(plgpu.load).parameters.get("idx")
-    return idx is not None and idx.default is inspect.Parameter.empty
-
-
-@dataclasses.dataclass(frozen=True)
-class Registers:
-    """Mosaic GPU's register-layout operations, or their plain equivalents where JAX's
-    Mosaic GPU interpreter runs the kernels (the CPU tests): it has no rule for
-    `layout_cast`, on which all three rest, and no register layouts to choose."""
-
-    interpreted: bool
-
-    def cast(self, x: jax.Array, layout) -> jax.Array:
-        return x if self.interpreted else plgpu.layout_cast(x, layout)
-
-    def iota(self, shape: tuple[int, int], dim: int) -> jax.Array:
-        """Positions along `dim` of a wgmma-shaped tile."""
-        if self.interpreted:
-            return jax.lax.broadcasted_iota(jnp.int32, shape, dim)
-        return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=plgpu.Layout.WGMMA)
-
-    def load(self, ref, layout) -> jax.Array:
-        if self.interpreted:
-            return ref[...]
-        if _load_takes_index():  # JAX 0.10; deprecated in 0.11, gone in 0.12
-            return plgpu.load(ref, (), layout=layout)
-        return plgpu.load(ref, layout=layout)  # type: ignore[call-arg]  # JAX 0.11+
-
-    def rows(self, ref) -> jax.Array:
-        """A vector with one entry per row of a wgmma tile (per query)."""
-        return self.load(ref, plgpu.Layout.WGMMA.reduce(1))
-
-    def cols(self, ref) -> jax.Array:
-        """A vector with one entry per column of a wgmma tile (per key)."""
-        return self.load(ref, plgpu.Layout.WGMMA.reduce(0))
-
-    def matmul(self, a, b_ref, *, transpose_b: bool = False, acc=None) -> jax.Array:
-        """`a · b` (`a · bᵀ` with `transpose_b`) in float32 on the tensor cores (wgmma),
-        added to `acc` in place where given: `a` a shared-memory ref or a 16-bit array
-        in registers, `b_ref` a ref. The interpreter's wgmma takes no transposed ref
-        and it has no `run_state`, so it multiplies and adds in XLA there."""
-        m = a.shape[0]
-        n = b_ref.shape[0] if transpose_b else b_ref.shape[1]
-        if self.interpreted:
-            a_val = a if isinstance(a, jax.Array) else a[...]
-            b_val = b_ref[...]
-            out = jax.lax.dot_general(
-                a_val, b_val, (((1,), (1 if transpose_b else 0,)), ((), ())),
-                preferred_element_type=jnp.float32,
-            )  # fmt: skip
-            return out if acc is None else acc + out
-        b = b_ref.transpose((1, 0)) if transpose_b else b_ref
-
-        if acc is not None:
-
-            def accumulate(acc_ref):
-                plgpu.wgmma(acc_ref, a, b)
-
-            return pl.run_state(accumulate)(plgpu.ACC.init(acc))
-
-        def product(acc_ref):
-            plgpu.wgmma(acc_ref, a, b)
-            return acc_ref[...]
-
-        return pl.run_scoped(product, plgpu.ACC((m, n), jnp.float32))
