@@ -112,3 +112,37 @@ def test_a_warm_start_with_no_tuned_call_of_its_own_starts_from_the_siblings_win
     assert hints(SHAPE, A100, "op@v1", None, shipped=tables) == []
     own = table(tmp_path, entry(H200, (256, 256), "large"), entry(H100, (1024, 256), "small"))
     assert hints(SHAPE, H100, "op@v1", None, shipped=own) == [{"tile": "small"}]
+
+
+def test_a_table_named_for_an_architecture_is_read_only_for_lookups_on_it(tmp_path, monkeypatch):
+    # A CPU's first call read the package's Hopper tables (0.1-0.2 s of JSON) for
+    # lookups that could never match them.
+    def write(name: str, *entries: kt.CacheEntry) -> str:
+        path = tmp_path / name
+        storage.write_export_file(str(path), [e.to_document() for e in entries], exported=0.0)
+        return str(path)
+
+    h100 = write("nvidia-h100-80gb-hbm3.json", entry(H100, (256, 256), "large", "k1"))
+    h200 = write("nvidia-h200.json", entry(H200, (256, 256), "small", "k2"))
+    other = write("team.json", entry(A100, (256, 256), "small", "k3"))
+    read = []
+    original = shipped._read_table
+    monkeypatch.setattr(shipped, "_read_table", lambda p: read.append(p) or original(p))
+    tables = shipped.ShippedTables([h100, h200, other])
+    assert tables.get_entry("cpu|jax 0.10", "op@v1", "k1") is None
+    assert tables.get_entry(A100, "op@v1", "k3").cfg == {"tile": "small"}
+    assert read == [other]
+    assert tables.get_entry(H100, "op@v1", "k1").cfg == {"tile": "large"}
+    assert [e.call_key for e in tables.sibling_entries_of(H100, "op@v1")] == ["k2"]
+    assert sorted(read) == sorted([other, h100, h200])  # each file read once
+    assert len(tables) == 3
+
+
+def test_each_package_table_holds_the_architecture_its_name_says():
+    # The rule above rests on the file names `tools/ship_tables.py` writes.
+    for path in sorted(shipped.PACKAGE_TABLES.glob("*.json")):
+        kinds = {shipped.device_kind_of(e.dev) for e in shipped._read_table(str(path))}
+        assert kinds, path
+        assert {shipped.architecture_of(k) for k in kinds} == {
+            shipped.architecture_of(path.stem)
+        }, path

@@ -60,6 +60,11 @@ def architecture_of(kind: str) -> str | None:
 class ShippedTables:
     """Read-only tuned configs keyed by device kind, op and call key.
 
+    A file named for a GPU model of a known architecture (`nvidia-h100-80gb-hbm3.json`,
+    as `tools/ship_tables.py` names them) holds that architecture's entries and is read
+    only for lookups on a device of it: a CPU or another GPU's first call does not read
+    the package's Hopper tables. Any other file is read for every lookup.
+
     Args:
       paths: table files (cache export files). Unreadable ones are skipped with a
         warning; they are read on first use.
@@ -68,24 +73,39 @@ class ShippedTables:
     def __init__(self, paths: Sequence[str | pathlib.Path]) -> None:
         self.paths = tuple(str(p) for p in paths)
         self._lock = threading.Lock()
-        self._by_key: dict[tuple[str, str, str], CacheEntry] | None = None
+        self._read: dict[str, list[CacheEntry]] = {}
+        self._by_paths: dict[tuple[str, ...], dict[tuple[str, str, str], CacheEntry]] = {}
 
     def __repr__(self) -> str:
         return f"ShippedTables({list(self.paths)!r})"
 
-    def _index(self) -> dict[tuple[str, str, str], CacheEntry]:
+    def _index(self, kind: str | None = None) -> dict[tuple[str, str, str], CacheEntry]:
+        """`(device kind, op, call key) -> entry` of the tables that may hold `kind`'s
+        entries and its siblings' (every table when `kind` is None); where tables
+        disagree on a key the one listed first wins."""
+        arch = None if kind is None else architecture_of(kind)
+        paths = tuple(
+            p
+            for p in self.paths
+            if kind is None or architecture_of(pathlib.Path(p).stem) in (None, arch)
+        )
         with self._lock:
-            if self._by_key is None:
-                self._by_key = {}
-                for path in self.paths:
-                    for entry in _read_table(path):
+            index = self._by_paths.get(paths)
+            if index is None:
+                index = {}
+                for path in paths:
+                    if path not in self._read:
+                        self._read[path] = _read_table(path)
+                    for entry in self._read[path]:
                         key = (device_kind_of(entry.dev), entry.op_id_v, entry.call_key)
-                        self._by_key.setdefault(key, entry)
-            return self._by_key
+                        index.setdefault(key, entry)
+                self._by_paths[paths] = index
+            return index
 
     def get_entry(self, dev: str, op_id_v: str, call_key: str) -> CacheEntry | None:
         """The shipped entry for a key on a device of `dev`'s kind, or None."""
-        return self._index().get((device_kind_of(dev), op_id_v, call_key))
+        kind = device_kind_of(dev)
+        return self._index(kind).get((kind, op_id_v, call_key))
 
     def get(self, dev: str, op_id_v: str, call_key: str, cfg_type: type[Any] | None) -> Any:
         """The shipped config for a key (an instance of `cfg_type`, or its fields when
@@ -110,7 +130,7 @@ class ShippedTables:
     def entries_of(self, dev: str, op_id_v: str) -> list[CacheEntry]:
         """Every shipped entry of an op on a device of `dev`'s kind."""
         kind = device_kind_of(dev)
-        return [e for (k, op, _), e in self._index().items() if k == kind and op == op_id_v]
+        return [e for (k, op, _), e in self._index(kind).items() if k == kind and op == op_id_v]
 
     def sibling_entries_of(self, dev: str, op_id_v: str) -> list[CacheEntry]:
         """Every shipped entry of an op on the other GPU models of `dev`'s architecture
@@ -121,7 +141,7 @@ class ShippedTables:
             return []
         found = [
             (k, e)
-            for (k, op, _), e in self._index().items()
+            for (k, op, _), e in self._index(kind).items()
             if op == op_id_v and k != kind and architecture_of(k) == arch
         ]
         return [e for _, e in sorted(found, key=lambda pair: pair[0])]
