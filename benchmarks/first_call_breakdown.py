@@ -11,12 +11,17 @@ every float input) unless `--forward`. kerneltune runs on its default executor w
 an empty cache (`KERNELTUNE_CACHE_DIR` pointed at a fresh directory), so its first
 call is what a new user's is at a shape no cache holds.
 
-With `--no-autotune`, each variant runs once more in another fresh process compiled
-with `xla_gpu_autotune_level=0` (XLA's GEMM autotuning off): the difference is what
-XLA spends autotuning, which no op can skip for itself (the option is a whole
-program's).
+With `--compare`, each variant runs once more per named set of XLA compile options
+(`XLA_OPTIONS`), each in a fresh process: `no_autotune` (`xla_gpu_autotune_level=0`,
+XLA's GEMM autotuning off: the difference is what XLA spends autotuning, which no op
+can skip for itself, the option being a whole program's) and `no_triton_gemm`
+(`xla_gpu_enable_triton_gemm=False`: XLA's GEMMs left to cuBLAS, no Triton GEMM
+fusions to autotune). Each compile's step is timed too (median of `STEPS` calls after
+the first), so a cheaper compile is weighed against the step it gives; the JSON also
+counts the Triton GEMM fusions in each compiled program. `--no-autotune` is
+`--compare no_autotune`.
 
-    python -m benchmarks.first_call_breakdown --ops loss_head --labels 4096x3072->151936 --no-autotune
+    python -m benchmarks.first_call_breakdown --ops loss_head --labels 4096x3072->151936 --compare no_autotune,no_triton_gemm
     python -m benchmarks.first_call_breakdown --ops ragged_dot --labels "8192x4096x1024 E8"
     python -m benchmarks.first_call_breakdown --smoke   # tiny shapes, any device
 
@@ -29,6 +34,7 @@ import argparse
 import functools
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -38,8 +44,15 @@ from typing import Any
 
 from benchmarks import fresh_process
 
-#: XLA's compile options that turn its GEMM autotuning off (`--no-autotune`).
-NO_AUTOTUNE: dict[str, str | bool] = {"xla_gpu_autotune_level": "0"}
+#: XLA compile options a first call is compiled with: "default" (none given) and the
+#: sets `--compare` may name, each a whole program's options.
+XLA_OPTIONS: dict[str, dict[str, str | bool] | None] = {
+    "default": None,
+    "no_autotune": {"xla_gpu_autotune_level": "0"},
+    "no_triton_gemm": {"xla_gpu_enable_triton_gemm": False},
+}
+#: Calls timed after the first for the step's median.
+STEPS = 10
 
 
 def _row(op: str, label: str, smoke: bool) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
@@ -51,9 +64,11 @@ def _row(op: str, label: str, smoke: bool) -> tuple[Any, tuple[Any, ...], dict[s
     raise SystemExit(f"--labels: {op} has no row {label!r}")
 
 
-def child(op: str, label: str, variant: str, autotune: bool, grad: bool, smoke: bool) -> dict:
+def child(op: str, label: str, variant: str, options: str, grad: bool, smoke: bool) -> dict:
     """One first call in this process: seconds to import and start JAX, then to lower,
-    compile and run a fresh `jax.jit` of the row's step once."""
+    compile (with `XLA_OPTIONS[options]`) and run a fresh `jax.jit` of the row's step
+    once; then the step's median over `STEPS` more calls and the compiled program's
+    Triton GEMM fusions."""
     start = time.perf_counter()
     import jax
     import jax.numpy as jnp
@@ -75,32 +90,39 @@ def child(op: str, label: str, variant: str, autotune: bool, grad: bool, smoke: 
     t0 = time.perf_counter()
     lowered = jax.jit(step).lower(*args)
     t1 = time.perf_counter()
-    compiled = lowered.compile(compiler_options=None if autotune else NO_AUTOTUNE)
+    compiled = lowered.compile(compiler_options=XLA_OPTIONS[options])
     t2 = time.perf_counter()
     jax.block_until_ready(compiled(*args))
     t3 = time.perf_counter()
+    steps = []
+    for _ in range(STEPS):
+        s0 = time.perf_counter()
+        jax.block_until_ready(compiled(*args))
+        steps.append(time.perf_counter() - s0)
     return {
         "row": f"{op} {label}",
         "variant": variant,
-        "autotune": autotune,
+        "options": options,
         "start_s": started,
         "lower_s": t1 - t0,
         "compile_s": t2 - t1,
         "first_call_s": t3 - t0,
+        "step_ms": 1e3 * statistics.median(steps),
+        "triton_gemms": compiled.as_text().count("__triton_gemm"),
     }
 
 
 def run_child(
-    op: str, label: str, variant: str, autotune: bool, grad: bool, smoke: bool, timeout_s: float
+    op: str, label: str, variant: str, options: str, grad: bool, smoke: bool, timeout_s: float
 ) -> dict:
     """`child` in a fresh process with an empty cache directory; a failure is a result."""
     cmd = [sys.executable, "-m", "benchmarks.first_call_breakdown", "--child", op, label, variant]
-    cmd += [] if autotune else ["--no-autotune"]
+    cmd += ["--options", options]
     cmd += [] if grad else ["--forward"]
     cmd += ["--smoke"] if smoke else []
     result = fresh_process.json_result(cmd, timeout_s=timeout_s)
     if "error" in result:
-        return {"row": f"{op} {label}", "variant": variant, "autotune": autotune, **result}
+        return {"row": f"{op} {label}", "variant": variant, "options": options, **result}
     return result
 
 
@@ -109,37 +131,42 @@ def _s(result: dict | None, field: str) -> str:
         return "-"
     if "error" in result:
         return "failed"
-    return f"{result[field]:.2f}"
+    return f"{result[field]:.2f}" if field in result else "-"
 
 
 def table(results: Sequence[dict]) -> str:
-    """Markdown: per row and variant, lowering, compile and first call (with XLA's
-    autotuning), the compile without it where measured, and kerneltune's first call
-    over the fastest peer's."""
-    by = {(r["row"], r["variant"], r["autotune"]): r for r in results}
+    """Markdown: per row and variant, lowering, compile, first call and step with XLA's
+    default options, the compile and step under each other set of options measured,
+    and kerneltune's first call over the fastest peer's."""
+    by = {(r["row"], r["variant"], r["options"]): r for r in results}
     rows = list(dict.fromkeys(r["row"] for r in results))
-    lines = [
-        "| row | variant | lower s | compile s | first call s | compile s, no autotuning | ÷ best peer |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    others = [o for o in dict.fromkeys(r["options"] for r in results) if o != "default"]
+    head = ["row", "variant", "lower s", "compile s", "first call s", "step ms"]
+    head += [f"{what}, {o}" for o in others for what in ("compile s", "step ms")]
+    lines = ["| " + " | ".join([*head, "÷ best peer"]) + " |", "|" + " --- |" * (len(head) + 1)]
     for row in rows:
         variants = list(dict.fromkeys(r["variant"] for r in results if r["row"] == row))
         firsts = {
-            v: by[(row, v, True)]["first_call_s"]
+            v: by[(row, v, "default")]["first_call_s"]
             for v in variants
-            if (row, v, True) in by and "error" not in by[(row, v, True)]
+            if (row, v, "default") in by and "error" not in by[(row, v, "default")]
         }
         peers = [t for v, t in firsts.items() if v != "kerneltune"]
         for v in variants:
-            on, off = by.get((row, v, True)), by.get((row, v, False))
+            on = by.get((row, v, "default"))
             ratio = (
                 f"{firsts[v] / min(peers):.2f}x"
                 if v == "kerneltune" and v in firsts and peers
                 else ""
             )
-            cells = [row, v, _s(on, "lower_s"), _s(on, "compile_s"), _s(on, "first_call_s"),
-                     _s(off, "compile_s"), ratio]  # fmt: skip
-            lines.append("| " + " | ".join(cells) + " |")
+            cells = [
+                row,
+                v,
+                *(_s(on, f) for f in ("lower_s", "compile_s", "first_call_s", "step_ms")),
+            ]
+            for o in others:
+                cells += [_s(by.get((row, v, o)), f) for f in ("compile_s", "step_ms")]
+            lines.append("| " + " | ".join([*cells, ratio]) + " |")
     return "\n".join(lines)
 
 
@@ -161,18 +188,24 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     p.add_argument("--ops", default="ragged_dot,loss_head", help="rows of first_call_gpu's ops")
     p.add_argument("--labels", default="", help="only these rows (comma-separated labels)")
     p.add_argument("--variants", default="", help="default: kerneltune and every peer")
-    p.add_argument("--no-autotune", action="store_true", help="also with XLA's autotuning off")
+    p.add_argument(
+        "--compare",
+        default="",
+        help=f"also compile with these XLA option sets: {list(XLA_OPTIONS)[1:]}",
+    )
+    p.add_argument("--no-autotune", action="store_true", help="the same as --compare no_autotune")
     p.add_argument("--forward", action="store_true", help="the forward alone, no gradient")
     p.add_argument("--smoke", action="store_true", help="tiny shapes: a check of the script")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds per process")
     p.add_argument("--json", default=None, help="write every result here")
+    p.add_argument("--options", default="default", help=argparse.SUPPRESS)
     p.add_argument("--child", nargs=3, metavar=("OP", "LABEL", "VARIANT"), help=argparse.SUPPRESS)
     p.add_argument("--list", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     grad = not a.forward
     if a.child:
         op, label, variant = a.child
-        print(json.dumps(child(op, label, variant, not a.no_autotune, grad, a.smoke)), flush=True)
+        print(json.dumps(child(op, label, variant, a.options, grad, a.smoke)), flush=True)
         return []
     if a.list is not None:
         from benchmarks import first_call_gpu
@@ -184,6 +217,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         ]
         print(json.dumps(found))
         return []
+    compare = [s for s in a.compare.split(",") if s] + (["no_autotune"] if a.no_autotune else [])
+    unknown = [c for c in compare if c not in XLA_OPTIONS or c == "default"]
+    if unknown:
+        p.error(f"--compare: unknown option set(s) {unknown}; choose from {list(XLA_OPTIONS)[1:]}")
     ops = [s for s in a.ops.split(",") if s]
     wanted = [s for s in a.labels.split(",") if s]
     results = []
@@ -191,9 +228,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         if wanted and label not in wanted:
             continue
         variants = [v for v in a.variants.split(",") if v] or ["kerneltune", *peers]
-        for autotune in (True, False) if a.no_autotune else (True,):
+        for options in ["default", *dict.fromkeys(compare)]:
             for v in variants:
-                r = run_child(op, label, v, autotune, grad, a.smoke, a.timeout)
+                r = run_child(op, label, v, options, grad, a.smoke, a.timeout)
                 print(json.dumps(r), flush=True)
                 results.append(r)
     print(table(results))

@@ -214,20 +214,37 @@ def test_shapes_picks_rows_by_index():
 def test_the_breakdown_table_divides_by_the_fastest_peer_and_shows_failures():
     from benchmarks import first_call_breakdown as fcb
 
-    def r(variant, first, autotune=True, compile_s=1.0):
-        return {"row": "head", "variant": variant, "autotune": autotune, "start_s": 2.0,
-                "lower_s": 0.1, "compile_s": compile_s, "first_call_s": first}  # fmt: skip
+    def r(variant, first, options="default", compile_s=1.0, step_ms=5.0):
+        return {"row": "head", "variant": variant, "options": options, "start_s": 2.0,
+                "lower_s": 0.1, "compile_s": compile_s, "first_call_s": first,
+                "step_ms": step_ms}  # fmt: skip
 
     results = [
         r("kerneltune", 3.0), r("plain", 2.5), r("tokamax", 1.5),
-        r("kerneltune", 0.9, autotune=False, compile_s=0.48),
-        {"row": "head", "variant": "tokamax", "autotune": False, "error": "exit 1: boom"},
+        r("kerneltune", 0.9, "no_autotune", compile_s=0.48, step_ms=7.0),
+        {"row": "head", "variant": "tokamax", "options": "no_autotune", "error": "exit 1: boom"},
+        r("kerneltune", 1.0, "no_triton_gemm", compile_s=0.61, step_ms=5.5),
     ]  # fmt: skip
     lines = fcb.table(results).splitlines()
+    assert lines[0].split("|")[6:12] == [
+        " step ms ", " compile s, no_autotune ", " step ms, no_autotune ",
+        " compile s, no_triton_gemm ", " step ms, no_triton_gemm ", " ÷ best peer ",
+    ]  # fmt: skip
     kt_line = next(line for line in lines if "| kerneltune |" in line)
-    assert kt_line.endswith("| 0.48 | 2.00x |")  # 3.0 s over tokamax's 1.5 s
-    assert next(line for line in lines if "| tokamax |" in line).split("|")[6].strip() == "failed"
-    assert next(line for line in lines if "| plain |" in line).split("|")[6].strip() == "-"
+    # 3.0 s over tokamax's 1.5 s; each option set's compile and step in its columns.
+    assert kt_line.endswith("| 5.00 | 0.48 | 7.00 | 0.61 | 5.50 | 2.00x |")
+    tk = next(line for line in lines if "| tokamax |" in line).split("|")
+    assert [c.strip() for c in tk[7:11]] == ["failed", "failed", "-", "-"]
+    plain = next(line for line in lines if "| plain |" in line).split("|")
+    assert [c.strip() for c in plain[7:9]] == ["-", "-"]
+
+
+def test_the_breakdown_refuses_an_unknown_option_set(capsys):
+    from benchmarks import first_call_breakdown as fcb
+
+    with pytest.raises(SystemExit):
+        fcb.main(["--smoke", "--compare", "no_autotune,fast"])
+    assert "unknown option set(s) ['fast']" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -238,9 +255,11 @@ def test_the_breakdown_runs_each_first_call_in_a_fresh_process(tmp_path):
     out = tmp_path / "breakdown.json"
     results = fcb.main(["--smoke", "--ops", "ragged_dot", "--no-autotune", "--json", str(out)])
     assert json.loads(out.read_text()) == results
-    assert [(r["variant"], r["autotune"]) for r in results] == [
-        ("kerneltune", True), ("plain", True), ("kerneltune", False), ("plain", False),
+    assert [(r["variant"], r["options"]) for r in results] == [
+        ("kerneltune", "default"), ("plain", "default"),
+        ("kerneltune", "no_autotune"), ("plain", "no_autotune"),
     ]  # fmt: skip
     for r in results:
         assert "error" not in r, r
         assert 0 < r["lower_s"] < r["first_call_s"] and r["compile_s"] > 0 and r["start_s"] > 0
+        assert r["step_ms"] > 0 and r["triton_gemms"] == 0  # no Triton GEMMs on a CPU
