@@ -16,9 +16,10 @@ With `--compare`, each variant runs once more per named set of XLA compile optio
 XLA's GEMM autotuning off: the difference is what XLA spends autotuning, which no op
 can skip for itself, the option being a whole program's) and `no_triton_gemm`
 (`xla_gpu_enable_triton_gemm=False`: XLA's GEMMs left to cuBLAS, no Triton GEMM
-fusions to autotune). Each compile's step is timed too (median of `STEPS` calls after
-the first), so a cheaper compile is weighed against the step it gives; the JSON also
-counts the Triton GEMM fusions in each compiled program. `--no-autotune` is
+fusions to autotune). Each compile's step is timed too (the median of `STEPS` calls
+after the first, CUPTI device time on a GPU), so a cheaper compile is weighed against
+the step it gives; the JSON also counts the Triton GEMM fusions in each compiled
+program. `--no-autotune` is
 `--compare no_autotune`.
 
     python -m benchmarks.first_call_breakdown --ops loss_head --labels 4096x3072->151936 --compare no_autotune,no_triton_gemm
@@ -75,6 +76,7 @@ def child(op: str, label: str, variant: str, options: str, grad: bool, smoke: bo
 
     import kerneltune as kt
     from benchmarks import first_call_gpu
+    from benchmarks import harness as h
 
     jnp.zeros(1).block_until_ready()
     started = time.perf_counter() - start
@@ -94,11 +96,7 @@ def child(op: str, label: str, variant: str, options: str, grad: bool, smoke: bo
     t2 = time.perf_counter()
     jax.block_until_ready(compiled(*args))
     t3 = time.perf_counter()
-    steps = []
-    for _ in range(STEPS):
-        s0 = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        steps.append(time.perf_counter() - s0)
+    steps = h.call_times(compiled, [args], STEPS)  # CUPTI device time on a GPU
     return {
         "row": f"{op} {label}",
         "variant": variant,

@@ -72,6 +72,8 @@ class ShippedTables:
 
     def __init__(self, paths: Sequence[str | pathlib.Path]) -> None:
         self.paths = tuple(str(p) for p in paths)
+        #: The architecture each file's name says, or None (read for every lookup).
+        self._named_for = tuple(architecture_of(pathlib.Path(p).stem) for p in self.paths)
         self._lock = threading.Lock()
         self._read: dict[str, list[CacheEntry]] = {}
         self._by_paths: dict[tuple[str, ...], dict[tuple[str, str, str], CacheEntry]] = {}
@@ -86,8 +88,8 @@ class ShippedTables:
         arch = None if kind is None else architecture_of(kind)
         paths = tuple(
             p
-            for p in self.paths
-            if kind is None or architecture_of(pathlib.Path(p).stem) in (None, arch)
+            for p, named in zip(self.paths, self._named_for, strict=True)
+            if kind is None or named in (None, arch)
         )
         with self._lock:
             index = self._by_paths.get(paths)
