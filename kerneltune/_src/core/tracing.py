@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -43,3 +45,24 @@ def outside_traces() -> contextlib.AbstractContextManager[Any]:
     traced (tuning inside the user's jit), without forcing constants inside kernels to
     be concrete as `jax.ensure_compile_time_eval` does."""
     return jax_compat.eval_context()  # type: ignore[no-any-return]
+
+
+_keyword_cotangents_zero: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "kerneltune_keyword_cotangents_zero", default=False
+)
+
+
+@contextlib.contextmanager
+def keyword_cotangents_zero() -> Iterator[None]:
+    """Inside, a kernel's custom gradient gives array keyword arguments a zero
+    cotangent instead of raising: for the tuner, which times a backward with respect to
+    every floating-point input, not a gradient anyone reads."""
+    token = _keyword_cotangents_zero.set(True)
+    try:
+        yield
+    finally:
+        _keyword_cotangents_zero.reset(token)
+
+
+def keyword_cotangents_are_zero() -> bool:
+    return _keyword_cotangents_zero.get()

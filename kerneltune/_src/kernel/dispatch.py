@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kerneltune._src.core import keys, options
+from kerneltune._src.core import keys, options, tracing
 from kerneltune._src.kernel.base import Kernel
 from kerneltune._src.kernel.methods import KernelMethods, bound, method_names, methods_of
 
@@ -105,6 +105,9 @@ def _with_vjp(
     def call(*args: Any, **kwargs: Any) -> Any:
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
         positions = [i for i, leaf in enumerate(leaves) if keys.is_array(leaf)]
+        # The array leaves of the positional arguments come first among `dyn`; the
+        # rest are keyword arguments', which the custom gradient gives no cotangent.
+        positional = sum(keys.is_array(x) for x in jax.tree_util.tree_leaves(args))
 
         def rebuild(dyn: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
             full = list(leaves)
@@ -146,18 +149,62 @@ def _with_vjp(
             forward_twice = _second_order_of_own_code(forward, op_id, cfg)
             backward_twice = _second_order_of_own_code(backward, op_id, cfg)
 
-        def core_fwd(*dyn: Any) -> Any:
+        def core_fwd(*primals: Any) -> Any:
+            # With symbolic zeros, each input comes with whether it is differentiated.
+            perturbed = [i for i, p in enumerate(primals) if i >= positional and p.perturbed]
+            if perturbed and not tracing.keyword_cotangents_are_zero():
+                raise _keyword_gradient_error(op_id, kwargs, leaves, positions, perturbed)
+            dyn = tuple(p.value for p in primals)
             out, residuals = forward_twice(*dyn)
             return out, (residuals, out, dyn)
 
         def core_bwd(saved: Any, dout: Any) -> tuple[Any, ...]:
             residuals, out, dyn = saved
-            return backward_twice(residuals, out, dyn, dout)
+            return backward_twice(residuals, out, dyn, _instantiate_zeros(dout))
 
-        core.defvjp(core_fwd, core_bwd)
+        core.defvjp(core_fwd, core_bwd, symbolic_zeros=True)
         return core(*(leaves[i] for i in positions))
 
     return call
+
+
+def _keyword_gradient_error(
+    op_id: str,
+    kwargs: dict[str, Any],
+    leaves: list[Any],
+    positions: list[int],
+    perturbed: list[int],
+) -> TypeError:
+    """The error for a gradient taken with respect to an array keyword argument of a
+    kernel with a custom VJP (whose cotangents are for positional arguments only)."""
+    flat_kwargs = jax.tree_util.tree_flatten_with_path(kwargs)[0]
+    first_kwarg_leaf = len(leaves) - len(flat_kwargs)
+    names = []
+    for i in perturbed:
+        path, _ = flat_kwargs[positions[i] - first_kwarg_leaf]
+        names.append(repr(f"{path[0].key}{jax.tree_util.keystr(tuple(path[1:]))}"))
+    return TypeError(
+        f"kernel {op_id!r}: a gradient with respect to keyword argument {', '.join(names)} "
+        "was asked for, but the kernel's custom gradient (vjp / custom_vjp) returns "
+        "cotangents for its positional arguments only, so it would be zero. Pass the "
+        "array as a positional argument (and return its cotangent from vjp), or hold it "
+        "constant (jax.lax.stop_gradient)."
+    )
+
+
+def _instantiate_zeros(tree: Any) -> Any:
+    """`tree` with JAX's symbolic zero cotangents (outputs that do not reach the loss)
+    made into arrays of zeros, as the kernel's vjp expects."""
+    zero_type = jax.custom_derivatives.SymbolicZero
+
+    def leaf(x: Any) -> Any:
+        if not isinstance(x, zero_type):
+            return x
+        if x.dtype == jax.dtypes.float0:
+            return np.zeros(x.shape, x.dtype)
+        return jnp.zeros(x.shape, x.dtype)
+
+    return jax.tree_util.tree_map(leaf, tree, is_leaf=lambda x: isinstance(x, zero_type))
 
 
 # Second derivatives. Under grad-of-grad or a hessian, JAX differentiates the custom

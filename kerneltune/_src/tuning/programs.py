@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from kerneltune._src.core import keys
+from kerneltune._src.core import keys, tracing
 from kerneltune._src.tuning import inputs, memory, stages
 
 logger = logging.getLogger("kerneltune")
@@ -121,9 +121,11 @@ def with_backward(call: Callable[..., Any]) -> Callable[..., Any]:
             total = sum((jnp.sum(leaf.real.astype(jnp.float32)) for leaf in leaves), jnp.float32(0))
             return total, out
 
-        grads, out = jax.grad(loss, argnums=tuple(range(len(float_positions))), has_aux=True)(
-            *[arrays[i] for i in float_positions]
-        )
+        # Array keyword arguments of a kernel with a custom gradient get zeros.
+        with tracing.keyword_cotangents_zero():
+            grads, out = jax.grad(loss, argnums=tuple(range(len(float_positions))), has_aux=True)(
+                *[arrays[i] for i in float_positions]
+            )
         return out, grads
 
     return forward_and_grads
