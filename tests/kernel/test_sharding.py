@@ -163,3 +163,18 @@ def test_a_pallas_kernel_runs_per_shard_with_its_gradient():
         rtol=1e-4,
         atol=1e-4,
     )
+
+
+@pytest.mark.parametrize("option", ["mesh", "in_specs", "out_specs"])
+def test_shard_map_options_without_the_method_are_an_error(option):
+    # Given without method="shard_map", they used to be dropped silently (the kernel
+    # ran unsharded, under a key of its own).
+    ex, _ = tuning_executor(fallback="heuristics")
+    kernel, x = ShapeSpy(), rand((8, 4, 4), seed=0)
+    value = {"mesh": mesh_2x2(), "in_specs": (P("x"),), "out_specs": P("x")}[option]
+    ex(kernel, x)  # the eager fast path knows this call now
+    for _ in range(2):
+        with pytest.raises(ValueError, match=f"{option}= is given but method=None"):
+            ex(kernel, x, **{option: value})
+    with pytest.raises(ValueError, match=f"{option}= is given but method=None"):
+        jax.jit(lambda x: ex(kernel, x, **{option: value}))(x)

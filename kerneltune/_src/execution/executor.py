@@ -116,7 +116,13 @@ class Executor(Generic[Cfg, Out]):
         **kwargs: Any,
     ) -> Out:
         """Runs `kernel(*args, **kwargs)` with the chosen config (or `cfg`)."""
-        if cfg is None and method is None:
+        if (
+            cfg is None
+            and method is None
+            and mesh is None
+            and in_specs is None
+            and out_specs is None
+        ):
             # The hot path, inlined; `_eager_key` builds the same key. Arguments without
             # an aval (Python scalars, NumPy arrays) or unhashable keyword values take
             # the general path. Tracers have avals too: a hit under jit/vmap/grad calls
@@ -362,3 +368,10 @@ def _check_call(kernel: Any, call: CallOptions) -> None:
         call.mesh is None or call.in_specs is None or call.out_specs is None
     ):
         raise ValueError("method='shard_map' needs mesh=, in_specs= and out_specs=.")
+    if call.method is None:
+        for name in ("mesh", "in_specs", "out_specs"):
+            if getattr(call, name) is not None:
+                raise ValueError(
+                    f"{name}= is given but method=None: the mesh and the specs are used "
+                    "only by method='shard_map' (pass it to run the kernel per shard)."
+                )
