@@ -165,6 +165,26 @@ def test_a_pallas_kernel_runs_per_shard_with_its_gradient():
     )
 
 
+def shard_map_call(mesh):
+    return dict(method="shard_map", mesh=mesh, in_specs=(P("x"),), out_specs=P("x"))
+
+
+def test_explain_takes_the_shard_map_options_of_the_call():
+    # explain(kernel, *args, **kwargs) explains the call `executor(kernel, *args,
+    # **kwargs)`: method=, mesh= and the specs are the executor's, not the kernel's.
+    ex, _ = tuning_executor(fallback="heuristics")
+    kernel, mesh = ShapeSpy(), mesh_2x2()
+    x = rand((8, 4, 4), seed=0)
+    call = shard_map_call(mesh)
+    why = kt.explain(kernel, x, executor=ex, **call)
+    assert why.call_key == ex.invocation(kernel, x, **call).call_key
+    assert why.call_key != ex.invocation(kernel, x).call_key
+    assert why.tier == "heuristics" and why.cfg == HEURISTIC
+    assert {shape for _, shape in kernel.seen} == {(4, 4, 4)}  # one shard, not all 8 rows
+    with pytest.raises(ValueError, match="needs mesh=, in_specs= and out_specs="):
+        kt.explain(kernel, x, executor=ex, method="shard_map", mesh=mesh)
+
+
 @pytest.mark.parametrize("option", ["mesh", "in_specs", "out_specs"])
 def test_shard_map_options_without_the_method_are_an_error(option):
     # Given without method="shard_map", they used to be dropped silently (the kernel

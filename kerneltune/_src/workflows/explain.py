@@ -8,7 +8,6 @@ from typing import Any
 
 from kerneltune._src.caching.cache_entry import CacheEntry
 from kerneltune._src.core.configs import config_to_dict, current_names
-from kerneltune._src.execution.eager_programs import CallOptions
 from kerneltune._src.kernel.base import Kernel
 from kerneltune._src.selection.chain import ConfigSelectorChain
 from kerneltune._src.selection.decision import Decision
@@ -118,7 +117,15 @@ def stored_timings(entry: CacheEntry) -> list[str]:
 
 
 def explain(
-    kernel: Kernel[Any, Any], *args: Any, executor: Any = None, cfg: Any = None, **kwargs: Any
+    kernel: Kernel[Any, Any],
+    *args: Any,
+    executor: Any = None,
+    cfg: Any = None,
+    method: str | None = None,
+    mesh: Any = None,
+    in_specs: Any = None,
+    out_specs: Any = None,
+    **kwargs: Any,
 ) -> Explanation:
     """Chooses the config for `kernel(*args, **kwargs)` (as a call would: this may
     tune) and explains the choice: the tier that supplied it, the key, the candidates
@@ -130,11 +137,14 @@ def explain(
       **kwargs: its keyword arguments.
       executor: the executor to ask (default: the default executor).
       cfg: an explicit config, to explain an override.
+      method, mesh, in_specs, out_specs: the call's `method="shard_map"` options, as
+        the executor takes them (the config is then chosen for one shard's shapes).
     """
     from kerneltune._src.execution.default import default_executor
 
     ex = executor if executor is not None else default_executor()
-    inv, _, _ = ex._invocation(kernel, args, kwargs, CallOptions(cfg=cfg))
+    call = dict(method=method, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+    inv = ex.invocation(kernel, *args, cfg=cfg, **call, **kwargs)
     chooser = ex.chooser
     if not isinstance(chooser, ConfigSelectorChain):
         chosen = chooser.choose(inv, kernel)
