@@ -185,6 +185,19 @@ def test_explain_takes_the_shard_map_options_of_the_call():
         kt.explain(kernel, x, executor=ex, method="shard_map", mesh=mesh)
 
 
+def test_compile_keeps_the_shard_map_options():
+    ex, _ = tuning_executor(fallback="heuristics")
+    kernel, mesh = ShardAwareKernel(), mesh_2x2()
+    x = rand((8, 4, 4), seed=0)
+    compiled = ex.compile(kernel, x, **shard_map_call(mesh))
+    assert compiled.cfg == HEURISTIC
+    assert {shape for _, shape in kernel.seen} == {(4, 4, 4)}
+    np.testing.assert_allclose(compiled(x), 3.0 * x, rtol=1e-6)  # run_shard_map ran
+    np.testing.assert_allclose(jax.jit(compiled)(x), 3.0 * x, rtol=1e-6)
+    with pytest.raises(TypeError, match="compile"):
+        compiled(x, method="shard_map")
+
+
 @pytest.mark.parametrize("option", ["mesh", "in_specs", "out_specs"])
 def test_shard_map_options_without_the_method_are_an_error(option):
     # Given without method="shard_map", they used to be dropped silently (the kernel

@@ -24,7 +24,13 @@ from kerneltune._src.core.kernel_types import Cfg, Out
 from kerneltune._src.execution import eager_programs, eager_table
 from kerneltune._src.execution.eager_programs import CallOptions
 from kerneltune._src.kernel import dispatch, recording, sharding
-from kerneltune._src.kernel.base import Invocation, Kernel, keys_training_apart, make_invocation
+from kerneltune._src.kernel.base import (
+    EXECUTOR_OPTIONS,
+    Invocation,
+    Kernel,
+    keys_training_apart,
+    make_invocation,
+)
 
 _ARRAY_IMPL = jax_compat.array_impl_type()
 _current_scope = scope._current.get
@@ -332,15 +338,28 @@ class Executor(Generic[Cfg, Out]):
         kernel: Kernel[Cfg, Out],
         *example_args: Any,
         cfg: Cfg | None = None,
+        method: str | None = None,
+        mesh: Any = None,
+        in_specs: Any = None,
+        out_specs: Any = None,
         **example_kwargs: Any,
     ) -> Callable[..., Out]:
         """Chooses the config once from the example arguments and returns a callable
-        that always runs with it (keeping prepare, platform dispatch and the custom
-        VJP); it works eagerly and under jit/grad/vmap."""
-        chosen = self.choose_config(kernel, *example_args, cfg=cfg, **example_kwargs)
-        call = CallOptions(cfg=chosen)
+        that always runs with it (keeping prepare, platform dispatch, the custom VJP
+        and `method="shard_map"` with its mesh and specs); it works eagerly and under
+        jit/grad/vmap."""
+        per_shard = dict(method=method, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+        chosen = self.choose_config(kernel, *example_args, cfg=cfg, **per_shard, **example_kwargs)
+        call = CallOptions(cfg=chosen, **per_shard)
 
         def compiled(*args: Any, **kwargs: Any) -> Out:
+            fixed = sorted(set(kwargs) & set(EXECUTOR_OPTIONS))
+            if fixed:
+                raise TypeError(
+                    f"{fixed[0]}= cannot be passed to the callable compile() returned: "
+                    f"the executor's options {list(EXECUTOR_OPTIONS)} are fixed when "
+                    "compiling; pass them to compile()."
+                )
             inv, p_args, p_kwargs = self._invocation(kernel, args, kwargs, call)
             if tracing.is_tracing((args, kwargs)) or tracing.is_tracing((p_args, p_kwargs)):
                 return self._apply(kernel, inv, chosen, p_args, p_kwargs)
