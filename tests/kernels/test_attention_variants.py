@@ -369,6 +369,34 @@ def test_the_search_space_leaves_out_whole_logits_too_large_with_the_reason():
     assert {c.backend for c in kept} == {"chunked"}
 
 
+def test_whole_logits_only_where_the_sequence_is_one_block():
+    """SPEC §8c: a variant never holds the [B, N, T, S] logits. 4096 queries of one head
+    (64 MiB of logits) were once "small" and taken whole on a CPU, and whole logits up
+    to 2 GiB were a tuning candidate."""
+    kernel = AttentionVariants()
+    one_head = _inv(4096, 4096, n=1, soft_cap=30.0)
+    assert kernel.heuristic_cfg(one_head).backend == "chunked"
+    kept, pruned = kernel.search_space(_inv(4096, 4096, n=16, soft_cap=30.0))
+    assert VariantConfig(backend="xla") not in kept
+    assert any(p.cfg.backend == "xla" and "one block" in p.reason for p in pruned)
+    assert VariantConfig(backend="xla") in kernel.search_space(_inv(1024, 4096, n=1))[0]
+
+
+def test_a_soft_capped_call_compiles_to_less_than_its_whole_logits():
+    b, t, n, d = 1, 4096, 1, 32
+    q, k, v = (
+        jax.random.normal(s, (b, t, n, d), jnp.float32)
+        for s in jax.random.split(jax.random.key(0), 3)
+    )
+    whole = 4 * b * n * t * t
+
+    def call(q, k, v):
+        return attention(q, k, v, is_causal=True, logits_soft_cap=30.0, executor=EX)
+
+    temp = jax.jit(call).lower(q, k, v).compile().memory_analysis().temp_size_in_bytes
+    assert temp < whole
+
+
 def test_where_a_library_runs_the_call_only_the_heuristic_library_is_a_candidate(monkeypatch):
     from kerneltune.kernels.attention import jax_nn, tokamax_backend
 
@@ -389,9 +417,10 @@ def test_where_a_library_runs_the_call_only_the_heuristic_library_is_a_candidate
     kept, _ = kernel.search_space(_inv(8192, 8192, parts=("segments",), dtype=jnp.bfloat16))
     assert kept == [VariantConfig(backend="tokamax")]
     monkeypatch.setattr(tokamax_backend, "unsupported", lambda dtype, head_dim: "not installed")
-    # A soft cap without tokamax: nothing but XLA runs it.
+    # A soft cap without tokamax: nothing but XLA's chunked path runs it (8192 queries
+    # are more than one block: never the whole logits).
     kept, _ = kernel.search_space(_inv(8192, 8192, soft_cap=30.0, dtype=jnp.bfloat16))
-    assert {c.backend for c in kept} == {"xla", "chunked"}
+    assert {c.backend for c in kept} == {"chunked"}
 
 
 def test_on_a_hopper_gpu_kerneltunes_mosaic_kernel_takes_what_the_libraries_run_worse(

@@ -338,7 +338,8 @@ def attention(
     with a bias, a mask, sequence lengths, segment ids, a local window or a soft cap
     runs through `AttentionVariants`: cuDNN or tokamax where they take it, else XLA a
     block of queries at a time, so the `[B, N, T, S]` logits are never whole unless the
-    caller passed a bias or mask of that size (or they are small).
+    caller passed a bias or mask of that size (or the sequence is one block of 1024
+    queries or fewer).
 
     Args:
       query: `[batch, q_len, heads, head_dim]`, or `[q_len, heads, head_dim]`.

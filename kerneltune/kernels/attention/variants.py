@@ -20,7 +20,8 @@ these features runs here instead, on one of:
   differentiated call with a mask runs `tokamax_backend.trusted_gradients` instead);
 - "chunked": XLA a block of queries at a time (every platform; memory grows with the
   sequence);
-- "xla": XLA with the whole logits (exact, fastest where they are small).
+- "xla": XLA with the whole logits, only where the sequence is one block of queries
+  (they are then no more than the chunked path's one block).
 
 Segment ids go to the libraries as a mask. Every backend is differentiated by JAX, so
 one config serves the forward and a training step (tuned on forward + backward).
@@ -54,10 +55,6 @@ from kerneltune.kernels.attention.masking import Masks
 from kerneltune.kernels.attention.mosaic_flash_api import MosaicFlashBackend
 from kerneltune.kernels.attention.tokamax_backend import TokamaxVariantBackend
 
-#: The whole logits the "xla" backend may hold on a GPU before it is left out.
-WHOLE_LOGITS_BYTES = 1 << 31
-#: Below this many bytes of logits the heuristic materialises them (CPUs).
-SMALL_LOGITS_BYTES = 1 << 26
 #: The query blocks tuning tries for the chunked path.
 BLOCK_Q_CANDIDATES = (128, 256, 512, 1024)
 #: Documents the tuning inputs pack a traced call's segment ids into (their count is
@@ -123,6 +120,15 @@ def chunked_block_q(inv: Invocation[Any, Any], budget: int = BLOCK_LOGITS_BYTES)
     return default_block_q(
         inv.args[0], inv.args[1], inv.kwargs["window"], inv.kwargs["causal"], budget
     )
+
+
+def whole_logits_are_one_block(inv: Invocation[Any, Any], budget: int = BLOCK_LOGITS_BYTES) -> bool:
+    """Whether the chunked path's block of queries (within `budget`) spans the whole
+    sequence: only then may the "xla" backend hold the whole logits, which are then no
+    more than that one block. Past it a variant never holds the `[B, N, T, S]` logits
+    (SPEC §8c), wherever they would fit."""
+    t = int(inv.args[0].shape[1])
+    return t <= chunked_block_q(inv, budget) and t <= max(BLOCK_Q_CANDIDATES)
 
 
 #: Tokens from which the heuristic gives segment ids to cuDNN's packed layout: on an
@@ -243,7 +249,7 @@ class AttentionVariants(BackendKernel[VariantConfig]):
         forward with sequence lengths or a window alone (`_tokamax_long_forward`), else
         cuDNN, where they run; a soft cap without tokamax, or a call neither library
         takes, on kerneltune's Mosaic kernel where it runs; else XLA: whole when the
-        logits are small, a block of queries at a time when not. On an H200 at 8k-32k tokens
+        sequence is one block of queries, a block of queries at a time when not. On an H200 at 8k-32k tokens
         (BENCHMARKS.md, 2026-11-27) tokamax's training step took 0.58-0.71x cuDNN's
         time with a bias or a mask and is the only library with a soft cap; cuDNN's
         took 0.25-0.33x tokamax's with a window or padding; kerneltune's Mosaic kernel
@@ -268,7 +274,7 @@ class AttentionVariants(BackendKernel[VariantConfig]):
             return VariantConfig(backend="tokamax")
         if self.mosaic_runs(inv):
             return VariantConfig(backend="mosaic")
-        if _logits_bytes(inv) <= SMALL_LOGITS_BYTES:
+        if whole_logits_are_one_block(inv):
             return VariantConfig(backend="xla")
         return VariantConfig(backend="chunked", block_q=chunked_block_q(inv))
 
@@ -296,8 +302,8 @@ class AttentionVariants(BackendKernel[VariantConfig]):
         with a window or padding, and XLA's paths 8-16x, while timing them made the
         first call 5-8 s longer (tokamax compiles for 7-8 s); for the Mosaic kernel, two
         warpgroups a block (`block_q=128`) ran no faster than one (H200, 2026-11-29).
-        Elsewhere the whole logits where they fit and the chunked path's query
-        blocks."""
+        Elsewhere the whole logits where the sequence is one block, and the chunked
+        path's query blocks."""
         libraries = [VariantConfig(backend="cudnn"), VariantConfig(backend="tokamax")]
         runs = [
             c for c in libraries if self.backend_named(c.backend).unusable(self, inv, c) is None
@@ -341,8 +347,11 @@ class AttentionVariants(BackendKernel[VariantConfig]):
         pruned: list[Pruned[VariantConfig]] = []
         longest = max(16, next_power_of_2(int(inv.args[0].shape[1])))
         for c in xla:
-            if c.backend == "xla" and _logits_bytes(inv) > WHOLE_LOGITS_BYTES:
-                why = f"the whole logits would take {_logits_bytes(inv) / 2**30:.1f} GiB"
+            if c.backend == "xla" and not whole_logits_are_one_block(inv, 4 * BLOCK_LOGITS_BYTES):
+                why = (
+                    f"the whole logits ({_logits_bytes(inv) / 2**30:.2f} GiB) are more than "
+                    "one block of queries: variants never hold them"
+                )
                 pruned.append(Pruned(c, why))
             elif (
                 c.backend == "chunked"
