@@ -572,3 +572,22 @@ def test_a_tuner_is_immutable_keyword_only_and_replace_makes_a_checked_variant()
     assert dataclasses.replace(tuner, warmup=2).iters == 4
     with pytest.raises(ValueError, match=r"Tuner\(iters=...\) must be an integer >= 1, got 0"):
         dataclasses.replace(tuner, iters=0)
+
+
+@pytest.mark.parametrize(
+    "seconds, shown",
+    [
+        (4e-6, "4 us"),
+        (0.00123, "1.23 ms"),
+        (2.5, "2.50 s"),
+        # Just under a unit's boundary rounds up into the next unit, not to "1e+03".
+        (0.0009996, "1 ms"),
+        (0.9996, "1.00 s"),
+        (0.000999, "999 us"),
+        (123.456, "123.46 s"),
+    ],
+)
+def test_format_seconds_never_shows_an_exponent(seconds, shown):
+    from kerneltune._src.tuning.report import format_seconds
+
+    assert format_seconds(seconds) == shown

@@ -159,8 +159,10 @@ def format_seconds(seconds: float | None, missing: str = "-") -> str:
     """
     if seconds is None:
         return missing
-    if seconds >= 1.0:
+    # The unit is chosen after rounding: 999.7 us shows as 1 ms, never as "1e+03 us".
+    rounded = float(f"{seconds:.3g}")
+    if rounded >= 1.0:
         return f"{seconds:.2f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3g} ms"
-    return f"{seconds * 1e6:.3g} us"
+    if rounded >= 1e-3:
+        return f"{rounded * 1e3:.3g} ms"
+    return f"{rounded * 1e6:.3g} us"
