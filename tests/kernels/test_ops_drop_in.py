@@ -254,7 +254,6 @@ def test_matmul_names_mismatched_contracting_dimensions():
         matmul(jnp.ones(()), jnp.ones(3))
 
 
-
 @pytest.mark.parametrize(
     "ours, theirs, shapes",
     [

@@ -107,8 +107,7 @@ def wrote_line(result: Any, out: str) -> str:
     untuned = sum(1 for e in result if e.untuned)
     n = len(result)
     return (
-        f"wrote {n} config{'' if n == 1 else 's'} to {out} "
-        f"({n - untuned} tuned, {untuned} untuned)"
+        f"wrote {n} config{'' if n == 1 else 's'} to {out} ({n - untuned} tuned, {untuned} untuned)"
     )
 
 
