@@ -74,7 +74,7 @@ def to_rows(x: jax.Array, axes: tuple[int, ...]) -> tuple[jax.Array, Any]:
     perm = rest + axes
     moved = x if perm == tuple(range(ndim)) else jnp.transpose(x, perm)
     feature = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
-    rows = moved.reshape((-1, feature))
+    rows = moved.reshape((int(np.prod([x.shape[a] for a in rest], dtype=np.int64)), feature))
 
     def back(y: jax.Array) -> jax.Array:
         y = y.reshape(moved.shape)
@@ -82,6 +82,13 @@ def to_rows(x: jax.Array, axes: tuple[int, ...]) -> tuple[jax.Array, Any]:
         return y if perm == tuple(range(ndim)) else jnp.transpose(y, inverse)
 
     return rows, back
+
+
+def last_axis_rows(x: jax.Array) -> jax.Array:
+    """`x` as `[rows, x.shape[-1]]`. The row count is spelled out: `reshape((-1, 0))`
+    cannot infer it (JAX raises ZeroDivisionError), and a zero-sized last axis is a
+    valid input (`jnp.matmul` of `[m, 0] @ [0, n]` is zeros)."""
+    return x.reshape((int(np.prod(x.shape[:-1], dtype=np.int64)), x.shape[-1]))
 
 
 def feature_param(

@@ -65,3 +65,20 @@ def test_a_keyword_argument_and_a_bundled_op_without_candidates(capsys, tmp_path
 def test_bad_input_is_one_line_and_exit_1(capsys, tmp_path, argv, message):
     code, out, err = explain(capsys, *argv, "--cache-dir", str(tmp_path))
     assert code == 1 and message in err and "Traceback" not in err
+
+
+def test_arguments_the_kernel_does_not_take_are_named_with_what_it_takes(capsys, tmp_path):
+    # Before: "Attention.prepare() got an unexpected keyword argument 'is_causal'", which
+    # named neither the op's arguments nor what to write instead.
+    qkv = ["f32[2,8,4,16]"] * 3
+    code, _, err = explain(
+        capsys, "attention", *qkv, "--kw", "is_causal=true", "--cache-dir", str(tmp_path)
+    )
+    assert code == 1 and "Traceback" not in err
+    assert "attention: got an unexpected keyword argument 'is_causal'" in err
+    assert "the attention kernel takes (q, k, v, *, causal=False, sm_scale=None)" in err
+    code, _, err = explain(capsys, "layer_norm", "f32[8,64]", "--cache-dir", str(tmp_path))
+    assert code == 1 and "layer_norm takes x, weight, bias" in err  # the kernel's own check
+    code, _, err = explain(capsys, "matmul", "f32[8,64]", "--cache-dir", str(tmp_path))
+    assert code == 1 and "missing a required argument: 'y'" in err
+    assert "the matmul kernel takes (x, y)" in err

@@ -118,3 +118,14 @@ def test_registered_in_the_cli(cache_dir, tmp_path, capsys):
     assert "matmul@v1" in capsys.readouterr().out
     assert main(["report", "--cache-dir", cache_dir, "--out", str(tmp_path / "r.txt")]) == 1
     assert "--out must end in" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["r.html", "r.png"])
+def test_an_unwritable_out_file_is_a_clear_error_not_a_traceback(cache_dir, tmp_path, capsys, name):
+    # Before: `--out missing_dir/r.html` ended in a FileNotFoundError traceback.
+    out = tmp_path / "missing_dir" / name
+    assert main(["report", "--cache-dir", cache_dir, "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert f"kerneltune: error: cannot write --out {out}" in err
+    assert "No such file or directory" in err
+    assert not out.exists()

@@ -142,3 +142,26 @@ def test_failures_are_reported_with_exit_status_1(manifest, tmp_path, capsys):
     assert len(kt.AutotuningResult.load(out_file)) == 0
     assert cli.main(["tune", str(tmp_path / "missing.json")]) == 1
     assert "cannot read the manifest" in capsys.readouterr().err
+
+
+def test_out_does_not_count_untuned_calls_as_tuned(tmp_path, capsys):
+    # Before: "wrote 1 tuned configs" for a call with nothing to tune on a CPU (only
+    # plain-JAX backends): the file holds its heuristic config, marked untuned.
+    from kerneltune.kernels import softmax
+
+    recording.clear_invocations()
+    chain = kt.ConfigSelectorChain(
+        kt.ConfigCache(), policy=kt.AutotunePolicy(cache_miss_fallback="heuristics")
+    )
+    with recording.record_calls():
+        softmax(jnp.ones((8, 16)), executor=kt.Executor(chain))
+    path = tmp_path / "manifest.json"
+    assert manifests.save_manifest(path) == 1
+    recording.clear_invocations()
+    out_file = tmp_path / "out.json"
+    argv = ["--cache-dir", str(tmp_path / "c"), "tune", str(path), "--out", str(out_file)]
+    assert cli.main([*argv, "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "1 untuned" in out
+    assert f"wrote 1 config to {out_file} (0 tuned, 1 untuned)" in out
+    assert [e.untuned for e in kt.AutotuningResult.load(out_file)] == [True]

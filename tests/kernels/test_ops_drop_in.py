@@ -16,7 +16,14 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from kerneltune._src.core import options
-from kerneltune.kernels import attention, layer_norm, matmul, rms_norm, softmax
+from kerneltune.kernels import (
+    attention,
+    gated_linear_unit,
+    layer_norm,
+    matmul,
+    rms_norm,
+    softmax,
+)
 from kerneltune.kernels.attention import AttentionInterpret
 from kerneltune.kernels.normalization import LayerNormInterpret
 from tests.helpers import close, heuristics_executor, rand
@@ -245,6 +252,31 @@ def test_matmul_names_mismatched_contracting_dimensions():
         matmul(jnp.ones((3, 5)), jnp.ones((4, 2)))
     with pytest.raises(ValueError, match="at least one dimension"):
         matmul(jnp.ones(()), jnp.ones(3))
+
+
+@pytest.mark.parametrize(
+    "ours, theirs, shapes",
+    [
+        (matmul, jnp.matmul, [(3, 0), (0, 2)]),
+        (matmul, jnp.matmul, [(2, 3, 0), (0, 2)]),
+        (softmax, jax.nn.softmax, [(3, 0)]),
+        (layer_norm, lambda x: x, [(2, 0)]),
+        (rms_norm, lambda x: x, [(4, 2, 0)]),
+        (
+            gated_linear_unit,
+            lambda x, w: jax.nn.silu(x @ w[:, 0]) * (x @ w[:, 1]),
+            [(5, 0), (0, 2, 3)],
+        ),
+    ],
+    ids=["matmul", "matmul_batched", "softmax", "layer_norm", "rms_norm", "glu"],
+)
+def test_a_zero_sized_feature_or_contracting_axis_gives_what_jax_gives(ours, theirs, shapes):
+    # Before: the ops flattened to rows with `reshape((-1, 0))`, and JAX raised
+    # ZeroDivisionError; jnp.matmul gives zeros, jax.nn.softmax an empty array.
+    args = [jnp.ones(s) for s in shapes]
+    got, want = ours(*args, executor=EX), theirs(*args)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
 
 
 # --- attention -----------------------------------------------------------------------

@@ -74,6 +74,7 @@ def _explain_call(args: argparse.Namespace, kernel_cls: type, init: dict[str, An
         kernel = kernel_cls(**init)
     except TypeError as e:
         raise CommandError(f"cannot build {kernel_cls.__qualname__}(): {e}") from None
+    _check_arguments(args.target, kernel, call_args, kwargs)
     with policy_override(chain, allow_autotune=bool(args.tune)):
         try:
             found = explain(kernel, *call_args, executor=Executor(chain), **kwargs)
@@ -83,6 +84,49 @@ def _explain_call(args: argparse.Namespace, kernel_cls: type, init: dict[str, An
     if not args.tune and any(why == "not allowed by the policy" for _, why in found.misses):
         print("  (pass --tune to benchmark this call now)")
     return 0
+
+
+def _check_arguments(
+    target: str, kernel: Any, call_args: list[Any], kwargs: dict[str, Any]
+) -> None:
+    """One line naming what the kernel takes when the arguments cannot be bound to its
+    `prepare` (the kernel's names, which are not always its public function's)."""
+    import inspect
+
+    try:
+        sig = inspect.signature(kernel.prepare)
+    except (TypeError, ValueError):  # no signature: the kernel's own errors will do
+        return
+    try:
+        sig.bind(*call_args, **kwargs)
+    except TypeError as e:
+        raise CommandError(
+            f"{target}: {e}; the {kernel.op_id} kernel takes {_plain(sig)}."
+        ) from None
+
+
+def _plain(sig: Any) -> str:
+    """`sig` without annotations, callable defaults by name (no memory addresses)."""
+    import inspect
+
+    def plain(p: inspect.Parameter) -> inspect.Parameter:
+        default = p.default
+        if callable(default) and not isinstance(default, type):
+            default = _Named(getattr(default, "__name__", type(default).__name__))
+        return p.replace(annotation=inspect.Parameter.empty, default=default)
+
+    params = [plain(p) for p in sig.parameters.values()]
+    return str(sig.replace(parameters=params, return_annotation=inspect.Signature.empty))
+
+
+class _Named:
+    """A default value shown by its name."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
 
 
 def _explain_key(args: argparse.Namespace) -> int:

@@ -374,8 +374,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     ext = os.path.splitext(out)[1].lower()
     if ext in (".html", ".htm"):
-        with open(out, "w", encoding="utf-8") as f:
-            f.write(html_page(entries, comparison))
+        try:
+            with open(out, "w", encoding="utf-8") as f:
+                f.write(html_page(entries, comparison))
+        except OSError as e:
+            raise CommandError(f"cannot write --out {out}: {e.strerror or e}.") from None
         print(f"\nWrote {out} ({report_comparison.contents(entries, comparison)}).")
         return 0
     if ext not in (".png", ".svg", ".pdf"):
@@ -387,6 +390,8 @@ def run(args: argparse.Namespace) -> int:
         drawn = write_png(entries, out, comparison)
     except ValueError as e:
         raise CommandError(str(e)) from None
+    except OSError as e:
+        raise CommandError(f"cannot write --out {out}: {e.strerror or e}.") from None
     more = f", the first {drawn} of {len(entries)}" if drawn < len(entries) else ""
     print(f"\nWrote {out} ({report_comparison.contents(entries[:drawn], comparison)}{more}).")
     return 0

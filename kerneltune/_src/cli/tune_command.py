@@ -226,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         result = offline.result_of(outcomes)
         result.save(args.out)
-        print(f"wrote {len(result)} tuned configs to {args.out}")
+        print(tune_processes.wrote_line(result, args.out))
     return 1 if counts["failed"] else 0
 
 

@@ -101,10 +101,20 @@ def worker_command(args: argparse.Namespace) -> Any:
     )
 
 
+def wrote_line(result: Any, out: str) -> str:
+    """What `--out` received: the result's configs, the untuned ones (a call with nothing
+    to tune keeps its heuristic config, which an import never stores) counted apart."""
+    untuned = sum(1 for e in result if e.untuned)
+    n = len(result)
+    return (
+        f"wrote {n} config{'' if n == 1 else 's'} to {out} ({n - untuned} tuned, {untuned} untuned)"
+    )
+
+
 def save_merged(args: argparse.Namespace, result: Any, total: int) -> None:
     """Says how many calls got a config and writes them to `--out`."""
     tuned = len(result) if result is not None else 0
     print(f"{tuned} of {total} calls have a config")
     if args.out and result is not None:
         result.save(args.out)
-        print(f"wrote {tuned} tuned configs to {args.out}")
+        print(wrote_line(result, args.out))

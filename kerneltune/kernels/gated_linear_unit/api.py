@@ -12,7 +12,7 @@ import numpy as np
 from kerneltune._src.execution.default import default_executor
 from kerneltune._src.kernel.backends import BackendKernel
 from kerneltune._src.kernel.base import Invocation
-from kerneltune.kernels._args import as_array
+from kerneltune.kernels._args import as_array, last_axis_rows
 from kerneltune.kernels._common import Pruned, interpreted, kernel_for
 from kerneltune.kernels._flattened import call_flattened
 from kerneltune.kernels.gated_linear_unit import config as config_lib
@@ -176,7 +176,7 @@ def gated_linear_unit(
         raise TypeError(f"{op}: activation must be callable or None, got {activation!r}.")
     n = (w[0] if isinstance(w, tuple) else w).shape[-1]
     ex = executor if executor is not None else default_executor()
-    rows = x.reshape((-1, x.shape[-1]))
+    rows = last_axis_rows(x)
     out = call_flattened(
         ex,
         kernel_for(GatedLinearUnit, ex),

@@ -11,7 +11,7 @@ import numpy as np
 from kerneltune._src.execution.default import default_executor
 from kerneltune._src.kernel.backends import BackendKernel
 from kerneltune._src.kernel.base import Invocation
-from kerneltune.kernels._args import as_array, check_contracted
+from kerneltune.kernels._args import as_array, check_contracted, last_axis_rows
 from kerneltune.kernels._common import Pruned, interpreted, is_hopper, kernel_for
 from kerneltune.kernels._flattened import call_flattened
 from kerneltune.kernels.matmul import config as config_lib
@@ -155,7 +155,7 @@ def matmul(
     if not tunable:
         return jnp.matmul(a, b, precision=precision, preferred_element_type=preferred_element_type)
     ex = executor if executor is not None else default_executor()
-    a2, b2 = a.astype(dtype).reshape((-1, k_a)), b.astype(dtype)
+    a2, b2 = last_axis_rows(a.astype(dtype)), b.astype(dtype)
     out = call_flattened(
         ex,
         kernel_for(Matmul, ex),
