@@ -163,4 +163,4 @@ def test_labels_to_configs_types_persistent_entries_and_skips_invalid_ones(tmp_p
     assert kt.labels_to_configs(lowered, chain) == {(op, key): LoopCfg(reps=3)}
     persistent.put(kt.device_fingerprint(), op, key, {"reps": "three"})
     assert kt.labels_to_configs(lowered, chain) == {}
-    assert "no longer fits LoopCfg (LoopCfg.reps must be a int" in caplog.text
+    assert "no longer fits LoopCfg (LoopCfg.reps must be an int" in caplog.text

@@ -132,6 +132,11 @@ def config_from_dict(data: Mapping[str, Any], cls: type[T]) -> T:
         raise InvalidConfig(f"{name}({_short_repr(kwargs)[1:-1]}) is rejected: {e}") from None
 
 
+def _a(name: str) -> str:
+    """`name` after its article: "an int", "a str"."""
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
 def _wrong(value: Any, where: str, expected: str) -> InvalidConfig:
     return InvalidConfig(f"{where} must be {expected}, got {_short_repr(value)}")
 
@@ -163,7 +168,7 @@ def _check(value: Any, hint: Any, where: str) -> Any:
             return value
         raise _wrong(value, where, f"one of {list(args)}")
     if value is None:
-        raise _wrong(value, where, f"a {getattr(hint, '__name__', hint)}, not None")
+        raise _wrong(value, where, f"{_a(getattr(hint, '__name__', str(hint)))}, not None")
     if origin is tuple or hint is tuple:
         return _check_tuple(value, args, where)
     if origin is list or hint is list:
@@ -217,5 +222,5 @@ def _check_class(value: Any, hint: type, where: str) -> Any:
             return float(value)
         raise _wrong(value, where, "a number")
     if hint in (int, str, bool):
-        raise _wrong(value, where, f"a {hint.__name__}")
+        raise _wrong(value, where, _a(hint.__name__))
     return value  # a class JSON cannot hold (a dtype, ...): the config's own check decides
