@@ -1,6 +1,6 @@
 """Attention with every feature of `jax.nn.dot_product_attention`, plus a logits soft
 cap and segment ids, through XLA with the whole `[B, N, T, S]` logits at once: the
-reference of the variants, and their fastest path where the logits are small.
+reference of the variants, and their path where the sequence is one block of queries.
 
 The math follows JAX's XLA implementation step for step (logits in float32, scaled,
 biased, masked with a large negative number, softmax in float32, padded query rows
