@@ -137,8 +137,11 @@ def explain(
       **kwargs: its keyword arguments.
       executor: the executor to ask (default: the default executor).
       cfg: an explicit config, to explain an override.
-      method, mesh, in_specs, out_specs: the call's `method="shard_map"` options, as
-        the executor takes them (the config is then chosen for one shard's shapes).
+      method: the call's `method` ("shard_map" to run per shard, as the executor
+        takes it; the config is then chosen for one shard's shapes).
+      mesh: the call's mesh, with `method="shard_map"`.
+      in_specs: the call's input partition specs, with `method="shard_map"`.
+      out_specs: the call's output partition specs, with `method="shard_map"`.
     """
     from kerneltune._src.execution.default import default_executor
 
