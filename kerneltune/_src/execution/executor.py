@@ -33,6 +33,8 @@ from kerneltune._src.kernel.base import (
 )
 
 _ARRAY_IMPL = jax_compat.array_impl_type()
+#: The executor's own options, which the callable `compile` returns refuses.
+_OPTION_NAMES = frozenset(EXECUTOR_OPTIONS)
 _current_scope = scope._current.get
 _aval = operator.attrgetter("aval")
 
@@ -353,8 +355,8 @@ class Executor(Generic[Cfg, Out]):
         call = CallOptions(cfg=chosen, **per_shard)
 
         def compiled(*args: Any, **kwargs: Any) -> Out:
-            fixed = sorted(set(kwargs) & set(EXECUTOR_OPTIONS))
-            if fixed:
+            if kwargs and not _OPTION_NAMES.isdisjoint(kwargs):
+                fixed = sorted(_OPTION_NAMES.intersection(kwargs))
                 raise TypeError(
                     f"{fixed[0]}= cannot be passed to the callable compile() returned: "
                     f"the executor's options {list(EXECUTOR_OPTIONS)} are fixed when "
