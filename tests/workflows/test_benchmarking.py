@@ -180,3 +180,25 @@ def test_a_candidate_moves_only_along_its_transitions_and_its_first_failure_stan
     assert (c.status, c.error, c.compiled, c.ran) == ("run_error", "boom", None, False)
     c.resume()  # a failed candidate stays failed
     assert c.phase is Phase.FAILED and c.result().status == "run_error"
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: benchmark(jnp.sin, data(8), num_iters=0), r"benchmark\(num_iters=...\).* 0"),
+        (lambda: benchmark(jnp.sin, data(8), num_warmup=-1), r"benchmark\(num_warmup=...\).* -1"),
+        (
+            lambda: autotune(Chain(), data(8), configs=[ChainCfg(reps=1)], num_iters=0),
+            r"autotune\(num_iters=...\).* 0",
+        ),
+        (
+            lambda: autotune(Chain(), data(8), configs=[ChainCfg(reps=1)], num_warmup=2.5),
+            r"autotune\(num_warmup=...\).* 2.5",
+        ),
+    ],
+)
+def test_sample_counts_out_of_range_are_named_as_the_caller_spelt_them(call, message):
+    # They were reported as `Tuner(iters=...)`/`Tuner(warmup=...)`, arguments the
+    # caller of benchmark/autotune never wrote.
+    with pytest.raises(ValueError, match=message):
+        call()

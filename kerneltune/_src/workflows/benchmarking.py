@@ -19,6 +19,7 @@ from kerneltune._src.kernel.base import Kernel, make_invocation
 from kerneltune._src.kernel.methods import bound, methods_of
 from kerneltune._src.tuning.programs import split_static
 from kerneltune._src.tuning.protocol import run_tuner
+from kerneltune._src.tuning.settings import check_int
 from kerneltune._src.tuning.tuner import NoCandidatesError, Tuner
 from kerneltune._src.workflows.tune_function import autotune_function
 
@@ -47,6 +48,9 @@ def benchmark(
     Returns:
       Milliseconds per call.
 
+    Raises:
+      ValueError: `num_warmup` is not an integer >= 0 or `num_iters` not one >= 1.
+
     Example:
       >>> import jax.numpy as jnp
       >>> from kerneltune._src.workflows.benchmarking import benchmark
@@ -54,9 +58,17 @@ def benchmark(
       >>> 0 < ms < 1000
       True
     """
+    _check_sample_counts("benchmark", num_warmup, num_iters)
     _warn_about_captured_arrays(fn, args, kwargs)
     tuner: Tuner[Any] = Tuner(warmup=num_warmup, iters=num_iters)
     return tuner.measure(fn, *args, **kwargs) * 1e3
+
+
+def _check_sample_counts(where: str, num_warmup: Any, num_iters: Any) -> None:
+    # Checked here, not only by `Tuner`, so that the error names the arguments the
+    # caller wrote (`num_iters`), not the tuner's (`iters`).
+    check_int("num_warmup", num_warmup, 0, where=where)
+    check_int("num_iters", num_iters, 1, where=where)
 
 
 def _warn_about_captured_arrays(
@@ -129,7 +141,8 @@ def autotune(
     Raises:
       TypeError: `kernel` is neither a Kernel nor callable, `configs` was given with a
         function, or the kernel defines no candidate space and no `configs` were given.
-      ValueError: there are no candidates.
+      ValueError: there are no candidates, or `num_warmup`/`num_iters` is not an
+        integer >= 0/>= 1.
       ExceptionGroup: every candidate failed (its exceptions name each one's error).
     """
     if not isinstance(kernel, Kernel):
@@ -145,6 +158,7 @@ def autotune(
             )
         return autotune_function(kernel, args, kwargs, tuner=tuner)
 
+    _check_sample_counts("autotune", num_warmup, num_iters)
     prepared = kernel.prepare(*args, **kwargs)
     p_args, p_kwargs = tuple(prepared[0]), dict(prepared[1])
     inv = make_invocation(kernel, p_args, p_kwargs)
