@@ -164,3 +164,21 @@ def test_labels_to_configs_types_persistent_entries_and_skips_invalid_ones(tmp_p
     persistent.put(kt.device_fingerprint(), op, key, {"reps": "three"})
     assert kt.labels_to_configs(lowered, chain) == {}
     assert "no longer fits LoopCfg (LoopCfg.reps must be an int" in caplog.text
+
+
+def test_labels_to_configs_takes_the_labels_find_labels_in_lowered_returns():
+    # The overview's form, `labels_to_configs(find_labels_in_lowered(lowered))`, raised
+    # AttributeError ('list' object has no attribute 'as_text').
+    ex, kernel = heuristics_executor(), LoopKernel()
+    x = rand((8, 8), seed=4)
+    lowered = jax.jit(lambda x: ex(kernel, x)).lower(x)
+    found = kt.find_labels_in_lowered(lowered)
+    ((op, key),) = found_keys(lowered.as_text())
+    ex.chooser.cache.put(kt.device_fingerprint(), op, key, HEURISTIC)
+    expected = {(op, key): HEURISTIC}
+    assert kt.labels_to_configs(found, ex.chooser) == expected
+    assert kt.labels_to_configs((*found, "my_block"), ex.chooser) == expected
+    with pytest.raises(TypeError, match=r"labels_to_configs\(lowered=...\).*found 3 \(int\)"):
+        kt.labels_to_configs([3], ex.chooser)
+    with pytest.raises(TypeError, match=r"lowered computation .*HLO text, got int"):
+        kt.find_labels_in_lowered(3)

@@ -171,6 +171,11 @@ def lowered_texts(lowered: Any, *, compiled: bool = False) -> list[str]:
     if isinstance(lowered, str):
         return [lowered]
     if not hasattr(lowered, "compiler_ir"):
+        if not callable(getattr(lowered, "as_text", None)):
+            raise TypeError(
+                "expected a lowered computation (jax.jit(f).lower(...)), its .compile(), "
+                f"or an HLO text, got {type(lowered).__qualname__}."
+            )
         return [lowered.as_text()]  # a Compiled object
     getters = [lambda: lowered.as_text(), lambda: lowered.compiler_ir("hlo").as_hlo_text()]
     if compiled:
@@ -194,6 +199,9 @@ def find_labels_in_lowered(lowered: Any, *, compiled: bool = False) -> list[str]
     Args:
       lowered: the computation.
       compiled: also compile a lowered computation and read the compiled HLO.
+
+    Raises:
+      TypeError: `lowered` is none of these.
     """
     found: dict[str, None] = {}
     for text in lowered_texts(lowered, compiled=compiled):
