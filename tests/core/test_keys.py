@@ -191,3 +191,24 @@ def test_custom_key_builder_is_used():
 
     inv = make_invocation(Keyed(), (jnp.ones((5, 2)),), {})
     assert inv.call_key == "rows=5"
+
+
+def test_signature_names_functions_and_types_without_addresses():
+    # A function's repr carried its memory address into the readable signature, which
+    # `kerneltune cache ls`, `explain` and every stored entry show:
+    # "act=<PjitFunction of <function tanh at 0x7f...>>".
+    x = jnp.ones((4, 4))
+
+    def mine(v):
+        return v
+
+    inv = make_invocation(
+        Dummy(), (x,), {"act": jax.nn.relu, "fn": jnp.tanh, "dtype": jnp.bfloat16, "f": mine}
+    )
+    assert "0x" not in inv.signature
+    assert inv.signature == (
+        "f32[4,4], act=relu, dtype=bfloat16, "
+        "f=test_signature_names_functions_and_types_without_addresses.<locals>.mine, fn=tanh"
+    )
+    other = make_invocation(Dummy(), (x,), {"alpha": 0.5, "mode": "fast", "axes": (0, 1)})
+    assert other.signature == "f32[4,4], alpha=0.5, axes=(0, 1), mode='fast'"

@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from kerneltune._src.core import codec
+from kerneltune._src.core import codec, jax_compat
 from kerneltune._src.core.codec import is_array as is_array
 from kerneltune._src.core.codec import sharding_fingerprint_of as sharding_fingerprint_of
 
@@ -70,7 +70,12 @@ def _to_plain(obj: Any) -> Any:
 
 
 def _short_repr(obj: Any) -> str:
-    text = repr(obj)
+    if callable(obj) and not hasattr(obj, "__qualname__"):
+        obj = jax_compat.function_inside_jit(obj) or obj  # a deep copy of a jitted one
+    # Functions and types by name: their reprs hold memory addresses (or, for types,
+    # the module path), which would make the signature differ between processes.
+    qualname = getattr(obj, "__qualname__", None) if callable(obj) else None
+    text = qualname if isinstance(qualname, str) else repr(obj)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
