@@ -142,6 +142,23 @@ def test_merge_len_iteration_and_devices():
         kt.AutotuningResult.loads('{"kind": "something"}')
 
 
+def test_a_result_built_by_hand_round_trips_and_compares_equal(tmp_path):
+    # Built from a list, a result was unhashable and unequal to the same result built
+    # from a tuple; with a config instance, `loads(dumps())` filled in `cfg_type` (an
+    # informational field) and so compared unequal to the result it was dumped from.
+    entries = [kt.Entry("loop@v0", "k1", LoopCfg(reps=2)), kt.Entry("loop@v0", "k2", CHEAPEST)]
+    result = kt.AutotuningResult("d", entries)
+    assert isinstance(result.entries, tuple)
+    assert result == kt.AutotuningResult("d", tuple(entries))
+    assert hash(result) == hash(kt.AutotuningResult("d", tuple(entries)))
+    assert kt.AutotuningResult.loads(result.dumps(), {"loop": LoopCfg}) == result
+    result.save(tmp_path / "r.json")
+    again = kt.AutotuningResult.load(tmp_path / "r.json", {"loop@v0": LoopCfg})
+    assert again == result
+    assert [e.cfg_type for e in again] == [f"{LoopCfg.__module__}.LoopCfg"] * 2
+    assert (result | kt.AutotuningResult("d", [])) == result
+
+
 def test_forward_and_backward_kernels_get_their_own_configs():
     chain, events = chain_with_events()
     ex = kt.Executor(chain)

@@ -137,6 +137,12 @@ class Entry:
     versions: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
     path: str = dataclasses.field(default="", compare=False)
 
+    def __post_init__(self) -> None:
+        # Filled in as the file would hold it, so that an entry built by hand compares
+        # equal to itself after a round trip through a file.
+        if not self.cfg_type and not isinstance(self.cfg, Mapping):
+            object.__setattr__(self, "cfg_type", type_name(self.cfg))
+
     @property
     def op_id(self) -> str:
         """The same as `op_id_v` (the persistent cache's name for it)."""
@@ -179,8 +185,7 @@ class Entry:
             "shape": None if self.shape is None else self.shape.to_json(),
             "created": self.created,
             "versions": dict(self.versions) or runtime_versions(),
-            "cfg_type": self.cfg_type
-            or (None if isinstance(self.cfg, Mapping) else type_name(self.cfg)),
+            "cfg_type": self.cfg_type or None,
             # Written only when set: a fully tuned entry reads as it did before budgets.
             **({"budgeted": True} if self.budgeted else {}),
         }

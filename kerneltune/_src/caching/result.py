@@ -42,6 +42,11 @@ class AutotuningResult:
     device: str
     entries: tuple[Entry, ...] = ()
 
+    def __post_init__(self) -> None:
+        # Any iterable of entries is taken; stored as a tuple, so that results compare
+        # and hash by their entries whatever the caller built them from.
+        object.__setattr__(self, "entries", tuple(self.entries))
+
     def as_overlay(self) -> dict[tuple[str, str, str], Any]:
         """`{(device, op_id_v, call_key): cfg}`, as `overlay_cache` takes it."""
         return {(self.device, e.op_id_v, e.call_key): e.cfg for e in self.entries}
