@@ -82,3 +82,20 @@ def test_arguments_the_kernel_does_not_take_are_named_with_what_it_takes(capsys,
     code, _, err = explain(capsys, "matmul", "f32[8,64]", "--cache-dir", str(tmp_path))
     assert code == 1 and "missing a required argument: 'y'" in err
     assert "the matmul kernel takes (x, y)" in err
+
+
+def test_arguments_may_follow_options(capsys, tmp_path):
+    # `kerneltune explain matmul-interpret --cache-dir DIR f32[32,64] f32[64,32]` failed
+    # with "unrecognized arguments": argparse fills a list of positionals only from the
+    # words before the first option.
+    code, out, err = explain(
+        capsys, "matmul-interpret", "--cache-dir", str(tmp_path), "f32[32,64]", "f32[64,32]"
+    )
+    assert code == 0, err
+    assert "matmul-interpret@v3(f32[32,64], f32[64,32]) on cpu" in out
+    code, out, err = explain(
+        capsys, "matmul-interpret", "f32[32,64]", "--cache-dir", str(tmp_path), "f32[64,32]"
+    )
+    assert code == 0 and "(f32[32,64], f32[64,32])" in out
+    code, _, err = explain(capsys, "matmul-interpret", "f32[32,64]", "--no-such-option")
+    assert code == 2 and "unrecognized arguments: --no-such-option" in err

@@ -129,6 +129,11 @@ def test_export_import_merge(capsys, cache_dir, tmp_path):
     status, out, _ = run(capsys, "--cache-dir", third, "cache", "merge", cache_dir, out_file)
     assert status == 0 and "merged 3 entries" in out
     assert len(PersistentCache(third)) == 3
+    # Sources after an option are sources too (they were "unrecognized arguments").
+    fourth = str(tmp_path / "fourth")
+    status, out, err = run(capsys, "cache", "merge", cache_dir, "--cache-dir", fourth, out_file)
+    assert status == 0 and "merged 3 entries" in out, err
+    assert len(PersistentCache(fourth)) == 3
 
     status, _, err = run(capsys, "--cache-dir", other, "cache", "import", str(tmp_path / "no.json"))
     assert status == 1 and "cannot import" in err

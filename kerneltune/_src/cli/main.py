@@ -87,6 +87,7 @@ def _merge_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "sources", nargs="+", metavar="SRC", help="cache directories, URLs or export files"
     )
+    parser.set_defaults(_rest="sources")  # SRCs may also follow options (see main)
 
 
 def _clear_arguments(parser: argparse.ArgumentParser) -> None:
@@ -229,7 +230,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     exit status."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        rest = getattr(args, "_rest", None)
+        if extra and rest is not None and not any(a.startswith("-") for a in extra):
+            # argparse fills a list of positionals only from the words before the first
+            # option (`explain matmul --cache-dir D f32[8,8]`); the later ones join it.
+            getattr(args, rest).extend(extra)
+        elif extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as e:  # argparse exits on bad usage (2), --help and --version (0)
         return e.code if isinstance(e.code, int) else 2
     run = getattr(args, "_run", None)
