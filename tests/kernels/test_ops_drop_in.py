@@ -202,6 +202,14 @@ def test_softmax_takes_every_axis_and_integer_inputs_as_jax_nn_does():
         softmax(ints, where=jnp.ones((2, 4), bool), executor=EX)
 
 
+def test_softmax_takes_a_numpy_integer_axis_as_jax_nn_does():
+    # Before: `axis=np.int64(1)` raised "The truth value of an empty array is
+    # ambiguous" (the axis was compared with `()`); jax.nn.softmax takes it.
+    x = rand((3, 4, 5), seed=6)
+    for axis in (np.int64(1), np.int32(-1)):
+        close(softmax(x, axis, executor=EX), jax.nn.softmax(x, axis=int(axis)), tol=2e-5)
+
+
 # --- matmul --------------------------------------------------------------------------
 
 MATMUL_SHAPES = [

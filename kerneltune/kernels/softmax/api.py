@@ -112,7 +112,10 @@ def softmax(
     if axis is None:
         axis = tuple(range(x.ndim))
     # The kernel takes floating x over one axis; anything else is jax.nn.softmax's.
-    takes_axes = jnp.issubdtype(x.dtype, jnp.floating) and x.ndim > 0 and axis != ()
+    # (`axis == ()` only for a tuple: a NumPy integer axis compared with `()` is an
+    # empty array, whose truth value NumPy refuses.)
+    no_axes = isinstance(axis, tuple) and not axis
+    takes_axes = jnp.issubdtype(x.dtype, jnp.floating) and x.ndim > 0 and not no_axes
     axes = normalize_axes(op, axis, x.ndim) if takes_axes else ()
     if len(axes) != 1 or where is not None:
         return jax.nn.softmax(x, axis=axis, where=where)
