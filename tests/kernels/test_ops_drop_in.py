@@ -150,6 +150,36 @@ def test_norms_name_the_bad_argument(call, match):
         call()
 
 
+def test_float64_norms_and_softmax_keep_float64_precision():
+    # Before: the statistics and the softmax were computed in float32 and cast back, so
+    # under x64 a layer norm of values near 1 was off by 1e-4 (flax and jax.nn compute
+    # in float64 there).
+    with jax.enable_x64(True):
+        x = 1.0 + 1e-3 * np.random.default_rng(7).standard_normal((3, 8))
+        scale = np.random.default_rng(8).standard_normal(8)
+        centred = x - x.mean(-1, keepdims=True)
+        ln = centred / np.sqrt(np.square(centred).mean(-1, keepdims=True) + 1e-6) * scale
+        rms = x / np.sqrt(np.square(x).mean(-1, keepdims=True) + 1e-6) * scale
+        sm = np.exp(1e3 * x - (1e3 * x).max(-1, keepdims=True))
+        sm /= sm.sum(-1, keepdims=True)
+        for got, want in [
+            (layer_norm(jnp.asarray(x), jnp.asarray(scale), executor=EX), ln),
+            (rms_norm(jnp.asarray(x), jnp.asarray(scale), executor=EX), rms),
+            (softmax(jnp.asarray(1e3 * x), executor=EX), sm),
+        ]:
+            assert got.dtype == jnp.float64
+            np.testing.assert_allclose(np.asarray(got), want, rtol=1e-9, atol=1e-9)
+        w = jnp.asarray(np.random.default_rng(9).standard_normal((3, 8)))
+        for ours, theirs in [
+            (lambda x: softmax(x, executor=EX), lambda x: jax.nn.softmax(x)),
+            (lambda x: layer_norm(x, executor=EX), lambda x: jax.nn.standardize(x, epsilon=1e-6)),
+        ]:
+            g = jax.grad(lambda x, f=ours: (f(x) * w).sum())(jnp.asarray(x))
+            assert g.dtype == jnp.float64
+            want_g = jax.grad(lambda x, f=theirs: (f(x) * w).sum())(jnp.asarray(x))
+            np.testing.assert_allclose(np.asarray(g), np.asarray(want_g), rtol=1e-6, atol=1e-6)
+
+
 # --- softmax -------------------------------------------------------------------------
 
 
