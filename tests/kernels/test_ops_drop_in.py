@@ -283,6 +283,20 @@ def test_matmul_int8_and_preferred_element_type_follow_jnp():
     np.testing.assert_array_equal(matmul(a, b, executor=EX), jnp.matmul(a, b))
 
 
+def test_a_float64_matmul_keeps_float64_precision():
+    # Before: the CPU path accumulated a float64 product in float32 and cast it back
+    # (an error of 5e-8 where jnp.matmul's is 1e-16).
+    with jax.enable_x64(True):
+        rng = np.random.default_rng(3)
+        a, b = rng.standard_normal((2, 4, 6)), rng.standard_normal((6, 3))
+        for x in (a[0], a):  # the kernel's own shape, and rows flattened into it
+            got = matmul(jnp.asarray(x), jnp.asarray(b), executor=EX)
+            assert got.dtype == jnp.float64
+            np.testing.assert_allclose(np.asarray(got), x @ b, rtol=1e-12, atol=1e-12)
+        g = jax.grad(lambda x: matmul(x, jnp.asarray(b), executor=EX).sum())(jnp.asarray(a[0]))
+        np.testing.assert_allclose(np.asarray(g), np.broadcast_to(b.sum(1), (4, 6)), rtol=1e-12)
+
+
 def test_matmul_names_mismatched_contracting_dimensions():
     with pytest.raises(
         ValueError, match=r"a's last dimension \(5\) must equal b's second-to-last dimension \(4\)"
