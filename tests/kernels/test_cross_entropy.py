@@ -317,6 +317,26 @@ def test_masked_tokens_are_left_out_whatever_their_labels():
         assert relative_error(got, ref) <= tolerance(jnp.float32), cfg
 
 
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize("m", [24, 12], ids=["chunks", "one-chunk"])
+def test_labels_out_of_range_get_the_gradient_of_the_loss_they_get(m, reduction):
+    # A label outside [0, V) is picked as the reference's clip-mode gather picks it
+    # (negative from the end, then clipped), by every backend's forward. Before, the
+    # chunked backward (and the fused kernel's, which is the chunked one) compared
+    # the raw label with the columns: such a row got the softmax's gradient without
+    # the one-hot, not the gradient of the loss it was given.
+    x, labels, w, where = problem(5, m, 16, 64, masked=0.0)
+    labels = labels.at[:4].set(jnp.array([64, -2, -70, 1000], jnp.int32))
+    dout = cotangent(reduction, m)
+    want = reference_vjp(x, labels, w, where, reduction, dout)
+    for name, cfg in BACKENDS.items():
+        got = kernel_vjp(cfg, x, labels, w, where, reduction, dout)
+        try:
+            assert_close(got, want, jnp.float32)
+        except AssertionError as e:
+            raise AssertionError(name) from e
+
+
 # --- the public function: jit, grad, vmap ------------------------------------------------
 
 

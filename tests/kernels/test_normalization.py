@@ -83,6 +83,16 @@ def test_candidates_are_pruned_with_reasons():
     assert any("more threads" in p.reason for p in pruned)
 
 
+def test_float64_rows_leave_only_xla_which_computes_in_float64():
+    # The Pallas kernel computes in float32: a float64 norm tuned onto it, or run by
+    # it in the interpreter, lost half its digits.
+    p = nc.NormProblem(16, 256, np.dtype(np.float64))
+    kept, pruned = nc.candidates(p)
+    assert kept == [nc.XLA]
+    assert pruned and all("computes in float32" in q.reason for q in pruned)
+    assert nc.interpret_candidates(p) == [nc.XLA]
+
+
 def test_the_backend_round_trips_and_is_validated():
     import kerneltune as kt
 

@@ -150,6 +150,36 @@ def test_norms_name_the_bad_argument(call, match):
         call()
 
 
+def test_float64_norms_and_softmax_keep_float64_precision():
+    # Before: the statistics and the softmax were computed in float32 and cast back, so
+    # under x64 a layer norm of values near 1 was off by 1e-4 (flax and jax.nn compute
+    # in float64 there).
+    with jax.enable_x64(True):
+        x = 1.0 + 1e-3 * np.random.default_rng(7).standard_normal((3, 8))
+        scale = np.random.default_rng(8).standard_normal(8)
+        centred = x - x.mean(-1, keepdims=True)
+        ln = centred / np.sqrt(np.square(centred).mean(-1, keepdims=True) + 1e-6) * scale
+        rms = x / np.sqrt(np.square(x).mean(-1, keepdims=True) + 1e-6) * scale
+        sm = np.exp(1e3 * x - (1e3 * x).max(-1, keepdims=True))
+        sm /= sm.sum(-1, keepdims=True)
+        for got, want in [
+            (layer_norm(jnp.asarray(x), jnp.asarray(scale), executor=EX), ln),
+            (rms_norm(jnp.asarray(x), jnp.asarray(scale), executor=EX), rms),
+            (softmax(jnp.asarray(1e3 * x), executor=EX), sm),
+        ]:
+            assert got.dtype == jnp.float64
+            np.testing.assert_allclose(np.asarray(got), want, rtol=1e-9, atol=1e-9)
+        w = jnp.asarray(np.random.default_rng(9).standard_normal((3, 8)))
+        for ours, theirs in [
+            (lambda x: softmax(x, executor=EX), lambda x: jax.nn.softmax(x)),
+            (lambda x: layer_norm(x, executor=EX), lambda x: jax.nn.standardize(x, epsilon=1e-6)),
+        ]:
+            g = jax.grad(lambda x, f=ours: (f(x) * w).sum())(jnp.asarray(x))
+            assert g.dtype == jnp.float64
+            want_g = jax.grad(lambda x, f=theirs: (f(x) * w).sum())(jnp.asarray(x))
+            np.testing.assert_allclose(np.asarray(g), np.asarray(want_g), rtol=1e-6, atol=1e-6)
+
+
 # --- softmax -------------------------------------------------------------------------
 
 
@@ -202,6 +232,14 @@ def test_softmax_takes_every_axis_and_integer_inputs_as_jax_nn_does():
         softmax(ints, where=jnp.ones((2, 4), bool), executor=EX)
 
 
+def test_softmax_takes_a_numpy_integer_axis_as_jax_nn_does():
+    # Before: `axis=np.int64(1)` raised "The truth value of an empty array is
+    # ambiguous" (the axis was compared with `()`); jax.nn.softmax takes it.
+    x = rand((3, 4, 5), seed=6)
+    for axis in (np.int64(1), np.int32(-1)):
+        close(softmax(x, axis, executor=EX), jax.nn.softmax(x, axis=int(axis)), tol=2e-5)
+
+
 # --- matmul --------------------------------------------------------------------------
 
 MATMUL_SHAPES = [
@@ -243,6 +281,20 @@ def test_matmul_int8_and_preferred_element_type_follow_jnp():
     assert got.dtype == jnp.int32
     np.testing.assert_array_equal(got, jnp.matmul(a, b, preferred_element_type=jnp.int32))
     np.testing.assert_array_equal(matmul(a, b, executor=EX), jnp.matmul(a, b))
+
+
+def test_a_float64_matmul_keeps_float64_precision():
+    # Before: the CPU path accumulated a float64 product in float32 and cast it back
+    # (an error of 5e-8 where jnp.matmul's is 1e-16).
+    with jax.enable_x64(True):
+        rng = np.random.default_rng(3)
+        a, b = rng.standard_normal((2, 4, 6)), rng.standard_normal((6, 3))
+        for x in (a[0], a):  # the kernel's own shape, and rows flattened into it
+            got = matmul(jnp.asarray(x), jnp.asarray(b), executor=EX)
+            assert got.dtype == jnp.float64
+            np.testing.assert_allclose(np.asarray(got), x @ b, rtol=1e-12, atol=1e-12)
+        g = jax.grad(lambda x: matmul(x, jnp.asarray(b), executor=EX).sum())(jnp.asarray(a[0]))
+        np.testing.assert_allclose(np.asarray(g), np.broadcast_to(b.sum(1), (4, 6)), rtol=1e-12)
 
 
 def test_matmul_names_mismatched_contracting_dimensions():

@@ -150,7 +150,9 @@ def linear_softmax_cross_entropy(
 
     Args:
       x: `[M, K]` floating activations (one row per token).
-      labels: `[M]` integers in `[0, V)` (ignored where `where` is False).
+      labels: `[M]` integers in `[0, V)` (ignored where `where` is False). Every
+        backend, and its gradient, reads one outside as `jnp.take_along_axis(...,
+        mode="clip")` does: a negative label counts from the end, then it is clipped.
       weights: `[K, V]`, x's dtype.
       reduction: "mean" (over the unmasked tokens), "sum", or "none" (per-token
         losses, `[M]`, 0 at masked tokens).

@@ -57,7 +57,10 @@ def _softmax_grad(
     `(softmax − one-hot) · scale` (the logits read as float32)."""
     probs = jnp.exp(logits.astype(jnp.float32) - lse[:, None])
     cols = lax.broadcasted_iota(jnp.int32, probs.shape, 1)
-    return (probs - (cols == labels[:, None]).astype(jnp.float32)) * scale[:, None]
+    # The one-hot of the label the forward picked: a label outside [0, V) is clipped
+    # there, so the raw one would match no column and leave the one-hot out.
+    picked = lse_xla.clip_labels(labels, probs.shape[1])
+    return (probs - (cols == picked[:, None]).astype(jnp.float32)) * scale[:, None]
 
 
 def _products(

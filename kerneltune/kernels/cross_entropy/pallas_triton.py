@@ -18,7 +18,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from kerneltune.kernels._common import launch_params, pad_to
-from kerneltune.kernels.cross_entropy import lse_triton
+from kerneltune.kernels.cross_entropy import lse_triton, lse_xla
 from kerneltune.kernels.cross_entropy.chunked_backend import FromRows
 from kerneltune.kernels.cross_entropy.config import CrossEntropyConfig
 
@@ -64,13 +64,16 @@ def lse_and_label_logit(
 
     Dimensions the tiles do not divide are zero-padded (padded vocabulary columns are
     masked out of the log-sum-exp; the candidate space prefers tiles that divide).
+    Labels are picked as `lse_xla.clip_labels` says.
     """
     assert cfg.block_m and cfg.block_v and cfg.block_k
     m, k = x.shape
     vocab = w.shape[1]
     xp = pad_to(x, (cfg.block_m, cfg.block_k))
     wp = pad_to(w, (cfg.block_k, cfg.block_v))
-    lp = pad_to(labels.astype(jnp.int32), (cfg.block_m,))
+    # Labels picked as every backend picks them (`lse_xla.clip_labels`): a raw label
+    # outside [0, V) would match no column and pick 0.
+    lp = pad_to(lse_xla.clip_labels(labels, vocab), (cfg.block_m,))
     mp, kp = xp.shape
     vp = wp.shape[1]
     kernel = functools.partial(

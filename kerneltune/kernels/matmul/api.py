@@ -112,7 +112,7 @@ def matmul(
     A floating `[..., m, k] @ [k, n]` product (the projections of a model) runs
     through the tuned kernel: our Pallas kernel on GPUs, or JAX's Mosaic GPU matmul
     where it wins on a Hopper GPU, `jnp.dot` on CPUs. Every other call (vectors, a
-    batched right operand, integers, an explicit `precision` or
+    batched right operand, integers, float64, an explicit `precision` or
     `preferred_element_type`) computes exactly what `jnp.matmul` computes, through XLA.
 
     Args:
@@ -149,6 +149,7 @@ def matmul(
         a.ndim >= 2
         and b.ndim == 2
         and jnp.issubdtype(dtype, jnp.floating)
+        and dtype != jnp.float64  # the kernels accumulate in float32
         and precision is None
         and preferred_element_type in (None, dtype)
     )

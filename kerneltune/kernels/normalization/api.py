@@ -59,8 +59,10 @@ class _Norm(BackendKernel[NormConfig]):
     def heuristic_cfg(self, inv: Invocation[Any, Any]) -> NormConfig:
         # The interpreter runs JAX's tiles; elsewhere XLA's fusion is the untuned
         # choice (on GPUs, what an untuned call must not lose to).
-        if self.runs_pallas() and self.use_interpreter():
-            return config_lib.heuristic(problem_of(inv))
+        p = problem_of(inv)
+        # (float64 rows always: the Pallas kernel computes in float32.)
+        if self.runs_pallas() and self.use_interpreter() and p.dtype.itemsize <= 4:
+            return config_lib.heuristic(p)
         return config_lib.XLA
 
     def search_space(self, inv: Invocation[Any, Any]):

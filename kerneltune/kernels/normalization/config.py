@@ -90,7 +90,12 @@ def rules(p: NormProblem):
             return f"{per_thread} elements per thread per step with {c.num_warps} warps: register spills"
         return None
 
-    return [covers_row, threads]
+    def precision(c: NormConfig) -> str | None:
+        if np.dtype(p.dtype).itemsize > 4:
+            return f"{np.dtype(p.dtype)} rows: the Pallas kernel computes in float32"
+        return None
+
+    return [precision, covers_row, threads]
 
 
 def candidates(p: NormProblem) -> tuple[list[NormConfig], list[Pruned[NormConfig]]]:
@@ -108,7 +113,7 @@ def candidates(p: NormProblem) -> tuple[list[NormConfig], list[Pruned[NormConfig
     ]
     kept, pruned = prune(space, rules(p), what=f"norm rows={p.rows} n={p.n}")
     h = heuristic(p)
-    if h not in kept:
+    if h not in kept and np.dtype(p.dtype).itemsize <= 4:  # float64: XLA alone
         kept.insert(0, h)
     return [XLA, *kept], pruned
 
@@ -119,7 +124,10 @@ XLA = NormConfig(backend="xla")
 
 
 def interpret_candidates(p: NormProblem) -> list[NormConfig]:
-    """A few block sizes for the Pallas interpreter (tests, the CPU demo)."""
+    """A few block sizes for the Pallas interpreter (tests, the CPU demo); XLA alone
+    for float64 rows (the Pallas kernel computes in float32)."""
+    if np.dtype(p.dtype).itemsize > 4:
+        return [XLA]
     out = [heuristic(p)]
     for b in (128, 512):
         c = NormConfig(block_size=b, num_warps=4)

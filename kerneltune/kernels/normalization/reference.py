@@ -1,27 +1,38 @@
-"""Layer norm and RMS norm through XLA (statistics in float32)."""
+"""Layer norm and RMS norm through XLA (statistics in float32, or float64 for float64
+inputs)."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from kerneltune._src.kernel.backends import Backend
 
 
+def _stats_dtype(x: jax.Array) -> np.dtype:
+    """float64 for float64 inputs (as flax's norms), else float32: float32 statistics
+    of a float64 array cost it half its digits. (Not `jnp.promote_types`: it refuses
+    float64 with float32 under strict dtype promotion.)"""
+    return np.dtype(np.float64 if x.dtype == np.float64 else np.float32)
+
+
 def layer_norm_xla(x: jax.Array, weight: jax.Array, bias: jax.Array, *, eps: float) -> jax.Array:
     """`(x − mean) / sqrt(var + eps) · weight + bias` over the last axis."""
-    xf = x.astype(jnp.float32)
+    f = _stats_dtype(x)
+    xf = x.astype(f)
     mean = jnp.mean(xf, axis=-1, keepdims=True)
     var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
-    y = (xf - mean) * jax.lax.rsqrt(var + jnp.float32(eps))
-    return (y * weight.astype(jnp.float32) + bias.astype(jnp.float32)).astype(x.dtype)
+    y = (xf - mean) * jax.lax.rsqrt(var + jnp.asarray(eps, f))
+    return (y * weight.astype(f) + bias.astype(f)).astype(x.dtype)
 
 
 def rms_norm_xla(x: jax.Array, weight: jax.Array, *, eps: float) -> jax.Array:
     """`x / sqrt(mean(x²) + eps) · weight` over the last axis."""
-    xf = x.astype(jnp.float32)
+    f = _stats_dtype(x)
+    xf = x.astype(f)
     ms = jnp.mean(jnp.square(xf), axis=-1, keepdims=True)
-    return (xf * jax.lax.rsqrt(ms + jnp.float32(eps)) * weight.astype(jnp.float32)).astype(x.dtype)
+    return (xf * jax.lax.rsqrt(ms + jnp.asarray(eps, f)) * weight.astype(f)).astype(x.dtype)
 
 
 def layer_norm_reference(x, weight, bias, *, eps: float = 1e-5):

@@ -80,9 +80,9 @@ def softmax(
     """`jax.nn.softmax` with a tuned config.
 
     One axis of a floating array runs through the tuned kernel (moved last and back).
-    Several axes (`axis=None`: all of them), a `where` mask, or an integer array (which
-    `jax.nn.softmax` promotes to float) are what the kernel does not take: such calls
-    compute exactly what `jax.nn.softmax` computes, through XLA.
+    Several axes (`axis=None`: all of them), a `where` mask, a float64 array or an
+    integer array (which `jax.nn.softmax` promotes to float) are what the kernel does
+    not take: such calls compute exactly what `jax.nn.softmax` computes, through XLA.
 
     Args:
       x: the array.
@@ -112,7 +112,12 @@ def softmax(
     if axis is None:
         axis = tuple(range(x.ndim))
     # The kernel takes floating x over one axis; anything else is jax.nn.softmax's.
-    takes_axes = jnp.issubdtype(x.dtype, jnp.floating) and x.ndim > 0 and axis != ()
+    # (`axis == ()` only for a tuple: a NumPy integer axis compared with `()` is an
+    # empty array, whose truth value NumPy refuses.)
+    no_axes = isinstance(axis, tuple) and not axis
+    # float64 too is jax.nn.softmax's: the kernels compute in float32.
+    takes_x = jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != jnp.float64
+    takes_axes = takes_x and x.ndim > 0 and not no_axes
     axes = normalize_axes(op, axis, x.ndim) if takes_axes else ()
     if len(axes) != 1 or where is not None:
         return jax.nn.softmax(x, axis=axis, where=where)
