@@ -354,7 +354,9 @@ def attention(
       logits_soft_cap: `cap`: logits become `cap · tanh(logits / cap)` before masking.
       query_segment_ids, kv_segment_ids: (a kerneltune extension) `[batch, q_len]` and
         `[batch, kv_len]` integers, both or neither: a query attends only to keys of
-        its own segment (packed documents); combines with every other argument.
+        its own segment (packed documents); combines with every other argument. The
+        kernels compare them as int32: 64-bit ids must fit in int32 (ids that differ
+        only above bit 31 compare equal).
       cfg: a config to use instead of the chosen one: `FwdParams` for plain attention,
         `VariantConfig` for a variant.
       executor: the executor to run through (default: `kerneltune.default_executor()`).
