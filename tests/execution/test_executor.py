@@ -362,3 +362,25 @@ def test_an_error_raised_by_a_cached_program_is_not_retried():
     with pytest.raises(TypeError, match="raised while running"):
         ex(kernel, x)
     assert runs == [1]
+
+
+def test_stamp_is_an_executor_option_for_choose_config_invocation_and_compile():
+    # Before: choose_config, invocation and compile handed `stamp=` to the kernel as a
+    # keyword argument (another call key than the call's), and compile ignored it, though
+    # its callable tells users to pass the executor's options to compile().
+    ex, chain, _ = heuristics_executor()
+    k = ScaleKernel()
+    x = rand((4,))
+    inv = ex.invocation(k, x, stamp=False)
+    assert inv.kwargs == {} and inv.stamp is False
+    assert inv.call_key == ex.invocation(k, x).call_key
+    chain.cache.put(inv.device_fingerprint, inv.op_id_v, inv.call_key, ScaleCfg(3.0))
+    assert ex.choose_config(k, x, stamp=False) == ScaleCfg(3.0)
+    unstamped = ex.compile(k, x, stamp=False)
+    assert unstamped.cfg == ScaleCfg(3.0)
+    np.testing.assert_allclose(unstamped(x), 3.0 * x, rtol=1e-6)
+    assert kt.find_labels_in_lowered(jax.jit(unstamped).lower(x)) == []
+    stamped = ex.compile(k, x)
+    assert len(kt.find_labels_in_lowered(jax.jit(stamped).lower(x))) == 1
+    with pytest.raises(TypeError, match=r"stamp must be a bool, got 'no'"):
+        ex(k, x, stamp="no")

@@ -315,7 +315,8 @@ class Executor(Generic[Cfg, Out]):
         self, kernel: Kernel[Cfg, Out], *args: Any, cfg: Cfg | None = None, **kwargs: Any
     ) -> Cfg:
         """The config a call with these arguments would use, without running it (the
-        arguments are `__call__`'s: `method=`, `mesh=` and the specs included)."""
+        arguments are `__call__`'s: `stamp=`, `method=`, `mesh=` and the specs
+        included)."""
         return self.chooser.choose(self.invocation(kernel, *args, cfg=cfg, **kwargs), kernel)
 
     def invocation(
@@ -323,6 +324,7 @@ class Executor(Generic[Cfg, Out]):
         kernel: Kernel[Cfg, Out],
         *args: Any,
         cfg: Cfg | None = None,
+        stamp: bool = True,
         method: str | None = None,
         mesh: Any = None,
         in_specs: Any = None,
@@ -331,7 +333,7 @@ class Executor(Generic[Cfg, Out]):
     ) -> Invocation[Cfg, Out]:
         """The `Invocation` a call with these arguments makes (prepared arguments, op
         id, call key), without choosing a config or running anything."""
-        call = CallOptions(cfg, True, method, mesh, in_specs, out_specs)
+        call = CallOptions(cfg, stamp, method, mesh, in_specs, out_specs)
         _check_call(kernel, call)
         return self._invocation(kernel, args, kwargs, call)[0]
 
@@ -340,6 +342,7 @@ class Executor(Generic[Cfg, Out]):
         kernel: Kernel[Cfg, Out],
         *example_args: Any,
         cfg: Cfg | None = None,
+        stamp: bool = True,
         method: str | None = None,
         mesh: Any = None,
         in_specs: Any = None,
@@ -347,12 +350,16 @@ class Executor(Generic[Cfg, Out]):
         **example_kwargs: Any,
     ) -> Callable[..., Out]:
         """Chooses the config once from the example arguments and returns a callable
-        that always runs with it (keeping prepare, platform dispatch, the custom VJP
-        and `method="shard_map"` with its mesh and specs); it works eagerly and under
-        jit/grad/vmap."""
-        per_shard = dict(method=method, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
-        chosen = self.choose_config(kernel, *example_args, cfg=cfg, **per_shard, **example_kwargs)
-        call = CallOptions(cfg=chosen, **per_shard)
+        that always runs with it (keeping prepare, platform dispatch, the custom VJP,
+        `stamp=` and `method="shard_map"` with its mesh and specs); it works eagerly
+        and under jit/grad/vmap."""
+        fixed_options = dict(
+            stamp=stamp, method=method, mesh=mesh, in_specs=in_specs, out_specs=out_specs
+        )
+        chosen = self.choose_config(
+            kernel, *example_args, cfg=cfg, **fixed_options, **example_kwargs
+        )
+        call = CallOptions(cfg=chosen, **fixed_options)
 
         def compiled(*args: Any, **kwargs: Any) -> Out:
             if kwargs and not _OPTION_NAMES.isdisjoint(kwargs):
@@ -383,6 +390,8 @@ def _check_call(kernel: Any, call: CallOptions) -> None:
     arguments."""
     if not isinstance(kernel, Kernel):
         raise TypeError(f"expected a kerneltune.Kernel instance, got {type(kernel).__qualname__}.")
+    if not isinstance(call.stamp, bool):
+        raise TypeError(f"stamp must be a bool, got {call.stamp!r}.")
     if call.method not in (None, "shard_map"):
         raise ValueError(f"method must be None or 'shard_map', got {call.method!r}.")
     if call.method == "shard_map" and (
