@@ -389,3 +389,39 @@ def test_a_miss_asks_the_kernel_for_its_candidates_once():
     ex, _, _ = make()
     assert ex.choose_config(Counted(), rand((8, 8))) == RepCfg(reps=1)
     assert len(calls) == 1  # a candidate hook may be costly (it may compile or probe)
+
+
+class AllBroken(kt.Kernel):
+    """Every config fails to trace, the heuristic's too (tuning cannot pick one)."""
+
+    op_id = "all_broken"
+
+    def run(self, x, *, cfg):
+        raise RuntimeError(f"no such block size {cfg.reps}")
+
+    def heuristic_cfg(self, inv):
+        return RepCfg(reps=0)
+
+    def candidate_cfgs(self, inv):
+        return [RepCfg(reps=1), RepCfg(reps=2)]
+
+
+def test_a_key_whose_every_candidate_failed_is_not_benchmarked_again():
+    # Before: with forbid_reautotune, every later miss of such a key (a new trace, a
+    # choose_config) compiled and ran every candidate again, and warned again.
+    ex, chain, events = make()
+    x = rand((8,))
+    with pytest.warns(RuntimeWarning, match=r"failed for every one of 3 candidates.*size 2"):
+        assert ex.choose_config(AllBroken(), x) == RepCfg(reps=0)
+    assert names(events) == ["autotune_start", "autotune_finish", "heuristics"]
+    assert ex.choose_config(AllBroken(), x) == RepCfg(reps=0)  # warnings are errors here
+    assert names(events)[3:] == ["heuristics"]
+    why = kt.explain(AllBroken(), x, executor=ex)
+    assert why.tier == "heuristics"
+    assert ("autotune", "every candidate failed when tuned earlier in this process") in why.misses
+    # Allowed to tune again, it does.
+    ex, chain, events = make(forbid_reautotune=False)
+    for _ in range(2):
+        with pytest.warns(RuntimeWarning, match="failed for every one"):
+            ex.choose_config(AllBroken(), x)
+    assert names(events).count("autotune_start") == 2
