@@ -425,3 +425,22 @@ def test_a_key_whose_every_candidate_failed_is_not_benchmarked_again():
         with pytest.warns(RuntimeWarning, match="failed for every one"):
             ex.choose_config(AllBroken(), x)
     assert names(events).count("autotune_start") == 2
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"autotune": "no"}, TypeError, r"autotune must be a bool or None, got 'no'"),
+        ({"persist_autotune": "yes"}, TypeError, r"persist_autotune must be a bool, got 'yes'"),
+        ({"forbid_reautotune": None}, TypeError, r"forbid_reautotune must be a bool, got None"),
+        ({"on_event": 3}, TypeError, r"on_event must be callable .*, got 3"),
+        ({"tuner": 3}, TypeError, r"tuner must be .*autotune.*, got int"),
+        ({"persistent": "/tmp/cache"}, TypeError, r"persistent must be .*PersistentCache.*str"),
+    ],
+)
+def test_chain_arguments_are_checked_when_it_is_made(kwargs, error, message):
+    # Before: autotune="no" meant autotune=True (bool("no")); a path as `persistent`, a
+    # tuner without the protocol or a non-callable on_event failed (or were only
+    # logged) at the first call that used them.
+    with pytest.raises(error, match=message):
+        kt.ConfigSelectorChain(kt.ConfigCache(), **kwargs)
