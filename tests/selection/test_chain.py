@@ -444,3 +444,20 @@ def test_chain_arguments_are_checked_when_it_is_made(kwargs, error, message):
     # logged) at the first call that used them.
     with pytest.raises(error, match=message):
         kt.ConfigSelectorChain(kt.ConfigCache(), **kwargs)
+
+
+def test_an_overlay_config_of_another_type_is_a_type_error_naming_the_overlay():
+    # Before: it reached the kernel, which failed inside its trace
+    # (AttributeError: 'ScaleCfg' object has no attribute 'reps').
+    @dataclasses.dataclass(frozen=True)
+    class ScaleCfg:
+        scale: float = 1.0
+
+    ex, _, _ = make(policy=kt.AutotunePolicy(cache_miss_fallback="heuristics"))
+    x = rand((8, 8))
+    key = key_of(ex, CostKernel(), x)
+    with kt.overlay_cache({key: ScaleCfg(2.0)}):
+        with pytest.raises(TypeError, match=r"overlay config for cost@v0 must be a RepCfg, got"):
+            ex(CostKernel(), x)
+    with kt.overlay_cache({key: {"reps": 2}}):  # plain fields still become the type
+        assert ex.choose_config(CostKernel(), x) == RepCfg(reps=2)
