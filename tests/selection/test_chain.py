@@ -461,3 +461,32 @@ def test_an_overlay_config_of_another_type_is_a_type_error_naming_the_overlay():
             ex(CostKernel(), x)
     with kt.overlay_cache({key: {"reps": 2}}):  # plain fields still become the type
         assert ex.choose_config(CostKernel(), x) == RepCfg(reps=2)
+
+
+def summary_lines(caplog):
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("tuned ")]
+
+
+def test_one_summary_line_per_tuned_key_whatever_the_tuner(caplog, monkeypatch):
+    # Before: a tuner with only the documented protocol logged none, and a training key
+    # tuned in two stages (candidates sharing one backward timed forward only) logged
+    # one line per stage, the first naming a forward-only winner.
+    x = rand((16, 16))
+    with caplog.at_level(logging.INFO, logger="kerneltune"):
+        ex, _, _ = make(tuner=LastCandidateTuner())
+        assert ex.choose_config(CostKernel(), x) == RepCfg(reps=1)
+    (line,) = summary_lines(caplog)
+    assert line.startswith("tuned cost@v0(f32[16,16]): RepCfg(reps=1)")
+    assert "strategy=LastCandidateTuner.autotune" in line
+
+    from kerneltune._src.kernel import hooks
+
+    # reps=16 and reps=1 share one backward; the heuristic (reps=4) has its own.
+    monkeypatch.setattr(hooks, "backward_tuned_apart", lambda kernel, cfg: cfg.reps != 4)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="kerneltune"):
+        ex, _, events = make(policy=kt.AutotunePolicy(validate_backward=True))
+        assert ex.choose_config(CostKernel(), x) == RepCfg(reps=1)
+    (line,) = summary_lines(caplog)
+    assert line.startswith("tuned cost@v0(f32[16,16]): RepCfg(reps=1)")
+    assert "over the heuristic" in line and "forward only for the 2 candidates" in line
