@@ -384,3 +384,38 @@ def test_stamp_is_an_executor_option_for_choose_config_invocation_and_compile():
     assert len(kt.find_labels_in_lowered(jax.jit(stamped).lower(x))) == 1
     with pytest.raises(TypeError, match=r"stamp must be a bool, got 'no'"):
         ex(k, x, stamp="no")
+
+
+def test_a_dataclass_kernel_holding_an_array_runs_eagerly():
+    # Before: every eager call raised "TypeError: unhashable type: 'Weighted'": such a
+    # kernel keys its program by itself, and a dataclass with eq=True (the default)
+    # does not hash, nor does a frozen one holding an array.
+    @dataclasses.dataclass
+    class Weighted(kt.Kernel):
+        w: object = None
+        op_id = "weighted"
+
+        def run(self, x, *, cfg):
+            return x * jnp.asarray(self.w) * cfg.scale
+
+        def heuristic_cfg(self, inv):
+            return ScaleCfg(1.0)
+
+    @dataclasses.dataclass(frozen=True)
+    class FrozenWeighted(kt.Kernel):
+        w: object = None
+        op_id = "frozen_weighted"
+        run, heuristic_cfg = Weighted.run, Weighted.heuristic_cfg
+
+    ex, _, _ = heuristics_executor()
+    x = rand((3,))
+    for kind in (Weighted, FrozenWeighted):
+        for w in (jnp.full(3, 2.0), [3.0, 3.0, 3.0]):
+            kernel = kind(w)
+            for _ in range(2):
+                np.testing.assert_allclose(ex(kernel, x), x * jnp.asarray(w), rtol=1e-6)
+            np.testing.assert_allclose(
+                kt.Executor(FixedChooser(ScaleCfg(2.0)))(kernel, x),
+                2.0 * x * jnp.asarray(w),
+                rtol=1e-6,
+            )

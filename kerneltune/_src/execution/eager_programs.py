@@ -19,7 +19,7 @@ from kerneltune._src.core import keys
 from kerneltune._src.kernel.base import Kernel
 
 
-class _Same:
+class Same:
     """Hashes and compares by identity, and keeps its value alive (so its id is never
     another object's while a key holds it)."""
 
@@ -32,7 +32,7 @@ class _Same:
         return id(self.value)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Same) and other.value is self.value
+        return isinstance(other, Same) and other.value is self.value
 
 
 def hashable(value: Any) -> Any:
@@ -46,7 +46,7 @@ def hashable(value: Any) -> Any:
         pass
     text = keys.stable_json(value)
     if '"__array__"' in text or '"__callable__"' in text:
-        return ("object", _Same(value))
+        return ("object", Same(value))
     return ("json", text)
 
 
@@ -59,9 +59,10 @@ def kernel_identity(kernel: Kernel[Any, Any]) -> Any:
     all strings, numbers, booleans or None is known by its class and those values, so
     a kernel made afresh for each eager call (`RowSum()(x)`) reuses the first one's
     program instead of compiling again (about 50 ms a call on a CPU). Any other kernel
-    (another attribute type, slots) is itself: its own program."""
+    (another attribute type, slots) is itself, by identity (a dataclass kernel does not
+    hash, nor a frozen one holding an array): its own program."""
     if any(getattr(c, "__slots__", ()) for c in type(kernel).__mro__ if "__slots__" in vars(c)):
-        return kernel
+        return Same(kernel)
     state = []
     for name, value in sorted(vars(kernel).items()):
         if type(value) in _VALUE_TYPES:
@@ -69,7 +70,7 @@ def kernel_identity(kernel: Kernel[Any, Any]) -> Any:
         elif type(value) is float:
             state.append((name, float, repr(value)))  # -0.0 is not 0.0 here
         else:
-            return kernel
+            return Same(kernel)
     return (type(kernel), tuple(state))
 
 

@@ -272,7 +272,7 @@ class Executor(Generic[Cfg, Out]):
         if program is None:
             # Shared by value (kernels equal by class and attributes): the program traces
             # a copy, so that changing the kernel it was made for changes nothing here.
-            if sig.key[0] is not kernel:
+            if not isinstance(sig.key[0], eager_programs.Same):
                 kernel = copy.copy(kernel)
 
             def trace(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
