@@ -419,3 +419,35 @@ def test_a_dataclass_kernel_holding_an_array_runs_eagerly():
                 2.0 * x * jnp.asarray(w),
                 rtol=1e-6,
             )
+
+
+def test_a_kernel_known_by_identity_is_not_kept_alive_by_its_program():
+    # Before: its program's key and trace held it, so a kernel holding an array made
+    # afresh for each eager call stayed in memory, with its compiled program, for good.
+    import gc
+    import weakref
+
+    class Plain(ScaleKernel):
+        op_id = "plain_with_array"
+
+        def __init__(self, w):
+            super().__init__()
+            self.w = w
+
+        def run(self, x, *, cfg, offset=0.0):
+            return x * self.w
+
+    ex, _, _ = heuristics_executor()
+    x = rand((3,))
+    refs = []
+    for i in range(3):
+        kernel = Plain(jnp.full(3, float(i)))
+        np.testing.assert_allclose(ex(kernel, x), i * x, rtol=1e-6)
+        refs.append(weakref.ref(kernel))
+    kept = kernel
+    del kernel
+    gc.collect()
+    assert [r() is None for r in refs] == [True, True, False]
+    assert len(ex._programs) == 1
+    np.testing.assert_allclose(ex(kept, x), 2 * x, rtol=1e-6)  # its program still serves it
+    np.testing.assert_allclose(jax.jit(lambda a: ex(kept, a))(x), 2 * x, rtol=1e-6)

@@ -10,6 +10,7 @@ program's inputs.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +34,31 @@ class Same:
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Same) and other.value is self.value
+
+
+class Weak:
+    """A kernel known by identity, held weakly: hashes and compares by its id. Whoever
+    keys by it drops the keys when the kernel is collected (`weakref.finalize`), before
+    its id can name another object."""
+
+    __slots__ = ("_id", "ref")
+
+    def __init__(self, value: Any) -> None:
+        self.ref = weakref.ref(value)
+        self._id = id(value)
+
+    def __hash__(self) -> int:
+        return self._id
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Weak) and other._id == self._id
+
+
+def _by_identity(kernel: Any) -> Any:
+    try:
+        return Weak(kernel)
+    except TypeError:  # slots without __weakref__: kept alive instead
+        return Same(kernel)
 
 
 def hashable(value: Any) -> Any:
@@ -60,9 +86,10 @@ def kernel_identity(kernel: Kernel[Any, Any]) -> Any:
     a kernel made afresh for each eager call (`RowSum()(x)`) reuses the first one's
     program instead of compiling again (about 50 ms a call on a CPU). Any other kernel
     (another attribute type, slots) is itself, by identity (a dataclass kernel does not
-    hash, nor a frozen one holding an array): its own program."""
+    hash, nor a frozen one holding an array): its own program, which does not keep it
+    alive where it can be weakly referenced."""
     if any(getattr(c, "__slots__", ()) for c in type(kernel).__mro__ if "__slots__" in vars(c)):
-        return Same(kernel)
+        return _by_identity(kernel)
     state = []
     for name, value in sorted(vars(kernel).items()):
         if type(value) in _VALUE_TYPES:
@@ -70,7 +97,7 @@ def kernel_identity(kernel: Kernel[Any, Any]) -> Any:
         elif type(value) is float:
             state.append((name, float, repr(value)))  # -0.0 is not 0.0 here
         else:
-            return Same(kernel)
+            return _by_identity(kernel)
     return (type(kernel), tuple(state))
 
 

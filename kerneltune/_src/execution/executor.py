@@ -270,18 +270,33 @@ class Executor(Generic[Cfg, Out]):
         sig = eager_programs.signature(kernel, cfg, args, kwargs, call, options.STAMP.value)
         program = self._programs.get(sig.key)
         if program is None:
-            # Shared by value (kernels equal by class and attributes): the program traces
-            # a copy, so that changing the kernel it was made for changes nothing here.
-            if not isinstance(sig.key[0], eager_programs.Same):
-                kernel = copy.copy(kernel)
+            identity = sig.key[0]
+            held: Kernel[Cfg, Out] | None = kernel
+            ref = None
+            if isinstance(identity, eager_programs.Weak):
+                # Known by identity: the program leaves with the kernel (one made afresh
+                # for each call would otherwise stay, compiled program and all).
+                held, ref = None, identity.ref
+                self._forget_with(kernel, sig.key)
+            elif not isinstance(identity, eager_programs.Same):
+                # Shared by value (kernels equal by class and attributes): the program
+                # traces a copy, so that changing the kernel it was made for changes
+                # nothing here.
+                held = copy.copy(kernel)
 
             def trace(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-                inner, p_args, p_kwargs = self._invocation(kernel, args, kwargs, call)
-                return self._apply(kernel, inner, cfg, p_args, p_kwargs)
+                k = held if ref is None else ref()
+                assert k is not None  # its program leaves with a collected kernel
+                inner, p_args, p_kwargs = self._invocation(k, args, kwargs, call)
+                return self._apply(k, inner, cfg, p_args, p_kwargs)
 
             program = eager_programs.Program(trace, sig)
             self._programs[sig.key] = program
         return program
+
+    def _forget_with(self, kernel: Kernel[Cfg, Out], key: Any) -> None:
+        """Drops the program under `key` when `kernel` is collected."""
+        weakref.finalize(kernel, _drop_program, weakref.ref(self), key)
 
     # -- the rest of the public API ----------------------------------------------------------
 
@@ -377,6 +392,12 @@ class Executor(Generic[Cfg, Out]):
 
         compiled.cfg = chosen  # type: ignore[attr-defined]
         return compiled
+
+
+def _drop_program(executor_ref: Callable[[], Executor[Any, Any] | None], key: Any) -> None:
+    executor = executor_ref()
+    if executor is not None:
+        executor._programs.pop(key, None)
 
 
 def _default_keys(kernel: Kernel[Any, Any]) -> bool:
