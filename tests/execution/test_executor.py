@@ -362,3 +362,92 @@ def test_an_error_raised_by_a_cached_program_is_not_retried():
     with pytest.raises(TypeError, match="raised while running"):
         ex(kernel, x)
     assert runs == [1]
+
+
+def test_stamp_is_an_executor_option_for_choose_config_invocation_and_compile():
+    # Before: choose_config, invocation and compile handed `stamp=` to the kernel as a
+    # keyword argument (another call key than the call's), and compile ignored it, though
+    # its callable tells users to pass the executor's options to compile().
+    ex, chain, _ = heuristics_executor()
+    k = ScaleKernel()
+    x = rand((4,))
+    inv = ex.invocation(k, x, stamp=False)
+    assert inv.kwargs == {} and inv.stamp is False
+    assert inv.call_key == ex.invocation(k, x).call_key
+    chain.cache.put(inv.device_fingerprint, inv.op_id_v, inv.call_key, ScaleCfg(3.0))
+    assert ex.choose_config(k, x, stamp=False) == ScaleCfg(3.0)
+    unstamped = ex.compile(k, x, stamp=False)
+    assert unstamped.cfg == ScaleCfg(3.0)
+    np.testing.assert_allclose(unstamped(x), 3.0 * x, rtol=1e-6)
+    assert kt.find_labels_in_lowered(jax.jit(unstamped).lower(x)) == []
+    stamped = ex.compile(k, x)
+    assert len(kt.find_labels_in_lowered(jax.jit(stamped).lower(x))) == 1
+    with pytest.raises(TypeError, match=r"stamp must be a bool, got 'no'"):
+        ex(k, x, stamp="no")
+
+
+def test_a_dataclass_kernel_holding_an_array_runs_eagerly():
+    # Before: every eager call raised "TypeError: unhashable type: 'Weighted'": such a
+    # kernel keys its program by itself, and a dataclass with eq=True (the default)
+    # does not hash, nor does a frozen one holding an array.
+    @dataclasses.dataclass
+    class Weighted(kt.Kernel):
+        w: object = None
+        op_id = "weighted"
+
+        def run(self, x, *, cfg):
+            return x * jnp.asarray(self.w) * cfg.scale
+
+        def heuristic_cfg(self, inv):
+            return ScaleCfg(1.0)
+
+    @dataclasses.dataclass(frozen=True)
+    class FrozenWeighted(kt.Kernel):
+        w: object = None
+        op_id = "frozen_weighted"
+        run, heuristic_cfg = Weighted.run, Weighted.heuristic_cfg
+
+    ex, _, _ = heuristics_executor()
+    x = rand((3,))
+    for kind in (Weighted, FrozenWeighted):
+        for w in (jnp.full(3, 2.0), [3.0, 3.0, 3.0]):
+            kernel = kind(w)
+            for _ in range(2):
+                np.testing.assert_allclose(ex(kernel, x), x * jnp.asarray(w), rtol=1e-6)
+            np.testing.assert_allclose(
+                kt.Executor(FixedChooser(ScaleCfg(2.0)))(kernel, x),
+                2.0 * x * jnp.asarray(w),
+                rtol=1e-6,
+            )
+
+
+def test_a_kernel_known_by_identity_is_not_kept_alive_by_its_program():
+    # Before: its program's key and trace held it, so a kernel holding an array made
+    # afresh for each eager call stayed in memory, with its compiled program, for good.
+    import gc
+    import weakref
+
+    class Plain(ScaleKernel):
+        op_id = "plain_with_array"
+
+        def __init__(self, w):
+            super().__init__()
+            self.w = w
+
+        def run(self, x, *, cfg, offset=0.0):
+            return x * self.w
+
+    ex, _, _ = heuristics_executor()
+    x = rand((3,))
+    refs = []
+    for i in range(3):
+        kernel = Plain(jnp.full(3, float(i)))
+        np.testing.assert_allclose(ex(kernel, x), i * x, rtol=1e-6)
+        refs.append(weakref.ref(kernel))
+    kept = kernel
+    del kernel
+    gc.collect()
+    assert [r() is None for r in refs] == [True, True, False]
+    assert len(ex._programs) == 1
+    np.testing.assert_allclose(ex(kept, x), 2 * x, rtol=1e-6)  # its program still serves it
+    np.testing.assert_allclose(jax.jit(lambda a: ex(kept, a))(x), 2 * x, rtol=1e-6)

@@ -389,3 +389,104 @@ def test_a_miss_asks_the_kernel_for_its_candidates_once():
     ex, _, _ = make()
     assert ex.choose_config(Counted(), rand((8, 8))) == RepCfg(reps=1)
     assert len(calls) == 1  # a candidate hook may be costly (it may compile or probe)
+
+
+class AllBroken(kt.Kernel):
+    """Every config fails to trace, the heuristic's too (tuning cannot pick one)."""
+
+    op_id = "all_broken"
+
+    def run(self, x, *, cfg):
+        raise RuntimeError(f"no such block size {cfg.reps}")
+
+    def heuristic_cfg(self, inv):
+        return RepCfg(reps=0)
+
+    def candidate_cfgs(self, inv):
+        return [RepCfg(reps=1), RepCfg(reps=2)]
+
+
+def test_a_key_whose_every_candidate_failed_is_not_benchmarked_again():
+    # Before: with forbid_reautotune, every later miss of such a key (a new trace, a
+    # choose_config) compiled and ran every candidate again, and warned again.
+    ex, chain, events = make()
+    x = rand((8,))
+    with pytest.warns(RuntimeWarning, match=r"failed for every one of 3 candidates.*size 2"):
+        assert ex.choose_config(AllBroken(), x) == RepCfg(reps=0)
+    assert names(events) == ["autotune_start", "autotune_finish", "heuristics"]
+    assert ex.choose_config(AllBroken(), x) == RepCfg(reps=0)  # warnings are errors here
+    assert names(events)[3:] == ["heuristics"]
+    why = kt.explain(AllBroken(), x, executor=ex)
+    assert why.tier == "heuristics"
+    assert ("autotune", "every candidate failed when tuned earlier in this process") in why.misses
+    # Allowed to tune again, it does.
+    ex, chain, events = make(forbid_reautotune=False)
+    for _ in range(2):
+        with pytest.warns(RuntimeWarning, match="failed for every one"):
+            ex.choose_config(AllBroken(), x)
+    assert names(events).count("autotune_start") == 2
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"autotune": "no"}, TypeError, r"autotune must be a bool or None, got 'no'"),
+        ({"persist_autotune": "yes"}, TypeError, r"persist_autotune must be a bool, got 'yes'"),
+        ({"forbid_reautotune": None}, TypeError, r"forbid_reautotune must be a bool, got None"),
+        ({"on_event": 3}, TypeError, r"on_event must be callable .*, got 3"),
+        ({"tuner": 3}, TypeError, r"tuner must be .*autotune.*, got int"),
+        ({"persistent": "/tmp/cache"}, TypeError, r"persistent must be .*PersistentCache.*str"),
+    ],
+)
+def test_chain_arguments_are_checked_when_it_is_made(kwargs, error, message):
+    # Before: autotune="no" meant autotune=True (bool("no")); a path as `persistent`, a
+    # tuner without the protocol or a non-callable on_event failed (or were only
+    # logged) at the first call that used them.
+    with pytest.raises(error, match=message):
+        kt.ConfigSelectorChain(kt.ConfigCache(), **kwargs)
+
+
+def test_an_overlay_config_of_another_type_is_a_type_error_naming_the_overlay():
+    # Before: it reached the kernel, which failed inside its trace
+    # (AttributeError: 'ScaleCfg' object has no attribute 'reps').
+    @dataclasses.dataclass(frozen=True)
+    class ScaleCfg:
+        scale: float = 1.0
+
+    ex, _, _ = make(policy=kt.AutotunePolicy(cache_miss_fallback="heuristics"))
+    x = rand((8, 8))
+    key = key_of(ex, CostKernel(), x)
+    with kt.overlay_cache({key: ScaleCfg(2.0)}):
+        with pytest.raises(TypeError, match=r"overlay config for cost@v0 must be a RepCfg, got"):
+            ex(CostKernel(), x)
+    with kt.overlay_cache({key: {"reps": 2}}):  # plain fields still become the type
+        assert ex.choose_config(CostKernel(), x) == RepCfg(reps=2)
+
+
+def summary_lines(caplog):
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("tuned ")]
+
+
+def test_one_summary_line_per_tuned_key_whatever_the_tuner(caplog, monkeypatch):
+    # Before: a tuner with only the documented protocol logged none, and a training key
+    # tuned in two stages (candidates sharing one backward timed forward only) logged
+    # one line per stage, the first naming a forward-only winner.
+    x = rand((16, 16))
+    with caplog.at_level(logging.INFO, logger="kerneltune"):
+        ex, _, _ = make(tuner=LastCandidateTuner())
+        assert ex.choose_config(CostKernel(), x) == RepCfg(reps=1)
+    (line,) = summary_lines(caplog)
+    assert line.startswith("tuned cost@v0(f32[16,16]): RepCfg(reps=1)")
+    assert "strategy=LastCandidateTuner.autotune" in line
+
+    from kerneltune._src.kernel import hooks
+
+    # reps=16 and reps=1 share one backward; the heuristic (reps=4) has its own.
+    monkeypatch.setattr(hooks, "backward_tuned_apart", lambda kernel, cfg: cfg.reps != 4)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="kerneltune"):
+        ex, _, events = make(policy=kt.AutotunePolicy(validate_backward=True))
+        assert ex.choose_config(CostKernel(), x) == RepCfg(reps=1)
+    (line,) = summary_lines(caplog)
+    assert line.startswith("tuned cost@v0(f32[16,16]): RepCfg(reps=1)")
+    assert "over the heuristic" in line and "forward only for the 2 candidates" in line

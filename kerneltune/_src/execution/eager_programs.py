@@ -10,6 +10,7 @@ program's inputs.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +20,7 @@ from kerneltune._src.core import keys
 from kerneltune._src.kernel.base import Kernel
 
 
-class _Same:
+class Same:
     """Hashes and compares by identity, and keeps its value alive (so its id is never
     another object's while a key holds it)."""
 
@@ -32,7 +33,32 @@ class _Same:
         return id(self.value)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Same) and other.value is self.value
+        return isinstance(other, Same) and other.value is self.value
+
+
+class Weak:
+    """A kernel known by identity, held weakly: hashes and compares by its id. Whoever
+    keys by it drops the keys when the kernel is collected (`weakref.finalize`), before
+    its id can name another object."""
+
+    __slots__ = ("_id", "ref")
+
+    def __init__(self, value: Any) -> None:
+        self.ref = weakref.ref(value)
+        self._id = id(value)
+
+    def __hash__(self) -> int:
+        return self._id
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Weak) and other._id == self._id
+
+
+def _by_identity(kernel: Any) -> Any:
+    try:
+        return Weak(kernel)
+    except TypeError:  # slots without __weakref__: kept alive instead
+        return Same(kernel)
 
 
 def hashable(value: Any) -> Any:
@@ -46,7 +72,7 @@ def hashable(value: Any) -> Any:
         pass
     text = keys.stable_json(value)
     if '"__array__"' in text or '"__callable__"' in text:
-        return ("object", _Same(value))
+        return ("object", Same(value))
     return ("json", text)
 
 
@@ -59,9 +85,11 @@ def kernel_identity(kernel: Kernel[Any, Any]) -> Any:
     all strings, numbers, booleans or None is known by its class and those values, so
     a kernel made afresh for each eager call (`RowSum()(x)`) reuses the first one's
     program instead of compiling again (about 50 ms a call on a CPU). Any other kernel
-    (another attribute type, slots) is itself: its own program."""
+    (another attribute type, slots) is itself, by identity (a dataclass kernel does not
+    hash, nor a frozen one holding an array): its own program, which does not keep it
+    alive where it can be weakly referenced."""
     if any(getattr(c, "__slots__", ()) for c in type(kernel).__mro__ if "__slots__" in vars(c)):
-        return kernel
+        return _by_identity(kernel)
     state = []
     for name, value in sorted(vars(kernel).items()):
         if type(value) in _VALUE_TYPES:
@@ -69,7 +97,7 @@ def kernel_identity(kernel: Kernel[Any, Any]) -> Any:
         elif type(value) is float:
             state.append((name, float, repr(value)))  # -0.0 is not 0.0 here
         else:
-            return kernel
+            return _by_identity(kernel)
     return (type(kernel), tuple(state))
 
 

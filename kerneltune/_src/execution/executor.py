@@ -270,18 +270,33 @@ class Executor(Generic[Cfg, Out]):
         sig = eager_programs.signature(kernel, cfg, args, kwargs, call, options.STAMP.value)
         program = self._programs.get(sig.key)
         if program is None:
-            # Shared by value (kernels equal by class and attributes): the program traces
-            # a copy, so that changing the kernel it was made for changes nothing here.
-            if sig.key[0] is not kernel:
-                kernel = copy.copy(kernel)
+            identity = sig.key[0]
+            held: Kernel[Cfg, Out] | None = kernel
+            ref = None
+            if isinstance(identity, eager_programs.Weak):
+                # Known by identity: the program leaves with the kernel (one made afresh
+                # for each call would otherwise stay, compiled program and all).
+                held, ref = None, identity.ref
+                self._forget_with(kernel, sig.key)
+            elif not isinstance(identity, eager_programs.Same):
+                # Shared by value (kernels equal by class and attributes): the program
+                # traces a copy, so that changing the kernel it was made for changes
+                # nothing here.
+                held = copy.copy(kernel)
 
             def trace(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-                inner, p_args, p_kwargs = self._invocation(kernel, args, kwargs, call)
-                return self._apply(kernel, inner, cfg, p_args, p_kwargs)
+                k = held if ref is None else ref()
+                assert k is not None  # its program leaves with a collected kernel
+                inner, p_args, p_kwargs = self._invocation(k, args, kwargs, call)
+                return self._apply(k, inner, cfg, p_args, p_kwargs)
 
             program = eager_programs.Program(trace, sig)
             self._programs[sig.key] = program
         return program
+
+    def _forget_with(self, kernel: Kernel[Cfg, Out], key: Any) -> None:
+        """Drops the program under `key` when `kernel` is collected."""
+        weakref.finalize(kernel, _drop_program, weakref.ref(self), key)
 
     # -- the rest of the public API ----------------------------------------------------------
 
@@ -315,7 +330,8 @@ class Executor(Generic[Cfg, Out]):
         self, kernel: Kernel[Cfg, Out], *args: Any, cfg: Cfg | None = None, **kwargs: Any
     ) -> Cfg:
         """The config a call with these arguments would use, without running it (the
-        arguments are `__call__`'s: `method=`, `mesh=` and the specs included)."""
+        arguments are `__call__`'s: `stamp=`, `method=`, `mesh=` and the specs
+        included)."""
         return self.chooser.choose(self.invocation(kernel, *args, cfg=cfg, **kwargs), kernel)
 
     def invocation(
@@ -323,6 +339,7 @@ class Executor(Generic[Cfg, Out]):
         kernel: Kernel[Cfg, Out],
         *args: Any,
         cfg: Cfg | None = None,
+        stamp: bool = True,
         method: str | None = None,
         mesh: Any = None,
         in_specs: Any = None,
@@ -331,7 +348,7 @@ class Executor(Generic[Cfg, Out]):
     ) -> Invocation[Cfg, Out]:
         """The `Invocation` a call with these arguments makes (prepared arguments, op
         id, call key), without choosing a config or running anything."""
-        call = CallOptions(cfg, True, method, mesh, in_specs, out_specs)
+        call = CallOptions(cfg, stamp, method, mesh, in_specs, out_specs)
         _check_call(kernel, call)
         return self._invocation(kernel, args, kwargs, call)[0]
 
@@ -340,6 +357,7 @@ class Executor(Generic[Cfg, Out]):
         kernel: Kernel[Cfg, Out],
         *example_args: Any,
         cfg: Cfg | None = None,
+        stamp: bool = True,
         method: str | None = None,
         mesh: Any = None,
         in_specs: Any = None,
@@ -347,12 +365,16 @@ class Executor(Generic[Cfg, Out]):
         **example_kwargs: Any,
     ) -> Callable[..., Out]:
         """Chooses the config once from the example arguments and returns a callable
-        that always runs with it (keeping prepare, platform dispatch, the custom VJP
-        and `method="shard_map"` with its mesh and specs); it works eagerly and under
-        jit/grad/vmap."""
-        per_shard = dict(method=method, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
-        chosen = self.choose_config(kernel, *example_args, cfg=cfg, **per_shard, **example_kwargs)
-        call = CallOptions(cfg=chosen, **per_shard)
+        that always runs with it (keeping prepare, platform dispatch, the custom VJP,
+        `stamp=` and `method="shard_map"` with its mesh and specs); it works eagerly
+        and under jit/grad/vmap."""
+        fixed_options = dict(
+            stamp=stamp, method=method, mesh=mesh, in_specs=in_specs, out_specs=out_specs
+        )
+        chosen = self.choose_config(
+            kernel, *example_args, cfg=cfg, **fixed_options, **example_kwargs
+        )
+        call = CallOptions(cfg=chosen, **fixed_options)
 
         def compiled(*args: Any, **kwargs: Any) -> Out:
             if kwargs and not _OPTION_NAMES.isdisjoint(kwargs):
@@ -372,6 +394,12 @@ class Executor(Generic[Cfg, Out]):
         return compiled
 
 
+def _drop_program(executor_ref: Callable[[], Executor[Any, Any] | None], key: Any) -> None:
+    executor = executor_ref()
+    if executor is not None:
+        executor._programs.pop(key, None)
+
+
 def _default_keys(kernel: Kernel[Any, Any]) -> bool:
     """True when the kernel's call key depends on shapes, dtypes and static values only
     (a custom key_builder may look at shardings or anything else)."""
@@ -383,6 +411,8 @@ def _check_call(kernel: Any, call: CallOptions) -> None:
     arguments."""
     if not isinstance(kernel, Kernel):
         raise TypeError(f"expected a kerneltune.Kernel instance, got {type(kernel).__qualname__}.")
+    if not isinstance(call.stamp, bool):
+        raise TypeError(f"stamp must be a bool, got {call.stamp!r}.")
     if call.method not in (None, "shard_map"):
         raise ValueError(f"method must be None or 'shard_map', got {call.method!r}.")
     if call.method == "shard_map" and (

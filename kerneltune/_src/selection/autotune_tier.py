@@ -35,7 +35,8 @@ from kerneltune._src.tuning.report import TuningReport
 
 class TunedKeys:
     """What one selector chain has tuned in this process, by key: the winners (reused
-    with `forbid_reautotune`) and their reports, the predicted configs used untimed
+    with `forbid_reautotune`) and their reports (also of the keys whose every candidate
+    failed, which `forbid_reautotune` does not tune again), the predicted configs used untimed
     (first-call budget), the seconds first calls have spent, the tuned calls near a new
     one (`neighbours`), and one lock per key."""
 
@@ -104,6 +105,9 @@ class Autotune:
                 data = {"level": "memory", "reused": True}
                 budget = tiers.BUDGETED if budgeted else None
                 return tiers.Hit(cfg, "reuse", "cache_hit", data, report=earlier, budget=budget)
+            if self.forbid_reautotune and earlier is not None and earlier.best is None:
+                # Benchmarked once already, and warned about: the heuristic stands in.
+                return tiers.Miss("every candidate failed when tuned earlier in this process")
             for i, cand in enumerate(candidates):
                 hooks.check_config_type(kernel, inv, cand, f"candidate #{i}")
             if policy.budget is not None:
@@ -129,6 +133,7 @@ class Autotune:
                     RuntimeWarning,
                     stacklevel=4,
                 )
+                tuned.reports[key] = report
                 return tiers.Miss("every candidate failed")
             cfg = self._keep_winner(inv, key, report)
             return tiers.Hit(cfg, "autotune", None, report=report)

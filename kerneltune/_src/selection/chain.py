@@ -87,8 +87,11 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
             raise TypeError(f"policy must be an AutotunePolicy, got {policy!r}.")
         if policy is None:
             policy = AutotunePolicy()
+        if autotune is not None and not isinstance(autotune, bool):
+            raise TypeError(f"autotune must be a bool or None, got {autotune!r}.")
         if autotune is not None:
-            policy = dataclasses.replace(policy, allow_autotune=bool(autotune))
+            policy = dataclasses.replace(policy, allow_autotune=autotune)
+        _check_parts(tuner, persistent, on_event, persist_autotune, forbid_reautotune)
         if tuner is None:
             tuner = Tuner()
         self.cache = cache
@@ -273,6 +276,37 @@ class ConfigSelectorChain(Generic[Cfg, Out]):
             self.on_event(event, device=key[0], op_id=key[1], call_key=key[2], **data)
         except Exception:
             logger.exception("kerneltune on_event listener raised for event %r", event)
+
+
+def _check_parts(
+    tuner: Any, persistent: Any, on_event: Any, persist_autotune: Any, forbid_reautotune: Any
+) -> None:
+    """Checks the chain's arguments when it is made, not at the first call that uses
+    them (where a path given as `persistent` would fail, and a callback that cannot be
+    called would only be logged)."""
+    for name, value in (
+        ("persist_autotune", persist_autotune),
+        ("forbid_reautotune", forbid_reautotune),
+    ):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool, got {value!r}.")
+    if on_event is not None and not callable(on_event):
+        raise TypeError(f"on_event must be callable (event, **data) or None, got {on_event!r}.")
+    if tuner is not None and not any(
+        callable(getattr(tuner, m, None)) for m in ("tune", "autotune")
+    ):
+        raise TypeError(
+            "tuner must be a Tuner or an object with an autotune(make_fn, args, kwargs, "
+            f"candidates) method, or None, got {type(tuner).__qualname__}."
+        )
+    if persistent is not None and not all(
+        callable(getattr(persistent, m, None)) for m in ("get", "put")
+    ):
+        raise TypeError(
+            "persistent must be a PersistentCache (or an object with its get and put "
+            f"methods) or None, got {type(persistent).__qualname__} ({persistent!r}); for a "
+            "directory or URL pass kerneltune.PersistentCache(path)."
+        )
 
 
 def _outcomes(report: TuningReport) -> list[tuple[Any, float | None]]:

@@ -4,6 +4,7 @@ outside any trace, a warm start from tuned neighbours, every process agreeing.""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,8 @@ from kerneltune._src.selection import training_keys
 from kerneltune._src.tuning import distributed, shared
 from kerneltune._src.tuning.protocol import run_tuner
 from kerneltune._src.tuning.report import TuningReport
+
+logger = logging.getLogger("kerneltune")
 
 
 def tune_key(
@@ -85,6 +88,7 @@ def tune_key(
                 reference_fn=bound(kernel, methods_of(kernel, context).reference),
                 hints=hints,
                 compiles_at_once=1 if 2 * alone > len(cands) else None,
+                log_summary=False,  # one line per key, for the report agreed on below
             )
 
         report: TuningReport | None = None
@@ -110,6 +114,7 @@ def tune_key(
     if space is not None:
         late = any(c.status == "pruned" for c in report.candidates)
         report = dataclasses.replace(report, budgeted=len(candidates) < space or late)
+    logger.info("%s", report.summary())
     emit(
         "autotune_finish",
         key,

@@ -107,6 +107,9 @@ class Overlay:
             cfg_type = hooks.config_type_of(kernel, inv)
             if cfg_type is not None and not isinstance(cfg, cfg_type):
                 cfg = keys.config_from_dict(cfg, cfg_type)
+        # The user's own mapping, as an override is: a config of another type is their
+        # error, not a crash inside the kernel's trace.
+        hooks.check_config_type(kernel, inv, cfg, "overlay config")
         reason = hooks.unusable_reason(kernel, inv, cfg)
         if reason is not None:
             return Miss(f"the overlay's config {cfg!r} cannot run here: {reason}")

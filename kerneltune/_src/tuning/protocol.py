@@ -10,12 +10,15 @@ report holds the winner only.
 from __future__ import annotations
 
 import inspect
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from kerneltune._src.tuning.report import CandidateResult, TuningReport
 from kerneltune._src.tuning.tuner import Tuner
+
+logger = logging.getLogger("kerneltune")
 
 
 def uses_own_autotune(tuner: Any) -> bool:
@@ -49,13 +52,41 @@ def run_tuner(
     reference_fn: Callable[..., Any] | None = None,
     hints: Sequence[Any] = (),
     compiles_at_once: int | None = None,
+    log_summary: bool = True,
 ) -> TuningReport:
     """Tunes one key with `tuner`; a tuner's failure to pick any config is a report
     whose `best` is None (the chain then falls back to the heuristic). `hints` (the
     winners at neighbouring shapes) and `compiles_at_once` (`Tuner.tune`) reach a
-    `tune` that takes them."""
+    `tune` that takes them. `log_summary`: log the report's one-line summary, whatever
+    the tuner (False where the caller logs the key's final report itself)."""
+    report = _run(
+        tuner, make_fn, args, kwargs, candidates, reference_cfg=reference_cfg,
+        backward=backward, name=name, reference_fn=reference_fn, hints=hints,
+        compiles_at_once=compiles_at_once,
+    )  # fmt: skip
+    if log_summary:
+        logger.info("%s", report.summary())
+    return report
+
+
+def _run(
+    tuner: Any,
+    make_fn: Callable[[Any], Callable[..., Any]],
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    candidates: Sequence[Any],
+    *,
+    reference_cfg: Any,
+    backward: bool,
+    name: str,
+    reference_fn: Callable[..., Any] | None,
+    hints: Sequence[Any],
+    compiles_at_once: int | None,
+) -> TuningReport:
     if not uses_own_autotune(tuner):
         extra: dict[str, Any] = {}
+        if _takes(tuner.tune, "log_summary"):
+            extra["log_summary"] = False  # `run_tuner` logs it, whatever the tuner
         if reference_fn is not None:
             extra["reference_fn"] = reference_fn
         if hints and _takes(tuner.tune, "hints"):

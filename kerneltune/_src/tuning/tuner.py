@@ -214,6 +214,7 @@ class Tuner(Generic[Cfg]):
         reference_fn: Callable[..., Any] | None = None,
         hints: Sequence[Cfg] = (),
         compiles_at_once: int | None = None,
+        log_summary: bool = True,
     ) -> TuningReport:
         """Evaluates candidates (all of them, or those the search strategy picks) and
         reports every one.
@@ -242,6 +243,8 @@ class Tuner(Generic[Cfg]):
           compiles_at_once: how many candidates compile in the wall time of one (None:
             `max_workers`). 1 where the process compiles its kernels one at a time
             (Mosaic GPU): a search then adds no configs to a batch for free.
+          log_summary: log the report's one-line summary (INFO, logger "kerneltune");
+            False where the caller logs it (the selection chain, once per key).
 
         Returns:
           A `TuningReport`; its `best` is None when every candidate failed (the caller
@@ -320,7 +323,8 @@ class Tuner(Generic[Cfg]):
                 what=what,
                 stamps=run_report.Stamps(start, searched, finished),
             )
-        logger.info("%s", report.summary())
+        if log_summary:
+            logger.info("%s", report.summary())
         return report
 
     def _bench(
