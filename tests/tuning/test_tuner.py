@@ -87,6 +87,10 @@ def test_seed_autotune_api_returns_the_best_config(ab):
     assert quick().autotune(repeated_matmul, ab, {}, [Reps(k=8), Reps(k=1)]) == Reps(k=1)
 
 
+def test_seed_autotune_api_takes_none_for_no_keyword_arguments(ab):
+    assert quick().autotune(repeated_matmul, ab, None, [Reps(k=8), Reps(k=1)]) == Reps(k=1)
+
+
 def test_failing_and_wrong_candidates_are_rejected_and_a_correct_one_wins(ab):
     def make_fn(cfg):
         if cfg.k == 2:

@@ -181,7 +181,7 @@ class Tuner(Generic[Cfg]):
         self,
         make_fn: MakeFn,
         args: Sequence[Any],
-        kwargs: dict[str, Any],
+        kwargs: dict[str, Any] | None,
         candidates: Iterable[Cfg],
     ) -> Cfg:
         """Returns the fastest of `candidates`; `make_fn(cfg)` builds the function to
@@ -205,7 +205,7 @@ class Tuner(Generic[Cfg]):
         self,
         make_fn: MakeFn,
         args: Sequence[Any],
-        kwargs: dict[str, Any],
+        kwargs: dict[str, Any] | None,
         candidates: Iterable[Cfg],
         *,
         reference_cfg: Cfg | None = None,
@@ -256,6 +256,7 @@ class Tuner(Generic[Cfg]):
           ValueError: `compiles_at_once` is not an integer >= 1 or None.
         """
         candidates = list(candidates)
+        kwargs = {} if kwargs is None else kwargs  # `autotune(make_fn, args, None, ...)`
         if not candidates:
             raise NoCandidatesError(
                 f"Tuner.tune got an empty candidate list for {name or 'a kernel'}."
