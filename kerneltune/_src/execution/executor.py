@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import numbers
 import operator
 import threading
 import weakref
@@ -60,7 +59,7 @@ def _eager_key(kernel: Any, stamp: bool, args: tuple[Any, ...], kwargs: dict[str
     remembered, as `(2,) == (2.0,)` and the key holds only its outer type."""
     if not all(type(a) is _ARRAY_IMPL for a in args):
         return None
-    if not all(map(_pinned_by_type, kwargs.values())):
+    if not all(map(eager_table.pinned_by_type, kwargs.values())):
         return None
     key = (
         id(kernel),
@@ -75,14 +74,6 @@ def _eager_key(kernel: Any, stamp: bool, args: tuple[Any, ...], kwargs: dict[str
     except TypeError:
         return None
     return key
-
-
-def _pinned_by_type(value: Any) -> bool:
-    """True when a value equal to `value` and of its type is the same static value:
-    false for tuples and frozensets that hold numbers (of types the key cannot see)."""
-    if isinstance(value, (tuple, frozenset)):
-        return all(not isinstance(v, numbers.Number) and _pinned_by_type(v) for v in value)
-    return True
 
 
 _uids = itertools.count()
