@@ -25,7 +25,8 @@ class Kernel(Generic[Cfg, Out]):
       version: bump it when the kernel's code changes so old tuned configs are not
         reused; part of every cache key as `"<op_id>@v<version>"`.
       key_builder: optional `Callable[[Invocation], str]` replacing the default call key.
-      config_type: the config dataclass; by default the type `heuristic_cfg` returns.
+      config_type: the config dataclass; by default the type `heuristic_cfg` returns
+        (for a kernel without a heuristic, the type its candidates share).
       shard_map_check_vma: run `method="shard_map"` calls with JAX's varying-axes check
         (`jax.shard_map(..., check_vma=True)`). Off by default: a Pallas call carries no
         varying-axes information, so the check rejects every Pallas kernel; turn it on
