@@ -30,6 +30,14 @@ def find_heuristic(kernel: Kernel[Any, Any], inv: Invocation[Any, Any]) -> Any:
     return None if hook is None else hook(inv)
 
 
+def no_heuristic_reason(kernel: Kernel[Any, Any], inv: Invocation[Any, Any]) -> str:
+    """Why `find_heuristic` gave no config for this call."""
+    hook = methods_of(kernel, context_of(inv)).heuristic_cfg
+    if hook is None:
+        return "the kernel defines no heuristic_cfg on this platform"
+    return f"{type(kernel).__name__}.{hook.__name__} returned None for this call"
+
+
 def tunable_candidates(
     kernel: Kernel[Any, Any], inv: Invocation[Any, Any]
 ) -> tuple[list[Any], str]:
