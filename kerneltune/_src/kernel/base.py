@@ -24,7 +24,8 @@ class Kernel(Generic[Cfg, Out]):
       op_id: the operation's name; part of every cache key.
       version: bump it when the kernel's code changes so old tuned configs are not
         reused; part of every cache key as `"<op_id>@v<version>"`.
-      key_builder: optional `Callable[[Invocation], str]` replacing the default call key.
+      key_builder: optional `Callable[[Invocation], str]` replacing the default call key
+        (written as a method, `def key_builder(self, inv)`, it gets the kernel too).
       config_type: the config dataclass; by default the type `heuristic_cfg` returns
         (for a kernel without a heuristic, the type its candidates share).
       shard_map_check_vma: run `method="shard_map"` calls with JAX's varying-axes check
@@ -301,13 +302,22 @@ def _array_leaves(tree: Any) -> Iterable[Any]:
 
 def key_builder_of(kernel: Kernel[Any, Any]) -> Callable[[Invocation[Any, Any]], str] | None:
     # A key builder set on the class is a plain function of the invocation (or a
-    # staticmethod), not a method: read it without binding it to the kernel.
+    # staticmethod), not a method: read it without binding it to the kernel. One
+    # written like the other hooks, `def key_builder(self, inv)`, is a method: bound.
     if "key_builder" in vars(kernel):
         return vars(kernel)["key_builder"]  # type: ignore[no-any-return]
     builder = inspect.getattr_static(type(kernel), "key_builder", None)
     if isinstance(builder, staticmethod):
         builder = builder.__func__
+    elif inspect.isfunction(builder) and _required_positionals(builder) == 2:
+        builder = builder.__get__(kernel, type(kernel))
     return builder  # type: ignore[no-any-return]
+
+
+def _required_positionals(fn: Callable[..., Any]) -> int:
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    params = inspect.signature(fn).parameters.values()
+    return sum(p.kind in kinds and p.default is inspect.Parameter.empty for p in params)
 
 
 def keys_training_apart(kernel: Kernel[Any, Any]) -> bool:
