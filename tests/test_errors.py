@@ -134,6 +134,14 @@ def test_bad_kernel_names():
     assert kt.Kernel(name="mine").op_id == "mine"
 
 
+def test_a_kernel_version_with_a_colon_is_refused_when_defined():
+    # The version is part of every label stamped in the HLO, whose parts ':' separates.
+    with pytest.raises(ValueError, match=r"Versioned.version must not contain ':', got '1:2'"):
+
+        class Versioned(Typed):
+            version = "1:2"
+
+
 def test_bad_tuner_arguments():
     with pytest.raises(ValueError, match=r"warmup"):
         kt.Tuner(warmup=-1)

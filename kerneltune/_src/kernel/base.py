@@ -64,6 +64,11 @@ class Kernel(Generic[Cfg, Out]):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         _check_reserved_names(cls)
+        if ":" in str(cls.version):
+            # Labels stamped in the HLO separate their parts with ':'.
+            raise ValueError(
+                f"{cls.__qualname__}.version must not contain ':', got {cls.version!r}."
+            )
         _register(cls)
 
     def __init__(self, op_id: str | None = None, *, name: str | None = None) -> None:
