@@ -6,7 +6,7 @@ import dataclasses
 import functools
 import inspect
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, ClassVar, Generic
+from typing import Any, ClassVar, Generic, get_args
 
 from kerneltune._src.core import call_shapes, devices, keys, tracing
 from kerneltune._src.core.kernel_types import Cfg, Out
@@ -149,8 +149,18 @@ _TAKE_CALL_KWARGS = ("run", "prepare", "fwd_with_residuals", "vjp", "reference")
 _TAKE_CFG = ("run", "fwd_with_residuals", "vjp")
 
 
+#: The suffixes of a hook's platform and context variants (`run_triton`, `run_cpu`,
+#: `run_shard_map`, `run_shard_map_xla`, ...). A method with another suffix
+#: (`run_blocks`) is the kernel's own helper, not a hook.
+_PLATFORMS = (*get_args(devices.Backend), *get_args(devices.DeviceKind))
+_VARIANT_SUFFIXES = frozenset([*_PLATFORMS, "shard_map", *(f"shard_map_{p}" for p in _PLATFORMS)])
+
+
 def _hook_of(attr: str, hooks: tuple[str, ...]) -> bool:
-    return any(attr == h or attr.startswith(h + "_") for h in hooks)
+    return any(
+        attr == h or (attr.startswith(h + "_") and attr[len(h) + 1 :] in _VARIANT_SUFFIXES)
+        for h in hooks
+    )
 
 
 def _check_reserved_names(cls: type) -> None:
