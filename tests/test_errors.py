@@ -75,6 +75,22 @@ def test_an_empty_candidate_list_without_a_heuristic_names_both_misses():
         executor()(EmptyNoHeuristic(), rand((2,)))
 
 
+def test_a_heuristic_that_returns_none_is_named_not_called_missing():
+    class NoneHeuristic(Typed):
+        op_id = "none_heuristic"
+
+        def heuristic_cfg(self, inv):
+            return None
+
+        def candidate_cfgs(self, inv):
+            return []
+
+    with pytest.raises(
+        RuntimeError, match=r"heuristics: NoneHeuristic.heuristic_cfg returned None for this call"
+    ):
+        executor()(NoneHeuristic(), rand((2,)))
+
+
 def test_kernel_with_no_run():
     class NoRun(kt.Kernel):
         op_id = "norun"
@@ -116,6 +132,14 @@ def test_bad_kernel_names():
     with pytest.raises(ValueError, match="same thing"):
         kt.Kernel("a", name="b")
     assert kt.Kernel(name="mine").op_id == "mine"
+
+
+def test_a_kernel_version_with_a_colon_is_refused_when_defined():
+    # The version is part of every label stamped in the HLO, whose parts ':' separates.
+    with pytest.raises(ValueError, match=r"Versioned.version must not contain ':', got '1:2'"):
+
+        class Versioned(Typed):
+            version = "1:2"
 
 
 def test_bad_tuner_arguments():

@@ -193,6 +193,31 @@ def test_custom_key_builder_is_used():
     assert inv.call_key == "rows=5"
 
 
+def test_a_key_builder_written_as_a_method_is_called_with_the_kernel():
+    # Every other hook is a method (`heuristic_cfg(self, inv)`): a key builder written
+    # the same way gets its kernel, as it would in a plain class, instead of failing
+    # with "missing 1 required positional argument".
+    class Keyed(kt.Kernel):
+        op_id = "keyed_method"
+
+        def __init__(self, tile):
+            super().__init__()
+            self.tile = tile
+
+        def key_builder(self, inv):
+            return f"rows={inv.args[0].shape[0]},tile={self.tile}"
+
+    class Plain(kt.Kernel):
+        op_id = "keyed_plain"
+
+        def key_builder(inv):  # a plain function of the invocation, as SPEC writes it
+            return f"rows={inv.args[0].shape[0]}"
+
+    x = jnp.ones((5, 2))
+    assert make_invocation(Keyed(8), (x,), {}).call_key == "rows=5,tile=8"
+    assert make_invocation(Plain(), (x,), {}).call_key == "rows=5"
+
+
 def test_signature_names_functions_and_types_without_addresses():
     # A function's repr carried its memory address into the readable signature, which
     # `kerneltune cache ls`, `explain` and every stored entry show:

@@ -131,6 +131,28 @@ def test_parse_label_keeps_colons_in_the_op_id():
     assert parsed.text == 'kerneltune:ns:op@v3:abc123:{"a":1}'
 
 
+def test_a_custom_call_key_with_colons_survives_the_label():
+    # A key_builder may return any string; a ':' in it cut the parsed key short, so
+    # offline tuning silently looked up a key no call has.
+    class Keyed(LoopKernel):
+        op_id = "keyed_with_colons"
+
+        @staticmethod
+        def key_builder(inv):
+            return f"rows:{inv.args[0].shape[0]}:100%3A"
+
+    ex, kernel = heuristics_executor(), Keyed()
+    x = rand((16, 16), seed=0)
+    inv = ex.invocation(kernel, x)
+    lowered = jax.jit(lambda x: ex(kernel, x)).lower(x)
+    for name, text in three_texts(lowered).items():
+        assert found_keys(text) == {(inv.op_id_v, "rows:16:100%3A")}, name
+    with options.scoped(stamp="json"):
+        lowered = jax.jit(lambda x: ex(kernel, x)).lower(x)
+    (parsed,) = labels.kernel_labels_in_lowered(lowered)
+    assert parsed.call_key == "rows:16:100%3A" and json.loads(parsed.cfg_json) == {"reps": 6}
+
+
 def test_labels_to_configs_reads_the_caches():
     ex, kernel = heuristics_executor(), LoopKernel()
     x = rand((8, 8), seed=4)

@@ -451,3 +451,24 @@ def test_a_kernel_known_by_identity_is_not_kept_alive_by_its_program():
     assert len(ex._programs) == 1
     np.testing.assert_allclose(ex(kept, x), 2 * x, rtol=1e-6)  # its program still serves it
     np.testing.assert_allclose(jax.jit(lambda a: ex(kept, a))(x), 2 * x, rtol=1e-6)
+
+
+def test_equal_static_values_of_other_types_do_not_share_an_eager_program():
+    # 2 == 2.0 and True == 1 (with equal hashes), and (2,) == (2.0,), but a kernel's
+    # result may depend on the type (`jnp.asarray(2.0)` is a float array): a later
+    # call must not reuse the program remembered for an equal value of another type.
+    class Fill(ScaleKernel):
+        op_id = "fill_static"
+
+        def run(self, x, *, cfg, value=2):
+            return jnp.broadcast_to(jnp.asarray(value), x.shape)
+
+    ex, _, _ = heuristics_executor()
+    k = Fill()
+    x = rand((2,))
+    for _ in range(2):
+        assert ex(k, x, value=2).dtype == jnp.int32
+        assert ex(k, x, value=2.0).dtype == jnp.float32
+        assert ex(k, x, value=True).dtype == jnp.bool_
+        assert ex(k, x, value=(2,)).dtype == jnp.int32
+        assert ex(k, x, value=(2.0,)).dtype == jnp.float32

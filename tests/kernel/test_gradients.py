@@ -286,3 +286,48 @@ def test_tuning_forward_and_backward_with_an_array_keyword_argument():
     np.testing.assert_allclose(kt.Executor(chain)(Tunable(), x, w=w), x * w, rtol=1e-6)
     (finish,) = [data for event, data in events if event == "autotune_finish"]
     assert [status for _, _, status in finish["timings"]] == ["ok", "ok"], finish["timings"]
+
+
+class Dropout(kt.Kernel):
+    """Takes a typed PRNG key (`jax.random.key`), as a dropout or sampling kernel does."""
+
+    op_id = "dropout_typed_key"
+
+    def run(self, x, key, *, cfg, rate=0.5):
+        keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+        return jnp.where(keep, x / (1.0 - rate), 0.0)
+
+    def heuristic_cfg(self, inv):
+        return BlockCfg(4)
+
+    def candidate_cfgs(self, inv):
+        return [BlockCfg(4), BlockCfg(8)]
+
+    def fwd_with_residuals(self, x, key, *, cfg, rate=0.5):
+        keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+        return jnp.where(keep, x / (1.0 - rate), 0.0), keep
+
+    def vjp(self, keep, out, dout, x, key, *, cfg, rate=0.5):
+        return jnp.where(keep, dout / (1.0 - rate), 0.0), None
+
+
+def test_a_typed_prng_key_argument_runs_tunes_and_differentiates():
+    # `jax.random.key` arrays have an extended dtype NumPy cannot read: before, every
+    # call failed with "Cannot interpret 'key<fry>' as a data type".
+    from tests.offline_kernels import tuning_executor
+
+    ex, events = tuning_executor()
+    x, key = rand((8, 8), seed=0), jax.random.key(1)
+    expected = Dropout().run(x, key, cfg=None)
+    np.testing.assert_allclose(ex(Dropout(), x, key), expected)
+    # Traced: tuned on inputs made for the call (a key among them).
+    np.testing.assert_allclose(
+        jax.jit(lambda x, k: ex(Dropout(), x, k, rate=0.25))(x, key),
+        Dropout().run(x, key, cfg=None, rate=0.25),
+    )
+    assert [name for name, _ in events].count("autotune_finish") == 2
+    grad = jax.grad(lambda x: jnp.sum(ex(Dropout(), x, key) * x))(x)
+    np.testing.assert_allclose(
+        grad, jax.grad(lambda x: jnp.sum(Dropout().run(x, key, cfg=None) * x))(x), rtol=1e-6
+    )
+    assert ex.invocation(Dropout(), x, key).signature == "f32[8,8], key<fry>[]"

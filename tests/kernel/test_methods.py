@@ -109,8 +109,8 @@ def test_a_sharded_call_looks_up_its_own_context_once(lookups):
     found, built = lookups.of(Sharded)
     assert set(built.values()) == {1} and "shard_map" in built, built
     assert sum(found.values()) == len(HOOKS) * len(built)
-    # The candidates are the kernel's own in every context: found without one.
-    assert (HOOKS["candidates"], "shard_map") not in found
+    # Every hook, the candidates included, is looked up in the call's context.
+    assert found[(HOOKS["candidates"], "shard_map")] == 1
 
 
 def test_the_record_is_frozen_shared_by_instances_and_per_platform(monkeypatch):
@@ -179,6 +179,31 @@ def test_a_kernel_taking_one_of_the_executors_names_is_refused_when_defined(hook
         body["run"] = lambda self, x, *, cfg: x
     with pytest.raises(TypeError, match=f"{hook} has a parameter named"):
         type("Reserved", (kt.Kernel,), body)
+
+
+def test_a_helper_named_like_a_hook_keeps_its_own_parameter_names():
+    # Only hooks and their platform and context variants receive a call's keyword
+    # arguments; a helper such as `run_blocks(..., method=)` is the kernel's own code.
+    class Helpers(kt.Kernel):
+        op_id = "reserved_helpers"
+
+        def run(self, x, *, cfg):
+            return self.run_blocks(x, method="rows")
+
+        def run_blocks(self, x, *, method):
+            return x
+
+        def prepare_mesh(self, mesh):
+            return mesh
+
+    assert Helpers.op_id == "reserved_helpers"
+    with pytest.raises(TypeError, match="run_shard_map_cpu has a parameter named 'mesh'"):
+
+        class Variant(kt.Kernel):
+            op_id = "reserved_variant"
+
+            def run_shard_map_cpu(self, x, *, cfg, mesh=None):
+                return x
 
 
 def test_the_config_is_a_hooks_own_cfg_where_it_receives_one():

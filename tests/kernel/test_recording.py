@@ -195,6 +195,7 @@ def test_codec_round_trips_static_values(monkeypatch):
         "dc": Static(3, "a"),
         "fn": jnp.sin,
         "array": jax.ShapeDtypeStruct((2, 3), jnp.float16),
+        "keys": jax.ShapeDtypeStruct((2,), jax.random.key(0, impl="rbg").dtype),
     }
     back = manifest.decode(json.loads(json.dumps(manifest.encode(value))))
     assert back["t"] == (1, 2.5, None, "s", [True])
@@ -203,6 +204,7 @@ def test_codec_round_trips_static_values(monkeypatch):
     assert back["inf"] == float("-inf") and back["enum"] is Color.RED
     assert back["dc"] == Static(3, "a") and back["fn"] is jnp.sin
     assert (back["array"].shape, back["array"].dtype) == ((2, 3), jnp.float16)
+    assert back["keys"].dtype == jax.random.key(0, impl="rbg").dtype  # a typed PRNG key
     abstract = manifest.decode(manifest.encode(mesh))
     assert dict(abstract.shape) == {"x": 2, "y": 2}
     with pytest.raises(TypeError, match="cannot write"):

@@ -83,6 +83,25 @@ def test_run_shard_map_is_preferred_when_defined():
     np.testing.assert_allclose(out, 3.0 * x, rtol=1e-6)
 
 
+def test_candidate_cfgs_shard_map_is_what_a_shard_is_tuned_over():
+    # SPEC's dispatch covers every hook: a kernel that defines candidates for its
+    # shards (say, smaller blocks) is tuned over those, not over its unsharded ones.
+    class ShardCandidates(LoopKernel):
+        op_id = "shard_candidates"
+
+        def candidate_cfgs_shard_map(self, inv):
+            return [HEURISTIC, CHEAPEST]
+
+    ex, events = tuning_executor()
+    x = rand((8, 4, 4), seed=2)
+    call = dict(method="shard_map", mesh=mesh_2x2(), in_specs=P("x"), out_specs=P("x"))
+    ex(ShardCandidates(), x, **call)
+    (finish,) = [data for name, data in events if name == "autotune_finish"]
+    assert {t[0] for t in finish["timings"]} == {HEURISTIC, CHEAPEST}
+    # Unsharded, the kernel's own candidates.
+    assert set(ShardCandidates().candidate_cfgs(None)) > {HEURISTIC, CHEAPEST}
+
+
 def test_shard_map_records_replay_from_a_manifest(tmp_path):
     ex, _ = tuning_executor(fallback="heuristics")
     kernel, mesh = LoopKernel(), mesh_2x2()

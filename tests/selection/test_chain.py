@@ -74,6 +74,22 @@ def test_persistent_hit_fills_memory_and_returns_the_kernel_type(tmp_path):
     assert len(chain2.cache) == 1
 
 
+def test_a_kernel_without_heuristic_gets_its_candidates_type_back_from_disk(tmp_path):
+    # No heuristic_cfg and no config_type: the config type is the candidates' type, so
+    # a second process reads the tuned config as it was stored, not as a dict that
+    # fails the kernel and is tuned again.
+    class NoHeuristic(CostKernel):
+        op_id = "cost_without_heuristic"
+        heuristic_cfg = None
+
+    x = rand((16, 16))
+    ex1, _, _ = make(persistent=PersistentCache(tmp_path))
+    assert ex1.choose_config(NoHeuristic(), x) == RepCfg(reps=1)
+    ex2, _, events2 = make(persistent=PersistentCache(tmp_path))
+    assert type(ex2.choose_config(NoHeuristic(), x)) is RepCfg
+    assert names(events2) == ["cache_hit"] and events2[0][1]["level"] == "persistent"
+
+
 def test_overlay_tier_wins_over_memory():
     ex, chain, events = make()
     x = rand((8, 8))

@@ -103,3 +103,17 @@ def test_random_inputs_are_seeded_normal_data_made_without_compiling(caplog):
     # Rows of a power-of-two width never repeat each other within the pool's period.
     rows = np.asarray(inputs.random_like(jax.ShapeDtypeStruct((512, 1024), jnp.float32)))
     assert len({r.tobytes() for r in rows}) == 512
+
+
+def test_typed_prng_keys_are_made_and_rotated_like_other_arrays():
+    # `jax.random.key` arrays have a dtype NumPy cannot read: making them for a traced
+    # call, and copying them for timing on a GPU (rotation sets), both raised.
+    from kerneltune._src.tuning import inputs
+
+    spec = jax.ShapeDtypeStruct((2, 3), jax.random.key(0, impl="rbg").dtype)
+    keys = inputs.random_like(spec, seed=7)
+    assert keys.shape == (2, 3) and keys.dtype == spec.dtype
+    data = jax.random.key_data(keys).reshape(6, -1)
+    assert len({row.tobytes() for row in jax.device_get(data)}) == 6  # all distinct
+    sets = inputs.rotation_sets([keys, rand((4,))], min_bytes=1 << 12)
+    assert len(sets) > 1 and all(s[0].dtype == spec.dtype for s in sets)

@@ -97,3 +97,26 @@ def test_batched_calls_are_recorded_per_element():
     (record,) = recording.get_invocations()["loop@v0"].values()
     assert record.signature == "f32[4,4]"
     recording.clear_invocations()
+
+
+@pytest.mark.parametrize("wrap", [vmap_with_config, pmap_with_config])
+def test_equal_static_values_of_other_types_do_not_share_a_batched_program(wrap):
+    # 2 == 2.0 == True, and (2,) == (2.0,), but the kernel's result depends on the type.
+    class Fill(kt.Kernel):
+        op_id = "fill_batched"
+
+        def run(self, x, *, cfg, value=2):
+            return jnp.broadcast_to(jnp.asarray(value), x.shape)
+
+        def heuristic_cfg(self, inv):
+            return HEURISTIC
+
+    ex, _ = tuning_executor()
+    f = wrap(Fill(), executor=ex)
+    x = rand((2, 3))
+    for _ in range(2):
+        assert f(x, value=2).dtype == jnp.int32
+        assert f(x, value=2.0).dtype == jnp.float32
+        assert f(x, value=True).dtype == jnp.bool_
+        assert f(x, value=(2, 2, 2)).dtype == jnp.int32
+        assert f(x, value=(2.0, 2, 2)).dtype == jnp.float32

@@ -58,6 +58,42 @@ def as_dtype(value: Any) -> np.dtype[Any] | None:
     return dtype if isinstance(dtype, np.dtype) else None  # e.g. jnp.bfloat16
 
 
+def array_dtype(x: Any) -> Any:
+    """The dtype of an array (or tracer, or stand-in): a NumPy dtype, or JAX's own for
+    typed PRNG keys (`jax.random.key`), which NumPy cannot read."""
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended):
+        return x.dtype
+    return np.dtype(x.dtype)
+
+
+def _dtype_name(dtype: Any) -> str:
+    return dtype.name if isinstance(dtype, np.dtype) else str(dtype)  # `key<fry>`
+
+
+#: The typed PRNG key implementations, by their dtype's name (`key<fry>`), so that a
+#: stored key dtype is rebuilt without naming anything the file chose.
+_KEY_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
+
+
+def key_impl(name: str) -> str:
+    """The implementation (`jax.random.key(seed, impl=...)`) of the typed PRNG key
+    dtype named `name` (`key<fry>`, `key<rbg>`, `key<urbg>`).
+
+    Raises:
+      TypeError: no key implementation has that dtype.
+    """
+    for impl in _KEY_IMPLS:
+        if str(jax.eval_shape(lambda impl=impl: jax.random.key(0, impl=impl)).dtype) == name:
+            return impl
+    raise TypeError(f"unknown PRNG key dtype {name!r}; known: {list(_KEY_IMPLS)}")
+
+
+def key_dtype(name: str) -> Any:
+    """The typed PRNG key dtype named `name` (see `key_impl`)."""
+    impl = key_impl(name)
+    return jax.eval_shape(lambda: jax.random.key(0, impl=impl)).dtype
+
+
 def sharding_fingerprint_of(sharding: Any) -> str:
     """A short, stable description of a sharding: mesh axes and partition spec for a
     `NamedSharding`, "single" for one device, "none" for None."""
@@ -120,7 +156,10 @@ def encode(
     if dtype is not None:
         return {"__dtype__": dtype.name}
     if is_array(value):
-        doc = {"__array__": [_dim(d) for d in value.shape], "dtype": np.dtype(value.dtype).name}
+        doc: dict[str, Any] = {
+            "__array__": [_dim(d) for d in value.shape],
+            "dtype": _dtype_name(array_dtype(value)),
+        }
         if getattr(value, "weak_type", False):
             doc["weak_type"] = True
         return doc
@@ -221,9 +260,10 @@ def decode(data: Any, lookup: Callable[[str], Any]) -> Any:
     if "__dict__" in data:
         return {str(k): dec(v) for k, v in dict(data["__dict__"]).items()}
     if "__array__" in data:
+        name = str(data["dtype"])
         return jax.ShapeDtypeStruct(
             tuple(int(d) for d in _list(data["__array__"])),
-            np.dtype(str(data["dtype"])),
+            key_dtype(name) if name.startswith("key<") else np.dtype(name),
             weak_type=data.get("weak_type") is True,
         )
     if "__dtype__" in data:

@@ -42,7 +42,7 @@ def abstractify(tree: Any) -> Any:
             sharding = getattr(x, "sharding", None)
         if isinstance(x, jax.ShapeDtypeStruct):
             sharding = x.sharding
-        return jax.ShapeDtypeStruct(tuple(x.shape), np.dtype(x.dtype), sharding=sharding)
+        return jax.ShapeDtypeStruct(tuple(x.shape), codec.array_dtype(x), sharding=sharding)
 
     return jax.tree_util.tree_map(leaf, tree)
 

@@ -5,7 +5,9 @@ into `lowered.as_text()`, the HLO text and the compiled HLO with its characters 
 (named scopes alone lose `@` and `:`), plus a readable named scope for profiler traces.
 
 Label text: `<prefix>:<op_id>@v<version>:<call_key>` (`KERNELTUNE_STAMP=hash`, the
-default), with `:<config JSON>` appended under `KERNELTUNE_STAMP=json`.
+default), with `:<config JSON>` appended under `KERNELTUNE_STAMP=json`. A custom
+`key_builder` may return any string: in the label, its `%` and `:` are written `%25`
+and `%3A` (default keys, hex digits, are written as they are).
 """
 
 from __future__ import annotations
@@ -46,8 +48,16 @@ class Label:
 
     @property
     def text(self) -> str:
-        base = f"{self.prefix}:{self.op_id_v}:{self.call_key}"
+        key = self.call_key.replace("%", "%25").replace(":", "%3A")
+        base = f"{self.prefix}:{self.op_id_v}:{key}"
         return base if self.cfg_json is None else f"{base}:{self.cfg_json}"
+
+
+_KEY_ESCAPES = re.compile(r"%(25|3A)")
+
+
+def _unescape_key(text: str) -> str:
+    return _KEY_ESCAPES.sub(lambda m: "%" if m.group(1) == "25" else ":", text)
 
 
 def label_text(prefix: str, op_id_v: str, call_key: str, cfg: Any, mode: str) -> str:
@@ -161,7 +171,7 @@ def parse_label(text: str) -> Label | None:
     m = _LABEL_RE.match(text)
     if m is None:
         return None
-    return Label(m.group("prefix"), m.group("op"), m.group("key"), m.group("cfg"))
+    return Label(m.group("prefix"), m.group("op"), _unescape_key(m.group("key")), m.group("cfg"))
 
 
 def lowered_texts(lowered: Any, *, compiled: bool = False) -> list[str]:

@@ -10,6 +10,7 @@ have changed (`invalidate`); an entry whose choice such a change overtook is not
 
 from __future__ import annotations
 
+import numbers
 import threading
 import weakref
 from collections.abc import Callable
@@ -66,3 +67,13 @@ def _forget(table_ref: Callable[[], EagerTable | None], kid: int) -> None:
         table._watched.discard(kid)
         for key in table._keys_of.pop(kid, ()):
             table.entries.pop(key, None)
+
+
+def pinned_by_type(value: Any) -> bool:
+    """True when any value equal to `value` and of its type is the same static value,
+    so that a table keyed by keyword values and their types may remember it. False
+    for tuples and frozensets holding numbers: `(2,) == (2.0,)`, and such a key holds
+    only the outer type."""
+    if isinstance(value, (tuple, frozenset)):
+        return all(not isinstance(v, numbers.Number) and pinned_by_type(v) for v in value)
+    return True

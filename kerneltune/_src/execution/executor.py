@@ -52,10 +52,23 @@ class ConfigChooser(Protocol):
 def _eager_key(kernel: Any, stamp: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """The eager dispatch table's key for a call of concrete JAX arrays as positional
     arguments and hashable keyword values (avals carry a cached hash), else None.
-    `Executor.__call__` builds the same key inline."""
+    `Executor.__call__` builds the same key inline.
+
+    Keyword values are compared by `==` and their type (2 == 2.0 and True == 1, but
+    `x ** 2.0` is a float where `x ** 2` is not); a container holding numbers is not
+    remembered, as `(2,) == (2.0,)` and the key holds only its outer type."""
     if not all(type(a) is _ARRAY_IMPL for a in args):
         return None
-    key = (id(kernel), stamp, _current_scope(), *map(_aval, args), *kwargs.items())
+    if not all(map(eager_table.pinned_by_type, kwargs.values())):
+        return None
+    key = (
+        id(kernel),
+        stamp,
+        _current_scope(),
+        *map(_aval, args),
+        *kwargs.items(),
+        *map(type, kwargs.values()),
+    )
     try:
         hash(key)
     except TypeError:
@@ -137,7 +150,14 @@ class Executor(Generic[Cfg, Out]):
             # the same jitted program, which is then simply traced inline.
             try:
                 program = self._eager[
-                    (id(kernel), stamp, _current_scope(), *map(_aval, args), *kwargs.items())
+                    (
+                        id(kernel),
+                        stamp,
+                        _current_scope(),
+                        *map(_aval, args),
+                        *kwargs.items(),
+                        *map(type, kwargs.values()),
+                    )
                 ]
             except (KeyError, AttributeError, TypeError):
                 program = None

@@ -6,7 +6,7 @@ import dataclasses
 import functools
 import inspect
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, ClassVar, Generic
+from typing import Any, ClassVar, Generic, get_args
 
 from kerneltune._src.core import call_shapes, devices, keys, tracing
 from kerneltune._src.core.kernel_types import Cfg, Out
@@ -24,8 +24,10 @@ class Kernel(Generic[Cfg, Out]):
       op_id: the operation's name; part of every cache key.
       version: bump it when the kernel's code changes so old tuned configs are not
         reused; part of every cache key as `"<op_id>@v<version>"`.
-      key_builder: optional `Callable[[Invocation], str]` replacing the default call key.
-      config_type: the config dataclass; by default the type `heuristic_cfg` returns.
+      key_builder: optional `Callable[[Invocation], str]` replacing the default call key
+        (written as a method, `def key_builder(self, inv)`, it gets the kernel too).
+      config_type: the config dataclass; by default the type `heuristic_cfg` returns
+        (for a kernel without a heuristic, the type its candidates share).
       shard_map_check_vma: run `method="shard_map"` calls with JAX's varying-axes check
         (`jax.shard_map(..., check_vma=True)`). Off by default: a Pallas call carries no
         varying-axes information, so the check rejects every Pallas kernel; turn it on
@@ -62,6 +64,11 @@ class Kernel(Generic[Cfg, Out]):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         _check_reserved_names(cls)
+        if ":" in str(cls.version):
+            # Labels stamped in the HLO separate their parts with ':'.
+            raise ValueError(
+                f"{cls.__qualname__}.version must not contain ':', got {cls.version!r}."
+            )
         _register(cls)
 
     def __init__(self, op_id: str | None = None, *, name: str | None = None) -> None:
@@ -142,8 +149,18 @@ _TAKE_CALL_KWARGS = ("run", "prepare", "fwd_with_residuals", "vjp", "reference")
 _TAKE_CFG = ("run", "fwd_with_residuals", "vjp")
 
 
+#: The suffixes of a hook's platform and context variants (`run_triton`, `run_cpu`,
+#: `run_shard_map`, `run_shard_map_xla`, ...). A method with another suffix
+#: (`run_blocks`) is the kernel's own helper, not a hook.
+_PLATFORMS = (*get_args(devices.Backend), *get_args(devices.DeviceKind))
+_VARIANT_SUFFIXES = frozenset([*_PLATFORMS, "shard_map", *(f"shard_map_{p}" for p in _PLATFORMS)])
+
+
 def _hook_of(attr: str, hooks: tuple[str, ...]) -> bool:
-    return any(attr == h or attr.startswith(h + "_") for h in hooks)
+    return any(
+        attr == h or (attr.startswith(h + "_") and attr[len(h) + 1 :] in _VARIANT_SUFFIXES)
+        for h in hooks
+    )
 
 
 def _check_reserved_names(cls: type) -> None:
@@ -300,13 +317,22 @@ def _array_leaves(tree: Any) -> Iterable[Any]:
 
 def key_builder_of(kernel: Kernel[Any, Any]) -> Callable[[Invocation[Any, Any]], str] | None:
     # A key builder set on the class is a plain function of the invocation (or a
-    # staticmethod), not a method: read it without binding it to the kernel.
+    # staticmethod), not a method: read it without binding it to the kernel. One
+    # written like the other hooks, `def key_builder(self, inv)`, is a method: bound.
     if "key_builder" in vars(kernel):
         return vars(kernel)["key_builder"]  # type: ignore[no-any-return]
     builder = inspect.getattr_static(type(kernel), "key_builder", None)
     if isinstance(builder, staticmethod):
         builder = builder.__func__
+    elif inspect.isfunction(builder) and _required_positionals(builder) == 2:
+        builder = builder.__get__(kernel, type(kernel))
     return builder  # type: ignore[no-any-return]
+
+
+def _required_positionals(fn: Callable[..., Any]) -> int:
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    params = inspect.signature(fn).parameters.values()
+    return sum(p.kind in kinds and p.default is inspect.Parameter.empty for p in params)
 
 
 def keys_training_apart(kernel: Kernel[Any, Any]) -> bool:

@@ -28,7 +28,7 @@ Two ways to fill the record:
 | `config_unusable` | `(inv, cfg) -> str or None` | no | why a config cannot run here (a missing library, a lowering this JAX lacks) |
 | `pruned_cfgs` | `(inv) -> list[Pruned]` | no | the configs left out of the search, each with its reason (for `explain`) |
 | `manifest_kwargs` | `() -> Mapping` | no | the constructor arguments another process rebuilds the kernel with |
-| `config_type` | class attribute | no | the config class (default: the type `heuristic_cfg` returns) |
+| `config_type` | class attribute | no | the config class (default: the type `heuristic_cfg` returns, else the one type of the candidates) |
 | `key_builder`, `version`, `op_id`, `tunes_training_apart` | class attributes | no | the cache key's parts (on `Kernel`) |
 """
 

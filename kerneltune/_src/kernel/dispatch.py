@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kerneltune._src.core import keys, options, tracing
+from kerneltune._src.core import codec, keys, options, tracing
 from kerneltune._src.kernel.base import Kernel
 from kerneltune._src.kernel.methods import KernelMethods, bound, method_names, methods_of
 
@@ -281,7 +281,7 @@ def _second_order_from_reference_vjp(
 
 
 def _tangent_dtype(x: Any) -> Any:
-    dtype = np.dtype(x.dtype)
+    dtype = codec.array_dtype(x)  # typed PRNG keys too: no tangent (float0)
     return dtype if jnp.issubdtype(dtype, jnp.inexact) else jax.dtypes.float0
 
 
@@ -331,7 +331,7 @@ def _dyn_cotangents(cts: Any, args: tuple[Any, ...], dyn: Sequence[Any]) -> tupl
 
 
 def _fit_cotangent(ct: Any, primal: Any) -> Any:
-    dtype = np.dtype(primal.dtype)
+    dtype = codec.array_dtype(primal)
     if not jnp.issubdtype(dtype, jnp.inexact):
         return np.zeros(primal.shape, dtype=jax.dtypes.float0)
     if ct is None:

@@ -30,6 +30,14 @@ def find_heuristic(kernel: Kernel[Any, Any], inv: Invocation[Any, Any]) -> Any:
     return None if hook is None else hook(inv)
 
 
+def no_heuristic_reason(kernel: Kernel[Any, Any], inv: Invocation[Any, Any]) -> str:
+    """Why `find_heuristic` gave no config for this call."""
+    hook = methods_of(kernel, context_of(inv)).heuristic_cfg
+    if hook is None:
+        return "the kernel defines no heuristic_cfg on this platform"
+    return f"{type(kernel).__name__}.{hook.__name__} returned None for this call"
+
+
 def tunable_candidates(
     kernel: Kernel[Any, Any], inv: Invocation[Any, Any]
 ) -> tuple[list[Any], str]:
@@ -50,12 +58,18 @@ def tunable_candidates(
 
 
 def config_type_of(kernel: Kernel[Any, Any], inv: Invocation[Any, Any]) -> type | None:
-    """The kernel's config type: `config_type`, else the type `heuristic_cfg` returns."""
-    declared = methods_of(kernel, context_of(inv)).config_type
-    if declared is not None:
-        return declared
+    """The kernel's config type: `config_type`, else the type `heuristic_cfg` returns,
+    else (a kernel with candidates only) the one type of its candidates: without a
+    type, a stored config would come back as a dict of fields."""
+    found = methods_of(kernel, context_of(inv))
+    if found.config_type is not None:
+        return found.config_type
     heuristic = find_heuristic(kernel, inv)
-    return None if heuristic is None else type(heuristic)
+    if heuristic is not None:
+        return type(heuristic)
+    hook = bound(kernel, found.candidates)
+    types = {type(c) for c in hook(inv)} if hook is not None else set()
+    return types.pop() if len(types) == 1 else None
 
 
 def check_config_type(

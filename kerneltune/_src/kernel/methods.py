@@ -83,9 +83,7 @@ def method_names(hook: str, context: str | None, platform: str, device: str) -> 
 
 def _named(cls: type, platform: str, device: str, context: str | None) -> KernelMethods:
     def find(field: str) -> Callable[..., Any] | None:
-        # A shard is tuned over the kernel's own candidates: found without a context.
-        where = None if field == "candidates" else context
-        name = _find_method(cls, NAMED_HOOKS[field], where, platform, device)
+        name = _find_method(cls, NAMED_HOOKS[field], context, platform, device)
         return None if name is None else inspect.getattr_static(cls, name)
 
     return KernelMethods(

@@ -262,7 +262,7 @@ class Heuristic:
             misses = (("autotune", untunable),)
         cfg = hooks.find_heuristic(kernel, inv)
         if cfg is None:
-            return Miss("the kernel defines no heuristic_cfg")
+            return Miss(hooks.no_heuristic_reason(kernel, inv))
         hooks.check_config_type(kernel, inv, cfg, "heuristic_cfg result")
         if not self.only_if_untunable:
             scope.chose_provisionally(key)

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kerneltune._src.core import keys
+from kerneltune._src.core import codec, keys
 
 
 def random_like(tree: Any, *, seed: int = 0) -> Any:
@@ -32,9 +32,19 @@ def random_like(tree: Any, *, seed: int = 0) -> Any:
     for i, leaf in enumerate(leaves):
         if keys.is_array(leaf):
             shape = tuple(int(d) for d in leaf.shape)
-            leaf = jax.device_put(_host_array(shape, np.dtype(leaf.dtype), seed * 7919 + i))
+            if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+                leaf = _random_keys(shape, str(leaf.dtype), seed * 7919 + i)
+            else:
+                leaf = jax.device_put(_host_array(shape, np.dtype(leaf.dtype), seed * 7919 + i))
         out.append(leaf)
     return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def _random_keys(shape: tuple[int, ...], dtype_name: str, stream: int) -> jax.Array:
+    """Typed PRNG keys (`jax.random.key`) of `shape`, all distinct."""
+    impl = codec.key_impl(dtype_name)
+    first = jax.random.key(stream % 2**31, impl=impl)
+    return jax.random.split(first, math.prod(shape)).reshape(shape)
 
 
 #: Values in the pool. A prime: no power-of-two shape lines up with its period, so
@@ -114,7 +124,7 @@ def rotation_sets(
 
     At most `max_sets` sets and `max_bytes` of copies in all.
     """
-    per_set = sum(int(a.size) * np.dtype(a.dtype).itemsize for a in arrays)
+    per_set = sum(int(a.size) * codec.array_dtype(a).itemsize for a in arrays)
     if per_set == 0 or 2 * per_set >= min_bytes:
         return [list(arrays)]
     wanted = -(-min_bytes // per_set)  # ceil

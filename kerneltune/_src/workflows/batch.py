@@ -15,6 +15,7 @@ import jax
 import numpy as np
 
 from kerneltune._src.core import jax_compat, keys, options, scope
+from kerneltune._src.execution import eager_table
 from kerneltune._src.execution.default import default_executor
 from kerneltune._src.execution.eager_programs import CallOptions
 from kerneltune._src.execution.executor import Executor
@@ -140,6 +141,9 @@ class _Batched:
     ) -> Any:
         if not all(type(a) is _ARRAY_IMPL for a in args):
             return None
+        # Keyword values by value and type, as the executor's eager table keys them.
+        if not all(map(eager_table.pinned_by_type, kwargs.values())):
+            return None
         key = (
             ex.uid,
             ex._generation,
@@ -147,6 +151,7 @@ class _Batched:
             axes,
             *[a.aval for a in args],
             *kwargs.items(),
+            *map(type, kwargs.values()),
         )
         try:
             hash(key)
