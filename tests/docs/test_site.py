@@ -6,6 +6,7 @@ import re
 
 import kerneltune
 import kerneltune.kernels
+from kerneltune._src.core import options
 from tests.helpers import ROOT
 
 
@@ -40,3 +41,21 @@ def test_every_page_in_the_nav_exists_and_every_page_is_in_the_nav():
     nav = re.findall(r"^  - [^:]+: (\S+\.md)$", (ROOT / "mkdocs.yml").read_text(), re.M)
     pages = {p.name for p in (ROOT / "docs").glob("*.md")}
     assert set(nav) == pages
+
+
+def test_the_readme_lists_every_environment_option_with_its_default():
+    """Each `KERNELTUNE_*` option has a row in README.md's table, whose last cell starts
+    with its default where the default is a number or a flag."""
+    rows = {}
+    for line in (ROOT / "README.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if line.startswith("| `KERNELTUNE_") and len(cells) == 3:
+            rows[cells[0].strip("`")] = cells[2].split()[0].strip("`")
+    for name, option in options._OPTIONS.items():
+        variable = options.env_name(name)
+        assert variable in rows, f"README.md's table of environment options lacks {variable}"
+        default = option.default
+        if isinstance(default, bool):
+            assert rows[variable] == str(int(default)), variable
+        elif isinstance(default, (int, float)):
+            assert float(rows[variable]) == default, variable
