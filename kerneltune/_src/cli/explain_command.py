@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("target", help="an op id (e.g. matmul, attention) or a call key")
     parser.add_argument("arguments", nargs="*", metavar="ARG", help="the op's positional arguments")
-    parser.set_defaults(_rest="arguments")  # ARGs may also follow options (see main)
+    parser.set_defaults(trailing_words_join="arguments")  # ARGs may also follow options (see main)
     parser.add_argument(
         "--kw",
         action="append",

@@ -87,7 +87,7 @@ def _merge_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "sources", nargs="+", metavar="SRC", help="cache directories, URLs or export files"
     )
-    parser.set_defaults(_rest="sources")  # SRCs may also follow options (see main)
+    parser.set_defaults(trailing_words_join="sources")  # SRCs may also follow options (see main)
 
 
 def _clear_arguments(parser: argparse.ArgumentParser) -> None:
@@ -231,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args, extra = parser.parse_known_args(argv)
-        rest = getattr(args, "_rest", None)
+        rest = getattr(args, "trailing_words_join", None)
         if extra and rest is not None and not any(a.startswith("-") for a in extra):
             # argparse fills a list of positionals only from the words before the first
             # option (`explain matmul --cache-dir D f32[8,8]`); the later ones join it.
