@@ -472,3 +472,34 @@ def test_equal_static_values_of_other_types_do_not_share_an_eager_program():
         assert ex(k, x, value=True).dtype == jnp.bool_
         assert ex(k, x, value=(2,)).dtype == jnp.int32
         assert ex(k, x, value=(2.0,)).dtype == jnp.float32
+
+
+class Shift(ScaleKernel):
+    """Adds its attribute `shift` (a number, or an array: a kernel known by identity)."""
+
+    op_id = "shift_attr"
+
+    def __init__(self, shift):
+        super().__init__()
+        self.shift = shift
+
+    def run(self, x, *, cfg):
+        return x + self.shift
+
+
+@pytest.mark.parametrize("first", [1.0, np.float32(1.0) * np.ones(3, np.float32)])
+def test_a_kernel_attribute_set_after_a_call_is_seen_by_the_next_call(first):
+    # Before: the eager table (keyed by the kernel's id) and the program cache kept the
+    # program traced with the old attribute: after `k.shift = 5`, eager calls and even a
+    # fresh jax.jit trace (whose tracers hit the same table) still added the old value.
+    ex, _, _ = heuristics_executor()
+    k = Shift(first)
+    x = rand((3,))
+    np.testing.assert_allclose(ex(k, x), x + 1.0, rtol=1e-6)
+    np.testing.assert_allclose(ex(k, x), x + 1.0, rtol=1e-6)  # from the eager table
+    k.shift = first * 5
+    np.testing.assert_allclose(ex(k, x), x + 5.0, rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(lambda a: ex(k, a))(x), x + 5.0, rtol=1e-6)
+    np.testing.assert_allclose(ex(k, x), x + 5.0, rtol=1e-6)  # remembered again
+    k.shift = first * 7
+    np.testing.assert_allclose(ex(k, x), x + 7.0, rtol=1e-6)

@@ -120,3 +120,29 @@ def test_equal_static_values_of_other_types_do_not_share_a_batched_program(wrap)
         assert f(x, value=True).dtype == jnp.bool_
         assert f(x, value=(2, 2, 2)).dtype == jnp.int32
         assert f(x, value=(2.0, 2, 2)).dtype == jnp.float32
+
+
+def test_a_kernel_attribute_set_after_a_batched_call_is_seen_by_the_next_call():
+    # Before: the wrapper's programs, traced with the old attribute, kept running it.
+    class AddShift(kt.Kernel):
+        op_id = "batch_shift_attr"
+
+        def __init__(self, shift):
+            super().__init__()
+            self.shift = shift
+
+        def heuristic_cfg(self, inv):
+            return HEURISTIC
+
+        def run(self, x, *, cfg):
+            return x + self.shift
+
+    k = AddShift(1.0)
+    batched = vmap_with_config(
+        k, executor=kt.Executor(kt.ConfigSelectorChain(kt.ConfigCache(), autotune=False))
+    )
+    x = rand((2, 3))
+    np.testing.assert_allclose(batched(x), x + 1.0, rtol=1e-6)
+    np.testing.assert_allclose(batched(x), x + 1.0, rtol=1e-6)
+    k.shift = 4.0
+    np.testing.assert_allclose(batched(x), x + 4.0, rtol=1e-6)

@@ -10,11 +10,14 @@ have changed (`invalidate`); an entry whose choice such a change overtook is not
 
 from __future__ import annotations
 
+import functools
 import numbers
 import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
+
+from kerneltune._src.kernel import changes
 
 
 class EagerTable:
@@ -54,6 +57,8 @@ class EagerTable:
                 except TypeError:
                     return
                 self._watched.add(kid)
+                # Its entries run programs holding its attributes as they are now.
+                changes.on_change(kernel, functools.partial(_forget, weakref.ref(self), kid))
             self._keys_of.setdefault(kid, []).append(key)
             self.entries[key] = entry
 

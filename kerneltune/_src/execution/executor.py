@@ -12,6 +12,7 @@ Under a trace (jit, grad, vmap, shard_map), the kernel is traced inline.
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import operator
 import threading
@@ -23,7 +24,7 @@ from kerneltune._src.core import jax_compat, labels, options, scope, tracing
 from kerneltune._src.core.kernel_types import Cfg, Out
 from kerneltune._src.execution import eager_programs, eager_table
 from kerneltune._src.execution.eager_programs import CallOptions
-from kerneltune._src.kernel import dispatch, recording, sharding
+from kerneltune._src.kernel import changes, dispatch, recording, sharding
 from kerneltune._src.kernel.base import (
     EXECUTOR_OPTIONS,
     Invocation,
@@ -298,7 +299,11 @@ class Executor(Generic[Cfg, Out]):
                 # for each call would otherwise stay, compiled program and all).
                 held, ref = None, identity.ref
                 self._forget_with(kernel, sig.key)
-            elif not isinstance(identity, eager_programs.Same):
+            elif isinstance(identity, eager_programs.Same):
+                changes.on_change(
+                    kernel, functools.partial(_drop_program, weakref.ref(self), sig.key)
+                )
+            else:
                 # Shared by value (kernels equal by class and attributes): the program
                 # traces a copy, so that changing the kernel it was made for changes
                 # nothing here.
@@ -315,8 +320,10 @@ class Executor(Generic[Cfg, Out]):
         return program
 
     def _forget_with(self, kernel: Kernel[Cfg, Out], key: Any) -> None:
-        """Drops the program under `key` when `kernel` is collected."""
+        """Drops the program under `key` when `kernel` is collected, or when one of its
+        attributes is set (the program holds them as they were)."""
         weakref.finalize(kernel, _drop_program, weakref.ref(self), key)
+        changes.on_change(kernel, functools.partial(_drop_program, weakref.ref(self), key))
 
     # -- the rest of the public API ----------------------------------------------------------
 

@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Generic, get_args
 
 from kerneltune._src.core import call_shapes, devices, keys, tracing
 from kerneltune._src.core.kernel_types import Cfg, Out
+from kerneltune._src.kernel import changes
 
 
 class Kernel(Generic[Cfg, Out]):
@@ -84,6 +85,12 @@ class Kernel(Generic[Cfg, Out]):
             )
         # Instance attribute shadows the class default.
         self.op_id = chosen  # type: ignore[misc]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if changes.watched(self):
+            # Programs built from this kernel hold the old value: drop them.
+            changes.changed(self)
 
     @property
     def op_id_v(self) -> str:

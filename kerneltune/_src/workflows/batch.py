@@ -8,6 +8,8 @@ kernel on it; under a trace it times random data of the same shapes.
 
 from __future__ import annotations
 
+import functools
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +21,7 @@ from kerneltune._src.execution import eager_table
 from kerneltune._src.execution.default import default_executor
 from kerneltune._src.execution.eager_programs import CallOptions
 from kerneltune._src.execution.executor import Executor
+from kerneltune._src.kernel import changes
 from kerneltune._src.kernel.base import Kernel
 
 _ARRAY_IMPL = jax_compat.array_impl_type()
@@ -120,6 +123,11 @@ class _Batched:
             return mapped(*args)
         program = jax.jit(mapped) if self.how == "vmap" else mapped
         if fast is not None:
+            if not self._programs:
+                # The programs hold the kernel's attributes as they are now.
+                changes.on_change(
+                    self.kernel, functools.partial(_forget_programs, weakref.ref(self))
+                )
             self._programs[fast] = program
         return program(*args)
 
@@ -196,3 +204,9 @@ def _example(args: tuple[Any, ...], axes: tuple[Any, ...]) -> tuple[Any, ...]:
         jax.tree_util.tree_map(take, ax, arg, is_leaf=lambda a: a is None)
         for ax, arg in zip(axes, args, strict=True)
     )
+
+
+def _forget_programs(wrapper_ref: Callable[[], Any]) -> None:
+    wrapper = wrapper_ref()
+    if wrapper is not None:
+        wrapper._programs.clear()
