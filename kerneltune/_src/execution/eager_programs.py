@@ -17,7 +17,7 @@ from typing import Any
 import jax
 
 from kerneltune._src.core import keys
-from kerneltune._src.kernel.base import Kernel
+from kerneltune._src.kernel.base import EXECUTOR_OPTIONS, Kernel
 
 
 class Same:
@@ -101,6 +101,22 @@ def kernel_identity(kernel: Kernel[Any, Any]) -> Any:
     return (type(kernel), tuple(state))
 
 
+#: The executor's own options, which the callable `Executor.compile` returns refuses.
+_OPTION_NAMES = frozenset(EXECUTOR_OPTIONS)
+
+
+def refuse_options(kwargs: dict[str, Any]) -> None:
+    """Raises if a call of the callable `Executor.compile` returned passes one of the
+    executor's options (fixed when compiling)."""
+    if not _OPTION_NAMES.isdisjoint(kwargs):
+        fixed = sorted(_OPTION_NAMES.intersection(kwargs))
+        raise TypeError(
+            f"{fixed[0]}= cannot be passed to the callable compile() returned: the "
+            f"executor's options {list(EXECUTOR_OPTIONS)} are fixed when compiling; pass "
+            "them to compile()."
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class CallOptions:
     """How a call asked to run: the executor's own keyword arguments
@@ -123,6 +139,29 @@ class CallOptions:
             "in_specs": self.in_specs,
             "out_specs": self.out_specs,
         }
+
+    def check(self, kernel: Any) -> None:
+        """Checks a call as the user wrote it: the kernel, and these options."""
+        if not isinstance(kernel, Kernel):
+            raise TypeError(
+                f"expected a kerneltune.Kernel instance, got {type(kernel).__qualname__}."
+            )
+        if not isinstance(self.stamp, bool):
+            raise TypeError(f"stamp must be a bool, got {self.stamp!r}.")
+        if self.method not in (None, "shard_map"):
+            raise ValueError(f"method must be None or 'shard_map', got {self.method!r}.")
+        if self.method == "shard_map" and (
+            self.mesh is None or self.in_specs is None or self.out_specs is None
+        ):
+            raise ValueError("method='shard_map' needs mesh=, in_specs= and out_specs=.")
+        if self.method is None:
+            for name in ("mesh", "in_specs", "out_specs"):
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"{name}= is given but method=None: the mesh and the specs are "
+                        "used only by method='shard_map' (pass it to run the kernel per "
+                        "shard)."
+                    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import functools
 import numbers
+import operator
 import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
 
+from kerneltune._src.core import jax_compat, scope
 from kerneltune._src.kernel import changes
 
 
@@ -82,3 +84,35 @@ def pinned_by_type(value: Any) -> bool:
     if isinstance(value, (tuple, frozenset)):
         return all(not isinstance(v, numbers.Number) and pinned_by_type(v) for v in value)
     return True
+
+
+_ARRAY_IMPL = jax_compat.array_impl_type()
+_current_scope = scope._current.get
+_aval = operator.attrgetter("aval")
+
+
+def key_of(kernel: Any, stamp: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The table's key for a call of concrete JAX arrays as positional arguments and
+    hashable keyword values (avals carry a cached hash), else None.
+    `Executor.__call__` builds the same key inline (its hot path).
+
+    Keyword values are compared by `==` and their type (2 == 2.0 and True == 1, but
+    `x ** 2.0` is a float where `x ** 2` is not); a container holding numbers is not
+    remembered, as `(2,) == (2.0,)` and the key holds only its outer type."""
+    if not all(type(a) is _ARRAY_IMPL for a in args):
+        return None
+    if not all(map(pinned_by_type, kwargs.values())):
+        return None
+    key = (
+        id(kernel),
+        stamp,
+        _current_scope(),
+        *map(_aval, args),
+        *kwargs.items(),
+        *map(type, kwargs.values()),
+    )
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key

@@ -11,6 +11,7 @@ Under a trace (jit, grad, vmap, shard_map), the kernel is traced inline.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import itertools
@@ -20,22 +21,19 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, runtime_checkable
 
-from kerneltune._src.core import jax_compat, labels, options, scope, tracing
+from kerneltune._src.core import labels, options, scope, tracing
 from kerneltune._src.core.kernel_types import Cfg, Out
 from kerneltune._src.execution import eager_programs, eager_table
 from kerneltune._src.execution.eager_programs import CallOptions
 from kerneltune._src.kernel import changes, dispatch, recording, sharding
 from kerneltune._src.kernel.base import (
-    EXECUTOR_OPTIONS,
     Invocation,
     Kernel,
+    key_builder_of,
     keys_training_apart,
     make_invocation,
 )
 
-_ARRAY_IMPL = jax_compat.array_impl_type()
-#: The executor's own options, which the callable `compile` returns refuses.
-_OPTION_NAMES = frozenset(EXECUTOR_OPTIONS)
 _current_scope = scope._current.get
 _aval = operator.attrgetter("aval")
 
@@ -48,33 +46,6 @@ class ConfigChooser(Protocol):
     calls."""
 
     def choose(self, inv: Invocation[Any, Any], kernel: Kernel[Any, Any]) -> Any: ...
-
-
-def _eager_key(kernel: Any, stamp: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """The eager dispatch table's key for a call of concrete JAX arrays as positional
-    arguments and hashable keyword values (avals carry a cached hash), else None.
-    `Executor.__call__` builds the same key inline.
-
-    Keyword values are compared by `==` and their type (2 == 2.0 and True == 1, but
-    `x ** 2.0` is a float where `x ** 2` is not); a container holding numbers is not
-    remembered, as `(2,) == (2.0,)` and the key holds only its outer type."""
-    if not all(type(a) is _ARRAY_IMPL for a in args):
-        return None
-    if not all(map(eager_table.pinned_by_type, kwargs.values())):
-        return None
-    key = (
-        id(kernel),
-        stamp,
-        _current_scope(),
-        *map(_aval, args),
-        *kwargs.items(),
-        *map(type, kwargs.values()),
-    )
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
 
 
 _uids = itertools.count()
@@ -145,7 +116,7 @@ class Executor(Generic[Cfg, Out]):
             and in_specs is None
             and out_specs is None
         ):
-            # The hot path, inlined; `_eager_key` builds the same key. Arguments without
+            # The hot path, inlined; `eager_table.key_of` builds the same key. Arguments without
             # an aval (Python scalars, NumPy arrays) or unhashable keyword values take
             # the general path. Tracers have avals too: a hit under jit/vmap/grad calls
             # the same jitted program, which is then simply traced inline.
@@ -178,7 +149,7 @@ class Executor(Generic[Cfg, Out]):
         own: Callable[[Cfg], Callable[[], Any] | None] | None = None,
     ) -> Out:
         generation = self._generation
-        _check_call(kernel, call)
+        call.check(kernel)
         inv, p_args, p_kwargs = self._invocation(kernel, args, kwargs, call)
         chosen = self.chooser.choose(inv, kernel)
         if options.RECORD.value:
@@ -199,8 +170,10 @@ class Executor(Generic[Cfg, Out]):
             and self._eager_enabled
             and generation == self._generation
         ):
-            key = _eager_key(kernel, call.stamp, args, kwargs)
-            if key is not None and _default_keys(kernel) and program.takes_exactly(len(args)):
+            key = eager_table.key_of(kernel, call.stamp, args, kwargs)
+            # (A custom key_builder may read more than shapes and static values.)
+            default_keys = key_builder_of(kernel) is None
+            if key is not None and default_keys and program.takes_exactly(len(args)):
                 entry = self._eager_entry(kernel, program, kwargs, call)
                 self._table.remember(kernel, key, entry, generation)
         return out
@@ -294,15 +267,12 @@ class Executor(Generic[Cfg, Out]):
             identity = sig.key[0]
             held: Kernel[Cfg, Out] | None = kernel
             ref = None
-            if isinstance(identity, eager_programs.Weak):
+            if isinstance(identity, (eager_programs.Weak, eager_programs.Same)):
                 # Known by identity: the program leaves with the kernel (one made afresh
                 # for each call would otherwise stay, compiled program and all).
-                held, ref = None, identity.ref
                 self._forget_with(kernel, sig.key)
-            elif isinstance(identity, eager_programs.Same):
-                changes.on_change(
-                    kernel, functools.partial(_drop_program, weakref.ref(self), sig.key)
-                )
+                if isinstance(identity, eager_programs.Weak):
+                    held, ref = None, identity.ref
             else:
                 # Shared by value (kernels equal by class and attributes): the program
                 # traces a copy, so that changing the kernel it was made for changes
@@ -322,8 +292,10 @@ class Executor(Generic[Cfg, Out]):
     def _forget_with(self, kernel: Kernel[Cfg, Out], key: Any) -> None:
         """Drops the program under `key` when `kernel` is collected, or when one of its
         attributes is set (the program holds them as they were)."""
-        weakref.finalize(kernel, _drop_program, weakref.ref(self), key)
-        changes.on_change(kernel, functools.partial(_drop_program, weakref.ref(self), key))
+        forget = functools.partial(_drop_program, weakref.ref(self), key)
+        changes.on_change(kernel, forget)
+        with contextlib.suppress(TypeError):  # no weak references: kept alive instead
+            weakref.finalize(kernel, forget)
 
     # -- the rest of the public API ----------------------------------------------------------
 
@@ -376,7 +348,7 @@ class Executor(Generic[Cfg, Out]):
         """The `Invocation` a call with these arguments makes (prepared arguments, op
         id, call key), without choosing a config or running anything."""
         call = CallOptions(cfg, stamp, method, mesh, in_specs, out_specs)
-        _check_call(kernel, call)
+        call.check(kernel)
         return self._invocation(kernel, args, kwargs, call)[0]
 
     def compile(
@@ -404,13 +376,8 @@ class Executor(Generic[Cfg, Out]):
         call = CallOptions(cfg=chosen, **fixed_options)
 
         def compiled(*args: Any, **kwargs: Any) -> Out:
-            if kwargs and not _OPTION_NAMES.isdisjoint(kwargs):
-                fixed = sorted(_OPTION_NAMES.intersection(kwargs))
-                raise TypeError(
-                    f"{fixed[0]}= cannot be passed to the callable compile() returned: "
-                    f"the executor's options {list(EXECUTOR_OPTIONS)} are fixed when "
-                    "compiling; pass them to compile()."
-                )
+            if kwargs:
+                eager_programs.refuse_options(kwargs)
             inv, p_args, p_kwargs = self._invocation(kernel, args, kwargs, call)
             if tracing.is_tracing((args, kwargs)) or tracing.is_tracing((p_args, p_kwargs)):
                 return self._apply(kernel, inv, chosen, p_args, p_kwargs)
@@ -425,31 +392,3 @@ def _drop_program(executor_ref: Callable[[], Executor[Any, Any] | None], key: An
     executor = executor_ref()
     if executor is not None:
         executor._programs.pop(key, None)
-
-
-def _default_keys(kernel: Kernel[Any, Any]) -> bool:
-    """True when the kernel's call key depends on shapes, dtypes and static values only
-    (a custom key_builder may look at shardings or anything else)."""
-    return type(kernel).key_builder is None and "key_builder" not in vars(kernel)
-
-
-def _check_call(kernel: Any, call: CallOptions) -> None:
-    """Checks a call as the user wrote it: the kernel, and the calling method's
-    arguments."""
-    if not isinstance(kernel, Kernel):
-        raise TypeError(f"expected a kerneltune.Kernel instance, got {type(kernel).__qualname__}.")
-    if not isinstance(call.stamp, bool):
-        raise TypeError(f"stamp must be a bool, got {call.stamp!r}.")
-    if call.method not in (None, "shard_map"):
-        raise ValueError(f"method must be None or 'shard_map', got {call.method!r}.")
-    if call.method == "shard_map" and (
-        call.mesh is None or call.in_specs is None or call.out_specs is None
-    ):
-        raise ValueError("method='shard_map' needs mesh=, in_specs= and out_specs=.")
-    if call.method is None:
-        for name in ("mesh", "in_specs", "out_specs"):
-            if getattr(call, name) is not None:
-                raise ValueError(
-                    f"{name}= is given but method=None: the mesh and the specs are used "
-                    "only by method='shard_map' (pass it to run the kernel per shard)."
-                )
