@@ -124,12 +124,16 @@ class Autotune:
                 emit=self.emit,
             )
             if report.best is None:
-                summary = "; ".join(
-                    f"{c.cfg}: {c.status}: {c.error}" for c in report.candidates[:8]
-                )
+                # The candidates a search passed over did not fail: the warning names
+                # the errors of those it tried, and counts the others apart.
+                failed = [c for c in report.candidates if c.status != "pruned"]
+                summary = "; ".join(f"{c.cfg}: {c.status}: {c.error}" for c in failed[:8])
+                untried = len(report.candidates) - len(failed)
+                others = f" ({untried} others not tried)" if untried else ""
                 warnings.warn(
                     f"autotuning {inv.op_id_v} ({inv.signature}) failed for every one of "
-                    f"{len(report.candidates)} candidates; using the heuristic config. Errors: {summary}",
+                    f"{len(failed)} candidates tried{others}; using the heuristic config. "
+                    f"Errors: {summary}",
                     RuntimeWarning,
                     stacklevel=4,
                 )
