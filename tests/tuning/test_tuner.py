@@ -323,6 +323,7 @@ def test_measure_returns_seconds(ab):
         {"timer": "perf"},
         {"compile_timeout_s": 0},
         {"max_evals": 0},
+        {"first_grace_s": -1.0},
     ],
 )
 def test_bad_arguments_are_named(kwargs):

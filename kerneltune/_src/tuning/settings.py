@@ -46,6 +46,7 @@ def check_tuner_arguments(
     drop_factor: Any,
     strategy: Any,
     timer: Any,
+    first_grace_s: Any = None,
 ) -> None:
     """Raises a ValueError naming the first `Tuner` argument out of its range."""
     check_int("warmup", warmup, 0)
@@ -66,6 +67,12 @@ def check_tuner_arguments(
     ):
         if value is not None and not (isinstance(value, (int, float)) and value > 0):
             raise ValueError(f"Tuner({name}=...) must be a positive number or None, got {value!r}.")
+    if first_grace_s is not None and not (
+        isinstance(first_grace_s, (int, float)) and first_grace_s >= 0
+    ):
+        raise ValueError(
+            f"Tuner(first_grace_s=...) must be a number >= 0 or None, got {first_grace_s!r}."
+        )
     if isinstance(strategy, str) and strategy not in search.STRATEGIES:
         raise ValueError(
             f"Tuner(strategy=...) must be one of {search.STRATEGIES} or a SearchStrategy, "

@@ -82,7 +82,9 @@ class Tuner(Generic[Cfg]):
       abandon_late: at `time_budget_s`, also give up the candidates that have not run
         yet (status "pruned"), so that the budget bounds building them too (a build
         cannot be stopped: its thread runs on, its result unused); the first candidate
-        given is waited for as long again before it is given up.
+        given is waited for `first_grace_s` longer before it is given up.
+      first_grace_s: with `abandon_late`, how much longer than `time_budget_s` the
+        first candidate is waited for (default: as long again, `time_budget_s`).
       compile_timeout_s: a candidate still compiling after this long is abandoned
         (status "timeout"); None waits forever.
       run_timeout_s: a candidate whose first run takes longer is abandoned (status
@@ -118,6 +120,7 @@ class Tuner(Generic[Cfg]):
     max_evals: int | None = None
     time_budget_s: float | None = None
     abandon_late: bool = False
+    first_grace_s: float | None = None
     compile_timeout_s: float | None = 300.0
     run_timeout_s: float | None = None
     max_workers: int | None = None
@@ -139,6 +142,7 @@ class Tuner(Generic[Cfg]):
             time_budget_s=self.time_budget_s, compile_timeout_s=self.compile_timeout_s,
             run_timeout_s=self.run_timeout_s, target_sample_s=self.target_sample_s,
             drop_factor=self.drop_factor, strategy=self.strategy, timer=self.timer,
+            first_grace_s=self.first_grace_s,
         )  # fmt: skip
         timing.install_profiler_observer()
 
@@ -365,13 +369,20 @@ class Tuner(Generic[Cfg]):
             drop_factor=self.drop_factor,
             run_timeout_s=self.run_timeout_s,
             abandon_late=self.abandon_late,
-            first_grace_s=(self.time_budget_s or 0.0) if self.abandon_late else 0.0,
+            first_grace_s=self._first_grace_s(),
             compiles_at_once=compiles_at_once,
         )
         return Bench(
             lower, finish, arg_sets, candidates, reference_cfg, timer, settings, progress,
             expected=expected,
         )  # fmt: skip
+
+    def _first_grace_s(self) -> float:
+        if not self.abandon_late:
+            return 0.0
+        if self.first_grace_s is not None:
+            return self.first_grace_s
+        return self.time_budget_s or 0.0
 
 
 __all__ = ["Decide", "MakeFn", "NoCandidatesError", "Tuner", "describe", "fastest"]
