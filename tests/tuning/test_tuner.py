@@ -174,6 +174,26 @@ def test_a_compile_past_the_timeout_is_abandoned_and_the_rest_tuned(ab):
     assert by_cfg(report)[Reps(k=4)].ok
 
 
+@pytest.mark.parametrize("strategy", ["exhaustive", "halving"])
+def test_no_candidate_starts_building_after_the_time_budget(ab, strategy):
+    # Before: these searches hand every candidate to the builds at once, so all of them
+    # were built and run whatever the budget: 8 builds of 1 s for a 1 s budget took 8 s.
+    def make_fn(cfg):
+        time.sleep(1.0)
+        return repeated_matmul(cfg)
+
+    start = time.perf_counter()
+    report = quick(time_budget_s=1.0, strategy=strategy, max_workers=1).tune(
+        make_fn, ab, {}, [Reps(k=k) for k in range(1, 9)]
+    )
+    took = time.perf_counter() - start
+    late = [c for c in report.candidates if c.status == "pruned"]
+    assert len(late) >= 4, [c.status for c in report.candidates]
+    assert all("not started before the tuning's time budget ran out" in c.error for c in late)
+    assert report.best is not None and report.best not in [c.cfg for c in late]
+    assert took < 6.0, took
+
+
 def test_backward_times_and_validates_the_gradient(ab):
     @jax.custom_vjp
     def bad_grad_matmul(a, b):

@@ -78,7 +78,9 @@ class Tuner(Generic[Cfg]):
         when there are any (a warm start), else is exhaustive for spaces of at most 128
         candidates that fit `max_evals` and coordinate descent otherwise.
       max_evals: at most this many candidates are compiled and timed.
-      time_budget_s: no new candidate is started after this many seconds.
+      time_budget_s: no candidate starts building after this many seconds: those
+        still waiting for a build thread then are given up (status "pruned"); those
+        building are finished and timed (see `abandon_late`).
       abandon_late: at `time_budget_s`, also give up the candidates that have not run
         yet (status "pruned"), so that the budget bounds building them too (a build
         cannot be stopped: its thread runs on, its result unused); the first candidate
