@@ -344,12 +344,37 @@ def test_measure_returns_seconds(ab):
         {"compile_timeout_s": 0},
         {"max_evals": 0},
         {"first_grace_s": -1.0},
+        # Before, these were accepted and failed (or misbehaved) only when tuning:
+        # rtol as a string or with a misspelt dtype raised AttributeError/TypeError
+        # from inside the bench, a negative rtol rejected every candidate, a drop
+        # factor <= 1 stopped sampling the best, validate="no" validated, a strategy
+        # or timer of the wrong kind failed at the first tuning.
+        {"rtol": -1.0},
+        {"rtol": "1e-3"},
+        {"rtol": {"floa32": 1e-3}},
+        {"rtol": {"float32": -1e-3}},
+        {"rtol": True},
+        {"drop_factor": 1.0},
+        {"time_budget_s": True},
+        {"validate": "no"},
+        {"progress": "no"},
+        {"abandon_late": 1},
+        {"strategy": 5},
+        {"timer": 5},
+        {"rotate_bytes": -1},
+        {"decide": 3},
+        {"seed": "x"},
     ],
 )
 def test_bad_arguments_are_named(kwargs):
     name = next(iter(kwargs))
-    with pytest.raises(ValueError, match=name):
+    with pytest.raises(ValueError, match=rf"Tuner\({name}=\.\.\.\)"):
         Tuner(**kwargs)
+
+
+def test_good_tolerances_and_drop_factors_are_accepted():
+    Tuner(rtol=0.0, drop_factor=1.2, progress=None, rotate_bytes=0)
+    Tuner(rtol={jnp.bfloat16: 3e-2, "float32": 1e-3, np.float16: 0})
 
 
 def test_empty_candidates_are_refused(ab):

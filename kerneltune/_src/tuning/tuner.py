@@ -100,8 +100,8 @@ class Tuner(Generic[Cfg]):
       top_k: how many of the best candidates are re-measured side by side.
       remeasure_iters: samples per candidate in that re-measurement (default:
         `max(iters, 5)`).
-      rtol: tolerance for validation: one number for every float dtype or a mapping
-        from dtype to number (see `validate.DEFAULT_RTOL`).
+      rtol: tolerance for validation: one number (>= 0) for every float dtype or a
+        mapping from dtype to number (see `validate.DEFAULT_RTOL`).
       validate: compare every candidate's output with the reference config's.
       progress: show a progress bar (None: only on a terminal).
       decide: picks the winner from every candidate's result (default: `fastest`);
@@ -110,7 +110,7 @@ class Tuner(Generic[Cfg]):
       rotate_bytes: input copies are made until cycling through them touches this many
         bytes (default: 128 MiB on GPU, 0 on CPU); 0 turns rotation off.
       drop_factor: after each timing round, a candidate whose fastest sample is this
-        many times the best median gets no more samples (default: 1.5 with CUPTI, 2
+        many times (more than 1) the best median gets no more samples (default: 1.5 with CUPTI, 2
         with the wall clock).
     """
 
@@ -138,14 +138,7 @@ class Tuner(Generic[Cfg]):
     drop_factor: float | None = None
 
     def __post_init__(self) -> None:
-        check_tuner_arguments(
-            warmup=self.warmup, iters=self.iters, top_k=self.top_k, max_evals=self.max_evals,
-            remeasure_iters=self.remeasure_iters, max_workers=self.max_workers,
-            time_budget_s=self.time_budget_s, compile_timeout_s=self.compile_timeout_s,
-            run_timeout_s=self.run_timeout_s, target_sample_s=self.target_sample_s,
-            drop_factor=self.drop_factor, strategy=self.strategy, timer=self.timer,
-            first_grace_s=self.first_grace_s,
-        )  # fmt: skip
+        check_tuner_arguments({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
         timing.install_profiler_observer()
 
     # The seed's API -------------------------------------------------------------------
