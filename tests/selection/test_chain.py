@@ -443,6 +443,26 @@ def test_a_key_whose_every_candidate_failed_is_not_benchmarked_again():
     assert names(events).count("autotune_start") == 2
 
 
+def test_the_warning_when_every_candidate_tried_failed_names_their_errors():
+    # Before: it listed the first 8 candidates in order, those the search never tried
+    # too ("RepCfg(reps=1): pruned: None"), and counted them as failed ("every one of
+    # 40 candidates" where 6 were tried).
+    class ManyBroken(AllBroken):
+        op_id = "many_broken"
+
+        def candidate_cfgs(self, inv):
+            return [RepCfg(reps=r) for r in range(1, 41)]
+
+    tuner = cost_tuner(progress=False, strategy="coordinate", max_evals=6)
+    ex = kt.Executor(kt.ConfigSelectorChain(kt.ConfigCache(), tuner=tuner))
+    with pytest.warns(RuntimeWarning, match="failed for every one of") as caught:
+        assert ex.choose_config(ManyBroken(), rand((8,))) == RepCfg(reps=0)
+    message = str(caught[0].message)
+    assert "pruned" not in message and "None" not in message, message
+    assert "every one of 6 candidates tried (35 others not tried)" in message, message
+    assert message.count("no such block size") >= 6, message
+
+
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [

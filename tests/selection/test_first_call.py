@@ -147,13 +147,15 @@ def test_a_prediction_from_tuned_calls_nearby_is_used_untimed_by_default():
 def test_once_the_process_budget_is_spent_new_keys_use_their_prediction_untimed():
     events = []
     kernel = Reps()
-    ex = budgeted_executor(events, candidates=3, process_s=1e-6)
+    ex = budgeted_executor(events, candidates=3)
     first = kt.explain(kernel, jnp.ones((8, 8)), executor=ex)
     assert first.tier == "autotune"
     # Timed there: the heuristic (6) and 10, 9, 8; 6 was the fastest of them.
     kernel.traced.clear()
     events.clear()
-    second = kt.explain(kernel, jnp.ones((8, 16)), executor=ex)
+    spent = kt.FirstCallBudget(candidates=3, process_s=1e-6, trust_prediction=False)
+    with kt.policy_override(ex, budget=spent):
+        second = kt.explain(kernel, jnp.ones((8, 16)), executor=ex)
     assert second.tier == "predicted" and second.cfg == RepCfg(reps=6)
     assert "this process has spent its first-call tuning budget" in second.budget
     assert "predicted from 1 tuned call(s) nearest in size (8x8)" in second.budget
@@ -164,6 +166,81 @@ def test_once_the_process_budget_is_spent_new_keys_use_their_prediction_untimed(
     again = kt.explain(kernel, jnp.ones((8, 16)), executor=ex)
     assert again.tier == "predicted" and again.cfg == second.cfg
     assert set(kernel.traced) <= {6}  # traced to check it, never benchmarked
+
+
+def _granted(monkeypatch):
+    """The seconds each budgeted tuning was given: its time budget plus the first
+    choice's grace (as long again where the tuner names none)."""
+    granted = []
+    real = first_call.budget_tuner
+
+    def budget_tuner(*args):
+        tuner = real(*args)
+        grace = getattr(tuner, "first_grace_s", None)
+        granted.append(tuner.time_budget_s + (tuner.time_budget_s if grace is None else grace))
+        return tuner
+
+    monkeypatch.setattr(first_call, "budget_tuner", budget_tuner)
+    return granted
+
+
+def test_a_key_started_near_the_end_of_the_process_budget_gets_only_what_is_left(
+    monkeypatch,
+):
+    # Before: a key started while any of the process's seconds were left got its whole
+    # key_s, and its first choice as long again: 2.6 s spent of a 1.5 s budget.
+    granted = _granted(monkeypatch)
+    kernel = Reps(sleep_s=0.8)
+    ex = budgeted_executor(candidates=3, key_s=1.0, process_s=1.5)
+    ledger = ex.chooser._tuned.first_calls
+    assert kt.explain(kernel, jnp.ones((8, 8)), executor=ex).tier == "autotune"
+    spent = ledger.spent_s
+    why = kt.explain(kernel, jnp.ones((8, 16)), executor=ex)
+    if spent < 1.5:  # a loaded machine may have spent it all on the first key
+        # Timed within what was left (too little, maybe, for its first choice to
+        # build: then it is used untimed).
+        assert why.tier in ("autotune", "predicted") and len(granted) == 2, why
+        assert granted[1] <= 1.5 - spent + 1e-6, (granted, spent)
+    # Whatever is spent then, nothing more is timed.
+    third = kt.explain(kernel, jnp.ones((8, 32)), executor=ex)
+    assert third.tier == "predicted" and "spent its first-call tuning budget" in third.budget
+
+
+def test_threads_missing_other_keys_at_once_share_the_process_budget(monkeypatch):
+    # Before: each thread saw nothing spent yet and took a whole key's seconds.
+    granted = _granted(monkeypatch)
+    started = threading.Event()
+    events = []
+
+    def on_event(event, **data):
+        events.append(event)
+        if event == "autotune_start":
+            started.set()
+
+    kernel = Reps(sleep_s=1.0)
+    chain = kt.ConfigSelectorChain(
+        kt.ConfigCache(),
+        policy=kt.AutotunePolicy(
+            budget=kt.FirstCallBudget(
+                candidates=3, key_s=2.0, process_s=3.0, trust_prediction=False
+            )
+        ),
+        tuner=cost_tuner(progress=False),
+        on_event=on_event,
+    )
+    ex = kt.Executor(chain)
+    whys = {}
+    first = threading.Thread(
+        target=lambda: whys.update(a=kt.explain(kernel, jnp.ones((8, 8)), executor=ex))
+    )
+    first.start()
+    assert started.wait(60)
+    # The first key's tuning is under way with 2 s and 1 s of grace: nothing is left.
+    whys["b"] = kt.explain(kernel, jnp.ones((8, 16)), executor=ex)
+    first.join(60)
+    assert whys["a"].tier == "autotune" and granted == [3.0], granted
+    assert whys["b"].tier == "predicted", whys["b"]
+    assert "spent or under way" in whys["b"].budget
 
 
 def tuned_neighbour(tmp_path, kernel, times, best=3):

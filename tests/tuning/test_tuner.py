@@ -174,6 +174,26 @@ def test_a_compile_past_the_timeout_is_abandoned_and_the_rest_tuned(ab):
     assert by_cfg(report)[Reps(k=4)].ok
 
 
+@pytest.mark.parametrize("strategy", ["exhaustive", "halving"])
+def test_no_candidate_starts_building_after_the_time_budget(ab, strategy):
+    # Before: these searches hand every candidate to the builds at once, so all of them
+    # were built and run whatever the budget: 8 builds of 1 s for a 1 s budget took 8 s.
+    def make_fn(cfg):
+        time.sleep(1.0)
+        return repeated_matmul(cfg)
+
+    start = time.perf_counter()
+    report = quick(time_budget_s=1.0, strategy=strategy, max_workers=1).tune(
+        make_fn, ab, {}, [Reps(k=k) for k in range(1, 9)]
+    )
+    took = time.perf_counter() - start
+    late = [c for c in report.candidates if c.status == "pruned"]
+    assert len(late) >= 4, [c.status for c in report.candidates]
+    assert all("not started before the tuning's time budget ran out" in c.error for c in late)
+    assert report.best is not None and report.best not in [c.cfg for c in late]
+    assert took < 6.0, took
+
+
 def test_backward_times_and_validates_the_gradient(ab):
     @jax.custom_vjp
     def bad_grad_matmul(a, b):
@@ -323,12 +343,38 @@ def test_measure_returns_seconds(ab):
         {"timer": "perf"},
         {"compile_timeout_s": 0},
         {"max_evals": 0},
+        {"first_grace_s": -1.0},
+        # Before, these were accepted and failed (or misbehaved) only when tuning:
+        # rtol as a string or with a misspelt dtype raised AttributeError/TypeError
+        # from inside the bench, a negative rtol rejected every candidate, a drop
+        # factor <= 1 stopped sampling the best, validate="no" validated, a strategy
+        # or timer of the wrong kind failed at the first tuning.
+        {"rtol": -1.0},
+        {"rtol": "1e-3"},
+        {"rtol": {"floa32": 1e-3}},
+        {"rtol": {"float32": -1e-3}},
+        {"rtol": True},
+        {"drop_factor": 1.0},
+        {"time_budget_s": True},
+        {"validate": "no"},
+        {"progress": "no"},
+        {"abandon_late": 1},
+        {"strategy": 5},
+        {"timer": 5},
+        {"rotate_bytes": -1},
+        {"decide": 3},
+        {"seed": "x"},
     ],
 )
 def test_bad_arguments_are_named(kwargs):
     name = next(iter(kwargs))
-    with pytest.raises(ValueError, match=name):
+    with pytest.raises(ValueError, match=rf"Tuner\({name}=\.\.\.\)"):
         Tuner(**kwargs)
+
+
+def test_good_tolerances_and_drop_factors_are_accepted():
+    Tuner(rtol=0.0, drop_factor=1.2, progress=None, rotate_bytes=0)
+    Tuner(rtol={jnp.bfloat16: 3e-2, "float32": 1e-3, np.float16: 0})
 
 
 def test_empty_candidates_are_refused(ab):

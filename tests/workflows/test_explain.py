@@ -112,3 +112,21 @@ def test_stored_timings_mark_the_winner_stored_under_old_field_names():
     lines = stored_timings(entry)
     marked = [line for line in lines[1:] if line.lstrip().startswith("*")]
     assert len(marked) == 1 and "bm=64" in marked[0] and "1.0000 ms" in marked[0]
+
+
+def test_candidates_the_search_did_not_try_are_not_shown_with_a_none_error():
+    # Before: "pruned: None  RepCfg(reps=12)" for each candidate a search passed over.
+    from tests.helpers import cost_tuner
+
+    class Wide(CostKernel):
+        op_id = "explain_wide"
+
+        def candidate_cfgs(self, inv):
+            return [RepCfg(reps=r) for r in range(1, 21)]
+
+    tuner = cost_tuner(progress=False, strategy="coordinate", max_evals=4)
+    why = kt.explain(Wide(), rand((8, 8)), executor=executor(tuner=tuner))
+    text = str(why)
+    assert "None" not in text, text
+    untried = [c for c in why.report.candidates if c.status == "pruned"]
+    assert untried and text.count("pruned: not tried by the search") == len(untried), text

@@ -220,8 +220,9 @@ FIRST_CALL_KEY_S = _seconds_option(
 FIRST_CALL_PROCESS_S = _seconds_option(
     "first_call_process_s",
     20.0,
-    "How long first calls may spend tuning in one process, all keys together; after that, "
-    "new keys use their predicted config untimed.",
+    "How long first calls may spend tuning in one process, all keys together (a key "
+    "started near the end gets what is left); after that, new keys use their predicted "
+    "config untimed.",
 )
 
 FIRST_CALL_TRUST_PREDICTION = _flag_option(

@@ -124,12 +124,16 @@ class Autotune:
                 emit=self.emit,
             )
             if report.best is None:
-                summary = "; ".join(
-                    f"{c.cfg}: {c.status}: {c.error}" for c in report.candidates[:8]
-                )
+                # The candidates a search passed over did not fail: the warning names
+                # the errors of those it tried, and counts the others apart.
+                failed = [c for c in report.candidates if c.status != "pruned"]
+                summary = "; ".join(f"{c.cfg}: {c.status}: {c.error}" for c in failed[:8])
+                untried = len(report.candidates) - len(failed)
+                others = f" ({untried} others not tried)" if untried else ""
                 warnings.warn(
                     f"autotuning {inv.op_id_v} ({inv.signature}) failed for every one of "
-                    f"{len(report.candidates)} candidates; using the heuristic config. Errors: {summary}",
+                    f"{len(failed)} candidates tried{others}; using the heuristic config. "
+                    f"Errors: {summary}",
                     RuntimeWarning,
                     stacklevel=4,
                 )
@@ -161,26 +165,33 @@ class Autotune:
             persistent=self.persistent,
             shipped=self.shipped,
         )
-        mine = first_call.plan(predicted, candidates, budget, tuned.first_calls.spent_s)
-        plan = first_call.agreed(key, mine, what=f"{inv.op_id_v}({inv.signature})")
-        if not plan.shortlist:
-            return self._use_prediction(inv, kernel, key, plan)
-        start = time.perf_counter()
+        # Granted before the plan: threads missing other keys at once share what is
+        # left of the process's seconds, rather than each taking a key's worth.
+        grant = tuned.first_calls.grant(budget)
+        took = 0.0
         try:
-            report = key_tuning.tune_key(
-                inv,
-                kernel,
-                key,
-                list(plan.shortlist),
-                tuner=first_call.budget_tuner(self.tuner, budget),
-                backward=self.policy.validate_backward or bool(inv.differentiated),
-                hints=[],
-                emit=self.emit,
-                space=len(plan.space),
-                in_order=True,
-            )
+            mine = first_call.plan(predicted, candidates, budget, grant.committed_s)
+            plan = first_call.agreed(key, mine, what=f"{inv.op_id_v}({inv.signature})")
+            if not plan.shortlist:
+                return self._use_prediction(inv, kernel, key, plan)
+            start = time.perf_counter()
+            try:
+                report = key_tuning.tune_key(
+                    inv,
+                    kernel,
+                    key,
+                    list(plan.shortlist),
+                    tuner=first_call.budget_tuner(self.tuner, grant),
+                    backward=self.policy.validate_backward or bool(inv.differentiated),
+                    hints=[],
+                    emit=self.emit,
+                    space=len(plan.space),
+                    in_order=True,
+                )
+            finally:
+                took = time.perf_counter() - start
         finally:
-            tuned.first_calls.add(time.perf_counter() - start)
+            tuned.first_calls.settle(grant, took)
         late = sum(1 for c in report.candidates if c.status == "pruned")
         if report.best is None:
             failed = report.num_failed
@@ -209,7 +220,7 @@ class Autotune:
                 inv, kernel, key, dataclasses.replace(plan, why_untimed=why)
             )
         cfg = self._keep_winner(inv, key, report)
-        note = first_call.tuned_note(plan, budget, late) if report.budgeted else None
+        note = first_call.tuned_note(plan, grant.limit, late) if report.budgeted else None
         return tiers.Hit(cfg, "autotune", None, report=report, budget=note)
 
     def _keep_winner(self, inv: Invocation[Any, Any], key: CacheKey, report: Any) -> Any:

@@ -30,19 +30,51 @@ from kerneltune._src.tuning.report import format_seconds
 from kerneltune._src.tuning.tuner import Tuner
 
 
+@dataclasses.dataclass(frozen=True)
+class Grant:
+    """The seconds one key's first call may take: `limit` (the tuner's time budget) and
+    `grace` (how much longer its first choice is waited for), and `committed_s`, the
+    seconds of the process's budget spent or granted to other keys before it."""
+
+    limit: float
+    grace: float
+    committed_s: float
+
+    @property
+    def total(self) -> float:
+        return self.limit + self.grace
+
+
 class Ledger:
-    """The seconds a selector chain has spent tuning first calls under a budget."""
+    """The seconds a selector chain has spent tuning first calls under a budget, and
+    those granted to first calls under way."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._spent = 0.0
+        self._granted = 0.0
 
     @property
     def spent_s(self) -> float:
         return self._spent
 
-    def add(self, seconds: float) -> None:
+    def grant(self, budget: FirstCallBudget) -> Grant:
+        """What the next key may take: `key_s`, and as long again for its first
+        choice, as far as the process's seconds left allow. What is granted counts as
+        spent until `settle`: a key started when 1 s was left once took its whole
+        `key_s` (and more), and threads missing other keys at once each took theirs."""
         with self._lock:
+            committed = self._spent + self._granted
+            left = budget.process_s - committed
+            limit = max(0.0, min(budget.key_s, left))
+            grace = max(0.0, min(limit, left - limit))
+            self._granted += limit + grace
+            return Grant(limit, grace, committed)
+
+    def settle(self, grant: Grant, seconds: float) -> None:
+        """The key's first call is over: it took `seconds` of what it was granted."""
+        with self._lock:
+            self._granted -= grant.total
             self._spent += max(0.0, seconds)
 
 
@@ -138,7 +170,7 @@ def plan(
     if spent_s >= budget.process_s:
         why = (
             f"this process has spent its first-call tuning budget ({spent_s:.1f} s of "
-            f"{budget.process_s:g} s, KERNELTUNE_FIRST_CALL_PROCESS_S)"
+            f"{budget.process_s:g} s spent or under way, KERNELTUNE_FIRST_CALL_PROCESS_S)"
         )
         return Plan(predicted, space, (), untimed, why)
     return Plan(predicted, space, tuple(predicted.shortlist(budget.candidates)), untimed)
@@ -182,16 +214,16 @@ def first_choice_untimed(plan_: Plan, report: Any) -> bool:
     return False
 
 
-def budget_tuner(tuner: Any, budget: FirstCallBudget) -> Any:
-    """The chain's tuner, bounded to `budget.key_s` for one key: the shortlist is
-    searched whole, and what has not run when the time is up is abandoned (the first
-    in line, as long again later). A tuner of another kind times the shortlist its own
-    way."""
+def budget_tuner(tuner: Any, grant: Grant) -> Any:
+    """The chain's tuner, bounded to the seconds granted to one key (`Ledger.grant`):
+    the shortlist is searched whole, and what has not run when the time is up is
+    abandoned (the first in line, `grant.grace` later). A tuner of another kind times
+    the shortlist its own way."""
     if not isinstance(tuner, Tuner):
         return tuner
-    limit = budget.key_s if tuner.time_budget_s is None else min(budget.key_s, tuner.time_budget_s)
+    limit = grant.limit if tuner.time_budget_s is None else min(grant.limit, tuner.time_budget_s)
     run_limit = (
-        budget.key_s if tuner.run_timeout_s is None else min(budget.key_s, tuner.run_timeout_s)
+        grant.limit if tuner.run_timeout_s is None else min(grant.limit, tuner.run_timeout_s)
     )
     return dataclasses.replace(
         tuner,
@@ -199,11 +231,12 @@ def budget_tuner(tuner: Any, budget: FirstCallBudget) -> Any:
         time_budget_s=limit,
         run_timeout_s=run_limit,
         abandon_late=True,
+        first_grace_s=min(limit, grant.grace),
     )
 
 
-def tuned_note(plan_: Plan, budget: FirstCallBudget, cut: int) -> str:
-    """What `explain` says of a key tuned under the budget."""
+def tuned_note(plan_: Plan, limit_s: float, cut: int) -> str:
+    """What `explain` says of a key tuned under the budget, within `limit_s`."""
     heuristic, shortlist = plan_.prediction.heuristic, plan_.shortlist
     timed = f"the heuristic and the {len(shortlist) - 1} other candidate(s) predicted fastest"
     if heuristic is None:
@@ -213,7 +246,7 @@ def tuned_note(plan_: Plan, budget: FirstCallBudget, cut: int) -> str:
             f"the config predicted fastest, the heuristic and {len(shortlist) - 2} other "
             "candidate(s) predicted fastest, in that order"
         )
-    late = f"; {cut} not run within {format_seconds(budget.key_s)}" if cut else ""
+    late = f"; {cut} not run within {format_seconds(limit_s)}" if cut else ""
     return (
         f"tuned under the first-call budget: timed {timed} of {len(plan_.space)}{late} "
         f"({plan_.prediction.describe()}); a full tuning (kt.autotune, autotune_lowered, "

@@ -48,7 +48,9 @@ class FirstCallBudget:
         again) and timing stops (making the inputs and the reference output come on
         top).
       process_s: seconds of such tuning per process (per selector chain; the default
-        executor's is the process's), all keys together.
+        executor's is the process's), all keys together: a key started with less than
+        `key_s` (and as long again) left gets what is left, and keys tuned at once by
+        several threads share it.
     """
 
     candidates: int = 3

@@ -228,6 +228,7 @@ class Bench:
         do or wait for."""
         t0 = time.perf_counter()
         self._abandon_late()
+        self._skip_unstarted()
         compiling = self._builds.pending > 0
         due = self._due()
         if compiling:
@@ -265,6 +266,20 @@ class Bench:
         for c in late:
             self._builds.cancel(c)
             c.fail("pruned", "not run before the tuning's time budget ran out")
+
+    def _skip_unstarted(self) -> None:
+        """Once the deadline has passed, the builds still waiting in a queue are given
+        up ("pruned"): no candidate starts after `time_budget_s`, and an exhaustive
+        search (or halving's first round) hands every candidate to the builds at once,
+        so without this the whole space was built and run whatever the budget. The
+        reference is kept: the candidates' validation waits on its output."""
+        s = self._settings
+        if s.abandon_late or s.deadline is None or time.perf_counter() < s.deadline:
+            return  # `_abandon_late` gives up more, and spares the first candidate
+        for c in self._builds.queued():
+            if c is not self.reference:
+                self._builds.cancel(c)
+                c.fail("pruned", "not started before the tuning's time budget ran out")
 
     # --- timing ---------------------------------------------------------------------
 

@@ -85,6 +85,11 @@ class Builds:
             return None
         return -self._cost.predict(key)
 
+    def queued(self) -> list[Candidate]:
+        """The candidates whose build waits in a queue (lowered or not, no stage of it
+        running)."""
+        return [self._by_index[key] for key in self._pool.queued()]  # type: ignore[index]
+
     def cancel(self, c: Candidate) -> None:
         """Drops a candidate's build (a running one goes on; its result is ignored)."""
         self._pool.cancel(c.index)

@@ -117,17 +117,24 @@ class Candidate:
         return statistics.median(self.samples) if self.ok and self.samples else None
 
     def result(self) -> CandidateResult:
+        # A candidate the search passed over says so (explain, reports and the cache
+        # entry showed "pruned: None").
+        untried = self.status is None and self.error is None
         return CandidateResult(
             cfg=self.cfg,
             status=self.status or "pruned",
             time_s=self.median,
             samples_s=tuple(self.samples),
-            error=self.error,
+            error=UNTRIED if untried else self.error,
             compile_s=self.compile_s,
             rel_error=self.rel_error,
             calls_per_sample=self.calls if self.samples else None,
             lower_s=self.lower_s,
         )
+
+
+#: The error text of a candidate that a search strategy (or its budget) never tried.
+UNTRIED = "not tried by the search"
 
 
 def failure_status(e: BaseException, default: Status) -> Status:

@@ -178,6 +178,11 @@ class CompilePool:
             self._pending -= 1
             return True
 
+    def queued(self) -> list[Hashable]:
+        """The jobs waiting in either lane's queue: none of their stages is running."""
+        with self._lock:
+            return [item.key for q in self._queues for item in q]
+
     # --- the lanes ---------------------------------------------------------------------
 
     def _push(self, stage: int, item: _Item) -> None:

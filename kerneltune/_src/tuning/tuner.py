@@ -78,11 +78,15 @@ class Tuner(Generic[Cfg]):
         when there are any (a warm start), else is exhaustive for spaces of at most 128
         candidates that fit `max_evals` and coordinate descent otherwise.
       max_evals: at most this many candidates are compiled and timed.
-      time_budget_s: no new candidate is started after this many seconds.
+      time_budget_s: no candidate starts building after this many seconds: those
+        still waiting for a build thread then are given up (status "pruned"); those
+        building are finished and timed (see `abandon_late`).
       abandon_late: at `time_budget_s`, also give up the candidates that have not run
         yet (status "pruned"), so that the budget bounds building them too (a build
         cannot be stopped: its thread runs on, its result unused); the first candidate
-        given is waited for as long again before it is given up.
+        given is waited for `first_grace_s` longer before it is given up.
+      first_grace_s: with `abandon_late`, how much longer than `time_budget_s` the
+        first candidate is waited for (default: as long again, `time_budget_s`).
       compile_timeout_s: a candidate still compiling after this long is abandoned
         (status "timeout"); None waits forever.
       run_timeout_s: a candidate whose first run takes longer is abandoned (status
@@ -96,8 +100,8 @@ class Tuner(Generic[Cfg]):
       top_k: how many of the best candidates are re-measured side by side.
       remeasure_iters: samples per candidate in that re-measurement (default:
         `max(iters, 5)`).
-      rtol: tolerance for validation: one number for every float dtype or a mapping
-        from dtype to number (see `validate.DEFAULT_RTOL`).
+      rtol: tolerance for validation: one number (>= 0) for every float dtype or a
+        mapping from dtype to number (see `validate.DEFAULT_RTOL`).
       validate: compare every candidate's output with the reference config's.
       progress: show a progress bar (None: only on a terminal).
       decide: picks the winner from every candidate's result (default: `fastest`);
@@ -106,7 +110,7 @@ class Tuner(Generic[Cfg]):
       rotate_bytes: input copies are made until cycling through them touches this many
         bytes (default: 128 MiB on GPU, 0 on CPU); 0 turns rotation off.
       drop_factor: after each timing round, a candidate whose fastest sample is this
-        many times the best median gets no more samples (default: 1.5 with CUPTI, 2
+        many times (more than 1) the best median gets no more samples (default: 1.5 with CUPTI, 2
         with the wall clock).
     """
 
@@ -118,6 +122,7 @@ class Tuner(Generic[Cfg]):
     max_evals: int | None = None
     time_budget_s: float | None = None
     abandon_late: bool = False
+    first_grace_s: float | None = None
     compile_timeout_s: float | None = 300.0
     run_timeout_s: float | None = None
     max_workers: int | None = None
@@ -133,13 +138,7 @@ class Tuner(Generic[Cfg]):
     drop_factor: float | None = None
 
     def __post_init__(self) -> None:
-        check_tuner_arguments(
-            warmup=self.warmup, iters=self.iters, top_k=self.top_k, max_evals=self.max_evals,
-            remeasure_iters=self.remeasure_iters, max_workers=self.max_workers,
-            time_budget_s=self.time_budget_s, compile_timeout_s=self.compile_timeout_s,
-            run_timeout_s=self.run_timeout_s, target_sample_s=self.target_sample_s,
-            drop_factor=self.drop_factor, strategy=self.strategy, timer=self.timer,
-        )  # fmt: skip
+        check_tuner_arguments({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
         timing.install_profiler_observer()
 
     # The seed's API -------------------------------------------------------------------
@@ -365,13 +364,20 @@ class Tuner(Generic[Cfg]):
             drop_factor=self.drop_factor,
             run_timeout_s=self.run_timeout_s,
             abandon_late=self.abandon_late,
-            first_grace_s=(self.time_budget_s or 0.0) if self.abandon_late else 0.0,
+            first_grace_s=self._first_grace_s(),
             compiles_at_once=compiles_at_once,
         )
         return Bench(
             lower, finish, arg_sets, candidates, reference_cfg, timer, settings, progress,
             expected=expected,
         )  # fmt: skip
+
+    def _first_grace_s(self) -> float:
+        if not self.abandon_late:
+            return 0.0
+        if self.first_grace_s is not None:
+            return self.first_grace_s
+        return self.time_budget_s or 0.0
 
 
 __all__ = ["Decide", "MakeFn", "NoCandidatesError", "Tuner", "describe", "fastest"]
