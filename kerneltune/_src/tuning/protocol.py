@@ -59,41 +59,19 @@ def run_tuner(
     winners at neighbouring shapes) and `compiles_at_once` (`Tuner.tune`) reach a
     `tune` that takes them. `log_summary`: log the report's one-line summary, whatever
     the tuner (False where the caller logs the key's final report itself)."""
-    report = _run(
-        tuner, make_fn, args, kwargs, candidates, reference_cfg=reference_cfg,
-        backward=backward, name=name, reference_fn=reference_fn, hints=hints,
-        compiles_at_once=compiles_at_once,
-    )  # fmt: skip
-    if log_summary:
-        logger.info("%s", report.summary())
-    return report
-
-
-def _run(
-    tuner: Any,
-    make_fn: Callable[[Any], Callable[..., Any]],
-    args: Sequence[Any],
-    kwargs: dict[str, Any],
-    candidates: Sequence[Any],
-    *,
-    reference_cfg: Any,
-    backward: bool,
-    name: str,
-    reference_fn: Callable[..., Any] | None,
-    hints: Sequence[Any],
-    compiles_at_once: int | None,
-) -> TuningReport:
-    if not uses_own_autotune(tuner):
+    if uses_own_autotune(tuner):
+        report = _own_autotune(tuner, make_fn, args, kwargs, candidates, reference_cfg, name)
+    else:
         extra: dict[str, Any] = {}
         if _takes(tuner.tune, "log_summary"):
-            extra["log_summary"] = False  # `run_tuner` logs it, whatever the tuner
+            extra["log_summary"] = False  # logged below, whatever the tuner
         if reference_fn is not None:
             extra["reference_fn"] = reference_fn
         if hints and _takes(tuner.tune, "hints"):
             extra["hints"] = list(hints)
         if compiles_at_once is not None and _takes(tuner.tune, "compiles_at_once"):
             extra["compiles_at_once"] = compiles_at_once
-        return tuner.tune(
+        report = tuner.tune(
             make_fn,
             args,
             kwargs,
@@ -103,6 +81,21 @@ def _run(
             name=name,
             **extra,
         )
+    if log_summary:
+        logger.info("%s", report.summary())
+    return report
+
+
+def _own_autotune(
+    tuner: Any,
+    make_fn: Callable[[Any], Callable[..., Any]],
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    candidates: Sequence[Any],
+    reference_cfg: Any,
+    name: str,
+) -> TuningReport:
+    """A report of a tuner that only picks, through its own `autotune`."""
     start = time.perf_counter()
     strategy = f"{type(tuner).__name__}.autotune"
     try:
