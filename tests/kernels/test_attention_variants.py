@@ -173,9 +173,11 @@ def test_a_window_wider_than_the_sequence_is_no_window_as_in_jax_nn():
          r"query_segment_ids must be an integer array of shape \(2, 40\), got int32\[2, 10\]"),
         (dict(query_segment_ids=Q_DOCS, kv_segment_ids=KV_DOCS.astype(jnp.float32)), ValueError,
          r"kv_segment_ids must be an integer array of shape \(2, 48\), got float32"),
-        (dict(logits_soft_cap=0.0), ValueError, "logits_soft_cap must be a positive number"),
-        (dict(logits_soft_cap=-3), ValueError, "logits_soft_cap must be a positive number"),
-        (dict(logits_soft_cap=True), ValueError, "logits_soft_cap must be a positive number"),
+        (dict(logits_soft_cap=0.0), ValueError, "logits_soft_cap must be a positive finite number"),
+        (dict(logits_soft_cap=-3), ValueError, "logits_soft_cap must be a positive finite number"),
+        (dict(logits_soft_cap=True), ValueError, "logits_soft_cap must be a positive finite number"),
+        # An infinite cap gave NaNs everywhere (inf · tanh(x / inf) = inf · 0).
+        (dict(logits_soft_cap=float("inf")), ValueError, "logits_soft_cap must be a positive finite"),
         (dict(local_window_size=(-1, 2)), ValueError, "local_window_size must be a non-negative"),
     ],
 )  # fmt: skip
@@ -183,6 +185,16 @@ def test_bad_variant_arguments_are_named(kwargs, error, match):
     q, k, v = _qkv()
     with pytest.raises(error, match=match):
         attention(q, k, v, executor=EX, **kwargs)
+
+
+def test_a_numpy_soft_cap_is_taken_as_a_python_one():
+    """A cap read from a NumPy array or a config (np.float32(30.0)) was refused as "not
+    a positive number"."""
+    q, k, v = _qkv(seed=41, s=T)
+    want = attention(q, k, v, is_causal=True, logits_soft_cap=30.0, executor=EX)
+    for cap in (np.float32(30.0), np.int64(30)):
+        got = attention(q, k, v, is_causal=True, logits_soft_cap=cap, executor=EX)
+        np.testing.assert_array_equal(got, want)
 
 
 def _temp_bytes(fn, *shapes):
