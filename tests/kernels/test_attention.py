@@ -391,7 +391,7 @@ def test_the_chunked_reference_matches_the_whole_one_in_values_and_gradients(cau
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     for a, b in zip(got_grads, want_grads, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
-    # Rows that do not divide the sequence: the largest divisor that fits is used.
+    # Rows that do not divide the sequence: the last chunk is padded, then cut away.
     np.testing.assert_allclose(jax.jit(odd)(q, k, v), want, rtol=1e-5, atol=1e-5)
 
 
@@ -526,3 +526,56 @@ def test_unequal_lengths_take_a_backward_that_splits_them_alike():
     assert ac.bwd_heuristic(long) == ac.BWD_XLA
     kept, pruned = ac.bwd_candidates(long)
     assert kept == [ac.BWD_XLA] and any("different numbers of blocks" in p.reason for p in pruned)
+
+
+# --- long sequences through XLA ------------------------------------------------------
+
+
+def test_plain_attention_on_a_cpu_compiles_to_under_a_quarter_of_the_whole_scores():
+    """Issue 44: a CPU call at long context does not materialise the scores. Plain
+    attention (no variant) ran XLA with the whole `[B, N, T, S]` float32 scores, forward
+    and backward: at T 8192 it compiled to 2x and 3x what `jax.nn` holds of them."""
+    t, n, h = 8192, 2, 16
+    q = jax.ShapeDtypeStruct((1, t, n, h), jnp.float32)
+
+    def temp_bytes(fn):
+        return jax.jit(fn).lower(q, q, q).compile().memory_analysis().temp_size_in_bytes
+
+    def ours(q, k, v):
+        return attention(q, k, v, is_causal=True, executor=executor())
+
+    def whole(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
+
+    for make in (lambda f: f, lambda f: jax.grad(lambda *a: f(*a).sum(), (0, 1, 2))):
+        assert temp_bytes(make(ours)) < temp_bytes(make(whole)) / 4
+
+
+@pytest.mark.parametrize("t,s", [(40, 48), (33, 17)])
+@pytest.mark.parametrize("causal", [False, True])
+@jax.default_matmul_precision("highest")  # a GPU's float32 dots are TF32 otherwise
+def test_the_xla_forward_and_backward_a_block_of_queries_at_a_time(t, s, causal):
+    """Blocks of 16 queries, the last one short: the same output, log-sum-exp and
+    gradients as one block of every query."""
+    from kerneltune.kernels.attention.reference import (
+        attention_backward_xla,
+        attention_forward_xla,
+    )
+
+    rng = host_rng(jax.random.PRNGKey(5))
+    q, dout = (normal(rng, (2, t, 2, 16), jnp.float32) for _ in range(2))
+    k, v = (normal(rng, (2, s, 2, 16), jnp.float32) for _ in range(2))
+    kw = dict(causal=causal, sm_scale=0.25)
+
+    def both(block_q):
+        out, lse = attention_forward_xla(q, k, v, block_q=block_q, **kw)
+        return out, lse, attention_backward_xla(q, k, v, out, lse, dout, block_q=block_q, **kw)
+
+    (out, lse, grads), (want, want_lse, want_grads) = (
+        jax.jit(both, static_argnums=0)(b) for b in (16, t)
+    )
+    assert "scan[" in jax.make_jaxpr(lambda: both(16))().pretty_print()  # it is blocked
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lse, want_lse, rtol=1e-5, atol=1e-5)
+    for a, b in zip(grads, want_grads, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)

@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from kerneltune._src.kernel.base import Invocation
 from kerneltune.kernels import attention
@@ -155,6 +157,149 @@ def test_unbatched_segment_ids_and_vmap_over_the_batch():
     close(one(q[1], k[1], v[1], ids[1]), batched[1], tol=1e-5)
 
 
+def _plain_reference(q, k, v, bias, keep, scale, cap, q_lengths):
+    """Attention in float32 jnp with every head's keys, written apart from the library:
+    `keep` the `[B, N, T, S]` logits that take part."""
+    n = q.shape[2]
+    k, v = (jnp.repeat(x, n // x.shape[2], axis=2) for x in (k, v))
+    logits = jnp.einsum("btnh,bsnh->bnts", q, k, precision="highest") * scale + bias
+    if cap is not None:
+        logits = cap * jnp.tanh(logits / cap)
+    logits = jnp.where(keep, logits, -0.7 * np.finfo(np.float32).max)
+    out = jnp.einsum("bnts,bsnh->btnh", jax.nn.softmax(logits), v, precision="highest")
+    return jnp.where((jnp.arange(q.shape[1]) < q_lengths[:, None])[..., None, None], out, 0)
+
+
+@st.composite
+def _drawn_calls(draw):
+    """Odd lengths (one query, one key, just past a chunk of 8), grouped heads, a bias
+    and a mask of drawn broadcast shapes, lengths down to 0, unsorted segment ids."""
+    b, t, s = (
+        draw(st.sampled_from([1, 2])),
+        draw(st.sampled_from([1, 9, 17])),
+        draw(st.sampled_from([1, 8, 9, 19])),
+    )
+    kh, groups = draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 3]))
+    n = kh * groups
+    dims = st.tuples(*(st.sampled_from([1, d]) for d in (b, n, t, s)))
+    return dict(
+        shape=(b, t, s, n, kh), causal=draw(st.booleans()),
+        window=draw(st.sampled_from([None, 0, (2, 0), (1, 5)])),
+        cap=draw(st.sampled_from([None, 2.0])), bias=draw(st.none() | dims),
+        mask=draw(st.none() | dims), lengths=draw(st.booleans()), segments=draw(st.booleans()),
+        block_q=draw(st.sampled_from([None, 8])), vmapped=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**16)),
+    )  # fmt: skip
+
+
+@settings(
+    max_examples=10, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(_drawn_calls())
+@example(  # everything at once, a chunk of 8 queries, each call unbatched under vmap
+    dict(shape=(2, 17, 19, 6, 2), causal=True, window=(1, 5), cap=2.0, bias=(2, 6, 17, 1),
+         mask=(1, 1, 17, 19), lengths=True, segments=True, block_q=8, vmapped=True, seed=5)
+)  # fmt: skip
+@jax.default_matmul_precision("highest")  # a GPU's float32 dots are TF32 otherwise
+def test_drawn_combinations_match_a_plain_reference_in_values_and_gradients(call):
+    """Issue 44's CPU line: every variant and combination, values and gradients (query,
+    key, value and bias) against a reference of its own, under jit, grad and vmap (of an
+    unbatched call over a leading axis), the chunked path at lengths its block does not
+    divide."""
+    (b, t, s, n, kh), seed = call["shape"], call["seed"]
+    rng = np.random.default_rng(seed)
+    q, k, v = (
+        rand((b, t, n, 8), seed=seed),
+        rand((b, s, kh, 8), seed=seed + 1),
+        rand((b, s, kh, 8), seed=seed + 2),
+    )
+    w = rand((b, t, n, 8), seed=seed + 3)
+    vmapped = call["vmapped"]
+    # Under vmap every argument is mapped over the batch, so bias and mask have it.
+    bias = (
+        None
+        if call["bias"] is None
+        else rand((b, *call["bias"][1:]) if vmapped else call["bias"], seed=seed + 4)
+    )
+    mask = (
+        None
+        if call["mask"] is None
+        else jnp.asarray(rng.random((b, *call["mask"][1:]) if vmapped else call["mask"]) < 0.7)
+    )
+    q_len = jnp.asarray(rng.integers(0, t + 1, b), jnp.int32) if call["lengths"] else None
+    kv_len = jnp.asarray(rng.integers(0, s + 1, b), jnp.int32) if call["lengths"] else None
+    q_ids = jnp.asarray(rng.integers(0, 3, (b, t)), jnp.int32) if call["segments"] else None
+    kv_ids = jnp.asarray(rng.integers(0, 3, (b, s)), jnp.int32) if call["segments"] else None
+    cfg = None if call["block_q"] is None else VariantConfig(block_q=call["block_q"])
+    static = dict(
+        is_causal=call["causal"], local_window_size=call["window"], logits_soft_cap=call["cap"]
+    )
+    if not (
+        bias is not None
+        or mask is not None
+        or call["lengths"]
+        or call["segments"]
+        or call["window"] is not None
+        or call["cap"]
+    ):
+        cfg = None  # plain attention takes no VariantConfig
+
+    def ours(q, k, v, bias, mask, q_len, kv_len, q_ids, kv_ids):
+        return attention(
+            q,
+            k,
+            v,
+            bias,
+            mask,
+            query_seq_lengths=q_len,
+            key_value_seq_lengths=kv_len,
+            query_segment_ids=q_ids,
+            kv_segment_ids=kv_ids,
+            cfg=cfg,
+            executor=EX,
+            **static,
+        )
+
+    if vmapped:  # each call unbatched: its lengths are [1], its ids [T] and [S]
+        one = ours
+
+        def ours(q, k, v, bias, mask, q_len, kv_len, q_ids, kv_ids):
+            lens = [None if x is None else x[:, None] for x in (q_len, kv_len)]
+            return jax.vmap(one)(q, k, v, bias, mask, *lens, q_ids, kv_ids)
+
+    def reference(q, k, v, bias, mask, q_len, kv_len, q_ids, kv_ids):
+        i, j = jnp.arange(t)[:, None], jnp.arange(s)[None, :]
+        keep = jnp.ones((b, n, t, s), bool)
+        if mask is not None:
+            keep &= mask
+        if call["causal"]:
+            keep &= i >= j
+        if call["window"] is not None:
+            left, right = (
+                (call["window"],) * 2 if isinstance(call["window"], int) else call["window"]
+            )
+            keep &= (i <= j + left) & (i >= j - right)
+        if q_len is not None:
+            keep &= (i < q_len[:, None, None, None]) & (j < kv_len[:, None, None, None])
+        if q_ids is not None:
+            keep &= (q_ids[:, :, None] == kv_ids[:, None, :])[:, None]
+        q_len = jnp.full((b,), t) if q_len is None else q_len
+        return _plain_reference(
+            q, k, v, 0.0 if bias is None else bias, keep, 8**-0.5, call["cap"], q_len
+        )
+
+    args = (q, k, v, bias, mask, q_len, kv_len, q_ids, kv_ids)
+    wrt = (0, 1, 2, 3) if bias is not None else (0, 1, 2)
+    (got, got_grads), (want, want_grads) = (
+        jax.jit(lambda *a, f=f: (f(*a), jax.grad(lambda *a: (f(*a) * w).sum(), wrt)(*a)))(*args)
+        for f in (ours, reference)
+    )
+    assert not np.isnan(np.asarray(got)).any()
+    close(got, want, tol=1e-5)
+    for g, e in zip(got_grads, want_grads, strict=True):
+        close(g, e, tol=1e-4)
+
+
 def test_a_window_wider_than_the_sequence_is_no_window_as_in_jax_nn():
     q, k, v = _qkv(seed=40, s=T)
     got = attention(q, k, v, local_window_size=(10 * T, 10 * T), executor=EX)
@@ -173,9 +318,11 @@ def test_a_window_wider_than_the_sequence_is_no_window_as_in_jax_nn():
          r"query_segment_ids must be an integer array of shape \(2, 40\), got int32\[2, 10\]"),
         (dict(query_segment_ids=Q_DOCS, kv_segment_ids=KV_DOCS.astype(jnp.float32)), ValueError,
          r"kv_segment_ids must be an integer array of shape \(2, 48\), got float32"),
-        (dict(logits_soft_cap=0.0), ValueError, "logits_soft_cap must be a positive number"),
-        (dict(logits_soft_cap=-3), ValueError, "logits_soft_cap must be a positive number"),
-        (dict(logits_soft_cap=True), ValueError, "logits_soft_cap must be a positive number"),
+        (dict(logits_soft_cap=0.0), ValueError, "logits_soft_cap must be a positive finite number"),
+        (dict(logits_soft_cap=-3), ValueError, "logits_soft_cap must be a positive finite number"),
+        (dict(logits_soft_cap=True), ValueError, "logits_soft_cap must be a positive finite number"),
+        # An infinite cap gave NaNs everywhere (inf · tanh(x / inf) = inf · 0).
+        (dict(logits_soft_cap=float("inf")), ValueError, "logits_soft_cap must be a positive finite"),
         (dict(local_window_size=(-1, 2)), ValueError, "local_window_size must be a non-negative"),
     ],
 )  # fmt: skip
@@ -183,6 +330,16 @@ def test_bad_variant_arguments_are_named(kwargs, error, match):
     q, k, v = _qkv()
     with pytest.raises(error, match=match):
         attention(q, k, v, executor=EX, **kwargs)
+
+
+def test_a_numpy_soft_cap_is_taken_as_a_python_one():
+    """A cap read from a NumPy array or a config (np.float32(30.0)) was refused as "not
+    a positive number"."""
+    q, k, v = _qkv(seed=41, s=T)
+    want = attention(q, k, v, is_causal=True, logits_soft_cap=30.0, executor=EX)
+    for cap in (np.float32(30.0), np.int64(30)):
+        got = attention(q, k, v, is_causal=True, logits_soft_cap=cap, executor=EX)
+        np.testing.assert_array_equal(got, want)
 
 
 def _temp_bytes(fn, *shapes):

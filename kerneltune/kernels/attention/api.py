@@ -306,6 +306,22 @@ def _check_window(window: Any) -> tuple[int, int] | None:
     return int(pair[0]), int(pair[1])
 
 
+def _check_soft_cap(cap: Any) -> float | None:
+    """The soft cap as a float: a positive, finite Python or NumPy number (the kernels
+    take it as a constant; an infinite one gave NaNs, `inf · tanh(x / inf)`)."""
+    if cap is None:
+        return None
+    number = isinstance(cap, (int, float, np.integer, np.floating)) and not isinstance(
+        cap, (bool, np.bool_)
+    )
+    if not (number and 0 < float(cap) < math.inf):
+        raise ValueError(
+            "attention: logits_soft_cap must be a positive finite number (a Python or NumPy "
+            f"scalar, not a traced value) or None, got {cap!r}."
+        )
+    return float(cap)
+
+
 def _kernel_can_tile(length: int) -> bool:
     """The flash kernel's blocks (up to 128) must tile the sequence."""
     return length % 128 == 0 or (length & (length - 1) == 0 and length >= 16)
@@ -351,7 +367,8 @@ def attention(
       is_causal: query i attends to keys 0..i.
       query_seq_lengths, key_value_seq_lengths: `[batch]` valid lengths (padding after).
       local_window_size: `w` or `(left, right)`: query i attends to keys i−left..i+right.
-      logits_soft_cap: `cap`: logits become `cap · tanh(logits / cap)` before masking.
+      logits_soft_cap: `cap`, a positive finite number: logits become `cap · tanh(logits / cap)`
+        before masking.
       query_segment_ids, kv_segment_ids: (a kerneltune extension) `[batch, q_len]` and
         `[batch, kv_len]` integers, both or neither: a query attends only to keys of
         its own segment (packed documents); combines with every other argument. The
@@ -397,14 +414,7 @@ def attention(
     if window is not None:  # a reach past every key changes nothing (jax.nn takes it):
         reach = max(t, s)  # held to the longer sequence, positions stay within int32
         window = (min(window[0], reach), min(window[1], reach))
-    if logits_soft_cap is not None and not (
-        isinstance(logits_soft_cap, (int, float))
-        and not isinstance(logits_soft_cap, bool)
-        and logits_soft_cap > 0
-    ):
-        raise ValueError(
-            f"attention: logits_soft_cap must be a positive number or None, got {logits_soft_cap!r}."
-        )
+    soft_cap = _check_soft_cap(logits_soft_cap)
     if not isinstance(is_causal, (bool, np.bool_)):
         raise TypeError(f"attention: is_causal must be a bool, got {is_causal!r}.")
     if scale is None or isinstance(scale, (int, float, np.number)):
@@ -415,7 +425,7 @@ def attention(
         bias is None
         and all(m is None for m in masks)
         and window is None
-        and logits_soft_cap is None
+        and soft_cap is None
         and _kernel_can_tile(t)
         and _kernel_can_tile(s)
     )
@@ -424,7 +434,6 @@ def attention(
         out = ex(kernel_for(Attention, ex), q, k, v, causal=bool(is_causal),
                  sm_scale=sm_scale, cfg=cfg)  # fmt: skip
     else:
-        soft_cap = None if logits_soft_cap is None else float(logits_soft_cap)
         out = ex(kernel_for(AttentionVariants, ex), q, k, v, bias, masks,
                  causal=bool(is_causal), sm_scale=sm_scale, window=window,
                  soft_cap=soft_cap, cfg=cfg)  # fmt: skip

@@ -8,12 +8,14 @@ Pallas kernel, so residuals from either forward fit either backward.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from kerneltune._src.kernel.backends import Backend
 from kerneltune.kernels.attention.backward import BackwardKernelGradient, every_head
+from kerneltune.kernels.attention.chunked import default_block_q
 
 LOG2E = math.log2(math.e)
 # A large finite negative number rather than -inf: exp() of it is 0 without NaNs.
@@ -35,15 +37,59 @@ def _scores(
     return s
 
 
-def attention_forward_xla(
-    q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, sm_scale: float
-) -> tuple[jax.Array, jax.Array]:
-    """`softmax(q kᵀ · sm_scale) v` and its base-2 log-sum-exp `[batch, heads, q_len]`."""
-    s = _scores(q, k, causal=causal, sm_scale=sm_scale)
+def _forward_block(q, k, v, *, causal: bool, sm_scale: float, q_start: Any = 0):
+    s = _scores(q, k, causal=causal, sm_scale=sm_scale, q_start=q_start)
     lse = jax.nn.logsumexp(s, axis=-1)
     p = jnp.exp(s - lse[..., None])
     out = jnp.einsum("bhqk,bkhd->bqhd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
     return out.astype(q.dtype), lse * jnp.float32(LOG2E)
+
+
+def _in_blocks(x: jax.Array, axis: int, block: int) -> jax.Array:
+    """`x` cut along `axis` into blocks of `block` rows, stacked on a new leading axis
+    (the last block padded with zeros)."""
+    blocks = -(-x.shape[axis] // block)
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, blocks * block - x.shape[axis])
+    x = jnp.pad(x, widths)
+    x = x.reshape(*x.shape[:axis], blocks, block, *x.shape[axis + 1 :])
+    return jnp.moveaxis(x, axis, 0)
+
+
+def _from_blocks(x: jax.Array, axis: int, rows: int) -> jax.Array:
+    """`_in_blocks`'s inverse: the first `rows` rows along `axis`."""
+    x = jnp.moveaxis(x, 0, axis)
+    x = x.reshape(*x.shape[:axis], -1, *x.shape[axis + 2 :])
+    return jax.lax.slice_in_dim(x, 0, rows, axis=axis)
+
+
+def attention_forward_xla(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    causal: bool,
+    sm_scale: float,
+    block_q: int | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """`softmax(q kᵀ · sm_scale) v` and its base-2 log-sum-exp `[batch, heads, q_len]`,
+    `block_q` queries at a time (None: the chunked variants' block,
+    `chunked.default_block_q`, at most 1024 queries whose scores fit 256 MiB): a long
+    call never holds its whole `[B, N, T, S]` scores, on a CPU or wherever this runs.
+    Each block is rematerialised under a gradient JAX takes of it."""
+    t = q.shape[1]
+    bq = default_block_q(q, k, None, causal) if block_q is None else block_q
+    if t <= bq:
+        return _forward_block(q, k, v, causal=causal, sm_scale=sm_scale)
+
+    def one_block(xs):
+        i, q_blk = xs
+        return _forward_block(q_blk, k, v, causal=causal, sm_scale=sm_scale, q_start=i * bq)
+
+    q_blocks = _in_blocks(q, 1, bq)
+    starts = jnp.arange(q_blocks.shape[0])
+    out, lse = jax.lax.map(jax.checkpoint(one_block), (starts, q_blocks))
+    return _from_blocks(out, 1, t), _from_blocks(lse, 2, t)
 
 
 #: The float32 scores one query chunk of `attention_forward_chunked` may hold: the
@@ -61,29 +107,29 @@ def attention_forward_chunked(
     sm_scale: float,
     score_bytes: int = CHUNK_SCORE_BYTES,
 ) -> jax.Array:
-    """`attention_forward_xla`'s output, a chunk of queries at a time when the whole
-    score matrix would exceed `score_bytes`. Each chunk is rematerialised under a
-    gradient, so the backward too holds one chunk's scores at a time."""
+    """`attention_forward_xla`'s output, in chunks of as many queries as `score_bytes`
+    of float32 scores hold (whole when they all fit). Each chunk is rematerialised
+    under a gradient, so the backward too holds one chunk's scores at a time."""
     b, q_len, h, _ = q.shape
-    kv_len = k.shape[1]
-    rows = max(1, score_bytes // (b * h * kv_len * 4))
-    if rows >= q_len:
-        return attention_forward_xla(q, k, v, causal=causal, sm_scale=sm_scale)[0]
-    chunk = max(c for c in range(1, rows + 1) if q_len % c == 0)
-    n = q_len // chunk
+    rows = max(1, score_bytes // (b * h * k.shape[1] * 4))
+    return attention_forward_xla(
+        q, k, v, causal=causal, sm_scale=sm_scale, block_q=min(rows, q_len)
+    )[0]
 
-    def one_chunk(start: jax.Array, q_chunk: jax.Array) -> jax.Array:
-        s = _scores(q_chunk, k, causal=causal, sm_scale=sm_scale, q_start=start)
-        p = jax.nn.softmax(s, axis=-1)
-        out = jnp.einsum(
-            "bhqk,bkhd->bqhd", p.astype(v.dtype), v, preferred_element_type=jnp.float32
-        )
-        return out.astype(q.dtype)
 
-    chunks = jnp.moveaxis(q.reshape(b, n, chunk, *q.shape[2:]), 1, 0)
-    starts = jnp.arange(n) * chunk
-    out = jax.lax.map(lambda xs: jax.checkpoint(one_chunk)(*xs), (starts, chunks))
-    return jnp.moveaxis(out, 0, 1).reshape(q.shape)
+def _backward_block(q, k, v, out, lse, dout, *, causal: bool, sm_scale: float, q_start: Any = 0):
+    """A block of queries' dq and its share of dk and dv, in float32."""
+    f32 = jnp.float32
+    s = _scores(q, k, causal=causal, sm_scale=sm_scale, q_start=q_start)
+    p = jnp.exp(s - (lse / f32(LOG2E))[..., None])
+    do = dout.astype(f32)
+    dv = jnp.einsum("bhqk,bqhd->bkhd", p, do)
+    dp = jnp.einsum("bqhd,bkhd->bhqk", do, v.astype(f32))
+    delta = jnp.einsum("bqhd,bqhd->bhq", do, out.astype(f32))
+    ds = p * (dp - delta[..., None]) * f32(sm_scale)
+    dq = jnp.einsum("bhqk,bkhd->bqhd", ds, k.astype(f32))
+    dk = jnp.einsum("bhqk,bqhd->bkhd", ds, q.astype(f32))
+    return dq, dk, dv
 
 
 def attention_backward_xla(
@@ -96,19 +142,31 @@ def attention_backward_xla(
     *,
     causal: bool,
     sm_scale: float,
+    block_q: int | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """dq, dk, dv from the forward's output and base-2 log-sum-exp (the flash-attention
-    backward: the probabilities are recomputed, never stored)."""
-    f32 = jnp.float32
-    s = _scores(q, k, causal=causal, sm_scale=sm_scale)
-    p = jnp.exp(s - (lse / f32(LOG2E))[..., None])
-    do = dout.astype(f32)
-    dv = jnp.einsum("bhqk,bqhd->bkhd", p, do)
-    dp = jnp.einsum("bqhd,bkhd->bhqk", do, v.astype(f32))
-    delta = jnp.einsum("bqhd,bqhd->bhq", do, out.astype(f32))
-    ds = p * (dp - delta[..., None]) * f32(sm_scale)
-    dq = jnp.einsum("bhqk,bkhd->bqhd", ds, k.astype(f32))
-    dk = jnp.einsum("bhqk,bqhd->bkhd", ds, q.astype(f32))
+    backward: the probabilities are recomputed, never stored), `block_q` queries at a
+    time as in `attention_forward_xla`, dk and dv summed over the blocks."""
+    t = q.shape[1]
+    kw: dict[str, Any] = dict(causal=causal, sm_scale=sm_scale)
+    bq = default_block_q(q, k, None, causal) if block_q is None else block_q
+    if t <= bq:
+        dq, dk, dv = _backward_block(q, k, v, out, lse, dout, **kw)
+    else:
+        # Padded rows (zero queries, outputs and output gradients) add nothing to dk, dv.
+        rows = [_in_blocks(x, 1, bq) for x in (q, out, dout)] + [_in_blocks(lse, 2, bq)]
+
+        def step(carry, xs):
+            i, q_blk, out_blk, dout_blk, lse_blk = xs
+            dq_blk, dk_blk, dv_blk = _backward_block(
+                q_blk, k, v, out_blk, lse_blk, dout_blk, q_start=i * bq, **kw
+            )
+            return (carry[0] + dk_blk, carry[1] + dv_blk), dq_blk
+
+        zeros = jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32)
+        starts = jnp.arange(rows[0].shape[0])
+        (dk, dv), dq_blocks = jax.lax.scan(step, zeros, (starts, *rows))
+        dq = _from_blocks(dq_blocks, 1, t)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
 
@@ -127,9 +185,9 @@ def attention_reference(
 
 
 class ReferenceBackend(BackwardKernelGradient):
-    """The scores materialised in XLA, saving the log-sum-exp for the backward kernel:
-    what a CPU, a TPU or `KERNELTUNE_PLATFORM=xla` runs for a Pallas config (no config
-    names it)."""
+    """Attention in XLA a block of queries at a time (`attention_forward_xla`), saving the
+    log-sum-exp for the backward kernel: what a CPU, a TPU or `KERNELTUNE_PLATFORM=xla`
+    runs for a Pallas config (no config names it)."""
 
     name = "reference"
     plain_jax = True
