@@ -63,6 +63,20 @@ def _from_blocks(x: jax.Array, axis: int, rows: int) -> jax.Array:
     return jax.lax.slice_in_dim(x, 0, rows, axis=axis)
 
 
+#: The most queries a block of `attention_forward_xla` and `attention_backward_xla`
+#: takes by default. Smaller blocks keep a block's scores in the CPU's caches: causal,
+#: d64, float32, B1, on a 2-core CPU (BENCHMARKS.md, 2026-12-07), forward + backward at
+#: T 2048 2 heads took 67 ms in blocks of 256 against 126 ms in blocks of 1024 and 76 ms
+#: whole; at T 4096 2 heads 245 ms against 449 ms and 273 ms.
+XLA_BLOCK_Q = 256
+
+
+def _block_q(q: jax.Array, k: jax.Array, causal: bool, block_q: int | None) -> int:
+    if block_q is not None:
+        return block_q
+    return min(XLA_BLOCK_Q, default_block_q(q, k, None, causal))
+
+
 def attention_forward_xla(
     q: jax.Array,
     k: jax.Array,
@@ -73,12 +87,12 @@ def attention_forward_xla(
     block_q: int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """`softmax(q kᵀ · sm_scale) v` and its base-2 log-sum-exp `[batch, heads, q_len]`,
-    `block_q` queries at a time (None: the chunked variants' block,
-    `chunked.default_block_q`, at most 1024 queries whose scores fit 256 MiB): a long
-    call never holds its whole `[B, N, T, S]` scores, on a CPU or wherever this runs.
+    `block_q` queries at a time (None: `XLA_BLOCK_Q`, or fewer where the chunked
+    variants' block, `chunked.default_block_q`, is smaller): a long call never holds its
+    whole `[B, N, T, S]` scores, on a CPU or wherever this runs.
     Each block is rematerialised under a gradient JAX takes of it."""
     t = q.shape[1]
-    bq = default_block_q(q, k, None, causal) if block_q is None else block_q
+    bq = _block_q(q, k, causal, block_q)
     if t <= bq:
         return _forward_block(q, k, v, causal=causal, sm_scale=sm_scale)
 
@@ -149,7 +163,7 @@ def attention_backward_xla(
     time as in `attention_forward_xla`, dk and dv summed over the blocks."""
     t = q.shape[1]
     kw: dict[str, Any] = dict(causal=causal, sm_scale=sm_scale)
-    bq = default_block_q(q, k, None, causal) if block_q is None else block_q
+    bq = _block_q(q, k, causal, block_q)
     if t <= bq:
         dq, dk, dv = _backward_block(q, k, v, out, lse, dout, **kw)
     else:
