@@ -783,3 +783,17 @@ def test_the_softmax_heuristic_replay_scores_the_tables_keys(capsys):
         # key; JAX's fixed 4 warps was 16-25% behind at 1024 elements on both GPUs.
         assert max(r[3] for r in found) < 0.04, path.stem
         assert max(r[4] for r in found) > 0.15, path.stem
+
+
+def test_the_triton_kernels_benchmark_documents_itself_and_says_it_needs_a_gpu(capsys):
+    from benchmarks import triton_kernels_gpu as tk
+
+    with pytest.raises(SystemExit) as e:
+        tk.main(["--help"])
+    assert e.value.code == 0
+    assert "python -m benchmarks.triton_kernels_gpu" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="needs a GPU"):
+        tk.main([])  # no GPU here: said so before any kernel is built
+    with pytest.raises(SystemExit) as e:
+        tk.main(["--rows", "1"])
+    assert e.value.code == 2 and "unrecognized arguments: --rows" in capsys.readouterr().err
