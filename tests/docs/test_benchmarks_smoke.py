@@ -797,3 +797,25 @@ def test_the_triton_kernels_benchmark_documents_itself_and_says_it_needs_a_gpu(c
     with pytest.raises(SystemExit) as e:
         tk.main(["--rows", "1"])
     assert e.value.code == 2 and "unrecognized arguments: --rows" in capsys.readouterr().err
+
+
+def test_the_workers_benchmark_needs_a_gpu_and_reports_failed_runs(tmp_path, monkeypatch, capsys):
+    import subprocess
+
+    from benchmarks import workers_gpu
+
+    with pytest.raises(SystemExit) as e:
+        workers_gpu.main(["--help"])  # was taken for the output directory
+    assert e.value.code == 0 and "OUT_DIR" in capsys.readouterr().out
+    assert not list(tmp_path.iterdir())
+    with pytest.raises(SystemExit, match="needs a GPU"):
+        workers_gpu.main([str(tmp_path)])
+
+    # Runs that fail were reported as agreeing ("same keys: True; winners differing: 0").
+    monkeypatch.setattr(workers_gpu, "on_gpu", lambda: True)
+    monkeypatch.setattr(workers_gpu, "record", lambda path: 0)
+    failed = subprocess.CompletedProcess([], 2, stdout="", stderr="usage: ...\nerror: bad\n")
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: failed)
+    with pytest.raises(SystemExit, match=r"failed runs:\n  in-process: exit 2: error: bad"):
+        workers_gpu.main([str(tmp_path)])
+    assert "same keys" not in capsys.readouterr().out
