@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -106,8 +107,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument("--json", default=None, help="write every time to this file")
     args = p.parse_args(argv)
     if not h.on_gpu():
-        print("ragged_dot_strips_gpu: JAX's Mosaic grouped matmuls need a Hopper GPU.")
-        return []
+        sys.exit("ragged_dot_strips_gpu: JAX's Mosaic grouped matmuls need a Hopper GPU.")
     print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}: time over the fastest")
     rows = []
     for shape in args.shapes:
