@@ -822,3 +822,13 @@ def test_the_workers_benchmark_needs_a_gpu_and_reports_failed_runs(tmp_path, mon
     with pytest.raises(SystemExit, match=r"failed runs:\n  in-process: exit 2: error: bad"):
         workers_gpu.main([str(tmp_path)])
     assert "same keys" not in capsys.readouterr().out
+
+
+def test_the_matmul_benchmarks_help_lists_its_sweep_option(capsys):
+    from benchmarks import matmul_gpu
+
+    with pytest.raises(SystemExit) as e:
+        matmul_gpu.main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "--sweep-s S" in out and "--smoke" in out  # its own option beside the shared ones
