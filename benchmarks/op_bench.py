@@ -220,7 +220,7 @@ def parse(
     """The shared command line; `extra` adds a script's own options (so that `--help`
     lists them)."""
     ops = tuple(families)
-    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--smoke", action="store_true", help="tiny shapes; no tokamax (CPU test)")
     p.add_argument("--json", metavar="PATH", help="also write the results here")
     p.add_argument("--ops", default=",".join(ops), help=f"comma-separated subset of {ops}")

@@ -102,8 +102,14 @@ def parse_shape(text: str) -> tuple[int, int, int, int]:
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shapes", type=parse_shape, nargs="+", default=list(SHAPES))
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--shapes",
+        type=parse_shape,
+        nargs="+",
+        default=list(SHAPES),
+        help="ROWSxKxNxEXPERTS, e.g. 32768x2048x768x128 (default: 8 MoE shapes)",
+    )
     p.add_argument("--json", default=None, help="write every time to this file")
     args = p.parse_args(argv)
     if not h.on_gpu():
