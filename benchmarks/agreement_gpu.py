@@ -213,7 +213,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument(
+        "--processes", type=int, default=2, help="worker processes, one GPU each (default 2)"
+    )
     parser.add_argument(
         "--sizes",
         type=int,
@@ -221,7 +223,9 @@ def main() -> int:
         default=[2048, 4096],
         help="square matmul sizes; every second one is called inside jax.jit",
     )
-    parser.add_argument("--timeout", type=float, default=280.0)
+    parser.add_argument(
+        "--timeout", type=float, default=280.0, help="seconds before the workers are stopped"
+    )
     parser.add_argument(
         "--interpret",
         action="store_true",

@@ -360,18 +360,18 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--lengths", default="8192,16384,32768")
-    p.add_argument("--variants", default=",".join(VARIANTS))
-    p.add_argument("--passes", default="fwd,fwd+bwd")
+    p.add_argument("--lengths", default="8192,16384,32768", help="tokens T, comma-separated")
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated of {VARIANTS}")
+    p.add_argument("--passes", default="fwd,fwd+bwd", help="fwd, fwd+bwd or both")
     p.add_argument("--heads", default="16/4", help="query/kv heads, comma-separated pairs")
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--batch", type=int, default=1, help="sequences B")
     p.add_argument("--skip", default="", help="implementations not to time, e.g. xla")
     p.add_argument(
         "--mosaic-blocks",
         default="64/64",
         help="block_q/block_kv pairs of kerneltune's Mosaic kernel to time, comma-separated",
     )
-    p.add_argument("--json")
+    p.add_argument("--json", metavar="PATH", help="also write the rows here")
     p.add_argument("--smoke", action="store_true", help="tiny shapes (any device)")
     p.add_argument(
         "--check", nargs="+", metavar="JSON", help="print earlier runs' rows and their misses"

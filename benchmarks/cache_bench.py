@@ -153,11 +153,13 @@ def bench(base: str, count: int, calls: int, rng: random.Random) -> dict[str, fl
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="100,10000,100000")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--sizes", default="100,10000,100000", help="cache entries, comma-separated"
+    )
     parser.add_argument("--calls", type=int, default=1000, help="timed calls per figure")
     parser.add_argument("--dir", default=tempfile.gettempdir(), help="where to build the caches")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="of the random keys")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     sizes = [int(s) for s in args.sizes.split(",")]

@@ -50,9 +50,11 @@ def per_call_us(fn, calls: int, repeats: int) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=20000)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=20000, help="calls per repeat")
+    parser.add_argument(
+        "--repeats", type=int, default=7, help="repeats; the median and spread are over them"
+    )
     args = parser.parse_args()
 
     x = jax.random.normal(jax.random.PRNGKey(0), (128,), jnp.float32)

@@ -124,9 +124,13 @@ def run_shape(
 
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--shapes", default="8192x4096x14336,16384x2048x8192")
-    p.add_argument("--passes", default="fwd,fwd+bwd")
+    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds, then medians")
+    p.add_argument(
+        "--shapes",
+        default="8192x4096x14336,16384x2048x8192",
+        help="TOKENSxDxHIDDEN of the gated linear unit, comma-separated",
+    )
+    p.add_argument("--passes", default="fwd,fwd+bwd", help="fwd, fwd+bwd or both")
     p.add_argument("--smi", default=None, help="log nvidia-smi clocks and power to this file")
     p.add_argument("--smoke", action="store_true", help="a tiny shape, one round, any device")
     args = p.parse_args(argv)

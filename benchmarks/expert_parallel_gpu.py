@@ -353,19 +353,23 @@ def offset_table(rows: Sequence[OffsetRow]) -> str:
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--smoke", action="store_true", help="tiny shapes, no tokamax (CPU test)")
     p.add_argument("--blocks", default="fine,coarse", help="blocks: fine, coarse")
     p.add_argument(
         "--gpus", default=None, help="GPU counts (default: 1, 2, 4 up to the local count)"
     )
-    p.add_argument("--dispatch", default="auto", choices=ep.DISPATCHES)
+    p.add_argument(
+        "--dispatch", default="auto", choices=ep.DISPATCHES, help="the tokens' layout (below)"
+    )
     p.add_argument("--capacity-factor", type=float, default=1.25, help="0: no capacity")
-    p.add_argument("--rounds", type=int, default=ROUNDS)
+    p.add_argument(
+        "--rounds", type=int, default=ROUNDS, help=f"interleaved rounds (default {ROUNDS})"
+    )
     p.add_argument("--impls", default=",".join(IMPLS), help=f"subset of {IMPLS}")
     p.add_argument("--no-tune", action="store_true", help="skip kt tuned")
     p.add_argument("--tune-budget", type=float, default=8.0, help="tuner seconds per key")
-    p.add_argument("--no-tokamax", action="store_true")
+    p.add_argument("--no-tokamax", action="store_true", help="do not import tokamax")
     p.add_argument("--offset-only", action="store_true", help="part 2 alone")
     p.add_argument("--no-offset", action="store_true", help="part 1 alone")
     p.add_argument("--json", metavar="PATH", help="also write the results here")

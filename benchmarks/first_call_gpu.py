@@ -495,9 +495,9 @@ def _peers_text(peers: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ops", default=",".join(OPS))
-    p.add_argument("--json", default=None)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated of {OPS}")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the rows here")
     p.add_argument("--smoke", action="store_true", help="tiny shapes: a check of the script")
     p.add_argument(
         "--grad", action="store_true", help="forward + backward: the backward kernels' keys too"

@@ -369,8 +369,13 @@ def summarize(row: str, samples: dict[str, list[dict[str, Any]]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, dict[str, dict[str, Any]]]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated of {ROWS}")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    smoke = ", ".join((*SMOKE_BLOCKS, *SMOKE_LONG, *SMOKE_MOE, *SMOKE_HEADS))
+    parser.add_argument(
+        "--rows",
+        default=",".join(ROWS),
+        help=f"comma-separated of {ROWS}; tiny ones for any device: {smoke}",
+    )
     parser.add_argument("--variants", default="plain,kt,kt_cold", help=f"of {VARIANTS}")
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds per process")
     parser.add_argument(

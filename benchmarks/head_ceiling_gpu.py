@@ -178,9 +178,9 @@ def variant_line(t: dict[str, float], name: str, plain: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--smoke", action="store_true", help="tiny shapes (any device)")
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
     p.add_argument("--no-model", action="store_true", help="the heads only")
     p.add_argument("--heads", type=int, default=None, help="only the first N head shapes")
     p.add_argument("--kernels", metavar="DIR", help="only the kernel breakdown, HLO to DIR")

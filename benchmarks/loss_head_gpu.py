@@ -441,7 +441,7 @@ def table(results: Sequence[Result]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> list[Result]:
-    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="two shapes per op, shorter tuning")
     p.add_argument("--smoke", action="store_true", help="tiny shapes, no tokamax (any device)")
     p.add_argument("--json", metavar="PATH", help="also write the results here")

@@ -77,10 +77,15 @@ def rows_for(shape: tuple[int, int], tiles: Sequence[lt.LseTiles], rounds: int, 
 
 
 def main(argv: Sequence[str] | None = None) -> dict[Any, Any]:
-    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--smoke", action="store_true", help="tiny shapes (any device)")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--tiles", choices=("all", "default"), default="all")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
+    p.add_argument(
+        "--tiles",
+        choices=("all", "default"),
+        default="all",
+        help="the Pallas kernel's 32 tile configs, or the shipped default alone",
+    )
     p.add_argument("--shapes", type=int, default=None, help="only the first N shapes")
     args = p.parse_args(argv)
     shapes = (SMOKE_SHAPES if args.smoke else SHAPES)[: args.shapes]

@@ -97,13 +97,21 @@ def sweep_mosaic(seconds: float, size: int = 4096) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> list[Row]:
-    p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--sweep-s", type=float, default=None)
-    sweep, rest = p.parse_known_args(argv)
-    if sweep.sweep_s is not None:
-        sweep_mosaic(sweep.sweep_s)
+    def sweep_option(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--sweep-s",
+            type=float,
+            default=None,
+            metavar="S",
+            help="instead of the table, time the wide Mosaic space at 4096³ for S seconds "
+            "against jnp.dot (Hopper)",
+        )
+
+    args = op_bench.parse(FAMILY, argv, __doc__ or "", extra=sweep_option)
+    if args.sweep_s is not None:
+        sweep_mosaic(args.sweep_s)
         return []
-    return op_bench.run(FAMILY, rest, "benchmarks.matmul_gpu", __doc__ or "")
+    return op_bench.run(FAMILY, argv, "benchmarks.matmul_gpu", __doc__ or "", args=args)
 
 
 if __name__ == "__main__":

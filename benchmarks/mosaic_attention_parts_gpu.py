@@ -165,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--length", type=int, default=8192)
+    p.add_argument("--length", type=int, default=8192, help="tokens T (default 8192)")
     p.add_argument("--docs", default="1,4,16", help="documents per sequence, comma-separated")
     p.add_argument("--first-call", action="store_true", help="also split the first calls")
     p.add_argument("--smoke", action="store_true", help="tiny shapes, interpreted (any device)")

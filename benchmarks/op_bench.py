@@ -211,9 +211,16 @@ def measure(row: Row, fns: Impls, sets: Sequence[Any], tuning: Tuning | None) ->
 # --- the command line ---------------------------------------------------------------
 
 
-def parse(families: Mapping[str, Family], argv: Sequence[str] | None, doc: str) -> Any:
+def parse(
+    families: Mapping[str, Family],
+    argv: Sequence[str] | None,
+    doc: str,
+    extra: Callable[[argparse.ArgumentParser], Any] | None = None,
+) -> Any:
+    """The shared command line; `extra` adds a script's own options (so that `--help`
+    lists them)."""
     ops = tuple(families)
-    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--smoke", action="store_true", help="tiny shapes; no tokamax (CPU test)")
     p.add_argument("--json", metavar="PATH", help="also write the results here")
     p.add_argument("--ops", default=",".join(ops), help=f"comma-separated subset of {ops}")
@@ -226,6 +233,8 @@ def parse(families: Mapping[str, Family], argv: Sequence[str] | None, doc: str) 
         action="store_true",
         help="tune without the tables shipped with kerneltune (the default executor reads them)",
     )
+    if extra is not None:
+        extra(p)
     args = p.parse_args(argv)
     unknown = sorted(set(args.ops.split(",")) - set(ops))
     if unknown:
@@ -234,11 +243,15 @@ def parse(families: Mapping[str, Family], argv: Sequence[str] | None, doc: str) 
 
 
 def run(
-    families: Mapping[str, Family], argv: Sequence[str] | None, prog: str, doc: str
+    families: Mapping[str, Family],
+    argv: Sequence[str] | None,
+    prog: str,
+    doc: str,
+    args: Any = None,
 ) -> list[Row]:
     """Runs the chosen ops at their shapes, prints one table, writes `--json`; returns
-    the rows."""
-    args = parse(families, argv, doc)
+    the rows. `args`: `argv` already parsed (by `parse`)."""
+    args = parse(families, argv, doc) if args is None else args
     chosen = [families[op] for op in args.ops.split(",")]
     rowwise = any(f.rowwise for f in chosen)
     bandwidth = h.copy_bandwidth(2**20 if args.smoke else 2**30) if rowwise else None

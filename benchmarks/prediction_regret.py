@@ -372,11 +372,13 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     default = [str(t) for t in sorted(PACKAGE_TABLES.glob("*.json"))]
-    p.add_argument("tables", nargs="*", default=default)
+    p.add_argument(
+        "tables", nargs="*", default=default, help="table JSON files (default: the shipped ones)"
+    )
     p.add_argument("--shortlist", type=int, default=3, help="candidates a first call times")
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the results here")
     args = p.parse_args(argv)
     outcomes: list[Outcome] = []
     for path in args.tables:

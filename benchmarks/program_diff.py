@@ -25,7 +25,7 @@ FIELDS = ("layer_norm", "rms_norm", "matmul", "swiglu", "attention")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--blocks", default="gpt,llama", help="of first_use_gpu.BLOCKS")
     p.add_argument("--lines", type=int, default=40, help="differing lines to print")
     a = p.parse_args(argv)

@@ -144,7 +144,7 @@ def block_rows(s: model.MoEShape, st: op_bench.Settings, tuning: Any) -> list[Ro
 
 
 def main(argv: Sequence[str] | None = None) -> list[Row]:
-    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="two op shapes, two blocks, no tuning")
     p.add_argument("--smoke", action="store_true", help="tiny shapes, no tokamax (CPU test)")
     p.add_argument("--json", metavar="PATH", help="also write the results here")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -101,13 +102,18 @@ def parse_shape(text: str) -> tuple[int, int, int, int]:
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shapes", type=parse_shape, nargs="+", default=list(SHAPES))
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--shapes",
+        type=parse_shape,
+        nargs="+",
+        default=list(SHAPES),
+        help="ROWSxKxNxEXPERTS, e.g. 32768x2048x768x128 (default: 8 MoE shapes)",
+    )
     p.add_argument("--json", default=None, help="write every time to this file")
     args = p.parse_args(argv)
     if not h.on_gpu():
-        print("ragged_dot_strips_gpu: JAX's Mosaic grouped matmuls need a Hopper GPU.")
-        return []
+        sys.exit("ragged_dot_strips_gpu: JAX's Mosaic grouped matmuls need a Hopper GPU.")
     print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}: time over the fastest")
     rows = []
     for shape in args.shapes:

@@ -8,7 +8,9 @@ the times are the tables'.
 
 from __future__ import annotations
 
+import argparse
 import statistics
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -35,7 +37,10 @@ def rows(path) -> list[tuple[int, int, int, float, float]]:
     return sorted(out)
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args(argv)
     print("| table | rows x width | heuristic warps | its regret | 4 warps' regret |")
     print("| --- | --- | ---: | ---: | ---: |")
     summary = []

@@ -16,6 +16,10 @@ costs a user nothing unless tuning picks it, which it does only where it is fast
 
 from __future__ import annotations
 
+import argparse
+import sys
+from collections.abc import Sequence
+
 import jax
 import jax.numpy as jnp
 
@@ -135,7 +139,13 @@ def attention_row(b: int, t: int, heads: int, kv_heads: int, d: int) -> Row:
     return (f"attention causal fwd+bwd B{b} T{t} {heads}/{kv_heads} d{d}", m["ours"], m["cudnn"])
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> list[Row]:
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args(argv)
+    if not h.on_gpu():
+        # The kernels are compiled for the GPU (`interpret=False`); a CPU cannot run them.
+        sys.exit(f"triton_kernels_gpu: needs a GPU (found {jax.devices()[0].platform})")
     print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}")
     print(
         f"{'row':52s} {'ours ms':>9s} {'baseline ms':>12s} {'x baseline':>10s}"
@@ -149,6 +159,7 @@ def main() -> None:
             f"{name:52s} {ours * 1e3:9.3f} {base * 1e3:12.3f} {base / ours:9.2f}x"
             f" {ours_first:8.2f} / {base_first:<7.2f} {_mib(ours_peak):>8s} / {_mib(base_peak):<8s}"
         )
+    return rows
 
 
 def _mib(n: int | None) -> str:

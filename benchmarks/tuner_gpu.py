@@ -204,14 +204,16 @@ def orchestrate(args) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--tiny", action="store_true", help="small shapes in Pallas interpret mode (CPU check)"
     )
-    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated of {METHODS}")
     p.add_argument("--out", default=os.environ.get("OUT", ""), help="where to write JSON and logs")
     p.add_argument("--budget-s", type=float, default=450.0, help="stop starting workers after this")
-    p.add_argument("--worker-timeout-s", type=float, default=150.0)
+    p.add_argument(
+        "--worker-timeout-s", type=float, default=150.0, help="seconds per worker process"
+    )
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--shape", help=argparse.SUPPRESS)
     args = p.parse_args()

@@ -332,7 +332,7 @@ def table(runs: Sequence[Run]) -> str:
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument(
         "--counts", default=None, help="GPU counts besides 1 (default: 2, 4 up to the GPUs here)"
     )

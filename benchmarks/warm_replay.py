@@ -203,16 +203,23 @@ def summary(outcomes: Sequence[ReplayOutcome]) -> dict[tuple[str, str], dict[str
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("table", nargs="?", default=DEFAULT_TABLE)
-    p.add_argument("--seeds", type=int, default=10)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "table", nargs="?", default=DEFAULT_TABLE, help="a table JSON file (default: the H100's)"
+    )
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=10,
+        help="replays per shape and method (noise and search seeds)",
+    )
     p.add_argument("--noise", type=float, default=0.01, help="relative measurement error (sd)")
     p.add_argument("--space", default=None, help="one backend's configs only (triton, pallas)")
     p.add_argument(
         "--compiles-at-once", type=int, default=16,
         help="configs that compile in the wall time of one (1: Mosaic GPU kernels)",
     )  # fmt: skip
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the results here")
     args = p.parse_args(argv)
     outcomes = replay(
         load(args.table),

@@ -619,8 +619,8 @@ def test_tuning_scaleout_names_each_keys_wall_strategy_and_timed_candidates():
 def test_the_strip_width_benchmark_says_what_it_needs_and_checks_its_shapes(capsys):
     from benchmarks import ragged_dot_strips_gpu as strips
 
-    assert strips.main([]) == []  # no Hopper GPU here
-    assert "need a Hopper GPU" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="need a Hopper GPU"):
+        strips.main([])  # no Hopper GPU here: said so, and not a success (it exited 0)
     assert strips.parse_shape("32768x2048x768x128") == (32768, 2048, 768, 128)
     for bad in ("12x3", "8x8x8x0", "axbxcxd"):
         with pytest.raises(argparse.ArgumentTypeError, match=r"--shapes: .* ROWSxKxNxEXPERTS"):
@@ -773,7 +773,10 @@ def test_the_attention_variants_rows_time_their_implementations_in_interleaved_r
 def test_the_softmax_heuristic_replay_scores_the_tables_keys(capsys):
     from benchmarks import softmax_heuristic_replay as shr
 
-    shr.main()
+    with pytest.raises(SystemExit) as e:
+        shr.main(["--help"])  # was ignored: the replay ran
+    assert e.value.code == 0 and "| table |" not in capsys.readouterr().out
+    shr.main([])
     out = capsys.readouterr().out
     keys = [line for line in out.splitlines() if line.startswith("| nvidia")]
     assert len(keys) >= 20
@@ -783,3 +786,49 @@ def test_the_softmax_heuristic_replay_scores_the_tables_keys(capsys):
         # key; JAX's fixed 4 warps was 16-25% behind at 1024 elements on both GPUs.
         assert max(r[3] for r in found) < 0.04, path.stem
         assert max(r[4] for r in found) > 0.15, path.stem
+
+
+def test_the_triton_kernels_benchmark_documents_itself_and_says_it_needs_a_gpu(capsys):
+    from benchmarks import triton_kernels_gpu as tk
+
+    with pytest.raises(SystemExit) as e:
+        tk.main(["--help"])
+    assert e.value.code == 0
+    assert "python -m benchmarks.triton_kernels_gpu" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="needs a GPU"):
+        tk.main([])  # no GPU here: said so before any kernel is built
+    with pytest.raises(SystemExit) as e:
+        tk.main(["--rows", "1"])
+    assert e.value.code == 2 and "unrecognized arguments: --rows" in capsys.readouterr().err
+
+
+def test_the_workers_benchmark_needs_a_gpu_and_reports_failed_runs(tmp_path, monkeypatch, capsys):
+    import subprocess
+
+    from benchmarks import workers_gpu
+
+    with pytest.raises(SystemExit) as e:
+        workers_gpu.main(["--help"])  # was taken for the output directory
+    assert e.value.code == 0 and "OUT_DIR" in capsys.readouterr().out
+    assert not list(tmp_path.iterdir())
+    with pytest.raises(SystemExit, match="needs a GPU"):
+        workers_gpu.main([str(tmp_path)])
+
+    # Runs that fail were reported as agreeing ("same keys: True; winners differing: 0").
+    monkeypatch.setattr(workers_gpu, "on_gpu", lambda: True)
+    monkeypatch.setattr(workers_gpu, "record", lambda path: 0)
+    failed = subprocess.CompletedProcess([], 2, stdout="", stderr="usage: ...\nerror: bad\n")
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: failed)
+    with pytest.raises(SystemExit, match=r"failed runs:\n  in-process: exit 2: error: bad"):
+        workers_gpu.main([str(tmp_path)])
+    assert "same keys" not in capsys.readouterr().out
+
+
+def test_the_matmul_benchmarks_help_lists_its_sweep_option(capsys):
+    from benchmarks import matmul_gpu
+
+    with pytest.raises(SystemExit) as e:
+        matmul_gpu.main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "--sweep-s S" in out and "--smoke" in out  # its own option beside the shared ones
