@@ -283,6 +283,18 @@ def test_matmul_int8_and_preferred_element_type_follow_jnp():
     np.testing.assert_array_equal(matmul(a, b, executor=EX), jnp.matmul(a, b))
 
 
+@pytest.mark.parametrize("a_shape", [(2, 3), (2, 2, 3)])
+def test_a_matmul_of_two_weakly_typed_operands_is_weakly_typed_as_in_jnp(a_shape):
+    # Before: the kernel's product of two weakly typed arrays (`jnp.full(s, 0.5)`) was
+    # strongly typed float32, so adding a bfloat16 array gave float32 where
+    # jnp.matmul's product gives bfloat16.
+    a, b = jnp.full(a_shape, 0.5), jnp.full((3, 4), 2.0)
+    got, want = matmul(a, b, executor=EX), jnp.matmul(a, b)
+    assert (got.dtype, got.weak_type) == (want.dtype, want.weak_type) == (jnp.float32, True)
+    np.testing.assert_array_equal(got, want)
+    assert (got + jnp.ones((), jnp.bfloat16)).dtype == jnp.bfloat16
+
+
 def test_a_float64_matmul_keeps_float64_precision():
     # Before: the CPU path accumulated a float64 product in float32 and cast it back
     # (an error of 5e-8 where jnp.matmul's is 1e-16).
