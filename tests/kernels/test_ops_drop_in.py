@@ -150,6 +150,21 @@ def test_norms_name_the_bad_argument(call, match):
         call()
 
 
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda s: matmul(s((2, 3)), jnp.ones((3, 4))), "matmul: a must be an array"),
+        (lambda s: softmax(s((2, 3))), "softmax: x must be an array"),
+        (lambda s: attention(*(s((1, 16, 2, 8)),) * 3), "attention: query must be an array"),
+    ],
+)
+def test_a_shape_dtype_struct_is_refused_naming_the_argument(call, match):
+    # Before: "float() argument must be a string or a real number, not
+    # 'ShapeDtypeStruct'", from deep in JAX; jnp.matmul names the argument.
+    with pytest.raises(TypeError, match=match + ".*ShapeDtypeStruct.*jax.eval_shape"):
+        call(lambda shape: jax.ShapeDtypeStruct(shape, jnp.float32))
+
+
 def test_float64_norms_and_softmax_keep_float64_precision():
     # Before: the statistics and the softmax were computed in float32 and cast back, so
     # under x64 a layer norm of values near 1 was off by 1e-4 (flax and jax.nn compute
