@@ -14,6 +14,11 @@ import numpy as np
 
 def as_array(op: str, name: str, value: Any) -> jax.Array:
     """`value` as a JAX array, or a TypeError naming the argument."""
+    if isinstance(value, jax.ShapeDtypeStruct):  # has a shape and a dtype, holds no values
+        raise TypeError(
+            f"{op}: {name} must be an array, got jax.ShapeDtypeStruct{value.shape}; for "
+            f"shapes and dtypes alone, call {op} under jax.eval_shape."
+        )
     if isinstance(value, (jax.Array, np.ndarray, np.generic, int, float, bool, complex)):
         return jnp.asarray(value)
     if hasattr(value, "shape") and hasattr(value, "dtype"):  # tracers and other arrays

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 import kerneltune as kt
 from tests.helpers import heuristics_executor, rand
@@ -121,6 +122,24 @@ def test_grad_under_jit_and_vmap(seed):
 
     ours = jax.jit(jax.grad(loss_ours, argnums=(0, 1)))(q, k)
     ref = jax.grad(loss_ref, argnums=(0, 1))(q, k)
+    assert_grads_close(ours, ref)
+
+
+def test_grad_inside_shard_map_with_a_replicated_argument_matches_the_reference():
+    # Before: q split over the mesh and k replicated (P()), the custom VJP's cotangent of
+    # k varied over the mesh axis where k does not, and JAX refused it ("the manual
+    # axis types do not match"). JAX's own autodiff sums such an input's cotangent over
+    # the axis: so must the kernel's.
+    ex = executor()
+    mesh = jax.make_mesh((4,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
+    q, k = rand((8, 4)), rand((6, 4))
+
+    def loss(fn):
+        sharded = jax.shard_map(fn, mesh=mesh, in_specs=(P("x"), P()), out_specs=P("x"))
+        return jax.jit(jax.grad(lambda q, k: jnp.sum(jnp.sin(sharded(q, k))), argnums=(0, 1)))
+
+    ours = loss(lambda q, k: ex(SoftAttn(), q, k, alpha=2.5))(q, k)
+    ref = loss(lambda q, k: reference(q, k, alpha=2.5, causal=False))(q, k)
     assert_grads_close(ours, ref)
 
 

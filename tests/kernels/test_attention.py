@@ -14,7 +14,13 @@ import pytest
 
 import kerneltune as kt
 from kerneltune import BwdParams, FwdParams
-from kerneltune.kernels import Attention, AttentionBackward, AttentionInterpret, attention
+from kerneltune.kernels import (
+    Attention,
+    AttentionBackward,
+    AttentionInterpret,
+    VariantConfig,
+    attention,
+)
 from kerneltune.kernels._common import on_gpu, relative_error, tolerance
 from kerneltune.kernels.attention import config as ac
 from kerneltune.kernels.attention import tokamax_backend as tb
@@ -328,6 +334,34 @@ def test_grouped_query_values_and_gradients(key, causal, interpret):
     out, grads = value_and_grads(fn, (q, k, v), do)
     assert grads[1].shape == k.shape and grads[2].shape == v.shape
     assert_matches(out, grads, *grouped_reference(q, k, v, do, causal), jnp.float32)
+
+
+@pytest.mark.parametrize("kv_spec", [("data", None, "model"), ("data",)])
+@pytest.mark.parametrize("chunked", [False, True], ids=["plain", "chunked-variant"])
+def test_grouped_query_attention_runs_on_an_explicitly_sharded_mesh(key, kv_spec, chunked):
+    # Before: under `jax.set_mesh` of explicit axes, k and v (plain attention) or v's
+    # mean (the chunked variants' fully masked rows) repeated for every query head by
+    # `jnp.repeat` raised "Please pass sharding to `jnp.repeat`" where
+    # jax.nn.dot_product_attention runs, values and gradients, heads sharded or not.
+    explicit = jax.sharding.AxisType.Explicit
+    mesh = jax.make_mesh((2, 2), ("data", "model"), axis_types=(explicit, explicit))
+    q, k, v, _ = qkv(key, 2, 16, 4, 8)
+    k, v = k[:, :, :2], v[:, :, :2]
+    variant = {"local_window_size": 3} if chunked else {}
+    cfg = VariantConfig(block_q=8) if chunked else None
+
+    def loss(f, **kw):
+        call = functools.partial(f, is_causal=True, **variant, **kw)
+        return jax.jit(jax.value_and_grad(lambda *a: jnp.sum(call(*a) ** 2), (0, 1, 2)))
+
+    with jax.set_mesh(mesh):
+        spec = jax.sharding.PartitionSpec(*kv_spec)
+        q, k, v = (jax.device_put(a, spec) for a in (q, k, v))
+        ours = loss(attention, cfg=cfg, executor=executor())(q, k, v)
+        theirs = loss(jax.nn.dot_product_attention)(q, k, v)
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-4)
+        assert a.sharding.is_equivalent_to(b.sharding, a.ndim)
 
 
 def test_the_backward_kernel_still_wants_every_head(key):

@@ -150,6 +150,21 @@ def test_norms_name_the_bad_argument(call, match):
         call()
 
 
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda s: matmul(s((2, 3)), jnp.ones((3, 4))), "matmul: a must be an array"),
+        (lambda s: softmax(s((2, 3))), "softmax: x must be an array"),
+        (lambda s: attention(*(s((1, 16, 2, 8)),) * 3), "attention: query must be an array"),
+    ],
+)
+def test_a_shape_dtype_struct_is_refused_naming_the_argument(call, match):
+    # Before: "float() argument must be a string or a real number, not
+    # 'ShapeDtypeStruct'", from deep in JAX; jnp.matmul names the argument.
+    with pytest.raises(TypeError, match=match + ".*ShapeDtypeStruct.*jax.eval_shape"):
+        call(lambda shape: jax.ShapeDtypeStruct(shape, jnp.float32))
+
+
 def test_float64_norms_and_softmax_keep_float64_precision():
     # Before: the statistics and the softmax were computed in float32 and cast back, so
     # under x64 a layer norm of values near 1 was off by 1e-4 (flax and jax.nn compute
@@ -281,6 +296,18 @@ def test_matmul_int8_and_preferred_element_type_follow_jnp():
     assert got.dtype == jnp.int32
     np.testing.assert_array_equal(got, jnp.matmul(a, b, preferred_element_type=jnp.int32))
     np.testing.assert_array_equal(matmul(a, b, executor=EX), jnp.matmul(a, b))
+
+
+@pytest.mark.parametrize("a_shape", [(2, 3), (2, 2, 3)])
+def test_a_matmul_of_two_weakly_typed_operands_is_weakly_typed_as_in_jnp(a_shape):
+    # Before: the kernel's product of two weakly typed arrays (`jnp.full(s, 0.5)`) was
+    # strongly typed float32, so adding a bfloat16 array gave float32 where
+    # jnp.matmul's product gives bfloat16.
+    a, b = jnp.full(a_shape, 0.5), jnp.full((3, 4), 2.0)
+    got, want = matmul(a, b, executor=EX), jnp.matmul(a, b)
+    assert (got.dtype, got.weak_type) == (want.dtype, want.weak_type) == (jnp.float32, True)
+    np.testing.assert_array_equal(got, want)
+    assert (got + jnp.ones((), jnp.bfloat16)).dtype == jnp.bfloat16
 
 
 def test_a_float64_matmul_keeps_float64_precision():

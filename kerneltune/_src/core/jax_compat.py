@@ -38,6 +38,15 @@ def is_single_device_sharding(sharding: Any) -> bool:
     return isinstance(sharding, jax.sharding.SingleDeviceSharding)
 
 
+def varying_axes(x: Any) -> frozenset[str]:
+    """The mesh axes along which `x` differs from device to device inside `shard_map`
+    (none outside it): its type's `mat.varying` from JAX 0.10, `vma` before."""
+    aval = jax.typeof(x)
+    mat = getattr(aval, "mat", None)
+    names = getattr(mat, "varying", None) if mat is not None else getattr(aval, "vma", None)
+    return frozenset(names or ())
+
+
 def backends_initialized() -> bool:
     """True when this process has started a JAX backend (used by tests and by the
     parent of `kerneltune tune --workers`, which must not hold a GPU)."""

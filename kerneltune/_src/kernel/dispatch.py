@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kerneltune._src.core import codec, keys, options, tracing
+from kerneltune._src.core import codec, jax_compat, keys, options, tracing
 from kerneltune._src.kernel.base import Kernel
 from kerneltune._src.kernel.methods import KernelMethods, bound, method_names, methods_of
 
@@ -335,5 +335,19 @@ def _fit_cotangent(ct: Any, primal: Any) -> Any:
     if not jnp.issubdtype(dtype, jnp.inexact):
         return np.zeros(primal.shape, dtype=jax.dtypes.float0)
     if ct is None:
-        return jnp.zeros(primal.shape, dtype)
-    return jnp.asarray(ct).astype(dtype)
+        return _varying_like(jnp.zeros(primal.shape, dtype), primal)
+    return _varying_like(jnp.asarray(ct).astype(dtype), primal)
+
+
+def _varying_like(ct: Any, primal: Any) -> Any:
+    """`ct` varying over the mesh axes `primal` varies over, as JAX requires of a custom
+    VJP's cotangent inside `shard_map`. A primal replicated along an axis that its
+    cotangent varies over (weights beside split tokens) gets the sum over that axis,
+    as JAX's own autodiff gives it (the transpose of using one value on every device);
+    a cotangent alike on every device is marked varying where its primal varies."""
+    have, want = jax_compat.varying_axes(ct), jax_compat.varying_axes(primal)
+    if extra := tuple(sorted(have - want)):
+        ct = jax.lax.psum(ct, extra)
+    if missing := tuple(sorted(want - have)):
+        ct = jax.lax.pcast(ct, missing, to="varying")
+    return ct

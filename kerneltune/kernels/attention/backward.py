@@ -13,9 +13,17 @@ from kerneltune._src.kernel.backends import Backend
 
 
 def every_head(q: jax.Array, kv: jax.Array) -> jax.Array:
-    """Grouped-query k or v repeated for every query head (as is when they match)."""
-    groups = q.shape[2] // kv.shape[2]
-    return kv if groups == 1 else jnp.repeat(kv, groups, axis=2)
+    """Grouped-query k or v repeated for every query head (as is when they match).
+
+    Broadcast and merged, not `jnp.repeat`: under `jax.set_mesh` of explicit axes,
+    `jnp.repeat` along heads sharded over a mesh axis raises (it wants an
+    `out_sharding`), where the merge keeps the heads' sharding."""
+    b, s, kv_heads, h = kv.shape
+    groups = q.shape[2] // kv_heads
+    if groups == 1:
+        return kv
+    every = jnp.broadcast_to(kv[:, :, :, None], (b, s, kv_heads, groups, h))
+    return every.reshape(b, s, kv_heads * groups, h)
 
 
 def sum_over_groups(d: jax.Array, kv: jax.Array) -> jax.Array:

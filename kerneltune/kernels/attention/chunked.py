@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from kerneltune._src.kernel.backends import Backend
 from kerneltune.kernels._common import next_power_of_2
+from kerneltune.kernels.attention.backward import every_head
 from kerneltune.kernels.attention.features import attend, zero_padded_rows
 from kerneltune.kernels.attention.masking import Masks, keep
 
@@ -85,9 +86,9 @@ def attention_chunked(
     mask_p = _pad_rows(masks.mask, 2, tp)
     q_seg_p = _pad_rows(masks.q_segments, 1, tp)
 
-    groups = n // k.shape[2]
-    every_key_alike = jnp.repeat(jnp.mean(v, axis=1, dtype=jnp.float32), groups, axis=1)
-    every_key_alike = every_key_alike.astype(v.dtype)
+    # `every_head`, not `jnp.repeat`, which raises on heads sharded over an explicit mesh.
+    every_key_alike = every_head(q, jnp.mean(v, axis=1, keepdims=True, dtype=jnp.float32))
+    every_key_alike = every_key_alike[:, 0].astype(v.dtype)
 
     def one_block(i: jax.Array, q_blk: jax.Array) -> jax.Array:
         q_start = i * bq

@@ -112,8 +112,8 @@ def matmul(
     A floating `[..., m, k] @ [k, n]` product (the projections of a model) runs
     through the tuned kernel: our Pallas kernel on GPUs, or JAX's Mosaic GPU matmul
     where it wins on a Hopper GPU, `jnp.dot` on CPUs. Every other call (vectors, a
-    batched right operand, integers, float64, an explicit `precision` or
-    `preferred_element_type`) computes exactly what `jnp.matmul` computes, through XLA.
+    batched right operand, integers, float64, two weakly typed operands, an explicit
+    `precision` or `preferred_element_type`) computes exactly what `jnp.matmul` computes, through XLA.
 
     Args:
       a: `[..., m, k]` or `[k]`.
@@ -145,6 +145,9 @@ def matmul(
             f"got shapes {a.shape} and {b.shape}."
         )
     dtype = jnp.result_type(a, b)
+    # jnp.matmul's product of two weakly typed operands (`jnp.full(s, 0.5)`) is weakly
+    # typed, which decides how it promotes later; the kernels' products are not.
+    weak = jax.typeof(a).weak_type and jax.typeof(b).weak_type
     tunable = (
         a.ndim >= 2
         and b.ndim == 2
@@ -152,6 +155,7 @@ def matmul(
         and dtype != jnp.float64  # the kernels accumulate in float32
         and precision is None
         and preferred_element_type in (None, dtype)
+        and not weak
     )
     if not tunable:
         return jnp.matmul(a, b, precision=precision, preferred_element_type=preferred_element_type)
