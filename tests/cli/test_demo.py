@@ -280,3 +280,20 @@ def test_the_rows_input_programs_are_compiled_before_the_rows_and_draw_the_same_
         jax.tree_util.tree_leaves(made["softmax"](0))[0],
         jax.tree_util.tree_leaves(made["softmax"](1))[0],
     )
+
+
+def test_a_key_whose_budget_timed_nothing_is_not_counted_as_tuned():
+    # Under load, a key granted little of the first-call process budget timed nothing
+    # (report.best None; nothing stored) and then took its predicted config; the demo
+    # counted it as tuned, and its read-back (the next run) found one key fewer in the
+    # persistent cache than it said it had tuned (the newest-JAX suite, 2026-12-07).
+    key = dict(device="cpu|cpu", op_id="softmax@v1", call_key="k1")
+    other = dict(device="cpu|cpu", op_id="softmax@v1", call_key="k2")
+    events = [
+        ("autotune_finish", dict(key, report=types.SimpleNamespace(best=None, budgeted=True))),
+        ("predicted", dict(key, cfg=None)),
+        ("autotune_finish", dict(other, report=types.SimpleNamespace(best=1, budgeted=True))),
+    ]
+    where, _, tuned = demo.chosen_from(events)
+    assert tuned == [("cpu|cpu", "softmax@v1", "k2")]
+    assert where == "predicted 1, budget-tuned 1"

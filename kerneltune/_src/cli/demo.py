@@ -79,6 +79,10 @@ def chosen_from(events: list[tuple[str, dict[str, Any]]]) -> tuple[str, str, lis
         key = (str(data.get("device")), str(data.get("op_id")), str(data.get("call_key")))
         if event == "autotune_finish":
             report = data.get("report")
+            if report is not None and getattr(report, "best", True) is None:
+                # Nothing timed in its budget (or every candidate failed): it was not
+                # tuned and nothing was stored; the config it then got is named next.
+                continue
             source[key] = "budget-tuned" if getattr(report, "budgeted", False) else "tuned"
             tuned.append(key)
         elif event in ("cache_hit", "predicted", "heuristics", "override", "overlay_hit"):
