@@ -75,6 +75,17 @@ def _dtype_name(dtype: Any) -> str:
 _KEY_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 
 
+@functools.cache
+def _key_dtypes() -> dict[str, tuple[str, Any]]:
+    """Each typed PRNG key dtype by its name (`key<fry>`): its implementation and the
+    dtype, read once (an abstract key of each implementation)."""
+    out = {}
+    for impl in _KEY_IMPLS:
+        dtype = jax.eval_shape(lambda impl=impl: jax.random.key(0, impl=impl)).dtype
+        out[str(dtype)] = (impl, dtype)
+    return out
+
+
 def key_impl(name: str) -> str:
     """The implementation (`jax.random.key(seed, impl=...)`) of the typed PRNG key
     dtype named `name` (`key<fry>`, `key<rbg>`, `key<urbg>`).
@@ -82,16 +93,15 @@ def key_impl(name: str) -> str:
     Raises:
       TypeError: no key implementation has that dtype.
     """
-    for impl in _KEY_IMPLS:
-        if str(jax.eval_shape(lambda impl=impl: jax.random.key(0, impl=impl)).dtype) == name:
-            return impl
-    raise TypeError(f"unknown PRNG key dtype {name!r}; known: {list(_KEY_IMPLS)}")
+    if name not in _key_dtypes():
+        raise TypeError(f"unknown PRNG key dtype {name!r}; known: {list(_KEY_IMPLS)}")
+    return _key_dtypes()[name][0]
 
 
 def key_dtype(name: str) -> Any:
     """The typed PRNG key dtype named `name` (see `key_impl`)."""
-    impl = key_impl(name)
-    return jax.eval_shape(lambda: jax.random.key(0, impl=impl)).dtype
+    key_impl(name)  # raises for an unknown name
+    return _key_dtypes()[name][1]
 
 
 def sharding_fingerprint_of(sharding: Any) -> str:

@@ -109,7 +109,7 @@ def key_of(kernel: Any, stamp: bool, args: tuple[Any, ...], kwargs: dict[str, An
         _current_scope(),
         *map(_aval, args),
         *kwargs.items(),
-        *map(type, kwargs.values()),
+        *(map(type, kwargs.values()) if kwargs else ()),
     )
     try:
         hash(key)

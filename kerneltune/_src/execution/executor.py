@@ -128,7 +128,7 @@ class Executor(Generic[Cfg, Out]):
                         _current_scope(),
                         *map(_aval, args),
                         *kwargs.items(),
-                        *map(type, kwargs.values()),
+                        *(map(type, kwargs.values()) if kwargs else ()),
                     )
                 ]
             except (KeyError, AttributeError, TypeError):
