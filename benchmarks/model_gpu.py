@@ -107,6 +107,7 @@ def as_row(r: loss_head_gpu.Result, op: str) -> Row:
     for name in ("tokamax", "kt_heuristic", "kt_tuned"):
         row.times[name] = r.times.get(name)
     row.first_call_s = dict(r.first_call_s)
+    row.peak_bytes = {k: v for k, v in r.peak_bytes.items() if v is not None}
     peaks = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in r.peak_bytes.items())
     row.note = f"{r.pass_} peak GiB: {peaks}" if peaks else ""
     return row

@@ -27,6 +27,7 @@ from benchmarks import harness as h
 from benchmarks import model_blocks as mb
 from benchmarks.results import Row, table, write_json
 from kerneltune._src.caching.shipped import package_tables
+from kerneltune._src.cli.demo_measure import program_peak
 
 Impls = dict[str, Callable[..., Any] | None]
 
@@ -180,16 +181,20 @@ def log(row: Row, name: str) -> None:
 
 def measure(row: Row, fns: Impls, sets: Sequence[Any], tuning: Tuning | None) -> Row:
     """Times every implementation on the same argument sets, in interleaved rounds;
-    the tuned one's first call (tracing, tuning, compiling) is timed on the wall clock
-    too."""
+    each one's first call (tracing, tuning, compiling, one run) on the wall clock, and
+    its compiled program's memory."""
     sessions, jitted = {}, {}
     for name, fn in fns.items():
         if fn is None:
             continue
         try:
             jitted[name] = jax.jit(fn)
+            row.first_call_s[name] = h.timed_first_call(jitted[name], sets[0])
             if name == "kt_tuned":
-                row.tune_s = h.timed_first_call(jitted[name], sets[0])
+                row.tune_s = row.first_call_s[name]
+            peak = program_peak(jitted[name].lower(*sets[0]).compile())
+            if peak is not None:
+                row.peak_bytes[name] = peak
             sessions[name] = h.session(jitted[name], sets)
         except Exception as e:  # one failing implementation must not end the run
             row.errors[name] = h.error_text(e)

@@ -14,7 +14,10 @@ import jax
 from benchmarks.harness import on_gpu
 
 COLUMNS = ("plain", "cudnn", "tokamax", "kt_heuristic", "kt_tuned")
-HEADER = "op pass shape plain cuDNN tokamax kt_heur kt_tuned backend tuned÷best %copy tune_s"
+HEADER = (
+    "op pass shape plain cuDNN tokamax kt_heur kt_tuned backend tuned÷best %copy tune_s"
+    " 1st÷best peak÷best"
+)
 HEADER_CELLS = [c.replace("_", " ") for c in HEADER.split()]
 
 
@@ -34,6 +37,8 @@ class Row:
     bytes_moved: int | None = None
     pct_copy: float | None = None
     first_call_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: The compiled program's memory (arguments, outputs, temporaries) by column.
+    peak_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
     note: str = ""
     #: The columns whose compiled program is kerneltune tuned's own (timings that
     #: differ between them are noise).
@@ -47,10 +52,28 @@ class Row:
         tuned = self.times.get("kt_tuned")
         return min(others) / tuned if others and tuned else None
 
+    def _tuned_over_best_other(self, by_column: dict[str, Any]) -> float | None:
+        others = [v for k, v in by_column.items() if v and k not in ("kt_heuristic", "kt_tuned")]
+        tuned = by_column.get("kt_tuned")
+        return tuned / min(others) if others and tuned else None
+
+    @property
+    def first_call_vs_best_other(self) -> float | None:
+        """Tuned's first call (tuning included) ÷ the quickest other first call (< 1:
+        tuned starts sooner)."""
+        return self._tuned_over_best_other(self.first_call_s)
+
+    @property
+    def peak_vs_best_other(self) -> float | None:
+        """Tuned's program memory ÷ the smallest other's (< 1: tuned needs less)."""
+        return self._tuned_over_best_other(self.peak_bytes)
+
     def as_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["pass"] = d.pop("pass_")
         d["tuned_vs_best_other"] = self.vs_best_other
+        d["first_call_vs_best_other"] = self.first_call_vs_best_other
+        d["peak_vs_best_other"] = self.peak_vs_best_other
         return d
 
 
@@ -65,6 +88,8 @@ def cells(r: Row) -> list[str]:
     out.append("-" if ratio is None else f"{ratio:.2f}x")
     out.append("-" if r.pct_copy is None else f"{r.pct_copy:.0f}%")
     out.append("-" if r.tune_s is None else f"{r.tune_s:.1f}")
+    for ratio in (r.first_call_vs_best_other, r.peak_vs_best_other):
+        out.append("-" if ratio is None else f"{ratio:.2f}x")
     return out
 
 

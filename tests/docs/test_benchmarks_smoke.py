@@ -229,6 +229,30 @@ def test_ratio_compares_tuned_with_the_best_non_kerneltune_time():
     assert row.as_json()["pass"] == "fwd"
 
 
+def test_first_call_and_memory_ratios_compare_tuned_with_the_best_other_column():
+    row = results.Row("softmax", "fwd", "s")
+    row.first_call_s = {"plain": 2.0, "tokamax": 4.0, "kt_heuristic": 0.1, "kt_tuned": 3.0}
+    row.peak_bytes = {"plain": 100, "cudnn": 80, "kt_tuned": 88}
+    assert row.first_call_vs_best_other == pytest.approx(1.5)
+    assert row.peak_vs_best_other == pytest.approx(1.1)
+    assert results.Row("x", "fwd", "s").first_call_vs_best_other is None
+    cells = results.cells(row)
+    assert cells[-2:] == ["1.50x", "1.10x"] and len(cells) == len(results.HEADER_CELLS)
+    assert row.as_json()["peak_vs_best_other"] == pytest.approx(1.1)
+
+
+def test_measure_times_every_columns_first_call_and_reads_its_program_memory():
+    x = jnp.linspace(-1.0, 1.0, 256, dtype=jnp.float32).reshape(16, 16)
+    fns = {"plain": jnp.tanh, "cudnn": None, "kt_tuned": lambda a: jnp.tanh(a) * 1.0}
+    row = op_bench.measure(results.Row("tanh", "fwd", "16x16"), fns, [(x,), (x + 1,)], None)
+    assert set(row.first_call_s) == {"plain", "kt_tuned"}
+    assert all(_positive(t) for t in row.first_call_s.values())
+    assert row.tune_s == row.first_call_s["kt_tuned"]
+    # Arguments and outputs at least: one 16x16 float32 in, one out.
+    assert set(row.peak_bytes) == {"plain", "kt_tuned"}
+    assert all(b >= 2 * 16 * 16 * 4 for b in row.peak_bytes.values()), row.peak_bytes
+
+
 def test_backend_names_each_distinct_backend_once():
     chosen = [
         ("attention@v1", SimpleNamespace(backend="cudnn")),
