@@ -377,6 +377,28 @@ def test_calls_the_kernels_do_not_take_are_jax_ragged_dot():
         np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
 
 
+def test_arguments_jax_takes_by_position_are_taken_by_position():
+    # jax.lax.ragged_dot(lhs, rhs, group_sizes, precision, preferred_element_type,
+    # group_offset): code written against it passes them in that order.
+    lhs, rhs, _ = operands(15, 12, 8, 4, 3, dtype=BF16)
+    sizes = jnp.array([5, 0, 6], jnp.int32)
+    got = ragged_dot(lhs, rhs, sizes, None, F32)
+    want = jax.lax.ragged_dot(lhs, rhs, sizes, None, F32)
+    assert got.dtype == want.dtype == F32
+    assert_close(got, want, BF16)
+    exact = ragged_dot(lhs, rhs, sizes, jax.lax.Precision.HIGHEST)
+    np.testing.assert_array_equal(
+        np.asarray(exact, np.float32),
+        np.asarray(jax.lax.ragged_dot(lhs, rhs, sizes, jax.lax.Precision.HIGHEST), np.float32),
+    )
+    local = ragged_dot(lhs, rhs[1:], sizes, None, F32, jnp.array([1], jnp.int32))
+    assert_close(
+        local, ragged_dot(lhs, rhs[1:], sizes, group_offset=1, preferred_element_type=F32), F32
+    )
+    with pytest.raises(TypeError):
+        ragged_dot(lhs, rhs, sizes, None, None, None, SMALL)  # cfg stays keyword-only
+
+
 # --- transformations -----------------------------------------------------------------
 
 

@@ -285,10 +285,10 @@ def ragged_dot(
     lhs: jax.Array,
     rhs: jax.Array,
     group_sizes: jax.Array,
-    *,
     precision: Any = None,
     preferred_element_type: Any = None,
     group_offset: jax.Array | int | None = None,
+    *,
     cfg: RaggedDotConfig | None = None,
     executor: Any = None,
 ) -> jax.Array:
@@ -320,7 +320,8 @@ def ragged_dot(
       lhs: `[M, K]`.
       rhs: `[G, K, N]`, or `[G_local, K, N]` with `group_offset`.
       group_sizes: `[G]` integers summing to at most `M`.
-      precision, preferred_element_type: as `jax.lax.ragged_dot`.
+      precision, preferred_element_type: as `jax.lax.ragged_dot` (positional there
+        too, as is `group_offset`).
       group_offset: None, or the first group `rhs` holds: an int or an integer array
         of shape `()` or `(1,)` in `[0, G − G_local]` (it may be traced; a traced value
         outside that range is clipped into it).
