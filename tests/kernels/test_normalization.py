@@ -156,6 +156,30 @@ def test_eps_is_a_static_argument(key):
     assert relative_error(out, layer_norm_reference(x, w, b)) > 1e-3
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, BF16])
+def test_scale_offset_shifts_the_scale_as_tokamax_does(key, dtype):
+    # tokamax.layer_norm(..., scale_offset=1.0) scales by `1 + scale` (Gemma's stored
+    # scale); without a scale there is nothing to shift.
+    x, w, b, dout = inputs(key, (6, 48), dtype)
+    delta = normal(host_rng(key), (48,), dtype, scale=0.1)  # a scale near 0, as Gemma stores it
+    for norm, ref, params in (
+        (layer_norm, layer_norm_reference, (delta, b)),
+        (rms_norm, rms_norm_reference, (delta,)),
+    ):
+
+        def shifted(x, *p, norm=norm):
+            return norm(x, *p, scale_offset=1.0, executor=executor())
+
+        def want(x, s, *rest, ref=ref):
+            return ref(x, s + 1.0, *rest)
+
+        check(shifted, want, (x, *params), dout, dtype)
+        bare = norm(x, scale_offset=1.0, executor=executor())
+        np.testing.assert_array_equal(bare, norm(x, executor=executor()))
+    with pytest.raises(TypeError, match="scale_offset must be a Python number"):
+        rms_norm(x, w, scale_offset="one", executor=executor())
+
+
 def test_bad_parameters_are_rejected():
     with pytest.raises(
         ValueError, match=r"scale must have the shape of the normalised axes \(8,\), got \(4,\)"

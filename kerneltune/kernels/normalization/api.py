@@ -104,12 +104,17 @@ LayerNormInterpret = interpreted(LayerNorm)
 RMSNormInterpret = interpreted(RMSNorm)
 
 
+def _number(op: str, name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{op}: {name} must be a Python number, got {value!r:.60}.")
+    return float(value)
+
+
 def _epsilon(op: str, epsilon: Any) -> float:
-    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float, np.floating)):
-        raise TypeError(f"{op}: epsilon must be a Python number, got {epsilon!r:.60}.")
-    if not epsilon >= 0:
+    eps = _number(op, "epsilon", epsilon)
+    if not eps >= 0:
         raise ValueError(f"{op}: epsilon must be >= 0, got {epsilon}.")
-    return float(epsilon)
+    return eps
 
 
 def _normalize(
@@ -119,19 +124,22 @@ def _normalize(
     params: tuple[tuple[str, Any, float], ...],
     axis: int | tuple[int, ...],
     epsilon: Any,
+    scale_offset: Any,
     cfg: NormConfig | None,
     executor: Any,
 ) -> jax.Array:
     """Runs a row-wise norm kernel over `axis` of `x`: the normalised axes are moved
-    last and flattened, missing parameters become their identity (`fill`), and the
-    computation runs in the result dtype of `x` and the given parameters (as flax).
-    `xla_fn(x, *params, eps=...)` is the kernel's XLA code."""
+    last and flattened, missing parameters become their identity (`fill`), a given
+    scale is shifted by `scale_offset` (tokamax's), and the computation runs in the
+    result dtype of `x` and the given parameters (as flax). `xla_fn(x, *params,
+    eps=...)` is the kernel's XLA code."""
     op = kernel_cls.op_id
     x = as_array(op, "x", x)
     if x.ndim < 1:
         raise ValueError(f"{op}: x must have at least one dimension, got shape {x.shape}.")
     floating(op, "x", x)
     eps = _epsilon(op, epsilon)
+    shift = _number(op, "scale_offset", scale_offset)
     axes = normalize_axes(op, axis, x.ndim)
     given = [(name, feature_param(op, name, v, x, axes), fill) for name, v, fill in params]
     dtype = jnp.result_type(x, *(p for _, p, _ in given if p is not None))
@@ -141,6 +149,9 @@ def _normalize(
     arrays = [
         p.astype(dtype) if p is not None else jnp.full((n,), fill, dtype) for _, p, fill in given
     ]
+    if shift and given[0][1] is not None:  # the scale, shifted in float32 at least
+        wide = dtype if jnp.finfo(dtype).bits >= 32 else jnp.float32
+        arrays[0] = (given[0][1].astype(wide) + shift).astype(dtype)
     ex = executor if executor is not None else default_executor()
     out = call_flattened(
         ex,
@@ -163,6 +174,7 @@ def layer_norm(
     *,
     axis: int | tuple[int, ...] = -1,
     epsilon: float = 1e-6,
+    scale_offset: float = 0.0,
     cfg: NormConfig | None = None,
     executor: Any = None,
 ) -> jax.Array:
@@ -176,6 +188,8 @@ def layer_norm(
       bias: the same shape as `scale`, or None (no offset).
       axis: the axis or axes to normalise over.
       epsilon: added to the variance.
+      scale_offset: added to `scale` before it scales (tokamax's; `1.0` for a scale
+        stored as `1 + scale`, as in Gemma); unused without a `scale`.
       cfg: a `NormConfig` to use instead of the chosen one.
       executor: the executor to run through (default: `kerneltune.default_executor()`).
 
@@ -190,7 +204,9 @@ def layer_norm(
       (-1.342, -0.447, 0.447, 1.342)
     """
     params = (("scale", scale, 1.0), ("bias", bias, 0.0))
-    return _normalize(LayerNorm, layer_norm_xla, x, params, axis, epsilon, cfg, executor)
+    return _normalize(
+        LayerNorm, layer_norm_xla, x, params, axis, epsilon, scale_offset, cfg, executor
+    )
 
 
 def rms_norm(
@@ -199,11 +215,13 @@ def rms_norm(
     *,
     axis: int | tuple[int, ...] = -1,
     epsilon: float = 1e-6,
+    scale_offset: float = 0.0,
     cfg: NormConfig | None = None,
     executor: Any = None,
 ) -> jax.Array:
     """RMS norm with a tuned config, as flax's `RMSNorm` computes it:
-    `x / sqrt(mean(x²) + epsilon) · scale` over `axis` (no mean subtraction).
+    `x / sqrt(mean(x²) + epsilon) · scale` over `axis` (no mean subtraction). The
+    arguments are `layer_norm`'s, less `bias`.
 
     Example:
       >>> import jax.numpy as jnp
@@ -212,4 +230,4 @@ def rms_norm(
       [[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]]
     """
     params = (("scale", scale, 1.0),)
-    return _normalize(RMSNorm, rms_norm_xla, x, params, axis, epsilon, cfg, executor)
+    return _normalize(RMSNorm, rms_norm_xla, x, params, axis, epsilon, scale_offset, cfg, executor)
