@@ -245,6 +245,30 @@ def test_public_function_flattens_leading_dims_under_jit_and_grad():
         assert relative_error(g, r) <= 2 * tolerance(jnp.float32)
 
 
+@pytest.mark.parametrize("pair", [False, True], ids=["fused", "pair"])
+def test_precision_is_taken_as_tokamax_takes_it(pair):
+    # tokamax.gated_linear_unit(x, weights, activation=..., precision=...): the dots'
+    # precision. HIGHEST on bfloat16 inputs must give what plain JAX's dots give.
+    x, w, dout = operands(21, 12, 32, 8, BF16)
+    weights = (w[:, 0], w[:, 1]) if pair else w
+    hi = jax.lax.Precision.HIGHEST
+
+    def fn(x, w):
+        return gated_linear_unit(x, w, activation=jax.nn.gelu, precision=hi, executor=EX)
+
+    def plain(x, w):
+        gate, up = (w[0], w[1]) if isinstance(w, tuple) else (w[:, 0], w[:, 1])
+        return jax.nn.gelu(jnp.dot(x, gate, precision=hi)) * jnp.dot(x, up, precision=hi)
+
+    out, grads = _value_and_cotangents(fn, x, weights, dout)
+    want, want_grads = _value_and_cotangents(plain, x, weights, dout)
+    assert out.dtype == BF16
+    assert relative_error(out, want) <= tolerance(BF16)
+    for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
+        assert g.dtype == r.dtype and relative_error(g, r) <= 2 * tolerance(BF16)
+    check(fn, x, weights, dout, jax.nn.gelu, BF16)
+
+
 @pytest.mark.parametrize(
     ("pair", "backend"),
     [(False, "xla"), (True, "xla"), (False, "xla_split")],

@@ -136,6 +136,7 @@ def gated_linear_unit(
     weights: jax.Array | tuple[jax.Array, jax.Array],
     *,
     activation: Callable[[jax.Array], jax.Array] | None = jax.nn.silu,
+    precision: Any = None,
     cfg: GLUConfig | None = None,
     executor: Any = None,
 ) -> jax.Array:
@@ -148,6 +149,8 @@ def gated_linear_unit(
         pair `(W₀, W₁)` of `[K, N]`; x's dtype.
       activation: applied to the gate projection; any function of one array (a static
         argument: functions are told apart by identity). None: no activation.
+      precision: the projections' precision, as `jax.lax.dot`'s (tokamax's). None runs
+        the tuned kernels; any other value plain JAX's dots at that precision.
       cfg: a `GLUConfig` to use instead of the chosen one.
       executor: the executor to run through (default: `kerneltune.default_executor()`).
 
@@ -174,6 +177,8 @@ def gated_linear_unit(
     act = _identity if activation is None else activation
     if not callable(act):
         raise TypeError(f"{op}: activation must be callable or None, got {activation!r}.")
+    if precision is not None:  # a precision the tuned kernels do not promise
+        return glu_xla(x, w, act, precision=precision)
     n = (w[0] if isinstance(w, tuple) else w).shape[-1]
     ex = executor if executor is not None else default_executor()
     rows = last_axis_rows(x)
