@@ -355,6 +355,37 @@ def test_public_function_under_jit_and_grad():
     assert relative_error(plain, ref) <= tolerance(jnp.float32)
 
 
+@pytest.mark.parametrize("reduction", ["sum", "mean", "none"])
+def test_precision_is_taken_as_tokamax_takes_it(reduction):
+    # tokamax's loss head has `precision=None`; a user's call that passes it must run,
+    # and a precision given is the projection's.
+    x, labels, w, where = problem(12, 24, 16, 40, dtype=BF16)
+    dout = cotangent(reduction, 24)
+    default = jax.vjp(
+        lambda x, w: linear_softmax_cross_entropy(
+            x, labels, w, reduction=reduction, where=where, precision=None, executor=EX
+        ),
+        x,
+        w,
+    )
+    highest = jax.vjp(
+        lambda x, w: linear_softmax_cross_entropy(
+            x,
+            labels,
+            w,
+            reduction=reduction,
+            where=where,
+            precision=jax.lax.Precision.HIGHEST,
+            executor=EX,
+        ),
+        x,
+        w,
+    )
+    want = reference_vjp(x, labels, w, where, reduction, dout)
+    for out, pullback in (default, highest):
+        assert_close((out, pullback(dout)), want, BF16)
+
+
 @pytest.mark.parametrize("cfg", [None, CHUNKED], ids=["heuristic", "chunked"])
 def test_vmap_of_values_and_gradients(cfg):
     batch = [problem(10 + i, 16, 8, 32) for i in range(3)]

@@ -135,6 +135,7 @@ def linear_softmax_cross_entropy(
     *,
     reduction: str = "mean",
     where: jax.Array | None = None,
+    precision: jax.lax.PrecisionLike = None,
     cfg: CrossEntropyConfig | None = None,
     executor: Any = None,
 ) -> jax.Array:
@@ -157,6 +158,9 @@ def linear_softmax_cross_entropy(
       reduction: "mean" (over the unmasked tokens), "sum", or "none" (per-token
         losses, `[M]`, 0 at masked tokens).
       where: optional boolean `[M]`: False leaves a token out of the loss and the mean.
+      precision: the projection's precision, as `jax.lax.dot`'s (tokamax's argument).
+        None runs the tuned configs; any other value plain JAX's program with float32
+        logits from a dot at that precision.
       cfg: a `CrossEntropyConfig` to use instead of the chosen one.
       executor: the executor to run through (default: `kerneltune.default_executor()`).
 
@@ -181,6 +185,10 @@ def linear_softmax_cross_entropy(
     rows = x.shape[0] if x.ndim else 0
     mask = jnp.ones((rows,), bool) if where is None else as_array(op, "where", where)
     check_inputs(op, x, labels, weights, mask, reduction)
+    if precision is not None:  # a precision the tuned configs do not promise
+        return cross_entropy_xla(
+            x, labels.astype(jnp.int32), weights, mask, reduction=reduction, precision=precision
+        )
     ex = executor if executor is not None else default_executor()
     kernel = kernel_for(LinearSoftmaxCrossEntropy, ex)
     return ex(kernel, x, labels.astype(jnp.int32), weights, mask, reduction=reduction, cfg=cfg)  # type: ignore[no-any-return]
