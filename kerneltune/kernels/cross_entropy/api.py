@@ -14,7 +14,7 @@ from kerneltune._src.execution.default import default_executor
 from kerneltune._src.kernel.backends import BackendKernel
 from kerneltune._src.kernel.base import Invocation
 from kerneltune._src.tuning.inputs import random_like
-from kerneltune.kernels._args import as_array
+from kerneltune.kernels._args import as_array, symbolic
 from kerneltune.kernels._common import Pruned, interpreted, kernel_for
 from kerneltune.kernels.cross_entropy import config as config_lib
 from kerneltune.kernels.cross_entropy.chunked_backend import ChunkedBackend
@@ -185,10 +185,14 @@ def linear_softmax_cross_entropy(
     rows = x.shape[0] if x.ndim else 0
     mask = jnp.ones((rows,), bool) if where is None else as_array(op, "where", where)
     check_inputs(op, x, labels, weights, mask, reduction)
-    if precision is not None:  # a precision the tuned configs do not promise
+    if precision is not None or symbolic(x, weights):
+        # A precision the tuned configs do not promise, or no shape to key by
+        # (`jax.export`): plain JAX's program (the heuristic's logits dtype, without one).
+        logits = np.dtype(np.float32) if precision is not None else x.dtype
         return cross_entropy_xla(
-            x, labels.astype(jnp.int32), weights, mask, reduction=reduction, precision=precision
-        )
+            x, labels.astype(jnp.int32), weights, mask, reduction=reduction,
+            logits_dtype=logits, precision=precision,
+        )  # fmt: skip
     ex = executor if executor is not None else default_executor()
     kernel = kernel_for(LinearSoftmaxCrossEntropy, ex)
     return ex(kernel, x, labels.astype(jnp.int32), weights, mask, reduction=reduction, cfg=cfg)  # type: ignore[no-any-return]

@@ -12,7 +12,14 @@ import numpy as np
 from kerneltune._src.execution.default import default_executor
 from kerneltune._src.kernel.backends import BackendKernel
 from kerneltune._src.kernel.base import Invocation
-from kerneltune.kernels._args import as_array, feature_param, floating, normalize_axes, to_rows
+from kerneltune.kernels._args import (
+    as_array,
+    feature_param,
+    floating,
+    normalize_axes,
+    symbolic,
+    to_rows,
+)
 from kerneltune.kernels._common import interpreted, kernel_for
 from kerneltune.kernels._flattened import call_flattened
 from kerneltune.kernels.normalization import config as config_lib
@@ -152,6 +159,8 @@ def _normalize(
     if shift and given[0][1] is not None:  # the scale, shifted in float32 at least
         wide = dtype if jnp.finfo(dtype).bits >= 32 else jnp.float32
         arrays[0] = (given[0][1].astype(wide) + shift).astype(dtype)
+    if symbolic(x):  # no shape to key by (`jax.export`): XLA's norm, plain JAX
+        return back(xla_fn(rows, *arrays, eps=eps))
     ex = executor if executor is not None else default_executor()
     out = call_flattened(
         ex,

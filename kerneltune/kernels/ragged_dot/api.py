@@ -15,7 +15,7 @@ from kerneltune._src.execution.default import default_executor
 from kerneltune._src.kernel.backends import Backend, BackendKernel
 from kerneltune._src.kernel.base import Invocation
 from kerneltune._src.tuning.inputs import random_like
-from kerneltune.kernels._args import as_array
+from kerneltune.kernels._args import as_array, symbolic
 from kerneltune.kernels._common import Pruned, interpreted, kernel_for
 from kerneltune.kernels.ragged_dot import config as config_lib
 from kerneltune.kernels.ragged_dot import groups as groups_lib
@@ -360,7 +360,8 @@ def ragged_dot(
     preferred = _preferred(op, preferred_element_type)
     dtype = np.dtype(lhs.dtype)
     tunable = (
-        dtype == np.dtype(rhs.dtype)
+        not symbolic(lhs, rhs)  # `jax.export`'s polymorphic shapes: no shape to key by
+        and dtype == np.dtype(rhs.dtype)
         and jnp.issubdtype(dtype, jnp.floating)
         and precision is None
         and preferred in (None, dtype, np.dtype(np.float32))
