@@ -354,13 +354,36 @@ def test_tuning_validates_the_fused_kernel_against_the_reference():
         (jnp.ones((4, 8)), jnp.ones((7, 2, 5)), ValueError, r"K = x.shape\[-1\] = 8"),
         (jnp.ones((4, 8)), (jnp.ones((8, 5)), jnp.ones((8, 6))), ValueError, r"as a pair"),
         (jnp.ones((4, 8)), (jnp.ones((8, 5)),), ValueError, r"must have 2 arrays"),
-        (jnp.ones((4, 8)), jnp.ones((8, 2, 5), BF16), TypeError, r"share one floating dtype"),
+        # (strict promotion, as this suite runs: refused as jnp.matmul refuses it)
+        (jnp.ones((4, 8)), jnp.ones((8, 2, 5), BF16), jax.dtypes.TypePromotionError, "strict"),
         (jnp.ones((4, 8), jnp.int32), jnp.ones((8, 2, 5), jnp.int32), TypeError, r"floating"),
     ],
 )
 def test_bad_input_is_named(x, w, error, message):
     with pytest.raises(error, match=message):
         gated_linear_unit(x, w, executor=EX)
+
+
+@pytest.mark.parametrize("pair", [False, True], ids=["fused", "pair"])
+def test_weights_of_another_dtype_are_promoted_as_jnp_matmul_promotes(pair):
+    # float32 master weights with bfloat16 activations: tokamax's GLU multiplies them
+    # as jnp.matmul does (standard promotion) and returns x's dtype.
+    x, w, dout = operands(22, 12, 16, 8, BF16)
+    w32 = w.astype(jnp.float32) * 1.01  # digits bfloat16 does not hold
+    weights = (w32[:, 0], w32[:, 1]) if pair else w32
+    with jax.numpy_dtype_promotion("standard"):
+        out, (dx, dw) = _value_and_cotangents(
+            lambda x, w: gated_linear_unit(x, w, executor=EX), x, weights, dout
+        )
+        want, (r_dx, r_dw) = _value_and_cotangents(
+            lambda x, w: glu_reference(x, w, jax.nn.silu).astype(BF16), x, weights, dout
+        )
+    assert out.dtype == BF16 and dx.dtype == BF16
+    assert all(g.dtype == jnp.float32 for g in jax.tree.leaves(dw))
+    assert relative_error(out, want) <= tolerance(BF16)
+    assert relative_error(dx, r_dx) <= 2 * tolerance(BF16)
+    for g, r in zip(jax.tree.leaves(dw), jax.tree.leaves(r_dw), strict=True):
+        assert relative_error(g, r) <= 2 * tolerance(jnp.float32)
 
 
 def test_activation_must_be_callable():

@@ -146,7 +146,8 @@ def gated_linear_unit(
     Args:
       x: `[..., K]` floating; leading dims are flattened into rows.
       weights: fused `[K, 2, N]` (`[:, 0]` the gate, `[:, 1]` the up projection), or a
-        pair `(W₀, W₁)` of `[K, N]`; x's dtype.
+        pair `(W₀, W₁)` of `[K, N]`. Another dtype than x's is promoted with x's as
+        `jnp.matmul` promotes them (refused under strict dtype promotion).
       activation: applied to the gate projection; any function of one array (a static
         argument: functions are told apart by identity). None: no activation.
       precision: the projections' precision, as `jax.lax.dot`'s (tokamax's). None runs
@@ -173,6 +174,14 @@ def gated_linear_unit(
         w: Weights = tuple(as_array(op, f"weights[{i}]", a) for i, a in enumerate(weights))
     else:
         w = as_array(op, "weights", weights)
+    out_dtype = x.dtype
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        # Weights of another dtype (float32 master weights, bfloat16 activations): both
+        # promoted as `jnp.matmul` promotes them (refused under strict promotion, as
+        # there), the result in x's dtype, as tokamax's.
+        dtype = jnp.result_type(x, *jax.tree.leaves(w))
+        if any(a.dtype != dtype for a in (x, *jax.tree.leaves(w))):
+            x, w = x.astype(dtype), jax.tree.map(lambda a: a.astype(dtype), w)
     check_weights(op, x, w)
     act = _identity if activation is None else activation
     if not callable(act):
@@ -180,7 +189,7 @@ def gated_linear_unit(
     if precision is not None or symbolic(x, *jax.tree.leaves(w)):
         # A precision the tuned kernels do not promise, or no shape to key by
         # (`jax.export`): plain JAX's dots.
-        return glu_xla(x, w, act, precision=precision)
+        return glu_xla(x, w, act, precision=precision).astype(out_dtype)
     n = (w[0] if isinstance(w, tuple) else w).shape[-1]
     ex = executor if executor is not None else default_executor()
     rows = last_axis_rows(x)
@@ -197,4 +206,4 @@ def gated_linear_unit(
             "xla_split": lambda: glu_xla(x, w, act, split=True),
         },
     )
-    return out.reshape((*x.shape[:-1], n))  # type: ignore[no-any-return]
+    return out.reshape((*x.shape[:-1], n)).astype(out_dtype)  # type: ignore[no-any-return]
