@@ -154,7 +154,8 @@ def linear_softmax_cross_entropy(
       labels: `[M]` integers in `[0, V)` (ignored where `where` is False). Every
         backend, and its gradient, reads one outside as `jnp.take_along_axis(...,
         mode="clip")` does: a negative label counts from the end, then it is clipped.
-      weights: `[K, V]`, x's dtype.
+      weights: `[K, V]`; another dtype than x's is promoted with x's as `x @ weights`
+        promotes them (refused under strict dtype promotion).
       reduction: "mean" (over the unmasked tokens), "sum", or "none" (per-token
         losses, `[M]`, 0 at masked tokens).
       where: optional boolean `[M]`: False leaves a token out of the loss and the mean.
@@ -168,7 +169,7 @@ def linear_softmax_cross_entropy(
       A float32 scalar, or `[M]` with `reduction="none"`.
 
     Raises:
-      TypeError: labels are not integers; x and weights are not one floating dtype.
+      TypeError: labels are not integers; x is not floating.
       ValueError: shapes that do not fit, or an unknown `reduction`.
 
     Example:
@@ -184,6 +185,11 @@ def linear_softmax_cross_entropy(
     weights = as_array(op, "weights", weights)
     rows = x.shape[0] if x.ndim else 0
     mask = jnp.ones((rows,), bool) if where is None else as_array(op, "where", where)
+    if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != weights.dtype:
+        # float32 weights with bfloat16 activations: promoted as `x @ weights` promotes
+        # them (tokamax's; refused under strict dtype promotion, as there).
+        dtype = jnp.result_type(x, weights)
+        x, weights = x.astype(dtype), weights.astype(dtype)
     check_inputs(op, x, labels, weights, mask, reduction)
     if precision is not None or symbolic(x, weights):
         # A precision the tuned configs do not promise, or no shape to key by
