@@ -184,6 +184,7 @@ def layer_norm(
     axis: int | tuple[int, ...] = -1,
     epsilon: float = 1e-6,
     scale_offset: float = 0.0,
+    subtract_mean: bool = True,
     cfg: NormConfig | None = None,
     executor: Any = None,
 ) -> jax.Array:
@@ -199,6 +200,8 @@ def layer_norm(
       epsilon: added to the variance.
       scale_offset: added to `scale` before it scales (tokamax's; `1.0` for a scale
         stored as `1 + scale`, as in Gemma); unused without a `scale`.
+      subtract_mean: False leaves the mean in (tokamax's RMS norm form): `rms_norm`
+        (its kernels and config) plus `bias`.
       cfg: a `NormConfig` to use instead of the chosen one.
       executor: the executor to run through (default: `kerneltune.default_executor()`).
 
@@ -212,10 +215,24 @@ def layer_norm(
       >>> tuple(round(float(v), 3) for v in y[0])
       (-1.342, -0.447, 0.447, 1.342)
     """
-    params = (("scale", scale, 1.0), ("bias", bias, 0.0))
-    return _normalize(
-        LayerNorm, layer_norm_xla, x, params, axis, epsilon, scale_offset, cfg, executor
-    )
+    if not isinstance(subtract_mean, (bool, np.bool_)):
+        raise TypeError(f"layer_norm: subtract_mean must be a bool, got {subtract_mean!r:.60}.")
+    if subtract_mean:
+        params = (("scale", scale, 1.0), ("bias", bias, 0.0))
+        return _normalize(
+            LayerNorm, layer_norm_xla, x, params, axis, epsilon, scale_offset, cfg, executor
+        )
+    out = rms_norm(
+        x, scale, axis=axis, epsilon=epsilon, scale_offset=scale_offset, cfg=cfg,
+        executor=executor,
+    )  # fmt: skip
+    if bias is None:
+        return out
+    axes = normalize_axes("layer_norm", axis, out.ndim)
+    b = feature_param("layer_norm", "bias", bias, out, axes)
+    dtype = jnp.result_type(out, b)
+    shape = [out.shape[a] if a in axes else 1 for a in range(out.ndim)]
+    return out.astype(dtype) + b.astype(dtype).reshape(shape)  # type: ignore[union-attr]
 
 
 def rms_norm(
