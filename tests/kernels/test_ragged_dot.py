@@ -399,6 +399,37 @@ def test_arguments_jax_takes_by_position_are_taken_by_position():
         ragged_dot(lhs, rhs, sizes, None, None, None, SMALL)  # cfg stays keyword-only
 
 
+@pytest.mark.parametrize("preferred", [None, F32])
+def test_an_activation_is_applied_in_the_accumulators_dtype_as_tokamax_does(preferred):
+    # tokamax.ragged_dot(..., activation=f): f of the float32 product, then the cast;
+    # its tests pass `activation=None` too.
+    lhs, rhs, dout = operands(16, 24, 16, 8, 3, dtype=BF16)
+    sizes = jnp.array([9, 0, 10], jnp.int32)  # rows 19.. after the last group: f(0)
+    ex = heuristics_executor()
+
+    def fn(a, b):
+        return ragged_dot(
+            a, b, sizes, preferred_element_type=preferred, activation=jax.nn.gelu, executor=ex
+        )
+
+    def want_fn(a, b):
+        acc = jax.lax.ragged_dot(a, b, sizes, preferred_element_type=F32)
+        return jax.nn.gelu(acc).astype(preferred or BF16)
+
+    out, grads = value_and_grads(fn, (lhs, rhs), dout, jit=False)
+    want, want_grads = value_and_grads(want_fn, (lhs, rhs), dout, jit=False)
+    assert out.dtype == want.dtype == (preferred or BF16)
+    np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(want, np.float32))
+    for got, ref in zip(grads, want_grads, strict=True):
+        assert_close(got, ref, BF16)
+    plain = ragged_dot(lhs, rhs, sizes, activation=None, executor=ex)
+    np.testing.assert_array_equal(plain, ragged_dot(lhs, rhs, sizes, executor=ex))
+    local = ragged_dot(lhs, rhs[1:], sizes, group_offset=1, activation=jax.nn.sigmoid)
+    assert float(local[0, 0]) == 0.5  # a row outside the local groups: sigmoid(0)
+    with pytest.raises(TypeError, match="activation must be callable or None"):
+        ragged_dot(lhs, rhs, sizes, activation="gelu")
+
+
 # --- transformations -----------------------------------------------------------------
 
 

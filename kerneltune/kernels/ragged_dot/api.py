@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import jax
@@ -25,6 +25,7 @@ from kerneltune.kernels.ragged_dot.checks import (
     check_offset,
     check_operands,
     check_pair,
+    check_preferred,
     check_sizes,
     out_dtype_name,
 )
@@ -270,17 +271,6 @@ RaggedDotGradLhsInterpret = interpreted(RaggedDotGradLhs)
 RaggedDotGradRhsInterpret = interpreted(RaggedDotGradRhs)
 
 
-def _preferred(op: str, value: Any) -> np.dtype | None:
-    if value is None:
-        return None
-    try:
-        return np.dtype(value)
-    except TypeError as e:
-        raise TypeError(
-            f"{op}: preferred_element_type must be None or a dtype, got {value!r}."
-        ) from e
-
-
 def ragged_dot(
     lhs: jax.Array,
     rhs: jax.Array,
@@ -289,6 +279,7 @@ def ragged_dot(
     preferred_element_type: Any = None,
     group_offset: jax.Array | int | None = None,
     *,
+    activation: Callable[[jax.Array], jax.Array] | None = None,
     cfg: RaggedDotConfig | None = None,
     executor: Any = None,
 ) -> jax.Array:
@@ -325,6 +316,9 @@ def ragged_dot(
       group_offset: None, or the first group `rhs` holds: an int or an integer array
         of shape `()` or `(1,)` in `[0, G − G_local]` (it may be traced; a traced value
         outside that range is clipped into it).
+      activation: None, or a function applied to the product (every row, the zero
+        ones too) in the accumulator's dtype (float32 for 16-bit floats) before the
+        cast to the output dtype: tokamax's argument.
       cfg: a `RaggedDotConfig` to use instead of the chosen forward config.
       executor: the executor to run through (default: `kerneltune.default_executor()`).
 
@@ -349,6 +343,21 @@ def ragged_dot(
       [0.0, 0.0, 4.0, 4.0, 4.0, 0.0]
     """
     op = "ragged_dot"
+    if activation is not None:
+        if not callable(activation):
+            raise TypeError(f"{op}: activation must be callable or None, got {activation!r:.60}.")
+        # The output dtype is a dot's of the operands' dtypes (shapes checked below).
+        a, b = (as_array(op, n, v) for n, v in (("lhs", lhs), ("rhs", rhs)))
+        one = [jax.ShapeDtypeStruct((1, 1), d.dtype) for d in (a, b)]
+        preferred = check_preferred(op, preferred_element_type)
+        dot = functools.partial(jax.lax.dot, preferred_element_type=preferred)
+        out = jax.eval_shape(dot, *one)
+        narrow = jnp.issubdtype(out.dtype, jnp.floating) and out.dtype.itemsize < 4
+        acc = ragged_dot(
+            a, b, group_sizes, precision, jnp.float32 if narrow else out.dtype, group_offset,
+            cfg=cfg, executor=executor,
+        )  # fmt: skip
+        return activation(acc).astype(out.dtype)  # type: ignore[no-any-return]
     lhs = as_array(op, "lhs", lhs)
     rhs = as_array(op, "rhs", rhs)
     sizes = as_array(op, "group_sizes", group_sizes)
@@ -357,7 +366,7 @@ def ragged_dot(
     offset = (
         check_offset(op, group_offset, int(sizes.shape[0]), int(rhs.shape[0])) if local else None
     )
-    preferred = _preferred(op, preferred_element_type)
+    preferred = check_preferred(op, preferred_element_type)
     dtype = np.dtype(lhs.dtype)
     tunable = (
         not symbolic(lhs, rhs)  # `jax.export`'s polymorphic shapes: no shape to key by
