@@ -453,6 +453,29 @@ def test_jit_grad_and_vmap_of_the_pallas_path():
     assert_close(batched[1], jax.lax.ragged_dot(2 * lhs, rhs, sizes[1]), F32)
 
 
+def test_out_sharding_under_an_explicit_mesh_is_jaxs():
+    # jax.lax.ragged_dot(..., out_sharding=P("x", None)) under an explicit mesh: the
+    # output's type carries that sharding, eagerly and under jit.
+    mesh = jax.make_mesh((2,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
+    lhs, rhs, _ = operands(17, 16, 8, 4, 2)
+    sizes = jnp.array([9, 7], jnp.int32)
+    want_sharding = jax.NamedSharding(mesh, P("x", None))
+    with jax.set_mesh(mesh):
+
+        def f(a, b, s):
+            out = ragged_dot(a, b, s, out_sharding=P("x", None))
+            assert jax.typeof(out).sharding.spec == P("x", None)
+            return out
+
+        for fn in (f, jax.jit(f)):
+            out = fn(lhs, rhs, sizes)
+            assert out.sharding == want_sharding
+            want = jax.lax.ragged_dot(lhs, rhs, sizes, out_sharding=P("x", None))
+            np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
+        positional = ragged_dot(lhs, rhs, sizes, None, None, None, P("x", None))
+        assert positional.sharding == want_sharding
+
+
 def test_shard_map_over_tokens_with_per_shard_routing():
     mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
     lhs, rhs, dout = operands(7, 64, 16, 16, 2)

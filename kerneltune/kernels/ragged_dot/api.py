@@ -278,6 +278,7 @@ def ragged_dot(
     precision: Any = None,
     preferred_element_type: Any = None,
     group_offset: jax.Array | int | None = None,
+    out_sharding: Any = None,
     *,
     activation: Callable[[jax.Array], jax.Array] | None = None,
     cfg: RaggedDotConfig | None = None,
@@ -312,10 +313,12 @@ def ragged_dot(
       rhs: `[G, K, N]`, or `[G_local, K, N]` with `group_offset`.
       group_sizes: `[G]` integers summing to at most `M`.
       precision, preferred_element_type: as `jax.lax.ragged_dot` (positional there
-        too, as is `group_offset`).
+        too, as are `group_offset` and `out_sharding`).
       group_offset: None, or the first group `rhs` holds: an int or an integer array
         of shape `()` or `(1,)` in `[0, G − G_local]` (it may be traced; a traced value
         outside that range is clipped into it).
+      out_sharding: None, or the output's sharding under an explicit mesh, as
+        `jax.lax.ragged_dot`'s (such a call runs `jax.lax.ragged_dot`).
       activation: None, or a function applied to the product (every row, the zero
         ones too) in the accumulator's dtype (float32 for 16-bit floats) before the
         cast to the output dtype: tokamax's argument.
@@ -355,7 +358,7 @@ def ragged_dot(
         narrow = jnp.issubdtype(out.dtype, jnp.floating) and out.dtype.itemsize < 4
         acc = ragged_dot(
             a, b, group_sizes, precision, jnp.float32 if narrow else out.dtype, group_offset,
-            cfg=cfg, executor=executor,
+            out_sharding, cfg=cfg, executor=executor,
         )  # fmt: skip
         return activation(acc).astype(out.dtype)  # type: ignore[no-any-return]
     lhs = as_array(op, "lhs", lhs)
@@ -373,6 +376,7 @@ def ragged_dot(
         and dtype == np.dtype(rhs.dtype)
         and jnp.issubdtype(dtype, jnp.floating)
         and precision is None
+        and out_sharding is None  # (explicit meshes: JAX's own sharding rule)
         and preferred in (None, dtype, np.dtype(np.float32))
         and min(lhs.shape[0], lhs.shape[1], rhs.shape[0], rhs.shape[2]) > 0
     )
@@ -384,6 +388,7 @@ def ragged_dot(
             offset,
             precision=precision,
             preferred_element_type=preferred_element_type,
+            **({} if out_sharding is None else {"out_sharding": out_sharding}),
         )
     ex = executor if executor is not None else default_executor()
     out_dtype = (dtype if preferred is None else preferred).name
