@@ -131,6 +131,10 @@ def _identity(z: jax.Array) -> jax.Array:
     return z
 
 
+def _as(y: jax.Array, dtype: Any) -> jax.Array:
+    return y if y.dtype == dtype else y.astype(dtype)
+
+
 def gated_linear_unit(
     x: jax.Array,
     weights: jax.Array | tuple[jax.Array, jax.Array],
@@ -175,21 +179,21 @@ def gated_linear_unit(
     else:
         w = as_array(op, "weights", weights)
     out_dtype = x.dtype
-    if jnp.issubdtype(x.dtype, jnp.floating):
+    leaves = jax.tree.leaves(w)
+    if jnp.issubdtype(x.dtype, jnp.floating) and any(a.dtype != x.dtype for a in leaves):
         # Weights of another dtype (float32 master weights, bfloat16 activations): both
         # promoted as `jnp.matmul` promotes them (refused under strict promotion, as
         # there), the result in x's dtype, as tokamax's.
-        dtype = jnp.result_type(x, *jax.tree.leaves(w))
-        if any(a.dtype != dtype for a in (x, *jax.tree.leaves(w))):
-            x, w = x.astype(dtype), jax.tree.map(lambda a: a.astype(dtype), w)
+        dtype = jnp.result_type(x, *leaves)
+        x, w = x.astype(dtype), jax.tree.map(lambda a: a.astype(dtype), w)
     check_weights(op, x, w)
     act = _identity if activation is None else activation
     if not callable(act):
         raise TypeError(f"{op}: activation must be callable or None, got {activation!r}.")
-    if precision is not None or symbolic(x, *jax.tree.leaves(w)):
+    if precision is not None or symbolic(x, *leaves):
         # A precision the tuned kernels do not promise, or no shape to key by
         # (`jax.export`): plain JAX's dots.
-        return glu_xla(x, w, act, precision=precision).astype(out_dtype)
+        return _as(glu_xla(x, w, act, precision=precision), out_dtype)
     n = (w[0] if isinstance(w, tuple) else w).shape[-1]
     ex = executor if executor is not None else default_executor()
     rows = last_axis_rows(x)
@@ -206,4 +210,4 @@ def gated_linear_unit(
             "xla_split": lambda: glu_xla(x, w, act, split=True),
         },
     )
-    return out.reshape((*x.shape[:-1], n)).astype(out_dtype)  # type: ignore[no-any-return]
+    return _as(out.reshape((*x.shape[:-1], n)), out_dtype)
