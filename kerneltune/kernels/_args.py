@@ -4,6 +4,7 @@ what is allowed."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -71,15 +72,23 @@ def normalize_axes(op: str, axis: int | Sequence[int], ndim: int) -> tuple[int, 
     return tuple(sorted(out))
 
 
+def symbolic(*arrays: Any) -> bool:
+    """Whether any of the arrays has a symbolic dimension (`jax.export` with
+    polymorphic shapes): such a call has no concrete shape to key, tune or tile by, so
+    the ops run their plain-JAX math on it."""
+    return any(not isinstance(d, (int, np.integer)) for a in arrays for d in a.shape)
+
+
 def to_rows(x: jax.Array, axes: tuple[int, ...]) -> tuple[jax.Array, Any]:
     """`x` as `[rows, features]` with the `axes` flattened into the features, and the
-    function that puts an array of that shape back into `x`'s layout."""
+    function that puts an array of that shape back into `x`'s layout (symbolic
+    dimensions too: their products stay symbolic)."""
     ndim = x.ndim
     rest = tuple(a for a in range(ndim) if a not in axes)
     perm = rest + axes
     moved = x if perm == tuple(range(ndim)) else jnp.transpose(x, perm)
-    feature = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
-    rows = moved.reshape((int(np.prod([x.shape[a] for a in rest], dtype=np.int64)), feature))
+    feature = math.prod(x.shape[a] for a in axes)
+    rows = moved.reshape((math.prod(x.shape[a] for a in rest), feature))
 
     def back(y: jax.Array) -> jax.Array:
         y = y.reshape(moved.shape)

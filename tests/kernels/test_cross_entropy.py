@@ -355,6 +355,61 @@ def test_public_function_under_jit_and_grad():
     assert relative_error(plain, ref) <= tolerance(jnp.float32)
 
 
+@pytest.mark.parametrize("reduction", ["sum", "mean", "none"])
+def test_precision_is_taken_as_tokamax_takes_it(reduction):
+    # tokamax's loss head has `precision=None`; a user's call that passes it must run,
+    # and a precision given is the projection's.
+    x, labels, w, where = problem(12, 24, 16, 40, dtype=BF16)
+    dout = cotangent(reduction, 24)
+    default = jax.vjp(
+        lambda x, w: linear_softmax_cross_entropy(
+            x, labels, w, reduction=reduction, where=where, precision=None, executor=EX
+        ),
+        x,
+        w,
+    )
+    highest = jax.vjp(
+        lambda x, w: linear_softmax_cross_entropy(
+            x,
+            labels,
+            w,
+            reduction=reduction,
+            where=where,
+            precision=jax.lax.Precision.HIGHEST,
+            executor=EX,
+        ),
+        x,
+        w,
+    )
+    want = reference_vjp(x, labels, w, where, reduction, dout)
+    for out, pullback in (default, highest):
+        assert_close((out, pullback(dout)), want, BF16)
+
+
+@pytest.mark.parametrize("reduction", ["sum", "none"])
+def test_weights_of_another_dtype_are_promoted_as_x_at_w_promotes(reduction):
+    # tokamax's loss head takes float32 weights with bfloat16 activations (standard
+    # promotion): the loss is that of the promoted inputs, each gradient in its input's
+    # dtype.
+    x, labels, w, where = problem(13, 20, 16, 40, dtype=BF16)
+    w32 = w.astype(jnp.float32) * 1.01  # digits bfloat16 does not hold
+    dout = cotangent(reduction, 20)
+    with jax.numpy_dtype_promotion("standard"):
+        out, pullback = jax.vjp(
+            lambda x, w: linear_softmax_cross_entropy(
+                x, labels, w, reduction=reduction, where=where, executor=EX
+            ),
+            x,
+            w32,
+        )
+        dx, dw = pullback(dout)
+    (r_out, (r_dx, r_dw)) = reference_vjp(x, labels, w32, where, reduction, dout)
+    assert out.dtype == jnp.float32 and dx.dtype == BF16 and dw.dtype == jnp.float32
+    assert relative_error(out, r_out) <= tolerance(jnp.float32)
+    assert relative_error(dx, r_dx) <= 2 * tolerance(BF16)
+    assert relative_error(dw, r_dw) <= 2 * tolerance(jnp.float32)
+
+
 @pytest.mark.parametrize("cfg", [None, CHUNKED], ids=["heuristic", "chunked"])
 def test_vmap_of_values_and_gradients(cfg):
     batch = [problem(10 + i, 16, 8, 32) for i in range(3)]
@@ -421,7 +476,9 @@ def test_a_training_call_is_keyed_apart():
         ({"labels": jnp.zeros(8, jnp.float32)}, TypeError, r"labels must be an integer array"),
         ({"labels": jnp.zeros(7, jnp.int32)}, ValueError, r"labels must have shape \(8,\)"),
         ({"weights": jnp.ones((5, 16))}, ValueError, r"weights must be \[features, vocab\]"),
-        ({"weights": jnp.ones((4, 16), BF16)}, TypeError, r"x and weights must share"),
+        # (strict promotion, as this suite runs: refused as `x @ weights` refuses it)
+        ({"weights": jnp.ones((4, 16), BF16)}, jax.dtypes.TypePromotionError, "strict"),
+        ({"x": jnp.ones((8, 4), jnp.int32)}, TypeError, r"x and weights must share one floating"),
         ({"x": jnp.ones((2, 4, 4))}, ValueError, r"x must be \[tokens, features\]"),
         ({"reduction": "avg"}, ValueError, r"reduction must be one of \('sum', 'mean', 'none'\)"),
         ({"where": jnp.ones(8, jnp.int32)}, ValueError, r"where must be a boolean array"),

@@ -245,6 +245,30 @@ def test_public_function_flattens_leading_dims_under_jit_and_grad():
         assert relative_error(g, r) <= 2 * tolerance(jnp.float32)
 
 
+@pytest.mark.parametrize("pair", [False, True], ids=["fused", "pair"])
+def test_precision_is_taken_as_tokamax_takes_it(pair):
+    # tokamax.gated_linear_unit(x, weights, activation=..., precision=...): the dots'
+    # precision. HIGHEST on bfloat16 inputs must give what plain JAX's dots give.
+    x, w, dout = operands(21, 12, 32, 8, BF16)
+    weights = (w[:, 0], w[:, 1]) if pair else w
+    hi = jax.lax.Precision.HIGHEST
+
+    def fn(x, w):
+        return gated_linear_unit(x, w, activation=jax.nn.gelu, precision=hi, executor=EX)
+
+    def plain(x, w):
+        gate, up = (w[0], w[1]) if isinstance(w, tuple) else (w[:, 0], w[:, 1])
+        return jax.nn.gelu(jnp.dot(x, gate, precision=hi)) * jnp.dot(x, up, precision=hi)
+
+    out, grads = _value_and_cotangents(fn, x, weights, dout)
+    want, want_grads = _value_and_cotangents(plain, x, weights, dout)
+    assert out.dtype == BF16
+    assert relative_error(out, want) <= tolerance(BF16)
+    for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
+        assert g.dtype == r.dtype and relative_error(g, r) <= 2 * tolerance(BF16)
+    check(fn, x, weights, dout, jax.nn.gelu, BF16)
+
+
 @pytest.mark.parametrize(
     ("pair", "backend"),
     [(False, "xla"), (True, "xla"), (False, "xla_split")],
@@ -330,13 +354,36 @@ def test_tuning_validates_the_fused_kernel_against_the_reference():
         (jnp.ones((4, 8)), jnp.ones((7, 2, 5)), ValueError, r"K = x.shape\[-1\] = 8"),
         (jnp.ones((4, 8)), (jnp.ones((8, 5)), jnp.ones((8, 6))), ValueError, r"as a pair"),
         (jnp.ones((4, 8)), (jnp.ones((8, 5)),), ValueError, r"must have 2 arrays"),
-        (jnp.ones((4, 8)), jnp.ones((8, 2, 5), BF16), TypeError, r"share one floating dtype"),
+        # (strict promotion, as this suite runs: refused as jnp.matmul refuses it)
+        (jnp.ones((4, 8)), jnp.ones((8, 2, 5), BF16), jax.dtypes.TypePromotionError, "strict"),
         (jnp.ones((4, 8), jnp.int32), jnp.ones((8, 2, 5), jnp.int32), TypeError, r"floating"),
     ],
 )
 def test_bad_input_is_named(x, w, error, message):
     with pytest.raises(error, match=message):
         gated_linear_unit(x, w, executor=EX)
+
+
+@pytest.mark.parametrize("pair", [False, True], ids=["fused", "pair"])
+def test_weights_of_another_dtype_are_promoted_as_jnp_matmul_promotes(pair):
+    # float32 master weights with bfloat16 activations: tokamax's GLU multiplies them
+    # as jnp.matmul does (standard promotion) and returns x's dtype.
+    x, w, dout = operands(22, 12, 16, 8, BF16)
+    w32 = w.astype(jnp.float32) * 1.01  # digits bfloat16 does not hold
+    weights = (w32[:, 0], w32[:, 1]) if pair else w32
+    with jax.numpy_dtype_promotion("standard"):
+        out, (dx, dw) = _value_and_cotangents(
+            lambda x, w: gated_linear_unit(x, w, executor=EX), x, weights, dout
+        )
+        want, (r_dx, r_dw) = _value_and_cotangents(
+            lambda x, w: glu_reference(x, w, jax.nn.silu).astype(BF16), x, weights, dout
+        )
+    assert out.dtype == BF16 and dx.dtype == BF16
+    assert all(g.dtype == jnp.float32 for g in jax.tree.leaves(dw))
+    assert relative_error(out, want) <= tolerance(BF16)
+    assert relative_error(dx, r_dx) <= 2 * tolerance(BF16)
+    for g, r in zip(jax.tree.leaves(dw), jax.tree.leaves(r_dw), strict=True):
+        assert relative_error(g, r) <= 2 * tolerance(jnp.float32)
 
 
 def test_activation_must_be_callable():

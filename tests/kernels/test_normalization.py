@@ -156,6 +156,63 @@ def test_eps_is_a_static_argument(key):
     assert relative_error(out, layer_norm_reference(x, w, b)) > 1e-3
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, BF16])
+def test_scale_offset_shifts_the_scale_as_tokamax_does(key, dtype):
+    # tokamax.layer_norm(..., scale_offset=1.0) scales by `1 + scale` (Gemma's stored
+    # scale); without a scale there is nothing to shift.
+    x, w, b, dout = inputs(key, (6, 48), dtype)
+    delta = normal(host_rng(key), (48,), dtype, scale=0.1)  # a scale near 0, as Gemma stores it
+    for norm, ref, params in (
+        (layer_norm, layer_norm_reference, (delta, b)),
+        (rms_norm, rms_norm_reference, (delta,)),
+    ):
+
+        def shifted(x, *p, norm=norm):
+            return norm(x, *p, scale_offset=1.0, executor=executor())
+
+        def want(x, s, *rest, ref=ref):
+            return ref(x, s + 1.0, *rest)
+
+        check(shifted, want, (x, *params), dout, dtype)
+        bare = norm(x, scale_offset=1.0, executor=executor())
+        np.testing.assert_array_equal(bare, norm(x, executor=executor()))
+    with pytest.raises(TypeError, match="scale_offset must be a Python number"):
+        rms_norm(x, w, scale_offset="one", executor=executor())
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, BF16])
+def test_subtract_mean_false_is_tokamaxs_rms_norm_form(key, dtype):
+    # tokamax's layer_norm(x, scale, offset, subtract_mean=False): an RMS norm, then
+    # the offset (its tests pass `subtract_mean` on every call).
+    x, w, b, dout = inputs(key, (5, 40), dtype)
+
+    def rms_plus_offset(x, w, b):
+        return layer_norm(x, w, b, subtract_mean=False, executor=executor())
+
+    def want(x, w, b):
+        return rms_norm_reference(x, w) + b
+
+    check(rms_plus_offset, want, (x, w, b), dout, dtype)
+    check(
+        lambda x, w: layer_norm(x, w, subtract_mean=False), rms_norm_reference, (x, w), dout, dtype
+    )
+    assert relative_error(
+        layer_norm(x, w, b, subtract_mean=True, executor=executor()), layer_norm_reference(x, w, b)
+    ) <= tolerance(dtype)
+
+
+def test_subtract_mean_false_offsets_every_normalised_axis(key):
+    rng = host_rng(key)
+    x = normal(rng, (3, 4, 6), jnp.float32, loc=1.0)
+    b = normal(rng, (3, 6), jnp.float32)
+    got = layer_norm(x, None, b, axis=(0, 2), subtract_mean=False, executor=executor())
+    ms = jnp.mean(jnp.square(x), axis=(0, 2), keepdims=True)
+    want = x * jax.lax.rsqrt(ms + 1e-6) + b[:, None, :]
+    assert got.shape == x.shape and relative_error(got, want) <= tolerance(jnp.float32)
+    with pytest.raises(TypeError, match="subtract_mean must be a bool"):
+        layer_norm(x, subtract_mean="no", executor=executor())
+
+
 def test_bad_parameters_are_rejected():
     with pytest.raises(
         ValueError, match=r"scale must have the shape of the normalised axes \(8,\), got \(4,\)"

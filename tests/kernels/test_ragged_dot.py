@@ -377,6 +377,59 @@ def test_calls_the_kernels_do_not_take_are_jax_ragged_dot():
         np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
 
 
+def test_arguments_jax_takes_by_position_are_taken_by_position():
+    # jax.lax.ragged_dot(lhs, rhs, group_sizes, precision, preferred_element_type,
+    # group_offset): code written against it passes them in that order.
+    lhs, rhs, _ = operands(15, 12, 8, 4, 3, dtype=BF16)
+    sizes = jnp.array([5, 0, 6], jnp.int32)
+    got = ragged_dot(lhs, rhs, sizes, None, F32)
+    want = jax.lax.ragged_dot(lhs, rhs, sizes, None, F32)
+    assert got.dtype == want.dtype == F32
+    assert_close(got, want, BF16)
+    exact = ragged_dot(lhs, rhs, sizes, jax.lax.Precision.HIGHEST)
+    np.testing.assert_array_equal(
+        np.asarray(exact, np.float32),
+        np.asarray(jax.lax.ragged_dot(lhs, rhs, sizes, jax.lax.Precision.HIGHEST), np.float32),
+    )
+    local = ragged_dot(lhs, rhs[1:], sizes, None, F32, jnp.array([1], jnp.int32))
+    assert_close(
+        local, ragged_dot(lhs, rhs[1:], sizes, group_offset=1, preferred_element_type=F32), F32
+    )
+    with pytest.raises(TypeError):
+        ragged_dot(lhs, rhs, sizes, None, None, None, SMALL)  # cfg stays keyword-only
+
+
+@pytest.mark.parametrize("preferred", [None, F32])
+def test_an_activation_is_applied_in_the_accumulators_dtype_as_tokamax_does(preferred):
+    # tokamax.ragged_dot(..., activation=f): f of the float32 product, then the cast;
+    # its tests pass `activation=None` too.
+    lhs, rhs, dout = operands(16, 24, 16, 8, 3, dtype=BF16)
+    sizes = jnp.array([9, 0, 10], jnp.int32)  # rows 19.. after the last group: f(0)
+    ex = heuristics_executor()
+
+    def fn(a, b):
+        return ragged_dot(
+            a, b, sizes, preferred_element_type=preferred, activation=jax.nn.gelu, executor=ex
+        )
+
+    def want_fn(a, b):
+        acc = jax.lax.ragged_dot(a, b, sizes, preferred_element_type=F32)
+        return jax.nn.gelu(acc).astype(preferred or BF16)
+
+    out, grads = value_and_grads(fn, (lhs, rhs), dout, jit=False)
+    want, want_grads = value_and_grads(want_fn, (lhs, rhs), dout, jit=False)
+    assert out.dtype == want.dtype == (preferred or BF16)
+    np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(want, np.float32))
+    for got, ref in zip(grads, want_grads, strict=True):
+        assert_close(got, ref, BF16)
+    plain = ragged_dot(lhs, rhs, sizes, activation=None, executor=ex)
+    np.testing.assert_array_equal(plain, ragged_dot(lhs, rhs, sizes, executor=ex))
+    local = ragged_dot(lhs, rhs[1:], sizes, group_offset=1, activation=jax.nn.sigmoid)
+    assert float(local[0, 0]) == 0.5  # a row outside the local groups: sigmoid(0)
+    with pytest.raises(TypeError, match="activation must be callable or None"):
+        ragged_dot(lhs, rhs, sizes, activation="gelu")
+
+
 # --- transformations -----------------------------------------------------------------
 
 
@@ -398,6 +451,29 @@ def test_jit_grad_and_vmap_of_the_pallas_path():
         jnp.stack([lhs, 2 * lhs]), sizes
     )
     assert_close(batched[1], jax.lax.ragged_dot(2 * lhs, rhs, sizes[1]), F32)
+
+
+def test_out_sharding_under_an_explicit_mesh_is_jaxs():
+    # jax.lax.ragged_dot(..., out_sharding=P("x", None)) under an explicit mesh: the
+    # output's type carries that sharding, eagerly and under jit.
+    mesh = jax.make_mesh((2,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
+    lhs, rhs, _ = operands(17, 16, 8, 4, 2)
+    sizes = jnp.array([9, 7], jnp.int32)
+    want_sharding = jax.NamedSharding(mesh, P("x", None))
+    with jax.set_mesh(mesh):
+
+        def f(a, b, s):
+            out = ragged_dot(a, b, s, out_sharding=P("x", None))
+            assert jax.typeof(out).sharding.spec == P("x", None)
+            return out
+
+        for fn in (f, jax.jit(f)):
+            out = fn(lhs, rhs, sizes)
+            assert out.sharding == want_sharding
+            want = jax.lax.ragged_dot(lhs, rhs, sizes, out_sharding=P("x", None))
+            np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
+        positional = ragged_dot(lhs, rhs, sizes, None, None, None, P("x", None))
+        assert positional.sharding == want_sharding
 
 
 def test_shard_map_over_tokens_with_per_shard_routing():

@@ -14,7 +14,7 @@ from kerneltune._src.execution.default import default_executor
 from kerneltune._src.kernel.backends import BackendKernel
 from kerneltune._src.kernel.base import Invocation
 from kerneltune._src.tuning.inputs import random_like
-from kerneltune.kernels._args import as_array
+from kerneltune.kernels._args import as_array, symbolic
 from kerneltune.kernels._common import Pruned, interpreted, kernel_for
 from kerneltune.kernels.cross_entropy import config as config_lib
 from kerneltune.kernels.cross_entropy.chunked_backend import ChunkedBackend
@@ -135,6 +135,7 @@ def linear_softmax_cross_entropy(
     *,
     reduction: str = "mean",
     where: jax.Array | None = None,
+    precision: jax.lax.PrecisionLike = None,
     cfg: CrossEntropyConfig | None = None,
     executor: Any = None,
 ) -> jax.Array:
@@ -153,10 +154,14 @@ def linear_softmax_cross_entropy(
       labels: `[M]` integers in `[0, V)` (ignored where `where` is False). Every
         backend, and its gradient, reads one outside as `jnp.take_along_axis(...,
         mode="clip")` does: a negative label counts from the end, then it is clipped.
-      weights: `[K, V]`, x's dtype.
+      weights: `[K, V]`; another dtype than x's is promoted with x's as `x @ weights`
+        promotes them (refused under strict dtype promotion).
       reduction: "mean" (over the unmasked tokens), "sum", or "none" (per-token
         losses, `[M]`, 0 at masked tokens).
       where: optional boolean `[M]`: False leaves a token out of the loss and the mean.
+      precision: the projection's precision, as `jax.lax.dot`'s (tokamax's argument).
+        None runs the tuned configs; any other value plain JAX's program with float32
+        logits from a dot at that precision.
       cfg: a `CrossEntropyConfig` to use instead of the chosen one.
       executor: the executor to run through (default: `kerneltune.default_executor()`).
 
@@ -164,7 +169,7 @@ def linear_softmax_cross_entropy(
       A float32 scalar, or `[M]` with `reduction="none"`.
 
     Raises:
-      TypeError: labels are not integers; x and weights are not one floating dtype.
+      TypeError: labels are not integers; x is not floating.
       ValueError: shapes that do not fit, or an unknown `reduction`.
 
     Example:
@@ -180,7 +185,20 @@ def linear_softmax_cross_entropy(
     weights = as_array(op, "weights", weights)
     rows = x.shape[0] if x.ndim else 0
     mask = jnp.ones((rows,), bool) if where is None else as_array(op, "where", where)
+    if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != weights.dtype:
+        # float32 weights with bfloat16 activations: promoted as `x @ weights` promotes
+        # them (tokamax's; refused under strict dtype promotion, as there).
+        dtype = jnp.result_type(x, weights)
+        x, weights = x.astype(dtype), weights.astype(dtype)
     check_inputs(op, x, labels, weights, mask, reduction)
+    if precision is not None or symbolic(x, weights):
+        # A precision the tuned configs do not promise, or no shape to key by
+        # (`jax.export`): plain JAX's program (the heuristic's logits dtype, without one).
+        logits = np.dtype(np.float32) if precision is not None else x.dtype
+        return cross_entropy_xla(
+            x, labels.astype(jnp.int32), weights, mask, reduction=reduction,
+            logits_dtype=logits, precision=precision,
+        )  # fmt: skip
     ex = executor if executor is not None else default_executor()
     kernel = kernel_for(LinearSoftmaxCrossEntropy, ex)
     return ex(kernel, x, labels.astype(jnp.int32), weights, mask, reduction=reduction, cfg=cfg)  # type: ignore[no-any-return]

@@ -42,11 +42,13 @@ def cross_entropy_xla(
     *,
     reduction: str,
     logits_dtype: jnp.dtype = jnp.float32,
+    precision: jax.lax.PrecisionLike = None,
 ) -> jax.Array:
     """The loss with the `[M, V]` logits materialised (cuBLAS on GPUs), written in
     `logits_dtype` and upcast to float32 for the log-sum-exp: float32 logits, or plain
-    JAX's `x @ w` program with the inputs' dtype."""
-    logits = jnp.dot(x, w, preferred_element_type=logits_dtype).astype(jnp.float32)
+    JAX's `x @ w` program with the inputs' dtype. `precision` is the dot's."""
+    logits = jnp.dot(x, w, precision=precision, preferred_element_type=logits_dtype)
+    logits = logits.astype(jnp.float32)
     return reduce_rows(row_losses_of_logits(logits, labels, where), where, reduction)
 
 

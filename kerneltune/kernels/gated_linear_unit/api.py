@@ -12,7 +12,7 @@ import numpy as np
 from kerneltune._src.execution.default import default_executor
 from kerneltune._src.kernel.backends import BackendKernel
 from kerneltune._src.kernel.base import Invocation
-from kerneltune.kernels._args import as_array, last_axis_rows
+from kerneltune.kernels._args import as_array, last_axis_rows, symbolic
 from kerneltune.kernels._common import Pruned, interpreted, kernel_for
 from kerneltune.kernels._flattened import call_flattened
 from kerneltune.kernels.gated_linear_unit import config as config_lib
@@ -131,11 +131,16 @@ def _identity(z: jax.Array) -> jax.Array:
     return z
 
 
+def _as(y: jax.Array, dtype: Any) -> jax.Array:
+    return y if y.dtype == dtype else y.astype(dtype)
+
+
 def gated_linear_unit(
     x: jax.Array,
     weights: jax.Array | tuple[jax.Array, jax.Array],
     *,
     activation: Callable[[jax.Array], jax.Array] | None = jax.nn.silu,
+    precision: Any = None,
     cfg: GLUConfig | None = None,
     executor: Any = None,
 ) -> jax.Array:
@@ -145,9 +150,12 @@ def gated_linear_unit(
     Args:
       x: `[..., K]` floating; leading dims are flattened into rows.
       weights: fused `[K, 2, N]` (`[:, 0]` the gate, `[:, 1]` the up projection), or a
-        pair `(W₀, W₁)` of `[K, N]`; x's dtype.
+        pair `(W₀, W₁)` of `[K, N]`. Another dtype than x's is promoted with x's as
+        `jnp.matmul` promotes them (refused under strict dtype promotion).
       activation: applied to the gate projection; any function of one array (a static
         argument: functions are told apart by identity). None: no activation.
+      precision: the projections' precision, as `jax.lax.dot`'s (tokamax's). None runs
+        the tuned kernels; any other value plain JAX's dots at that precision.
       cfg: a `GLUConfig` to use instead of the chosen one.
       executor: the executor to run through (default: `kerneltune.default_executor()`).
 
@@ -170,10 +178,22 @@ def gated_linear_unit(
         w: Weights = tuple(as_array(op, f"weights[{i}]", a) for i, a in enumerate(weights))
     else:
         w = as_array(op, "weights", weights)
+    out_dtype = x.dtype
+    leaves = jax.tree.leaves(w)
+    if jnp.issubdtype(x.dtype, jnp.floating) and any(a.dtype != x.dtype for a in leaves):
+        # Weights of another dtype (float32 master weights, bfloat16 activations): both
+        # promoted as `jnp.matmul` promotes them (refused under strict promotion, as
+        # there), the result in x's dtype, as tokamax's.
+        dtype = jnp.result_type(x, *leaves)
+        x, w = x.astype(dtype), jax.tree.map(lambda a: a.astype(dtype), w)
     check_weights(op, x, w)
     act = _identity if activation is None else activation
     if not callable(act):
         raise TypeError(f"{op}: activation must be callable or None, got {activation!r}.")
+    if precision is not None or symbolic(x, *leaves):
+        # A precision the tuned kernels do not promise, or no shape to key by
+        # (`jax.export`): plain JAX's dots.
+        return _as(glu_xla(x, w, act, precision=precision), out_dtype)
     n = (w[0] if isinstance(w, tuple) else w).shape[-1]
     ex = executor if executor is not None else default_executor()
     rows = last_axis_rows(x)
@@ -190,4 +210,4 @@ def gated_linear_unit(
             "xla_split": lambda: glu_xla(x, w, act, split=True),
         },
     )
-    return out.reshape((*x.shape[:-1], n))  # type: ignore[no-any-return]
+    return _as(out.reshape((*x.shape[:-1], n)), out_dtype)

@@ -27,17 +27,18 @@ def glu_xla(
     activation: Callable[[jax.Array], jax.Array],
     *,
     split: bool = False,
+    precision: Any = None,
 ) -> jax.Array:
     """`activation(x·W₀) ⊙ (x·W₁)` as plain JAX writes it, in x's dtype. The fused
     weights go through one `dot_general` (one cuBLAS call for both projections), or with
     `split` through two dots over their halves, the other form users write (in training
     on an H200 one is faster at some shapes, the other at others). x may have leading
-    dimensions (`[..., K]`)."""
+    dimensions (`[..., K]`). `precision` is the dots' (`jax.lax.dot`'s)."""
     if split or isinstance(w, (tuple, list)):
         w0, w1 = gate_and_up(w)
-        gate, up = jnp.dot(x, w0), jnp.dot(x, w1)
+        gate, up = jnp.dot(x, w0, precision=precision), jnp.dot(x, w1, precision=precision)
     else:
-        h = jnp.einsum("...k,kgn->...gn", x, w)
+        h = jnp.einsum("...k,kgn->...gn", x, w, precision=precision)
         gate, up = h[..., 0, :], h[..., 1, :]
     return activation(gate) * up
 

@@ -12,7 +12,14 @@ import numpy as np
 from kerneltune._src.execution.default import default_executor
 from kerneltune._src.kernel.backends import BackendKernel
 from kerneltune._src.kernel.base import Invocation
-from kerneltune.kernels._args import as_array, feature_param, floating, normalize_axes, to_rows
+from kerneltune.kernels._args import (
+    as_array,
+    feature_param,
+    floating,
+    normalize_axes,
+    symbolic,
+    to_rows,
+)
 from kerneltune.kernels._common import interpreted, kernel_for
 from kerneltune.kernels._flattened import call_flattened
 from kerneltune.kernels.normalization import config as config_lib
@@ -104,12 +111,17 @@ LayerNormInterpret = interpreted(LayerNorm)
 RMSNormInterpret = interpreted(RMSNorm)
 
 
+def _number(op: str, name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{op}: {name} must be a Python number, got {value!r:.60}.")
+    return float(value)
+
+
 def _epsilon(op: str, epsilon: Any) -> float:
-    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float, np.floating)):
-        raise TypeError(f"{op}: epsilon must be a Python number, got {epsilon!r:.60}.")
-    if not epsilon >= 0:
+    eps = _number(op, "epsilon", epsilon)
+    if not eps >= 0:
         raise ValueError(f"{op}: epsilon must be >= 0, got {epsilon}.")
-    return float(epsilon)
+    return eps
 
 
 def _normalize(
@@ -119,19 +131,22 @@ def _normalize(
     params: tuple[tuple[str, Any, float], ...],
     axis: int | tuple[int, ...],
     epsilon: Any,
+    scale_offset: Any,
     cfg: NormConfig | None,
     executor: Any,
 ) -> jax.Array:
     """Runs a row-wise norm kernel over `axis` of `x`: the normalised axes are moved
-    last and flattened, missing parameters become their identity (`fill`), and the
-    computation runs in the result dtype of `x` and the given parameters (as flax).
-    `xla_fn(x, *params, eps=...)` is the kernel's XLA code."""
+    last and flattened, missing parameters become their identity (`fill`), a given
+    scale is shifted by `scale_offset` (tokamax's), and the computation runs in the
+    result dtype of `x` and the given parameters (as flax). `xla_fn(x, *params,
+    eps=...)` is the kernel's XLA code."""
     op = kernel_cls.op_id
     x = as_array(op, "x", x)
     if x.ndim < 1:
         raise ValueError(f"{op}: x must have at least one dimension, got shape {x.shape}.")
     floating(op, "x", x)
     eps = _epsilon(op, epsilon)
+    shift = _number(op, "scale_offset", scale_offset)
     axes = normalize_axes(op, axis, x.ndim)
     given = [(name, feature_param(op, name, v, x, axes), fill) for name, v, fill in params]
     dtype = jnp.result_type(x, *(p for _, p, _ in given if p is not None))
@@ -141,6 +156,11 @@ def _normalize(
     arrays = [
         p.astype(dtype) if p is not None else jnp.full((n,), fill, dtype) for _, p, fill in given
     ]
+    if shift and given[0][1] is not None:  # the scale, shifted in float32 at least
+        wide = dtype if jnp.finfo(dtype).bits >= 32 else jnp.float32
+        arrays[0] = (given[0][1].astype(wide) + shift).astype(dtype)
+    if symbolic(x):  # no shape to key by (`jax.export`): XLA's norm, plain JAX
+        return back(xla_fn(rows, *arrays, eps=eps))
     ex = executor if executor is not None else default_executor()
     out = call_flattened(
         ex,
@@ -163,6 +183,8 @@ def layer_norm(
     *,
     axis: int | tuple[int, ...] = -1,
     epsilon: float = 1e-6,
+    scale_offset: float = 0.0,
+    subtract_mean: bool = True,
     cfg: NormConfig | None = None,
     executor: Any = None,
 ) -> jax.Array:
@@ -176,6 +198,10 @@ def layer_norm(
       bias: the same shape as `scale`, or None (no offset).
       axis: the axis or axes to normalise over.
       epsilon: added to the variance.
+      scale_offset: added to `scale` before it scales (tokamax's; `1.0` for a scale
+        stored as `1 + scale`, as in Gemma); unused without a `scale`.
+      subtract_mean: False leaves the mean in (tokamax's RMS norm form): `rms_norm`
+        (its kernels and config) plus `bias`.
       cfg: a `NormConfig` to use instead of the chosen one.
       executor: the executor to run through (default: `kerneltune.default_executor()`).
 
@@ -189,8 +215,24 @@ def layer_norm(
       >>> tuple(round(float(v), 3) for v in y[0])
       (-1.342, -0.447, 0.447, 1.342)
     """
-    params = (("scale", scale, 1.0), ("bias", bias, 0.0))
-    return _normalize(LayerNorm, layer_norm_xla, x, params, axis, epsilon, cfg, executor)
+    if not isinstance(subtract_mean, (bool, np.bool_)):
+        raise TypeError(f"layer_norm: subtract_mean must be a bool, got {subtract_mean!r:.60}.")
+    if subtract_mean:
+        params = (("scale", scale, 1.0), ("bias", bias, 0.0))
+        return _normalize(
+            LayerNorm, layer_norm_xla, x, params, axis, epsilon, scale_offset, cfg, executor
+        )
+    out = rms_norm(
+        x, scale, axis=axis, epsilon=epsilon, scale_offset=scale_offset, cfg=cfg,
+        executor=executor,
+    )  # fmt: skip
+    if bias is None:
+        return out
+    axes = normalize_axes("layer_norm", axis, out.ndim)
+    b = feature_param("layer_norm", "bias", bias, out, axes)
+    dtype = jnp.result_type(out, b)
+    shape = [out.shape[a] if a in axes else 1 for a in range(out.ndim)]
+    return out.astype(dtype) + b.astype(dtype).reshape(shape)  # type: ignore[union-attr]
 
 
 def rms_norm(
@@ -199,11 +241,13 @@ def rms_norm(
     *,
     axis: int | tuple[int, ...] = -1,
     epsilon: float = 1e-6,
+    scale_offset: float = 0.0,
     cfg: NormConfig | None = None,
     executor: Any = None,
 ) -> jax.Array:
     """RMS norm with a tuned config, as flax's `RMSNorm` computes it:
-    `x / sqrt(mean(x²) + epsilon) · scale` over `axis` (no mean subtraction).
+    `x / sqrt(mean(x²) + epsilon) · scale` over `axis` (no mean subtraction). The
+    arguments are `layer_norm`'s, less `bias`.
 
     Example:
       >>> import jax.numpy as jnp
@@ -212,4 +256,4 @@ def rms_norm(
       [[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]]
     """
     params = (("scale", scale, 1.0),)
-    return _normalize(RMSNorm, rms_norm_xla, x, params, axis, epsilon, cfg, executor)
+    return _normalize(RMSNorm, rms_norm_xla, x, params, axis, epsilon, scale_offset, cfg, executor)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import jax
@@ -15,7 +15,7 @@ from kerneltune._src.execution.default import default_executor
 from kerneltune._src.kernel.backends import Backend, BackendKernel
 from kerneltune._src.kernel.base import Invocation
 from kerneltune._src.tuning.inputs import random_like
-from kerneltune.kernels._args import as_array
+from kerneltune.kernels._args import as_array, symbolic
 from kerneltune.kernels._common import Pruned, interpreted, kernel_for
 from kerneltune.kernels.ragged_dot import config as config_lib
 from kerneltune.kernels.ragged_dot import groups as groups_lib
@@ -25,6 +25,7 @@ from kerneltune.kernels.ragged_dot.checks import (
     check_offset,
     check_operands,
     check_pair,
+    check_preferred,
     check_sizes,
     out_dtype_name,
 )
@@ -270,25 +271,16 @@ RaggedDotGradLhsInterpret = interpreted(RaggedDotGradLhs)
 RaggedDotGradRhsInterpret = interpreted(RaggedDotGradRhs)
 
 
-def _preferred(op: str, value: Any) -> np.dtype | None:
-    if value is None:
-        return None
-    try:
-        return np.dtype(value)
-    except TypeError as e:
-        raise TypeError(
-            f"{op}: preferred_element_type must be None or a dtype, got {value!r}."
-        ) from e
-
-
 def ragged_dot(
     lhs: jax.Array,
     rhs: jax.Array,
     group_sizes: jax.Array,
-    *,
     precision: Any = None,
     preferred_element_type: Any = None,
     group_offset: jax.Array | int | None = None,
+    out_sharding: Any = None,
+    *,
+    activation: Callable[[jax.Array], jax.Array] | None = None,
     cfg: RaggedDotConfig | None = None,
     executor: Any = None,
 ) -> jax.Array:
@@ -320,10 +312,16 @@ def ragged_dot(
       lhs: `[M, K]`.
       rhs: `[G, K, N]`, or `[G_local, K, N]` with `group_offset`.
       group_sizes: `[G]` integers summing to at most `M`.
-      precision, preferred_element_type: as `jax.lax.ragged_dot`.
+      precision, preferred_element_type: as `jax.lax.ragged_dot` (positional there
+        too, as are `group_offset` and `out_sharding`).
       group_offset: None, or the first group `rhs` holds: an int or an integer array
         of shape `()` or `(1,)` in `[0, G − G_local]` (it may be traced; a traced value
         outside that range is clipped into it).
+      out_sharding: None, or the output's sharding under an explicit mesh, as
+        `jax.lax.ragged_dot`'s (such a call runs `jax.lax.ragged_dot`).
+      activation: None, or a function applied to the product (every row, the zero
+        ones too) in the accumulator's dtype (float32 for 16-bit floats) before the
+        cast to the output dtype: tokamax's argument.
       cfg: a `RaggedDotConfig` to use instead of the chosen forward config.
       executor: the executor to run through (default: `kerneltune.default_executor()`).
 
@@ -348,6 +346,21 @@ def ragged_dot(
       [0.0, 0.0, 4.0, 4.0, 4.0, 0.0]
     """
     op = "ragged_dot"
+    if activation is not None:
+        if not callable(activation):
+            raise TypeError(f"{op}: activation must be callable or None, got {activation!r:.60}.")
+        # The output dtype is a dot's of the operands' dtypes (shapes checked below).
+        a, b = (as_array(op, n, v) for n, v in (("lhs", lhs), ("rhs", rhs)))
+        one = [jax.ShapeDtypeStruct((1, 1), d.dtype) for d in (a, b)]
+        preferred = check_preferred(op, preferred_element_type)
+        dot = functools.partial(jax.lax.dot, preferred_element_type=preferred)
+        out = jax.eval_shape(dot, *one)
+        narrow = jnp.issubdtype(out.dtype, jnp.floating) and out.dtype.itemsize < 4
+        acc = ragged_dot(
+            a, b, group_sizes, precision, jnp.float32 if narrow else out.dtype, group_offset,
+            out_sharding, cfg=cfg, executor=executor,
+        )  # fmt: skip
+        return activation(acc).astype(out.dtype)  # type: ignore[no-any-return]
     lhs = as_array(op, "lhs", lhs)
     rhs = as_array(op, "rhs", rhs)
     sizes = as_array(op, "group_sizes", group_sizes)
@@ -356,12 +369,14 @@ def ragged_dot(
     offset = (
         check_offset(op, group_offset, int(sizes.shape[0]), int(rhs.shape[0])) if local else None
     )
-    preferred = _preferred(op, preferred_element_type)
+    preferred = check_preferred(op, preferred_element_type)
     dtype = np.dtype(lhs.dtype)
     tunable = (
-        dtype == np.dtype(rhs.dtype)
+        not symbolic(lhs, rhs)  # `jax.export`'s polymorphic shapes: no shape to key by
+        and dtype == np.dtype(rhs.dtype)
         and jnp.issubdtype(dtype, jnp.floating)
         and precision is None
+        and out_sharding is None  # (explicit meshes: JAX's own sharding rule)
         and preferred in (None, dtype, np.dtype(np.float32))
         and min(lhs.shape[0], lhs.shape[1], rhs.shape[0], rhs.shape[2]) > 0
     )
@@ -373,6 +388,7 @@ def ragged_dot(
             offset,
             precision=precision,
             preferred_element_type=preferred_element_type,
+            **({} if out_sharding is None else {"out_sharding": out_sharding}),
         )
     ex = executor if executor is not None else default_executor()
     out_dtype = (dtype if preferred is None else preferred).name

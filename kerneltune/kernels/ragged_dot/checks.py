@@ -77,6 +77,18 @@ def check_floats(op: str, names: tuple[str, str], a: Any, b: Any) -> None:
         )
 
 
+def check_preferred(op: str, value: Any) -> np.dtype | None:
+    """`preferred_element_type` as a NumPy dtype (None stays None), or a TypeError."""
+    if value is None:
+        return None
+    try:
+        return np.dtype(value)
+    except TypeError as e:
+        raise TypeError(
+            f"{op}: preferred_element_type must be None or a dtype, got {value!r}."
+        ) from e
+
+
 def out_dtype_name(out_dtype: Any, default: Any) -> str:
     return np.dtype(default if out_dtype is None else out_dtype).name
 
