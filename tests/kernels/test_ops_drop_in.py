@@ -326,7 +326,7 @@ def test_a_float64_matmul_keeps_float64_precision():
 
 def test_matmul_names_mismatched_contracting_dimensions():
     with pytest.raises(
-        ValueError, match=r"a's last dimension \(5\) must equal b's second-to-last dimension \(4\)"
+        TypeError, match=r"a's last dimension \(5\) must equal b's second-to-last dimension \(4\)"
     ):
         matmul(jnp.ones((3, 5)), jnp.ones((4, 2)))
     with pytest.raises(ValueError, match="at least one dimension"):
