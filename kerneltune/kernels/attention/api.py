@@ -220,12 +220,14 @@ def attention(
     query_seq_lengths: jax.Array | None = None,
     key_value_seq_lengths: jax.Array | None = None,
     local_window_size: int | tuple[int, int] | None = None,
+    implementation: str | None = None,
+    return_residual: bool = False,
     logits_soft_cap: float | None = None,
     query_segment_ids: jax.Array | None = None,
     kv_segment_ids: jax.Array | None = None,
     cfg: FwdParams | VariantConfig | None = None,
     executor: Any = None,
-) -> jax.Array:
+) -> Any:
     """`jax.nn.dot_product_attention` with tuned configs, plus a logits soft cap and
     segment ids (packed documents).
 
@@ -238,16 +240,27 @@ def attention(
     caller passed a bias or mask of that size (or the sequence is one block of 1024
     queries or fewer).
 
+    What no kernel of ours computes runs as `jax.nn.dot_product_attention` itself, with
+    its results and errors: a named `implementation`, `return_residual=True`, query,
+    key and value of a dtype that is not floating, a window with a negative side, and
+    a head_dim of 0. Such calls take no soft cap or segment ids.
+
     Args:
-      query: `[batch, q_len, heads, head_dim]`, or `[q_len, heads, head_dim]`.
+      query: `[batch, q_len, heads, head_dim]`, or `[q_len, heads, head_dim]` (each of
+        query, key and value may lack leading dimensions; they are then 1).
       key, value: `[batch, kv_len, kv_heads, head_dim]` (or unbatched), query's dtype;
         `kv_heads` divides `heads` (grouped- and multi-query attention).
       bias: added to the logits; broadcasts to `[batch, heads, q_len, kv_len]`.
       mask: boolean, True where a query may attend; broadcasts like `bias`.
       scale: multiplies the logits (default `1/sqrt(head_dim)`); may be traced.
       is_causal: query i attends to keys 0..i.
-      query_seq_lengths, key_value_seq_lengths: `[batch]` valid lengths (padding after).
+      query_seq_lengths, key_value_seq_lengths: `[batch]` int32 valid lengths (padding
+        after).
       local_window_size: `w` or `(left, right)`: query i attends to keys i−left..i+right.
+      implementation: None (kerneltune chooses, tuned), or "xla" or "cudnn": that
+        implementation of `jax.nn.dot_product_attention`, called as it is.
+      return_residual: also return the log-sum-exp of each query's logits, `[batch,
+        q_len, heads]` (without a gradient), as `jax.nn` does; computed by `jax.nn`.
       logits_soft_cap: `cap`, a positive finite number: logits become `cap · tanh(logits / cap)`
         before masking.
       query_segment_ids, kv_segment_ids: (a kerneltune extension) `[batch, q_len]` and
@@ -260,7 +273,7 @@ def attention(
       executor: the executor to run through (default: `kerneltune.default_executor()`).
 
     Returns:
-      query's shape and dtype.
+      query's shape and dtype; with `return_residual`, `(output, log-sum-exp)`.
 
     Example:
       >>> import jax.numpy as jnp
@@ -274,8 +287,29 @@ def attention(
       ...           kv_segment_ids=docs).shape
       (1, 16, 4, 8)
     """
-    unbatched = getattr(query, "ndim", 0) == 3
+    query = arguments.array("query", query)
     q, k, v = arguments.qkv(query, key, value)
+    window = arguments.window(local_window_size)
+    unsupported = arguments.only_jax_nn(q, window, implementation, return_residual)
+    if unsupported:
+        extensions = {
+            "logits_soft_cap": logits_soft_cap,
+            "query_segment_ids": query_segment_ids,
+            "kv_segment_ids": kv_segment_ids,
+        }
+        given = [name for name, value in extensions.items() if value is not None]
+        if given:
+            raise ValueError(
+                f"attention: {unsupported} runs as jax.nn.dot_product_attention, which "
+                f"takes no {' or '.join(given)}."
+            )
+        return jax.nn.dot_product_attention(
+            query, key, value, bias, mask, scale=scale, is_causal=is_causal,
+            query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
+            local_window_size=local_window_size, implementation=implementation,
+            return_residual=return_residual,
+        )  # fmt: skip
+    unbatched = query.ndim < 4
     b, t, n, h = q.shape
     s = k.shape[1]
     full = (b, n, t, s)
@@ -291,13 +325,11 @@ def attention(
         q_segments=q_segments,
         kv_segments=kv_segments,
     )
-    window = arguments.window(local_window_size)
     if window is not None:  # a reach past every key changes nothing (jax.nn takes it):
         reach = max(t, s)  # held to the longer sequence, positions stay within int32
         window = (min(window[0], reach), min(window[1], reach))
     soft_cap = arguments.soft_cap(logits_soft_cap)
-    if not isinstance(is_causal, (bool, np.bool_)):
-        raise TypeError(f"attention: is_causal must be a bool, got {is_causal!r}.")
+    is_causal = bool(is_causal)  # as jax.nn: any value with a truth value (not traced)
     if scale is None or isinstance(scale, (int, float, np.number)):
         sm_scale = 1.0 / math.sqrt(h) if scale is None else float(scale)
     else:  # a traced scale: fold it into the queries, keep the kernels' static
@@ -318,4 +350,4 @@ def attention(
         out = ex(kernel_for(AttentionVariants, ex), q, k, v, bias, masks,
                  causal=bool(is_causal), sm_scale=sm_scale, window=window,
                  soft_cap=soft_cap, cfg=cfg)  # fmt: skip
-    return out[0] if unbatched else out
+    return out if out.shape == query.shape else out.reshape(query.shape)

@@ -13,49 +13,85 @@ import numpy as np
 from kerneltune.kernels._args import as_array
 
 
+def array(name: str, value: Any) -> jax.Array:
+    """An argument as a JAX array: whatever `jnp.asarray` takes, as `jax.nn`'s attention
+    takes it (nested lists too), but never a `jax.ShapeDtypeStruct`."""
+    if isinstance(value, (list, tuple)):
+        return jnp.asarray(value)
+    return as_array("attention", name, value)
+
+
 def qkv(query: Any, key: Any, value: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """query, key and value as `[batch, seq, heads, head_dim]`: each of fewer dimensions
+    gains leading ones on its own (so `[T, N, H]`, and a `[N, H]` query of one token, are
+    calls of batch 1), as `jax.nn.dot_product_attention` reads them. Their dtypes must
+    match; whether they are floating is the caller's business."""
     op = "attention"
-    q, k, v = (as_array(op, n, a) for n, a in (("query", query), ("key", key), ("value", value)))
-    ranks = (q.ndim, k.ndim, v.ndim)
-    if ranks not in ((4, 4, 4), (3, 3, 3)):
+    named = (("query", query), ("key", key), ("value", value))
+    arrays = []
+    for name, given in named:
+        a = array(name, given)
+        if a.ndim > 4:
+            raise ValueError(
+                f"{op}: {name} must be [batch, seq, heads, head_dim] (or lack leading "
+                f"dimensions), got shape {a.shape}."
+            )
+        arrays.append(a.reshape((1,) * (4 - a.ndim) + a.shape))
+    q, k, v = arrays
+    # ValueErrors all, in jax.nn's order: value against key, then query against key.
+    if k.shape != v.shape or k.dtype != v.dtype:
         raise ValueError(
-            f"{op}: query, key and value must all be [batch, seq, heads, head_dim] or all "
-            f"[seq, heads, head_dim], got shapes {q.shape}, {k.shape} and {v.shape}."
+            f"{op}: value must have key's shape and dtype {k.dtype}{list(k.shape)}, got "
+            f"{v.dtype}{list(v.shape)}."
         )
-    if q.ndim == 3:
-        q, k, v = q[None], k[None], v[None]
-    if k.shape != v.shape:
-        raise ValueError(f"{op}: value must have key's shape {k.shape[-k.ndim :]}, got {v.shape}.")
     (b, _, n, h), (bk, _, kh, hk) = q.shape, k.shape
     if (b, h) != (bk, hk):
         raise ValueError(
             f"{op}: query {q.shape} and key {k.shape} must agree on batch and head_dim."
         )
+    if q.dtype != k.dtype:
+        raise ValueError(f"{op}: query must have key's dtype {k.dtype}, got {q.dtype}.")
     if n % kh:
         raise ValueError(
             f"{op}: key/value heads ({kh}) must divide query heads ({n}) for grouped-query "
             "attention."
         )
-    if not (q.dtype == k.dtype == v.dtype) or not jnp.issubdtype(q.dtype, jnp.floating):
-        raise TypeError(
-            f"{op}: query, key and value must share one floating dtype, got "
-            f"{q.dtype}, {k.dtype} and {v.dtype}."
-        )
     return q, k, v
 
 
+def only_jax_nn(
+    q: jax.Array, window: tuple[int, int] | None, implementation: Any, return_residual: Any
+) -> str:
+    """Why `jax.nn.dot_product_attention` must compute this call (no kernel of ours
+    does), or "" when ours can: the reason names the argument, for errors."""
+    if implementation is not None:
+        return f"implementation={implementation!r}"
+    if return_residual:
+        return "return_residual=True"
+    if not jnp.issubdtype(q.dtype, jnp.floating):
+        return f"a query of dtype {q.dtype}"
+    if window is not None and min(window) < 0:
+        return f"local_window_size={window} (a negative side)"
+    if q.shape[-1] == 0:
+        return "a head_dim of 0"
+    return ""
+
+
 def logits_operand(name: str, x: Any, full: tuple[int, ...], dtype: Any) -> Any:
+    """A bias or mask as 4 dimensions that broadcast to `full`, `[B, N, T, S]`. A wrong
+    dtype is a ValueError and a shape that does not broadcast a TypeError, as in
+    `jax.nn.dot_product_attention` (its broadcasting error comes from `lax.add`)."""
     if x is None:
         return None
-    a = as_array("attention", name, x)
+    a = array(name, x)
     if dtype is not None and a.dtype != dtype:
-        raise TypeError(f"attention: {name} must have dtype {np.dtype(dtype)}, got {a.dtype}.")
+        raise ValueError(f"attention: {name} must have dtype {np.dtype(dtype)}, got {a.dtype}.")
     if a.ndim > 4:
         raise ValueError(f"attention: {name} must have at most 4 dimensions, got {a.shape}.")
     a = a.reshape((1,) * (4 - a.ndim) + a.shape)
     ok = all(d in (1, f) for d, f in zip(a.shape, full)) and a.shape[1] in (1, full[1])
     if not ok:
-        raise ValueError(
+        raise TypeError(
             f"attention: {name} must broadcast to [batch, heads, q_len, kv_len] = {full}, "
             f"got {tuple(a.shape)}."
         )
@@ -63,15 +99,17 @@ def logits_operand(name: str, x: Any, full: tuple[int, ...], dtype: Any) -> Any:
 
 
 def lengths(name: str, x: Any, batch: int) -> Any:
+    """Sequence lengths: an int32 array `[batch]`, as `jax.nn` requires (other integer
+    dtypes, int64 under x64 too, are a ValueError there and here)."""
     if x is None:
         return None
-    a = as_array("attention", name, x)
-    if a.shape != (batch,) or not jnp.issubdtype(a.dtype, jnp.integer):
+    a = array(name, x)
+    if a.shape != (batch,) or a.dtype != np.int32:
         raise ValueError(
-            f"attention: {name} must be an integer array of shape ({batch},), got "
+            f"attention: {name} must be an int32 array of shape ({batch},), got "
             f"{a.dtype}{list(a.shape)}."
         )
-    return a.astype(jnp.int32)
+    return a
 
 
 def segments(query_segment_ids: Any, kv_segment_ids: Any, q_shape, k_shape, unbatched: bool):
@@ -90,7 +128,7 @@ def segments(query_segment_ids: Any, kv_segment_ids: Any, q_shape, k_shape, unba
         ("query_segment_ids", query_segment_ids, q_shape[:2]),
         ("kv_segment_ids", kv_segment_ids, k_shape[:2]),
     ):
-        given = as_array("attention", name, x)
+        given = array(name, x)
         a = given[None] if unbatched and given.ndim == 1 else given
         if a.shape != (b, length) or not jnp.issubdtype(a.dtype, jnp.integer):
             want = f"({length},)" if unbatched else f"({b}, {length})"
@@ -103,16 +141,23 @@ def segments(query_segment_ids: Any, kv_segment_ids: Any, q_shape, k_shape, unba
 
 
 def window(window: Any) -> tuple[int, int] | None:
+    """`local_window_size` as `(left, right)`: an int is both. Negative sides are valid
+    (`jax.nn` takes them: a window that leaves out the diagonal, or every key); the
+    caller decides who computes them."""
     if window is None:
         return None
-    pair = (window, window) if isinstance(window, (int, np.integer)) else tuple(window)
-    if len(pair) != 2 or not all(
-        isinstance(w, (int, np.integer)) and not isinstance(w, bool) and w >= 0 for w in pair
-    ):
-        raise ValueError(
-            "attention: local_window_size must be a non-negative int or a pair of them "
-            f"(left, right), got {window!r}."
-        )
+    message = (
+        "attention: local_window_size must be an int or a pair of them (left, right), "
+        f"got {window!r}."
+    )
+    if isinstance(window, (int, np.integer)):
+        pair: tuple[Any, ...] = (window, window)
+    elif isinstance(window, (tuple, list)):
+        pair = tuple(window)
+    else:  # a TypeError, as jax.nn's attempt to unpack it
+        raise TypeError(message)
+    if len(pair) != 2 or not all(isinstance(w, (int, np.integer)) for w in pair):
+        raise ValueError(message)
     return int(pair[0]), int(pair[1])
 
 
