@@ -316,3 +316,15 @@ def test_mismatched_contracting_dimensions_raise_jnp_matmuls_type_error():
             jnp.matmul(jnp.ones(a), jnp.ones(b))
         with pytest.raises(TypeError, match=r"matmul: a's last dimension \(5\) must equal b's"):
             matmul(jnp.ones(a), jnp.ones(b))
+
+
+def test_operands_that_do_not_promote_are_refused_before_their_shapes_as_in_jnp():
+    # Under strict promotion float32 @ bfloat16 is an error of its own; jnp.matmul
+    # reports it before a shape mismatch (before: ours reported the shapes).
+    a, b = jnp.ones((4, 8)), jnp.ones((4, 8), BF16)
+    with jax.numpy_dtype_promotion("strict"):
+        with pytest.raises(Exception) as theirs:
+            jnp.matmul(a, b)
+        with pytest.raises(Exception) as ours:
+            matmul(a, b)
+    assert ours.type is theirs.type is jax.dtypes.TypePromotionError

@@ -141,6 +141,7 @@ def matmul(
         raise ValueError(
             f"{op}: a and b must have at least one dimension, got shapes {a.shape} and {b.shape}."
         )
+    dtype = jnp.result_type(a, b)  # first, as jnp.matmul promotes before it multiplies
     k_a = a.shape[-1]
     k_b = b.shape[0] if b.ndim == 1 else b.shape[-2]
     if k_a != k_b:  # a TypeError, as jnp.matmul's (from lax.dot_general)
@@ -149,7 +150,6 @@ def matmul(
             f"{'only' if b.ndim == 1 else 'second-to-last'} dimension ({k_b}); "
             f"got shapes {a.shape} and {b.shape}."
         )
-    dtype = jnp.result_type(a, b)
     # jnp.matmul's product of two weakly typed operands (`jnp.full(s, 0.5)`) is weakly
     # typed, which decides how it promotes later; the kernels' products are not.
     weak = jax.typeof(a).weak_type and jax.typeof(b).weak_type
