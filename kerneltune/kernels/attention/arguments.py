@@ -16,6 +16,8 @@ from kerneltune.kernels._args import as_array
 def array(name: str, value: Any) -> jax.Array:
     """An argument as a JAX array: whatever `jnp.asarray` takes, as `jax.nn`'s attention
     takes it (nested lists too), but never a `jax.ShapeDtypeStruct`."""
+    if isinstance(value, jax.Array):  # tracers too; the hot path, as it is
+        return value
     if isinstance(value, (list, tuple)):
         return jnp.asarray(value)
     return as_array("attention", name, value)
@@ -36,7 +38,7 @@ def qkv(query: Any, key: Any, value: Any) -> tuple[jax.Array, jax.Array, jax.Arr
                 f"{op}: {name} must be [batch, seq, heads, head_dim] (or lack leading "
                 f"dimensions), got shape {a.shape}."
             )
-        arrays.append(a.reshape((1,) * (4 - a.ndim) + a.shape))
+        arrays.append(a if a.ndim == 4 else a.reshape((1,) * (4 - a.ndim) + a.shape))
     q, k, v = arrays
     # ValueErrors all, in jax.nn's order: value against key, then query against key.
     if k.shape != v.shape or k.dtype != v.dtype:
