@@ -268,7 +268,7 @@ def test_backward_tuning_inputs_are_consistent_residuals(key):
 
 @pytest.mark.parametrize(
     "shapes",
-    [((1, 16, 2, 8), (1, 16, 2, 4), (1, 16, 2, 4)), ((1, 16, 2, 8), (16, 2, 8), (16, 2, 8))],
+    [((1, 16, 2, 8), (1, 16, 2, 4), (1, 16, 2, 4)), ((2, 16, 2, 8), (16, 2, 8), (16, 2, 8))],
 )
 def test_bad_shapes_are_rejected(shapes):
     arrays = [jnp.ones(s) for s in shapes]

@@ -323,7 +323,10 @@ def test_a_window_wider_than_the_sequence_is_no_window_as_in_jax_nn():
         (dict(logits_soft_cap=True), ValueError, "logits_soft_cap must be a positive finite number"),
         # An infinite cap gave NaNs everywhere (inf · tanh(x / inf) = inf · 0).
         (dict(logits_soft_cap=float("inf")), ValueError, "logits_soft_cap must be a positive finite"),
-        (dict(local_window_size=(-1, 2)), ValueError, "local_window_size must be a non-negative"),
+        (dict(local_window_size=(1, 2, 3)), ValueError, "local_window_size must be an int or a pair"),
+        # A negative side runs as jax.nn, which has no soft cap.
+        (dict(local_window_size=(-1, 2), logits_soft_cap=2.0), ValueError,
+         r"runs as jax\.nn\.dot_product_attention, which takes no logits_soft_cap"),
     ],
 )  # fmt: skip
 def test_bad_variant_arguments_are_named(kwargs, error, match):

@@ -273,3 +273,58 @@ def test_call_traced_refuses_concrete_arrays():
     ex = kt.Executor(FixedChooser(MatmulConfig(backend="xla")))
     with pytest.raises(ValueError, match="call_traced is for calls under jit"):
         ex.call_traced(Matmul(), jnp.ones((4, 4)), jnp.ones((4, 4)), own=lambda cfg: None)
+
+
+# --- jnp.matmul's own arguments and errors ---------------------------------------------
+
+
+def test_public_matmul_takes_out_sharding_as_jnp_matmul_does(key):
+    # Before: `out_sharding`, a keyword of jnp.matmul, was an unexpected keyword.
+    x, w = operands(key, 8, 4, 8, jnp.float32)
+    explicit = jax.sharding.AxisType.Explicit
+    mesh = jax.make_mesh((4,), ("x",), axis_types=(explicit,))
+    spec = jax.sharding.PartitionSpec(None, "x")
+    with jax.set_mesh(mesh):
+        x = jax.device_put(x, jax.sharding.PartitionSpec("x", None))
+        got = matmul(x, w, out_sharding=spec, executor=heuristics_executor())
+        want = jnp.matmul(x, w, out_sharding=spec)
+    assert got.sharding.spec == want.sharding.spec == spec
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_public_matmul_hands_reduction_order_to_the_installed_jnp_matmul(key):
+    # Where jnp.matmul has `reduction_order` (JAX 0.11 and later) it judges the value;
+    # an older jnp.matmul refuses the keyword. Before: ours refused it in every JAX.
+    x, w = operands(key, 4, 8, 4, jnp.float32)
+
+    def error_of(fn):
+        try:
+            fn(x, w, reduction_order="no such order")
+        except Exception as e:
+            return type(e)
+        return None
+
+    assert error_of(jnp.matmul) is not None
+    assert error_of(matmul) is error_of(jnp.matmul)
+
+
+def test_mismatched_contracting_dimensions_raise_jnp_matmuls_type_error():
+    # Before: a ValueError; jnp.matmul raises TypeError (from lax.dot_general), so a
+    # test written against jnp.matmul's error failed on ours.
+    for a, b in (((3, 5), (4, 2)), ((3, 5), (4,)), ((2, 3, 5), (4, 2))):
+        with pytest.raises(TypeError):
+            jnp.matmul(jnp.ones(a), jnp.ones(b))
+        with pytest.raises(TypeError, match=r"matmul: a's last dimension \(5\) must equal b's"):
+            matmul(jnp.ones(a), jnp.ones(b))
+
+
+def test_operands_that_do_not_promote_are_refused_before_their_shapes_as_in_jnp():
+    # Under strict promotion float32 @ bfloat16 is an error of its own; jnp.matmul
+    # reports it before a shape mismatch (before: ours reported the shapes).
+    a, b = jnp.ones((4, 8)), jnp.ones((4, 8), BF16)
+    with jax.numpy_dtype_promotion("strict"):
+        with pytest.raises(Exception) as theirs:
+            jnp.matmul(a, b)
+        with pytest.raises(Exception) as ours:
+            matmul(a, b)
+    assert ours.type is theirs.type is jax.dtypes.TypePromotionError

@@ -91,3 +91,27 @@ def test_pallas(key, shape, dtype):
 def test_reference_is_a_softmax(key):
     x, _ = data(key, (3, 9), jnp.float32)
     assert np.allclose(np.asarray(softmax_reference(x)).sum(-1), 1.0, atol=1e-6)
+
+
+@pytest.mark.parametrize("platform", ["xla", "triton"])
+def test_forward_mode_and_both_modes_second_order_match_jax_nn(key, platform):
+    # Before: the tuned path's gradient was a custom VJP only, so `jax.jvp`,
+    # `jax.jacfwd` and `check_grads` (forward and reverse, as JAX's own softmax test
+    # runs it) raised "can't apply forward-mode autodiff (jvp) to a custom_vjp function".
+    from jax.test_util import check_grads
+
+    from kerneltune._src.core import options
+
+    x, t = data(key, (3, 16), jnp.float32)
+
+    def ours(x):
+        return softmax(x, executor=executor())
+
+    with options.scoped(platform=platform):  # "triton": the Pallas kernel, interpreted
+        out, tangent = jax.jvp(ours, (x,), (t,))
+        jac = jax.jacfwd(ours)(x[0])
+        check_grads(ours, (x,), order=2, modes=("fwd", "rev"), atol=5e-3, rtol=5e-3)
+    want, want_tangent = jax.jvp(jax.nn.softmax, (x,), (t,))
+    assert relative_error(out, want) <= tolerance(jnp.float32)
+    assert relative_error(tangent, want_tangent) <= tolerance(jnp.float32)
+    assert relative_error(jac, jax.jacfwd(jax.nn.softmax)(x[0])) <= tolerance(jnp.float32)

@@ -16,8 +16,8 @@ from kerneltune._src.kernel.backends import BackendKernel
 from kerneltune._src.kernel.base import Invocation
 from kerneltune._src.params import BwdParams, FwdParams
 from kerneltune._src.tuning.inputs import random_like
-from kerneltune.kernels._args import as_array
 from kerneltune.kernels._common import interpreted, kernel_for
+from kerneltune.kernels.attention import arguments
 from kerneltune.kernels.attention import config as config_lib
 from kerneltune.kernels.attention.backward import every_head
 from kerneltune.kernels.attention.config import AttentionProblem
@@ -203,125 +203,6 @@ AttentionInterpret = interpreted(Attention)
 AttentionBackwardInterpret = interpreted(AttentionBackward)
 
 
-def _check_inputs(query: Any, key: Any, value: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
-    op = "attention"
-    q, k, v = (as_array(op, n, a) for n, a in (("query", query), ("key", key), ("value", value)))
-    ranks = (q.ndim, k.ndim, v.ndim)
-    if ranks not in ((4, 4, 4), (3, 3, 3)):
-        raise ValueError(
-            f"{op}: query, key and value must all be [batch, seq, heads, head_dim] or all "
-            f"[seq, heads, head_dim], got shapes {q.shape}, {k.shape} and {v.shape}."
-        )
-    if q.ndim == 3:
-        q, k, v = q[None], k[None], v[None]
-    if k.shape != v.shape:
-        raise ValueError(f"{op}: value must have key's shape {k.shape[-k.ndim :]}, got {v.shape}.")
-    (b, _, n, h), (bk, _, kh, hk) = q.shape, k.shape
-    if (b, h) != (bk, hk):
-        raise ValueError(
-            f"{op}: query {q.shape} and key {k.shape} must agree on batch and head_dim."
-        )
-    if n % kh:
-        raise ValueError(
-            f"{op}: key/value heads ({kh}) must divide query heads ({n}) for grouped-query "
-            "attention."
-        )
-    if not (q.dtype == k.dtype == v.dtype) or not jnp.issubdtype(q.dtype, jnp.floating):
-        raise TypeError(
-            f"{op}: query, key and value must share one floating dtype, got "
-            f"{q.dtype}, {k.dtype} and {v.dtype}."
-        )
-    return q, k, v
-
-
-def _check_logits_operand(name: str, x: Any, full: tuple[int, ...], dtype: Any) -> Any:
-    if x is None:
-        return None
-    a = as_array("attention", name, x)
-    if dtype is not None and a.dtype != dtype:
-        raise TypeError(f"attention: {name} must have dtype {np.dtype(dtype)}, got {a.dtype}.")
-    if a.ndim > 4:
-        raise ValueError(f"attention: {name} must have at most 4 dimensions, got {a.shape}.")
-    a = a.reshape((1,) * (4 - a.ndim) + a.shape)
-    ok = all(d in (1, f) for d, f in zip(a.shape, full)) and a.shape[1] in (1, full[1])
-    if not ok:
-        raise ValueError(
-            f"attention: {name} must broadcast to [batch, heads, q_len, kv_len] = {full}, "
-            f"got {tuple(a.shape)}."
-        )
-    return a
-
-
-def _check_lengths(name: str, x: Any, batch: int) -> Any:
-    if x is None:
-        return None
-    a = as_array("attention", name, x)
-    if a.shape != (batch,) or not jnp.issubdtype(a.dtype, jnp.integer):
-        raise ValueError(
-            f"attention: {name} must be an integer array of shape ({batch},), got "
-            f"{a.dtype}{list(a.shape)}."
-        )
-    return a.astype(jnp.int32)
-
-
-def _check_segments(query_segment_ids: Any, kv_segment_ids: Any, q_shape, k_shape, unbatched: bool):
-    """Both segment id arrays or neither, `[B, T]` and `[B, S]` integers (`[T]`, `[S]`
-    for an unbatched call), as int32."""
-    if (query_segment_ids is None) != (kv_segment_ids is None):
-        raise ValueError(
-            "attention: pass both query_segment_ids and kv_segment_ids or neither, got "
-            f"query_segment_ids={'None' if query_segment_ids is None else 'an array'} and "
-            f"kv_segment_ids={'None' if kv_segment_ids is None else 'an array'}."
-        )
-    if query_segment_ids is None:
-        return None, None
-    out = []
-    for name, x, (b, length) in (
-        ("query_segment_ids", query_segment_ids, q_shape[:2]),
-        ("kv_segment_ids", kv_segment_ids, k_shape[:2]),
-    ):
-        given = as_array("attention", name, x)
-        a = given[None] if unbatched and given.ndim == 1 else given
-        if a.shape != (b, length) or not jnp.issubdtype(a.dtype, jnp.integer):
-            want = f"({length},)" if unbatched else f"({b}, {length})"
-            raise ValueError(
-                f"attention: {name} must be an integer array of shape {want}, got "
-                f"{given.dtype}{list(given.shape)}."
-            )
-        out.append(a.astype(jnp.int32))
-    return out[0], out[1]
-
-
-def _check_window(window: Any) -> tuple[int, int] | None:
-    if window is None:
-        return None
-    pair = (window, window) if isinstance(window, (int, np.integer)) else tuple(window)
-    if len(pair) != 2 or not all(
-        isinstance(w, (int, np.integer)) and not isinstance(w, bool) and w >= 0 for w in pair
-    ):
-        raise ValueError(
-            "attention: local_window_size must be a non-negative int or a pair of them "
-            f"(left, right), got {window!r}."
-        )
-    return int(pair[0]), int(pair[1])
-
-
-def _check_soft_cap(cap: Any) -> float | None:
-    """The soft cap as a float: a positive, finite Python or NumPy number (the kernels
-    take it as a constant; an infinite one gave NaNs, `inf · tanh(x / inf)`)."""
-    if cap is None:
-        return None
-    number = isinstance(cap, (int, float, np.integer, np.floating)) and not isinstance(
-        cap, (bool, np.bool_)
-    )
-    if not (number and 0 < float(cap) < math.inf):
-        raise ValueError(
-            "attention: logits_soft_cap must be a positive finite number (a Python or NumPy "
-            f"scalar, not a traced value) or None, got {cap!r}."
-        )
-    return float(cap)
-
-
 def _kernel_can_tile(length: int) -> bool:
     """The flash kernel's blocks (up to 128) must tile the sequence."""
     return length % 128 == 0 or (length & (length - 1) == 0 and length >= 16)
@@ -339,12 +220,14 @@ def attention(
     query_seq_lengths: jax.Array | None = None,
     key_value_seq_lengths: jax.Array | None = None,
     local_window_size: int | tuple[int, int] | None = None,
+    implementation: str | None = None,
+    return_residual: bool = False,
     logits_soft_cap: float | None = None,
     query_segment_ids: jax.Array | None = None,
     kv_segment_ids: jax.Array | None = None,
     cfg: FwdParams | VariantConfig | None = None,
     executor: Any = None,
-) -> jax.Array:
+) -> Any:
     """`jax.nn.dot_product_attention` with tuned configs, plus a logits soft cap and
     segment ids (packed documents).
 
@@ -357,16 +240,27 @@ def attention(
     caller passed a bias or mask of that size (or the sequence is one block of 1024
     queries or fewer).
 
+    What no kernel of ours computes runs as `jax.nn.dot_product_attention` itself, with
+    its results and errors: a named `implementation`, `return_residual=True`, query,
+    key and value of a dtype that is not floating, a window with a negative side, and
+    a head_dim of 0. Such calls take no soft cap or segment ids.
+
     Args:
-      query: `[batch, q_len, heads, head_dim]`, or `[q_len, heads, head_dim]`.
+      query: `[batch, q_len, heads, head_dim]`, or `[q_len, heads, head_dim]` (each of
+        query, key and value may lack leading dimensions; they are then 1).
       key, value: `[batch, kv_len, kv_heads, head_dim]` (or unbatched), query's dtype;
         `kv_heads` divides `heads` (grouped- and multi-query attention).
       bias: added to the logits; broadcasts to `[batch, heads, q_len, kv_len]`.
       mask: boolean, True where a query may attend; broadcasts like `bias`.
       scale: multiplies the logits (default `1/sqrt(head_dim)`); may be traced.
       is_causal: query i attends to keys 0..i.
-      query_seq_lengths, key_value_seq_lengths: `[batch]` valid lengths (padding after).
+      query_seq_lengths, key_value_seq_lengths: `[batch]` int32 valid lengths (padding
+        after).
       local_window_size: `w` or `(left, right)`: query i attends to keys i−left..i+right.
+      implementation: None (kerneltune chooses, tuned), or "xla" or "cudnn": that
+        implementation of `jax.nn.dot_product_attention`, called as it is.
+      return_residual: also return the log-sum-exp of each query's logits, `[batch,
+        q_len, heads]` (without a gradient), as `jax.nn` does; computed by `jax.nn`.
       logits_soft_cap: `cap`, a positive finite number: logits become `cap · tanh(logits / cap)`
         before masking.
       query_segment_ids, kv_segment_ids: (a kerneltune extension) `[batch, q_len]` and
@@ -379,7 +273,7 @@ def attention(
       executor: the executor to run through (default: `kerneltune.default_executor()`).
 
     Returns:
-      query's shape and dtype.
+      query's shape and dtype; with `return_residual`, `(output, log-sum-exp)`.
 
     Example:
       >>> import jax.numpy as jnp
@@ -393,30 +287,49 @@ def attention(
       ...           kv_segment_ids=docs).shape
       (1, 16, 4, 8)
     """
-    unbatched = getattr(query, "ndim", 0) == 3
-    q, k, v = _check_inputs(query, key, value)
+    query = arguments.array("query", query)
+    q, k, v = arguments.qkv(query, key, value)
+    window = arguments.window(local_window_size)
+    unsupported = arguments.only_jax_nn(q, window, implementation, return_residual)
+    if unsupported:
+        extensions = {
+            "logits_soft_cap": logits_soft_cap,
+            "query_segment_ids": query_segment_ids,
+            "kv_segment_ids": kv_segment_ids,
+        }
+        given = [name for name, value in extensions.items() if value is not None]
+        if given:
+            raise ValueError(
+                f"attention: {unsupported} runs as jax.nn.dot_product_attention, which "
+                f"takes no {' or '.join(given)}."
+            )
+        return jax.nn.dot_product_attention(
+            query, key, value, bias, mask, scale=scale, is_causal=is_causal,
+            query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
+            local_window_size=local_window_size, implementation=implementation,
+            return_residual=return_residual,
+        )  # fmt: skip
+    unbatched = query.ndim < 4
     b, t, n, h = q.shape
     s = k.shape[1]
     full = (b, n, t, s)
-    bias = _check_logits_operand("bias", bias, full, None)
-    mask = _check_logits_operand("mask", mask, full, np.dtype(bool))
-    q_segments, kv_segments = _check_segments(
+    bias = arguments.logits_operand("bias", bias, full, None)
+    mask = arguments.logits_operand("mask", mask, full, np.dtype(bool))
+    q_segments, kv_segments = arguments.segments(
         query_segment_ids, kv_segment_ids, q.shape, k.shape, unbatched
     )
     masks = Masks(
         mask=mask,
-        q_lengths=_check_lengths("query_seq_lengths", query_seq_lengths, b),
-        kv_lengths=_check_lengths("key_value_seq_lengths", key_value_seq_lengths, b),
+        q_lengths=arguments.lengths("query_seq_lengths", query_seq_lengths, b),
+        kv_lengths=arguments.lengths("key_value_seq_lengths", key_value_seq_lengths, b),
         q_segments=q_segments,
         kv_segments=kv_segments,
     )
-    window = _check_window(local_window_size)
     if window is not None:  # a reach past every key changes nothing (jax.nn takes it):
         reach = max(t, s)  # held to the longer sequence, positions stay within int32
         window = (min(window[0], reach), min(window[1], reach))
-    soft_cap = _check_soft_cap(logits_soft_cap)
-    if not isinstance(is_causal, (bool, np.bool_)):
-        raise TypeError(f"attention: is_causal must be a bool, got {is_causal!r}.")
+    soft_cap = arguments.soft_cap(logits_soft_cap)
+    is_causal = bool(is_causal)  # as jax.nn: any value with a truth value (not traced)
     if scale is None or isinstance(scale, (int, float, np.number)):
         sm_scale = 1.0 / math.sqrt(h) if scale is None else float(scale)
     else:  # a traced scale: fold it into the queries, keep the kernels' static
@@ -437,4 +350,4 @@ def attention(
         out = ex(kernel_for(AttentionVariants, ex), q, k, v, bias, masks,
                  causal=bool(is_causal), sm_scale=sm_scale, window=window,
                  soft_cap=soft_cap, cfg=cfg)  # fmt: skip
-    return out[0] if unbatched else out
+    return out if out.shape == query.shape else out.reshape(query.shape)

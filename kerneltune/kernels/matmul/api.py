@@ -104,6 +104,8 @@ def matmul(
     *,
     precision: Any = None,
     preferred_element_type: Any = None,
+    out_sharding: Any = None,
+    reduction_order: Any = None,
     cfg: MatmulConfig | None = None,
     executor: Any = None,
 ) -> jax.Array:
@@ -113,12 +115,15 @@ def matmul(
     through the tuned kernel: our Pallas kernel on GPUs, or JAX's Mosaic GPU matmul
     where it wins on a Hopper GPU, `jnp.dot` on CPUs. Every other call (vectors, a
     batched right operand, integers, float64, two weakly typed operands, an explicit
-    `precision` or `preferred_element_type`) computes exactly what `jnp.matmul` computes, through XLA.
+    `precision`, `preferred_element_type`, `out_sharding` or `reduction_order`) computes
+    exactly what `jnp.matmul` computes, through XLA.
 
     Args:
       a: `[..., m, k]` or `[k]`.
       b: `[..., k, n]` or `[k]`.
-      precision, preferred_element_type: as `jnp.matmul`.
+      precision, preferred_element_type, out_sharding: as `jnp.matmul`.
+      reduction_order: as `jnp.matmul` where the installed JAX has it (0.11 and later);
+        an older `jnp.matmul` refuses it, and so does this function.
       cfg: a `MatmulConfig` to use instead of the chosen one.
       executor: the executor to run through (default: `kerneltune.default_executor()`).
 
@@ -136,15 +141,15 @@ def matmul(
         raise ValueError(
             f"{op}: a and b must have at least one dimension, got shapes {a.shape} and {b.shape}."
         )
+    dtype = jnp.result_type(a, b)  # first, as jnp.matmul promotes before it multiplies
     k_a = a.shape[-1]
     k_b = b.shape[0] if b.ndim == 1 else b.shape[-2]
-    if k_a != k_b:
-        raise ValueError(
+    if k_a != k_b:  # a TypeError, as jnp.matmul's (from lax.dot_general)
+        raise TypeError(
             f"{op}: a's last dimension ({k_a}) must equal b's "
             f"{'only' if b.ndim == 1 else 'second-to-last'} dimension ({k_b}); "
             f"got shapes {a.shape} and {b.shape}."
         )
-    dtype = jnp.result_type(a, b)
     # jnp.matmul's product of two weakly typed operands (`jnp.full(s, 0.5)`) is weakly
     # typed, which decides how it promotes later; the kernels' products are not.
     weak = jax.typeof(a).weak_type and jax.typeof(b).weak_type
@@ -155,10 +160,17 @@ def matmul(
         and dtype != jnp.float64  # the kernels accumulate in float32
         and precision is None
         and preferred_element_type in (None, dtype)
+        and out_sharding is None
+        and reduction_order is None
         and not weak
     )
     if not tunable:
-        return jnp.matmul(a, b, precision=precision, preferred_element_type=preferred_element_type)
+        # Only the options given are passed: a JAX without `reduction_order` refuses it.
+        extra = {"out_sharding": out_sharding, "reduction_order": reduction_order}
+        given = {name: value for name, value in extra.items() if value is not None}
+        return jnp.matmul(
+            a, b, precision=precision, preferred_element_type=preferred_element_type, **given
+        )
     ex = executor if executor is not None else default_executor()
     a2, b2 = last_axis_rows(a.astype(dtype)), b.astype(dtype)
     out = call_flattened(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,7 +26,8 @@ def problem_of(inv: Invocation[Any, Any]) -> SoftmaxProblem:
 
 class Softmax(BackendKernel[SoftmaxConfig]):
     """Softmax over the last axis: our Pallas GPU kernel with a tuned warp count on
-    GPUs, XLA elsewhere. Its gradient is computed from the output (`p · (g − Σ g·p)`).
+    GPUs, XLA elsewhere. Its gradient is computed from the output (`p · (g − Σ g·p)`);
+    the public `softmax` gives it as a JVP, so forward mode works as with `jax.nn`.
 
     `SoftmaxConfig` has no backend field: its configs are the Triton kernel's; XLA
     runs where Pallas does not (CPUs, TPUs, `KERNELTUNE_PLATFORM=xla`).
@@ -67,6 +69,24 @@ class Softmax(BackendKernel[SoftmaxConfig]):
 #: `Softmax`'s Pallas path run by the Pallas interpreter on any device (tests, the
 #: CPU demo; timings measure the interpreter).
 SoftmaxInterpret = interpreted(Softmax)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2))
+def _softmax_rows(rows: jax.Array, executor: Any, cfg: SoftmaxConfig | None) -> jax.Array:
+    """The kernel's softmax of `[rows, width]`, differentiated as `jax.nn.softmax` is:
+    by a JVP from the output, `p · (t − Σ t·p)`, which JAX takes forward (`jax.jvp`,
+    `jax.jacfwd`) and transposes for reverse mode. The kernel's own gradient is a custom
+    VJP, which JAX does not take forward; its math is the same, so reverse mode loses
+    nothing."""
+    return executor(kernel_for(Softmax, executor), rows, cfg=cfg)
+
+
+@_softmax_rows.defjvp
+def _softmax_rows_jvp(executor: Any, cfg: Any, primals: Any, tangents: Any) -> Any:
+    (rows,), (t,) = primals, tangents
+    out = _softmax_rows(rows, executor, cfg)  # itself: a JVP of the JVP works too
+    p, t = out.astype(jnp.float32), t.astype(jnp.float32)
+    return out, (p * (t - jnp.sum(t * p, axis=-1, keepdims=True))).astype(out.dtype)
 
 
 def softmax(
@@ -123,4 +143,6 @@ def softmax(
         return jax.nn.softmax(x, axis=axis, where=where)
     ex = executor if executor is not None else default_executor()
     rows, back = to_rows(x, axes)
-    return back(ex(kernel_for(Softmax, ex), rows, cfg=cfg))
+    if not isinstance(rows, jax.core.Tracer):  # nothing differentiates a concrete call;
+        return back(ex(kernel_for(Softmax, ex), rows, cfg=cfg))  # the JVP costs 0.1 ms
+    return back(_softmax_rows(rows, ex, cfg))
