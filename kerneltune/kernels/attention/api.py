@@ -303,7 +303,8 @@ def attention(
                 f"attention: {unsupported} runs as jax.nn.dot_product_attention, which "
                 f"takes no {' or '.join(given)}."
             )
-        return jax.nn.dot_product_attention(
+        plain: Any = jax.nn.dot_product_attention  # (its overloads split on return_residual)
+        return plain(
             query, key, value, bias, mask, scale=scale, is_causal=is_causal,
             query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
             local_window_size=local_window_size, implementation=implementation,
