@@ -119,3 +119,29 @@ def feature_param(
             f"{op}: {name} must have the shape of the normalised axes {want}, got {tuple(p.shape)}."
         )
     return p.reshape(-1)
+
+
+def explicitly_sharded(*arrays: Any) -> bool:
+    """Whether any of the arrays (None skipped) has a type sharded over an explicit
+    mesh axis (`jax.sharding.AxisType.Explicit`, sharding in types). The kernels cannot
+    carry such types through: a Pallas call refuses them, and a reshape to rows or a
+    product over sharded rows needs an `out_sharding` they do not know. Such calls run
+    plain JAX's program, which propagates the shardings as JAX's own ops do.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> explicitly_sharded(jnp.ones((2, 3)), None)
+      False
+    """
+    for a in arrays:
+        if a is None:
+            continue
+        sharding = getattr(jax.typeof(a), "sharding", None)
+        explicit = getattr(getattr(sharding, "mesh", None), "explicit_axes", ())
+        if explicit and any(
+            name in explicit
+            for entry in sharding.spec  # type: ignore[union-attr]
+            for name in (entry if isinstance(entry, tuple) else (entry,))
+        ):
+            return True
+    return False

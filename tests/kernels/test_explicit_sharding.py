@@ -1,0 +1,121 @@
+"""The bundled ops under sharding in types: arrays placed over the explicit axes of a
+mesh (`jax.sharding.AxisType.Explicit`, `jax.set_mesh`) give what plain JAX gives under
+`jax.jit`, forward and gradient: the same values, dtypes and output shardings, and no
+error where plain JAX runs."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from kerneltune.kernels import linear_softmax_cross_entropy
+from kerneltune.kernels._args import explicitly_sharded
+from tests.helpers import heuristics_executor, host_rng, normal
+
+_EXPLICIT = getattr(getattr(jax.sharding, "AxisType", None), "Explicit", None)
+_SET_MESH = getattr(jax, "set_mesh", None) or getattr(jax.sharding, "use_mesh", None)
+
+pytestmark = pytest.mark.skipif(
+    _EXPLICIT is None or _SET_MESH is None or jax.device_count() < 4,
+    reason="needs explicit mesh axes (jax.sharding.AxisType.Explicit, jax.set_mesh) and 4 devices",
+)
+
+
+def explicit_mesh():
+    return jax.make_mesh((2, 2), ("data", "model"), axis_types=(_EXPLICIT, _EXPLICIT))
+
+
+def assert_like_plain_jax(ours, theirs, args, specs, argnums, *, tol=1e-4):
+    """`ours(*args)` and the gradient of the sum of its squares with respect to
+    `argnums`, under `jax.jit` with `args` placed by `specs` over an explicit mesh, are
+    `theirs`': values within `tol`, dtypes and shardings equal."""
+
+    def program(f):
+        def both(*a):
+            out = f(*a)
+            grads = jax.grad(lambda *b: jnp.sum(f(*b).astype(jnp.float32) ** 2), argnums)(*a)
+            return out, grads
+
+        return jax.jit(both)
+
+    with _SET_MESH(explicit_mesh()):
+        placed = [jax.device_put(a, s) for a, s in zip(args, specs, strict=True)]
+        got, want = program(ours)(*placed), program(theirs)(*placed)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        scale = max(1.0, float(np.abs(np.asarray(b, np.float32)).max(initial=0)))
+        np.testing.assert_allclose(
+            np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=tol, atol=tol * scale
+        )
+        assert a.sharding.is_equivalent_to(b.sharding, a.ndim), (a.sharding, b.sharding)
+
+
+def test_explicitly_sharded_names_only_types_sharded_over_explicit_axes():
+    mesh = explicit_mesh()
+    auto = jax.make_mesh((4,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
+    x = jnp.ones((4, 8))
+    assert not explicitly_sharded(x, None)
+    assert not explicitly_sharded(jax.device_put(x, jax.NamedSharding(auto, P("x"))))
+    with _SET_MESH(mesh):
+        assert not explicitly_sharded(jax.device_put(x, P()))  # replicated
+        assert explicitly_sharded(x, jax.device_put(x, P(None, "model")))
+        assert explicitly_sharded(jax.device_put(x, P(("data", "model"))))
+
+
+# --- linear_softmax_cross_entropy -------------------------------------------------------
+
+
+def plain_loss(x, labels, w, where=None, *, reduction="mean"):
+    """The loss head as plain JAX writes it: `x @ w` read as float32, the label's logit
+    picked by a one-hot (a gather over a sharded vocabulary has no sharding JAX infers)."""
+    logits = (x @ w).astype(jnp.float32)
+    picked = jnp.sum(logits * jax.nn.one_hot(labels, w.shape[1], dtype=jnp.float32), axis=-1)
+    losses = jax.nn.logsumexp(logits, axis=-1) - picked
+    if where is not None:
+        losses = jnp.where(where, losses, 0.0)
+    if reduction == "none":
+        return losses
+    if reduction == "sum":
+        return jnp.sum(losses)
+    count = losses.shape[0] if where is None else jnp.sum(where, dtype=jnp.float32)
+    return jnp.sum(losses) / count
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize(
+    "x_spec, w_spec",
+    [(P("data"), P()), (P(), P(None, "model")), (P("data"), P(None, "model"))],
+    ids=["tokens", "vocab", "tokens+vocab"],
+)
+def test_loss_head_sharded_by_tokens_or_vocabulary_is_plain_jaxs(key, reduction, x_spec, w_spec):
+    # Before: tokens sharded, the chunked backward's product over a chunk's rows raised
+    # ShardingTypeError ("Contracting dimensions are sharded"); the vocabulary sharded,
+    # the label's logit (a gather) raised, forward and backward. Plain JAX runs both.
+    rng = host_rng(key)
+    x, w = normal(rng, (32, 16)), normal(rng, (16, 64), scale=0.25)
+    labels = jnp.asarray(rng.integers(0, 64, 32), jnp.int32)
+    ours = functools.partial(
+        linear_softmax_cross_entropy, reduction=reduction, executor=heuristics_executor()
+    )
+    theirs = functools.partial(plain_loss, reduction=reduction)
+    label_spec = P(*x_spec[:1])
+    assert_like_plain_jax(ours, theirs, (x, labels, w), (x_spec, label_spec, w_spec), (0, 2))
+
+
+def test_loss_head_with_a_mask_and_bfloat16_tokens_sharded(key):
+    rng = host_rng(key)
+    x, w = normal(rng, (32, 16), jnp.bfloat16), normal(rng, (16, 64), jnp.bfloat16, scale=0.25)
+    labels = jnp.asarray(rng.integers(0, 64, 32), jnp.int32)
+    where = jnp.asarray(rng.random(32) > 0.3)
+    ex = heuristics_executor()
+
+    def ours(x, labels, w, where):
+        return linear_softmax_cross_entropy(x, labels, w, where=where, executor=ex)
+
+    specs = (P("data"), P("data"), P(), P("data"))
+    assert_like_plain_jax(ours, plain_loss, (x, labels, w, where), specs, (0, 2), tol=2e-2)
