@@ -133,15 +133,20 @@ def explicitly_sharded(*arrays: Any) -> bool:
       >>> explicitly_sharded(jnp.ones((2, 3)), None)
       False
     """
-    for a in arrays:
-        if a is None:
-            continue
-        sharding = getattr(jax.typeof(a), "sharding", None)
-        explicit = getattr(getattr(sharding, "mesh", None), "explicit_axes", ())
-        if explicit and any(
-            name in explicit
-            for entry in sharding.spec  # type: ignore[union-attr]
-            for name in (entry if isinstance(entry, tuple) else (entry,))
-        ):
-            return True
-    return False
+    return any(a is not None and explicitly_sharded_dims(a) for a in arrays)
+
+
+def explicitly_sharded_dims(x: Any) -> tuple[int, ...]:
+    """The dimensions of `x` (None: none) whose type shards them over an explicit
+    mesh axis."""
+    if x is None:
+        return ()
+    sharding = getattr(jax.typeof(x), "sharding", None)
+    explicit = getattr(getattr(sharding, "mesh", None), "explicit_axes", ())
+    if not explicit:
+        return ()
+    return tuple(
+        dim
+        for dim, entry in enumerate(sharding.spec)  # type: ignore[union-attr]
+        if any(name in explicit for name in (entry if isinstance(entry, tuple) else (entry,)))
+    )

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from kerneltune.kernels import linear_softmax_cross_entropy
+from kerneltune.kernels import attention, linear_softmax_cross_entropy
 from kerneltune.kernels._args import explicitly_sharded
 from tests.helpers import heuristics_executor, host_rng, normal
 
@@ -119,3 +119,63 @@ def test_loss_head_with_a_mask_and_bfloat16_tokens_sharded(key):
 
     specs = (P("data"), P("data"), P(), P("data"))
     assert_like_plain_jax(ours, plain_loss, (x, labels, w, where), specs, (0, 2), tol=2e-2)
+
+
+# --- attention ----------------------------------------------------------------------
+
+
+def capped_attention(q, k, v, *, cap, local_window_size):
+    """Causal attention with a logits soft cap and a window to the left, as plain JAX
+    writes it (grouped-query heads by a reshape, not `jnp.repeat`)."""
+    b, t, n, h = q.shape
+    groups = n // k.shape[2]
+    qg = q.reshape(b, t, k.shape[2], groups, h)
+    logits = jnp.einsum("btngh,bsnh->bngts", qg, k) / np.sqrt(h)
+    logits = cap * jnp.tanh(logits / cap)
+    rows, cols = np.arange(t)[:, None], np.arange(k.shape[1])[None, :]
+    visible = (cols <= rows) & (cols >= rows - local_window_size)
+    probs = jax.nn.softmax(jnp.where(visible, logits, -jnp.inf), axis=-1)
+    return jnp.einsum("bngts,bsnh->btngh", probs, v).reshape(q.shape)
+
+
+@pytest.mark.parametrize(
+    "q_spec, kv_spec",
+    [(P(None, "data"), P()), (P("data", "model"), P("data")), (P("data", None, "model"),) * 2],
+    ids=["tokens", "batch+tokens", "batch+heads"],
+)
+def test_grouped_query_attention_sharded_by_tokens_is_plain_jaxs(key, q_spec, kv_spec):
+    # Before: queries sharded by tokens, the blocked backward's dk and dv (a product
+    # summed over the queries) raised ShardingTypeError; jax.nn runs it.
+    rng = host_rng(key)
+    q = normal(rng, (2, 16, 4, 8))
+    k, v = normal(rng, (2, 16, 2, 8)), normal(rng, (2, 16, 2, 8))
+    ours = functools.partial(attention, is_causal=True, executor=heuristics_executor())
+    theirs = functools.partial(jax.nn.dot_product_attention, is_causal=True)
+    assert_like_plain_jax(ours, theirs, (q, k, v), (q_spec, kv_spec, kv_spec), (0, 1, 2))
+
+
+def test_long_attention_variants_sharded_by_tokens_are_plain_jaxs(key):
+    # Before: past one block of queries (1024), a window, soft cap or segment ids with
+    # the queries sharded by tokens raised "0th dimension of all xs should be
+    # replicated" (the map over blocks of queries), forward and gradient.
+    rng = host_rng(key)
+    q, k, v = (normal(rng, (1, 2048, 2, 8)) for _ in range(3))
+    ex = heuristics_executor()
+    ours = functools.partial(
+        attention, is_causal=True, local_window_size=(64, 0), logits_soft_cap=3.0, executor=ex
+    )
+    theirs = functools.partial(capped_attention, cap=3.0, local_window_size=64)
+    specs = (P(None, "data"), P(), P())
+    assert_like_plain_jax(ours, theirs, (q, k, v), specs, (0, 1, 2))
+
+    docs = jnp.asarray(np.repeat(np.arange(4), 512)[None], jnp.int32)
+
+    def packed(q, k, v, q_ids, kv_ids):
+        return attention(q, k, v, query_segment_ids=q_ids, kv_segment_ids=kv_ids, executor=ex)
+
+    def packed_by_jax(q, k, v, q_ids, kv_ids):
+        same = q_ids[:, None, :, None] == kv_ids[:, None, None, :]
+        return jax.nn.dot_product_attention(q, k, v, mask=same)
+
+    specs = (P(None, "data"), P(), P(), P(None, "data"), P())
+    assert_like_plain_jax(packed, packed_by_jax, (q, k, v, docs, docs), specs, (0, 1, 2))

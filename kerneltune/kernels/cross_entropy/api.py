@@ -194,12 +194,12 @@ def linear_softmax_cross_entropy(
     if (
         precision is not None
         or symbolic(x, weights)
-        or explicitly_sharded(x, labels, weights, mask)
+        or (cfg is None and explicitly_sharded(x, labels, weights, mask))
     ):
         # A precision the tuned configs do not promise, no shape to key by
-        # (`jax.export`), or shardings in the types (an explicit mesh: the chunked
-        # backward slices rows and sums over them): plain JAX's program (the
-        # heuristic's logits dtype, without a precision).
+        # (`jax.export`), or shardings in the types and no config given (an explicit
+        # mesh: the chunked backward slices rows and sums over them): plain JAX's
+        # program (the heuristic's logits dtype, without a precision).
         logits = np.dtype(np.float32) if precision is not None else x.dtype
         return cross_entropy_xla(
             x, labels.astype(jnp.int32), weights, mask, reduction=reduction,
