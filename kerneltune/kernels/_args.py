@@ -79,23 +79,25 @@ def symbolic(*arrays: Any) -> bool:
     return any(not isinstance(d, (int, np.integer)) for a in arrays for d in a.shape)
 
 
+def axes_last(x: jax.Array, axes: tuple[int, ...]) -> tuple[jax.Array, Any]:
+    """`x` with the `axes` moved last, in their order (a transpose, no reshape: a type
+    sharded over explicit mesh axes goes through it), and the function that puts an
+    array of that layout back into `x`'s."""
+    perm = tuple(a for a in range(x.ndim) if a not in axes) + axes
+    if perm == tuple(range(x.ndim)):
+        return x, lambda y: y
+    inverse = tuple(int(i) for i in np.argsort(perm))
+    return jnp.transpose(x, perm), lambda y: jnp.transpose(y, inverse)
+
+
 def to_rows(x: jax.Array, axes: tuple[int, ...]) -> tuple[jax.Array, Any]:
     """`x` as `[rows, features]` with the `axes` flattened into the features, and the
     function that puts an array of that shape back into `x`'s layout (symbolic
     dimensions too: their products stay symbolic)."""
-    ndim = x.ndim
-    rest = tuple(a for a in range(ndim) if a not in axes)
-    perm = rest + axes
-    moved = x if perm == tuple(range(ndim)) else jnp.transpose(x, perm)
+    moved, unmove = axes_last(x, axes)
     feature = math.prod(x.shape[a] for a in axes)
-    rows = moved.reshape((math.prod(x.shape[a] for a in rest), feature))
-
-    def back(y: jax.Array) -> jax.Array:
-        y = y.reshape(moved.shape)
-        inverse = tuple(int(i) for i in np.argsort(perm))
-        return y if perm == tuple(range(ndim)) else jnp.transpose(y, inverse)
-
-    return rows, back
+    rows = moved.reshape((math.prod(moved.shape[: x.ndim - len(axes)]), feature))
+    return rows, lambda y: unmove(y.reshape(moved.shape))
 
 
 def last_axis_rows(x: jax.Array) -> jax.Array:

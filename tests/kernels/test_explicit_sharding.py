@@ -13,7 +13,13 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from kerneltune.kernels import attention, linear_softmax_cross_entropy
+from kerneltune.kernels import (
+    attention,
+    layer_norm,
+    linear_softmax_cross_entropy,
+    rms_norm,
+    softmax,
+)
 from kerneltune.kernels._args import explicitly_sharded
 from tests.helpers import heuristics_executor, host_rng, normal
 
@@ -179,3 +185,78 @@ def test_long_attention_variants_sharded_by_tokens_are_plain_jaxs(key):
 
     specs = (P(None, "data"), P(), P(), P(None, "data"), P())
     assert_like_plain_jax(packed, packed_by_jax, (q, k, v, docs, docs), specs, (0, 1, 2))
+
+
+# --- softmax, layer_norm, rms_norm ----------------------------------------------------
+
+
+def _along(param, x, axis):
+    """A per-feature parameter shaped to broadcast along `axis` of `x`."""
+    axes = {a % x.ndim for a in ((axis,) if isinstance(axis, int) else axis)}
+    return param.reshape([n if a in axes else 1 for a, n in enumerate(x.shape)])
+
+
+def plain_layer_norm(x, scale, bias, *, axis):
+    mean = jnp.mean(x, axis=axis, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=axis, keepdims=True)
+    y = (x - mean) * jax.lax.rsqrt(var + 1e-6)
+    return y * _along(scale, x, axis) + _along(bias, x, axis)
+
+
+def plain_rms_norm(x, scale, *, axis):
+    ms = jnp.mean(x * x, axis=axis, keepdims=True)
+    return x * jax.lax.rsqrt(ms + 1e-6) * _along(scale, x, axis)
+
+
+@pytest.mark.parametrize(
+    "axis, spec",
+    [
+        (-1, P("data", "model")),  # the rows merged both axes: P(("data", "model"))
+        (1, P("data", None, "model")),  # the same, moved
+        (0, P("data", None, "model")),  # the reshape to rows raised
+    ],
+    ids=["last", "middle", "first"],
+)
+def test_softmax_sharded_over_explicit_axes_is_jax_nns(key, axis, spec):
+    # Before: the kernel's rows (`[rows, features]`) merged the sharded axes, so the
+    # output's type read P(("data", "model"), None, None) where jax.nn.softmax keeps
+    # P("data", "model", None), or the reshape raised ShardingTypeError.
+    x = normal(host_rng(key), (4, 8, 32))
+    ours = functools.partial(softmax, axis=axis, executor=heuristics_executor())
+    theirs = functools.partial(jax.nn.softmax, axis=axis)
+    assert_like_plain_jax(ours, theirs, (x,), (spec,), (0,))
+
+
+@pytest.mark.parametrize(
+    "axis, spec",
+    [(-1, P("data", "model")), (1, P("data", None, "model")), ((1, 2), P("data", None, "model"))],
+    ids=["last", "middle", "last-two"],
+)
+def test_norms_sharded_over_explicit_axes_are_plain_jaxs(key, axis, spec):
+    # Before: normalised over an axis other than the last, the rows merged the sharded
+    # axes (a different output sharding) or the reshape raised ShardingTypeError.
+    rng = host_rng(key)
+    x = normal(rng, (4, 8, 32))
+    features = (32,) if axis == -1 else (8,) if axis == 1 else (8, 32)
+    scale, bias = normal(rng, features), normal(rng, features)
+    ex = heuristics_executor()
+    specs = (spec, P(), P())
+    assert_like_plain_jax(
+        functools.partial(layer_norm, axis=axis, executor=ex),
+        functools.partial(plain_layer_norm, axis=axis),
+        (x, scale, bias), specs, (0, 1, 2),
+    )  # fmt: skip
+    assert_like_plain_jax(
+        functools.partial(rms_norm, axis=axis, executor=ex),
+        functools.partial(plain_rms_norm, axis=axis),
+        (x, scale), specs[:2], (0, 1),
+    )  # fmt: skip
+
+
+def test_norms_with_the_feature_axis_sharded_keep_its_sharding(key):
+    rng = host_rng(key)
+    x, scale, bias = normal(rng, (4, 8, 32)), normal(rng, (32,)), normal(rng, (32,))
+    ours = functools.partial(layer_norm, executor=heuristics_executor())
+    theirs = functools.partial(plain_layer_norm, axis=-1)
+    specs = (P("data", None, "model"), P("model"), P("model"))
+    assert_like_plain_jax(ours, theirs, (x, scale, bias), specs, (0, 1, 2))
