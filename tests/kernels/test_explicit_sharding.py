@@ -14,9 +14,13 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from kerneltune.kernels import (
+    GatedLinearUnit,
+    GLUConfig,
     attention,
+    gated_linear_unit,
     layer_norm,
     linear_softmax_cross_entropy,
+    matmul,
     rms_norm,
     softmax,
 )
@@ -260,3 +264,44 @@ def test_norms_with_the_feature_axis_sharded_keep_its_sharding(key):
     theirs = functools.partial(plain_layer_norm, axis=-1)
     specs = (P("data", None, "model"), P("model"), P("model"))
     assert_like_plain_jax(ours, theirs, (x, scale, bias), specs, (0, 1, 2))
+
+
+# --- matmul and the gated linear unit, where the Pallas kernels run -----------------
+
+
+@pytest.fixture
+def pallas_runs(monkeypatch):
+    """The Pallas kernels run (in the interpreter, on a CPU), as they do on a GPU; the
+    gated linear unit's heuristic picks its fused kernel, as at a GPU's large shapes."""
+    monkeypatch.setenv("KERNELTUNE_PLATFORM", "triton")
+    fused = GLUConfig(backend="triton", block_m=16, block_n=16, block_k=16, num_stages=2)
+    monkeypatch.setattr(GatedLinearUnit, "heuristic_cfg", lambda self, inv: fused)
+
+
+def plain_glu(x, w):
+    gate, up = jnp.einsum("...k,kjn->...jn", x, w)[..., 0, :], x @ w[:, 1]
+    return jax.nn.silu(gate) * up
+
+
+@pytest.mark.parametrize(
+    "x_spec, up_spec, fused_spec",
+    [
+        (P("data"), P(), P()),
+        (P("data", "model"), P(), P()),
+        (P("data"), P(None, "model"), P(None, None, "model")),
+    ],
+    ids=["batch", "batch+tokens", "batch+features"],
+)
+def test_projections_sharded_over_explicit_axes_are_plain_jaxs(
+    key, pallas_runs, x_spec, up_spec, fused_spec
+):
+    # Before: a Pallas kernel took the call and failed on the sharded types (in the
+    # interpreter a scan's carry changed type; on a GPU pallas_call raises "requires
+    # all mesh axes to be Manual") where jnp.matmul runs.
+    rng = host_rng(key)
+    x, w = normal(rng, (4, 8, 16)), normal(rng, (16, 2, 32), scale=0.25)
+    ex = heuristics_executor()
+    ours = functools.partial(matmul, executor=ex)
+    assert_like_plain_jax(ours, jnp.matmul, (x, w[:, 1]), (x_spec, up_spec), (0, 1))
+    ours = functools.partial(gated_linear_unit, executor=ex)
+    assert_like_plain_jax(ours, plain_glu, (x, w), (x_spec, fused_spec), (0, 1))

@@ -11,7 +11,12 @@ import numpy as np
 from kerneltune._src.execution.default import default_executor
 from kerneltune._src.kernel.backends import BackendKernel
 from kerneltune._src.kernel.base import Invocation
-from kerneltune.kernels._args import as_array, check_contracted, last_axis_rows
+from kerneltune.kernels._args import (
+    as_array,
+    check_contracted,
+    explicitly_sharded,
+    last_axis_rows,
+)
 from kerneltune.kernels._common import Pruned, interpreted, is_hopper, kernel_for
 from kerneltune.kernels._flattened import call_flattened
 from kerneltune.kernels.matmul import config as config_lib
@@ -113,7 +118,8 @@ def matmul(
     through the tuned kernel: our Pallas kernel on GPUs, or JAX's Mosaic GPU matmul
     where it wins on a Hopper GPU, `jnp.dot` on CPUs. Every other call (vectors, a
     batched right operand, integers, float64, two weakly typed operands, an explicit
-    `precision` or `preferred_element_type`) computes exactly what `jnp.matmul` computes, through XLA.
+    `precision` or `preferred_element_type`, and given no `cfg` operands sharded over
+    explicit mesh axes) computes exactly what `jnp.matmul` computes, through XLA.
 
     Args:
       a: `[..., m, k]` or `[k]`.
@@ -156,6 +162,9 @@ def matmul(
         and precision is None
         and preferred_element_type in (None, dtype)
         and not weak
+        # Sharding in types (an explicit mesh): the kernels' rows and tiles do not
+        # carry it (a Pallas call refuses it); JAX's own product does.
+        and not (cfg is None and explicitly_sharded(a, b))
     )
     if not tunable:
         return jnp.matmul(a, b, precision=precision, preferred_element_type=preferred_element_type)
