@@ -305,3 +305,41 @@ def test_projections_sharded_over_explicit_axes_are_plain_jaxs(
     assert_like_plain_jax(ours, jnp.matmul, (x, w[:, 1]), (x_spec, up_spec), (0, 1))
     ours = functools.partial(gated_linear_unit, executor=ex)
     assert_like_plain_jax(ours, plain_glu, (x, w), (x_spec, fused_spec), (0, 1))
+
+
+# --- inside shard_map ---------------------------------------------------------------
+
+
+@pytest.mark.skipif(not hasattr(jax, "shard_map"), reason="needs jax.shard_map")
+@pytest.mark.parametrize("manual", [("data",), ("data", "model")], ids=["data-only", "both"])
+def test_ops_inside_shard_map_over_some_axes_of_an_explicit_mesh(key, manual):
+    # Before, with "data" manual and "model" left explicit inside: the softmax's rows
+    # and the loss head's gather over a vocabulary sharded by "model" raised
+    # ShardingTypeError where plain JAX runs. Every axis manual ran, and still does.
+    rng = host_rng(key)
+    x = normal(rng, (4, 8, 32))
+    h, w = normal(rng, (32, 16)), normal(rng, (16, 64), scale=0.25)
+    labels = jnp.asarray(rng.integers(0, 64, 32), jnp.int32)
+    ex = heuristics_executor()
+
+    def per_shard(f, placed, out_spec):
+        def manual_only(spec):
+            return P(*(e if e in manual else None for e in spec))
+
+        return jax.shard_map(
+            f,
+            mesh=explicit_mesh(),
+            in_specs=tuple(manual_only(s) for s in placed),
+            out_specs=manual_only(out_spec),
+            axis_names=set(manual),
+        )
+
+    specs = (P("data", "model"),)
+    ours = per_shard(functools.partial(softmax, executor=ex), specs, specs[0])
+    assert_like_plain_jax(ours, per_shard(jax.nn.softmax, specs, specs[0]), (x,), specs, (0,))
+    # The vocabulary sharded by "model" where that axis stays explicit inside.
+    specs = (P("data"), P("data"), P() if "model" in manual else P(None, "model"))
+    loss = functools.partial(linear_softmax_cross_entropy, reduction="none", executor=ex)
+    plain = functools.partial(plain_loss, reduction="none")
+    ours, theirs = per_shard(loss, specs, P("data")), per_shard(plain, specs, P("data"))
+    assert_like_plain_jax(ours, theirs, (h, labels, w), specs, (0, 2))
