@@ -6,6 +6,7 @@ error where plain JAX runs."""
 from __future__ import annotations
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +22,7 @@ from kerneltune.kernels import (
     layer_norm,
     linear_softmax_cross_entropy,
     matmul,
+    ragged_dot,
     rms_norm,
     softmax,
 )
@@ -305,6 +307,27 @@ def test_projections_sharded_over_explicit_axes_are_plain_jaxs(
     assert_like_plain_jax(ours, jnp.matmul, (x, w[:, 1]), (x_spec, up_spec), (0, 1))
     ours = functools.partial(gated_linear_unit, executor=ex)
     assert_like_plain_jax(ours, plain_glu, (x, w), (x_spec, fused_spec), (0, 1))
+
+
+def test_ragged_dot_sharded_over_explicit_axes_is_jaxs_op(key, pallas_runs):
+    # Before: the Pallas kernel took rows sharded by tokens and failed on them ("sharded
+    # ref ... can only be sliced along unsharded axes"; pallas_call refuses them on a
+    # GPU) where JAX's op names what it needs (an out_sharding), or runs.
+    rng = host_rng(key)
+    lhs, rhs = normal(rng, (32, 16)), normal(rng, (4, 16, 24))
+    sizes = jnp.array([5, 11, 7, 9], jnp.int32)
+    ours = functools.partial(ragged_dot, executor=heuristics_executor())
+    with _SET_MESH(explicit_mesh()):
+        placed = (jax.device_put(lhs, P("data")), rhs, sizes)
+        try:
+            want = jax.jit(jax.lax.ragged_dot)(*placed)
+        except Exception as e:  # JAX has no sharding rule for it (0.10 to 0.12)
+            with pytest.raises(type(e), match=re.escape(str(e).splitlines()[0])):
+                jax.jit(ours)(*placed)
+            return
+        got = jax.jit(ours)(*placed)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
+    assert got.sharding.is_equivalent_to(want.sharding, got.ndim)
 
 
 # --- inside shard_map ---------------------------------------------------------------
