@@ -356,7 +356,8 @@ def attention(
     runs through `AttentionVariants`: cuDNN or tokamax where they take it, else XLA a
     block of queries at a time, so the `[B, N, T, S]` logits are never whole unless the
     caller passed a bias or mask of that size (or the sequence is one block of 1024
-    queries or fewer).
+    queries or fewer). Given no `cfg`, arrays sharded over explicit mesh axes run the
+    variants' XLA code, which JAX differentiates (docs/ops.md, "Sharding in types").
 
     Args:
       query: `[batch, q_len, heads, head_dim]`, or `[q_len, heads, head_dim]`.

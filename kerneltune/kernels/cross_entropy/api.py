@@ -147,7 +147,8 @@ def linear_softmax_cross_entropy(
     x's dtype, as plain JAX's `x @ w` does, and walks chunks of tokens where they would
     be large (the same three matmuls under a gradient, a fraction of the memory); on
     GPUs a Pallas kernel takes each chunk's log-sum-exp. Off GPUs a call that is not
-    differentiated runs plain JAX's program.
+    differentiated runs plain JAX's program, as does, given no `cfg`, a call whose
+    arrays are sharded over explicit mesh axes.
 
     Args:
       x: `[M, K]` floating activations (one row per token).
