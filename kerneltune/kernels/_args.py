@@ -79,23 +79,25 @@ def symbolic(*arrays: Any) -> bool:
     return any(not isinstance(d, (int, np.integer)) for a in arrays for d in a.shape)
 
 
+def axes_last(x: jax.Array, axes: tuple[int, ...]) -> tuple[jax.Array, Any]:
+    """`x` with the `axes` moved last, in their order (a transpose, no reshape: a type
+    sharded over explicit mesh axes goes through it), and the function that puts an
+    array of that layout back into `x`'s."""
+    perm = tuple(a for a in range(x.ndim) if a not in axes) + axes
+    if perm == tuple(range(x.ndim)):
+        return x, lambda y: y
+    inverse = tuple(int(i) for i in np.argsort(perm))
+    return jnp.transpose(x, perm), lambda y: jnp.transpose(y, inverse)
+
+
 def to_rows(x: jax.Array, axes: tuple[int, ...]) -> tuple[jax.Array, Any]:
     """`x` as `[rows, features]` with the `axes` flattened into the features, and the
     function that puts an array of that shape back into `x`'s layout (symbolic
     dimensions too: their products stay symbolic)."""
-    ndim = x.ndim
-    rest = tuple(a for a in range(ndim) if a not in axes)
-    perm = rest + axes
-    moved = x if perm == tuple(range(ndim)) else jnp.transpose(x, perm)
+    moved, unmove = axes_last(x, axes)
     feature = math.prod(x.shape[a] for a in axes)
-    rows = moved.reshape((math.prod(x.shape[a] for a in rest), feature))
-
-    def back(y: jax.Array) -> jax.Array:
-        y = y.reshape(moved.shape)
-        inverse = tuple(int(i) for i in np.argsort(perm))
-        return y if perm == tuple(range(ndim)) else jnp.transpose(y, inverse)
-
-    return rows, back
+    rows = moved.reshape((math.prod(moved.shape[: x.ndim - len(axes)]), feature))
+    return rows, lambda y: unmove(y.reshape(moved.shape))
 
 
 def last_axis_rows(x: jax.Array) -> jax.Array:
@@ -119,3 +121,39 @@ def feature_param(
             f"{op}: {name} must have the shape of the normalised axes {want}, got {tuple(p.shape)}."
         )
     return p.reshape(-1)
+
+
+def explicitly_sharded(*arrays: Any) -> bool:
+    """Whether any of the arrays (None skipped) has a type sharded over an explicit
+    mesh axis (`jax.sharding.AxisType.Explicit`, sharding in types). The kernels cannot
+    carry such types through: a Pallas call refuses them, and a reshape to rows or a
+    product over sharded rows needs an `out_sharding` they do not know. Such calls run
+    plain JAX's program, which propagates the shardings as JAX's own ops do.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> explicitly_sharded(jnp.ones((2, 3)), None)
+      False
+    """
+    return any(a is not None and explicitly_sharded_dims(a) for a in arrays)
+
+
+def explicitly_sharded_dims(x: Any) -> tuple[int, ...]:
+    """The dimensions of `x` (None: none) whose type shards them over an explicit
+    mesh axis."""
+    if x is None:
+        return ()
+    # Arrays and tracers hold their type: `.aval` costs a twentieth of `jax.typeof` (the
+    # check runs on every call).
+    aval = getattr(x, "aval", None)
+    if aval is None:
+        aval = jax.typeof(x)
+    sharding = getattr(aval, "sharding", None)
+    explicit = getattr(getattr(sharding, "mesh", None), "explicit_axes", ())
+    if not explicit:
+        return ()
+    return tuple(
+        dim
+        for dim, entry in enumerate(sharding.spec)  # type: ignore[union-attr]
+        if any(name in explicit for name in (entry if isinstance(entry, tuple) else (entry,)))
+    )

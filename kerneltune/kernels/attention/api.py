@@ -20,6 +20,7 @@ from kerneltune.kernels._common import interpreted, kernel_for
 from kerneltune.kernels.attention import arguments
 from kerneltune.kernels.attention import config as config_lib
 from kerneltune.kernels.attention.backward import every_head
+from kerneltune.kernels.attention.chunked import explicit_sharding_backend
 from kerneltune.kernels.attention.config import AttentionProblem
 from kerneltune.kernels.attention.jax_nn import CudnnBackend, XlaBackend
 from kerneltune.kernels.attention.masking import Masks
@@ -238,7 +239,8 @@ def attention(
     runs through `AttentionVariants`: cuDNN or tokamax where they take it, else XLA a
     block of queries at a time, so the `[B, N, T, S]` logits are never whole unless the
     caller passed a bias or mask of that size (or the sequence is one block of 1024
-    queries or fewer).
+    queries or fewer). Given no `cfg`, arrays sharded over explicit mesh axes run the
+    variants' XLA code, which JAX differentiates (docs/ops.md, "Sharding in types").
 
     What no kernel of ours computes runs as `jax.nn.dot_product_attention` itself, with
     its results and errors: a named `implementation`, `return_residual=True`, query,
@@ -335,8 +337,12 @@ def attention(
         sm_scale = 1.0 / math.sqrt(h) if scale is None else float(scale)
     else:  # a traced scale: fold it into the queries, keep the kernels' static
         q, sm_scale = (q * jnp.asarray(scale, q.dtype)).astype(q.dtype), 1.0
+    sharded = explicit_sharding_backend(q, k, v, bias, masks) if cfg is None else None
+    if sharded is not None:  # sharding in types: a variants path JAX differentiates
+        cfg = VariantConfig(backend=sharded)
     plain = (
-        bias is None
+        sharded is None
+        and bias is None
         and all(m is None for m in masks)
         and window is None
         and soft_cap is None

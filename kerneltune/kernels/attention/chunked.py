@@ -18,10 +18,29 @@ import jax
 import jax.numpy as jnp
 
 from kerneltune._src.kernel.backends import Backend
+from kerneltune.kernels._args import explicitly_sharded, explicitly_sharded_dims
 from kerneltune.kernels._common import next_power_of_2
 from kerneltune.kernels.attention.backward import every_head
 from kerneltune.kernels.attention.features import attend, zero_padded_rows
 from kerneltune.kernels.attention.masking import Masks, keep
+
+
+def explicit_sharding_backend(q, k, v, bias, masks: Masks) -> str | None:
+    """The variants' plain-JAX backend for a call whose arrays are sharded over explicit
+    mesh axes (sharding in types), None for any other call. The Pallas kernels refuse
+    such types, and plain attention's blocked backward sums over a sharded token axis
+    without an `out_sharding`; JAX differentiates both paths named here, which carry
+    the shardings as `jax.nn`'s attention does: these blocks of queries ("chunked"), or
+    the whole logits ("xla") where the queries' axis is sharded (a map over blocks of
+    it takes no sharded axis)."""
+    if not explicitly_sharded(q, k, v, bias, *masks):
+        return None
+    by_query = (
+        1 in explicitly_sharded_dims(q)
+        or 1 in explicitly_sharded_dims(masks.q_segments)
+        or any(2 in explicitly_sharded_dims(x) for x in (bias, masks.mask))
+    )
+    return "xla" if by_query else "chunked"
 
 
 @overload

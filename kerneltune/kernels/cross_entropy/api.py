@@ -14,7 +14,7 @@ from kerneltune._src.execution.default import default_executor
 from kerneltune._src.kernel.backends import BackendKernel
 from kerneltune._src.kernel.base import Invocation
 from kerneltune._src.tuning.inputs import random_like
-from kerneltune.kernels._args import as_array, symbolic
+from kerneltune.kernels._args import as_array, explicitly_sharded, symbolic
 from kerneltune.kernels._common import Pruned, interpreted, kernel_for
 from kerneltune.kernels.cross_entropy import config as config_lib
 from kerneltune.kernels.cross_entropy.chunked_backend import ChunkedBackend
@@ -147,7 +147,8 @@ def linear_softmax_cross_entropy(
     x's dtype, as plain JAX's `x @ w` does, and walks chunks of tokens where they would
     be large (the same three matmuls under a gradient, a fraction of the memory); on
     GPUs a Pallas kernel takes each chunk's log-sum-exp. Off GPUs a call that is not
-    differentiated runs plain JAX's program.
+    differentiated runs plain JAX's program, as does, given no `cfg`, a call whose
+    arrays are sharded over explicit mesh axes.
 
     Args:
       x: `[M, K]` floating activations (one row per token).
@@ -191,9 +192,15 @@ def linear_softmax_cross_entropy(
         dtype = jnp.result_type(x, weights)
         x, weights = x.astype(dtype), weights.astype(dtype)
     check_inputs(op, x, labels, weights, mask, reduction)
-    if precision is not None or symbolic(x, weights):
-        # A precision the tuned configs do not promise, or no shape to key by
-        # (`jax.export`): plain JAX's program (the heuristic's logits dtype, without one).
+    if (
+        precision is not None
+        or symbolic(x, weights)
+        or (cfg is None and explicitly_sharded(x, labels, weights, mask))
+    ):
+        # A precision the tuned configs do not promise, no shape to key by
+        # (`jax.export`), or shardings in the types and no config given (an explicit
+        # mesh: the chunked backward slices rows and sums over them): plain JAX's
+        # program (the heuristic's logits dtype, without a precision).
         logits = np.dtype(np.float32) if precision is not None else x.dtype
         return cross_entropy_xla(
             x, labels.astype(jnp.int32), weights, mask, reduction=reduction,

@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 
 from kerneltune._src.kernel.backends import Backend
+from kerneltune.kernels._args import explicitly_sharded
+from kerneltune.kernels.cross_entropy import lse_xla
 from kerneltune.kernels.cross_entropy.config import logits_dtype
 
 Reduction = Literal["sum", "mean", "none"]
@@ -30,6 +32,12 @@ def row_losses_of_logits(logits: jax.Array, labels: jax.Array, where: jax.Array)
     """`logsumexp(logits) − logits[label]` per row, float32, 0 where `where` is False
     (whatever that row's label)."""
     lse = jax.nn.logsumexp(logits, axis=-1)
+    if explicitly_sharded(logits):
+        # Sharding in types (the vocabulary over an explicit mesh axis): a gather has no
+        # sharding JAX can infer; a masked sum over the vocabulary picks the same logit.
+        cols = jax.lax.broadcasted_iota(jnp.int32, logits.shape, 1)
+        at_label = cols == lse_xla.clip_labels(labels, logits.shape[1])[:, None]
+        return jnp.where(where, lse - jnp.sum(jnp.where(at_label, logits, 0.0), axis=-1), 0.0)
     picked = jnp.take_along_axis(logits, labels[:, None].astype(jnp.int32), axis=-1, mode="clip")
     return jnp.where(where, lse - picked[:, 0], 0.0)
 

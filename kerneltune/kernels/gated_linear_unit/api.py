@@ -12,7 +12,7 @@ import numpy as np
 from kerneltune._src.execution.default import default_executor
 from kerneltune._src.kernel.backends import BackendKernel
 from kerneltune._src.kernel.base import Invocation
-from kerneltune.kernels._args import as_array, last_axis_rows, symbolic
+from kerneltune.kernels._args import as_array, explicitly_sharded, last_axis_rows, symbolic
 from kerneltune.kernels._common import Pruned, interpreted, kernel_for
 from kerneltune.kernels._flattened import call_flattened
 from kerneltune.kernels.gated_linear_unit import config as config_lib
@@ -190,9 +190,14 @@ def gated_linear_unit(
     act = _identity if activation is None else activation
     if not callable(act):
         raise TypeError(f"{op}: activation must be callable or None, got {activation!r}.")
-    if precision is not None or symbolic(x, *leaves):
-        # A precision the tuned kernels do not promise, or no shape to key by
-        # (`jax.export`): plain JAX's dots.
+    if (
+        precision is not None
+        or symbolic(x, *leaves)
+        or (cfg is None and explicitly_sharded(x, *leaves))
+    ):
+        # A precision the tuned kernels do not promise, no shape to key by
+        # (`jax.export`), or shardings in the types and no config given (an explicit
+        # mesh: the kernels' rows and tiles do not carry them): plain JAX's dots.
         return _as(glu_xla(x, w, act, precision=precision), out_dtype)
     n = (w[0] if isinstance(w, tuple) else w).shape[-1]
     ex = executor if executor is not None else default_executor()

@@ -11,7 +11,12 @@ import numpy as np
 from kerneltune._src.execution.default import default_executor
 from kerneltune._src.kernel.backends import BackendKernel
 from kerneltune._src.kernel.base import Invocation
-from kerneltune.kernels._args import as_array, check_contracted, last_axis_rows
+from kerneltune.kernels._args import (
+    as_array,
+    check_contracted,
+    explicitly_sharded,
+    last_axis_rows,
+)
 from kerneltune.kernels._common import Pruned, interpreted, is_hopper, kernel_for
 from kerneltune.kernels._flattened import call_flattened
 from kerneltune.kernels.matmul import config as config_lib
@@ -115,8 +120,9 @@ def matmul(
     through the tuned kernel: our Pallas kernel on GPUs, or JAX's Mosaic GPU matmul
     where it wins on a Hopper GPU, `jnp.dot` on CPUs. Every other call (vectors, a
     batched right operand, integers, float64, two weakly typed operands, an explicit
-    `precision`, `preferred_element_type`, `out_sharding` or `reduction_order`) computes
-    exactly what `jnp.matmul` computes, through XLA.
+    `precision`, `preferred_element_type`, `out_sharding` or `reduction_order`, and
+    given no `cfg` operands sharded over explicit mesh axes) computes exactly what
+    `jnp.matmul` computes, through XLA.
 
     Args:
       a: `[..., m, k]` or `[k]`.
@@ -163,6 +169,9 @@ def matmul(
         and out_sharding is None
         and reduction_order is None
         and not weak
+        # Sharding in types (an explicit mesh): the kernels' rows and tiles do not
+        # carry it (a Pallas call refuses it); JAX's own product does.
+        and not (cfg is None and explicitly_sharded(a, b))
     )
     if not tunable:
         # Only the options given are passed: a JAX without `reduction_order` refuses it.

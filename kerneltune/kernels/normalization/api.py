@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -14,6 +15,8 @@ from kerneltune._src.kernel.backends import BackendKernel
 from kerneltune._src.kernel.base import Invocation
 from kerneltune.kernels._args import (
     as_array,
+    axes_last,
+    explicitly_sharded,
     feature_param,
     floating,
     normalize_axes,
@@ -151,14 +154,21 @@ def _normalize(
     given = [(name, feature_param(op, name, v, x, axes), fill) for name, v, fill in params]
     dtype = jnp.result_type(x, *(p for _, p, _ in given if p is not None))
     xd = x.astype(dtype)
-    rows, back = to_rows(xd, axes)
-    n = rows.shape[-1]
+    n = math.prod(x.shape[a] for a in axes)
     arrays = [
         p.astype(dtype) if p is not None else jnp.full((n,), fill, dtype) for _, p, fill in given
     ]
     if shift and given[0][1] is not None:  # the scale, shifted in float32 at least
         wide = dtype if jnp.finfo(dtype).bits >= 32 else jnp.float32
         arrays[0] = (given[0][1].astype(wide) + shift).astype(dtype)
+    if cfg is None and explicitly_sharded(x, *arrays):
+        # Sharding in types (an explicit mesh): XLA's norm in x's own layout, the
+        # normalised axes moved last (rows would merge sharded axes).
+        moved, unmove = axes_last(xd, axes)
+        features = moved.shape[x.ndim - len(axes) :]
+        shaped = [p.reshape(features) for p in arrays]
+        return unmove(xla_fn(moved, *shaped, eps=eps, features=len(axes)))
+    rows, back = to_rows(xd, axes)
     if symbolic(x):  # no shape to key by (`jax.export`): XLA's norm, plain JAX
         return back(xla_fn(rows, *arrays, eps=eps))
     ex = executor if executor is not None else default_executor()

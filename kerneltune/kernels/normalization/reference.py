@@ -17,21 +17,26 @@ def _stats_dtype(x: jax.Array) -> np.dtype:
     return np.dtype(np.float64 if x.dtype == np.float64 else np.float32)
 
 
-def layer_norm_xla(x: jax.Array, weight: jax.Array, bias: jax.Array, *, eps: float) -> jax.Array:
-    """`(x − mean) / sqrt(var + eps) · weight + bias` over the last axis."""
+def layer_norm_xla(
+    x: jax.Array, weight: jax.Array, bias: jax.Array, *, eps: float, features: int = 1
+) -> jax.Array:
+    """`(x − mean) / sqrt(var + eps) · weight + bias` over the last `features` axes
+    (`weight` and `bias` have their shape)."""
     f = _stats_dtype(x)
     xf = x.astype(f)
-    mean = jnp.mean(xf, axis=-1, keepdims=True)
-    var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
+    axes = tuple(range(-features, 0))
+    mean = jnp.mean(xf, axis=axes, keepdims=True)
+    var = jnp.mean(jnp.square(xf - mean), axis=axes, keepdims=True)
     y = (xf - mean) * jax.lax.rsqrt(var + jnp.asarray(eps, f))
     return (y * weight.astype(f) + bias.astype(f)).astype(x.dtype)
 
 
-def rms_norm_xla(x: jax.Array, weight: jax.Array, *, eps: float) -> jax.Array:
-    """`x / sqrt(mean(x²) + eps) · weight` over the last axis."""
+def rms_norm_xla(x: jax.Array, weight: jax.Array, *, eps: float, features: int = 1) -> jax.Array:
+    """`x / sqrt(mean(x²) + eps) · weight` over the last `features` axes (`weight` has
+    their shape)."""
     f = _stats_dtype(x)
     xf = x.astype(f)
-    ms = jnp.mean(jnp.square(xf), axis=-1, keepdims=True)
+    ms = jnp.mean(jnp.square(xf), axis=tuple(range(-features, 0)), keepdims=True)
     return (xf * jax.lax.rsqrt(ms + jnp.asarray(eps, f)) * weight.astype(f)).astype(x.dtype)
 
 

@@ -15,7 +15,7 @@ from kerneltune._src.execution.default import default_executor
 from kerneltune._src.kernel.backends import Backend, BackendKernel
 from kerneltune._src.kernel.base import Invocation
 from kerneltune._src.tuning.inputs import random_like
-from kerneltune.kernels._args import as_array, symbolic
+from kerneltune.kernels._args import as_array, explicitly_sharded, symbolic
 from kerneltune.kernels._common import Pruned, interpreted, kernel_for
 from kerneltune.kernels.ragged_dot import config as config_lib
 from kerneltune.kernels.ragged_dot import groups as groups_lib
@@ -377,6 +377,9 @@ def ragged_dot(
         and jnp.issubdtype(dtype, jnp.floating)
         and precision is None
         and out_sharding is None  # (explicit meshes: JAX's own sharding rule)
+        # Arrays sharded over explicit mesh axes: the kernels cannot carry the types (a
+        # Pallas call refuses them); JAX's op takes them, or says it needs out_sharding.
+        and not (cfg is None and explicitly_sharded(lhs, rhs, sizes, offset))
         and preferred in (None, dtype, np.dtype(np.float32))
         and min(lhs.shape[0], lhs.shape[1], rhs.shape[0], rhs.shape[2]) > 0
     )

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from kerneltune._src.execution.default import default_executor
 from kerneltune._src.kernel.backends import BackendKernel
 from kerneltune._src.kernel.base import Invocation
-from kerneltune.kernels._args import as_array, normalize_axes, to_rows
+from kerneltune.kernels._args import as_array, explicitly_sharded, normalize_axes, to_rows
 from kerneltune.kernels._common import interpreted, kernel_for
 from kerneltune.kernels.softmax import config as config_lib
 from kerneltune.kernels.softmax.config import SoftmaxConfig, SoftmaxProblem
@@ -102,7 +102,8 @@ def softmax(
     One axis of a floating array runs through the tuned kernel (moved last and back).
     Several axes (`axis=None`: all of them), a `where` mask, a float64 array or an
     integer array (which `jax.nn.softmax` promotes to float) are what the kernel does
-    not take: such calls compute exactly what `jax.nn.softmax` computes, through XLA.
+    not take, nor (given no `cfg`) an array sharded over explicit mesh axes: such
+    calls compute exactly what `jax.nn.softmax` computes, through XLA.
 
     Args:
       x: the array.
@@ -139,7 +140,8 @@ def softmax(
     takes_x = jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != jnp.float64
     takes_axes = takes_x and x.ndim > 0 and not no_axes
     axes = normalize_axes(op, axis, x.ndim) if takes_axes else ()
-    if len(axes) != 1 or where is not None:
+    # Sharding in types (an explicit mesh): the rows would merge sharded axes.
+    if len(axes) != 1 or where is not None or (cfg is None and explicitly_sharded(x)):
         return jax.nn.softmax(x, axis=axis, where=where)
     ex = executor if executor is not None else default_executor()
     rows, back = to_rows(x, axes)
