@@ -1,11 +1,14 @@
 """Eager cache-hit cost of `executor(kernel, x)` against the same math as a plain
-`jax.jit` call, and the ratio.
+`jax.jit` call, and the ratio; then the public ops' eager calls against plain JAX's.
 
     python benchmarks/dispatch_overhead.py [--calls 20000] [--repeats 7]
 
 The kernel and the plain function compute the same thing on the same small array, so
 the difference is kerneltune's own per-call cost: finding the jitted program for the
-call's signature. Medians over repeats; each repeat times `--calls` calls.
+call's signature. Medians over repeats; each repeat times `--calls` calls (the public
+ops a twentieth of them). The public ops (`kerneltune.kernels.softmax`, ...) at tiny
+shapes are timed beside the plain-JAX call a user would make instead (`jax.nn.softmax`,
+...): their argument checks and the executor's lookup, against JAX's own dispatch.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import argparse
 import dataclasses
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -85,6 +90,59 @@ def main() -> None:
     print(f"{'case':34s} {'µs/call':>9s} {'± spread':>9s} {'ratio':>7s}")
     for name, (median, spread) in results.items():
         print(f"{name:34s} {median:9.2f} {spread:9.2f} {median / base:7.2f}")
+    print()
+    print(
+        f"{'public op (eager)':34s} {'µs/call':>9s} {'± spread':>9s} {'plain µs':>9s} {'ratio':>7s}"
+    )
+    for name, ours, plain_fn in public_ops():
+        jax.block_until_ready(ours())
+        jax.block_until_ready(plain_fn())
+        calls = max(args.calls // 20, 1)
+        (median, spread), (plain_median, _) = (
+            per_call_us(fn, calls, args.repeats) for fn in (ours, plain_fn)
+        )
+        print(
+            f"{name:34s} {median:9.2f} {spread:9.2f} {plain_median:9.2f} "
+            f"{median / plain_median:7.2f}"
+        )
+
+
+def public_ops() -> list[tuple[str, Callable[[], Any], Callable[[], Any]]]:
+    """(name, kerneltune's call, plain JAX's call) at tiny float32 shapes."""
+    from kerneltune.kernels import attention, layer_norm, linear_softmax_cross_entropy, matmul
+    from kerneltune.kernels import softmax as kt_softmax
+
+    key = jax.random.split(jax.random.PRNGKey(2), 3)
+    x = jax.random.normal(key[0], (8, 128), jnp.float32)
+    w = jax.random.normal(key[1], (128, 128), jnp.float32)
+    q = jax.random.normal(key[2], (1, 16, 2, 32), jnp.float32)
+    labels = jnp.arange(8, dtype=jnp.int32)
+
+    def plain_norm(v):
+        mean = v.mean(-1, keepdims=True)
+        return (v - mean) * jax.lax.rsqrt(((v - mean) ** 2).mean(-1, keepdims=True) + 1e-6)
+
+    def plain_loss(v, lab, weights):
+        logits = v @ weights
+        picked = jnp.take_along_axis(logits, lab[:, None], axis=-1)[:, 0]
+        return (jax.nn.logsumexp(logits, axis=-1) - picked).mean()
+
+    norm, loss = jax.jit(plain_norm), jax.jit(plain_loss)
+    return [
+        ("softmax [8,128]", lambda: kt_softmax(x), lambda: jax.nn.softmax(x)),
+        ("layer_norm [8,128]", lambda: layer_norm(x), lambda: norm(x)),
+        ("matmul [8,128]x[128,128]", lambda: matmul(x, w), lambda: jnp.matmul(x, w)),
+        (
+            "attention causal [1,16,2,32]",
+            lambda: attention(q, q, q, is_causal=True),
+            lambda: jax.nn.dot_product_attention(q, q, q, is_causal=True),
+        ),
+        (
+            "loss head [8,128]x[128,128]",
+            lambda: linear_softmax_cross_entropy(x, labels, w),
+            lambda: loss(x, labels, w),
+        ),
+    ]
 
 
 if __name__ == "__main__":

@@ -856,3 +856,15 @@ def test_the_matmul_benchmarks_help_lists_its_sweep_option(capsys):
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert "--sweep-s S" in out and "--smoke" in out  # its own option beside the shared ones
+
+
+def test_dispatch_overheads_public_ops_time_the_same_math_as_their_plain_calls():
+    from benchmarks import dispatch_overhead
+
+    cases = dispatch_overhead.public_ops()
+    assert [name.split()[0] for name, _, _ in cases] == [
+        "softmax", "layer_norm", "matmul", "attention", "loss",
+    ]  # fmt: skip
+    with standard_promotion():
+        for name, ours, plain in cases:
+            np.testing.assert_allclose(ours(), plain(), rtol=2e-5, atol=2e-5, err_msg=name)
