@@ -4,6 +4,7 @@ what is allowed."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -20,7 +21,9 @@ def as_array(op: str, name: str, value: Any) -> jax.Array:
             f"{op}: {name} must be an array, got jax.ShapeDtypeStruct{value.shape}; for "
             f"shapes and dtypes alone, call {op} under jax.eval_shape."
         )
-    if isinstance(value, (jax.Array, np.ndarray, np.generic, int, float, bool, complex)):
+    if isinstance(value, jax.Array):  # tracers too: as they are (`jnp.asarray` would
+        return value  # return the same array, after a dispatch that costs an eager call 10 us)
+    if isinstance(value, (np.ndarray, np.generic, int, float, bool, complex)):
         return jnp.asarray(value)
     if hasattr(value, "shape") and hasattr(value, "dtype"):  # tracers and other arrays
         return jnp.asarray(value)
@@ -95,6 +98,8 @@ def to_rows(x: jax.Array, axes: tuple[int, ...]) -> tuple[jax.Array, Any]:
     function that puts an array of that shape back into `x`'s layout (symbolic
     dimensions too: their products stay symbolic)."""
     moved, unmove = axes_last(x, axes)
+    if moved.ndim == 2 and len(axes) == 1:  # rows already: no reshape to dispatch
+        return moved, unmove
     feature = math.prod(x.shape[a] for a in axes)
     rows = moved.reshape((math.prod(moved.shape[: x.ndim - len(axes)]), feature))
     return rows, lambda y: unmove(y.reshape(moved.shape))
@@ -104,7 +109,33 @@ def last_axis_rows(x: jax.Array) -> jax.Array:
     """`x` as `[rows, x.shape[-1]]`. The row count is spelled out: `reshape((-1, 0))`
     cannot infer it (JAX raises ZeroDivisionError), and a zero-sized last axis is a
     valid input (`jnp.matmul` of `[m, 0] @ [0, n]` is zeros)."""
+    if x.ndim == 2:  # rows already: an eager reshape would cost a dispatch
+        return x
     return x.reshape((int(np.prod(x.shape[:-1], dtype=np.int64)), x.shape[-1]))
+
+
+def full(n: Any, fill: Any, dtype: Any, *, concrete: bool) -> jax.Array:
+    """`jnp.full((n,), fill, dtype)`, the identity of a parameter the caller left out.
+    For a concrete (eager) call the same array each time: building it is an eager
+    dispatch that cost half of a small norm's call. Under a trace (`concrete` False) a
+    fresh `jnp.full`, so that no constant is captured into the program."""
+    if concrete and isinstance(n, int):
+        return _concrete_full(n, fill, np.dtype(dtype))
+    return jnp.full((n,), fill, dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _concrete_full(n: int, fill: Any, dtype: np.dtype) -> jax.Array:
+    return jnp.full((n,), fill, dtype)
+
+
+def cast(x: jax.Array, dtype: Any) -> jax.Array:
+    """`x.astype(dtype)`, without the eager dispatch where `x` already has that dtype
+    (and is not weakly typed: `astype` makes the type strong)."""
+    aval = getattr(x, "aval", None)
+    if aval is not None and aval.dtype == dtype and not aval.weak_type:
+        return x
+    return x.astype(dtype)
 
 
 def feature_param(

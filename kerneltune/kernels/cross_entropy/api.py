@@ -9,12 +9,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kerneltune._src.core import keys
+from kerneltune._src.core import keys, tracing
 from kerneltune._src.execution.default import default_executor
 from kerneltune._src.kernel.backends import BackendKernel
 from kerneltune._src.kernel.base import Invocation
 from kerneltune._src.tuning.inputs import random_like
-from kerneltune.kernels._args import as_array, explicitly_sharded, symbolic
+from kerneltune.kernels._args import as_array, cast, explicitly_sharded, full, symbolic
 from kerneltune.kernels._common import Pruned, interpreted, kernel_for
 from kerneltune.kernels.cross_entropy import config as config_lib
 from kerneltune.kernels.cross_entropy.chunked_backend import ChunkedBackend
@@ -185,7 +185,11 @@ def linear_softmax_cross_entropy(
     labels = as_array(op, "labels", labels)
     weights = as_array(op, "weights", weights)
     rows = x.shape[0] if x.ndim else 0
-    mask = jnp.ones((rows,), bool) if where is None else as_array(op, "where", where)
+    if where is None:
+        concrete = not any(tracing.is_tracer(a) for a in (x, labels, weights))
+        mask = full(rows, True, np.dtype(bool), concrete=concrete)
+    else:
+        mask = as_array(op, "where", where)
     if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != weights.dtype:
         # float32 weights with bfloat16 activations: promoted as `x @ weights` promotes
         # them (tokamax's; refused under strict dtype promotion, as there).
@@ -208,4 +212,4 @@ def linear_softmax_cross_entropy(
         )  # fmt: skip
     ex = executor if executor is not None else default_executor()
     kernel = kernel_for(LinearSoftmaxCrossEntropy, ex)
-    return ex(kernel, x, labels.astype(jnp.int32), weights, mask, reduction=reduction, cfg=cfg)  # type: ignore[no-any-return]
+    return ex(kernel, x, cast(labels, jnp.int32), weights, mask, reduction=reduction, cfg=cfg)  # type: ignore[no-any-return]

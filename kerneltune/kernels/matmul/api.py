@@ -13,6 +13,7 @@ from kerneltune._src.kernel.backends import BackendKernel
 from kerneltune._src.kernel.base import Invocation
 from kerneltune.kernels._args import (
     as_array,
+    cast,
     check_contracted,
     explicitly_sharded,
     last_axis_rows,
@@ -181,7 +182,7 @@ def matmul(
             a, b, precision=precision, preferred_element_type=preferred_element_type, **given
         )
     ex = executor if executor is not None else default_executor()
-    a2, b2 = last_axis_rows(a.astype(dtype)), b.astype(dtype)
+    a2, b2 = last_axis_rows(cast(a, dtype)), cast(b, dtype)
     out = call_flattened(
         ex,
         kernel_for(Matmul, ex),
@@ -191,4 +192,5 @@ def matmul(
         flattened=a.ndim > 2,
         unflattened={"xla": lambda: jnp.matmul(a.astype(dtype), b2)},
     )
-    return out.reshape((*a.shape[:-1], b.shape[-1]))
+    shape = (*a.shape[:-1], b.shape[-1])
+    return out if out.shape == shape else out.reshape(shape)

@@ -10,15 +10,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kerneltune._src.core import tracing
 from kerneltune._src.execution.default import default_executor
 from kerneltune._src.kernel.backends import BackendKernel
 from kerneltune._src.kernel.base import Invocation
 from kerneltune.kernels._args import (
     as_array,
     axes_last,
+    cast,
     explicitly_sharded,
     feature_param,
     floating,
+    full,
     normalize_axes,
     symbolic,
     to_rows,
@@ -153,10 +156,12 @@ def _normalize(
     axes = normalize_axes(op, axis, x.ndim)
     given = [(name, feature_param(op, name, v, x, axes), fill) for name, v, fill in params]
     dtype = jnp.result_type(x, *(p for _, p, _ in given if p is not None))
-    xd = x.astype(dtype)
+    xd = cast(x, dtype)
     n = math.prod(x.shape[a] for a in axes)
+    concrete = not any(tracing.is_tracer(a) for a in (x, *(p for _, p, _ in given)))
     arrays = [
-        p.astype(dtype) if p is not None else jnp.full((n,), fill, dtype) for _, p, fill in given
+        cast(p, dtype) if p is not None else full(n, fill, dtype, concrete=concrete)
+        for _, p, fill in given
     ]
     if shift and given[0][1] is not None:  # the scale, shifted in float32 at least
         wide = dtype if jnp.finfo(dtype).bits >= 32 else jnp.float32

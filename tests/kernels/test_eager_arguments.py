@@ -1,0 +1,75 @@
+"""The public ops' argument handling dispatches nothing an eager call does not need.
+
+Each JAX op run eagerly is a dispatch of about 10 us on a CPU: `jnp.asarray` of an array,
+a reshape to the shape it has, an `astype` to its own dtype, and a missing parameter's
+identity built anew made a small eager `layer_norm` cost 135 us (plain JAX's jitted norm:
+6 us) and the loss head 87 us (`benchmarks/dispatch_overhead.py`).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kerneltune.kernels import _args, layer_norm, linear_softmax_cross_entropy, rms_norm
+
+
+def test_an_array_argument_is_taken_as_it_is():
+    x = jnp.ones((4, 8))
+    assert _args.as_array("op", "x", x) is x
+    assert isinstance(_args.as_array("op", "x", np.ones(3)), jax.Array)
+
+
+def test_rows_and_casts_that_change_nothing_return_their_input():
+    x = jnp.ones((4, 8), jnp.float32)
+    assert _args.last_axis_rows(x) is x
+    rows, back = _args.to_rows(x, (1,))
+    assert rows is x and back(rows) is x
+    assert _args.cast(x, jnp.float32) is x
+    assert _args.cast(x, jnp.bfloat16).dtype == jnp.bfloat16
+    # A weakly typed array is cast: astype makes its type strong, as before.
+    weak = jnp.full((3,), 0.5)
+    assert jax.typeof(weak).weak_type
+    assert not jax.typeof(_args.cast(weak, weak.dtype)).weak_type
+    assert _args.last_axis_rows(jnp.ones((2, 3, 4))).shape == (6, 4)
+
+
+def test_a_missing_parameters_identity_is_built_once_for_eager_calls_only():
+    a = _args.full(8, 1.0, jnp.float32, concrete=True)
+    assert a is _args.full(8, 1.0, jnp.float32, concrete=True)
+    assert a is not _args.full(8, 0.0, jnp.float32, concrete=True)
+    np.testing.assert_array_equal(a, np.ones(8, np.float32))
+    seen = []
+
+    @jax.jit
+    def traced(x):
+        seen.append(_args.full(8, 1.0, jnp.float32, concrete=False))
+        return x
+
+    traced(jnp.ones(2))
+    assert isinstance(seen[0], jax.core.Tracer)  # built in the program, not captured
+
+
+@pytest.mark.parametrize("norm", [layer_norm, rms_norm])
+def test_eager_norms_without_parameters_reuse_their_identity_and_match_under_jit(norm):
+    x = jax.random.normal(jax.random.PRNGKey(0), (4, 16), jnp.float32)
+    _args._concrete_full.cache_clear()
+    eager = norm(x)
+    misses = _args._concrete_full.cache_info().misses
+    norm(x)
+    assert _args._concrete_full.cache_info().misses == misses  # the second call built none
+    np.testing.assert_allclose(eager, jax.jit(norm)(x), rtol=1e-6, atol=1e-6)
+
+
+def test_the_eager_loss_heads_default_mask_is_built_once():
+    key = jax.random.split(jax.random.PRNGKey(1), 2)
+    x = jax.random.normal(key[0], (8, 16), jnp.float32)
+    w = jax.random.normal(key[1], (16, 32), jnp.float32)
+    labels = jnp.arange(8, dtype=jnp.int32)
+    _args._concrete_full.cache_clear()
+    eager = linear_softmax_cross_entropy(x, labels, w)
+    assert _args._concrete_full.cache_info().currsize == 1
+    linear_softmax_cross_entropy(x, labels, w)
+    assert _args._concrete_full.cache_info().hits >= 1
+    traced = jax.jit(linear_softmax_cross_entropy)(x, labels, w)
+    np.testing.assert_allclose(eager, traced, rtol=1e-6)
