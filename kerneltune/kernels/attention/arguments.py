@@ -16,8 +16,6 @@ from kerneltune.kernels._args import as_array
 def array(name: str, value: Any) -> jax.Array:
     """An argument as a JAX array: whatever `jnp.asarray` takes, as `jax.nn`'s attention
     takes it (nested lists too), but never a `jax.ShapeDtypeStruct`."""
-    if isinstance(value, jax.Array):  # tracers too; the hot path, as it is
-        return value
     if isinstance(value, (list, tuple)):
         return jnp.asarray(value)
     return as_array("attention", name, value)

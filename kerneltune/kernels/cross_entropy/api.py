@@ -186,7 +186,7 @@ def linear_softmax_cross_entropy(
     weights = as_array(op, "weights", weights)
     rows = x.shape[0] if x.ndim else 0
     if where is None:
-        concrete = not any(tracing.is_tracer(a) for a in (x, labels, weights))
+        concrete = not tracing.is_tracing((x, labels, weights))
         mask = full(rows, True, np.dtype(bool), concrete=concrete)
     else:
         mask = as_array(op, "where", where)

@@ -158,7 +158,7 @@ def _normalize(
     dtype = jnp.result_type(x, *(p for _, p, _ in given if p is not None))
     xd = cast(x, dtype)
     n = math.prod(x.shape[a] for a in axes)
-    concrete = not any(tracing.is_tracer(a) for a in (x, *(p for _, p, _ in given)))
+    concrete = not tracing.is_tracing((x, [p for _, p, _ in given]))
     arrays = [
         cast(p, dtype) if p is not None else full(n, fill, dtype, concrete=concrete)
         for _, p, fill in given
