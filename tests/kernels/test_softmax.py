@@ -110,7 +110,12 @@ def test_forward_mode_and_both_modes_second_order_match_jax_nn(key, platform):
     with options.scoped(platform=platform):  # "triton": the Pallas kernel, interpreted
         out, tangent = jax.jvp(ours, (x,), (t,))
         jac = jax.jacfwd(ours)(x[0])
-        check_grads(ours, (x,), order=2, modes=("fwd", "rev"), atol=5e-3, rtol=5e-3)
+        # Finite differences of second order are noise in float32 (jax.nn.softmax itself
+        # fails this check for about one draw in five at scale 3), so check in float64.
+        with jax.enable_x64():
+            x64 = jnp.asarray(np.asarray(x), jnp.float64)
+            assert ours(x64).dtype == jnp.float64
+            check_grads(ours, (x64,), order=2, modes=("fwd", "rev"), atol=1e-6, rtol=1e-6)
     want, want_tangent = jax.jvp(jax.nn.softmax, (x,), (t,))
     assert relative_error(out, want) <= tolerance(jnp.float32)
     assert relative_error(tangent, want_tangent) <= tolerance(jnp.float32)
