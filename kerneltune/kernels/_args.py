@@ -14,6 +14,13 @@ import jax.numpy as jnp
 import numpy as np
 
 
+class ShapeMismatch(ValueError, TypeError):
+    """Operands whose shapes do not fit one another (a contracted dimension, a count of
+    groups). A ValueError, and a TypeError as well because JAX raises TypeError for the
+    same mistake (`jax.lax.dot_general`, `jax.lax.ragged_dot`): code written against
+    either catches it."""
+
+
 def as_array(op: str, name: str, value: Any) -> jax.Array:
     """`value` as a JAX array, or a TypeError naming the argument."""
     if isinstance(value, jax.ShapeDtypeStruct):  # has a shape and a dtype, holds no values
@@ -33,12 +40,12 @@ def as_array(op: str, name: str, value: Any) -> jax.Array:
 def check_contracted(
     op: str, names: tuple[str, str], a: Any, b: Any, axes: tuple[int, int], note: str = ""
 ) -> None:
-    """Raises ValueError unless `a.shape[i] == b.shape[j]` for `axes == (i, j)`, the
+    """Raises ShapeMismatch unless `a.shape[i] == b.shape[j]` for `axes == (i, j)`, the
     dimension a product of `a` and `b` contracts; `note` follows the rule in the
     message (e.g. " (K)")."""
     (na, nb), (i, j) = names, axes
     if a.shape[i] != b.shape[j]:
-        raise ValueError(
+        raise ShapeMismatch(
             f"{op}: {na} is {tuple(a.shape)} and {nb} is {tuple(b.shape)}; {na}.shape[{i}] "
             f"must equal {nb}.shape[{j}]{note}."
         )

@@ -21,6 +21,7 @@ from kerneltune.kernels import (
     gated_linear_unit,
     layer_norm,
     matmul,
+    ragged_dot,
     rms_norm,
     softmax,
 )
@@ -728,3 +729,31 @@ def test_forward_mode_is_refused_where_docs_ops_says_and_hessians_work():
     for op in (layer_norm, softmax):  # other ops: it works
         out, tangent = jax.jvp(op, (x,), (jnp.ones_like(x),))
         assert out.shape == tangent.shape == x.shape
+
+
+def _glu(x, w):
+    return jax.nn.silu(x @ w[:, 0]) * (x @ w[:, 1])
+
+
+@pytest.mark.parametrize(
+    "ours, theirs, args",
+    [
+        (ragged_dot, jax.lax.ragged_dot, ((16, 8), (2, 9, 4), (2,))),  # K
+        (ragged_dot, jax.lax.ragged_dot, ((16, 8), (3, 8, 4), (2,))),  # G
+        (ragged_dot, jax.lax.ragged_dot, ((16, 8), (8, 4), (2,))),  # rhs not [G, K, N]
+        (ragged_dot, jax.lax.ragged_dot, ((16, 8), (2, 8, 4), (1, 2))),  # group_sizes 2-D
+        (gated_linear_unit, _glu, ((4, 8), (9, 2, 3))),  # K
+    ],
+    ids=["ragged_dot_k", "ragged_dot_groups", "ragged_dot_rhs_rank", "ragged_dot_sizes", "glu_k"],
+)
+def test_a_shape_mismatch_raises_what_jax_raises_and_a_value_error(ours, theirs, args):
+    # Before: ValueError only, so code written against JAX (`pytest.raises(TypeError)`,
+    # `except TypeError`) missed ours; kerneltune's own callers catch ValueError.
+    arrays = [
+        jnp.full(shape, 2, jnp.int32) if i == 2 else jnp.ones(shape) for i, shape in enumerate(args)
+    ]
+    with pytest.raises(TypeError):
+        theirs(*arrays)
+    with pytest.raises(TypeError) as caught:
+        ours(*arrays, executor=EX)
+    assert isinstance(caught.value, ValueError)

@@ -12,7 +12,13 @@ import numpy as np
 from kerneltune._src.execution.default import default_executor
 from kerneltune._src.kernel.backends import BackendKernel
 from kerneltune._src.kernel.base import Invocation
-from kerneltune.kernels._args import as_array, explicitly_sharded, last_axis_rows, symbolic
+from kerneltune.kernels._args import (
+    ShapeMismatch,
+    as_array,
+    explicitly_sharded,
+    last_axis_rows,
+    symbolic,
+)
 from kerneltune.kernels._common import Pruned, interpreted, kernel_for
 from kerneltune.kernels._flattened import call_flattened
 from kerneltune.kernels.gated_linear_unit import config as config_lib
@@ -36,20 +42,20 @@ def problem_of(inv: Invocation[Any, Any]) -> GLUProblem:
 
 
 def check_weights(op: str, x: Any, w: Any) -> None:
-    """Raises a TypeError or ValueError naming what does not fit: the weights are fused
-    `[K, 2, N]` or a pair of `[K, N]`, in x's floating dtype."""
+    """Raises a TypeError or a ShapeMismatch naming what does not fit: the weights are
+    fused `[K, 2, N]` or a pair of `[K, N]`, in x's floating dtype."""
     k = x.shape[-1]
     if isinstance(w, tuple):
         shapes = [tuple(a.shape) for a in w]
         if len(w) != 2 or shapes[0] != shapes[1] or len(shapes[0]) != 2 or shapes[0][0] != k:
-            raise ValueError(
+            raise ShapeMismatch(
                 f"{op}: weights as a pair must be two [K, N] arrays with K = x.shape[-1] = "
                 f"{k}, got shapes {shapes}."
             )
         dtypes = [a.dtype for a in w]
     else:
         if w.ndim != 3 or w.shape[1] != 2 or w.shape[0] != k:
-            raise ValueError(
+            raise ShapeMismatch(
                 f"{op}: weights must be [K, 2, N] (or a pair of [K, N]) with K = "
                 f"x.shape[-1] = {k}, got shape {tuple(w.shape)}."
             )

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kerneltune._src.core import tracing
-from kerneltune.kernels._args import check_contracted
+from kerneltune.kernels._args import ShapeMismatch, check_contracted
 from kerneltune.kernels.ragged_dot import groups as groups_lib
 
 
@@ -22,14 +22,14 @@ def check_operands(op: str, lhs: Any, rhs: Any, sizes: Any, *, offset: bool = Fa
     """The forward's `lhs[M, K]`, `rhs[G, K, N]` and `group_sizes[G]` fit one another;
     with `offset` (a `group_offset` call), `rhs` holds `G_local <= G` groups."""
     if getattr(lhs, "ndim", None) != 2:
-        raise ValueError(f"{op}: lhs must be 2-D [M, K], got shape {shape_of(lhs)}.")
+        raise ShapeMismatch(f"{op}: lhs must be 2-D [M, K], got shape {shape_of(lhs)}.")
     if getattr(rhs, "ndim", None) != 3:
-        raise ValueError(f"{op}: rhs must be 3-D [G, K, N], got shape {shape_of(rhs)}.")
+        raise ShapeMismatch(f"{op}: rhs must be 3-D [G, K, N], got shape {shape_of(rhs)}.")
     if offset:
         check_sizes(op, sizes, None)
         groups_lib.check_local(op, sizes, int(rhs.shape[0]))
     elif getattr(sizes, "ndim", None) != 1 or sizes.shape[0] != rhs.shape[0]:
-        raise ValueError(
+        raise ShapeMismatch(
             f"{op}: group_sizes must be 1-D [G] with G = rhs.shape[0] = {rhs.shape[0]}, got "
             f"shape {shape_of(sizes)}."
         )
@@ -54,17 +54,17 @@ def check_pair(
     `axes == (i, j)` (`agree` says what that means, e.g. "agree on N")."""
     na, nb = names
     if getattr(a, "ndim", None) != ndims[0] or getattr(b, "ndim", None) != ndims[1]:
-        raise ValueError(
+        raise ShapeMismatch(
             f"{op}: {na} and {nb} must be {layouts}, got shapes {shape_of(a)} and {shape_of(b)}."
         )
     if a.shape[axes[0]] != b.shape[axes[1]]:
-        raise ValueError(f"{op}: {na} {shape_of(a)} and {nb} {shape_of(b)} must {agree}.")
+        raise ShapeMismatch(f"{op}: {na} {shape_of(a)} and {nb} {shape_of(b)} must {agree}.")
 
 
 def check_sizes(op: str, sizes: Any, groups: int | None) -> None:
     if getattr(sizes, "ndim", None) != 1 or (groups is not None and sizes.shape[0] != groups):
         want = "[G]" if groups is None else f"[{groups}]"
-        raise ValueError(f"{op}: group_sizes must be 1-D {want}, got shape {shape_of(sizes)}.")
+        raise ShapeMismatch(f"{op}: group_sizes must be 1-D {want}, got shape {shape_of(sizes)}.")
     if not jnp.issubdtype(sizes.dtype, jnp.integer):
         raise TypeError(f"{op}: group_sizes must have an integer dtype, got {sizes.dtype}.")
 
