@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import random
+import re
 import time
 import uuid
 
@@ -14,7 +15,7 @@ import pytest
 from kerneltune._src.caching import cache_entry, persistent
 from kerneltune._src.caching.default_cache import default_persistent_cache
 from kerneltune._src.caching.persistent import PersistentCache
-from kerneltune._src.core import options
+from kerneltune._src.core import files, options
 from kerneltune._src.tuning.report import CandidateResult, TuningReport
 from tests.helpers import Layout
 
@@ -438,6 +439,23 @@ def test_import_rejects_other_files(tmp_path, cache):
         cache.import_(tmp_path / "x.json")
     with pytest.raises(OSError):
         cache.import_(tmp_path / "missing.json")
+
+
+def test_import_and_merge_errors_name_the_file(tmp_path, cache):
+    # `merge` takes several sources at once: an error that did not say which file
+    # was bad ("cannot merge: it is not a regular file") left the user guessing.
+    good = tmp_path / "good.json"
+    PersistentCache(tmp_path / "src").export(good)
+    other = tmp_path / "other.json"
+    other.write_text('{"kind": "something else"}')
+    with pytest.raises(ValueError, match=re.escape(f"{other}: not a kerneltune cache export")):
+        cache.merge(good, other)
+    folder = tmp_path / "folder.json"
+    folder.mkdir()
+    with pytest.raises(
+        files.UnreadableFile, match=re.escape(f"{folder}: it is not a regular file")
+    ):
+        cache.import_(folder)
 
 
 def test_import_skips_bad_entries(tmp_path, cache, caplog):

@@ -136,7 +136,12 @@ def test_export_import_merge(capsys, cache_dir, tmp_path):
     assert len(PersistentCache(fourth)) == 3
 
     status, _, err = run(capsys, "--cache-dir", other, "cache", "import", str(tmp_path / "no.json"))
-    assert status == 1 and "cannot import" in err
+    assert status == 1 and "cannot import" in err and "no.json" in err
+    # Of several sources, the error names the one that is not an export.
+    (tmp_path / "notes.json").write_text('{"kind": "notes"}')
+    bad = str(tmp_path / "notes.json")
+    status, _, err = run(capsys, "--cache-dir", other, "cache", "merge", out_file, bad)
+    assert status == 1 and f"cannot merge: {bad}: not a kerneltune cache export" in err
 
 
 def test_clear_and_prune(capsys, cache_dir):

@@ -112,6 +112,15 @@ def test_overlays_nest_innermost_wins():
     assert ex.choose_config(CostKernel(), x) == RepCfg(reps=4)  # the heuristic
 
 
+@pytest.mark.parametrize("mapping", [5, [1, 2], "cfgs"])
+def test_an_overlay_that_is_no_mapping_is_a_type_error_naming_the_argument(mapping):
+    # Before: dict()'s own message ("'int' object is not iterable"), which named
+    # neither the argument nor what it takes.
+    with pytest.raises(TypeError, match=r"overlay_cache\(mapping\) needs a mapping .* got"):
+        with kt.overlay_cache(mapping):
+            pass
+
+
 def test_heuristics_tier_and_it_does_not_block_a_later_autotune(tmp_path):
     pc = PersistentCache(tmp_path)
     ex, chain, events = make(

@@ -79,6 +79,14 @@ def test_benchmark_warns_when_fn_closes_over_arrays(recwarn):
     assert not [w for w in recwarn if "closes over" in str(w.message)]
 
 
+def test_benchmark_of_something_not_callable_names_the_argument():
+    # Before: "'int' object is not callable" from inside the tuner's trace.
+    with pytest.raises(
+        TypeError, match=r"benchmark\(fn, \.\.\.\) needs a function .* got int \(3\)"
+    ):
+        benchmark(3, data(8))
+
+
 def test_benchmark_passes_keyword_arguments_and_statics():
     x = data()
     assert benchmark(lambda a, *, n: a * n, x, n=3, num_iters=2) > 0

@@ -106,6 +106,22 @@ def overlay_cache(mapping: Mapping[CacheKey, Any] | ConfigCache[Any]) -> Iterato
     outside the block and called inside it is re-traced with the overlay's configs, and
     gets its old configs back after the block.
     """
-    entries = dict(mapping.items()) if isinstance(mapping, ConfigCache) else dict(mapping)
-    with scope.with_overlay(scope.Overlay(entries)):
+    with scope.with_overlay(scope.Overlay(_overlay_entries(mapping))):
         yield
+
+
+def _overlay_entries(mapping: Any) -> dict[Any, Any]:
+    """`overlay_cache`'s configs as a dict; a TypeError that names the argument, shows
+    the value and what is allowed where it is neither a mapping nor a ConfigCache
+    (`dict()`'s own error, "'int' object is not iterable", said none of these)."""
+    if isinstance(mapping, ConfigCache):
+        return dict(mapping.items())
+    try:
+        return dict(mapping)
+    except (TypeError, ValueError):
+        raise TypeError(
+            "overlay_cache(mapping) needs a mapping {(device_fingerprint, op_id_v, "
+            f"call_key): cfg}} or a ConfigCache, got {type(mapping).__name__} "
+            f"({mapping!r:.80}). An AutotuningResult applies itself: `with result:`, "
+            "or pass result.as_overlay()."
+        ) from None

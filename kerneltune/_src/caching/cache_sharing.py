@@ -23,6 +23,7 @@ from kerneltune._src.caching.cache_entry import (
     op_matches,
     runtime_versions,
 )
+from kerneltune._src.core import files
 
 _TEMP_MAX_AGE_S = 3600.0
 
@@ -190,8 +191,16 @@ def entries_of_file(location: str, warn: Callable[[str, str], None]) -> list[Cac
       OSError: the file cannot be read.
       ValueError: it is not a kerneltune export, or breaks the reader's limits.
     """
+    try:
+        docs = storage.read_export_file(location)
+    except ValueError as e:
+        # The caller named the file (`merge` takes several at once): the error says
+        # which one, as an OSError's does. An UnreadableFile stays one; other
+        # ValueErrors (some take more than a message) become plain ones.
+        error = files.UnreadableFile if isinstance(e, files.UnreadableFile) else ValueError
+        raise error(f"{location}: {e}") from None
     entries = []
-    for i, doc in enumerate(storage.read_export_file(location)):
+    for i, doc in enumerate(docs):
         try:
             entries.append(entry_from_document(doc, f"{location}#{i}"))
         except BadEntry as e:

@@ -270,7 +270,8 @@ def export(args: argparse.Namespace) -> int:
 def import_(args: argparse.Namespace) -> int:
     cache = _open(args)
     read = functools.partial(cache.import_, args.file, provenance=args.provenance)
-    return _transfer(read, f"cannot import {args.file}", "imported", f"into {cache.location}")
+    # The error names the file (an OSError's and the cache's own errors do).
+    return _transfer(read, "cannot import", "imported", f"into {cache.location}")
 
 
 def merge(args: argparse.Namespace) -> int:

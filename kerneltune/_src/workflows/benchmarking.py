@@ -49,6 +49,7 @@ def benchmark(
       Milliseconds per call.
 
     Raises:
+      TypeError: `fn` is not callable.
       ValueError: `num_warmup` is not an integer >= 0 or `num_iters` not one >= 1.
 
     Example:
@@ -58,6 +59,13 @@ def benchmark(
       >>> 0 < ms < 1000
       True
     """
+    if not callable(fn):
+        # Checked first: otherwise the tuner's trace failed with "'int' object is not
+        # callable", which names neither benchmark's argument nor what it takes.
+        raise TypeError(
+            f"benchmark(fn, ...) needs a function or a kerneltune.Kernel to time, got "
+            f"{type(fn).__name__} ({fn!r:.80})."
+        )
     _check_sample_counts("benchmark", num_warmup, num_iters)
     _warn_about_captured_arrays(fn, args, kwargs)
     tuner: Tuner[Any] = Tuner(warmup=num_warmup, iters=num_iters)
