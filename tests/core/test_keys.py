@@ -154,6 +154,14 @@ def test_config_json_round_trip_keeps_none_in_an_object_field():
     assert kt.from_json(kt.to_json(Loose(extra=3)), Loose) == Loose(extra=3)
 
 
+def test_from_json_of_text_that_is_not_json_names_the_argument():
+    # Before: "it is not valid JSON (...)", with no word of which argument "it" was.
+    with pytest.raises(
+        ValueError, match=r"from_json\(s, FwdParams\): s is unreadable: it is not valid JSON"
+    ):
+        kt.from_json("{", kt.FwdParams)
+
+
 def test_from_json_names_unknown_fields():
     with pytest.raises(TypeError, match=r"FwdParams has no field\(s\) \['block'\]"):
         kt.from_json('{"block": 3}', kt.FwdParams)

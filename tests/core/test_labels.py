@@ -204,3 +204,9 @@ def test_labels_to_configs_takes_the_labels_find_labels_in_lowered_returns():
         kt.labels_to_configs([3], ex.chooser)
     with pytest.raises(TypeError, match=r"lowered computation .*HLO text, got int"):
         kt.find_labels_in_lowered(3)
+
+
+def test_extracting_labels_from_something_not_text_names_the_argument():
+    # Before: "'int' object is not subscriptable", from inside the function.
+    with pytest.raises(TypeError, match=r"extract_labels_from_hlo_text\(text\) .*got int \(3\)"):
+        kt.extract_labels_from_hlo_text(3)

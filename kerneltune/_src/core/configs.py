@@ -79,7 +79,11 @@ def from_json(s: str | bytes, cls: type[T]) -> T:
     """Parses JSON written by `to_json` into an instance of `cls` (never executes code:
     the type comes from the caller, never from the text; the text is read with the
     limits of `files.loads`)."""
-    return config_from_dict(files.loads(s), cls)
+    try:
+        data = files.loads(s)
+    except files.UnreadableFile as e:  # its message says what is wrong with "it"
+        raise files.UnreadableFile(f"from_json(s, {cls.__name__}): s is unreadable: {e}") from None
+    return config_from_dict(data, cls)
 
 
 def with_current_names(cls: type, data: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -114,6 +114,12 @@ def extract_labels_from_hlo_text(text: str) -> list[str]:
       >>> extract_labels_from_hlo_text('x = f32[] add(a, b), frontend_attributes={kerneltune_label="kt:op@v1:abc"}')
       ['kt:op@v1:abc']
     """
+    if not isinstance(text, str):
+        raise TypeError(
+            "extract_labels_from_hlo_text(text) takes a module's text (a str: "
+            "`jax.jit(f).lower(x).as_text()`, or `.compile().as_text()`), got "
+            f"{type(text).__name__} ({text!r:.60})."
+        )
     # HLO prints C-style escapes (a quote as \"); MLIR prints hex ones (\22).
     unescape = _unescape_hlo if "HloModule" in text[:2000] else _unescape_mlir
     seen: dict[str, None] = {}
