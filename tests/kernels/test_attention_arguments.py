@@ -124,6 +124,31 @@ def test_a_head_dim_of_0_gives_jax_nns_empty_result():
     same_result((Q[..., :0], K[..., :0], V[..., :0]), {})
 
 
+# Before: the forward of an empty sequence (no queries, or no keys) gave jax.nn's result
+# but its gradient raised ZeroDivisionError: a length of 0 counted as one the flash
+# kernel tiles, and the backward's block heuristic divided by it. (16: the other
+# sequence one the kernel tiles, so nothing else sends the call elsewhere.)
+@pytest.mark.parametrize(
+    "t, s", [(0, 16), (16, 0), (0, 0)], ids=["no_queries", "no_keys", "neither"]
+)
+@pytest.mark.parametrize("causal", [False, True])
+def test_an_empty_sequence_has_jax_nns_result_and_gradients(t, s, causal):
+    q, k, v = qkv(t=t, s=s)
+    dout = rand(q.shape, seed=7)
+
+    def grads(fn):
+        def loss(q, k, v):
+            return (fn(q, k, v, is_causal=causal) * dout).sum()
+
+        return jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+    (got_loss, got), (want_loss, want) = grads(ours), grads(jax.nn.dot_product_attention)
+    close(got_loss, want_loss, tol=TOL)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        close(g, w, tol=TOL)
+
+
 def test_integer_inputs_and_a_bool_window_give_jax_nns_results():
     # jax.nn promotes integers with float32 (and a bool window's side with positions):
     # not under the suite's strict promotion.

@@ -205,8 +205,10 @@ AttentionBackwardInterpret = interpreted(AttentionBackward)
 
 
 def _kernel_can_tile(length: int) -> bool:
-    """The flash kernel's blocks (up to 128) must tile the sequence."""
-    return length % 128 == 0 or (length & (length - 1) == 0 and length >= 16)
+    """The flash kernel's blocks (up to 128) must tile the sequence. An empty one has
+    no block (its backward's heuristic would divide by the length): it runs as a
+    variant, whose XLA code JAX differentiates."""
+    return length > 0 and (length % 128 == 0 or (length & (length - 1) == 0 and length >= 16))
 
 
 def attention(
