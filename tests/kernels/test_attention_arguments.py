@@ -133,12 +133,27 @@ def test_a_head_dim_of_0_gives_jax_nns_empty_result():
 )
 @pytest.mark.parametrize("causal", [False, True])
 def test_an_empty_sequence_has_jax_nns_result_and_gradients(t, s, causal):
-    q, k, v = qkv(t=t, s=s)
+    same_loss_and_gradients(*qkv(t=t, s=s), is_causal=causal)
+
+
+# Before: under KERNELTUNE_PLATFORM=triton (the Pallas kernels, as on a GPU) a batch of
+# 0 ran the flash kernel, whose block slices of one batch row failed ("slice_sizes
+# must be less than or equal to operand shape"), forward and gradient.
+@pytest.mark.parametrize("kv_heads", [4, 2], ids=["mha", "gqa"])
+def test_an_empty_batch_has_jax_nns_result_and_gradients_where_pallas_runs(kv_heads):
+    from kerneltune._src.core import options
+
+    with options.scoped(platform="triton"):  # the Pallas kernels, in the interpreter
+        same_loss_and_gradients(*qkv(t=16, s=16, kv_heads=kv_heads, batch=0), is_causal=True)
+
+
+def same_loss_and_gradients(q, k, v, **kwargs):
+    """`sum(out · dout)` and its gradients by q, k and v are jax.nn's."""
     dout = rand(q.shape, seed=7)
 
     def grads(fn):
         def loss(q, k, v):
-            return (fn(q, k, v, is_causal=causal) * dout).sum()
+            return (fn(q, k, v, **kwargs) * dout).sum()
 
         return jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v)
 
