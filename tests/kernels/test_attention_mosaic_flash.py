@@ -428,6 +428,23 @@ def test_an_empty_sequence_is_refused_with_the_reason():
     assert "empty sequence" in reason
 
 
+@needs_interpreter
+def test_a_batch_of_no_rows_is_refused_with_the_reason():
+    # Before: only empty sequences were refused; a batch of 0 ran the kernels on a grid
+    # of no rows, and the interpreter, padding their buffers to a block, divided by
+    # the batch: a ZeroDivisionError. Refused, the heuristic (which asks `unusable`)
+    # never picks the kernel for such a call, and a config naming it says why.
+    kernel = AttentionVariants(executor=EX, interpret=True)
+    q = jnp.zeros((0, 64, 2, H), jnp.bfloat16)
+    k = jnp.zeros((0, 64, 1, H), jnp.bfloat16)
+    assert "empty" in kernel.backend_named("mosaic").unusable(kernel, _invocation(q), None)
+    ids = jnp.zeros((0, 64), jnp.int32)
+    masks = Masks(q_segments=ids, kv_segments=ids)
+    with pytest.raises(ValueError, match="takes no empty sequence or batch"):
+        EX(kernel, q, k, k, None, masks, causal=True, sm_scale=0.125, window=None,
+           soft_cap=None, cfg=VariantConfig(backend="mosaic"))  # fmt: skip
+
+
 def test_its_config_checks_its_blocks():
     assert VariantConfig(backend="mosaic") == VariantConfig(
         backend="mosaic", block_q=64, block_kv=64

@@ -186,8 +186,8 @@ class MosaicFlashBackend(Backend):
 
     def unusable(self, kernel, inv, cfg) -> str | None:
         q, k, _, bias, masks = inv.args
-        if q.shape[1] == 0 or k.shape[1] == 0:
-            return "kerneltune's Mosaic flash kernel takes no empty sequence"
+        if 0 in (q.shape[0], q.shape[1], k.shape[1]):  # a grid of no blocks
+            return "kerneltune's Mosaic flash kernel takes no empty sequence or batch"
         if bias is not None or masks.mask is not None:
             return "kerneltune's Mosaic flash kernel takes no bias or dense mask"
         if np.dtype(q.dtype) not in DTYPES or np.dtype(k.dtype) != np.dtype(q.dtype):
