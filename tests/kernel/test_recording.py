@@ -213,6 +213,19 @@ def test_codec_round_trips_static_values(monkeypatch):
         manifest.encode(lambda: None)
 
 
+def test_recording_something_not_a_kernel_names_the_arguments():
+    # Before: "'NoneType' object has no attribute 'device_fingerprint'".
+    ex, kernel = heuristics_executor(), LoopKernel()
+    inv = ex.invocation(kernel, jnp.ones((3, 3)))
+    with pytest.raises(
+        TypeError, match=r"record_invocation\(kernel, inv\) .*got int and Invocation"
+    ):
+        recording.record_invocation(3, inv)
+    with pytest.raises(TypeError, match=r"got LoopKernel and NoneType"):
+        recording.record_invocation(kernel, None)
+    assert recording.get_invocations() == {}
+
+
 def test_record_without_recording_option_is_explicit():
     ex, kernel = heuristics_executor(), LoopKernel()
     inv = ex.invocation(kernel, jnp.ones((3, 3)))

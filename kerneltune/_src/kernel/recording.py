@@ -268,6 +268,13 @@ def record_invocation(kernel: Kernel[Any, Any], inv: Invocation[Any, Any]) -> Re
     """Records a call for offline tuning (the executor calls it for every call while
     `KERNELTUNE_RECORD=1`, or inside `record_calls()`). A key already recorded keeps
     its first record. Returns the record."""
+    if not isinstance(kernel, Kernel) or not isinstance(inv, Invocation):
+        # Checked here: otherwise "'int' object has no attribute 'device_fingerprint'".
+        raise TypeError(
+            "record_invocation(kernel, inv) takes a kerneltune.Kernel and the Invocation "
+            f"of one of its calls (`executor.invocation(kernel, *args)`), got "
+            f"{type(kernel).__name__} and {type(inv).__name__}."
+        )
     dev, op_id_v, call_key = inv.device_fingerprint, inv.op_id_v, inv.call_key
     existing = _registry.get(dev, {}).get(op_id_v, {}).get(call_key)
     if existing is not None:
