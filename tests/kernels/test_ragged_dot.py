@@ -743,3 +743,33 @@ def test_the_reference_holds_a_fraction_of_jax_ragged_dots_memory():
     reference = RaggedDot().reference  # what tuning checks outputs against
     for grad in (False, True):
         assert temp_bytes(reference, grad) < temp_bytes(ragged_dot_xla, grad) / 4
+
+
+@pytest.mark.parametrize("activation", [None, jax.nn.relu])
+def test_reduction_order_goes_to_the_installed_jax_lax_ragged_dot(activation):
+    # Where jax.lax.ragged_dot has `reduction_order` (JAX 0.12 and later) it judges the
+    # value; an older one refuses the keyword. Before: ours refused it in every JAX.
+    lhs, rhs, sizes = jnp.ones((4, 8)), jnp.ones((2, 8, 3)), jnp.array([2, 2], jnp.int32)
+
+    def error_of(fn, **kwargs):
+        try:
+            fn(lhs, rhs, sizes, reduction_order="no such order", **kwargs)
+        except Exception as e:
+            return type(e)
+        return None
+
+    assert error_of(jax.lax.ragged_dot) is not None
+    ours = error_of(ragged_dot, activation=activation, executor=heuristics_executor())
+    assert ours is error_of(jax.lax.ragged_dot)
+
+
+def test_a_reduction_order_jax_takes_gives_jax_lax_ragged_dots_values(key):
+    rng = np.random.default_rng(np.asarray(jax.random.key_data(key)))
+    lhs, rhs = normal(rng, (6, 8)), normal(rng, (2, 8, 3))
+    sizes = jnp.array([2, 3], jnp.int32)
+    try:
+        want = jax.lax.ragged_dot(lhs, rhs, sizes, reduction_order="unordered")
+    except TypeError:  # a JAX before 0.12: no such keyword (the test above)
+        pytest.skip("the installed jax.lax.ragged_dot has no reduction_order")
+    got = ragged_dot(lhs, rhs, sizes, reduction_order="unordered", executor=heuristics_executor())
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

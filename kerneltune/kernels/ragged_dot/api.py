@@ -280,6 +280,7 @@ def ragged_dot(
     group_offset: jax.Array | int | None = None,
     out_sharding: Any = None,
     *,
+    reduction_order: Any = None,
     activation: Callable[[jax.Array], jax.Array] | None = None,
     cfg: RaggedDotConfig | None = None,
     executor: Any = None,
@@ -319,6 +320,8 @@ def ragged_dot(
         outside that range is clipped into it).
       out_sharding: None, or the output's sharding under an explicit mesh, as
         `jax.lax.ragged_dot`'s (such a call runs `jax.lax.ragged_dot`).
+      reduction_order: None, or as `jax.lax.ragged_dot`'s where the installed JAX has
+        it (0.12 and later; such a call runs `jax.lax.ragged_dot`).
       activation: None, or a function applied to the product (every row, the zero
         ones too) in the accumulator's dtype (float32 for 16-bit floats) before the
         cast to the output dtype: tokamax's argument.
@@ -329,8 +332,9 @@ def ragged_dot(
       `[M, N]` in `preferred_element_type`, else the inputs' dtype.
 
     Raises:
-      ValueError: shapes that do not fit one another; a concrete `group_offset` out of
-        range, or of another shape.
+      ShapeMismatch: (a ValueError and a TypeError, as JAX's is a TypeError) shapes
+        that do not fit one another.
+      ValueError: a concrete `group_offset` out of range, or of another shape.
       TypeError: a non-integer `group_sizes` or `group_offset`, or a non-array argument.
 
     Example:
@@ -358,7 +362,7 @@ def ragged_dot(
         narrow = jnp.issubdtype(out.dtype, jnp.floating) and out.dtype.itemsize < 4
         acc = ragged_dot(
             a, b, group_sizes, precision, jnp.float32 if narrow else out.dtype, group_offset,
-            out_sharding, cfg=cfg, executor=executor,
+            out_sharding, reduction_order=reduction_order, cfg=cfg, executor=executor,
         )  # fmt: skip
         return activation(acc).astype(out.dtype)  # type: ignore[no-any-return]
     lhs = as_array(op, "lhs", lhs)
@@ -377,6 +381,7 @@ def ragged_dot(
         and jnp.issubdtype(dtype, jnp.floating)
         and precision is None
         and out_sharding is None  # (explicit meshes: JAX's own sharding rule)
+        and reduction_order is None
         # Arrays sharded over explicit mesh axes: the kernels cannot carry the types (a
         # Pallas call refuses them); JAX's op takes them, or says it needs out_sharding.
         and not (cfg is None and explicitly_sharded(lhs, rhs, sizes, offset))
@@ -384,6 +389,8 @@ def ragged_dot(
         and min(lhs.shape[0], lhs.shape[1], rhs.shape[0], rhs.shape[2]) > 0
     )
     if not tunable:  # what `jax.lax.ragged_dot` computes, on the local rows with an offset
+        # Only the options given are passed: a JAX without `reduction_order` refuses it.
+        extra = {"out_sharding": out_sharding, "reduction_order": reduction_order}
         return local_ragged_dot(
             lhs,
             rhs,
@@ -391,7 +398,7 @@ def ragged_dot(
             offset,
             precision=precision,
             preferred_element_type=preferred_element_type,
-            **({} if out_sharding is None else {"out_sharding": out_sharding}),
+            **{name: value for name, value in extra.items() if value is not None},
         )
     ex = executor if executor is not None else default_executor()
     out_dtype = (dtype if preferred is None else preferred).name
