@@ -338,7 +338,7 @@ def attention(
     if scale is None or isinstance(scale, (int, float, np.number)):
         sm_scale = 1.0 / math.sqrt(h) if scale is None else float(scale)
     else:  # a traced scale: fold it into the queries, keep the kernels' static
-        q, sm_scale = (q * jnp.asarray(scale, q.dtype)).astype(q.dtype), 1.0
+        q, sm_scale = q * jnp.asarray(scale, q.dtype), 1.0
     sharded = explicit_sharding_backend(q, k, v, bias, masks) if cfg is None else None
     if sharded is not None:  # sharding in types: a variants path JAX differentiates
         cfg = VariantConfig(backend=sharded)
@@ -354,10 +354,10 @@ def attention(
     )
     ex = executor if executor is not None else default_executor()
     if plain:
-        out = ex(kernel_for(Attention, ex), q, k, v, causal=bool(is_causal),
+        out = ex(kernel_for(Attention, ex), q, k, v, causal=is_causal,
                  sm_scale=sm_scale, cfg=cfg)  # fmt: skip
     else:
         out = ex(kernel_for(AttentionVariants, ex), q, k, v, bias, masks,
-                 causal=bool(is_causal), sm_scale=sm_scale, window=window,
+                 causal=is_causal, sm_scale=sm_scale, window=window,
                  soft_cap=soft_cap, cfg=cfg)  # fmt: skip
     return out if out.shape == query.shape else out.reshape(query.shape)

@@ -12,6 +12,7 @@ from kerneltune._src.execution.default import default_executor
 from kerneltune._src.kernel.backends import BackendKernel
 from kerneltune._src.kernel.base import Invocation
 from kerneltune.kernels._args import (
+    ShapeMismatch,
     as_array,
     cast,
     check_contracted,
@@ -151,8 +152,8 @@ def matmul(
     dtype = jnp.result_type(a, b)  # first, as jnp.matmul promotes before it multiplies
     k_a = a.shape[-1]
     k_b = b.shape[0] if b.ndim == 1 else b.shape[-2]
-    if k_a != k_b:  # a TypeError, as jnp.matmul's (from lax.dot_general)
-        raise TypeError(
+    if k_a != k_b:  # a TypeError, as jnp.matmul's (from lax.dot_general), and a ValueError
+        raise ShapeMismatch(
             f"{op}: a's last dimension ({k_a}) must equal b's "
             f"{'only' if b.ndim == 1 else 'second-to-last'} dimension ({k_b}); "
             f"got shapes {a.shape} and {b.shape}."
