@@ -87,12 +87,12 @@ def main() -> None:
     results = {name: per_call_us(fn, args.calls, args.repeats) for name, fn in cases}
     base = results["plain jax.jit"][0]
     print(f"device: {kt.device_fingerprint()}   jax {jax.__version__}   calls/repeat {args.calls}")
-    print(f"{'case':34s} {'µs/call':>9s} {'± spread':>9s} {'ratio':>7s}")
+    print(f"{'case':36s} {'µs/call':>9s} {'± spread':>9s} {'ratio':>7s}")
     for name, (median, spread) in results.items():
-        print(f"{name:34s} {median:9.2f} {spread:9.2f} {median / base:7.2f}")
+        print(f"{name:36s} {median:9.2f} {spread:9.2f} {median / base:7.2f}")
     print()
     print(
-        f"{'public op (eager)':34s} {'µs/call':>9s} {'± spread':>9s} {'plain µs':>9s} {'ratio':>7s}"
+        f"{'public op (eager)':36s} {'µs/call':>9s} {'± spread':>9s} {'plain µs':>9s} {'ratio':>7s}"
     )
     for name, ours, plain_fn in public_ops():
         jax.block_until_ready(ours())
@@ -102,14 +102,21 @@ def main() -> None:
             per_call_us(fn, calls, args.repeats) for fn in (ours, plain_fn)
         )
         print(
-            f"{name:34s} {median:9.2f} {spread:9.2f} {plain_median:9.2f} "
+            f"{name:36s} {median:9.2f} {spread:9.2f} {plain_median:9.2f} "
             f"{median / plain_median:7.2f}"
         )
 
 
 def public_ops() -> list[tuple[str, Callable[[], Any], Callable[[], Any]]]:
     """(name, kerneltune's call, plain JAX's call) at tiny float32 shapes."""
-    from kerneltune.kernels import attention, layer_norm, linear_softmax_cross_entropy, matmul
+    from kerneltune.kernels import (
+        attention,
+        gated_linear_unit,
+        layer_norm,
+        linear_softmax_cross_entropy,
+        matmul,
+        rms_norm,
+    )
     from kerneltune.kernels import softmax as kt_softmax
 
     key = jax.random.split(jax.random.PRNGKey(2), 3)
@@ -117,6 +124,8 @@ def public_ops() -> list[tuple[str, Callable[[], Any], Callable[[], Any]]]:
     w = jax.random.normal(key[1], (128, 128), jnp.float32)
     q = jax.random.normal(key[2], (1, 16, 2, 32), jnp.float32)
     labels = jnp.arange(8, dtype=jnp.int32)
+    scale, bias = jnp.ones((128,), jnp.float32), jnp.zeros((128,), jnp.float32)
+    w_glu = jax.random.normal(key[1], (128, 2, 64), jnp.float32)
 
     def plain_norm(v):
         mean = v.mean(-1, keepdims=True)
@@ -127,10 +136,31 @@ def public_ops() -> list[tuple[str, Callable[[], Any], Callable[[], Any]]]:
         picked = jnp.take_along_axis(logits, lab[:, None], axis=-1)[:, 0]
         return (jax.nn.logsumexp(logits, axis=-1) - picked).mean()
 
+    def plain_affine_norm(v, s, b):
+        return plain_norm(v) * s + b
+
+    def plain_rms(v, s):
+        return v * jax.lax.rsqrt((v * v).mean(-1, keepdims=True) + 1e-6) * s
+
+    def plain_glu(v, weights):
+        return jax.nn.silu(v @ weights[:, 0]) * (v @ weights[:, 1])
+
     norm, loss = jax.jit(plain_norm), jax.jit(plain_loss)
+    affine, rms, glu = jax.jit(plain_affine_norm), jax.jit(plain_rms), jax.jit(plain_glu)
     return [
         ("softmax [8,128]", lambda: kt_softmax(x), lambda: jax.nn.softmax(x)),
         ("layer_norm [8,128]", lambda: layer_norm(x), lambda: norm(x)),
+        (
+            "layer_norm [8,128] scale, bias",
+            lambda: layer_norm(x, scale, bias),
+            lambda: affine(x, scale, bias),
+        ),
+        ("rms_norm [8,128] scale", lambda: rms_norm(x, scale), lambda: rms(x, scale)),
+        (
+            "gated_linear_unit [8,128]x[128,2,64]",
+            lambda: gated_linear_unit(x, w_glu),
+            lambda: glu(x, w_glu),
+        ),
         ("matmul [8,128]x[128,128]", lambda: matmul(x, w), lambda: jnp.matmul(x, w)),
         (
             "attention causal [1,16,2,32]",

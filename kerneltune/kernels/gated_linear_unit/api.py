@@ -221,4 +221,5 @@ def gated_linear_unit(
             "xla_split": lambda: glu_xla(x, w, act, split=True),
         },
     )
-    return _as(out.reshape((*x.shape[:-1], n)), out_dtype)
+    shape = (*x.shape[:-1], n)
+    return _as(out if out.shape == shape else out.reshape(shape), out_dtype)
