@@ -115,6 +115,7 @@ def public_ops() -> list[tuple[str, Callable[[], Any], Callable[[], Any]]]:
         layer_norm,
         linear_softmax_cross_entropy,
         matmul,
+        ragged_dot,
         rms_norm,
     )
     from kerneltune.kernels import softmax as kt_softmax
@@ -126,6 +127,8 @@ def public_ops() -> list[tuple[str, Callable[[], Any], Callable[[], Any]]]:
     labels = jnp.arange(8, dtype=jnp.int32)
     scale, bias = jnp.ones((128,), jnp.float32), jnp.zeros((128,), jnp.float32)
     w_glu = jax.random.normal(key[1], (128, 2, 64), jnp.float32)
+    w_experts = jax.random.normal(key[1], (4, 128, 32), jnp.float32)
+    sizes = jnp.array([2, 3, 0, 3], jnp.int32)
 
     def plain_norm(v):
         mean = v.mean(-1, keepdims=True)
@@ -147,6 +150,7 @@ def public_ops() -> list[tuple[str, Callable[[], Any], Callable[[], Any]]]:
 
     norm, loss = jax.jit(plain_norm), jax.jit(plain_loss)
     affine, rms, glu = jax.jit(plain_affine_norm), jax.jit(plain_rms), jax.jit(plain_glu)
+    grouped = jax.jit(jax.lax.ragged_dot)
     return [
         ("softmax [8,128]", lambda: kt_softmax(x), lambda: jax.nn.softmax(x)),
         ("layer_norm [8,128]", lambda: layer_norm(x), lambda: norm(x)),
@@ -160,6 +164,11 @@ def public_ops() -> list[tuple[str, Callable[[], Any], Callable[[], Any]]]:
             "gated_linear_unit [8,128]x[128,2,64]",
             lambda: gated_linear_unit(x, w_glu),
             lambda: glu(x, w_glu),
+        ),
+        (
+            "ragged_dot [8,128]x[4,128,32]",
+            lambda: ragged_dot(x, w_experts, sizes),
+            lambda: grouped(x, w_experts, sizes),
         ),
         ("matmul [8,128]x[128,128]", lambda: matmul(x, w), lambda: jnp.matmul(x, w)),
         (

@@ -16,6 +16,7 @@ from kerneltune.kernels import (
     gated_linear_unit,
     layer_norm,
     linear_softmax_cross_entropy,
+    ragged_dot,
     rms_norm,
 )
 
@@ -69,6 +70,20 @@ def test_an_eager_two_dimensional_gated_linear_unit_is_not_reshaped(reshape_refu
     out = gated_linear_unit(x, w)
     want = jax.nn.silu(x @ w[:, 0]) * (x @ w[:, 1])
     np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)
+
+
+def test_int32_group_sizes_reach_the_grouped_matmul_without_a_cast(monkeypatch):
+    key = jax.random.split(jax.random.PRNGKey(5), 2)
+    x = jax.random.normal(key[0], (12, 8), jnp.float32)
+    w = jax.random.normal(key[1], (3, 8, 4), jnp.float32)
+    sizes = jnp.array([5, 0, 7], jnp.int32)
+    want = jax.lax.ragged_dot(x, w, sizes)
+
+    def refuse(self, *args, **kwargs):
+        raise AssertionError(f"eager astype of {self.dtype} to {args or kwargs}")
+
+    monkeypatch.setattr(type(sizes), "astype", refuse)
+    np.testing.assert_allclose(ragged_dot(x, w, sizes), want, rtol=2e-5, atol=2e-5)
 
 
 def test_a_missing_parameters_identity_is_built_once_for_eager_calls_only():

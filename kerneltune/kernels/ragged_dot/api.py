@@ -15,7 +15,7 @@ from kerneltune._src.execution.default import default_executor
 from kerneltune._src.kernel.backends import Backend, BackendKernel
 from kerneltune._src.kernel.base import Invocation
 from kerneltune._src.tuning.inputs import random_like
-from kerneltune.kernels._args import as_array, explicitly_sharded, symbolic
+from kerneltune.kernels._args import as_array, cast, explicitly_sharded, symbolic
 from kerneltune.kernels._common import Pruned, interpreted, kernel_for
 from kerneltune.kernels.ragged_dot import config as config_lib
 from kerneltune.kernels.ragged_dot import groups as groups_lib
@@ -402,5 +402,5 @@ def ragged_dot(
         )
     ex = executor if executor is not None else default_executor()
     out_dtype = (dtype if preferred is None else preferred).name
-    args = (lhs, rhs, sizes.astype(jnp.int32)) + (() if offset is None else (offset,))
+    args = (lhs, rhs, cast(sizes, np.dtype(np.int32))) + (() if offset is None else (offset,))
     return ex(kernel_for(RaggedDot, ex), *args, out_dtype=out_dtype, cfg=cfg)
