@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import kerneltune.kernels as kt
 from kerneltune.kernels import (
     _args,
     gated_linear_unit,
@@ -125,3 +126,52 @@ def test_the_eager_loss_heads_default_mask_is_built_once():
     assert _args._concrete_full.cache_info().hits >= 1
     traced = jax.jit(linear_softmax_cross_entropy)(x, labels, w)
     np.testing.assert_allclose(eager, traced, rtol=1e-6)
+
+
+@pytest.fixture
+def eager_binds(monkeypatch):
+    """Counts the primitives JAX runs eagerly (outside any trace), by name."""
+    from jax._src import core
+
+    if not hasattr(core.EvalTrace, "process_primitive"):
+        pytest.skip("this JAX runs eager primitives another way")
+    seen: dict[str, int] = {}
+    run = core.EvalTrace.process_primitive
+
+    def counting(self, primitive, *args, **params):
+        seen[primitive.name] = seen.get(primitive.name, 0) + 1
+        return run(self, primitive, *args, **params)
+
+    monkeypatch.setattr(core.EvalTrace, "process_primitive", counting)
+    return seen
+
+
+def test_eager_two_dimensional_calls_of_every_op_run_no_eager_primitive(eager_binds):
+    key = jax.random.split(jax.random.PRNGKey(6), 4)
+    x = jax.random.normal(key[0], (8, 32), jnp.float32)
+    w = jax.random.normal(key[1], (32, 32), jnp.float32)
+    w_glu = jax.random.normal(key[2], (32, 2, 16), jnp.float32)
+    w_experts = jax.random.normal(key[3], (3, 32, 16), jnp.float32)
+    scale = jnp.full((32,), 2.0, jnp.float32)
+    bias = jnp.full((32,), 0.5, jnp.float32)
+    sizes = jnp.array([3, 0, 5], jnp.int32)
+    labels = jnp.arange(8, dtype=jnp.int32)
+    q = jax.random.normal(key[0], (1, 8, 2, 16), jnp.float32)
+    calls = {
+        "softmax": lambda: kt.softmax(x),
+        "layer_norm": lambda: layer_norm(x, scale, bias),
+        "layer_norm without parameters": lambda: layer_norm(x),
+        "rms_norm": lambda: rms_norm(x, scale),
+        "matmul": lambda: kt.matmul(x, w),
+        "gated_linear_unit": lambda: gated_linear_unit(x, w_glu),
+        "ragged_dot": lambda: ragged_dot(x, w_experts, sizes),
+        "attention": lambda: kt.attention(q, q, q, is_causal=True),
+        "linear_softmax_cross_entropy": lambda: linear_softmax_cross_entropy(x, labels, w),
+    }
+    ran = {}
+    for name, call in calls.items():
+        jax.block_until_ready(call())  # the first call compiles and may build constants
+        eager_binds.clear()
+        jax.block_until_ready(call())
+        ran[name] = dict(eager_binds)
+    assert ran == {name: {} for name in calls}
