@@ -128,6 +128,7 @@ def public_ops() -> list[tuple[str, Callable[[], Any], Callable[[], Any]]]:
     scale, bias = jnp.ones((128,), jnp.float32), jnp.zeros((128,), jnp.float32)
     w_glu = jax.random.normal(key[1], (128, 2, 64), jnp.float32)
     w_experts = jax.random.normal(key[1], (4, 128, 32), jnp.float32)
+    x3 = x.reshape(2, 4, 128)
     sizes = jnp.array([2, 3, 0, 3], jnp.int32)
 
     def plain_norm(v):
@@ -159,6 +160,11 @@ def public_ops() -> list[tuple[str, Callable[[], Any], Callable[[], Any]]]:
             lambda: layer_norm(x, scale, bias),
             lambda: affine(x, scale, bias),
         ),
+        (
+            "layer_norm [2,4,128] scale, bias",
+            lambda: layer_norm(x3, scale, bias),
+            lambda: affine(x3, scale, bias),
+        ),
         ("rms_norm [8,128] scale", lambda: rms_norm(x, scale), lambda: rms(x, scale)),
         (
             "gated_linear_unit [8,128]x[128,2,64]",
@@ -171,6 +177,7 @@ def public_ops() -> list[tuple[str, Callable[[], Any], Callable[[], Any]]]:
             lambda: grouped(x, w_experts, sizes),
         ),
         ("matmul [8,128]x[128,128]", lambda: matmul(x, w), lambda: jnp.matmul(x, w)),
+        ("matmul [2,4,128]x[128,128]", lambda: matmul(x3, w), lambda: jnp.matmul(x3, w)),
         (
             "attention causal [1,16,2,32]",
             lambda: attention(q, q, q, is_causal=True),

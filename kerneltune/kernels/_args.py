@@ -108,17 +108,33 @@ def to_rows(x: jax.Array, axes: tuple[int, ...]) -> tuple[jax.Array, Any]:
     if moved.ndim == 2 and len(axes) == 1:  # rows already: no reshape to dispatch
         return moved, unmove
     feature = math.prod(x.shape[a] for a in axes)
-    rows = moved.reshape((math.prod(moved.shape[: x.ndim - len(axes)]), feature))
-    return rows, lambda y: unmove(y.reshape(moved.shape))
+    rows = reshape(moved, (math.prod(moved.shape[: x.ndim - len(axes)]), feature))
+    return rows, lambda y: unmove(reshape(y, moved.shape))
 
 
 def last_axis_rows(x: jax.Array) -> jax.Array:
     """`x` as `[rows, x.shape[-1]]`. The row count is spelled out: `reshape((-1, 0))`
     cannot infer it (JAX raises ZeroDivisionError), and a zero-sized last axis is a
     valid input (`jnp.matmul` of `[m, 0] @ [0, n]` is zeros)."""
-    if x.ndim == 2:  # rows already: an eager reshape would cost a dispatch
+    return reshape(x, (int(np.prod(x.shape[:-1], dtype=np.int64)), x.shape[-1]))
+
+
+def reshape(x: jax.Array, shape: tuple[Any, ...]) -> jax.Array:
+    """`x.reshape(shape)`: `x` itself where it has that shape, and for a concrete
+    array one jitted program. JAX runs an eager reshape through its slower path for
+    single primitives: on a CPU about 20 µs, where a jitted call takes about 4 (an eager
+    `[2, 4, 128]` `layer_norm` took 61 µs, 40 of them its reshape to rows and back).
+    Under a trace it is the plain reshape (symbolic dimensions too)."""
+    if tuple(x.shape) == tuple(shape):
         return x
-    return x.reshape((int(np.prod(x.shape[:-1], dtype=np.int64)), x.shape[-1]))
+    if isinstance(x, jax.core.Tracer):
+        return x.reshape(shape)
+    return _reshaped(x, tuple(shape))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _reshaped(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    return x.reshape(shape)
 
 
 def full(n: Any, fill: Any, dtype: Any, *, concrete: bool) -> jax.Array:

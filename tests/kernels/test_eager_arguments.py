@@ -175,3 +175,41 @@ def test_eager_two_dimensional_calls_of_every_op_run_no_eager_primitive(eager_bi
         jax.block_until_ready(call())
         ran[name] = dict(eager_binds)
     assert ran == {name: {} for name in calls}
+
+
+def test_eager_calls_over_more_dimensions_reshape_in_a_program(eager_binds):
+    """A `[B, T, D]` call's reshapes to rows and back run as one jitted program each: as
+    eager primitives they took 40 of an eager `layer_norm`'s 61 µs on a CPU."""
+    key = jax.random.split(jax.random.PRNGKey(7), 3)
+    x = jax.random.normal(key[0], (2, 3, 32), jnp.float32)
+    w = jax.random.normal(key[1], (32, 16), jnp.float32)
+    w_glu = jax.random.normal(key[2], (32, 2, 16), jnp.float32)
+    scale = jnp.full((32,), 2.0, jnp.float32)
+    calls = {
+        "softmax": (lambda: kt.softmax(x), lambda: jax.nn.softmax(x)),
+        "layer_norm": (lambda: layer_norm(x, scale), lambda: 2.0 * layer_norm(x)),
+        "rms_norm": (lambda: rms_norm(x, scale), lambda: 2.0 * rms_norm(x)),
+        "matmul": (lambda: kt.matmul(x, w), lambda: x @ w),
+        "gated_linear_unit": (
+            lambda: gated_linear_unit(x, w_glu),
+            lambda: jax.nn.silu(x @ w_glu[:, 0]) * (x @ w_glu[:, 1]),
+        ),
+    }
+    ran = {}
+    for name, (call, want) in calls.items():
+        expected = want()
+        jax.block_until_ready(call())
+        eager_binds.clear()
+        out = jax.block_until_ready(call())
+        ran[name] = dict(eager_binds)
+        assert out.shape == x.shape[:-1] + expected.shape[-1:]
+        np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-5, err_msg=name)
+    assert ran == {name: {} for name in calls}
+
+
+def test_a_traced_reshape_is_the_plain_reshape_with_no_nested_program():
+    x = jnp.ones((2, 3, 4))
+    assert _args.reshape(x, (2, 3, 4)) is x
+    eqns = jax.make_jaxpr(lambda v: _args.reshape(v, (6, 4)))(x).jaxpr.eqns
+    assert [e.primitive.name for e in eqns] == ["reshape"]
+    np.testing.assert_array_equal(_args.reshape(jnp.arange(6), (2, 3)), np.arange(6).reshape(2, 3))

@@ -16,6 +16,7 @@ from kerneltune._src.kernel.backends import BackendKernel
 from kerneltune._src.kernel.base import Invocation
 from kerneltune._src.params import BwdParams, FwdParams
 from kerneltune._src.tuning.inputs import random_like
+from kerneltune.kernels._args import reshape
 from kerneltune.kernels._common import interpreted, kernel_for
 from kerneltune.kernels.attention import arguments
 from kerneltune.kernels.attention import config as config_lib
@@ -360,4 +361,4 @@ def attention(
         out = ex(kernel_for(AttentionVariants, ex), q, k, v, bias, masks,
                  causal=is_causal, sm_scale=sm_scale, window=window,
                  soft_cap=soft_cap, cfg=cfg)  # fmt: skip
-    return out if out.shape == query.shape else out.reshape(query.shape)
+    return reshape(out, query.shape)

@@ -17,6 +17,7 @@ from kerneltune.kernels._args import (
     as_array,
     explicitly_sharded,
     last_axis_rows,
+    reshape,
     symbolic,
 )
 from kerneltune.kernels._common import Pruned, interpreted, kernel_for
@@ -221,5 +222,4 @@ def gated_linear_unit(
             "xla_split": lambda: glu_xla(x, w, act, split=True),
         },
     )
-    shape = (*x.shape[:-1], n)
-    return _as(out if out.shape == shape else out.reshape(shape), out_dtype)
+    return _as(reshape(out, (*x.shape[:-1], n)), out_dtype)

@@ -18,6 +18,7 @@ from kerneltune.kernels._args import (
     check_contracted,
     explicitly_sharded,
     last_axis_rows,
+    reshape,
 )
 from kerneltune.kernels._common import Pruned, interpreted, is_hopper, kernel_for
 from kerneltune.kernels._flattened import call_flattened
@@ -194,4 +195,4 @@ def matmul(
         unflattened={"xla": lambda: jnp.matmul(a.astype(dtype), b2)},
     )
     shape = (*a.shape[:-1], b.shape[-1])
-    return out if out.shape == shape else out.reshape(shape)
+    return reshape(out, shape)
