@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kerneltune._src.core import jax_compat
+
 
 class ShapeMismatch(ValueError, TypeError):
     """Operands whose shapes do not fit one another (a contracted dimension, a count of
@@ -97,7 +99,15 @@ def axes_last(x: jax.Array, axes: tuple[int, ...]) -> tuple[jax.Array, Any]:
     if perm == tuple(range(x.ndim)):
         return x, lambda y: y
     inverse = tuple(int(i) for i in np.argsort(perm))
-    return jnp.transpose(x, perm), lambda y: jnp.transpose(y, inverse)
+    return transpose(x, perm), lambda y: transpose(y, inverse)
+
+
+def transpose(x: jax.Array, perm: tuple[int, ...]) -> jax.Array:
+    """`jnp.transpose(x, perm)`, for a concrete array in one jitted program (see
+    `reshape`)."""
+    if not _eager(x):
+        return jnp.transpose(x, perm)
+    return _transposed(x, perm)
 
 
 def to_rows(x: jax.Array, axes: tuple[int, ...]) -> tuple[jax.Array, Any]:
@@ -124,17 +134,35 @@ def reshape(x: jax.Array, shape: tuple[Any, ...]) -> jax.Array:
     array one jitted program. JAX runs an eager reshape through its slower path for
     single primitives: on a CPU about 20 µs, where a jitted call takes about 4 (an eager
     `[2, 4, 128]` `layer_norm` took 61 µs, 40 of them its reshape to rows and back).
-    Under a trace it is the plain reshape (symbolic dimensions too)."""
+    Under a trace it is the plain reshape (symbolic dimensions too), so a traced call's
+    program holds no nested one. `cast` and `transpose` do the same."""
     if tuple(x.shape) == tuple(shape):
         return x
-    if isinstance(x, jax.core.Tracer):
+    if not _eager(x):
         return x.reshape(shape)
     return _reshaped(x, tuple(shape))
+
+
+def _eager(x: jax.Array) -> bool:
+    """Whether `x` is concrete and no trace is under way: a concrete array a traced
+    function closes over (a parameter, say) is reshaped in the caller's program, so
+    that the program holds no nested one."""
+    return not isinstance(x, jax.core.Tracer) and jax_compat.outside_any_trace()
 
 
 @functools.partial(jax.jit, static_argnums=1)
 def _reshaped(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     return x.reshape(shape)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _transposed(x: jax.Array, perm: tuple[int, ...]) -> jax.Array:
+    return jnp.transpose(x, perm)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _cast(x: jax.Array, dtype: np.dtype) -> jax.Array:
+    return x.astype(dtype)
 
 
 def full(n: Any, fill: Any, dtype: Any, *, concrete: bool) -> jax.Array:
@@ -153,12 +181,15 @@ def _concrete_full(n: int, fill: Any, dtype: np.dtype) -> jax.Array:
 
 
 def cast(x: jax.Array, dtype: Any) -> jax.Array:
-    """`x.astype(dtype)`, without the eager dispatch where `x` already has that dtype
-    (and is not weakly typed: `astype` makes the type strong)."""
+    """`x.astype(dtype)`: `x` itself where it already has that dtype (and is not
+    weakly typed: `astype` makes the type strong), and for a concrete array one jitted
+    program (see `reshape`)."""
     aval = getattr(x, "aval", None)
     if aval is not None and aval.dtype == dtype and not aval.weak_type:
         return x
-    return x.astype(dtype)
+    if not _eager(x):
+        return x.astype(dtype)
+    return _cast(x, np.dtype(dtype))
 
 
 def feature_param(

@@ -182,3 +182,17 @@ def test_mosaic_gpu_interpret_params_run_a_mosaic_gpu_kernel_on_the_cpu():
         interpret=params,
     )(x)
     np.testing.assert_array_equal(out, 2 * x)
+
+
+def test_outside_any_trace_is_true_only_for_eager_code():
+    seen = []
+
+    def record(x):
+        seen.append(jax_compat.outside_any_trace())
+        return x * 2.0
+
+    record(1.0)
+    jax.jit(record)(1.0)
+    jax.grad(record)(1.0)
+    jax.vmap(record)(jnp.ones(2))
+    assert seen == [True, False, False, False]

@@ -213,3 +213,54 @@ def test_a_traced_reshape_is_the_plain_reshape_with_no_nested_program():
     eqns = jax.make_jaxpr(lambda v: _args.reshape(v, (6, 4)))(x).jaxpr.eqns
     assert [e.primitive.name for e in eqns] == ["reshape"]
     np.testing.assert_array_equal(_args.reshape(jnp.arange(6), (2, 3)), np.arange(6).reshape(2, 3))
+
+
+def test_eager_casts_and_moved_axes_run_in_a_program(eager_binds):
+    """bfloat16 activations with float32 parameters, and a norm over another axis than
+    the last: their casts and transposes run as one jitted program each."""
+    key = jax.random.split(jax.random.PRNGKey(8), 3)
+    x = jax.random.normal(key[0], (8, 32), jnp.float32)
+    xb = x.astype(jnp.bfloat16)
+    x3 = jax.random.normal(key[1], (4, 16, 8), jnp.float32)
+    scale = jnp.full((32,), 2.0, jnp.float32)
+    w_glu = jax.random.normal(key[2], (32, 2, 16), jnp.float32)
+    w = jax.random.normal(key[2], (32, 24), jnp.float32)
+    labels = jnp.arange(8, dtype=jnp.int32)
+    calls = {
+        "layer_norm, bf16 x, f32 scale": (
+            lambda: layer_norm(xb, scale),
+            lambda: 2.0 * layer_norm(xb.astype(jnp.float32)),
+        ),
+        "layer_norm over axis 1": (
+            lambda: layer_norm(x3, axis=1),
+            lambda: jnp.moveaxis(layer_norm(jnp.moveaxis(x3, 1, -1)), -1, 1),
+        ),
+        "softmax over axis 1": (lambda: kt.softmax(x3, axis=1), lambda: jax.nn.softmax(x3, 1)),
+        "gated_linear_unit, bf16 x, f32 w": (
+            lambda: gated_linear_unit(xb, w_glu),
+            # computed in float32, returned in x's dtype (as tokamax's)
+            lambda: gated_linear_unit(xb.astype(jnp.float32), w_glu).astype(jnp.bfloat16),
+        ),
+        "loss head, bf16 x, f32 w": (
+            lambda: linear_softmax_cross_entropy(xb, labels, w),
+            lambda: linear_softmax_cross_entropy(xb.astype(jnp.float32), labels, w),
+        ),
+    }
+    ran = {}
+    for name, (call, want) in calls.items():
+        with jax.numpy_dtype_promotion("standard"):  # mixed dtypes promote, as in flax
+            expected = want()
+            jax.block_until_ready(call())
+            eager_binds.clear()
+            out = jax.block_until_ready(call())
+        ran[name] = dict(eager_binds)
+        assert out.dtype == expected.dtype, name
+        tol = 2e-5 if out.dtype == jnp.float32 else 2e-2
+        np.testing.assert_allclose(
+            np.asarray(out, np.float32),
+            np.asarray(expected, np.float32),
+            rtol=tol,
+            atol=tol,
+            err_msg=name,
+        )
+    assert ran == {name: {} for name in calls}

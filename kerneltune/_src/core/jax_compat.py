@@ -56,6 +56,16 @@ def backends_initialized() -> bool:
     return bool(backends)
 
 
+def outside_any_trace() -> bool:
+    """True where no JAX trace is under way (an eager call, its arguments and the
+    constants it closes over all concrete); False inside `jit`, `grad`, `vmap`... and
+    where this JAX does not say (the callers then do what they do under a trace)."""
+    from jax._src import core
+
+    clean = getattr(core, "trace_state_clean", None)
+    return bool(clean()) if clean is not None else False
+
+
 def eval_context() -> Any:
     """JAX's context in which operations run eagerly even under a trace (not
     `ensure_compile_time_eval`, which also forces constants inside kernels)."""

@@ -194,7 +194,7 @@ def linear_softmax_cross_entropy(
         # float32 weights with bfloat16 activations: promoted as `x @ weights` promotes
         # them (tokamax's; refused under strict dtype promotion, as there).
         dtype = jnp.result_type(x, weights)
-        x, weights = x.astype(dtype), weights.astype(dtype)
+        x, weights = cast(x, dtype), cast(weights, dtype)
     check_inputs(op, x, labels, weights, mask, reduction)
     if (
         precision is not None

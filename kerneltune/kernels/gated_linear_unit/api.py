@@ -15,6 +15,7 @@ from kerneltune._src.kernel.base import Invocation
 from kerneltune.kernels._args import (
     ShapeMismatch,
     as_array,
+    cast,
     explicitly_sharded,
     last_axis_rows,
     reshape,
@@ -139,7 +140,7 @@ def _identity(z: jax.Array) -> jax.Array:
 
 
 def _as(y: jax.Array, dtype: Any) -> jax.Array:
-    return y if y.dtype == dtype else y.astype(dtype)
+    return y if y.dtype == dtype else cast(y, dtype)
 
 
 def gated_linear_unit(
@@ -192,7 +193,7 @@ def gated_linear_unit(
         # promoted as `jnp.matmul` promotes them (refused under strict promotion, as
         # there), the result in x's dtype, as tokamax's.
         dtype = jnp.result_type(x, *leaves)
-        x, w = x.astype(dtype), jax.tree.map(lambda a: a.astype(dtype), w)
+        x, w = cast(x, dtype), jax.tree.map(lambda a: cast(a, dtype), w)
     check_weights(op, x, w)
     act = _identity if activation is None else activation
     if not callable(act):
