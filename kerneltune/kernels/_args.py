@@ -205,9 +205,7 @@ def feature_param(
         raise ValueError(
             f"{op}: {name} must have the shape of the normalised axes {want}, got {tuple(p.shape)}."
         )
-    # A 1-D parameter is already flat: an eager reshape to its own shape still costs
-    # a few microseconds of shape arithmetic a call.
-    return p if p.ndim == 1 else p.reshape(-1)
+    return reshape(p, (math.prod(p.shape),))
 
 
 def explicitly_sharded(*arrays: Any) -> bool:

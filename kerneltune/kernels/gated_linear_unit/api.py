@@ -139,10 +139,6 @@ def _identity(z: jax.Array) -> jax.Array:
     return z
 
 
-def _as(y: jax.Array, dtype: Any) -> jax.Array:
-    return y if y.dtype == dtype else cast(y, dtype)
-
-
 def gated_linear_unit(
     x: jax.Array,
     weights: jax.Array | tuple[jax.Array, jax.Array],
@@ -206,7 +202,7 @@ def gated_linear_unit(
         # A precision the tuned kernels do not promise, no shape to key by
         # (`jax.export`), or shardings in the types and no config given (an explicit
         # mesh: the kernels' rows and tiles do not carry them): plain JAX's dots.
-        return _as(glu_xla(x, w, act, precision=precision), out_dtype)
+        return cast(glu_xla(x, w, act, precision=precision), out_dtype)
     n = (w[0] if isinstance(w, tuple) else w).shape[-1]
     ex = executor if executor is not None else default_executor()
     rows = last_axis_rows(x)
@@ -223,4 +219,4 @@ def gated_linear_unit(
             "xla_split": lambda: glu_xla(x, w, act, split=True),
         },
     )
-    return _as(reshape(out, (*x.shape[:-1], n)), out_dtype)
+    return cast(reshape(out, (*x.shape[:-1], n)), out_dtype)
