@@ -115,8 +115,6 @@ def to_rows(x: jax.Array, axes: tuple[int, ...]) -> tuple[jax.Array, Any]:
     function that puts an array of that shape back into `x`'s layout (symbolic
     dimensions too: their products stay symbolic)."""
     moved, unmove = axes_last(x, axes)
-    if moved.ndim == 2 and len(axes) == 1:  # rows already: no reshape to dispatch
-        return moved, unmove
     feature = math.prod(x.shape[a] for a in axes)
     rows = reshape(moved, (math.prod(moved.shape[: x.ndim - len(axes)]), feature))
     return rows, lambda y: unmove(reshape(y, moved.shape))
