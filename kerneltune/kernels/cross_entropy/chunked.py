@@ -185,6 +185,11 @@ def forward_with_grads(
     return losses.reshape(-1)[:m], dx.reshape(-1, k)[:m], dw
 
 
+def _lse_of(logits: jax.Array) -> jax.Array:
+    """Each row's float32 log-sum-exp of `logits` as written."""
+    return jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
+
+
 def backward_from_lse(
     x: jax.Array,
     labels: jax.Array,
@@ -196,10 +201,18 @@ def backward_from_lse(
     logits_dtype: jnp.dtype = jnp.float32,
 ) -> tuple[jax.Array, jax.Array]:
     """`(d_x, d_W)` in x's and w's dtypes for per-row loss cotangents `row_scale`,
-    recomputing each chunk's logits; `lse` is the forward's per-row log-sum-exp."""
+    recomputing each chunk's logits; `lse` is the forward's per-row log-sum-exp.
+
+    Logits written in fewer bits than float32 take the log-sum-exp of the recomputed
+    logits instead: XLA may keep such logits unrounded in one program and not in the
+    other (`xla_allow_excess_precision`, on by default), and the forward's log-sum-exp
+    of other logits gave a softmax that does not sum to one (bfloat16 on a CPU: with
+    one class, gradients up to 0.2 where they are 0)."""
     m, k = x.shape
+    own_lse = jnp.dtype(logits_dtype).itemsize < 4
     if m <= chunk:  # one chunk: no scan, d_W written once in w's dtype
         written = jnp.dot(x, w, preferred_element_type=logits_dtype)
+        lse = _lse_of(written) if own_lse else lse
         dx, dw = _one_chunk_grads(x, labels, w, written, lse, row_scale)
         return dx.astype(x.dtype), dw
     xs, ls, es, rs = _in_chunks(chunk, x, labels, lse, row_scale)
@@ -207,7 +220,7 @@ def backward_from_lse(
     def step(dw: jax.Array, c: tuple[jax.Array, ...]):
         xc, lc, ec, rc = c
         logits = _logits(xc, w, logits_dtype)
-        dx_c, dw_c = _logit_grads(xc, lc, w, logits, ec, rc)
+        dx_c, dw_c = _logit_grads(xc, lc, w, logits, _lse_of(logits) if own_lse else ec, rc)
         return dw + dw_c, dx_c
 
     dw, dx = lax.scan(step, jnp.zeros(w.shape, jnp.float32), (xs, ls, es, rs))

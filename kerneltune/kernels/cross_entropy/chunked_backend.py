@@ -39,7 +39,9 @@ def lse_pass(cfg: CrossEntropyConfig, *, interpret: bool) -> chunked.LsePass:
 def row_weights(where: jax.Array, reduction: str) -> jax.Array:
     """The derivative of the reduced loss with respect to each row's loss (float32)."""
     mask = where.astype(jnp.float32)
-    return mask / jnp.sum(mask) if reduction == "mean" else mask
+    # With every row masked the mean is 0/0 (NaN, as jnp.mean's), but no row reaches
+    # it: their weights are 0, as the gradient of plain JAX's masked mean gives.
+    return mask / jnp.maximum(jnp.sum(mask), 1.0) if reduction == "mean" else mask
 
 
 def grads_in_forward(cfg: CrossEntropyConfig, reduction: str) -> bool:
