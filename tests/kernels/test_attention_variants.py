@@ -4,6 +4,7 @@ against the equivalent mask in `jax.nn`, bad input, the memory the chunked path
 compiles to, and which backend a call gets."""
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -389,6 +390,23 @@ def test_on_a_cpu_small_calls_take_the_whole_logits_and_long_ones_the_chunked_pa
     assert long.backend == "chunked"
     assert 4 * N * long.block_q * 16384 <= 1 << 28  # one block's logits within budget
 
+
+
+def test_on_a_cpu_a_training_call_takes_blocks_of_128_queries():
+    # The whole logits (or blocks of 512-1024 queries) leave a CPU's caches: blocks of
+    # 128 took 0.4-0.6x their training step (BENCHMARKS.md, 2026-12-08).
+    kernel = AttentionVariants()
+
+    def chosen(t, n, differentiated):
+        inv = dataclasses.replace(_inv(t, t, n=n), differentiated=differentiated)
+        return kernel.heuristic_cfg(inv)
+
+    assert chosen(1024, 8, True) == VariantConfig(backend="chunked", block_q=128)
+    assert chosen(512, 8, True) == VariantConfig(backend="chunked", block_q=128)
+    assert chosen(128, 8, True) == VariantConfig(backend="xla")  # one block: the same
+    assert chosen(512, 8, False) == VariantConfig(backend="xla")  # 8 MiB of logits
+    assert chosen(512, 16, False) == VariantConfig(backend="chunked", block_q=128)
+    assert chosen(1024, 8, False) == VariantConfig(backend="chunked", block_q=128)
 
 def test_on_a_gpu_the_libraries_are_chosen_for_what_they_take(monkeypatch):
     from kerneltune.kernels.attention import jax_nn, tokamax_backend
@@ -832,3 +850,49 @@ def test_a_differentiated_tokamax_call_with_a_mask_never_runs_tokamax(monkeypatc
         close(g, e, tol=1e-4)
     with pytest.raises(AssertionError, match="imported tokamax"):
         ours(q, k, v)  # the forward alone is tokamax's
+
+
+
+def _dots_and_transposes(fn, *args):
+    """The shapes of the dots and transposes in `fn`'s compiled program."""
+    text = jax.jit(fn).lower(*args).compile().as_text()
+    return sorted(re.findall(r"= (\w+\[[\d,]*\])\{[^}]*\} (dot|transpose)\(", text))
+
+
+def _grouped_query_call(t=64, n=8, kh=2, h=16):
+    q = jax.ShapeDtypeStruct((1, t, n, h), jnp.float32)
+    k = jax.ShapeDtypeStruct((1, t, kh, h), jnp.float32)
+    return q, k
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [dict(bias=(1, 1)), dict(bias=(1, 8)), dict(is_causal=True, local_window_size=(16, 0))],
+    ids=["bias-B1TS", "bias-BNTS", "window"],
+)
+def test_a_one_block_variant_multiplies_as_jax_nn_does(kw):
+    # The grouped queries' logits were one einsum over (key head, group), which XLA laid
+    # out with the group innermost on a CPU: moving it back took 1.5-1.7x jax.nn's whole
+    # attention (T 256, 8 query / 2 key heads). The groups are mapped over now, as
+    # jax.nn does: its dots and layout moves, forward and training step (the masks are
+    # built otherwise).
+    q, k = _grouped_query_call()
+    kw = dict(kw)
+    bias = jax.ShapeDtypeStruct((*kw.pop("bias"), 64, 64), jnp.float32) if "bias" in kw else None
+    ours = lambda q, k, v, b: attention(q, k, v, b, executor=EX, **kw)  # noqa: E731
+    plain = lambda q, k, v, b: jax.nn.dot_product_attention(q, k, v, b, **kw)  # noqa: E731
+    argnums = (0, 1, 2) if bias is None else (0, 1, 2, 3)
+    for make in (lambda f: f, lambda f: jax.grad(lambda *a: f(*a).sum(), argnums)):
+        got = _dots_and_transposes(make(ours), q, k, k, bias)
+        assert got == _dots_and_transposes(make(plain), q, k, k, bias)
+
+
+def test_a_one_block_variant_with_a_bias_per_head_compiles_to_jax_nns_program():
+    from benchmarks.harness import program_text
+
+    q, k = _grouped_query_call()
+    bias = jax.ShapeDtypeStruct((1, 8, 64, 64), jnp.float32)
+    ours = lambda q, k, v, b: attention(q, k, v, b, executor=EX)  # noqa: E731
+    plain = lambda q, k, v, b: jax.nn.dot_product_attention(q, k, v, b)  # noqa: E731
+    for make in (lambda f: f, lambda f: jax.grad(lambda *a: f(*a).sum(), (0, 1, 2, 3))):
+        assert program_text(make(ours), (q, k, k, bias)) == program_text(make(plain), (q, k, k, bias))

@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 import jax.numpy as jnp
 import numpy as np
 
-from kerneltune._src.core import keys
+from kerneltune._src.core import devices, keys
 from kerneltune._src.kernel.backends import BackendKernel, Pruned
 from kerneltune._src.kernel.base import Invocation
 from kerneltune._src.tuning.inputs import random_like
@@ -170,6 +170,31 @@ TOKAMAX_WINDOW_FORWARD_MIN_TOKENS = 32768
 PACKED_BACKWARD_BYTES = 4 * 2**30
 
 
+#: On a CPU, the chunked path's queries per block: a block's float32 logits then stay
+#: in the caches, where XLA's whole logits do not. On this project's 2-core CPU
+#: (BENCHMARKS.md, 2026-12-08; causal, window, padding, grouped 8/2 and 16/4 heads)
+#: blocks of 64-128 queries took 0.4-0.6x the whole logits' training step at 512-4096
+#: tokens, and 0.5x its forward from 1024; 32 and 256-512 were slower.
+CPU_BLOCK_Q = 128
+
+#: On a CPU, the whole float32 logits a forward alone keeps whole where one block
+#: holds them: at 512 tokens, 8 heads (8 MiB) the whole logits' forward took 0.8x
+#: blocks of 128's; with 16 heads (16 MiB) 2.1x.
+CPU_WHOLE_FORWARD_BYTES = 8 << 20
+
+
+def cpu_config(inv: Invocation[Any, Any]) -> VariantConfig:
+    """The XLA code a CPU runs the call with: the whole logits for a sequence of one
+    `CPU_BLOCK_Q` block, and for a forward alone whose logits are small and one block;
+    else `CPU_BLOCK_Q` queries at a time (fewer where their logits exceed the chunked
+    path's budget)."""
+    t = int(inv.args[0].shape[1])
+    small_forward = not inv.differentiated and _logits_bytes(inv) <= CPU_WHOLE_FORWARD_BYTES
+    if t <= CPU_BLOCK_Q or (small_forward and whole_logits_are_one_block(inv)):
+        return VariantConfig(backend="xla")
+    return VariantConfig(backend="chunked", block_q=min(CPU_BLOCK_Q, chunked_block_q(inv)))
+
+
 def packed_backward_bytes(inv: Invocation[Any, Any]) -> int:
     """The packed layout's backward's extra memory: float32 buffers of every query head
     for each of its `DOCUMENT_SLOTS` segment slots, two of them (2.0 and 3.85 GiB
@@ -248,8 +273,9 @@ class AttentionVariants(BackendKernel[VariantConfig]):
         """tokamax for a soft cap, a bias, a mask or segment ids, and for a long causal
         forward with sequence lengths or a window alone (`_tokamax_long_forward`), else
         cuDNN, where they run; a soft cap without tokamax, or a call neither library
-        takes, on kerneltune's Mosaic kernel where it runs; else XLA: whole when the
-        sequence is one block of queries, a block of queries at a time when not. On an H200 at 8k-32k tokens
+        takes, on kerneltune's Mosaic kernel where it runs; else XLA (on a CPU
+        `cpu_config`'s): whole when the sequence is one block of queries, a block of
+        queries at a time when not. On an H200 at 8k-32k tokens
         (BENCHMARKS.md, 2026-11-27) tokamax's training step took 0.58-0.71x cuDNN's
         time with a bias or a mask and is the only library with a soft cap; cuDNN's
         took 0.25-0.33x tokamax's with a window or padding; kerneltune's Mosaic kernel
@@ -274,6 +300,8 @@ class AttentionVariants(BackendKernel[VariantConfig]):
             return VariantConfig(backend="tokamax")
         if self.mosaic_runs(inv):
             return VariantConfig(backend="mosaic")
+        if devices.device_kind() == "cpu":
+            return cpu_config(inv)
         if whole_logits_are_one_block(inv):
             return VariantConfig(backend="xla")
         return VariantConfig(backend="chunked", block_q=chunked_block_q(inv))
