@@ -29,14 +29,14 @@ class InterpretingExecutor(Executor[Any, Any]):
     no interpretable backend runs as it is."""
 
     def __call__(self, kernel: Any, *args: Any, **kwargs: Any) -> Any:
-        return super().__call__(self._interpreted(kernel), *args, **kwargs)
+        return super().__call__(self.kernel_that_runs(kernel), *args, **kwargs)
 
     def call_traced(
         self, kernel: Any, *args: Any, own: Callable[[Any], Callable[[], Any] | None], **kwargs: Any
     ) -> Any:
-        return super().call_traced(self._interpreted(kernel), *args, own=own, **kwargs)
+        return super().call_traced(self.kernel_that_runs(kernel), *args, own=own, **kwargs)
 
-    def _interpreted(self, kernel: Any) -> Any:
+    def kernel_that_runs(self, kernel: Any) -> Any:
         if not isinstance(kernel, BackendKernel) or kernel.interpret:
             return kernel
         if not any(b.lowering is not None and b.interprets for b in type(kernel).backends):

@@ -19,7 +19,7 @@ import operator
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any, Generic, Protocol, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from kerneltune._src.core import labels, options, scope, tracing
 from kerneltune._src.core.kernel_types import Cfg, Out
@@ -35,6 +35,7 @@ from kerneltune._src.kernel.base import (
 )
 
 _current_scope = scope._current.get
+_K = TypeVar("_K", bound=Kernel[Any, Any])
 _aval = operator.attrgetter("aval")
 
 
@@ -324,6 +325,13 @@ class Executor(Generic[Cfg, Out]):
                 "call the executor itself for concrete arrays."
             )
         return self._call(kernel, args, kwargs, CallOptions(), own=own)
+
+    def kernel_that_runs(self, kernel: _K) -> _K:
+        """The kernel this executor runs when called with `kernel`: `kernel` itself
+        (an executor that runs another, as the demo's runs Pallas kernels' interpreted
+        twins, says which here). An op function asks it before choosing between
+        kernels by what they can run."""
+        return kernel
 
     def choose_config(
         self, kernel: Kernel[Cfg, Out], *args: Any, cfg: Cfg | None = None, **kwargs: Any

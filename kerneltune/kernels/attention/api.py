@@ -237,7 +237,9 @@ def attention(
 
     Plain attention (causal or not, grouped-query included, any scale, sequences the
     flash kernel's blocks tile) runs through the `Attention` kernel: cuDNN, our Pallas
-    flash attention or tokamax on GPUs, tuned forward and backward; XLA on CPUs. A call
+    flash attention or tokamax on GPUs, tuned forward and backward. Where no flash
+    kernel runs (a CPU) it runs as a variant with no feature: XLA code JAX
+    differentiates, forward mode included. A call
     with a bias, a mask, sequence lengths, segment ids, a local window or a soft cap
     runs through `AttentionVariants`: cuDNN or tokamax where they take it, else XLA a
     block of queries at a time, so the `[B, N, T, S]` logits are never whole unless the
@@ -354,9 +356,12 @@ def attention(
         and _kernel_can_tile(s)
     )
     ex = executor if executor is not None else default_executor()
-    if plain:
-        out = ex(kernel_for(Attention, ex), q, k, v, causal=is_causal,
-                 sm_scale=sm_scale, cfg=cfg)  # fmt: skip
+    flash = ex.kernel_that_runs(kernel_for(Attention, ex))
+    # Where no flash kernel runs (a CPU), plain attention is the variants' XLA code with
+    # no feature: blocks of queries sized for the caches, differentiated by JAX
+    # (`variants.cpu_config`). A `FwdParams` config asks for the flash kernel.
+    if plain and (flash.runs_pallas() or isinstance(cfg, FwdParams)):
+        out = ex(flash, q, k, v, causal=is_causal, sm_scale=sm_scale, cfg=cfg)
     else:
         out = ex(kernel_for(AttentionVariants, ex), q, k, v, bias, masks,
                  causal=is_causal, sm_scale=sm_scale, window=window,

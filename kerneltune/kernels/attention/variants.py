@@ -172,25 +172,30 @@ PACKED_BACKWARD_BYTES = 4 * 2**30
 
 #: On a CPU, the chunked path's queries per block: a block's float32 logits then stay
 #: in the caches, where XLA's whole logits do not. On this project's 2-core CPU
-#: (BENCHMARKS.md, 2026-12-08; causal, window, padding, grouped 8/2 and 16/4 heads)
-#: blocks of 64-128 queries took 0.4-0.6x the whole logits' training step at 512-4096
-#: tokens, and 0.5x its forward from 1024; 32 and 256-512 were slower.
+#: (BENCHMARKS.md, 2026-12-08; causal with padding or a window, 8/2, 8/8 and 16/4
+#: heads) blocks of 64-128 queries took 0.35-0.6x the whole logits' training step from
+#: 1024 tokens, and their forward 0.45-0.85x; 256-512 were slower.
 CPU_BLOCK_Q = 128
 
-#: On a CPU, the whole float32 logits a forward alone keeps whole where one block
-#: holds them: at 512 tokens, 8 heads (8 MiB) the whole logits' forward took 0.8x
-#: blocks of 128's; with 16 heads (16 MiB) 2.1x.
-CPU_WHOLE_FORWARD_BYTES = 8 << 20
+#: On a CPU, the most float32 logits kept whole where one block holds them: in a forward
+#: alone, and in training where every query head has its own key head. At 512 tokens, 8
+#: heads (8 MiB) the whole logits' forward took 0.55x blocks of 128's, and with 8 key
+#: heads its training step 0.7x; with 16 heads (16 MiB) 1.4x and 2.2x. Grouped-query
+#: training is the exception: at 512 tokens with 2 key heads the whole logits' step took
+#: 2x the blocks' (its backward sums the groups over the whole logits).
+CPU_WHOLE_LOGITS_BYTES = 8 << 20
 
 
 def cpu_config(inv: Invocation[Any, Any]) -> VariantConfig:
     """The XLA code a CPU runs the call with: the whole logits for a sequence of one
-    `CPU_BLOCK_Q` block, and for a forward alone whose logits are small and one block;
-    else `CPU_BLOCK_Q` queries at a time (fewer where their logits exceed the chunked
-    path's budget)."""
-    t = int(inv.args[0].shape[1])
-    small_forward = not inv.differentiated and _logits_bytes(inv) <= CPU_WHOLE_FORWARD_BYTES
-    if t <= CPU_BLOCK_Q or (small_forward and whole_logits_are_one_block(inv)):
+    `CPU_BLOCK_Q` block, and where they are `CPU_WHOLE_LOGITS_BYTES` or fewer and one
+    block, unless grouped-query heads are trained; else `CPU_BLOCK_Q` queries at a time
+    (fewer where their logits exceed the chunked path's budget)."""
+    q, k = inv.args[0], inv.args[1]
+    t = int(q.shape[1])
+    grouped_training = bool(inv.differentiated) and int(k.shape[2]) != int(q.shape[2])
+    small = _logits_bytes(inv) <= CPU_WHOLE_LOGITS_BYTES and not grouped_training
+    if t <= CPU_BLOCK_Q or (small and whole_logits_are_one_block(inv)):
         return VariantConfig(backend="xla")
     return VariantConfig(backend="chunked", block_q=min(CPU_BLOCK_Q, chunked_block_q(inv)))
 
