@@ -418,6 +418,10 @@ def test_on_a_cpu_calls_past_8_mib_of_logits_take_blocks_of_128_queries():
     assert chosen(512, 8, False) == whole
     assert chosen(512, 16, False) == blocks  # 16 MiB
     assert chosen(128, 8, True) == whole  # one block: the same
+    # Past 4 MiB a block (8 heads x 2048 keys x 128 queries) blocks of 64: 0.63x the
+    # training step of blocks of 128 with 8 key heads.
+    assert chosen(2048, 8, True, kv_heads=8) == VariantConfig(backend="chunked", block_q=64)
+    assert chosen(8192, 64, True).block_q == 32  # no fewer
 
 
 def test_on_a_gpu_the_libraries_are_chosen_for_what_they_take(monkeypatch):

@@ -170,12 +170,17 @@ TOKAMAX_WINDOW_FORWARD_MIN_TOKENS = 32768
 PACKED_BACKWARD_BYTES = 4 * 2**30
 
 
-#: On a CPU, the chunked path's queries per block: a block's float32 logits then stay
-#: in the caches, where XLA's whole logits do not. On this project's 2-core CPU
-#: (BENCHMARKS.md, 2026-12-08; causal with padding or a window, 8/2, 8/8 and 16/4
-#: heads) blocks of 64-128 queries took 0.35-0.6x the whole logits' training step from
-#: 1024 tokens, and their forward 0.45-0.85x; 256-512 were slower.
+#: On a CPU, the chunked path's most queries per block, and fewer down to
+#: `CPU_MIN_BLOCK_Q` while a block's float32 logits exceed `CPU_BLOCK_LOGITS_BYTES`:
+#: a block's logits then stay in the caches, where XLA's whole logits do not. On this
+#: project's 2-core CPU (BENCHMARKS.md, 2026-12-08; causal, padding or a window, 8/2,
+#: 8/8 and 16/4 heads) blocks of 128 queries took 0.35-0.6x the whole logits' training
+#: step at 1024 tokens (4 MiB a block with 8 heads), and their forward 0.45-0.85x; at
+#: 2048 tokens with 8 key heads blocks of 64 (4 MiB) took 0.63x the training step of
+#: blocks of 128 (8 MiB).
 CPU_BLOCK_Q = 128
+CPU_MIN_BLOCK_Q = 32
+CPU_BLOCK_LOGITS_BYTES = 4 << 20
 
 #: On a CPU, the most float32 logits kept whole where one block holds them: in a forward
 #: alone, and in training where every query head has its own key head. At 512 tokens, 8
@@ -189,15 +194,18 @@ CPU_WHOLE_LOGITS_BYTES = 8 << 20
 def cpu_config(inv: Invocation[Any, Any]) -> VariantConfig:
     """The XLA code a CPU runs the call with: the whole logits for a sequence of one
     `CPU_BLOCK_Q` block, and where they are `CPU_WHOLE_LOGITS_BYTES` or fewer and one
-    block, unless grouped-query heads are trained; else `CPU_BLOCK_Q` queries at a time
-    (fewer where their logits exceed the chunked path's budget)."""
+    block, unless grouped-query heads are trained; else blocks of `CPU_BLOCK_Q` queries
+    or fewer (`CPU_BLOCK_LOGITS_BYTES`, and the chunked path's budget)."""
     q, k = inv.args[0], inv.args[1]
     t = int(q.shape[1])
     grouped_training = bool(inv.differentiated) and int(k.shape[2]) != int(q.shape[2])
     small = _logits_bytes(inv) <= CPU_WHOLE_LOGITS_BYTES and not grouped_training
     if t <= CPU_BLOCK_Q or (small and whole_logits_are_one_block(inv)):
         return VariantConfig(backend="xla")
-    return VariantConfig(backend="chunked", block_q=min(CPU_BLOCK_Q, chunked_block_q(inv)))
+    block_q = min(CPU_BLOCK_Q, chunked_block_q(inv))
+    while block_q > CPU_MIN_BLOCK_Q and _logits_bytes(inv, block_q) > CPU_BLOCK_LOGITS_BYTES:
+        block_q //= 2
+    return VariantConfig(backend="chunked", block_q=block_q)
 
 
 def packed_backward_bytes(inv: Invocation[Any, Any]) -> int:
