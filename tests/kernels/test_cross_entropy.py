@@ -4,6 +4,7 @@ validation, and bad input (issue 29)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 
@@ -790,3 +791,21 @@ def test_bf16_per_token_losses_gradients_are_as_accurate_as_plain_jaxs():
         ours_err = np.abs(np.asarray(g, np.float32) - r).max()
         plain_err = np.abs(np.asarray(b, np.float32) - r).max()
         assert ours_err <= 2 * plain_err + 1e-3 * np.abs(r).max(), (ours_err, plain_err)
+
+
+def test_on_a_cpu_a_training_step_is_plain_jaxs_program_up_to_2_gib_of_logits():
+    # One chunk, its gradient written over the logits in steps of rows, took 1.05-1.27x
+    # plain JAX's training step on a CPU (BENCHMARKS.md, 2026-12-08); plain JAX's
+    # program holds what plain JAX holds.
+    small = cc.CrossEntropyProblem(512, 1024, 8192, np.dtype("bfloat16"))
+    plain = cc.CrossEntropyConfig(backend="xla", logits_dtype="input")
+    assert cc.heuristic(small, training=True, pallas=False) == plain
+    assert cc.heuristic(small, training=True).backend == "chunked"  # where Pallas runs
+    large = cc.CrossEntropyProblem(16384, 2048, 128256, np.dtype("bfloat16"))  # 4 GiB
+    assert cc.heuristic(large, training=True, pallas=False).backend == "chunked"
+    x, labels, w, where = problem(0, 64, 32, 128, dtype=BF16)
+    inv = kt.Executor(kt.ConfigSelectorChain(kt.ConfigCache())).invocation(
+        LinearSoftmaxCrossEntropy(), x, labels, w, where
+    )
+    trained = dataclasses.replace(inv, differentiated=True)
+    assert LinearSoftmaxCrossEntropy().heuristic_cfg(trained) == plain  # this CPU

@@ -20,6 +20,7 @@ from kerneltune.kernels import (
     attention,
     gated_linear_unit,
     layer_norm,
+    linear_softmax_cross_entropy,
     matmul,
     ragged_dot,
     rms_norm,
@@ -726,6 +727,13 @@ def test_forward_mode_is_refused_where_docs_ops_says_and_hessians_work():
         jax.jvp(f, (a,), (jnp.ones_like(a),))
     out, tangent = jax.jvp(f, (a,), (jnp.ones_like(a),))
     assert tangent.shape == a.shape and bool(jnp.isfinite(tangent).all())
+    x, w, labels = rand((16, 8)), rand((8, 32)), jnp.arange(16) % 32
+    head = lambda x: linear_softmax_cross_entropy(x, labels, w)  # noqa: E731
+    plain = lambda x: jnp.mean(  # noqa: E731
+        jax.nn.logsumexp(x @ w, -1) - jnp.take_along_axis(x @ w, labels[:, None], -1)[:, 0]
+    )
+    # On a CPU the loss head up to 2 GiB of logits is plain JAX's program.
+    close(jax.jvp(head, (x,), (x,))[1], jax.jvp(plain, (x,), (x,))[1], tol=1e-5)
     hess = jax.hessian(lambda a: (f(a) ** 2).sum())(a)  # forward over reverse works
     assert hess.shape == a.shape * 2 and bool(jnp.isfinite(hess).all())
     x = rand((8, 16))

@@ -85,11 +85,15 @@ class LinearSoftmaxCrossEntropy(BackendKernel[CrossEntropyConfig]):
     def heuristic_cfg(self, inv: Invocation[Any, Any]) -> CrossEntropyConfig:
         """On GPUs the chunked path, forward and under a gradient, its log-sum-exp
         taken by the Pallas kernel (interpreted runs and CPUs keep XLA's reduction and,
-        for a forward, plain JAX's program: the interpreter is slow at full size)."""
+        for a forward, plain JAX's program: the interpreter is slow at full size; a CPU
+        also for a training step whose logits are not too large)."""
         on_device = self.runs_pallas() and not self.use_interpreter()
         lse: config_lib.LseBackend = "triton" if on_device else "xla"
         return config_lib.heuristic(
-            problem_of(inv), training=bool(inv.differentiated), lse_backend=lse
+            problem_of(inv),
+            training=bool(inv.differentiated),
+            lse_backend=lse,
+            pallas=self.runs_pallas(),
         )
 
     def search_space(

@@ -243,7 +243,11 @@ def chunked(
 
 
 def heuristic(
-    p: CrossEntropyProblem, *, training: bool = False, lse_backend: LseBackend = "xla"
+    p: CrossEntropyProblem,
+    *,
+    training: bool = False,
+    lse_backend: LseBackend = "xla",
+    pallas: bool = True,
 ) -> CrossEntropyConfig:
     """The chunked path in the inputs' dtype (the same three matmuls under a gradient,
     the gradients taken in the forward): in chunks of tokens where the logits pass
@@ -253,7 +257,12 @@ def heuristic(
     where that kernel takes the vocabulary ("triton" on GPUs).
 
     Where nothing is differentiated and the log-sum-exp is XLA's (off GPUs), plain
-    JAX's program: the logits materialised in the inputs' dtype. With the Pallas pass
+    JAX's program: the logits materialised in the inputs' dtype. Where no Pallas kernel
+    runs (`pallas=False`: a CPU) a training step is plain JAX's program too up to
+    `CHUNK_ABOVE_BYTES` of logits, as much memory as plain JAX's: on this project's
+    2-core CPU (BENCHMARKS.md, 2026-12-08) one chunk took 1.05-1.27x its time (its
+    gradient written over the logits in steps of rows), chunks of 512-1024 tokens
+    1.00-1.24x. With the Pallas pass
     the chunked forward ran 1.00–1.09× plain JAX's on an H100 (bf16, the loss head
     benchmark's four shapes; XLA's program 1.00–1.04× in the same run), with 24% of
     plain's memory at 16384 × 2048 → 128256 (1.08 against 4.50 GiB) and 13% at 32768
@@ -273,6 +282,8 @@ def heuristic(
     logits: LogitsDtype = "input" if p.itemsize < 4 else "float32"
     lse = lse_backend if lse_unsupported(p, lse_backend) is None else "xla"
     if not training and lse == "xla":
+        return CrossEntropyConfig(backend="xla", logits_dtype=logits)
+    if not pallas and p.logits_bytes(p.m, logits) <= CHUNK_ABOVE_BYTES:
         return CrossEntropyConfig(backend="xla", logits_dtype=logits)
     chunk = largest_chunk(p, logits)
     if (
