@@ -869,3 +869,17 @@ def test_dispatch_overheads_public_ops_time_the_same_math_as_their_plain_calls()
     with standard_promotion():
         for name, ours, plain in cases:
             np.testing.assert_allclose(ours(), plain(), rtol=2e-5, atol=2e-5, err_msg=name)
+
+
+def test_cpu_training_steps_compare_the_same_math_and_time_every_row(capsys):
+    from benchmarks import cpu_training_steps as cts
+
+    with standard_promotion():
+        for op, (ours, plain, args) in cts.rows(jnp.dtype("float32"), cts.SMOKE).items():
+            np.testing.assert_allclose(ours(*args), plain(*args), rtol=2e-5, atol=2e-5, err_msg=op)
+        out = cts.main(["--smoke", "--dtypes", "float32", "--ops", "softmax,loss_head"])
+    assert [(r["op"], r["pass_"]) for r in out] == [
+        ("softmax", "fwd"), ("softmax", "fwd+bwd"), ("loss_head", "fwd"), ("loss_head", "fwd+bwd"),
+    ]  # fmt: skip
+    assert all(_positive(r["kerneltune_s"]) and _positive(r["plain_s"]) for r in out)
+    assert "| loss_head | float32 | fwd+bwd |" in capsys.readouterr().out
