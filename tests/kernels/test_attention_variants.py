@@ -913,3 +913,24 @@ def test_a_one_block_variant_with_a_bias_per_head_compiles_to_jax_nns_program():
         assert program_text(make(ours), (q, k, k, bias)) == program_text(
             make(plain), (q, k, k, bias)
         )
+
+
+def test_a_variant_call_read_back_from_a_manifest_has_its_masks(tmp_path):
+    # A manifest keeps the `Masks` named tuple as a plain tuple: `kerneltune tune
+    # MANIFEST` failed on every variant call ("'tuple' object has no attribute
+    # 'q_segments'"), and plain attention's calls on a CPU are variant calls.
+    from kerneltune._src.caching import manifest
+    from kerneltune._src.kernel import recording
+
+    q, k, v = _qkv()
+    recording.clear_invocations()
+    with recording.record_calls():
+        jax.jit(lambda q: attention(q, k, v, is_causal=True, local_window_size=4, executor=EX))(q)
+    path = tmp_path / "calls.json"
+    manifest.save_manifest(path)
+    (record,) = recording.iter_records(manifest.load_manifest(path))
+    recording.clear_invocations()
+    kernel = AttentionVariants()
+    inv = record.invocation(kernel)
+    assert isinstance(inv.args[4], Masks)
+    assert kernel.heuristic_cfg(inv).backend in ("xla", "chunked")

@@ -215,9 +215,13 @@ class Record:
         """An `Invocation` for tuning this call: abstract arguments, and the recorded
         call key (so the tuned config lands exactly where the executor will look)."""
         kernel = self.get_kernel() if kernel is None else kernel
+        args = tuple(self.args)
+        # A manifest keeps a named tuple of arrays as a plain tuple; a kernel whose
+        # arguments hold one types them again (`AttentionVariants.args_from_record`).
+        retype = getattr(kernel, "args_from_record", None)
         return Invocation(
             op_id=kernel.op_id,
-            args=tuple(self.args),
+            args=args if retype is None else tuple(retype(args)),
             kwargs=dict(self.kwargs),
             stamp=False,
             version=str(kernel.version),

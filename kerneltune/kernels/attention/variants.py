@@ -249,6 +249,13 @@ class AttentionVariants(BackendKernel[VariantConfig]):
     )
     fallback = "chunked"
 
+    @staticmethod
+    def args_from_record(args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """A recorded call's arguments with the masks a `Masks` again (a manifest keeps
+        them as a plain tuple: tuning a manifest's variant call failed on it)."""
+        q, k, v, bias, masks = args
+        return q, k, v, bias, Masks(*masks)
+
     def heuristic_cfg(self, inv: Invocation[Any, Any]) -> VariantConfig:
         """Segment ids in training, and in the forward alone below
         `PACKED_FORWARD_MIN_TOKENS` tokens: kerneltune's Mosaic kernel where it runs,
