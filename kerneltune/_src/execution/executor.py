@@ -327,10 +327,8 @@ class Executor(Generic[Cfg, Out]):
         return self._call(kernel, args, kwargs, CallOptions(), own=own)
 
     def kernel_that_runs(self, kernel: _K) -> _K:
-        """The kernel this executor runs when called with `kernel`: `kernel` itself
-        (an executor that runs another, as the demo's runs Pallas kernels' interpreted
-        twins, says which here). An op function asks it before choosing between
-        kernels by what they can run."""
+        """The kernel a call with `kernel` runs: itself, unless a subclass runs another
+        (the demo's runs interpreted twins); ops ask it to choose by what can run."""
         return kernel
 
     def choose_config(
