@@ -356,11 +356,11 @@ def attention(
         and _kernel_can_tile(s)
     )
     ex = executor if executor is not None else default_executor()
-    flash = ex.kernel_that_runs(kernel_for(Attention, ex))
     # Where no flash kernel runs (a CPU), plain attention is the variants' XLA code with
     # no feature: blocks of queries sized for the caches, differentiated by JAX
     # (`variants.cpu_config`). A `FwdParams` config asks for the flash kernel.
-    if plain and (flash.runs_pallas() or isinstance(cfg, FwdParams)):
+    flash = ex.kernel_that_runs(kernel_for(Attention, ex)) if plain else None
+    if flash is not None and (flash.runs_pallas() or isinstance(cfg, FwdParams)):
         out = ex(flash, q, k, v, causal=is_causal, sm_scale=sm_scale, cfg=cfg)
     else:
         out = ex(kernel_for(AttentionVariants, ex), q, k, v, bias, masks,
