@@ -105,9 +105,7 @@ def axes_last(x: jax.Array, axes: tuple[int, ...]) -> tuple[jax.Array, Any]:
 def transpose(x: jax.Array, perm: tuple[int, ...]) -> jax.Array:
     """`jnp.transpose(x, perm)`, for a concrete array in one jitted program (see
     `reshape`)."""
-    if not _eager(x):
-        return jnp.transpose(x, perm)
-    return _transposed(x, perm)
+    return _in_one_program(jnp.transpose, x, perm)
 
 
 def to_rows(x: jax.Array, axes: tuple[int, ...]) -> tuple[jax.Array, Any]:
@@ -136,9 +134,7 @@ def reshape(x: jax.Array, shape: tuple[Any, ...]) -> jax.Array:
     program holds no nested one. `cast` and `transpose` do the same."""
     if tuple(x.shape) == tuple(shape):
         return x
-    if not _eager(x):
-        return x.reshape(shape)
-    return _reshaped(x, tuple(shape))
+    return _in_one_program(jnp.reshape, x, tuple(shape))
 
 
 def _eager(x: jax.Array) -> bool:
@@ -148,19 +144,15 @@ def _eager(x: jax.Array) -> bool:
     return not isinstance(x, jax.core.Tracer) and jax_compat.outside_any_trace()
 
 
-@functools.partial(jax.jit, static_argnums=1)
-def _reshaped(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
-    return x.reshape(shape)
+def _in_one_program(op: Any, x: jax.Array, arg: Any) -> jax.Array:
+    """`op(x, arg)`: for a concrete array one jitted program (`_jitted`), under a trace
+    the plain operation."""
+    return _jitted(op, x, arg) if _eager(x) else op(x, arg)
 
 
-@functools.partial(jax.jit, static_argnums=1)
-def _transposed(x: jax.Array, perm: tuple[int, ...]) -> jax.Array:
-    return jnp.transpose(x, perm)
-
-
-@functools.partial(jax.jit, static_argnums=1)
-def _cast(x: jax.Array, dtype: np.dtype) -> jax.Array:
-    return x.astype(dtype)
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _jitted(op: Any, x: jax.Array, arg: Any) -> jax.Array:
+    return op(x, arg)
 
 
 def full(n: Any, fill: Any, dtype: Any, *, concrete: bool) -> jax.Array:
@@ -185,9 +177,7 @@ def cast(x: jax.Array, dtype: Any) -> jax.Array:
     aval = getattr(x, "aval", None)
     if aval is not None and aval.dtype == dtype and not aval.weak_type:
         return x
-    if not _eager(x):
-        return x.astype(dtype)
-    return _cast(x, np.dtype(dtype))
+    return _in_one_program(jnp.astype, x, np.dtype(dtype))
 
 
 def feature_param(

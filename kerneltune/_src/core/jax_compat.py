@@ -60,10 +60,16 @@ def outside_any_trace() -> bool:
     """True where no JAX trace is under way (an eager call, its arguments and the
     constants it closes over all concrete); False inside `jit`, `grad`, `vmap`... and
     where this JAX does not say (the callers then do what they do under a trace)."""
+    clean = _trace_state_clean()
+    return bool(clean()) if clean is not None else False
+
+
+@functools.cache
+def _trace_state_clean() -> Any:
+    """JAX's `trace_state_clean`, looked up once (eager calls ask on every call)."""
     from jax._src import core
 
-    clean = getattr(core, "trace_state_clean", None)
-    return bool(clean()) if clean is not None else False
+    return getattr(core, "trace_state_clean", None)
 
 
 def eval_context() -> Any:

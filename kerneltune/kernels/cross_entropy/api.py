@@ -87,13 +87,10 @@ class LinearSoftmaxCrossEntropy(BackendKernel[CrossEntropyConfig]):
         taken by the Pallas kernel (interpreted runs and CPUs keep XLA's reduction and,
         for a forward, plain JAX's program: the interpreter is slow at full size; a CPU
         also for a training step whose logits are not too large)."""
-        on_device = self.runs_pallas() and not self.use_interpreter()
-        lse: config_lib.LseBackend = "triton" if on_device else "xla"
+        pallas = self.runs_pallas()
+        lse: config_lib.LseBackend = "triton" if pallas and not self.use_interpreter() else "xla"
         return config_lib.heuristic(
-            problem_of(inv),
-            training=bool(inv.differentiated),
-            lse_backend=lse,
-            pallas=self.runs_pallas(),
+            problem_of(inv), training=bool(inv.differentiated), lse_backend=lse, pallas=pallas
         )
 
     def search_space(

@@ -185,11 +185,6 @@ def forward_with_grads(
     return losses.reshape(-1)[:m], dx.reshape(-1, k)[:m], dw
 
 
-def _lse_of(logits: jax.Array) -> jax.Array:
-    """Each row's float32 log-sum-exp of `logits` as written."""
-    return jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
-
-
 def backward_from_lse(
     x: jax.Array,
     labels: jax.Array,
@@ -212,7 +207,7 @@ def backward_from_lse(
     own_lse = jnp.dtype(logits_dtype).itemsize < 4
     if m <= chunk:  # one chunk: no scan, d_W written once in w's dtype
         written = jnp.dot(x, w, preferred_element_type=logits_dtype)
-        lse = _lse_of(written) if own_lse else lse
+        lse = lse_xla.lse_and_label_logit(written, labels)[0] if own_lse else lse
         dx, dw = _one_chunk_grads(x, labels, w, written, lse, row_scale)
         return dx.astype(x.dtype), dw
     xs, ls, es, rs = _in_chunks(chunk, x, labels, lse, row_scale)
@@ -220,7 +215,8 @@ def backward_from_lse(
     def step(dw: jax.Array, c: tuple[jax.Array, ...]):
         xc, lc, ec, rc = c
         logits = _logits(xc, w, logits_dtype)
-        dx_c, dw_c = _logit_grads(xc, lc, w, logits, _lse_of(logits) if own_lse else ec, rc)
+        ec = lse_xla.lse_and_label_logit(logits, lc)[0] if own_lse else ec
+        dx_c, dw_c = _logit_grads(xc, lc, w, logits, ec, rc)
         return dw + dw_c, dx_c
 
     dw, dx = lax.scan(step, jnp.zeros(w.shape, jnp.float32), (xs, ls, es, rs))
